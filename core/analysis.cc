@@ -1,0 +1,351 @@
+#include "core/analysis.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "absl/numeric/int128.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace flashcp::core {
+namespace {
+
+// Shards grouped by document, each group sorted by start: a CSR table, so a
+// batch of a million documents costs two flat arrays, not a million vectors.
+struct DocIndex {
+  std::vector<int32_t> begin;   // size n_docs + 1; group of doc d is [begin[d], begin[d+1])
+  std::vector<int32_t> shards;  // shard indices
+};
+
+DocIndex IndexByDoc(const Plan& plan) {
+  const size_t n_docs = plan.doc_lens.size();
+  DocIndex index;
+  index.begin.assign(n_docs + 1, 0);
+  for (const Shard& s : plan.shards) ++index.begin[s.doc + 1];
+  std::partial_sum(index.begin.begin(), index.begin.end(), index.begin.begin());
+  index.shards.resize(plan.shards.size());
+  std::vector<int32_t> fill(index.begin.begin(), index.begin.end() - 1);
+  for (size_t i = 0; i < plan.shards.size(); ++i) {
+    index.shards[fill[plan.shards[i].doc]++] = static_cast<int32_t>(i);
+  }
+  for (size_t d = 0; d < n_docs; ++d) {
+    std::sort(index.shards.begin() + index.begin[d], index.shards.begin() + index.begin[d + 1],
+              [&](int32_t a, int32_t b) { return plan.shards[a].start < plan.shards[b].start; });
+  }
+  return index;
+}
+
+absl::StatusOr<int64_t> CheckedBytes(absl::int128 value, absl::string_view what) {
+  if (value > absl::int128(std::numeric_limits<int64_t>::max())) {
+    return absl::OutOfRangeError(absl::StrCat(what, ": byte count overflows int64"));
+  }
+  return static_cast<int64_t>(value);
+}
+
+}  // namespace
+
+absl::string_view CommSchemeName(CommScheme scheme) {
+  switch (scheme) {
+    case CommScheme::kFullKv:
+      return "full_kv";
+    case CommScheme::kAllGather:
+      return "allgather";
+    case CommScheme::kTargeted:
+      return "targeted";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<CommScheme> ParseCommScheme(absl::string_view name) {
+  for (CommScheme s : kAllCommSchemes) {
+    if (CommSchemeName(s) == name) return s;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "scheme: unknown communication scheme \"", name, "\" (full_kv, allgather, targeted)"));
+}
+
+absl::Status ValidateModelShape(const ModelShape& shape) {
+  if (shape.heads < 1 || shape.heads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("heads: must be in [1, 1024], got ", shape.heads));
+  }
+  if (shape.head_dim < 1 || shape.head_dim > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_dim: must be in [1, 1024], got ", shape.head_dim));
+  }
+  if (shape.dtype_bytes != 1 && shape.dtype_bytes != 2 && shape.dtype_bytes != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype_bytes: must be 1, 2 or 4, got ", shape.dtype_bytes));
+  }
+  return absl::OkStatus();
+}
+
+double ShardWorkload(int64_t prefix, int64_t len) {
+  // (2p + s + 1) * s is always even, so halving first keeps the intermediate small.
+  const double a = 2.0 * static_cast<double>(prefix) + static_cast<double>(len) + 1.0;
+  const double s = static_cast<double>(len);
+  return (len % 2 == 0) ? a * (s / 2.0) : (a / 2.0) * s;
+}
+
+absl::Status ValidatePlan(const Plan& plan) {
+  {
+    absl::Status s = ValidateBatch(Batch{plan.doc_lens, plan.cp_size});
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("plan: ", s.message()));
+  }
+  const int32_t n = plan.cp_size;
+  const int64_t total = TotalTokens(plan.doc_lens);
+  if (plan.padding != PaddingTokens(total, n)) {
+    return absl::InvalidArgumentError(absl::StrCat("padding: ", plan.padding, ", expected ",
+                                                   PaddingTokens(total, n), " for ", total,
+                                                   " tokens on ", n, " ranks"));
+  }
+  if (plan.shards.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::InvalidArgumentError("shards: too many shards");
+  }
+  std::vector<int64_t> rank_tokens(n, 0);
+  int32_t prev_rank = 0;
+  for (size_t i = 0; i < plan.shards.size(); ++i) {
+    const Shard& s = plan.shards[i];
+    if (s.doc < 0 || static_cast<size_t>(s.doc) >= plan.doc_lens.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shards[", i, "].doc: ", s.doc, " is not a document index"));
+    }
+    if (s.rank < 0 || s.rank >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shards[", i, "].rank: ", s.rank, " is outside [0, ", n, ")"));
+    }
+    if (s.rank < prev_rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shards[", i, "].rank: ", s.rank, " after rank ", prev_rank, "; shards must be grouped by rank ascending"));
+    }
+    prev_rank = s.rank;
+    if (s.len < 1 || s.start < 0 || s.start > plan.doc_lens[s.doc] - s.len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shards[", i, "]: range [", s.start, ", ", s.start + s.len,
+                       ") is empty or outside doc ", s.doc, " of ", plan.doc_lens[s.doc],
+                       " tokens"));
+    }
+    rank_tokens[s.rank] += s.len;
+  }
+  const DocIndex index = IndexByDoc(plan);
+  for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
+    int64_t next = 0;
+    int32_t prev = -1;
+    for (int32_t k = index.begin[d]; k < index.begin[d + 1]; ++k) {
+      const int32_t i = index.shards[k];
+      const Shard& s = plan.shards[i];
+      if (s.start != next) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shards[", i, "]: doc ", d, " token ", std::min(s.start, next),
+            s.start > next ? " is not covered" : " is covered twice"));
+      }
+      if (prev >= 0 && plan.shards[prev].rank == s.rank) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("shards[", prev, "] and shards[", i, "]: adjacent shards of doc ", d,
+                         " on rank ", s.rank, " must be one shard"));
+      }
+      next = s.start + s.len;
+      prev = i;
+    }
+    if (next != plan.doc_lens[d]) {
+      return absl::InvalidArgumentError(absl::StrCat("doc ", d, ": tokens [", next, ", ",
+                                                     plan.doc_lens[d], ") are not covered"));
+    }
+  }
+  for (int32_t r = 0; r < n; ++r) {
+    const int64_t want = RankRealTokens(total, n, r);
+    if (rank_tokens[r] != want) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", r, ": holds ", rank_tokens[r],
+                                                     " real tokens, expected ", want));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CommLayout> BuildCommLayout(const Plan& plan) {
+  FLASHCP_RETURN_IF_ERROR(ValidatePlan(plan));
+  const int32_t n = plan.cp_size;
+  const DocIndex index = IndexByDoc(plan);
+  CommLayout layout;
+  layout.ranks.resize(n);
+  layout.docs.resize(plan.doc_lens.size());
+  std::vector<int32_t> pos_of_shard(plan.shards.size());
+  for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
+    for (int32_t k = index.begin[d]; k < index.begin[d + 1]; ++k) {
+      const int32_t i = index.shards[k];
+      pos_of_shard[i] = k - index.begin[d];
+      layout.docs[d].push_back(DocPiece{i, plan.shards[i].rank, -1});
+    }
+  }
+  for (size_t i = 0; i < plan.shards.size(); ++i) {
+    const Shard& s = plan.shards[i];
+    RankLayout& rank = layout.ranks[s.rank];
+    const int64_t offset = rank.shard_offset.empty()
+                               ? 0
+                               : rank.shard_offset.back() + plan.shards[rank.shards.back()].len;
+    rank.shards.push_back(static_cast<int32_t>(i));
+    rank.shard_offset.push_back(offset);
+    rank.doc_pos.push_back(pos_of_shard[i]);
+    const bool last = pos_of_shard[i] + 1 == static_cast<int32_t>(layout.docs[s.doc].size());
+    if (!last) {
+      layout.docs[s.doc][pos_of_shard[i]].send_index = static_cast<int32_t>(rank.send.size());
+      rank.send.push_back(SendRange{static_cast<int32_t>(i), rank.send_tokens, s.len});
+      rank.send_tokens += s.len;
+    }
+  }
+  // Targeted: piece k of a document goes to every other rank that owns a later piece.
+  struct Edge {
+    int32_t src, dest, send_index;
+  };
+  std::vector<Edge> edges;
+  std::vector<int32_t> later;  // distinct ranks owning later pieces of the current doc
+  std::vector<uint8_t> seen(n, 0);
+  for (const std::vector<DocPiece>& pieces : layout.docs) {
+    later.clear();
+    for (int32_t k = static_cast<int32_t>(pieces.size()) - 1; k >= 0; --k) {
+      const DocPiece& p = pieces[k];
+      for (int32_t dest : later) {
+        if (dest != p.rank) edges.push_back(Edge{p.rank, dest, p.send_index});
+      }
+      if (!seen[p.rank]) {
+        seen[p.rank] = 1;
+        later.push_back(p.rank);
+      }
+    }
+    for (int32_t r : later) seen[r] = 0;
+  }
+  std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) {
+    return std::tie(a.src, a.dest, a.send_index) < std::tie(b.src, b.dest, b.send_index);
+  });
+  for (const Edge& e : edges) {
+    RankLayout& src = layout.ranks[e.src];
+    if (src.targeted.empty() || src.targeted.back().dest != e.dest) {
+      src.targeted.push_back(TargetedSend{e.dest, {}, 0});
+    }
+    src.targeted.back().send_indices.push_back(e.send_index);
+    src.targeted.back().tokens += src.send[e.send_index].len;
+  }
+  return layout;
+}
+
+absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape) {
+  FLASHCP_RETURN_IF_ERROR(ValidateModelShape(shape));
+  FLASHCP_RETURN_IF_ERROR(ValidatePlan(plan));
+  const int32_t n = plan.cp_size;
+  const int64_t total = TotalTokens(plan.doc_lens);
+  PlanMetrics m;
+  m.tokens_per_rank = TokensPerRank(total, n);
+  m.padding = plan.padding;
+  m.rank_tokens.assign(n, 0);
+  m.rank_workload.assign(n, 0.0);
+  m.rank_nonlast_tokens.assign(n, 0);
+  m.rank_segments.assign(n, 0);
+
+  const DocIndex index = IndexByDoc(plan);
+  // Forward KV tokens each rank sends and receives under kTargeted, counted
+  // in O(pieces) per document: rank d receives every piece before its own last
+  // piece of the document that it does not own itself.
+  std::vector<int64_t> fwd_sent(n, 0), fwd_recv(n, 0);
+  std::vector<int32_t> last_pos(n, -1);
+  std::vector<int32_t> touched;
+  std::vector<int64_t> prefix_tokens;  // tokens of pieces [0, k)
+  std::vector<int64_t> own_before;     // per rank: its tokens among the pieces seen so far
+  own_before.assign(n, 0);
+  std::vector<int32_t> distinct_after;
+  for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
+    const int32_t b = index.begin[d], e = index.begin[d + 1], count = e - b;
+    if (count > 1) {
+      ++m.cut_docs;
+      for (int32_t k = b; k < e; ++k) {
+        const int64_t len = plan.shards[index.shards[k]].len;
+        if (m.min_cut_shard_len == 0 || len < m.min_cut_shard_len) m.min_cut_shard_len = len;
+      }
+    }
+    if (count <= 1 || n == 1) continue;
+    touched.clear();
+    for (int32_t k = 0; k < count; ++k) {
+      const int32_t r = plan.shards[index.shards[b + k]].rank;
+      if (last_pos[r] < 0) touched.push_back(r);
+      last_pos[r] = k;
+    }
+    // distinct_after[k]: distinct owners of pieces k+1..count-1.
+    distinct_after.assign(count, 0);
+    int32_t distinct = 0;
+    for (int32_t k = count - 1; k >= 0; --k) {
+      distinct_after[k] = distinct;
+      if (last_pos[plan.shards[index.shards[b + k]].rank] == k) ++distinct;
+    }
+    // Received by r: tokens of pieces before last_pos[r], minus r's own among them.
+    prefix_tokens.assign(count + 1, 0);
+    for (int32_t k = 0; k < count; ++k) {
+      prefix_tokens[k + 1] = prefix_tokens[k] + plan.shards[index.shards[b + k]].len;
+    }
+    for (int32_t k = 0; k < count; ++k) {
+      const Shard& s = plan.shards[index.shards[b + k]];
+      const bool owner_later = last_pos[s.rank] > k;
+      fwd_sent[s.rank] += s.len * (distinct_after[k] - (owner_later ? 1 : 0));
+      if (k < last_pos[s.rank]) own_before[s.rank] += s.len;
+    }
+    for (int32_t r : touched) {
+      fwd_recv[r] += prefix_tokens[last_pos[r]] - own_before[r];
+      own_before[r] = 0;
+      last_pos[r] = -1;
+    }
+  }
+  std::vector<uint8_t> is_last(plan.shards.size(), 0);
+  for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
+    is_last[index.shards[index.begin[d + 1] - 1]] = 1;
+  }
+  for (size_t i = 0; i < plan.shards.size(); ++i) {
+    const Shard& s = plan.shards[i];
+    m.rank_tokens[s.rank] += s.len;
+    m.rank_workload[s.rank] += ShardWorkload(s.start, s.len);
+    ++m.rank_segments[s.rank];
+    if (!is_last[i]) m.rank_nonlast_tokens[s.rank] += s.len;
+  }
+  double total_workload = 0.0, max_workload = 0.0;
+  for (double w : m.rank_workload) {
+    total_workload += w;
+    max_workload = std::max(max_workload, w);
+  }
+  m.imbalance = max_workload / (total_workload / n);
+  m.max_nonlast_tokens =
+      *std::max_element(m.rank_nonlast_tokens.begin(), m.rank_nonlast_tokens.end());
+  m.comm_saving = 1.0 - static_cast<double>(m.max_nonlast_tokens) /
+                            static_cast<double>(m.tokens_per_rank);
+
+  const absl::int128 per_token = absl::int128(shape.heads) * shape.head_dim * shape.dtype_bytes;
+  const absl::int128 peers = n - 1;
+  FLASHCP_ASSIGN_OR_RETURN(const int64_t full,
+                           CheckedBytes(4 * per_token * m.tokens_per_rank * peers, "full_kv"));
+  FLASHCP_ASSIGN_OR_RETURN(
+      const int64_t gathered,
+      CheckedBytes(4 * per_token * m.max_nonlast_tokens * peers, "allgather"));
+  auto& full_bytes = m.bytes[static_cast<int>(CommScheme::kFullKv)];
+  auto& gather_bytes = m.bytes[static_cast<int>(CommScheme::kAllGather)];
+  auto& targeted_bytes = m.bytes[static_cast<int>(CommScheme::kTargeted)];
+  full_bytes.sent.assign(n, full);
+  full_bytes.received.assign(n, full);
+  full_bytes.bottleneck = full;
+  gather_bytes.sent.assign(n, gathered);
+  gather_bytes.received.assign(n, gathered);
+  gather_bytes.bottleneck = gathered;
+  targeted_bytes.sent.resize(n);
+  targeted_bytes.received.resize(n);
+  for (int32_t r = 0; r < n; ++r) {
+    // Forward K,V out plus backward dK,dV of what r received, and symmetrically.
+    FLASHCP_ASSIGN_OR_RETURN(
+        const int64_t moved,
+        CheckedBytes(2 * per_token * (absl::int128(fwd_sent[r]) + fwd_recv[r]), "targeted"));
+    targeted_bytes.sent[r] = moved;
+    targeted_bytes.received[r] = moved;
+    targeted_bytes.bottleneck = std::max(targeted_bytes.bottleneck, moved);
+  }
+  m.targeted_saving =
+      full == 0 ? 1.0
+                : 1.0 - static_cast<double>(targeted_bytes.bottleneck) / static_cast<double>(full);
+  return m;
+}
+
+}  // namespace flashcp::core

@@ -1,0 +1,124 @@
+// Plan analysis: the one implementation of SPEC.md's counting that every part
+// of the project (planner, service, workers, tests, benchmarks) uses.
+#ifndef FLASHCP_CORE_ANALYSIS_H_
+#define FLASHCP_CORE_ANALYSIS_H_
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/types.h"
+
+namespace flashcp::core {
+
+// How K and V travel between ranks (SPEC "Sharding-aware communication").
+enum class CommScheme {
+  kFullKv = 0,     // all-gather of every rank's full KV (Llama3 CP, Per-Doc CP; Eq. 4)
+  kAllGather = 1,  // all-gather of compacted non-last-shard KV, padded to the largest (Eq. 5)
+  kTargeted = 2,   // each non-last shard's KV sent only to the ranks whose shards need it
+};
+inline constexpr int kNumCommSchemes = 3;
+inline constexpr std::array<CommScheme, kNumCommSchemes> kAllCommSchemes = {
+    CommScheme::kFullKv, CommScheme::kAllGather, CommScheme::kTargeted};
+
+absl::string_view CommSchemeName(CommScheme scheme);  // "full_kv", "allgather", "targeted"
+absl::StatusOr<CommScheme> ParseCommScheme(absl::string_view name);
+
+// The attention shape that turns tokens into bytes.
+struct ModelShape {
+  int32_t heads = 32;       // H, KV heads
+  int32_t head_dim = 128;   // D
+  int32_t dtype_bytes = 2;  // bytes per element (2 for bf16)
+};
+// InvalidArgument naming the field unless 1 <= heads, head_dim <= 1024 and
+// dtype_bytes is 1, 2 or 4.
+absl::Status ValidateModelShape(const ModelShape& shape);
+
+// Checks every Plan invariant (types.h) and the plan's batch; the Status names
+// the first violation precisely (shard index, document, rank, token counts).
+absl::Status ValidatePlan(const Plan& plan);
+
+// Attention workload of a shard (SPEC Eq. 3): (2p + s + 1) * s / 2 (query, key)
+// pairs. Exact as a double while the value is below 2^53.
+double ShardWorkload(int64_t prefix, int64_t len);
+
+// One entry of a rank's compacted send buffer: a non-last shard of this rank.
+struct SendRange {
+  int32_t shard = 0;   // index into Plan::shards
+  int64_t offset = 0;  // first token's offset in the compacted buffer
+  int64_t len = 0;     // tokens
+};
+
+// One shard of a document, as the exchange sees it.
+struct DocPiece {
+  int32_t shard = 0;       // index into Plan::shards
+  int32_t rank = 0;        // owner
+  int32_t send_index = -1; // index into the owner's RankLayout::send; -1 for the last shard
+};
+
+// The ranks that need some of this rank's compacted ranges under kTargeted.
+struct TargetedSend {
+  int32_t dest = 0;                   // receiving rank, != the sender
+  std::vector<int32_t> send_indices;  // into the sender's RankLayout::send, ascending
+  int64_t tokens = 0;                 // sum of their lengths
+};
+
+struct RankLayout {
+  std::vector<int32_t> shards;        // indices into Plan::shards, in token order
+  std::vector<int64_t> shard_offset;  // each local shard's first token in local memory
+  std::vector<int32_t> doc_pos;       // each local shard's position in CommLayout::docs[doc]
+  std::vector<SendRange> send;        // compacted buffer: non-last shards, in token order
+  int64_t send_tokens = 0;            // sum of `send` lengths (SPEC: non-last tokens)
+  std::vector<TargetedSend> targeted; // by dest ascending; empty entries omitted
+};
+
+// Which KV each rank sends, and where each shard's prefix comes from: the
+// prefix [0, start) of the shard at position k of a document is exactly the
+// document's pieces 0..k-1, each a whole send range of its owner.
+struct CommLayout {
+  std::vector<std::vector<DocPiece>> docs;  // per document, its shards in document order
+  std::vector<RankLayout> ranks;            // per rank
+};
+
+// Builds the layout; the plan must be valid (ValidatePlan), else InvalidArgument.
+absl::StatusOr<CommLayout> BuildCommLayout(const Plan& plan);
+
+// Bytes one rank moves per transformer layer, forward plus backward (K and V
+// forward, dK and dV backward), under one scheme. Logical payload bytes: what
+// the rank's collectives carry for it, independent of the collective's algorithm.
+//  - kFullKv:    sent = received = 4 * (C/N) * (N-1) * H * D * dtype      (Eq. 4)
+//  - kAllGather: sent = received = 4 * max_j nonlast_j * (N-1) * H*D*dtype (Eq. 5)
+//  - kTargeted:  sent_r = 2*H*D*dtype * (KV tokens r sends forward + tokens whose
+//                gradients r returns backward), received symmetrically.
+struct SchemeBytes {
+  std::vector<int64_t> sent;      // per rank
+  std::vector<int64_t> received;  // per rank
+  int64_t bottleneck = 0;         // max over ranks of max(sent, received)
+};
+
+struct PlanMetrics {
+  int64_t tokens_per_rank = 0;  // C/N, padding included
+  int64_t padding = 0;
+  std::vector<int64_t> rank_tokens;     // real tokens per rank
+  std::vector<double> rank_workload;    // Eq. 3 summed per rank
+  double imbalance = 1.0;               // max / mean workload
+  std::vector<int64_t> rank_nonlast_tokens;
+  int64_t max_nonlast_tokens = 0;
+  double comm_saving = 0.0;             // 1 - max nonlast / (C/N): allgather vs full_kv
+  double targeted_saving = 0.0;         // 1 - targeted bottleneck / full_kv bottleneck
+  std::array<SchemeBytes, kNumCommSchemes> bytes;  // indexed by CommScheme
+  std::vector<int32_t> rank_segments;   // attention segments (shards) per rank
+  int64_t cut_docs = 0;                 // documents split into more than one shard
+  int64_t min_cut_shard_len = 0;        // shortest shard of a cut document; 0 if none
+};
+
+// Validates the plan and the shape, then computes every metric. OutOfRange if
+// a byte count overflows int64.
+absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape);
+
+}  // namespace flashcp::core
+
+#endif  // FLASHCP_CORE_ANALYSIS_H_

@@ -1,0 +1,171 @@
+#include "core/analysis.h"
+
+#include "core/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace flashcp::core {
+namespace {
+
+using ::flashcp::core::testing::IsOk;
+using ::flashcp::core::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// docs [6, 2] on 2 ranks: rank 0 holds doc 0's tail [2, 6); rank 1 holds
+// doc 0's head [0, 2) and all of doc 1.
+Plan HeadTailPlan() {
+  Plan plan;
+  plan.cp_size = 2;
+  plan.doc_lens = {6, 2};
+  plan.padding = 0;
+  plan.shards = {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}};
+  return plan;
+}
+
+TEST(ShardWorkloadTest, MatchesEquationThree) {
+  EXPECT_EQ(ShardWorkload(0, 1), 1.0);   // (0 + 1 + 1) * 1 / 2
+  EXPECT_EQ(ShardWorkload(0, 4), 10.0);  // (0 + 4 + 1) * 4 / 2: 1+2+3+4
+  EXPECT_EQ(ShardWorkload(2, 4), 18.0);  // (4 + 4 + 1) * 4 / 2: 3+4+5+6
+  EXPECT_EQ(ShardWorkload(3, 3), 15.0);  // (6 + 3 + 1) * 3 / 2: 4+5+6
+  EXPECT_EQ(ShardWorkload(1'000'000, 1'000'000), 1'500'000'500'000.0);
+}
+
+TEST(AnalyzePlanTest, HandWorkedHeadTail) {
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(HeadTailPlan(), ModelShape{1, 1, 2});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_EQ(m->tokens_per_rank, 4);
+  EXPECT_EQ(m->padding, 0);
+  EXPECT_THAT(m->rank_tokens, ElementsAre(4, 4));
+  // rank 0: (2*2 + 4 + 1) * 4 / 2 = 18; rank 1: 3 + 3 = 6; mean 12.
+  EXPECT_THAT(m->rank_workload, ElementsAre(18.0, 6.0));
+  EXPECT_DOUBLE_EQ(m->imbalance, 1.5);
+  // Only doc 0's head is a non-last shard: 2 tokens on rank 1.
+  EXPECT_THAT(m->rank_nonlast_tokens, ElementsAre(0, 2));
+  EXPECT_EQ(m->max_nonlast_tokens, 2);
+  EXPECT_DOUBLE_EQ(m->comm_saving, 0.5);  // 1 - 2/4
+  // H*D*dtype = 2 bytes per token; N - 1 = 1.
+  const SchemeBytes& full = m->bytes[static_cast<int>(CommScheme::kFullKv)];
+  const SchemeBytes& gather = m->bytes[static_cast<int>(CommScheme::kAllGather)];
+  const SchemeBytes& targeted = m->bytes[static_cast<int>(CommScheme::kTargeted)];
+  EXPECT_EQ(full.bottleneck, 32);    // 4 * 2 * 4 * 1
+  EXPECT_EQ(gather.bottleneck, 16);  // 4 * 2 * 2 * 1
+  // Rank 1 sends 2 tokens of KV forward and gets their gradients back; rank 0
+  // receives them and returns gradients: 2 * 2 * 2 = 8 bytes each way.
+  EXPECT_THAT(targeted.sent, ElementsAre(8, 8));
+  EXPECT_THAT(targeted.received, ElementsAre(8, 8));
+  EXPECT_EQ(targeted.bottleneck, 8);
+  EXPECT_DOUBLE_EQ(m->targeted_saving, 0.75);
+  EXPECT_THAT(m->rank_segments, ElementsAre(1, 2));
+  EXPECT_EQ(m->cut_docs, 1);
+  EXPECT_EQ(m->min_cut_shard_len, 2);
+}
+
+TEST(AnalyzePlanTest, SingleRankMovesNothing) {
+  Plan plan{1, {3, 4}, 0, {{0, 0, 3, 0}, {1, 0, 4, 0}}};
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_DOUBLE_EQ(m->imbalance, 1.0);
+  EXPECT_DOUBLE_EQ(m->comm_saving, 1.0);
+  EXPECT_DOUBLE_EQ(m->targeted_saving, 1.0);
+  EXPECT_EQ(m->bytes[0].bottleneck, 0);
+  EXPECT_EQ(m->cut_docs, 0);
+  EXPECT_EQ(m->min_cut_shard_len, 0);
+}
+
+TEST(AnalyzePlanTest, TargetedSendsOnlyToRanksThatNeedIt) {
+  // One doc of 9 tokens on 3 ranks, pieces [0,3)->r0, [3,6)->r1, [6,9)->r2.
+  // r0's piece goes to r1 and r2; r1's to r2. Forward tokens: r0 sends 6,
+  // r1 sends 3 and receives 3, r2 receives 6. With 1 byte per token, each
+  // rank moves 2 * (sent + received) bytes.
+  Plan plan{3, {9}, 0, {{0, 0, 3, 0}, {0, 3, 3, 1}, {0, 6, 3, 2}}};
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 1});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_THAT(m->bytes[2].sent, ElementsAre(12, 12, 12));
+  // All-gather pads to the largest buffer (3) and sends to 2 peers: 4*3*2.
+  EXPECT_EQ(m->bytes[1].bottleneck, 24);
+  EXPECT_EQ(m->bytes[0].bottleneck, 24);  // 4 * 3 * 2: all tokens are non-last except r2's
+  EXPECT_THAT(m->rank_workload, ElementsAre(6.0, 15.0, 24.0));
+}
+
+TEST(AnalyzePlanTest, RejectsBadShape) {
+  EXPECT_THAT(AnalyzePlan(HeadTailPlan(), ModelShape{0, 128, 2}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("heads")));
+  EXPECT_THAT(AnalyzePlan(HeadTailPlan(), ModelShape{8, 2000, 2}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("head_dim")));
+  EXPECT_THAT(AnalyzePlan(HeadTailPlan(), ModelShape{8, 128, 3}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype_bytes")));
+}
+
+TEST(ValidatePlanTest, AcceptsHandWorkedPlan) { EXPECT_THAT(ValidatePlan(HeadTailPlan()), IsOk()); }
+
+TEST(ValidatePlanTest, NamesEachViolation) {
+  struct Case {
+    const char* name;
+    void (*mutate)(Plan&);
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"bad padding", [](Plan& p) { p.padding = 1; }, "padding: 1, expected 0"},
+      {"doc index", [](Plan& p) { p.shards[2].doc = 5; }, "shards[2].doc: 5"},
+      {"rank range", [](Plan& p) { p.shards[2].rank = 2; }, "shards[2].rank: 2 is outside"},
+      {"rank order", [](Plan& p) { std::swap(p.shards[0], p.shards[2]); }, "grouped by rank"},
+      {"empty shard", [](Plan& p) { p.shards[2].len = 0; }, "shards[2]: range [0, 0)"},
+      {"past doc end", [](Plan& p) { p.shards[2].len = 3; }, "outside doc 1 of 2 tokens"},
+      {"gap", [](Plan& p) { p.shards[0] = {0, 3, 3, 0}; }, "doc 0 token 2 is not covered"},
+      {"overlap", [](Plan& p) { p.shards[0] = {0, 1, 5, 0}; }, "doc 0 token 1 is covered twice"},
+      {"tail missing", [](Plan& p) { p.shards[0].len = 3; }, "doc 0: tokens [5, 6) are not covered"},
+      {"adjacent on one rank",
+       [](Plan& p) { p.shards = {{1, 0, 2, 0}, {0, 2, 4, 1}, {0, 0, 2, 1}}; },
+       "must be one shard"},
+      {"unequal tokens",
+       [](Plan& p) { p.shards = {{0, 0, 6, 0}, {1, 0, 2, 1}}; },
+       "rank 0: holds 6 real tokens, expected 4"},
+      {"bad batch", [](Plan& p) { p.cp_size = 0; }, "plan: cp_size"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Plan plan = HeadTailPlan();
+    c.mutate(plan);
+    EXPECT_THAT(ValidatePlan(plan), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
+  }
+}
+
+TEST(CommLayoutTest, HandWorkedHeadTail) {
+  absl::StatusOr<CommLayout> layout = BuildCommLayout(HeadTailPlan());
+  ASSERT_THAT(layout, IsOk());
+  ASSERT_EQ(layout->ranks.size(), 2u);
+  const RankLayout& r0 = layout->ranks[0];
+  const RankLayout& r1 = layout->ranks[1];
+  EXPECT_THAT(r0.shards, ElementsAre(0));
+  EXPECT_THAT(r0.doc_pos, ElementsAre(1));
+  EXPECT_TRUE(r0.send.empty());
+  EXPECT_THAT(r1.shards, ElementsAre(1, 2));
+  EXPECT_THAT(r1.shard_offset, ElementsAre(0, 2));
+  ASSERT_EQ(r1.send.size(), 1u);
+  EXPECT_EQ(r1.send[0].shard, 1);
+  EXPECT_EQ(r1.send[0].offset, 0);
+  EXPECT_EQ(r1.send[0].len, 2);
+  EXPECT_EQ(r1.send_tokens, 2);
+  ASSERT_EQ(r1.targeted.size(), 1u);
+  EXPECT_EQ(r1.targeted[0].dest, 0);
+  EXPECT_THAT(r1.targeted[0].send_indices, ElementsAre(0));
+  EXPECT_EQ(r1.targeted[0].tokens, 2);
+  ASSERT_EQ(layout->docs[0].size(), 2u);
+  EXPECT_EQ(layout->docs[0][0].rank, 1);
+  EXPECT_EQ(layout->docs[0][0].send_index, 0);
+  EXPECT_EQ(layout->docs[0][1].rank, 0);
+  EXPECT_EQ(layout->docs[0][1].send_index, -1);
+}
+
+TEST(CommSchemeTest, NamesRoundTrip) {
+  for (CommScheme s : kAllCommSchemes) {
+    EXPECT_THAT(ParseCommScheme(CommSchemeName(s)), IsOk());
+    EXPECT_EQ(*ParseCommScheme(CommSchemeName(s)), s);
+  }
+  EXPECT_THAT(ParseCommScheme("ring"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("scheme: unknown")));
+}
+
+}  // namespace
+}  // namespace flashcp::core

@@ -1,0 +1,90 @@
+#include "core/analysis.h"
+#include "core/strategies.h"
+#include "core/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace flashcp::core {
+namespace {
+
+using ::flashcp::core::testing::IsOk;
+using ::flashcp::core::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<Shard> PlanShards(Strategy s, const Batch& batch) {
+  absl::StatusOr<Plan> plan = MakePlan(s, batch);
+  EXPECT_THAT(plan, IsOk());
+  if (!plan.ok()) return {};
+  EXPECT_THAT(ValidatePlan(*plan), IsOk());
+  return plan->shards;
+}
+
+TEST(RingTest, ContiguousChunks) {
+  // docs [5, 3], N = 2: targets 4 and 4; rank 0 takes packed [0, 4), rank 1 [4, 8).
+  EXPECT_THAT(PlanShards(Strategy::kRing, Batch{{5, 3}, 2}),
+              ElementsAre(Shard{0, 0, 4, 0}, Shard{0, 4, 1, 1}, Shard{1, 0, 3, 1}));
+}
+
+TEST(Llama3Test, ZigzagChunksOfThePackedSequence) {
+  // docs [5, 3], N = 2: four chunks of 2 tokens, owners 0, 1, 1, 0:
+  // packed [0,2) doc0 -> r0; [2,4) doc0 -> r1; [4,6) doc0[4,5) + doc1[0,1) -> r1;
+  // [6,8) doc1[1,3) -> r0. Rank 1's doc0 pieces [2,4) and [4,5) merge.
+  EXPECT_THAT(PlanShards(Strategy::kLlama3, Batch{{5, 3}, 2}),
+              ElementsAre(Shard{0, 0, 2, 0}, Shard{1, 1, 2, 0}, Shard{0, 2, 3, 1},
+                          Shard{1, 0, 1, 1}));
+}
+
+TEST(Llama3Test, OddTargetsWithPadding) {
+  // 7 tokens on 2 ranks: targets 4 and 3 (one padding token on rank 1).
+  // Chunk sizes: r0 front 2, r1 front 2, r1 back 1, r0 back 2.
+  absl::StatusOr<Plan> plan = MakePlan(Strategy::kLlama3, Batch{{7}, 2});
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_EQ(plan->padding, 1);
+  EXPECT_THAT(plan->shards, ElementsAre(Shard{0, 0, 2, 0}, Shard{0, 5, 2, 0}, Shard{0, 2, 3, 1}));
+}
+
+TEST(PerDocTest, LeftoversDealtRoundRobinAcrossDocuments) {
+  // doc 0 (5 tokens): 4 chunks of 1, one leftover to rank 0's front chunk:
+  //   sizes [2,1,1,1], owners [0,1,1,0]: r0 [0,2), r1 [2,4), r0 [4,5).
+  // doc 1 (3 tokens): chunks of 0, leftovers to r1 (front), r0 (front), r1 (back):
+  //   sizes [1,1,1,0]: r0 [0,1), r1 [1,3).
+  EXPECT_THAT(PlanShards(Strategy::kPerDoc, Batch{{5, 3}, 2}),
+              ElementsAre(Shard{0, 0, 2, 0}, Shard{0, 4, 1, 0}, Shard{1, 0, 1, 0},
+                          Shard{0, 2, 2, 1}, Shard{1, 1, 2, 1}));
+  EXPECT_EQ(PlanShards(Strategy::kZigzag, Batch{{5, 3}, 2}),
+            PlanShards(Strategy::kPerDoc, Batch{{5, 3}, 2}));
+}
+
+TEST(PerDocTest, PerfectBalanceOnDivisibleDocuments) {
+  // One doc of 8 on 2 ranks: chunks of 2; r0 gets [0,2) and [6,8), r1 [2,6).
+  // Workloads: r0 = 3 + (12+2+1)*2/2 = 18; r1 = (4+4+1)*4/2 = 18.
+  absl::StatusOr<Plan> plan = MakePlan(Strategy::kPerDoc, Batch{{8}, 2});
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(*plan, ModelShape{});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_THAT(m->rank_workload, ElementsAre(18.0, 18.0));
+  EXPECT_DOUBLE_EQ(m->imbalance, 1.0);
+}
+
+TEST(StrategyNameTest, RoundTripsAndRejectsUnknown) {
+  for (Strategy s : kAllStrategies) {
+    absl::StatusOr<Strategy> parsed = ParseStrategy(StrategyName(s));
+    ASSERT_THAT(parsed, IsOk());
+    EXPECT_EQ(*parsed, s);
+  }
+  EXPECT_THAT(ParseStrategy("best"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("strategy: unknown")));
+}
+
+TEST(MakePlanTest, RejectsBadInput) {
+  EXPECT_THAT(MakePlan(Strategy::kRing, Batch{{}, 2}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("doc_lens")));
+  PlanOptions options;
+  options.target_imbalance = 0.9;
+  EXPECT_THAT(MakePlan(Strategy::kRing, Batch{{4}, 2}, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("target_imbalance")));
+}
+
+}  // namespace
+}  // namespace flashcp::core

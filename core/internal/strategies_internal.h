@@ -1,0 +1,32 @@
+// Per-strategy planners behind MakePlan. Each takes a batch that passed
+// ValidateBatch and returns a plan that passes ValidatePlan.
+#ifndef FLASHCP_CORE_INTERNAL_STRATEGIES_INTERNAL_H_
+#define FLASHCP_CORE_INTERNAL_STRATEGIES_INTERNAL_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/strategies.h"
+#include "core/types.h"
+
+namespace flashcp::core::internal {
+
+// Turns raw pieces (any order, touching same-rank pieces allowed, zero-length
+// pieces dropped) into a plan: shards by rank, each rank's in (doc, start)
+// order, touching pieces of one document on one rank merged, padding set.
+Plan FinishPlan(const Batch& batch, std::vector<Shard> pieces);
+
+// The canonical per-rank real-token targets, RankRealTokens for every rank.
+std::vector<int64_t> RankTargets(const Batch& batch);
+
+Plan PlanLlama3(const Batch& batch);
+Plan PlanPerDoc(const Batch& batch);  // also the Ring-Attn zigzag sharding
+Plan PlanRing(const Batch& batch);
+Plan PlanWholeDoc(const Batch& batch);
+Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
+Plan PlanFlashCp(const Batch& batch, const PlanOptions& options);
+absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, PlanInfo* info);
+
+}  // namespace flashcp::core::internal
+
+#endif  // FLASHCP_CORE_INTERNAL_STRATEGIES_INTERNAL_H_

@@ -1,0 +1,67 @@
+#include "core/strategies.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/internal/strategies_internal.h"
+#include "core/status_macros.h"
+
+namespace flashcp::core {
+
+absl::string_view StrategyName(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kLlama3:
+      return "llama3";
+    case Strategy::kPerDoc:
+      return "per_doc";
+    case Strategy::kRing:
+      return "ring";
+    case Strategy::kZigzag:
+      return "zigzag";
+    case Strategy::kWholeDoc:
+      return "whole_doc";
+    case Strategy::kFlashCpPaper:
+      return "flashcp_paper";
+    case Strategy::kFlashCp:
+      return "flashcp";
+    case Strategy::kIlp:
+      return "ilp";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
+  for (Strategy s : kAllStrategies) {
+    if (StrategyName(s) == name) return s;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "strategy: unknown strategy \"", name,
+      "\" (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, flashcp, ilp)"));
+}
+
+absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanOptions& options,
+                              PlanInfo* info) {
+  FLASHCP_RETURN_IF_ERROR(ValidateBatch(batch));
+  if (!(options.target_imbalance >= 1.0) || !std::isfinite(options.target_imbalance)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target_imbalance: must be a finite ratio >= 1, got ", options.target_imbalance));
+  }
+  switch (strategy) {
+    case Strategy::kLlama3:
+      return internal::PlanLlama3(batch);
+    case Strategy::kPerDoc:
+    case Strategy::kZigzag:
+      return internal::PlanPerDoc(batch);
+    case Strategy::kRing:
+      return internal::PlanRing(batch);
+    case Strategy::kWholeDoc:
+    case Strategy::kFlashCpPaper:
+    case Strategy::kFlashCp:
+    case Strategy::kIlp:
+      return absl::UnimplementedError(
+          absl::StrCat("strategy: ", StrategyName(strategy), " is not implemented yet"));
+  }
+  return absl::InvalidArgumentError("strategy: unknown strategy");
+}
+
+}  // namespace flashcp::core

@@ -1,0 +1,60 @@
+// Sharding strategies (SPEC "Strategies the paper compares"): each a pure
+// function from a batch and options to a valid Plan.
+#ifndef FLASHCP_CORE_STRATEGIES_H_
+#define FLASHCP_CORE_STRATEGIES_H_
+
+#include <array>
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/types.h"
+
+namespace flashcp::core {
+
+enum class Strategy {
+  kLlama3 = 0,       // packed sequence in 2N chunks; chunks k and 2N-1-k to rank k
+  kPerDoc = 1,       // every document in 2N chunks, same zigzag (WLB-LLM)
+  kRing = 2,         // packed sequence in N contiguous chunks
+  kZigzag = 3,       // every document in 2N chunks, zigzag (Ring-Attn zigzag sharding)
+  kWholeDoc = 4,     // whole documents by workload, cut only to equalize tokens
+  kFlashCpPaper = 5, // Algorithm 1 as the paper states it
+  kFlashCp = 6,      // our planner (docs/planner.md); the default
+  kIlp = 7,          // exact MILP at a fixed granularity (CBC), small batches only
+};
+inline constexpr int kNumStrategies = 8;
+inline constexpr std::array<Strategy, kNumStrategies> kAllStrategies = {
+    Strategy::kLlama3,   Strategy::kPerDoc,       Strategy::kRing,    Strategy::kZigzag,
+    Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp, Strategy::kIlp};
+
+// "llama3", "per_doc", "ring", "zigzag", "whole_doc", "flashcp_paper", "flashcp", "ilp".
+absl::string_view StrategyName(Strategy strategy);
+absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);
+
+struct IlpOptions {
+  int64_t granularity = 0;        // tokens per block; 0 picks C / (16 N) rounded up
+  double time_limit_seconds = 10; // CBC wall-clock limit
+  double comm_weight = 0.0;       // objective: max workload + weight * max nonlast tokens; 0 picks a default
+};
+
+struct PlanOptions {
+  double target_imbalance = 1.02;  // R for flashcp / flashcp_paper; >= 1
+  IlpOptions ilp;
+};
+
+// Extra facts some strategies report (the ILP's optimality gap).
+struct PlanInfo {
+  double ilp_gap = 0.0;           // relative MIP gap at return; 0 when proven optimal
+  bool ilp_optimal = false;
+  double ilp_objective = 0.0;
+  int64_t ilp_granularity = 0;
+};
+
+// Plans `batch` with `strategy`. InvalidArgument for a bad batch (ValidateBatch)
+// or bad options (naming the field); the returned plan always passes ValidatePlan.
+absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch,
+                              const PlanOptions& options = {}, PlanInfo* info = nullptr);
+
+}  // namespace flashcp::core
+
+#endif  // FLASHCP_CORE_STRATEGIES_H_

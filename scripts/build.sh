@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Configures and builds FlashCP into build/ (binaries in build/bin, tests in build/tests).
+# Installs the Debian packages first. Extra arguments go to cmake's configure step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DFLASHCP_WERROR="${FLASHCP_WERROR:-ON}" "$@"
+cmake --build "$BUILD_DIR" -j "$JOBS"
