@@ -28,6 +28,15 @@ absl::StatusOr<Dataset> ParseDataset(absl::string_view name);
 absl::StatusOr<std::vector<std::vector<int64_t>>> SampleBatches(Dataset dataset, int64_t context,
                                                                 int64_t count, uint64_t seed);
 
+// Batch `index` of SampleBatches(dataset, context, count, seed) for any
+// count > index, drawn alone (lets a caller stream batches without holding
+// them all). InvalidArgument naming the field for context as above or index
+// outside [0, 1e6); ResourceExhausted where the batch would hold more than
+// kMaxDocs documents (a context far above the distribution's mean), so no
+// allocation grows without a bound.
+absl::StatusOr<std::vector<int64_t>> SampleBatch(Dataset dataset, int64_t context, uint64_t seed,
+                                                 int64_t index);
+
 }  // namespace flashcp::core
 
 #endif  // FLASHCP_CORE_DATASETS_H_
