@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# flashcp-launch-ranks: starts one flashcp-worker process per local device in this pod (or
+# host) and supervises them as one unit. Used as the worker container's command.
+#
+#   global rank = node rank * ranks per node + local index
+#   world size  = nodes * ranks per node
+#
+# Environment (all optional except where noted):
+#   FLASHCP_NODES            number of pods (nodes) in the CP group        (default 1)
+#   FLASHCP_RANKS_PER_NODE   worker processes in this pod, one per GPU     (default 1)
+#   FLASHCP_NODE_RANK        this pod's index; default: the numeric suffix of $HOSTNAME, which
+#                            is the StatefulSet ordinal (name-0, name-1, ...)
+#   FLASHCP_DEVICE           cuda: rank k uses --device cuda:k; cpu: --device cpu (default cuda)
+#   FLASHCP_GROUP            CP group name                                 (default flashcp)
+#   FLASHCP_PLANNER          planner address HOST:PORT                     (required)
+#   FLASHCP_METRICS_HOST     metrics bind host                             (default 0.0.0.0)
+#   FLASHCP_METRICS_BASE_PORT  local rank k serves metrics on base + k     (default 9400)
+#   FLASHCP_WORKER           worker binary                                 (default flashcp-worker)
+# Arguments after the options are passed to every worker unchanged (--strategy, --steps, ...).
+#
+# Supervision: SIGTERM/SIGINT are forwarded to every rank (each finishes its step in flight).
+# When any rank exits non-zero, the others get SIGTERM and the launcher exits with that rank's
+# status, so a broken group fails as a unit instead of hanging. Exit 0 only if every rank did.
+set -euo pipefail
+
+nodes=${FLASHCP_NODES:-1}
+per_node=${FLASHCP_RANKS_PER_NODE:-1}
+node_rank=${FLASHCP_NODE_RANK:-}
+if [[ -z $node_rank ]]; then
+  host=${HOSTNAME:-$(hostname)}
+  node_rank=${host##*-}
+fi
+device=${FLASHCP_DEVICE:-cuda}
+group=${FLASHCP_GROUP:-flashcp}
+planner=${FLASHCP_PLANNER:?FLASHCP_PLANNER (planner HOST:PORT) is required}
+metrics_host=${FLASHCP_METRICS_HOST:-0.0.0.0}
+metrics_base=${FLASHCP_METRICS_BASE_PORT:-9400}
+worker=${FLASHCP_WORKER:-flashcp-worker}
+
+for v in nodes per_node node_rank metrics_base; do
+  if ! [[ ${!v} =~ ^[0-9]+$ ]]; then
+    echo "flashcp-launch-ranks: $v must be a non-negative integer, got '${!v}'" >&2
+    exit 2
+  fi
+done
+if ((per_node < 1 || nodes < 1)); then
+  echo "flashcp-launch-ranks: need at least one node and one rank per node" >&2
+  exit 2
+fi
+if ((node_rank >= nodes)); then
+  echo "flashcp-launch-ranks: node rank $node_rank is not below the node count $nodes" >&2
+  exit 2
+fi
+case $device in cuda | cpu) ;; *)
+  echo "flashcp-launch-ranks: FLASHCP_DEVICE must be cuda or cpu, got '$device'" >&2
+  exit 2
+  ;;
+esac
+
+world=$((nodes * per_node))
+declare -A rank_of=()
+pids=()
+
+stop_all() {
+  local sig=$1
+  for pid in "${pids[@]}"; do kill -s "$sig" "$pid" 2>/dev/null || true; done
+}
+trap 'echo "flashcp-launch-ranks: forwarding SIGTERM" >&2; stop_all TERM' TERM
+trap 'echo "flashcp-launch-ranks: forwarding SIGINT" >&2; stop_all INT' INT
+
+for ((k = 0; k < per_node; k++)); do
+  rank=$((node_rank * per_node + k))
+  if [[ $device == cuda ]]; then dev="cuda:$k"; else dev=cpu; fi
+  "$worker" --rank "$rank" --world_size "$world" --group "$group" --planner "$planner" \
+    --metrics "$metrics_host:$((metrics_base + k))" --device "$dev" "$@" &
+  pids+=($!)
+  rank_of[$!]=$rank
+  echo "flashcp-launch-ranks: started rank $rank/$world (local $k, device $dev, pid $!)" >&2
+done
+
+status=0
+remaining=${#pids[@]}
+while ((remaining > 0)); do
+  # wait -n returns when any child exits; a trapped signal interrupts it with status > 128,
+  # in which case we simply wait again (the children were already signalled).
+  set +e
+  wait -n -p done_pid "${pids[@]}"
+  rc=$?
+  set -e
+  if [[ -z ${done_pid:-} ]]; then
+    continue
+  fi
+  remaining=$((remaining - 1))
+  echo "flashcp-launch-ranks: rank ${rank_of[$done_pid]} exited with status $rc" >&2
+  left=()
+  for pid in "${pids[@]}"; do [[ $pid == "$done_pid" ]] || left+=("$pid"); done
+  pids=("${left[@]}")
+  if ((rc != 0 && status == 0)); then
+    status=$rc
+    echo "flashcp-launch-ranks: stopping the other ranks" >&2
+    stop_all TERM
+  fi
+  unset done_pid
+done
+exit "$status"
