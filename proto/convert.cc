@@ -1,0 +1,193 @@
+#include "proto/convert.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace flashcp::proto {
+namespace {
+
+// google.rpc.Code's error range; 0 (OK) is not an error.
+constexpr int kMinErrorCode = 1;
+constexpr int kMaxErrorCode = 16;
+
+void SchemeBytesToProto(core::CommScheme scheme, const core::SchemeBytes& bytes,
+                        v1::SchemeBytes* out) {
+  out->set_scheme(std::string(core::CommSchemeName(scheme)));
+  out->mutable_sent_bytes()->Add(bytes.sent.begin(), bytes.sent.end());
+  out->mutable_received_bytes()->Add(bytes.received.begin(), bytes.received.end());
+  out->set_bottleneck_bytes(bytes.bottleneck);
+}
+
+void MetricsToProto(const core::PlanMetrics& m, double planning_seconds, v1::PlanMetrics* out) {
+  out->set_imbalance_ratio(m.imbalance);
+  out->set_comm_saving_ratio(m.comm_saving);
+  out->set_targeted_saving_ratio(m.targeted_saving);
+  out->set_tokens_per_rank(m.tokens_per_rank);
+  out->mutable_rank_tokens()->Add(m.rank_tokens.begin(), m.rank_tokens.end());
+  out->mutable_rank_workload()->Add(m.rank_workload.begin(), m.rank_workload.end());
+  out->mutable_rank_nonlast_tokens()->Add(m.rank_nonlast_tokens.begin(),
+                                          m.rank_nonlast_tokens.end());
+  out->mutable_rank_segments()->Add(m.rank_segments.begin(), m.rank_segments.end());
+  out->set_cut_docs(m.cut_docs);
+  out->set_min_cut_shard_len(m.min_cut_shard_len);
+  for (core::CommScheme scheme : core::kAllCommSchemes) {
+    SchemeBytesToProto(scheme, m.bytes[static_cast<int>(scheme)], out->add_bytes());
+  }
+  out->set_planning_seconds(planning_seconds);
+}
+
+void LayoutToProto(const core::CommLayout& layout,
+                   google::protobuf::RepeatedPtrField<v1::RankLayout>* out) {
+  for (size_t r = 0; r < layout.ranks.size(); ++r) {
+    const core::RankLayout& rank = layout.ranks[r];
+    v1::RankLayout* p = out->Add();
+    p->set_rank(static_cast<int32_t>(r));
+    p->mutable_shards()->Add(rank.shards.begin(), rank.shards.end());
+    for (const core::SendRange& send : rank.send) {
+      v1::SendRange* s = p->add_sends();
+      s->set_shard(send.shard);
+      s->set_offset(send.offset);
+      s->set_len(send.len);
+    }
+    p->set_send_tokens(rank.send_tokens);
+    for (const core::TargetedSend& t : rank.targeted) {
+      v1::TargetedSend* ts = p->add_targeted();
+      ts->set_dest(t.dest);
+      ts->mutable_send_indices()->Add(t.send_indices.begin(), t.send_indices.end());
+      ts->set_tokens(t.tokens);
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
+                                           const core::BatchLimits& limits) {
+  PlanInput in;
+  in.batch_id = request.batch_id();
+  in.batch.doc_lens.assign(request.doc_lens().begin(), request.doc_lens().end());
+  in.batch.cp_size = request.cp_size();
+  FLASHCP_RETURN_IF_ERROR(core::ValidateBatch(in.batch, limits));
+
+  if (!request.strategy().empty()) {
+    FLASHCP_ASSIGN_OR_RETURN(in.strategy, core::ParseStrategy(request.strategy()));
+  }
+
+  const double r = request.target_imbalance();
+  in.options.target_imbalance = r == 0.0 ? kDefaultTargetImbalance : r;
+  // Written so that NaN fails too.
+  if (!(in.options.target_imbalance >= 1.0) || !std::isfinite(in.options.target_imbalance)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_imbalance: must be a finite ratio >= 1 (0 means ",
+                     kDefaultTargetImbalance, "), got ", r));
+  }
+
+  in.shape.heads = request.heads() == 0 ? kDefaultHeads : request.heads();
+  in.shape.head_dim = request.head_dim() == 0 ? kDefaultHeadDim : request.head_dim();
+  in.shape.dtype_bytes = request.dtype_bytes() == 0 ? kDefaultDtypeBytes : request.dtype_bytes();
+  FLASHCP_RETURN_IF_ERROR(core::ValidateModelShape(in.shape));
+
+  in.include_layout = request.include_layout();
+  return in;
+}
+
+v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
+                               core::Strategy strategy, const core::PlanOptions& options,
+                               const core::ModelShape& shape, bool include_layout) {
+  v1::PlanRequest request;
+  request.set_batch_id(batch_id);
+  request.mutable_doc_lens()->Add(batch.doc_lens.begin(), batch.doc_lens.end());
+  request.set_cp_size(batch.cp_size);
+  request.set_strategy(std::string(core::StrategyName(strategy)));
+  request.set_target_imbalance(options.target_imbalance);
+  request.set_heads(shape.heads);
+  request.set_head_dim(shape.head_dim);
+  request.set_dtype_bytes(shape.dtype_bytes);
+  request.set_include_layout(include_layout);
+  return request;
+}
+
+v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
+                                 const core::Plan& plan, const core::PlanMetrics& metrics,
+                                 const core::CommLayout* layout, double planning_seconds) {
+  v1::PlanResponse response;
+  response.set_batch_id(batch_id);
+  response.set_strategy(std::string(core::StrategyName(strategy)));
+  response.set_cp_size(plan.cp_size);
+  response.mutable_doc_lens()->Add(plan.doc_lens.begin(), plan.doc_lens.end());
+  response.set_padding(plan.padding);
+  response.mutable_shards()->Reserve(static_cast<int>(plan.shards.size()));
+  for (const core::Shard& s : plan.shards) {
+    v1::Shard* p = response.add_shards();
+    p->set_doc(s.doc);
+    p->set_start(s.start);
+    p->set_len(s.len);
+    p->set_rank(s.rank);
+  }
+  MetricsToProto(metrics, planning_seconds, response.mutable_metrics());
+  if (layout != nullptr) LayoutToProto(*layout, response.mutable_layout());
+  return response;
+}
+
+v1::PlanResponse ErrorResponseToProto(uint64_t batch_id, const absl::Status& status) {
+  v1::PlanResponse response;
+  response.set_batch_id(batch_id);
+  response.mutable_error()->set_code(static_cast<int32_t>(status.code()));
+  response.mutable_error()->set_message(std::string(status.message()));
+  return response;
+}
+
+absl::Status ErrorFromProto(const v1::Error& error) {
+  if (error.code() < kMinErrorCode || error.code() > kMaxErrorCode) {
+    return absl::UnknownError(
+        absl::StrCat("error code ", error.code(), ": ", error.message()));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(error.code()), error.message());
+}
+
+absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
+  if (response.has_error()) return ErrorFromProto(response.error());
+  PlanResult out;
+  out.batch_id = response.batch_id();
+  out.strategy = response.strategy();
+  out.plan.cp_size = response.cp_size();
+  out.plan.doc_lens.assign(response.doc_lens().begin(), response.doc_lens().end());
+  out.plan.padding = response.padding();
+  out.plan.shards.reserve(response.shards_size());
+  for (const v1::Shard& s : response.shards()) {
+    out.plan.shards.push_back(core::Shard{s.doc(), s.start(), s.len(), s.rank()});
+  }
+  const v1::PlanMetrics& m = response.metrics();
+  core::PlanMetrics& cm = out.metrics;
+  cm.tokens_per_rank = m.tokens_per_rank();
+  cm.padding = response.padding();
+  cm.rank_tokens.assign(m.rank_tokens().begin(), m.rank_tokens().end());
+  cm.rank_workload.assign(m.rank_workload().begin(), m.rank_workload().end());
+  cm.imbalance = m.imbalance_ratio();
+  cm.rank_nonlast_tokens.assign(m.rank_nonlast_tokens().begin(), m.rank_nonlast_tokens().end());
+  cm.max_nonlast_tokens = cm.rank_nonlast_tokens.empty()
+                              ? 0
+                              : *std::max_element(cm.rank_nonlast_tokens.begin(),
+                                                  cm.rank_nonlast_tokens.end());
+  cm.comm_saving = m.comm_saving_ratio();
+  cm.targeted_saving = m.targeted_saving_ratio();
+  for (const v1::SchemeBytes& b : m.bytes()) {
+    absl::StatusOr<core::CommScheme> scheme = core::ParseCommScheme(b.scheme());
+    if (!scheme.ok()) continue;  // a scheme newer than this build
+    core::SchemeBytes& cb = cm.bytes[static_cast<int>(*scheme)];
+    cb.sent.assign(b.sent_bytes().begin(), b.sent_bytes().end());
+    cb.received.assign(b.received_bytes().begin(), b.received_bytes().end());
+    cb.bottleneck = b.bottleneck_bytes();
+  }
+  cm.rank_segments.assign(m.rank_segments().begin(), m.rank_segments().end());
+  cm.cut_docs = m.cut_docs();
+  cm.min_cut_shard_len = m.min_cut_shard_len();
+  out.planning_seconds = m.planning_seconds();
+  return out;
+}
+
+}  // namespace flashcp::proto

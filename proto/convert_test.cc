@@ -1,0 +1,308 @@
+#include "proto/convert.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/analysis.h"
+#include "core/strategies.h"
+#include "core/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace flashcp::proto {
+namespace {
+
+using ::flashcp::core::testing::IsOk;
+using ::flashcp::core::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+v1::PlanRequest GoodRequest() {
+  v1::PlanRequest r;
+  r.set_batch_id(7);
+  r.add_doc_lens(5);
+  r.add_doc_lens(3);
+  r.set_cp_size(2);
+  return r;
+}
+
+TEST(RequestFromProtoTest, ZeroFieldsTakeTheProtoDefaults) {
+  absl::StatusOr<PlanInput> in = RequestFromProto(GoodRequest(), core::BatchLimits{});
+  ASSERT_THAT(in, IsOk());
+  EXPECT_EQ(in->batch_id, 7u);
+  EXPECT_THAT(in->batch.doc_lens, ElementsAre(5, 3));
+  EXPECT_EQ(in->batch.cp_size, 2);
+  EXPECT_EQ(in->strategy, core::Strategy::kFlashCp);
+  EXPECT_EQ(in->options.target_imbalance, 1.02);
+  EXPECT_EQ(in->shape.heads, 32);
+  EXPECT_EQ(in->shape.head_dim, 128);
+  EXPECT_EQ(in->shape.dtype_bytes, 2);
+  EXPECT_FALSE(in->include_layout);
+}
+
+TEST(RequestFromProtoTest, ExplicitFieldsAreKept) {
+  v1::PlanRequest r = GoodRequest();
+  r.set_strategy("ring");
+  r.set_target_imbalance(1.5);
+  r.set_heads(8);
+  r.set_head_dim(64);
+  r.set_dtype_bytes(4);
+  r.set_include_layout(true);
+  absl::StatusOr<PlanInput> in = RequestFromProto(r, core::BatchLimits{});
+  ASSERT_THAT(in, IsOk());
+  EXPECT_EQ(in->strategy, core::Strategy::kRing);
+  EXPECT_EQ(in->options.target_imbalance, 1.5);
+  EXPECT_EQ(in->shape.heads, 8);
+  EXPECT_EQ(in->shape.head_dim, 64);
+  EXPECT_EQ(in->shape.dtype_bytes, 4);
+  EXPECT_TRUE(in->include_layout);
+}
+
+TEST(RequestFromProtoTest, RequestToProtoRoundTrips) {
+  core::Batch batch{{10, 20, 30}, 4};
+  core::PlanOptions options;
+  options.target_imbalance = 1.1;
+  const v1::PlanRequest r = RequestToProto(
+      99, batch, core::Strategy::kZigzag, options, core::ModelShape{16, 64, 1}, true);
+  EXPECT_EQ(r.strategy(), "zigzag");
+  absl::StatusOr<PlanInput> in = RequestFromProto(r, core::BatchLimits{});
+  ASSERT_THAT(in, IsOk());
+  EXPECT_EQ(in->batch_id, 99u);
+  EXPECT_THAT(in->batch.doc_lens, ElementsAre(10, 20, 30));
+  EXPECT_EQ(in->batch.cp_size, 4);
+  EXPECT_EQ(in->strategy, core::Strategy::kZigzag);
+  EXPECT_EQ(in->options.target_imbalance, 1.1);
+  EXPECT_EQ(in->shape.heads, 16);
+  EXPECT_EQ(in->shape.head_dim, 64);
+  EXPECT_EQ(in->shape.dtype_bytes, 1);
+  EXPECT_TRUE(in->include_layout);
+}
+
+struct BadCase {
+  std::string name;
+  std::function<void(v1::PlanRequest&)> mutate;
+  absl::StatusCode code;
+  std::string message;  // exact
+};
+
+TEST(RequestFromProtoTest, EveryBadFieldIsNamedWithItsCode) {
+  const std::vector<BadCase> cases = {
+      {"empty doc_lens", [](v1::PlanRequest& r) { r.clear_doc_lens(); },
+       absl::StatusCode::kInvalidArgument, "doc_lens: the batch has no documents"},
+      {"zero length", [](v1::PlanRequest& r) { r.set_doc_lens(1, 0); },
+       absl::StatusCode::kInvalidArgument,
+       "doc_lens[1]: a document length must be at least 1, got 0"},
+      {"negative length", [](v1::PlanRequest& r) { r.set_doc_lens(0, -4); },
+       absl::StatusCode::kInvalidArgument,
+       "doc_lens[0]: a document length must be at least 1, got -4"},
+      {"cp_size 0", [](v1::PlanRequest& r) { r.set_cp_size(0); },
+       absl::StatusCode::kInvalidArgument, "cp_size: must be at least 1, got 0"},
+      {"cp_size above tokens", [](v1::PlanRequest& r) { r.set_cp_size(9); },
+       absl::StatusCode::kInvalidArgument, "cp_size: 9 ranks is more than the batch's 8 tokens"},
+      {"unknown strategy", [](v1::PlanRequest& r) { r.set_strategy("magic"); },
+       absl::StatusCode::kInvalidArgument,
+       "strategy: unknown strategy \"magic\" (llama3, per_doc, ring, zigzag, whole_doc, "
+       "flashcp_paper, flashcp, ilp)"},
+      {"target_imbalance below 1", [](v1::PlanRequest& r) { r.set_target_imbalance(0.5); },
+       absl::StatusCode::kInvalidArgument,
+       "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got 0.5"},
+      {"target_imbalance negative", [](v1::PlanRequest& r) { r.set_target_imbalance(-1); },
+       absl::StatusCode::kInvalidArgument,
+       "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got -1"},
+      {"target_imbalance NaN",
+       [](v1::PlanRequest& r) { r.set_target_imbalance(std::nan("")); },
+       absl::StatusCode::kInvalidArgument,
+       "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got nan"},
+      {"negative heads", [](v1::PlanRequest& r) { r.set_heads(-1); },
+       absl::StatusCode::kInvalidArgument, "heads: must be in [1, 1024], got -1"},
+      {"head_dim too big", [](v1::PlanRequest& r) { r.set_head_dim(2048); },
+       absl::StatusCode::kInvalidArgument, "head_dim: must be in [1, 1024], got 2048"},
+      {"dtype 3 bytes", [](v1::PlanRequest& r) { r.set_dtype_bytes(3); },
+       absl::StatusCode::kInvalidArgument, "dtype_bytes: must be 1, 2 or 4, got 3"},
+  };
+  for (const BadCase& c : cases) {
+    v1::PlanRequest r = GoodRequest();
+    c.mutate(r);
+    EXPECT_EQ(RequestFromProto(r, core::BatchLimits{}).status(), absl::Status(c.code, c.message))
+        << c.name;
+  }
+}
+
+TEST(RequestFromProtoTest, BatchesAboveTheServerLimitsAreResourceExhausted) {
+  core::BatchLimits limits;
+  limits.max_docs = 1;
+  EXPECT_EQ(RequestFromProto(GoodRequest(), limits).status(),
+            absl::ResourceExhaustedError("doc_lens: 2 documents, above this server's limit of 1"));
+  limits = core::BatchLimits{};
+  limits.max_tokens = 7;
+  EXPECT_EQ(RequestFromProto(GoodRequest(), limits).status(),
+            absl::ResourceExhaustedError("doc_lens: 8 tokens, above this server's limit of 7"));
+  limits = core::BatchLimits{};
+  limits.max_cp_size = 1;
+  EXPECT_EQ(RequestFromProto(GoodRequest(), limits).status(),
+            absl::ResourceExhaustedError("cp_size: 2 ranks, above this server's limit of 1"));
+}
+
+// docs [5, 3] on 2 ranks with "ring": rank 0 holds doc 0 [0,4); rank 1 holds
+// doc 0 [4,5) and doc 1 [0,3). Worked by hand: workloads (2p+s+1)s/2 are
+// 10 and 5 + 6 = 11; rank 0's 4 tokens are doc 0's non-last shard.
+struct RingPlan {
+  core::Plan plan;
+  core::PlanMetrics metrics;
+  core::CommLayout layout;
+};
+RingPlan MakeRingPlan() {
+  RingPlan r;
+  r.plan = *core::MakePlan(core::Strategy::kRing, core::Batch{{5, 3}, 2});
+  r.metrics = *core::AnalyzePlan(r.plan, core::ModelShape{});
+  r.layout = *core::BuildCommLayout(r.plan);
+  return r;
+}
+
+TEST(ResponseToProtoTest, RingPlanHandWorked) {
+  const RingPlan ring = MakeRingPlan();
+  const v1::PlanResponse p = ResponseToProto(7, core::Strategy::kRing, ring.plan, ring.metrics,
+                                             nullptr, 0.25);
+  EXPECT_EQ(p.batch_id(), 7u);
+  EXPECT_FALSE(p.has_error());
+  EXPECT_EQ(p.strategy(), "ring");
+  EXPECT_EQ(p.cp_size(), 2);
+  EXPECT_THAT(p.doc_lens(), ElementsAre(5, 3));
+  EXPECT_EQ(p.padding(), 0);
+  ASSERT_EQ(p.shards_size(), 3);
+  const std::vector<std::vector<int64_t>> want = {{0, 0, 4, 0}, {0, 4, 1, 1}, {1, 0, 3, 1}};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(p.shards(i).doc(), want[i][0]) << i;
+    EXPECT_EQ(p.shards(i).start(), want[i][1]) << i;
+    EXPECT_EQ(p.shards(i).len(), want[i][2]) << i;
+    EXPECT_EQ(p.shards(i).rank(), want[i][3]) << i;
+  }
+  const v1::PlanMetrics& m = p.metrics();
+  EXPECT_DOUBLE_EQ(m.imbalance_ratio(), 11.0 / 10.5);
+  EXPECT_EQ(m.comm_saving_ratio(), 0.0);
+  EXPECT_EQ(m.targeted_saving_ratio(), 0.5);
+  EXPECT_EQ(m.tokens_per_rank(), 4);
+  EXPECT_THAT(m.rank_tokens(), ElementsAre(4, 4));
+  EXPECT_THAT(m.rank_workload(), ElementsAre(10.0, 11.0));
+  EXPECT_THAT(m.rank_nonlast_tokens(), ElementsAre(4, 0));
+  EXPECT_THAT(m.rank_segments(), ElementsAre(1, 2));
+  EXPECT_EQ(m.cut_docs(), 1);
+  EXPECT_EQ(m.min_cut_shard_len(), 1);
+  EXPECT_EQ(m.planning_seconds(), 0.25);
+  // H*D*dtype = 32*128*2 = 8192 bytes per token. full_kv and allgather:
+  // 4 * 4 tokens * (N-1) * 8192; targeted: 2 * 8192 * 4 tokens each way.
+  ASSERT_EQ(m.bytes_size(), 3);
+  EXPECT_EQ(m.bytes(0).scheme(), "full_kv");
+  EXPECT_THAT(m.bytes(0).sent_bytes(), ElementsAre(131072, 131072));
+  EXPECT_THAT(m.bytes(0).received_bytes(), ElementsAre(131072, 131072));
+  EXPECT_EQ(m.bytes(0).bottleneck_bytes(), 131072);
+  EXPECT_EQ(m.bytes(1).scheme(), "allgather");
+  EXPECT_EQ(m.bytes(1).bottleneck_bytes(), 131072);
+  EXPECT_EQ(m.bytes(2).scheme(), "targeted");
+  EXPECT_THAT(m.bytes(2).sent_bytes(), ElementsAre(65536, 65536));
+  EXPECT_THAT(m.bytes(2).received_bytes(), ElementsAre(65536, 65536));
+  EXPECT_EQ(m.bytes(2).bottleneck_bytes(), 65536);
+  EXPECT_EQ(p.layout_size(), 0);
+}
+
+TEST(ResponseToProtoTest, LayoutWhenAsked) {
+  const RingPlan ring = MakeRingPlan();
+  const v1::PlanResponse p = ResponseToProto(7, core::Strategy::kRing, ring.plan, ring.metrics,
+                                             &ring.layout, 0.0);
+  ASSERT_EQ(p.layout_size(), 2);
+  const v1::RankLayout& r0 = p.layout(0);
+  EXPECT_EQ(r0.rank(), 0);
+  EXPECT_THAT(r0.shards(), ElementsAre(0));
+  ASSERT_EQ(r0.sends_size(), 1);
+  EXPECT_EQ(r0.sends(0).shard(), 0);
+  EXPECT_EQ(r0.sends(0).offset(), 0);
+  EXPECT_EQ(r0.sends(0).len(), 4);
+  EXPECT_EQ(r0.send_tokens(), 4);
+  ASSERT_EQ(r0.targeted_size(), 1);
+  EXPECT_EQ(r0.targeted(0).dest(), 1);
+  EXPECT_THAT(r0.targeted(0).send_indices(), ElementsAre(0));
+  EXPECT_EQ(r0.targeted(0).tokens(), 4);
+  const v1::RankLayout& r1 = p.layout(1);
+  EXPECT_EQ(r1.rank(), 1);
+  EXPECT_THAT(r1.shards(), ElementsAre(1, 2));
+  EXPECT_EQ(r1.sends_size(), 0);
+  EXPECT_EQ(r1.send_tokens(), 0);
+  EXPECT_EQ(r1.targeted_size(), 0);
+}
+
+TEST(ResponseFromProtoTest, RoundTripsPlanAndMetrics) {
+  const RingPlan ring = MakeRingPlan();
+  v1::PlanResponse p = ResponseToProto(7, core::Strategy::kRing, ring.plan, ring.metrics,
+                                       nullptr, 0.125);
+  absl::StatusOr<PlanResult> back = ResponseFromProto(p);
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->batch_id, 7u);
+  EXPECT_EQ(back->strategy, "ring");
+  EXPECT_EQ(back->planning_seconds, 0.125);
+  EXPECT_EQ(back->plan.cp_size, 2);
+  EXPECT_THAT(back->plan.doc_lens, ElementsAre(5, 3));
+  EXPECT_EQ(back->plan.padding, 0);
+  EXPECT_THAT(back->plan.shards,
+              ElementsAre(core::Shard{0, 0, 4, 0}, core::Shard{0, 4, 1, 1},
+                          core::Shard{1, 0, 3, 1}));
+  const core::PlanMetrics& m = back->metrics;
+  EXPECT_EQ(m.tokens_per_rank, ring.metrics.tokens_per_rank);
+  EXPECT_EQ(m.padding, 0);
+  EXPECT_EQ(m.rank_tokens, ring.metrics.rank_tokens);
+  EXPECT_EQ(m.rank_workload, ring.metrics.rank_workload);
+  EXPECT_EQ(m.imbalance, ring.metrics.imbalance);
+  EXPECT_EQ(m.rank_nonlast_tokens, ring.metrics.rank_nonlast_tokens);
+  EXPECT_EQ(m.max_nonlast_tokens, 4);
+  EXPECT_EQ(m.comm_saving, ring.metrics.comm_saving);
+  EXPECT_EQ(m.targeted_saving, ring.metrics.targeted_saving);
+  for (int s = 0; s < core::kNumCommSchemes; ++s) {
+    EXPECT_EQ(m.bytes[s].sent, ring.metrics.bytes[s].sent) << s;
+    EXPECT_EQ(m.bytes[s].received, ring.metrics.bytes[s].received) << s;
+    EXPECT_EQ(m.bytes[s].bottleneck, ring.metrics.bytes[s].bottleneck) << s;
+  }
+  EXPECT_EQ(m.rank_segments, ring.metrics.rank_segments);
+  EXPECT_EQ(m.cut_docs, 1);
+  EXPECT_EQ(m.min_cut_shard_len, 1);
+  EXPECT_THAT(core::ValidatePlan(back->plan), IsOk());
+}
+
+TEST(ResponseFromProtoTest, UnknownSchemesAreSkipped) {
+  const RingPlan ring = MakeRingPlan();
+  v1::PlanResponse p = ResponseToProto(7, core::Strategy::kRing, ring.plan, ring.metrics,
+                                       nullptr, 0.0);
+  v1::SchemeBytes* extra = p.mutable_metrics()->add_bytes();
+  extra->set_scheme("from_the_future");
+  extra->set_bottleneck_bytes(1);
+  absl::StatusOr<PlanResult> back = ResponseFromProto(p);
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->metrics.bytes[2].bottleneck, 65536);
+}
+
+TEST(ErrorResponseTest, CarriesCodeAndMessageBack) {
+  const v1::PlanResponse p =
+      ErrorResponseToProto(3, absl::InvalidArgumentError("cp_size: must be at least 1, got 0"));
+  EXPECT_EQ(p.batch_id(), 3u);
+  ASSERT_TRUE(p.has_error());
+  EXPECT_EQ(p.error().code(), 3);  // google.rpc.Code INVALID_ARGUMENT
+  EXPECT_EQ(p.error().message(), "cp_size: must be at least 1, got 0");
+  EXPECT_EQ(p.shards_size(), 0);
+  EXPECT_FALSE(p.has_metrics());
+  EXPECT_EQ(ResponseFromProto(p).status(),
+            absl::InvalidArgumentError("cp_size: must be at least 1, got 0"));
+}
+
+TEST(ErrorResponseTest, CodesOutsideTheErrorRangeBecomeUnknown) {
+  v1::Error e;
+  e.set_code(0);
+  e.set_message("odd");
+  EXPECT_EQ(ErrorFromProto(e), absl::UnknownError("error code 0: odd"));
+  e.set_code(17);
+  EXPECT_EQ(ErrorFromProto(e), absl::UnknownError("error code 17: odd"));
+  e.set_code(12);
+  EXPECT_THAT(ErrorFromProto(e), StatusIs(absl::StatusCode::kUnimplemented, "odd"));
+}
+
+}  // namespace
+}  // namespace flashcp::proto
