@@ -1,0 +1,94 @@
+#include "worker/cuda/attention.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace flashcp::worker::cuda {
+
+float AttentionShape::EffectiveScale() const {
+  return scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+absl::Status ValidateAttentionShape(const AttentionShape& s) {
+  if (s.heads_kv < 1 || s.heads_kv > 256)
+    return absl::InvalidArgumentError(absl::StrCat("heads_kv must be in [1, 256], got ", s.heads_kv));
+  if (s.heads_q < s.heads_kv || s.heads_q > 256)
+    return absl::InvalidArgumentError(
+        absl::StrCat("heads_q must be in [heads_kv, 256], got ", s.heads_q));
+  if (s.heads_q % s.heads_kv != 0)
+    return absl::InvalidArgumentError(absl::StrCat("heads_kv (", s.heads_kv,
+                                                   ") must divide heads_q (", s.heads_q, ")"));
+  if (s.head_dim < 8 || s.head_dim > 256 || s.head_dim % 8 != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_dim must be a multiple of 8 in [8, 256], got ", s.head_dim));
+  if (!(s.scale >= 0) || !std::isfinite(s.scale))
+    return absl::InvalidArgumentError(absl::StrCat("scale must be finite and >= 0, got ", s.scale));
+  return absl::OkStatus();
+}
+
+double VarlenBatch::Pairs() const {
+  double pairs = 0;
+  for (size_t i = 0; i < q_len_.size(); ++i) {
+    const double s = q_len_[i], p = kv_len_[i] - q_len_[i];
+    pairs += (2 * p + s + 1) * s / 2;  // SPEC Eq. 3 with prefix p, shard length s
+  }
+  return pairs;
+}
+
+absl::StatusOr<VarlenBatch> VarlenBatch::Create(std::vector<int32_t> q_len,
+                                                std::vector<int32_t> kv_len,
+                                                const AttentionShape& shape,
+                                                cudaStream_t stream) {
+  FLASHCP_RETURN_IF_ERROR(ValidateAttentionShape(shape));
+  if (q_len.size() != kv_len.size())
+    return absl::InvalidArgumentError(absl::StrCat("q_len has ", q_len.size(),
+                                                   " sequences but kv_len has ", kv_len.size()));
+  if (q_len.empty()) return absl::InvalidArgumentError("a varlen batch needs at least one sequence");
+  VarlenBatch b;
+  const size_t n = q_len.size();
+  b.stride_ = n + 1;
+  std::vector<int64_t> host(7 * b.stride_, 0);
+  auto at = [&](int array, size_t i) -> int64_t& { return host[array * b.stride_ + i]; };
+  const int64_t q_row = int64_t{shape.heads_q} * shape.head_dim;
+  const int64_t kv_row = int64_t{shape.heads_kv} * shape.head_dim;
+  for (size_t i = 0; i < n; ++i) {
+    if (q_len[i] < 0 || kv_len[i] < q_len[i])
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": need 0 <= q_len (", q_len[i],
+                                                     ") <= kv_len (", kv_len[i], ")"));
+    at(0, i + 1) = at(0, i) + q_len[i];
+    at(1, i + 1) = at(1, i) + kv_len[i];
+    at(2, i) = q_len[i];
+    at(3, i) = kv_len[i];
+    b.max_q_ = std::max(b.max_q_, q_len[i]);
+    b.max_kv_ = std::max(b.max_kv_, kv_len[i]);
+  }
+  b.total_q_ = at(0, n);
+  b.total_kv_ = at(1, n);
+  for (size_t i = 0; i <= n; ++i) {
+    at(4, i) = at(0, i) * q_row;
+    at(5, i) = at(1, i) * kv_row;
+    at(6, i) = at(0, i) * shape.heads_q;
+  }
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (at(4, n) > kMax || at(5, n) > kMax)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch too large for int32 element offsets: ", b.total_q_, " query and ", b.total_kv_,
+        " KV tokens at ", q_row, " and ", kv_row, " elements per token"));
+  std::vector<int32_t> narrow(host.begin(), host.end());
+  FLASHCP_ASSIGN_OR_RETURN(b.dev_, DeviceBuffer<int32_t>::Allocate(narrow.size()));
+  FLASHCP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.dev_.data(), narrow.data(),
+                                               narrow.size() * sizeof(int32_t),
+                                               cudaMemcpyHostToDevice, stream),
+                               "upload varlen lengths (", narrow.size() * 4, " bytes)");
+  // The host vector dies here: wait for the pageable copy to finish.
+  FLASHCP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "upload varlen lengths: sync");
+  b.q_len_ = std::move(q_len);
+  b.kv_len_ = std::move(kv_len);
+  return b;
+}
+
+}  // namespace flashcp::worker::cuda
