@@ -1,0 +1,40 @@
+// The oracle: document-masked causal attention over one whole packed batch,
+// written plainly (per document, head and query: explicit scores, explicit
+// softmax), O(n^2), single-threaded, accumulating in double. Layout as in
+// attention_cpu.h: [tokens][heads][head_dim] fp32, lse [tokens][heads] in
+// natural log. Token t of document d sees the tokens of d at or before it.
+#ifndef FLASHCP_WORKER_ATTENTION_REFERENCE_H_
+#define FLASHCP_WORKER_ATTENTION_REFERENCE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "worker/attention_cpu.h"
+
+namespace flashcp::worker {
+
+// Forward over the batch packed as `doc_lens`: writes o and lse. Every array
+// holds sum(doc_lens) rows; InvalidArgument if a size does not match or a
+// length is below 1.
+absl::Status ReferenceForward(const AttentionShape& shape, absl::Span<const int64_t> doc_lens,
+                              absl::Span<const float> q, absl::Span<const float> k,
+                              absl::Span<const float> v, absl::Span<float> o,
+                              absl::Span<float> lse);
+
+// Backward: given dout, writes dq, dk, dv (each recomputes the softmax).
+absl::Status ReferenceBackward(const AttentionShape& shape, absl::Span<const int64_t> doc_lens,
+                               absl::Span<const float> q, absl::Span<const float> k,
+                               absl::Span<const float> v, absl::Span<const float> dout,
+                               absl::Span<float> dq, absl::Span<float> dk, absl::Span<float> dv);
+
+// The error measure every test and flashcp-cpstep report: the largest
+// absolute difference relative to the largest reference magnitude,
+//   max_i |got_i - want_i| / max(max_i |want_i|, 1e-30).
+// Sizes must match (else returns +infinity).
+double MaxRelError(absl::Span<const float> got, absl::Span<const float> want);
+
+}  // namespace flashcp::worker
+
+#endif  // FLASHCP_WORKER_ATTENTION_REFERENCE_H_
