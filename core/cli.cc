@@ -1,0 +1,583 @@
+#include "core/cli.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <istream>
+#include <limits>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/plan_json.h"
+#include "core/types.h"
+
+namespace flashcp::core {
+namespace {
+
+constexpr int64_t kMaxBatches = 1'000'000;
+// A longer input line is refused before it is held in memory: 10^6 documents
+// of 2^40 tokens take at most 14 characters each.
+constexpr size_t kMaxLineBytes = size_t{16} << 20;
+
+absl::Status FlagError(absl::string_view flag, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", what));
+}
+
+std::string Quoted(absl::string_view value) {
+  if (value.size() > 40) value = value.substr(0, 40);
+  return absl::StrCat("\"", value, "\"");
+}
+
+// Only digits, no sign or spaces; within [lo, hi].
+absl::StatusOr<int64_t> ParseIntFlag(absl::string_view flag, absl::string_view value, int64_t lo,
+                                     int64_t hi) {
+  const std::string range = absl::StrCat("must be an integer in [", lo, ", ", hi, "], got ");
+  if (value.empty() || value.size() > 19 ||
+      !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return FlagError(flag, absl::StrCat(range, Quoted(value)));
+  }
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(value, &v) || v < lo || v > hi) {
+    return FlagError(flag, absl::StrCat(range, Quoted(value)));
+  }
+  return v;
+}
+
+absl::StatusOr<double> ParseDoubleFlag(absl::string_view flag, absl::string_view value, double lo,
+                                       double hi) {
+  double v = 0;
+  if (value.empty() || value.front() == ' ' || !absl::SimpleAtod(value, &v) || !std::isfinite(v) ||
+      v < lo || v > hi) {
+    return FlagError(flag, absl::StrFormat("must be a number in [%g, %g], got %s", lo, hi,
+                                           Quoted(value)));
+  }
+  return v;
+}
+
+absl::StatusOr<std::vector<Strategy>> ParseStrategyList(absl::string_view value, bool* all) {
+  *all = false;
+  if (value == "all") {
+    *all = true;
+    std::vector<Strategy> out;
+    for (Strategy s : kAllStrategies) {
+      if (s != Strategy::kIlp) out.push_back(s);
+    }
+    return out;
+  }
+  std::vector<Strategy> out;
+  for (absl::string_view name : absl::StrSplit(value, ',')) {
+    absl::StatusOr<Strategy> s = ParseStrategy(name);
+    if (!s.ok()) {
+      return FlagError("strategy",
+                       absl::StrCat("unknown strategy ", Quoted(name),
+                                    " (all, llama3, per_doc, ring, zigzag, whole_doc, "
+                                    "flashcp_paper, flashcp, ilp, or a comma-separated list)"));
+    }
+    if (std::find(out.begin(), out.end(), *s) == out.end()) out.push_back(*s);
+  }
+  return out;
+}
+
+enum class LineRead { kLine, kEof, kTooLong };
+
+// Reads one line (without its '\n') into `line`, holding at most
+// kMaxLineBytes characters.
+LineRead ReadLine(std::istream& in, std::string& line) {
+  line.clear();
+  std::streambuf* buf = in.rdbuf();
+  if (buf == nullptr) return LineRead::kEof;
+  while (true) {
+    const int c = buf->sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      return line.empty() ? LineRead::kEof : LineRead::kLine;
+    }
+    if (c == '\n') return LineRead::kLine;
+    if (line.size() == kMaxLineBytes) return LineRead::kTooLong;
+    line.push_back(static_cast<char>(c));
+  }
+}
+
+bool IsBlankOrComment(absl::string_view line) {
+  for (char c : line) {
+    if (c == '#') return true;
+    if (c != ' ' && c != '\t' && c != '\r') return false;
+  }
+  return true;
+}
+
+// Yields batches, with where each came from for error messages, from one of
+// the three sources.
+class BatchSource {
+ public:
+  BatchSource(const CliOptions& options, std::istream& in) : options_(options), in_(&in) {}
+
+  // Opens --input FILE; InvalidArgument/NotFound naming it.
+  absl::Status Open() {
+    if (!options_.input_path.empty() && options_.input_path != "-") {
+      file_.open(options_.input_path);
+      if (!file_.is_open()) {
+        return absl::NotFoundError(
+            absl::StrCat("--input: cannot open ", Quoted(options_.input_path)));
+      }
+      in_ = &file_;
+    }
+    return absl::OkStatus();
+  }
+
+  // Total batches when known in advance, else -1 (a stream).
+  int64_t total() const {
+    if (options_.dataset.has_value()) return options_.batches;
+    if (!options_.batches_text.empty()) return static_cast<int64_t>(options_.batches_text.size());
+    return -1;
+  }
+
+  // Next batch into `docs`; false at the end. `where` names it in errors.
+  absl::StatusOr<bool> Next(std::vector<int64_t>& docs, std::string& where) {
+    if (options_.dataset.has_value()) {
+      if (next_ >= options_.batches) return false;
+      where = absl::StrCat("batch ", next_, " (", DatasetName(*options_.dataset), ", seed ",
+                           options_.seed, ")");
+      absl::StatusOr<std::vector<int64_t>> b =
+          SampleBatch(*options_.dataset, options_.context, options_.seed, next_);
+      if (!b.ok()) return absl::Status(b.status().code(), absl::StrCat(where, ": ", b.status().message()));
+      docs = *std::move(b);
+      ++next_;
+      return true;
+    }
+    if (!options_.batches_text.empty()) {
+      if (next_ >= static_cast<int64_t>(options_.batches_text.size())) return false;
+      where = absl::StrCat("command-line batch ", next_);
+      absl::StatusOr<std::vector<int64_t>> b = ParseBatchLine(options_.batches_text[next_]);
+      if (!b.ok()) return absl::Status(b.status().code(), absl::StrCat(where, ": ", b.status().message()));
+      docs = *std::move(b);
+      ++next_;
+      return true;
+    }
+    const std::string name = options_.input_path.empty() || options_.input_path == "-"
+                                 ? std::string("stdin")
+                                 : options_.input_path;
+    std::string line;
+    while (true) {
+      ++line_no_;
+      const LineRead r = ReadLine(*in_, line);
+      if (r == LineRead::kEof) {
+        if (in_->bad()) return absl::DataLossError(absl::StrCat(name, ": read error"));
+        return false;
+      }
+      where = absl::StrCat(name, " line ", line_no_);
+      if (r == LineRead::kTooLong) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": longer than ", kMaxLineBytes, " bytes"));
+      }
+      if (IsBlankOrComment(line)) continue;
+      absl::StatusOr<std::vector<int64_t>> b = ParseBatchLine(line);
+      if (!b.ok()) return absl::Status(b.status().code(), absl::StrCat(where, ": ", b.status().message()));
+      docs = *std::move(b);
+      ++next_;
+      return true;
+    }
+  }
+
+ private:
+  const CliOptions& options_;
+  std::istream* in_;
+  std::ifstream file_;
+  int64_t next_ = 0;
+  int64_t line_no_ = 0;
+};
+
+double Ms(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
+std::string SummaryHeader(const CliOptions& o) {
+  std::string source;
+  if (o.dataset.has_value()) {
+    source = absl::StrCat(o.batches, " batches of ", o.context, " tokens drawn from ",
+                          DatasetName(*o.dataset), " (seed ", o.seed, ")");
+  } else if (!o.batches_text.empty()) {
+    source = "batches from the command line";
+  } else {
+    source = absl::StrCat("batches from ", o.input_path.empty() || o.input_path == "-"
+                                               ? std::string("stdin")
+                                               : o.input_path);
+  }
+  std::string h = absl::StrFormat(
+      "# flashcp-plan summary: N = %d, %s; target imbalance %g; H = %d, D = %d, %d-byte dtype\n",
+      o.cp_size, source, o.plan.target_imbalance, o.shape.heads, o.shape.head_dim,
+      o.shape.dtype_bytes);
+  if (o.dataset.has_value()) {
+    absl::StrAppend(&h, "# data: ", DatasetName(*o.dataset), ": ", DatasetAssumptions(*o.dataset),
+                    "\n");
+  }
+  absl::StrAppend(&h,
+                  "# imbalance: max / mean attention workload per rank (1.00 is perfect). "
+                  "saving: 1 - bytes / full_kv bytes per layer, allgather = the paper's compacted "
+                  "all-gather (Eq. 5), targeted = bottleneck rank of send/recv. "
+                  "plan_ms: MakePlan wall time.\n");
+  return h;
+}
+
+}  // namespace
+
+absl::string_view DatasetAssumptions(Dataset dataset) {
+  switch (dataset) {
+    case Dataset::kWlbLlm:
+      return "a public reconstruction of WLB-LLM's length distribution (not Meta's raw data), "
+             "sampled by inverse CDF with log-linear interpolation between quantiles";
+    case Dataset::kPile:
+      return "The Pile's per-component document shares and mean sizes at 3.5 bytes per token "
+             "(assumed); lognormal lengths with sigma 1.0 within a component (assumed)";
+    case Dataset::kRedPajama:
+      return "RedPajama-V1 tokens per source with proxy mean document lengths (assumed); "
+             "lognormal lengths with sigma 1.0 within a source (assumed)";
+  }
+  return "";
+}
+
+std::string CliUsage() {
+  return R"(Usage: flashcp-plan [flags] [LENGTH ...]
+
+Plans context-parallel sharding of packed batches and prints one JSON object
+per batch and strategy, or with --summary a table comparing strategies.
+
+Batches come from exactly one of:
+  LENGTH ...           one batch: document lengths (tokens), commas or spaces
+  --docs LIST          one batch per --docs, e.g. --docs 5,3 --docs "8 8"
+  --input FILE         one batch per line ("-" is stdin); blank and # lines skipped
+  --dataset NAME       sampled batches: wlbllm, pile or redpajama
+  (none)               stdin, as --input -
+
+Flags:
+  --cp N               ranks in the CP group (default 8)
+  --strategy NAME      llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper,
+                       flashcp, ilp, a comma-separated list, or all (every one but
+                       ilp, which is slow). Default flashcp; all with --summary
+  --target-imbalance R target imbalance ratio for flashcp and flashcp_paper (default 1.02)
+  --context C          tokens per sampled batch (default 131072; with --dataset)
+  --batches K          sampled batches (default 64; with --dataset)
+  --seed S             sampling seed (default 1; with --dataset)
+  --summary            print a table of per-strategy statistics instead of JSON
+  --heads H            KV heads, for byte counts (default 32)
+  --head-dim D         head dimension (default 128)
+  --dtype-bytes B      bytes per element: 1, 2 or 4 (default 2)
+  --ilp-granularity G  ILP block size in tokens (0: C / (16 N), the default)
+  --ilp-time-limit S   ILP time limit in seconds per batch (default 10)
+  --quiet              no progress lines on stderr
+  --help               this text
+
+Exit status: 0 success; 1 a bad batch, a failed plan or an I/O error; 2 a bad flag.
+)";
+}
+
+absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args) {
+  CliOptions o;
+  std::vector<std::string> positional;
+  std::string strategy_value;
+  bool context_set = false, batches_set = false, seed_set = false;
+  bool flags_done = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (flags_done || arg.size() < 2 || arg[0] != '-') {
+      positional.push_back(arg);
+      continue;
+    }
+    if (arg == "--") {
+      flags_done = true;
+      continue;
+    }
+    if (arg == "-h") {
+      o.help = true;
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", Quoted(arg)));
+    }
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (name == "summary" || name == "quiet" || name == "help") {
+      if (eq != std::string::npos) return FlagError(name, "takes no value");
+      if (name == "summary") o.summary = true;
+      if (name == "quiet") o.progress = false;
+      if (name == "help") o.help = true;
+      continue;
+    }
+    static const char* const kValueFlags[] = {
+        "cp",    "strategy", "target-imbalance", "dataset",     "context",         "batches",
+        "seed",  "heads",    "head-dim",         "dtype-bytes", "docs",            "input",
+        "ilp-granularity", "ilp-time-limit"};
+    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), name) == std::end(kValueFlags)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", Quoted(arg)));
+    }
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else {
+      if (i + 1 >= args.size()) return FlagError(name, "missing value");
+      value = args[++i];
+    }
+    if (name == "cp") {
+      absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 1, kMaxCpSize);
+      if (!v.ok()) return v.status();
+      o.cp_size = static_cast<int32_t>(*v);
+    } else if (name == "strategy") {
+      strategy_value = value;
+      if (strategy_value.empty()) return FlagError(name, "missing value");
+    } else if (name == "target-imbalance") {
+      absl::StatusOr<double> v = ParseDoubleFlag(name, value, 1.0, 1e6);
+      if (!v.ok()) return v.status();
+      o.plan.target_imbalance = *v;
+    } else if (name == "dataset") {
+      absl::StatusOr<Dataset> d = ParseDataset(value);
+      if (!d.ok()) {
+        return FlagError(name, absl::StrCat("unknown data set ", Quoted(value),
+                                            " (wlbllm, pile, redpajama)"));
+      }
+      o.dataset = *d;
+    } else if (name == "context") {
+      absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 1, kMaxTokens);
+      if (!v.ok()) return v.status();
+      o.context = *v;
+      context_set = true;
+    } else if (name == "batches") {
+      absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 1, kMaxBatches);
+      if (!v.ok()) return v.status();
+      o.batches = *v;
+      batches_set = true;
+    } else if (name == "seed") {
+      uint64_t v = 0;
+      if (value.empty() || value.size() > 20 ||
+          !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+          !absl::SimpleAtoi(value, &v)) {
+        return FlagError(name,
+                         absl::StrCat("must be an integer in [0, 2^64 - 1], got ", Quoted(value)));
+      }
+      o.seed = v;
+      seed_set = true;
+    } else if (name == "heads" || name == "head-dim") {
+      absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 1, 1024);
+      if (!v.ok()) return v.status();
+      (name == "heads" ? o.shape.heads : o.shape.head_dim) = static_cast<int32_t>(*v);
+    } else if (name == "dtype-bytes") {
+      if (value != "1" && value != "2" && value != "4") {
+        return FlagError(name, absl::StrCat("must be 1, 2 or 4, got ", Quoted(value)));
+      }
+      o.shape.dtype_bytes = value[0] - '0';
+    } else if (name == "docs") {
+      absl::StatusOr<std::vector<int64_t>> lens = ParseBatchLine(value);
+      if (!lens.ok()) return FlagError(name, lens.status().message());
+      o.batches_text.push_back(value);
+    } else if (name == "input") {
+      if (value.empty()) return FlagError(name, "missing file name");
+      o.input_path = value;
+    } else if (name == "ilp-granularity") {
+      absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 0, kMaxTokens);
+      if (!v.ok()) return v.status();
+      o.plan.ilp.granularity = *v;
+    } else if (name == "ilp-time-limit") {
+      absl::StatusOr<double> v = ParseDoubleFlag(name, value, 0.001, 86400);
+      if (!v.ok()) return v.status();
+      o.plan.ilp.time_limit_seconds = *v;
+    }
+  }
+  if (o.help) return o;
+
+  if (!positional.empty()) {
+    if (!o.batches_text.empty()) {
+      return absl::InvalidArgumentError(
+          "give document lengths either as arguments or with --docs, not both");
+    }
+    const std::string joined = absl::StrJoin(positional, " ");
+    absl::StatusOr<std::vector<int64_t>> lens = ParseBatchLine(joined);
+    if (!lens.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("document lengths (arguments): ", lens.status().message()));
+    }
+    o.batches_text.push_back(joined);
+  }
+  const int sources = (o.batches_text.empty() ? 0 : 1) + (o.input_path.empty() ? 0 : 1) +
+                      (o.dataset.has_value() ? 1 : 0);
+  if (sources > 1) {
+    return absl::InvalidArgumentError(
+        "give batches from one source: lengths (arguments or --docs), --input, or --dataset");
+  }
+  if (!o.dataset.has_value()) {
+    if (context_set) return FlagError("context", "needs --dataset");
+    if (batches_set) return FlagError("batches", "needs --dataset");
+    if (seed_set) return FlagError("seed", "needs --dataset");
+  }
+  if (strategy_value.empty()) strategy_value = o.summary ? "all" : "flashcp";
+  bool all = false;
+  absl::StatusOr<std::vector<Strategy>> strategies = ParseStrategyList(strategy_value, &all);
+  if (!strategies.ok()) return strategies.status();
+  o.strategies = *std::move(strategies);
+  o.skip_unimplemented = all;
+  if (absl::Status s = ValidateModelShape(o.shape); !s.ok()) return s;
+  return o;
+}
+
+void SummaryAccumulator::Add(const PlanMetrics& metrics, double plan_ms) {
+  imbalance_.push_back(metrics.imbalance);
+  plan_ms_.push_back(plan_ms);
+  allgather_saving_sum_ += metrics.comm_saving;
+  targeted_saving_sum_ += metrics.targeted_saving;
+  cut_docs_sum_ += metrics.cut_docs;
+  if (metrics.min_cut_shard_len > 0 &&
+      (min_cut_shard_len_ == 0 || metrics.min_cut_shard_len < min_cut_shard_len_)) {
+    min_cut_shard_len_ = metrics.min_cut_shard_len;
+  }
+}
+
+double Percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  // Nearest rank: the smallest value with at least p of the values at or below it.
+  const size_t n = values.size();
+  size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(n)));
+  rank = std::clamp<size_t>(rank, 1, n);
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(rank - 1),
+                   values.end());
+  return values[rank - 1];
+}
+
+StrategySummary SummaryAccumulator::Finish() const {
+  StrategySummary s;
+  s.strategy = strategy_;
+  s.batches = count();
+  if (s.batches == 0) return s;
+  const double n = static_cast<double>(s.batches);
+  double imb = 0, ms = 0;
+  for (double v : imbalance_) imb += v;
+  for (double v : plan_ms_) ms += v;
+  s.imbalance_mean = imb / n;
+  s.imbalance_p95 = Percentile(imbalance_, 0.95);
+  s.allgather_saving_mean = allgather_saving_sum_ / n;
+  s.targeted_saving_mean = targeted_saving_sum_ / n;
+  s.cut_docs_mean = static_cast<double>(cut_docs_sum_) / n;
+  s.min_cut_shard_len = min_cut_shard_len_;
+  s.plan_ms_mean = ms / n;
+  s.plan_ms_p99 = Percentile(plan_ms_, 0.99);
+  return s;
+}
+
+std::string FormatSummaryTable(const std::vector<StrategySummary>& rows) {
+  std::string out = absl::StrFormat("%-14s %7s %8s %8s %9s %9s %8s %9s %9s %9s\n", "strategy",
+                                    "batches", "imb_mean", "imb_p95", "save_ag", "save_tgt",
+                                    "cut_docs", "min_cut", "ms_mean", "ms_p99");
+  for (const StrategySummary& r : rows) {
+    absl::StrAppendFormat(&out, "%-14s %7d %8.4f %8.4f %8.1f%% %8.1f%% %8.1f %9d %9.3f %9.3f\n",
+                          StrategyName(r.strategy), r.batches, r.imbalance_mean, r.imbalance_p95,
+                          100 * r.allgather_saving_mean, 100 * r.targeted_saving_mean,
+                          r.cut_docs_mean, r.min_cut_shard_len, r.plan_ms_mean, r.plan_ms_p99);
+  }
+  return out;
+}
+
+int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::ostream& err) {
+  constexpr absl::string_view kPrefix = "flashcp-plan: ";
+  if (options.help) {
+    out << CliUsage();
+    return kExitOk;
+  }
+  BatchSource source(options, in);
+  if (absl::Status s = source.Open(); !s.ok()) {
+    err << kPrefix << s.message() << "\n";
+    return kExitBadInput;
+  }
+  if (options.summary && options.skip_unimplemented) {
+    err << kPrefix << "note: ilp left out of \"all\" (it is slow); ask for it with --strategy ilp\n";
+  }
+
+  std::vector<Strategy> active = options.strategies;
+  std::vector<SummaryAccumulator> acc;
+  for (Strategy s : kAllStrategies) acc.emplace_back(s);
+
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point last_progress = start;
+  const int64_t total = source.total();
+  int64_t done = 0;
+  std::vector<int64_t> docs;
+  std::string where;
+  while (true) {
+    absl::StatusOr<bool> more = source.Next(docs, where);
+    if (!more.ok()) {
+      err << kPrefix << more.status().message() << "\n";
+      return kExitBadInput;
+    }
+    if (!*more) break;
+    const Batch batch{std::move(docs), options.cp_size};
+    if (absl::Status s = ValidateBatch(batch); !s.ok()) {
+      err << kPrefix << where << ": " << s.message() << "\n";
+      return kExitBadInput;
+    }
+    for (size_t i = 0; i < active.size();) {
+      const Strategy strategy = active[i];
+      PlanInfo info;
+      const Clock::time_point t0 = Clock::now();
+      absl::StatusOr<Plan> plan = MakePlan(strategy, batch, options.plan, &info);
+      const double ms = Ms(Clock::now() - t0);
+      if (!plan.ok()) {
+        if (plan.status().code() == absl::StatusCode::kUnimplemented &&
+            (options.skip_unimplemented || options.summary)) {
+          err << kPrefix << "note: skipping " << StrategyName(strategy) << ": "
+              << plan.status().message() << "\n";
+          active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
+          continue;
+        }
+        err << kPrefix << where << ": " << StrategyName(strategy) << ": "
+            << plan.status().message() << "\n";
+        return kExitBadInput;
+      }
+      absl::StatusOr<PlanMetrics> metrics = AnalyzePlan(*plan, options.shape);
+      if (!metrics.ok()) {
+        err << kPrefix << where << ": " << StrategyName(strategy) << ": "
+            << metrics.status().message() << "\n";
+        return kExitBadInput;
+      }
+      if (options.summary) {
+        acc[static_cast<size_t>(strategy)].Add(*metrics, ms);
+      } else {
+        std::string extra = absl::StrCat(",\"batch\":", done);
+        if (strategy == Strategy::kIlp) {
+          absl::StrAppend(&extra, ",\"ilp_optimal\":", info.ilp_optimal ? "true" : "false",
+                          ",\"ilp_gap\":", absl::StrFormat("%.17g", info.ilp_gap),
+                          ",\"ilp_granularity\":", info.ilp_granularity);
+        }
+        out << PlanToJson(*plan, *metrics, StrategyName(strategy), extra) << "\n";
+      }
+      ++i;
+    }
+    if (!options.summary) out.flush();
+    ++done;
+    const Clock::time_point now = Clock::now();
+    if (options.progress && now - last_progress >= std::chrono::seconds(1)) {
+      last_progress = now;
+      err << kPrefix << done;
+      if (total >= 0) err << "/" << total;
+      err << " batches planned, " << absl::StrFormat("%.1f", Ms(now - start) / 1000) << " s\n";
+    }
+  }
+
+  if (options.summary) {
+    std::vector<StrategySummary> rows;
+    for (Strategy s : active) rows.push_back(acc[static_cast<size_t>(s)].Finish());
+    out << SummaryHeader(options) << FormatSummaryTable(rows);
+    if (done == 0) err << kPrefix << "note: no batches in the input\n";
+  }
+  out.flush();
+  if (!out) {
+    err << kPrefix << "error writing the output\n";
+    return kExitBadInput;
+  }
+  return kExitOk;
+}
+
+}  // namespace flashcp::core

@@ -1,0 +1,108 @@
+// The flashcp-plan command line: argument parsing and the per-strategy
+// summary statistics are pure; RunCli does the I/O, through the streams and
+// the file path it is given. main() (flashcp_plan_main.cc) only wires
+// argv and the standard streams to these.
+#ifndef FLASHCP_CORE_CLI_H_
+#define FLASHCP_CORE_CLI_H_
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/analysis.h"
+#include "core/datasets.h"
+#include "core/strategies.h"
+
+namespace flashcp::core {
+
+// Exit codes of flashcp-plan.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitBadInput = 1;  // a bad batch line or batch, a failed plan, an I/O error
+inline constexpr int kExitUsage = 2;     // a bad flag or flag value
+
+struct CliOptions {
+  int32_t cp_size = 8;
+  // Strategies to run, in output order. Empty until resolved by ParseCliArgs:
+  // the default is flashcp, or every strategy but ilp with --summary.
+  std::vector<Strategy> strategies;
+  // True when the list came from "all" or the --summary default: a strategy
+  // that returns Unimplemented is then skipped with a note, not an error.
+  bool skip_unimplemented = false;
+  PlanOptions plan;
+  ModelShape shape;
+
+  // Exactly one source of batches: `batches_text` (positional arguments, all
+  // one batch, or one batch per --docs), `input_path` ("-" is stdin), or
+  // `dataset`. With none, stdin.
+  std::vector<std::string> batches_text;
+  std::string input_path;
+  std::optional<Dataset> dataset;
+  int64_t context = 131072;  // tokens per sampled batch
+  int64_t batches = 64;      // sampled batches
+  uint64_t seed = 1;
+
+  bool summary = false;
+  bool progress = true;  // a progress line on stderr every second; --quiet turns it off
+  bool help = false;
+};
+
+// Parses argv[1..] ("--flag value", "--flag=value", positional lengths, "--"
+// ends flags). InvalidArgument whose message names the flag and the bad value.
+absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args);
+
+// The --help text.
+std::string CliUsage();
+
+// What every figure computed from a data set's batches must state beside it
+// (../shared/datasets/README.md).
+absl::string_view DatasetAssumptions(Dataset dataset);
+
+// Per-strategy statistics over batches, for the summary table.
+struct StrategySummary {
+  Strategy strategy = Strategy::kFlashCp;
+  int64_t batches = 0;
+  double imbalance_mean = 0;
+  double imbalance_p95 = 0;
+  double allgather_saving_mean = 0;  // mean of PlanMetrics::comm_saving, a fraction
+  double targeted_saving_mean = 0;   // mean of PlanMetrics::targeted_saving, a fraction
+  double cut_docs_mean = 0;
+  int64_t min_cut_shard_len = 0;     // shortest cut shard over all batches; 0 if none
+  double plan_ms_mean = 0;           // MakePlan wall time, milliseconds
+  double plan_ms_p99 = 0;
+};
+
+class SummaryAccumulator {
+ public:
+  explicit SummaryAccumulator(Strategy strategy) : strategy_(strategy) {}
+  void Add(const PlanMetrics& metrics, double plan_ms);
+  int64_t count() const { return static_cast<int64_t>(imbalance_.size()); }
+  StrategySummary Finish() const;
+
+ private:
+  Strategy strategy_;
+  std::vector<double> imbalance_;
+  std::vector<double> plan_ms_;
+  double allgather_saving_sum_ = 0;
+  double targeted_saving_sum_ = 0;
+  int64_t cut_docs_sum_ = 0;
+  int64_t min_cut_shard_len_ = 0;
+};
+
+// Nearest-rank percentile (p in (0, 1]) of `values`; 0 for none.
+double Percentile(std::vector<double> values, double p);
+
+// A fixed-width text table, one row per summary, with a header line.
+std::string FormatSummaryTable(const std::vector<StrategySummary>& rows);
+
+// Runs the command: reads batches (from `in` when the source is stdin), plans
+// them, writes JSON lines or the summary to `out`, notes and errors to `err`
+// (each prefixed "flashcp-plan: "). Returns an exit code above.
+int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::ostream& err);
+
+}  // namespace flashcp::core
+
+#endif  // FLASHCP_CORE_CLI_H_

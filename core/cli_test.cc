@@ -1,0 +1,216 @@
+#include "core/cli.h"
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace flashcp::core {
+namespace {
+
+using ::flashcp::core::testing::IsOk;
+using ::flashcp::core::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(ParseCliArgsTest, Defaults) {
+  absl::StatusOr<CliOptions> o = ParseCliArgs({});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->cp_size, 8);
+  EXPECT_THAT(o->strategies, ElementsAre(Strategy::kFlashCp));
+  EXPECT_FALSE(o->skip_unimplemented);
+  EXPECT_FALSE(o->summary);
+  EXPECT_TRUE(o->batches_text.empty());
+  EXPECT_EQ(o->input_path, "");
+  EXPECT_FALSE(o->dataset.has_value());
+  EXPECT_DOUBLE_EQ(o->plan.target_imbalance, 1.02);
+}
+
+TEST(ParseCliArgsTest, EveryFlagBothSyntaxes) {
+  absl::StatusOr<CliOptions> o = ParseCliArgs(
+      {"--cp", "4", "--strategy=ring,flashcp", "--target-imbalance", "1.05", "--dataset=wlbllm",
+       "--context", "4096", "--batches=3", "--seed", "18446744073709551615", "--summary",
+       "--heads", "8", "--head-dim=64", "--dtype-bytes", "4", "--ilp-granularity", "512",
+       "--ilp-time-limit=2.5", "--quiet"});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->cp_size, 4);
+  EXPECT_THAT(o->strategies, ElementsAre(Strategy::kRing, Strategy::kFlashCp));
+  EXPECT_FALSE(o->skip_unimplemented);
+  EXPECT_DOUBLE_EQ(o->plan.target_imbalance, 1.05);
+  EXPECT_EQ(o->dataset, Dataset::kWlbLlm);
+  EXPECT_EQ(o->context, 4096);
+  EXPECT_EQ(o->batches, 3);
+  EXPECT_EQ(o->seed, 18446744073709551615ULL);
+  EXPECT_TRUE(o->summary);
+  EXPECT_EQ(o->shape.heads, 8);
+  EXPECT_EQ(o->shape.head_dim, 64);
+  EXPECT_EQ(o->shape.dtype_bytes, 4);
+  EXPECT_EQ(o->plan.ilp.granularity, 512);
+  EXPECT_DOUBLE_EQ(o->plan.ilp.time_limit_seconds, 2.5);
+  EXPECT_FALSE(o->progress);
+}
+
+TEST(ParseCliArgsTest, SummaryDefaultsToAllButIlp) {
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--summary", "--dataset", "pile"});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_THAT(o->strategies,
+              ElementsAre(Strategy::kLlama3, Strategy::kPerDoc, Strategy::kRing, Strategy::kZigzag,
+                          Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp));
+  EXPECT_TRUE(o->skip_unimplemented);
+}
+
+TEST(ParseCliArgsTest, PositionalLengthsAreOneBatchDocsAreOneEach) {
+  absl::StatusOr<CliOptions> pos = ParseCliArgs({"5,3", "2", "--", "7"});
+  ASSERT_THAT(pos, IsOk());
+  EXPECT_THAT(pos->batches_text, ElementsAre("5,3 2 7"));
+  absl::StatusOr<CliOptions> docs = ParseCliArgs({"--docs", "5,3", "--docs=8 8"});
+  ASSERT_THAT(docs, IsOk());
+  EXPECT_THAT(docs->batches_text, ElementsAre("5,3", "8 8"));
+}
+
+struct BadArgs {
+  std::vector<std::string> args;
+  const char* message;
+};
+
+TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
+  const BadArgs cases[] = {
+      {{"--cp", "0"}, "--cp: must be an integer in [1, 65536], got \"0\""},
+      {{"--cp=-3"}, "--cp: must be an integer in [1, 65536], got \"-3\""},
+      {{"--cp"}, "--cp: missing value"},
+      {{"--cp", "8x"}, "--cp: must be an integer in [1, 65536], got \"8x\""},
+      {{"--strategy", "best"},
+       "--strategy: unknown strategy \"best\" (all, llama3, per_doc, ring, zigzag, whole_doc, "
+       "flashcp_paper, flashcp, ilp, or a comma-separated list)"},
+      {{"--target-imbalance", "0.9"}, "--target-imbalance: must be a number in [1, 1e+06], got \"0.9\""},
+      {{"--target-imbalance", "nan"}, "--target-imbalance: must be a number in [1, 1e+06], got \"nan\""},
+      {{"--dataset", "c4"}, "--dataset: unknown data set \"c4\" (wlbllm, pile, redpajama)"},
+      {{"--dataset", "pile", "--context", "0"},
+       "--context: must be an integer in [1, 1099511627776], got \"0\""},
+      {{"--dataset", "pile", "--batches", "1000001"},
+       "--batches: must be an integer in [1, 1000000], got \"1000001\""},
+      {{"--dataset", "pile", "--seed", "-1"},
+       "--seed: must be an integer in [0, 2^64 - 1], got \"-1\""},
+      {{"--heads", "0"}, "--heads: must be an integer in [1, 1024], got \"0\""},
+      {{"--head-dim", "2048"}, "--head-dim: must be an integer in [1, 1024], got \"2048\""},
+      {{"--dtype-bytes", "3"}, "--dtype-bytes: must be 1, 2 or 4, got \"3\""},
+      {{"--docs", "5,,3"}, "--docs: token 1: empty (two commas in a row, or a leading comma)"},
+      {{"--summary=yes"}, "--summary: takes no value"},
+      {{"--bogus"}, "unknown flag \"--bogus\""},
+      {{"-x"}, "unknown flag \"-x\""},
+      {{"5", "x"}, "document lengths (arguments): token 1: \"x\" is not a positive integer"},
+      {{"5", "--docs", "3"}, "give document lengths either as arguments or with --docs, not both"},
+      {{"--dataset", "pile", "--input", "f"},
+       "give batches from one source: lengths (arguments or --docs), --input, or --dataset"},
+      {{"--context", "10"}, "--context: needs --dataset"},
+      {{"--seed", "10"}, "--seed: needs --dataset"},
+  };
+  for (const BadArgs& c : cases) {
+    EXPECT_THAT(ParseCliArgs(c.args), StatusIs(absl::StatusCode::kInvalidArgument, c.message))
+        << c.args[0];
+  }
+}
+
+TEST(PercentileTest, NearestRank) {
+  EXPECT_EQ(Percentile({}, 0.95), 0);
+  EXPECT_EQ(Percentile({3, 1, 2}, 0.5), 2);   // ceil(1.5) = 2nd smallest
+  EXPECT_EQ(Percentile({3, 1, 2}, 0.99), 3);  // ceil(2.97) = 3rd
+  std::vector<double> hundred;
+  for (int i = 1; i <= 100; ++i) hundred.push_back(i);
+  EXPECT_EQ(Percentile(hundred, 0.95), 95);
+  EXPECT_EQ(Percentile(hundred, 0.99), 99);
+}
+
+TEST(SummaryAccumulatorTest, MeansPercentilesAndShortestCut) {
+  SummaryAccumulator acc(Strategy::kRing);
+  PlanMetrics a;
+  a.imbalance = 1.0;
+  a.comm_saving = 0.5;
+  a.targeted_saving = 0.75;
+  a.cut_docs = 2;
+  a.min_cut_shard_len = 7;
+  PlanMetrics b = a;
+  b.imbalance = 1.5;
+  b.comm_saving = 0.25;
+  b.targeted_saving = 0.25;
+  b.cut_docs = 1;
+  b.min_cut_shard_len = 3;
+  PlanMetrics c = a;
+  c.min_cut_shard_len = 0;  // no cut document: does not lower the minimum
+  acc.Add(a, 1.0);
+  acc.Add(b, 3.0);
+  acc.Add(c, 2.0);
+  const StrategySummary s = acc.Finish();
+  EXPECT_EQ(s.strategy, Strategy::kRing);
+  EXPECT_EQ(s.batches, 3);
+  EXPECT_DOUBLE_EQ(s.imbalance_mean, 3.5 / 3);
+  EXPECT_DOUBLE_EQ(s.imbalance_p95, 1.5);
+  EXPECT_DOUBLE_EQ(s.allgather_saving_mean, 1.25 / 3);
+  EXPECT_DOUBLE_EQ(s.targeted_saving_mean, 1.75 / 3);
+  EXPECT_DOUBLE_EQ(s.cut_docs_mean, 5.0 / 3);
+  EXPECT_EQ(s.min_cut_shard_len, 3);
+  EXPECT_DOUBLE_EQ(s.plan_ms_mean, 2.0);
+  EXPECT_DOUBLE_EQ(s.plan_ms_p99, 3.0);
+  EXPECT_EQ(FormatSummaryTable({s}),
+            "strategy       batches imb_mean  imb_p95   save_ag  save_tgt cut_docs   min_cut"
+            "   ms_mean    ms_p99\n"
+            "ring                 3   1.1667   1.5000     41.7%     58.3%      1.7         3"
+            "     2.000     3.000\n");
+}
+
+TEST(RunCliTest, StreamsJsonInInputOrderAndNamesBadLines) {
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--cp", "2", "--strategy", "ring", "--quiet"});
+  ASSERT_THAT(o, IsOk());
+  std::istringstream in("8,8\n# a comment\n\n4 4\n3 x\n");
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), kExitBadInput);
+  EXPECT_EQ(err.str(), "flashcp-plan: stdin line 5: token 1: \"x\" is not a positive integer\n");
+  const std::string text = out.str();
+  ASSERT_EQ(std::count(text.begin(), text.end(), '\n'), 2);
+  EXPECT_THAT(text.substr(0, text.find('\n')), HasSubstr("\"docs\":[8,8]"));
+  EXPECT_THAT(text.substr(0, text.find('\n')), HasSubstr("\"batch\":0}"));
+  EXPECT_THAT(text.substr(text.find('\n') + 1), HasSubstr("\"docs\":[4,4]"));
+}
+
+TEST(RunCliTest, BatchSmallerThanTheGroupIsABadBatch) {
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--cp", "4", "--strategy", "ring", "2", "1"});
+  ASSERT_THAT(o, IsOk());
+  std::istringstream in;
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), kExitBadInput);
+  EXPECT_EQ(err.str(),
+            "flashcp-plan: command-line batch 0: cp_size: 4 ranks is more than the batch's 3 "
+            "tokens\n");
+  EXPECT_EQ(out.str(), "");
+}
+
+TEST(RunCliTest, MissingInputFile) {
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--input", "/nonexistent/flashcp/batches.txt"});
+  ASSERT_THAT(o, IsOk());
+  std::istringstream in;
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), kExitBadInput);
+  EXPECT_EQ(err.str(),
+            "flashcp-plan: --input: cannot open \"/nonexistent/flashcp/batches.txt\"\n");
+}
+
+TEST(RunCliTest, SummaryOfDataSetBatches) {
+  absl::StatusOr<CliOptions> o =
+      ParseCliArgs({"--dataset", "wlbllm", "--context", "16384", "--batches", "4", "--cp", "4",
+                    "--strategy", "llama3,ring", "--summary", "--quiet"});
+  ASSERT_THAT(o, IsOk());
+  std::istringstream in;
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), kExitOk);
+  EXPECT_EQ(err.str(), "");
+  EXPECT_THAT(out.str(), HasSubstr("# flashcp-plan summary: N = 4, 4 batches of 16384 tokens "
+                                   "drawn from wlbllm (seed 1)"));
+  EXPECT_THAT(out.str(), HasSubstr("\nllama3               4 "));
+  EXPECT_THAT(out.str(), HasSubstr("\nring                 4 "));
+}
+
+}  // namespace
+}  // namespace flashcp::core

@@ -1,0 +1,20 @@
+// flashcp-plan: plans context-parallel sharding of packed batches from the
+// command line, a file, stdin or a named data set (core/cli.h has the logic;
+// --help lists the flags). main only wires argv and the standard streams.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "core/cli.h"
+
+int main(int argc, char** argv) {
+  std::ios::sync_with_stdio(false);
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<flashcp::core::CliOptions> options = flashcp::core::ParseCliArgs(args);
+  if (!options.ok()) {
+    std::cerr << "flashcp-plan: " << options.status().message()
+              << "\nRun 'flashcp-plan --help' for usage.\n";
+    return flashcp::core::kExitUsage;
+  }
+  return flashcp::core::RunCli(*options, std::cin, std::cout, std::cerr);
+}

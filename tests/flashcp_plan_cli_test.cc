@@ -1,0 +1,151 @@
+// Runs the built flashcp-plan binary as a real process (its path comes from
+// the FLASHCP_PLAN_BIN compile definition) and checks its stdout, stderr and
+// exit status.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// Runs `flashcp-plan <args>` through /bin/sh, with `stdin_text` on its stdin.
+// `args` is shell text: the tests quote what needs quoting.
+Result RunPlan(const std::string& args, const std::string& stdin_text = "") {
+  const std::string dir = ::testing::TempDir();
+  const std::string in_path = dir + "/flashcp_plan_cli_test.in";
+  const std::string err_path = dir + "/flashcp_plan_cli_test.err";
+  {
+    std::ofstream in(in_path, std::ios::trunc);
+    in << stdin_text;
+  }
+  const std::string cmd = std::string("'") + FLASHCP_PLAN_BIN + "' " + args + " <'" + in_path +
+                          "' 2>'" + err_path + "'";
+  Result r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) r.out.append(buf, n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = ReadFile(err_path);
+  return r;
+}
+
+// docs [5, 3] on N = 2 with Ring sharding, H = D = 1 and 1-byte elements.
+// Ring cuts the packed sequence into 2 chunks of C/N = 4 tokens: rank 0 holds
+// doc 0 [0, 4); rank 1 holds doc 0 [4, 5) and doc 1 [0, 3).
+// Workload (2p + s + 1) s / 2: rank 0 (0 + 4 + 1) 4 / 2 = 10; rank 1
+// (8 + 1 + 1) 1 / 2 + (0 + 3 + 1) 3 / 2 = 5 + 6 = 11. Imbalance 11 / 10.5.
+// Non-last tokens: rank 0 4 (doc 0's head), rank 1 none; the max equals C/N,
+// so the compacted all-gather saves nothing: full_kv = allgather =
+// 4 * 4 * (N - 1) = 16 bytes. Targeted: rank 0 sends 4 tokens of K, V forward
+// (8 bytes) and gets their dK, dV back (8 bytes): bottleneck 8, saving 0.5.
+constexpr char kRingJson[] =
+    "{\"cp_size\":2,\"docs\":[5,3],\"padding\":0,\"shards\":["
+    "{\"doc\":0,\"start\":0,\"len\":4,\"rank\":0},"
+    "{\"doc\":0,\"start\":4,\"len\":1,\"rank\":1},"
+    "{\"doc\":1,\"start\":0,\"len\":3,\"rank\":1}],"
+    "\"metrics\":{\"imbalance\":1.0476190476190477,\"comm_saving\":0,"
+    "\"targeted_saving\":0.5,\"cut_docs\":1,\"min_cut_shard_len\":1,"
+    "\"tokens_per_rank\":4,\"rank_workload\":[10,11],\"rank_nonlast_tokens\":[4,0],"
+    "\"bytes_full_kv\":16,\"bytes_allgather\":16,\"bytes_targeted\":8},"
+    "\"strategy\":\"ring\"";
+
+constexpr char kShape[] = "--heads 1 --head-dim 1 --dtype-bytes 1";
+
+TEST(FlashcpPlanCliTest, HandWorkedRingBatchFromArguments) {
+  const Result r = RunPlan(std::string("--cp 2 --strategy ring ") + kShape + " 5 3");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(r.out, std::string(kRingJson) + ",\"batch\":0}\n");
+}
+
+TEST(FlashcpPlanCliTest, StdinBatchesInInputOrder) {
+  // Odd total: 7 tokens on 2 ranks is C/N = 4 with one padding token on rank 1.
+  const Result r = RunPlan(std::string("--cp 2 --strategy ring ") + kShape,
+                       "5,3\n# comment\n\n7\n");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            std::string(kRingJson) + ",\"batch\":0}\n" +
+                "{\"cp_size\":2,\"docs\":[7],\"padding\":1,\"shards\":["
+                "{\"doc\":0,\"start\":0,\"len\":4,\"rank\":0},"
+                "{\"doc\":0,\"start\":4,\"len\":3,\"rank\":1}],"
+                // 10 and (8 + 3 + 1) 3 / 2 = 18: imbalance 18 / 14.
+                "\"metrics\":{\"imbalance\":1.2857142857142858,\"comm_saving\":0,"
+                "\"targeted_saving\":0.5,\"cut_docs\":1,\"min_cut_shard_len\":3,"
+                "\"tokens_per_rank\":4,\"rank_workload\":[10,18],\"rank_nonlast_tokens\":[4,0],"
+                "\"bytes_full_kv\":16,\"bytes_allgather\":16,\"bytes_targeted\":8},"
+                "\"strategy\":\"ring\",\"batch\":1}\n");
+}
+
+TEST(FlashcpPlanCliTest, BadBatchLineNamesTheLine) {
+  const Result r = RunPlan("--cp 2 --strategy ring", "5,3\n4,0\n");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "flashcp-plan: stdin line 2: token 1: \"0\" is not a positive integer\n");
+  EXPECT_THAT(r.out, StartsWith("{\"cp_size\":2,\"docs\":[5,3]"));  // line 1 was planned
+}
+
+TEST(FlashcpPlanCliTest, BadFlagValueIsAUsageError) {
+  const Result r = RunPlan("--cp 0 5 3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err,
+            "flashcp-plan: --cp: must be an integer in [1, 65536], got \"0\"\n"
+            "Run 'flashcp-plan --help' for usage.\n");
+  EXPECT_EQ(r.out, "");
+}
+
+TEST(FlashcpPlanCliTest, UnknownFlagAndUnknownDataSet) {
+  Result r = RunPlan("--frobnicate");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, StartsWith("flashcp-plan: unknown flag \"--frobnicate\"\n"));
+  r = RunPlan("--dataset c4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err,
+              StartsWith("flashcp-plan: --dataset: unknown data set \"c4\" (wlbllm, pile, redpajama)"));
+}
+
+TEST(FlashcpPlanCliTest, MissingInputFile) {
+  const Result r = RunPlan("--input /nonexistent/flashcp/batches.txt");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "flashcp-plan: --input: cannot open \"/nonexistent/flashcp/batches.txt\"\n");
+}
+
+TEST(FlashcpPlanCliTest, DataSetSummaryHasATableAndACleanStdout) {
+  const Result r = RunPlan(
+      "--dataset pile --context 16384 --cp 4 --batches 3 --seed 5 --strategy llama3,ring "
+      "--summary");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, StartsWith("# flashcp-plan summary: N = 4, 3 batches of 16384 tokens drawn "
+                                "from pile (seed 5)"));
+  EXPECT_THAT(r.out, HasSubstr("\nstrategy       batches imb_mean"));
+  EXPECT_THAT(r.out, HasSubstr("\nllama3               3 "));
+  EXPECT_THAT(r.out, HasSubstr("\nring                 3 "));
+}
+
+TEST(FlashcpPlanCliTest, HelpGoesToStdout) {
+  const Result r = RunPlan("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, StartsWith("Usage: flashcp-plan [flags] [LENGTH ...]\n"));
+  EXPECT_EQ(r.err, "");
+}
+
+}  // namespace
