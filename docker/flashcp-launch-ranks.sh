@@ -16,11 +16,13 @@
 #   FLASHCP_METRICS_HOST     metrics bind host                             (default 0.0.0.0)
 #   FLASHCP_METRICS_BASE_PORT  local rank k serves metrics on base + k     (default 9400)
 #   FLASHCP_WORKER           worker binary                                 (default flashcp-worker)
+#   FLASHCP_STOP_GRACE_SECONDS  after a rank fails, ranks still running this long after
+#                            SIGTERM get SIGKILL                           (default 60)
 # Arguments after the options are passed to every worker unchanged (--strategy, --steps, ...).
 #
 # Supervision: SIGTERM/SIGINT are forwarded to every rank (each finishes its step in flight).
 # When any rank exits non-zero, the others get SIGTERM and the launcher exits with that rank's
-# status, so a broken group fails as a unit instead of hanging. Exit 0 only if every rank did.
+# status (SIGKILL after the grace period), so a broken group fails as a unit, never hangs. Exit 0 only if every rank did.
 set -euo pipefail
 
 nodes=${FLASHCP_NODES:-1}
@@ -36,8 +38,9 @@ planner=${FLASHCP_PLANNER:?FLASHCP_PLANNER (planner HOST:PORT) is required}
 metrics_host=${FLASHCP_METRICS_HOST:-0.0.0.0}
 metrics_base=${FLASHCP_METRICS_BASE_PORT:-9400}
 worker=${FLASHCP_WORKER:-flashcp-worker}
+grace=${FLASHCP_STOP_GRACE_SECONDS:-60}
 
-for v in nodes per_node node_rank metrics_base; do
+for v in nodes per_node node_rank metrics_base grace; do
   if ! [[ ${!v} =~ ^[0-9]+$ ]]; then
     echo "flashcp-launch-ranks: $v must be a non-negative integer, got '${!v}'" >&2
     exit 2
@@ -99,7 +102,14 @@ while ((remaining > 0)); do
     status=$rc
     echo "flashcp-launch-ranks: stopping the other ranks" >&2
     stop_all TERM
+    if ((${#pids[@]})); then
+      # Not a child that `wait -n` watches: only the listed rank pids are waited for.
+      (sleep "$grace"; for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done) \
+        >/dev/null 2>&1 &
+      killer=$!
+    fi
   fi
   unset done_pid
 done
+if [[ -n ${killer:-} ]]; then kill "$killer" 2>/dev/null || true; fi
 exit "$status"

@@ -12,7 +12,7 @@ PACKAGES=(
   libgloo-dev
   coinor-libcbc-dev
   prometheus
-  python3 python3-venv python3-pip
+  python3 python3-venv python3-pip python3-yaml
   curl jq
 )
 

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# docker/flashcp-launch-ranks.sh, with a stub in place of flashcp-worker: global ranks and
+# devices per local index, SIGTERM forwarded to every rank, one failing rank stopping the
+# others with its exit status, and bad settings refused with status 2.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+launch=$root/docker/flashcp-launch-ranks.sh
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# The stub logs its arguments, exits 0 on SIGTERM (finishing "its step"), exits 7 if it is
+# STUB_FAIL_RANK, and otherwise sleeps STUB_SLEEP seconds.
+cat > "$tmp/stub" <<'STUB'
+#!/usr/bin/env bash
+rank=$2
+echo "$*" >> "$STUB_LOG"
+if [[ -n ${STUB_IGNORE_TERM:-} ]]; then
+  trap 'echo "ignored term $rank" >> "$STUB_LOG"' TERM
+else
+  trap 'echo "term $rank" >> "$STUB_LOG"; kill "$sleeper" 2>/dev/null; exit 0' TERM
+fi
+[[ ${STUB_FAIL_RANK:-} == "$rank" ]] && { sleep 0.2; exit 7; }
+# In the background with no inherited output, so that SIGTERM interrupts the wait and a
+# leftover sleep cannot hold ctest's output pipe open.
+sleep "${STUB_SLEEP:-0}" >/dev/null 2>&1 &
+sleeper=$!
+# A trapped signal ends `wait` early; a stub ignoring SIGTERM goes back to waiting.
+while ! wait "$sleeper" && [[ -n ${STUB_IGNORE_TERM:-} ]] && kill -0 "$sleeper" 2>/dev/null; do :; done
+STUB
+chmod +x "$tmp/stub"
+export STUB_LOG=$tmp/log FLASHCP_WORKER=$tmp/stub FLASHCP_PLANNER=planner:50051
+
+# 1. Pod 1 of 2 with 4 GPUs: ranks 4..7, cuda:0..3, metrics 9400..9403; args passed through.
+: > "$tmp/log"
+FLASHCP_NODES=2 FLASHCP_RANKS_PER_NODE=4 HOSTNAME=flashcp-worker-1 FLASHCP_GROUP=g7 \
+  bash "$launch" --strategy flashcp --steps 3 2>/dev/null || fail "launcher exited $? with healthy ranks"
+for k in 0 1 2 3; do
+  want="--rank $((4 + k)) --world_size 8 --group g7 --planner planner:50051 --metrics 0.0.0.0:$((9400 + k)) --device cuda:$k --strategy flashcp --steps 3"
+  grep -qxF -- "$want" "$tmp/log" || fail "no worker started as: $want"$'\n'"$(cat "$tmp/log")"
+done
+[[ $(wc -l < "$tmp/log") -eq 4 ]] || fail "expected 4 workers: $(cat "$tmp/log")"
+
+# 2. CPU device and an explicit node rank.
+: > "$tmp/log"
+FLASHCP_NODES=3 FLASHCP_RANKS_PER_NODE=2 FLASHCP_NODE_RANK=2 FLASHCP_DEVICE=cpu \
+  bash "$launch" 2>/dev/null || fail "cpu launch failed"
+grep -q -- "--rank 5 --world_size 6 .* --device cpu$" "$tmp/log" || fail "cpu rank 5: $(cat "$tmp/log")"
+
+# 3. A failing rank stops the others and its status is the launcher's.
+: > "$tmp/log"
+set +e
+STUB_SLEEP=30 STUB_FAIL_RANK=1 FLASHCP_NODES=1 FLASHCP_RANKS_PER_NODE=3 FLASHCP_NODE_RANK=0 \
+  timeout 20 bash "$launch" 2>/dev/null
+rc=$?
+set -e
+[[ $rc -eq 7 ]] || fail "launcher exited $rc after rank 1 failed with 7"
+grep -q "term 0" "$tmp/log" && grep -q "term 2" "$tmp/log" || fail "other ranks not stopped: $(cat "$tmp/log")"
+
+# 3b. A rank that ignores SIGTERM gets SIGKILL after FLASHCP_STOP_GRACE_SECONDS.
+: > "$tmp/log"
+set +e
+STUB_IGNORE_TERM=1 STUB_SLEEP=30 STUB_FAIL_RANK=1 FLASHCP_STOP_GRACE_SECONDS=1 FLASHCP_NODES=1 \
+  FLASHCP_RANKS_PER_NODE=2 FLASHCP_NODE_RANK=0 timeout 20 bash "$launch" 2>/dev/null
+rc=$?
+set -e
+[[ $rc -eq 7 ]] || fail "launcher exited $rc with a rank ignoring SIGTERM (want 7, not a timeout)"
+grep -q "ignored term 0" "$tmp/log" || fail "rank 0 never got SIGTERM: $(cat "$tmp/log")"
+
+# 4. SIGTERM reaches every rank; all exit 0, so the launcher exits 0.
+: > "$tmp/log"
+STUB_SLEEP=30 FLASHCP_NODES=1 FLASHCP_RANKS_PER_NODE=2 FLASHCP_NODE_RANK=0 \
+  bash "$launch" 2>/dev/null &
+pid=$!
+for _ in $(seq 100); do [[ $(wc -l < "$tmp/log") -ge 2 ]] && break; sleep 0.05; done
+sleep 0.2 # let the stubs install their TERM traps
+kill -TERM "$pid"
+set +e
+wait "$pid"
+rc=$?
+set -e
+[[ $rc -eq 0 ]] || fail "launcher exited $rc after SIGTERM"
+grep -q "term 0" "$tmp/log" && grep -q "term 1" "$tmp/log" || fail "SIGTERM not forwarded: $(cat "$tmp/log")"
+
+# 5. Bad settings: status 2 and a message, no worker started.
+: > "$tmp/log"
+for bad in "FLASHCP_NODES=2 FLASHCP_NODE_RANK=2" "FLASHCP_RANKS_PER_NODE=x" "FLASHCP_DEVICE=tpu FLASHCP_NODE_RANK=0" "FLASHCP_PLANNER= FLASHCP_NODE_RANK=0"; do
+  set +e
+  env $bad bash "$launch" 2>"$tmp/err"
+  rc=$?
+  set -e
+  [[ $rc -ne 0 && -s $tmp/err ]] || fail "'$bad' gave status $rc and no message"
+done
+[[ ! -s $tmp/log ]] || fail "a worker started despite bad settings: $(cat "$tmp/log")"
+echo "PASS: flashcp-launch-ranks"
