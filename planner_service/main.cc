@@ -1,0 +1,62 @@
+// flashcp-planner: the FlashCP planning service. Serves flashcp.v1.Planner
+// until SIGTERM or SIGINT, then drains and exits 0. Prints one line,
+//   LISTENING grpc=HOST:PORT metrics=HOST:PORT
+// to stdout once bound; logs go to stderr.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/time/time.h"
+#include "core/log.h"
+#include "core/types.h"
+#include "planner_service/server.h"
+#include "prometheus/registry.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address HOST:PORT; port 0 picks one");
+ABSL_FLAG(std::string, metrics, "0.0.0.0:9464",
+          "Prometheus /metrics address HOST:PORT; port 0 picks one; empty disables");
+ABSL_FLAG(int32_t, threads, 2, "planning threads");
+ABSL_FLAG(int32_t, queue_size, 256,
+          "planning jobs that may wait; unary calls beyond get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, stream_window, 64, "items one PlanStream may have in flight");
+ABSL_FLAG(int64_t, max_docs, 65536, "documents per batch; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_tokens, int64_t{1} << 24, "tokens per batch; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, max_cp_size, 1024, "CP group size; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, max_message_bytes, 64 << 20, "largest request message, bytes");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate; TLS when set");
+ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
+ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients need a cert it signed");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "on SIGTERM, how long in-flight calls may take before they are cancelled");
+ABSL_FLAG(bool, testing_hold_planning, false,
+          "tests only: plan nothing until SIGUSR1 (makes queue-full and deadline tests "
+          "deterministic)");
+
+namespace fps = flashcp::planner_service;
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  fps::ServerOptions o;
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.metrics = absl::GetFlag(FLAGS_metrics);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.queue_size = absl::GetFlag(FLAGS_queue_size);
+  o.stream_window = absl::GetFlag(FLAGS_stream_window);
+  o.limits = {absl::GetFlag(FLAGS_max_docs), absl::GetFlag(FLAGS_max_tokens),
+              absl::GetFlag(FLAGS_max_cp_size)};
+  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  o.testing_hold_planning = absl::GetFlag(FLAGS_testing_hold_planning);
+  o.version = FLASHCP_VERSION;
+  const absl::Status status = fps::RunPlanner(o, std::make_shared<prometheus::Registry>());
+  if (!status.ok()) {
+    FLASHCP_LOG(ERROR) << "flashcp-planner: " << status.ToString();
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,50 @@
+// What the service reports as it works: the seam between the service and its
+// metrics (STYLE item 9). PrometheusMetrics (metrics.h) implements it for the
+// binary; tests use a recording fake. Implementations must be thread-safe and
+// cheap: they are called on gRPC and planning threads, sometimes under locks.
+#ifndef FLASHCP_PLANNER_SERVICE_OBSERVER_H_
+#define FLASHCP_PLANNER_SERVICE_OBSERVER_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "core/analysis.h"
+#include "core/strategies.h"
+
+namespace flashcp::planner_service {
+
+class ServiceObserver {
+ public:
+  virtual ~ServiceObserver() = default;
+
+  // One answered request: a unary call, or one PlanStream item. `method` is
+  // the RPC's name ("Plan", "PlanStream", ...); `seconds` from receipt to
+  // answer (for a stream item: read to its response handed to gRPC).
+  virtual void OnRequestDone(absl::string_view method, absl::StatusCode code,
+                             double seconds) = 0;
+
+  // Requests (unary calls and stream items) received and not yet answered;
+  // `delta` is +1 or -1.
+  virtual void OnInflightChange(int delta) = 0;
+
+  // Planning jobs waiting in the pool's queue (not yet running).
+  virtual void OnQueueDepth(int64_t depth) = 0;
+
+  // One successful plan: its planning and analysis time and its quality.
+  virtual void OnPlanned(core::Strategy strategy, double planning_seconds,
+                         const core::PlanMetrics& metrics) = 0;
+};
+
+// Reports nothing.
+class NullObserver final : public ServiceObserver {
+ public:
+  void OnRequestDone(absl::string_view, absl::StatusCode, double) override {}
+  void OnInflightChange(int) override {}
+  void OnQueueDepth(int64_t) override {}
+  void OnPlanned(core::Strategy, double, const core::PlanMetrics&) override {}
+};
+
+}  // namespace flashcp::planner_service
+
+#endif  // FLASHCP_PLANNER_SERVICE_OBSERVER_H_
