@@ -1,0 +1,67 @@
+// A PlannerClient decorator that retries UNAVAILABLE (server not up yet,
+// connection lost) with exponential backoff. Other codes come back at once:
+// INVALID_ARGUMENT will not change on retry, and RESOURCE_EXHAUSTED and
+// DEADLINE_EXCEEDED are for the caller to judge. Time is injected so that
+// tests run without sleeping.
+#ifndef FLASHCP_CLIENT_RETRYING_PLANNER_CLIENT_H_
+#define FLASHCP_CLIENT_RETRYING_PLANNER_CLIENT_H_
+
+#include <functional>
+#include <memory>
+
+#include "absl/time/time.h"
+#include "client/planner_client.h"
+
+namespace flashcp::client {
+
+struct RetryPolicy {
+  int max_attempts = 5;                                 // >= 1, first attempt included
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  double backoff_multiplier = 2.0;                      // >= 1
+  // All attempts and waits together; no attempt starts after it has passed,
+  // and each attempt's deadline is cut to what remains.
+  absl::Duration total_timeout = absl::Seconds(60);
+};
+
+// The clock the decorator reads and the wait it does between attempts.
+struct RetryClock {
+  std::function<absl::Time()> now = [] { return absl::Now(); };
+  std::function<void(absl::Duration)> sleep = [](absl::Duration d) { absl::SleepFor(d); };
+};
+
+// Backoff before attempt `attempt` + 1 (attempt >= 1 failed):
+// min(initial * multiplier^(attempt-1), max).
+absl::Duration RetryBackoff(const RetryPolicy& policy, int attempt);
+
+class RetryingPlannerClient final : public PlannerClient {
+ public:
+  RetryingPlannerClient(std::shared_ptr<PlannerClient> inner, RetryPolicy policy,
+                        RetryClock clock = {});
+
+  // Blocking calls retry in the calling thread.
+  PlanResult Plan(const v1::PlanRequest& request, const CallOptions& options) override;
+  absl::StatusOr<v1::ListStrategiesResponse> ListStrategies(const CallOptions& options) override;
+  absl::StatusOr<v1::ServerInfo> GetServerInfo(const CallOptions& options) override;
+  // Retries happen on the inner client's callback thread, which then waits
+  // out the backoff (clock.sleep): keep backoffs short for async use.
+  void PlanAsync(const v1::PlanRequest& request, const CallOptions& options,
+                 PlanCallback done) override;
+  // Not retried: a stream's items may already have been consumed when it
+  // breaks; the pipelined helper reports the stream's status instead.
+  std::unique_ptr<PlanStream> OpenPlanStream(const CallOptions& options) override;
+
+ private:
+  template <typename T, typename Call>
+  absl::StatusOr<T> Retry(const CallOptions& options, Call call);
+  void AsyncAttempt(std::shared_ptr<const v1::PlanRequest> request, CallOptions options,
+                    absl::Time deadline, int attempt, PlanCallback done);
+
+  std::shared_ptr<PlannerClient> inner_;
+  RetryPolicy policy_;
+  RetryClock clock_;
+};
+
+}  // namespace flashcp::client
+
+#endif  // FLASHCP_CLIENT_RETRYING_PLANNER_CLIENT_H_
