@@ -1,0 +1,126 @@
+// Plan latency per batch, in process: MakePlan wall time on batches drawn
+// from each data set (core/datasets.h; the distributions' assumptions are in
+// ../shared/datasets/README.md), 128K context at N = 4, 8, 16, 32 and a
+// 1M-token context at N = 64, for every strategy but the ILP (whose latency
+// is its time limit; bench/plan_quality reports it).
+//
+// Each benchmark cycles through a pool of 64 batches (seed 1) and times every
+// MakePlan call itself (UseManualTime); the counters p50_us, p99_us and max_us
+// are nearest-rank percentiles over the calls of the final run. Targets
+// (issue 2): flashcp p99 <= 1 ms at 128K, N = 8; <= 20 ms at 1M, N = 64.
+//
+//   build/bin/plan_latency_bench [--benchmark_filter=flashcp/] [--benchmark_min_time=1]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "benchmark/benchmark.h"
+#include "core/datasets.h"
+#include "core/strategies.h"
+#include "core/types.h"
+
+namespace flashcp::core {
+namespace {
+
+constexpr int kPoolSize = 64;
+constexpr uint64_t kSeed = 1;
+
+struct Config {
+  int64_t context;
+  int32_t cp_size;
+};
+constexpr Config kConfigs[] = {
+    {131072, 4}, {131072, 8}, {131072, 16}, {131072, 32}, {int64_t{1} << 20, 64},
+};
+
+// Batch pools, drawn once per (data set, context, N) before any benchmark runs.
+std::vector<Batch> MakePool(Dataset dataset, const Config& config) {
+  absl::StatusOr<std::vector<std::vector<int64_t>>> docs =
+      SampleBatches(dataset, config.context, kPoolSize, kSeed);
+  if (!docs.ok()) {
+    std::fprintf(stderr, "plan_latency_bench: %s\n", std::string(docs.status().message()).c_str());
+    std::exit(1);
+  }
+  std::vector<Batch> pool;
+  for (std::vector<int64_t>& d : *docs) pool.push_back(Batch{std::move(d), config.cp_size});
+  return pool;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  const size_t rank = std::clamp<size_t>(
+      static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))), 1, v.size());
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(rank - 1), v.end());
+  return v[rank - 1];
+}
+
+void BM_Plan(benchmark::State& state, Strategy strategy, const std::vector<Batch>* pool) {
+  const PlanOptions options;
+  std::vector<double> us;
+  size_t k = 0;
+  for (auto _ : state) {
+    const Batch& batch = (*pool)[k++ % pool->size()];
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<Plan> plan = MakePlan(strategy, batch, options);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!plan.ok()) {
+      state.SkipWithError(std::string(plan.status().message()).c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(plan->shards.data());
+    const double seconds = std::chrono::duration<double>(t1 - t0).count();
+    state.SetIterationTime(seconds);
+    us.push_back(seconds * 1e6);
+  }
+  if (us.empty()) return;
+  state.counters["p50_us"] = Percentile(us, 0.50);
+  state.counters["p99_us"] = Percentile(us, 0.99);
+  state.counters["max_us"] = *std::max_element(us.begin(), us.end());
+  state.counters["docs_per_batch"] = [&] {
+    double docs = 0;
+    for (const Batch& b : *pool) docs += static_cast<double>(b.doc_lens.size());
+    return docs / static_cast<double>(pool->size());
+  }();
+}
+
+void RegisterAll() {
+  // Pools live for the whole run; benchmarks hold pointers into this map.
+  static auto* pools = new std::map<std::tuple<int, int64_t, int32_t>, std::vector<Batch>>();
+  for (Strategy strategy : kAllStrategies) {
+    if (strategy == Strategy::kIlp) continue;
+    for (Dataset dataset : kAllDatasets) {
+      for (const Config& config : kConfigs) {
+        const auto key = std::make_tuple(static_cast<int>(dataset), config.context, config.cp_size);
+        auto it = pools->find(key);
+        if (it == pools->end()) it = pools->emplace(key, MakePool(dataset, config)).first;
+        const std::string name =
+            absl::StrCat(StrategyName(strategy), "/", DatasetName(dataset), "/C:", config.context,
+                         "/N:", config.cp_size);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Plan, strategy, &it->second)
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond)
+            ->MinTime(0.5);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashcp::core
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  flashcp::core::RegisterAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
