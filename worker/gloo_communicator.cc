@@ -1,0 +1,280 @@
+#include "worker/gloo_communicator.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gloo/barrier.h"
+#include "gloo/common/error.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+
+namespace flashcp::worker {
+namespace {
+
+// Gloo reports failures by throwing; this is the one place they become a
+// Status. A Gloo IoException that says "Timed out" is a peer that did not take
+// part in time; any other IoException is a broken connection (a peer died or
+// closed its pairs after its own failure).
+absl::Status FromException(const std::exception& e, bool io, const std::string& context) {
+  const std::string msg = absl::StrCat(context, ": ", e.what());
+  if (!io) return absl::InternalError(msg);
+  if (absl::StrContains(e.what(), "Timed out") || absl::StrContains(e.what(), "timeout")) {
+    return absl::DeadlineExceededError(msg);
+  }
+  return absl::UnavailableError(msg);
+}
+
+std::chrono::milliseconds ToMillis(absl::Duration d) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+void IgnoreSigpipeIfDefault() {
+  struct sigaction current;
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<gloo::rendezvous::Context> context, GlooOptions options)
+      : context_(std::move(context)), options_(std::move(options)) {}
+
+  int32_t rank() const override { return context_->rank; }
+  int32_t size() const override { return context_->size; }
+
+  absl::Status AllGatherV(absl::Span<const std::byte> input, absl::Span<std::byte> output,
+                          absl::Span<const int64_t> counts) override {
+    const int32_t n = size(), me = rank();
+    if (static_cast<int32_t>(counts.size()) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("allgather: ", counts.size(), " counts for ", n, " ranks"));
+    }
+    int64_t total = 0;
+    std::vector<int64_t> offset(n);
+    for (int32_t r = 0; r < n; ++r) {
+      if (counts[r] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("allgather: counts[", r, "] < 0"));
+      }
+      offset[r] = total;
+      total += counts[r];
+    }
+    if (static_cast<int64_t>(input.size()) != counts[me] ||
+        static_cast<int64_t>(output.size()) != total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("allgather: input ", input.size(), " bytes (counts[", me, "] = ",
+                       counts[me], "), output ", output.size(), " bytes (sum ", total, ")"));
+    }
+    if (!input.empty()) std::memcpy(output.data() + offset[me], input.data(), input.size());
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    for (int32_t r = 0; r < n; ++r) {
+      if (r == me) continue;
+      sends.push_back(SendOp{r, input});
+      recvs.push_back(RecvOp{r, output.subspan(offset[r], counts[r])});
+    }
+    return Exchange("allgather", sends, recvs);
+  }
+
+  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs) override {
+    const int32_t n = size(), me = rank();
+    std::vector<uint8_t> send_to(n, 0), recv_from(n, 0);
+    for (const SendOp& s : sends) {
+      if (s.peer < 0 || s.peer >= n || s.peer == me || send_to[s.peer]++) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sendrecv: bad or repeated send peer ", s.peer, " on rank ", me));
+      }
+    }
+    for (const RecvOp& r : recvs) {
+      if (r.peer < 0 || r.peer >= n || r.peer == me || recv_from[r.peer]++) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sendrecv: bad or repeated recv peer ", r.peer, " on rank ", me));
+      }
+    }
+    return Exchange("sendrecv", sends, recvs);
+  }
+
+  absl::Status ReduceScatterV(absl::Span<const float> input, absl::Span<float> output,
+                              absl::Span<const int64_t> counts) override {
+    const int32_t n = size(), me = rank();
+    if (static_cast<int32_t>(counts.size()) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reduce_scatter: ", counts.size(), " counts for ", n, " ranks"));
+    }
+    int64_t total = 0;
+    std::vector<int64_t> offset(n);
+    for (int32_t r = 0; r < n; ++r) {
+      if (counts[r] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("reduce_scatter: counts[", r, "] < 0"));
+      }
+      offset[r] = total;
+      total += counts[r];
+    }
+    if (static_cast<int64_t>(input.size()) != total ||
+        static_cast<int64_t>(output.size()) != counts[me]) {
+      return absl::InvalidArgumentError(absl::StrCat("reduce_scatter: input ", input.size(),
+                                                     " floats (sum ", total, "), output ",
+                                                     output.size(), " (counts[", me,
+                                                     "] = ", counts[me], ")"));
+    }
+    const int64_t mine = counts[me];
+    std::vector<float> staged(static_cast<size_t>(mine) * n, 0.0f);  // block r from rank r
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    for (int32_t r = 0; r < n; ++r) {
+      if (r == me) continue;
+      sends.push_back(SendOp{r, absl::MakeConstSpan(
+                                    reinterpret_cast<const std::byte*>(input.data() + offset[r]),
+                                    counts[r] * sizeof(float))});
+      recvs.push_back(RecvOp{r, absl::MakeSpan(reinterpret_cast<std::byte*>(staged.data() + r * mine),
+                                               mine * sizeof(float))});
+    }
+    if (absl::Status s = Exchange("reduce_scatter", sends, recvs); !s.ok()) return s;
+    std::copy(input.begin() + offset[me], input.begin() + offset[me] + mine,
+              staged.begin() + me * mine);
+    std::fill(output.begin(), output.end(), 0.0f);
+    for (int32_t r = 0; r < n; ++r) {  // rank order: deterministic sums
+      const float* block = staged.data() + r * mine;
+      for (int64_t i = 0; i < mine; ++i) output[i] += block[i];
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Barrier() override {
+    if (absl::Status s = CheckUsable("barrier"); !s.ok()) return s;
+    try {
+      gloo::BarrierOptions opts(context_);
+      opts.setTimeout(ToMillis(options_.timeout));
+      gloo::barrier(opts);
+      return absl::OkStatus();
+    } catch (const gloo::IoException& e) {
+      return Fail(FromException(e, true, Context("barrier")));
+    } catch (const std::exception& e) {
+      return Fail(FromException(e, false, Context("barrier")));
+    }
+  }
+
+  CommStats stats() const override {
+    absl::MutexLock lock(&mu_);
+    return stats_;
+  }
+
+ private:
+  std::string Context(absl::string_view op) const {
+    return absl::StrCat("gloo ", op, " on rank ", rank(), " of ", size(), " (timeout ",
+                        absl::FormatDuration(options_.timeout), ")");
+  }
+
+  absl::Status CheckUsable(absl::string_view op) {
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gloo ", op, " on rank ", rank(), ": communicator broken by an earlier failure: ",
+        broken_.ToString()));
+  }
+
+  absl::Status Fail(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) broken_ = s;
+    return s;
+  }
+
+  // Posts every non-empty send and receive on one fresh slot, then waits for
+  // the receives in peer order and the sends, all against one deadline.
+  absl::Status Exchange(absl::string_view op, absl::Span<const SendOp> sends,
+                        absl::Span<const RecvOp> recvs) {
+    if (absl::Status s = CheckUsable(op); !s.ok()) return s;
+    int64_t sent = 0, received = 0;
+    std::string what = "posting";
+    try {
+      const uint64_t slot = static_cast<uint64_t>(context_->nextSlot());
+      std::vector<std::pair<const RecvOp*, std::unique_ptr<gloo::transport::UnboundBuffer>>> rb;
+      std::vector<std::pair<const SendOp*, std::unique_ptr<gloo::transport::UnboundBuffer>>> sb;
+      for (const RecvOp& r : recvs) {
+        if (r.data.empty()) continue;
+        auto buf = context_->createUnboundBuffer(r.data.data(), r.data.size());
+        buf->recv(r.peer, slot);
+        rb.emplace_back(&r, std::move(buf));
+      }
+      for (const SendOp& s : sends) {
+        if (s.data.empty()) continue;
+        // Gloo's buffers are mutable in type only; a send never writes.
+        auto buf = context_->createUnboundBuffer(const_cast<std::byte*>(s.data.data()),
+                                                 s.data.size());
+        buf->send(s.peer, slot);
+        sb.emplace_back(&s, std::move(buf));
+      }
+      const absl::Time deadline = absl::Now() + options_.timeout;
+      for (auto& [r, buf] : rb) {
+        what = absl::StrCat("recv of ", r->data.size(), " bytes from rank ", r->peer);
+        if (!buf->waitRecv(ToMillis(deadline - absl::Now()))) {
+          return Fail(absl::AbortedError(absl::StrCat(Context(op), ": ", what, " aborted")));
+        }
+        received += static_cast<int64_t>(r->data.size());
+      }
+      for (auto& [s, buf] : sb) {
+        what = absl::StrCat("send of ", s->data.size(), " bytes to rank ", s->peer);
+        if (!buf->waitSend(ToMillis(deadline - absl::Now()))) {
+          return Fail(absl::AbortedError(absl::StrCat(Context(op), ": ", what, " aborted")));
+        }
+        sent += static_cast<int64_t>(s->data.size());
+      }
+    } catch (const gloo::IoException& e) {
+      return Fail(FromException(e, true, absl::StrCat(Context(op), ": ", what)));
+    } catch (const std::exception& e) {
+      return Fail(FromException(e, false, absl::StrCat(Context(op), ": ", what)));
+    }
+    absl::MutexLock lock(&mu_);
+    stats_.bytes_sent += sent;
+    stats_.bytes_received += received;
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  const GlooOptions options_;
+  mutable absl::Mutex mu_;
+  CommStats stats_ ABSL_GUARDED_BY(mu_);
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(gloo::rendezvous::Store& store,
+                                                          int32_t rank, int32_t size,
+                                                          const GlooOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo connect: rank ", rank, " outside a group of ", size));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gloo connect: timeout must be positive, got ", absl::FormatDuration(options.timeout)));
+  }
+  IgnoreSigpipeIfDefault();
+  const std::string context = absl::StrCat("gloo connect: rank ", rank, " of ", size, " via ",
+                                           options.hostname, " (timeout ",
+                                           absl::FormatDuration(options.timeout), ")");
+  try {
+    gloo::transport::tcp::attr attr(options.hostname.c_str());
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(ToMillis(options.timeout));
+    ctx->connectFullMesh(store, device);
+    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(ctx), options));
+  } catch (const gloo::IoException& e) {
+    return FromException(e, true, context);
+  } catch (const std::exception& e) {
+    return FromException(e, false, context);
+  }
+}
+
+}  // namespace flashcp::worker
