@@ -55,8 +55,11 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
     case Strategy::kRing:
       return internal::PlanRing(batch);
     case Strategy::kWholeDoc:
+      return internal::PlanWholeDoc(batch);
     case Strategy::kFlashCpPaper:
+      return internal::PlanFlashCpPaper(batch, options.target_imbalance);
     case Strategy::kFlashCp:
+      return internal::PlanFlashCp(batch, options);
     case Strategy::kIlp:
       return absl::UnimplementedError(
           absl::StrCat("strategy: ", StrategyName(strategy), " is not implemented yet"));

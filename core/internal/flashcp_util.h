@@ -1,0 +1,76 @@
+// Building blocks shared by the workload-aware planners (whole_doc,
+// flashcp_paper, flashcp): SPEC Eq. 3 on token ranges, the Per-Doc zigzag and
+// Whole-Doc sharding of a subset of documents, and a cheap plan score. Pure
+// functions over plain data.
+#ifndef FLASHCP_CORE_INTERNAL_FLASHCP_UTIL_H_
+#define FLASHCP_CORE_INTERNAL_FLASHCP_UTIL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "core/types.h"
+
+namespace flashcp::core::internal {
+
+// Workload (SPEC Eq. 3, (query, key) pairs) of tokens [start, start + len).
+// Additive over token ranges: W(a, x) + W(a + x, y) = W(a, x + y).
+inline double RangeWorkload(int64_t start, int64_t len) {
+  const double a = 2.0 * static_cast<double>(start) + static_cast<double>(len) + 1.0;
+  return a * static_cast<double>(len) * 0.5;
+}
+
+// Per-Doc (WLB-LLM) zigzag of the documents `docs` (indices into
+// batch.doc_lens) alone: PlanPerDoc's pieces for the sub-batch, mapped back
+// (unsorted and unmerged). Rank r gets
+// floor(P/N) + (r < P % N ? 1 : 0) of their P tokens.
+std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs);
+
+// The paper's Whole-Doc sharding of `docs` (indices, longest first) onto
+// ranks that already carry `workload[r]` from other pieces and must take
+// exactly `tokens_needed[r]` more tokens (summing to the docs' tokens):
+//  1. each document whole to the rank of least workload (LPT);
+//  2. communication-aware token equalization: over-full ranks cut heads off
+//     their longest documents and hand them to the under-full rank of least
+//     workload. A head of h tokens moves only h(h+1)/2 workload and keeps the
+//     donor's tail (the document's last shard) where it is, so only the
+//     receiver gains non-last tokens.
+// Appends the pieces to `out` and updates `workload`. The defaults are the
+// paper's method; flashcp varies them:
+struct WholeDocOptions {
+  // LPT places each document on the rank minimizing
+  //   workload[r] - rho * (tokens[r] - tokens_needed[r]),
+  // anticipating that equalization will move about rho workload per excess
+  // token (rho = 0: plain LPT).
+  double rho = 0.0;
+  // Before cutting heads, a donor hands whole documents (shortest first) that
+  // fit both its excess and a receiver's deficit: a whole document of l
+  // tokens moves the same l(l+1)/2 workload as an l-token head but is never
+  // communicated.
+  bool whole_moves = false;
+};
+void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
+                    const std::vector<int64_t>& tokens_needed, std::vector<double>& workload,
+                    std::vector<Shard>& out, const WholeDocOptions& options = {});
+
+// Documents sorted longest first (ties by index): the planners' common order.
+std::vector<int32_t> DocsLongestFirst(const Batch& batch);
+
+// What the planners compare candidate plans by; cheap, for valid plans.
+struct PlanScore {
+  double imbalance = 1.0;     // max / mean workload
+  int64_t max_nonlast = 0;    // max over ranks of non-last tokens (SPEC Eq. 5)
+  int64_t cut_docs = 0;       // documents in more than one shard
+  int64_t min_cut_len = 0;    // shortest shard of a cut document; 0 if none
+};
+PlanScore ScorePlan(const Plan& plan);
+// The same on raw pieces (as FinishPlan takes them), without building a plan.
+// Exact when no two touching pieces of a document share a rank, else it
+// counts a merged shard as several (a tie-breaking score, never a metric).
+PlanScore ScorePieces(const Batch& batch, const std::vector<Shard>& pieces);
+
+// Per-rank workload of raw pieces (any order; merging does not change it).
+std::vector<double> PieceWorkloads(int32_t cp_size, const std::vector<Shard>& pieces);
+
+}  // namespace flashcp::core::internal
+
+#endif  // FLASHCP_CORE_INTERNAL_FLASHCP_UTIL_H_
