@@ -22,6 +22,9 @@ struct ChannelOptions {
   // server is up; the retry decorator does the patient waiting instead.
   absl::Duration min_reconnect_backoff = absl::Milliseconds(100);
   absl::Duration max_reconnect_backoff = absl::Seconds(1);
+  // Its own connection: channels to one target otherwise share one (gRPC's
+  // global subchannel pool), which a load generator's threads must not.
+  bool own_connection = false;
 };
 
 // An insecure channel to `target` ("host:port", "unix:path").

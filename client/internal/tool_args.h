@@ -1,0 +1,42 @@
+// Command-line parsing shared by flashcp-client and flashcp-loadgen. Flags are
+// spelled like flashcp-plan's ("--target-imbalance R", "--cp=8"), which
+// absl::flags cannot (no hyphens in its flag names). Pure: no I/O.
+#ifndef FLASHCP_CLIENT_INTERNAL_TOOL_ARGS_H_
+#define FLASHCP_CLIENT_INTERNAL_TOOL_ARGS_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace flashcp::client::internal {
+
+class ToolArgs {
+ public:
+  // Parses "--name value", "--name=value" and, for `switches`, a bare
+  // "--name". InvalidArgument naming the argument for an unknown flag, a
+  // missing value or a positional argument.
+  static absl::StatusOr<ToolArgs> Parse(const std::vector<std::string>& args,
+                                        const std::set<std::string>& value_flags,
+                                        const std::set<std::string>& switches);
+
+  bool Has(absl::string_view name) const { return values_.count(std::string(name)) > 0; }
+  std::string String(absl::string_view name, absl::string_view fallback) const;
+  // InvalidArgument naming the flag unless the value is an integer (a number)
+  // within [lo, hi].
+  absl::StatusOr<int64_t> Int(absl::string_view name, int64_t fallback, int64_t lo,
+                              int64_t hi) const;
+  absl::StatusOr<double> Double(absl::string_view name, double fallback, double lo,
+                                double hi) const;
+
+ private:
+  std::map<std::string, std::string> values_;  // switches map to ""
+};
+
+}  // namespace flashcp::client::internal
+
+#endif  // FLASHCP_CLIENT_INTERNAL_TOOL_ARGS_H_
