@@ -43,13 +43,34 @@ absl::StatusOr<VarlenBatch> VarlenBatch::Create(std::vector<int32_t> q_len,
                                                 std::vector<int32_t> kv_len,
                                                 const AttentionShape& shape,
                                                 cudaStream_t stream) {
+  std::vector<int64_t> q_start(q_len.size()), kv_start(kv_len.size());
+  int64_t q = 0, kv = 0;
+  for (size_t i = 0; i < q_len.size(); ++i) {
+    q_start[i] = q;
+    q += q_len[i];
+  }
+  for (size_t i = 0; i < kv_len.size(); ++i) {
+    kv_start[i] = kv;
+    kv += kv_len[i];
+  }
+  return Create(std::move(q_start), std::move(q_len), std::move(kv_start), std::move(kv_len), shape,
+                stream);
+}
+
+absl::StatusOr<VarlenBatch> VarlenBatch::Create(std::vector<int64_t> q_start,
+                                                std::vector<int32_t> q_len,
+                                                std::vector<int64_t> kv_start,
+                                                std::vector<int32_t> kv_len,
+                                                const AttentionShape& shape,
+                                                cudaStream_t stream) {
   FLASHCP_RETURN_IF_ERROR(ValidateAttentionShape(shape));
-  if (q_len.size() != kv_len.size())
-    return absl::InvalidArgumentError(absl::StrCat("q_len has ", q_len.size(),
-                                                   " sequences but kv_len has ", kv_len.size()));
-  if (q_len.empty()) return absl::InvalidArgumentError("a varlen batch needs at least one sequence");
-  VarlenBatch b;
   const size_t n = q_len.size();
+  if (kv_len.size() != n || q_start.size() != n || kv_start.size() != n)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "varlen batch: q_start ", q_start.size(), ", q_len ", n, ", kv_start ", kv_start.size(),
+        ", kv_len ", kv_len.size(), " entries; all must match"));
+  if (n == 0) return absl::InvalidArgumentError("a varlen batch needs at least one sequence");
+  VarlenBatch b;
   b.stride_ = n + 1;
   std::vector<int64_t> host(7 * b.stride_, 0);
   auto at = [&](int array, size_t i) -> int64_t& { return host[array * b.stride_ + i]; };
@@ -59,15 +80,23 @@ absl::StatusOr<VarlenBatch> VarlenBatch::Create(std::vector<int32_t> q_len,
     if (q_len[i] < 0 || kv_len[i] < q_len[i])
       return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": need 0 <= q_len (", q_len[i],
                                                      ") <= kv_len (", kv_len[i], ")"));
-    at(0, i + 1) = at(0, i) + q_len[i];
-    at(1, i + 1) = at(1, i) + kv_len[i];
+    if (q_start[i] < b.q_rows_ || kv_start[i] < b.kv_rows_)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", i, " starts at row ", q_start[i], " (Q) / ", kv_start[i],
+          " (KV), before the end of the previous one (", b.q_rows_, " / ", b.kv_rows_, ")"));
+    at(0, i) = q_start[i];
+    at(1, i) = kv_start[i];
     at(2, i) = q_len[i];
     at(3, i) = kv_len[i];
+    b.q_rows_ = q_start[i] + q_len[i];
+    b.kv_rows_ = kv_start[i] + kv_len[i];
+    b.total_q_ += q_len[i];
+    b.total_kv_ += kv_len[i];
     b.max_q_ = std::max(b.max_q_, q_len[i]);
     b.max_kv_ = std::max(b.max_kv_, kv_len[i]);
   }
-  b.total_q_ = at(0, n);
-  b.total_kv_ = at(1, n);
+  at(0, n) = b.q_rows_;
+  at(1, n) = b.kv_rows_;
   for (size_t i = 0; i <= n; ++i) {
     at(4, i) = at(0, i) * q_row;
     at(5, i) = at(1, i) * kv_row;
@@ -76,8 +105,8 @@ absl::StatusOr<VarlenBatch> VarlenBatch::Create(std::vector<int32_t> q_len,
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   if (at(4, n) > kMax || at(5, n) > kMax)
     return absl::InvalidArgumentError(absl::StrCat(
-        "batch too large for int32 element offsets: ", b.total_q_, " query and ", b.total_kv_,
-        " KV tokens at ", q_row, " and ", kv_row, " elements per token"));
+        "batch too large for int32 element offsets: ", b.q_rows_, " query and ", b.kv_rows_,
+        " KV rows at ", q_row, " and ", kv_row, " elements per row"));
   std::vector<int32_t> narrow(host.begin(), host.end());
   FLASHCP_ASSIGN_OR_RETURN(b.dev_, DeviceBuffer<int32_t>::Allocate(narrow.size()));
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.dev_.data(), narrow.data(),

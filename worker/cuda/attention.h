@@ -9,7 +9,8 @@
 // query t (0-based) attends to keys 0 .. kv_len - q_len + t: the bottom-right
 // causal mask. Whole documents have q_len == kv_len.
 //
-// Layouts (row-major, no padding between sequences):
+// Layouts (row-major; sequence i occupies rows [start, start + len) of its
+// tensors; sequences need not be adjacent, gaps are left untouched):
 //   Q, O, dO, dQ : [total_q,  heads_q,  head_dim] bf16
 //   K, V, dK, dV : [total_kv, heads_kv, head_dim] bf16
 //   LSE          : [total_q,  heads_q] fp32, natural-log log-sum-exp of the
@@ -50,41 +51,54 @@ struct AttentionShape {
 // scale >= 0.
 absl::Status ValidateAttentionShape(const AttentionShape& shape);
 
-// Sequence lengths of one packed batch, on the host and mirrored on the device
-// (uploaded once by Create). The device arrays are what kernels and cuDNN read.
+// Where the sequences of one batch lie and how long they are, on the host and
+// mirrored on the device (uploaded once by Create). The device arrays are what
+// kernels and cuDNN read.
 class VarlenBatch {
  public:
-  // InvalidArgument for mismatched sizes, a negative length, q_len > kv_len,
-  // or totals whose element offsets overflow int32 for heads*head_dim
-  // (cuDNN's ragged offsets are int32 elements). Copies on `stream` and waits.
+  // Packed: sequence i starts where sequence i-1 ends (both Q and KV side).
   static absl::StatusOr<VarlenBatch> Create(std::vector<int32_t> q_len,
+                                            std::vector<int32_t> kv_len,
+                                            const AttentionShape& shape, cudaStream_t stream);
+  // Explicit first rows: q_start[i] is sequence i's first row in Q, O, dO, dQ
+  // and LSE; kv_start[i] its first row in K, V, dK, dV. Starts must ascend and
+  // sequences must not overlap (backward writes each row once).
+  // InvalidArgument for mismatched sizes, a negative length, q_len > kv_len,
+  // overlapping or descending sequences, or element offsets that overflow
+  // int32 (cuDNN's ragged offsets are int32 elements). Copies on `stream` and
+  // waits for the copy.
+  static absl::StatusOr<VarlenBatch> Create(std::vector<int64_t> q_start, std::vector<int32_t> q_len,
+                                            std::vector<int64_t> kv_start,
                                             std::vector<int32_t> kv_len,
                                             const AttentionShape& shape, cudaStream_t stream);
 
   int32_t num_seqs() const { return static_cast<int32_t>(q_len_.size()); }
   const std::vector<int32_t>& q_len() const { return q_len_; }
   const std::vector<int32_t>& kv_len() const { return kv_len_; }
-  int64_t total_q() const { return total_q_; }
-  int64_t total_kv() const { return total_kv_; }
+  int64_t total_q() const { return total_q_; }    // sum of q_len
+  int64_t total_kv() const { return total_kv_; }  // sum of kv_len
+  int64_t q_rows() const { return q_rows_; }      // rows a Q-side tensor must hold
+  int64_t kv_rows() const { return kv_rows_; }    // rows a KV-side tensor must hold
   int32_t max_q() const { return max_q_; }
   int32_t max_kv() const { return max_kv_; }
   // Attention workload, (query, key) pairs under the mask: SPEC Eq. 3 summed.
   double Pairs() const;
 
-  // Device arrays (int32). cu_* have num_seqs + 1 entries (prefix sums of
-  // tokens); seq_* have num_seqs. The *_elems arrays are the ragged offsets
-  // cuDNN wants: token offsets times the row width in elements.
-  const int32_t* d_cu_q() const { return dev_.data() + 0 * stride_; }
-  const int32_t* d_cu_kv() const { return dev_.data() + 1 * stride_; }
+  // Device arrays (int32). *_start and the *_elems ragged offsets have
+  // num_seqs + 1 entries (the last is the end of the last sequence); seq_*
+  // have num_seqs. *_elems are starts times the row width in elements, which
+  // is what cuDNN's ragged offsets are.
+  const int32_t* d_q_start() const { return dev_.data() + 0 * stride_; }
+  const int32_t* d_kv_start() const { return dev_.data() + 1 * stride_; }
   const int32_t* d_seq_q() const { return dev_.data() + 2 * stride_; }
   const int32_t* d_seq_kv() const { return dev_.data() + 3 * stride_; }
-  const int32_t* d_q_elems() const { return dev_.data() + 4 * stride_; }   // cu_q * heads_q * D
-  const int32_t* d_kv_elems() const { return dev_.data() + 5 * stride_; }  // cu_kv * heads_kv * D
-  const int32_t* d_lse_elems() const { return dev_.data() + 6 * stride_; } // cu_q * heads_q
+  const int32_t* d_q_elems() const { return dev_.data() + 4 * stride_; }   // q_start * heads_q * D
+  const int32_t* d_kv_elems() const { return dev_.data() + 5 * stride_; }  // kv_start * heads_kv * D
+  const int32_t* d_lse_elems() const { return dev_.data() + 6 * stride_; } // q_start * heads_q
 
  private:
   std::vector<int32_t> q_len_, kv_len_;
-  int64_t total_q_ = 0, total_kv_ = 0;
+  int64_t total_q_ = 0, total_kv_ = 0, q_rows_ = 0, kv_rows_ = 0;
   int32_t max_q_ = 0, max_kv_ = 0;
   size_t stride_ = 0;  // num_seqs + 1, each array's slot in dev_
   DeviceBuffer<int32_t> dev_;

@@ -80,8 +80,9 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     AttentionForwardKernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
                            const bf16* __restrict__ v, bf16* __restrict__ out,
-                           float* __restrict__ lse, const int32_t* __restrict__ cu_q,
-                           const int32_t* __restrict__ cu_kv, int heads_q, int heads_kv,
+                           float* __restrict__ lse, const int32_t* __restrict__ q_start,
+                           const int32_t* __restrict__ kv_start, const int32_t* __restrict__ seq_q,
+                           const int32_t* __restrict__ seq_kv, int heads_q, int heads_kv,
                            float scale_log2) {
   constexpr int E = D / 32;  // output dims per lane
   __shared__ float qs[kWarps][D];
@@ -89,8 +90,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ __align__(16) bf16 vs[kTile * Padded<D>::kRow];
 
   const int seq = blockIdx.z, h = blockIdx.y;
-  const int q0 = cu_q[seq], qn = cu_q[seq + 1] - q0;
-  const int kv0 = cu_kv[seq], kvn = cu_kv[seq + 1] - kv0;
+  const int q0 = q_start[seq], qn = seq_q[seq];
+  const int kv0 = kv_start[seq], kvn = seq_kv[seq];
   const int row_begin = blockIdx.x * kWarps;
   if (row_begin >= qn) return;  // whole block idle: uniform exit before any barrier
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -142,7 +143,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* orow = out + (q0 + row) * q_stride + h * D + lane * E;
 #pragma unroll
   for (int e = 0; e < E; ++e) orow[e] = __float2bfloat16(acc[e] * inv_l);
-  if (lane == 0) lse[int64_t{q0 + row} * heads_q + h] = (m + log2f(l)) * kLn2;
+  if (lane == 0) lse[(int64_t{q0} + row) * heads_q + h] = (m + log2f(l)) * kLn2;
 }
 
 // ---- Backward --------------------------------------------------------------
@@ -169,8 +170,9 @@ __global__ void __launch_bounds__(kThreads)
     AttentionBackwardDqKernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
                               const bf16* __restrict__ v, const bf16* __restrict__ dout,
                               const float* __restrict__ lse, const float* __restrict__ delta,
-                              bf16* __restrict__ dq, const int32_t* __restrict__ cu_q,
-                              const int32_t* __restrict__ cu_kv, int heads_q, int heads_kv,
+                              bf16* __restrict__ dq, const int32_t* __restrict__ q_start,
+                              const int32_t* __restrict__ kv_start, const int32_t* __restrict__ seq_q,
+                              const int32_t* __restrict__ seq_kv, int heads_q, int heads_kv,
                               float scale) {
   constexpr int E = D / 32;
   __shared__ float qs[kWarps][D];
@@ -179,8 +181,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ __align__(16) bf16 vs[kTile * Padded<D>::kRow];
 
   const int seq = blockIdx.z, h = blockIdx.y;
-  const int q0 = cu_q[seq], qn = cu_q[seq + 1] - q0;
-  const int kv0 = cu_kv[seq], kvn = cu_kv[seq + 1] - kv0;
+  const int q0 = q_start[seq], qn = seq_q[seq];
+  const int kv0 = kv_start[seq], kvn = seq_kv[seq];
   const int row_begin = blockIdx.x * kWarps;
   if (row_begin >= qn) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -245,8 +247,10 @@ __global__ void __launch_bounds__(kThreads)
                                const bf16* __restrict__ v, const bf16* __restrict__ dout,
                                const float* __restrict__ lse, const float* __restrict__ delta,
                                bf16* __restrict__ dk, bf16* __restrict__ dv,
-                               const int32_t* __restrict__ cu_q,
-                               const int32_t* __restrict__ cu_kv, int heads_q, int heads_kv,
+                               const int32_t* __restrict__ q_start,
+                               const int32_t* __restrict__ kv_start,
+                               const int32_t* __restrict__ seq_q,
+                               const int32_t* __restrict__ seq_kv, int heads_q, int heads_kv,
                                float scale) {
   constexpr int E = D / 32;
   __shared__ float kf[kWarps][D];
@@ -257,8 +261,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float delta_s[kTile];
 
   const int seq = blockIdx.z, hk = blockIdx.y;
-  const int q0 = cu_q[seq], qn = cu_q[seq + 1] - q0;
-  const int kv0 = cu_kv[seq], kvn = cu_kv[seq + 1] - kv0;
+  const int q0 = q_start[seq], qn = seq_q[seq];
+  const int kv0 = kv_start[seq], kvn = seq_kv[seq];
   const int key_begin = blockIdx.x * kWarps;
   if (key_begin >= kvn) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -291,8 +295,8 @@ __global__ void __launch_bounds__(kThreads)
       LoadTile<D>(dot, dobase, q_stride, t0, qn);
       if (threadIdx.x < kTile) {
         const int t = t0 + threadIdx.x;
-        lse2_s[threadIdx.x] = t < qn ? lse[int64_t{q0 + t} * heads_q + h] * kLog2e : 0.f;
-        delta_s[threadIdx.x] = t < qn ? delta[int64_t{q0 + t} * heads_q + h] : 0.f;
+        lse2_s[threadIdx.x] = t < qn ? lse[(int64_t{q0} + t) * heads_q + h] * kLog2e : 0.f;
+        delta_s[threadIdx.x] = t < qn ? delta[(int64_t{q0} + t) * heads_q + h] : 0.f;
       }
       __syncthreads();
       if (!valid) continue;
@@ -353,11 +357,11 @@ absl::Status LaunchPlainAttentionForward(const AttentionShape& shape, const Varl
   const float sl2 = shape.EffectiveScale() * kLog2e;
   if (shape.head_dim == 128)
     AttentionForwardKernel<128><<<grid, kThreads, 0, stream>>>(
-        a.q, a.k, a.v, a.out, a.lse, batch.d_cu_q(), batch.d_cu_kv(), shape.heads_q,
+        a.q, a.k, a.v, a.out, a.lse, batch.d_q_start(), batch.d_kv_start(), batch.d_seq_q(), batch.d_seq_kv(), shape.heads_q,
         shape.heads_kv, sl2);
   else
     AttentionForwardKernel<64><<<grid, kThreads, 0, stream>>>(
-        a.q, a.k, a.v, a.out, a.lse, batch.d_cu_q(), batch.d_cu_kv(), shape.heads_q,
+        a.q, a.k, a.v, a.out, a.lse, batch.d_q_start(), batch.d_kv_start(), batch.d_seq_q(), batch.d_seq_kv(), shape.heads_q,
         shape.heads_kv, sl2);
   return CudaLaunchStatus(absl::StrCat("AttentionForwardKernel<", shape.head_dim, "> grid (",
                                        grid.x, ", ", grid.y, ", ", grid.z, ")"));
@@ -379,11 +383,11 @@ absl::Status LaunchPlainAttentionBackward(const AttentionShape& shape, const Var
     const dim3 grid = RowGrid(batch.max_q(), shape.heads_q, batch.num_seqs());
     if (shape.head_dim == 128)
       AttentionBackwardDqKernel<128><<<grid, kThreads, 0, stream>>>(
-          a.q, a.k, a.v, a.dout, a.lse, delta, a.dq, batch.d_cu_q(), batch.d_cu_kv(),
+          a.q, a.k, a.v, a.dout, a.lse, delta, a.dq, batch.d_q_start(), batch.d_kv_start(), batch.d_seq_q(), batch.d_seq_kv(),
           shape.heads_q, shape.heads_kv, scale);
     else
       AttentionBackwardDqKernel<64><<<grid, kThreads, 0, stream>>>(
-          a.q, a.k, a.v, a.dout, a.lse, delta, a.dq, batch.d_cu_q(), batch.d_cu_kv(),
+          a.q, a.k, a.v, a.dout, a.lse, delta, a.dq, batch.d_q_start(), batch.d_kv_start(), batch.d_seq_q(), batch.d_seq_kv(),
           shape.heads_q, shape.heads_kv, scale);
     if (absl::Status s = CudaLaunchStatus("AttentionBackwardDqKernel"); !s.ok()) return s;
   }
@@ -392,11 +396,11 @@ absl::Status LaunchPlainAttentionBackward(const AttentionShape& shape, const Var
   const dim3 grid = RowGrid(batch.max_kv(), shape.heads_kv, batch.num_seqs());
   if (shape.head_dim == 128)
     AttentionBackwardDkvKernel<128><<<grid, kThreads, 0, stream>>>(
-        a.q, a.k, a.v, a.dout, a.lse, delta, a.dk, a.dv, batch.d_cu_q(), batch.d_cu_kv(),
+        a.q, a.k, a.v, a.dout, a.lse, delta, a.dk, a.dv, batch.d_q_start(), batch.d_kv_start(), batch.d_seq_q(), batch.d_seq_kv(),
         shape.heads_q, shape.heads_kv, scale);
   else
     AttentionBackwardDkvKernel<64><<<grid, kThreads, 0, stream>>>(
-        a.q, a.k, a.v, a.dout, a.lse, delta, a.dk, a.dv, batch.d_cu_q(), batch.d_cu_kv(),
+        a.q, a.k, a.v, a.dout, a.lse, delta, a.dk, a.dv, batch.d_q_start(), batch.d_kv_start(), batch.d_seq_q(), batch.d_seq_kv(),
         shape.heads_q, shape.heads_kv, scale);
   return CudaLaunchStatus("AttentionBackwardDkvKernel");
 }

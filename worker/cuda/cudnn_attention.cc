@@ -1,0 +1,291 @@
+#include "worker/cuda/cudnn_attention.h"
+
+#include <cudnn.h>
+
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <sstream>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "cudnn_frontend.h"
+#include "worker/cuda/cuda_status.h"
+
+namespace flashcp::worker::cuda {
+namespace fe = cudnn_frontend;
+
+namespace {
+
+// Tensor uids of the variant pack. K and V share one ragged offset tensor, Q,
+// O, dO and dQ another (same row width heads_q * D).
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv,
+  kSeqQ, kSeqKv, kRagQ, kRagKv, kRagStats,
+};
+
+// A frontend error_t (or a caught exception) as a Status naming the step.
+absl::Status FeStatus(const fe::error_t& err, absl::string_view step) {
+  if (err.is_good()) return absl::OkStatus();
+  std::ostringstream code;
+  code << err.code;
+  return absl::FailedPreconditionError(
+      absl::StrCat("cuDNN frontend ", step, ": ", code.str(), ": ", err.err_msg));
+}
+
+absl::Status CudnnStatus(cudnnStatus_t s, absl::string_view step) {
+  if (s == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cuDNN ", step, ": ", cudnnGetErrorString(s)));
+}
+
+int64_t RoundUpPow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+// Strides of a packed [tokens, heads, D] tensor seen as cuDNN's (b, h, s, d).
+// The batch stride is nominal: the ragged offsets place each sequence.
+std::vector<int64_t> ThdStrides(int64_t s, int64_t h, int64_t d) { return {s * h * d, d, h * d, 1}; }
+
+struct Key {
+  bool backward;
+  int64_t b, s_q, s_kv;
+  friend bool operator<(const Key& x, const Key& y) {
+    return std::tie(x.backward, x.b, x.s_q, x.s_kv) < std::tie(y.backward, y.b, y.s_q, y.s_kv);
+  }
+};
+
+}  // namespace
+
+class CudnnAttention::Graphs {
+ public:
+  struct Entry {
+    std::shared_ptr<fe::graph::Graph> graph;  // null when cuDNN rejected the shape
+    absl::Status build_status;
+    int64_t workspace = 0;  // bytes
+  };
+  std::map<Key, Entry> cache;
+};
+
+namespace {
+
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+TensorPtr Int32Vector(fe::graph::Graph& g, Uid uid, const char* name, int64_t n) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_uid(uid)
+                      .set_name(name)
+                      .set_dim({n, 1, 1, 1})
+                      .set_stride({1, 1, 1, 1})
+                      .set_data_type(fe::DataType_t::INT32));
+}
+
+TensorPtr Thd(fe::graph::Graph& g, Uid uid, const char* name, int64_t b, int64_t h, int64_t s,
+              int64_t d, const TensorPtr& ragged) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_uid(uid)
+                      .set_name(name)
+                      .set_dim({b, h, s, d})
+                      .set_stride(ThdStrides(s, h, d))
+                      .set_ragged_offset(ragged));
+}
+
+// Builds one graph: the frontend's validate -> operation graph -> heuristics
+// -> support check -> plans sequence, each step's error kept.
+absl::StatusOr<CudnnAttention::Graphs::Entry> BuildGraph(const AttentionShape& shape,
+                                                         const Key& key, cudnnHandle_t handle) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const int64_t b = key.b, hq = shape.heads_q, hkv = shape.heads_kv, d = shape.head_dim;
+  auto rag_q = Int32Vector(*g, kRagQ, "ragged_q", b + 1);
+  auto rag_kv = Int32Vector(*g, kRagKv, "ragged_kv", b + 1);
+  auto rag_stats = Int32Vector(*g, kRagStats, "ragged_stats", b + 1);
+  auto seq_q = Int32Vector(*g, kSeqQ, "seq_q", b);
+  auto seq_kv = Int32Vector(*g, kSeqKv, "seq_kv", b);
+  auto q = Thd(*g, kQ, "Q", b, hq, key.s_q, d, rag_q);
+  auto k = Thd(*g, kK, "K", b, hkv, key.s_kv, d, rag_kv);
+  auto v = Thd(*g, kV, "V", b, hkv, key.s_kv, d, rag_kv);
+  const std::vector<int64_t> stats_dim = {b, hq, key.s_q, 1};
+  const std::vector<int64_t> stats_stride = {key.s_q * hq, 1, hq, 1};  // LSE [tokens, heads]
+
+  if (!key.backward) {
+    auto attrs = fe::graph::SDPA_attributes()
+                     .set_name("flashcp_sdpa_fwd")
+                     .set_generate_stats(true)
+                     .set_attn_scale(shape.EffectiveScale())
+                     .set_causal_mask_bottom_right(true)
+                     .set_padding_mask(true)
+                     .set_seq_len_q(seq_q)
+                     .set_seq_len_kv(seq_kv);
+    auto [o, stats] = g->sdpa(q, k, v, attrs);
+    o->set_output(true).set_uid(kO).set_dim({b, hq, key.s_q, d})
+        .set_stride(ThdStrides(key.s_q, hq, d)).set_ragged_offset(rag_q);
+    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dim).set_stride(stats_stride).set_ragged_offset(rag_stats);
+  } else {
+    auto o = Thd(*g, kO, "O", b, hq, key.s_q, d, rag_q);
+    auto dout = Thd(*g, kDo, "dO", b, hq, key.s_q, d, rag_q);
+    auto stats = g->tensor(fe::graph::Tensor_attributes()
+                               .set_uid(kStats)
+                               .set_name("stats")
+                               .set_dim(stats_dim)
+                               .set_stride(stats_stride)
+                               .set_data_type(fe::DataType_t::FLOAT)
+                               .set_ragged_offset(rag_stats));
+    auto attrs = fe::graph::SDPA_backward_attributes()
+                     .set_name("flashcp_sdpa_bwd")
+                     .set_attn_scale(shape.EffectiveScale())
+                     .set_causal_mask_bottom_right(true)
+                     .set_padding_mask(true)
+                     .set_seq_len_q(seq_q)
+                     .set_seq_len_kv(seq_kv);
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, attrs);
+    dq->set_output(true).set_uid(kDq).set_dim({b, hq, key.s_q, d})
+        .set_stride(ThdStrides(key.s_q, hq, d)).set_ragged_offset(rag_q);
+    dk->set_output(true).set_uid(kDk).set_dim({b, hkv, key.s_kv, d})
+        .set_stride(ThdStrides(key.s_kv, hkv, d)).set_ragged_offset(rag_kv);
+    dv->set_output(true).set_uid(kDv).set_dim({b, hkv, key.s_kv, d})
+        .set_stride(ThdStrides(key.s_kv, hkv, d)).set_ragged_offset(rag_kv);
+  }
+
+  FLASHCP_RETURN_IF_ERROR(FeStatus(g->validate(), "validate"));
+  FLASHCP_RETURN_IF_ERROR(FeStatus(g->build_operation_graph(handle), "build_operation_graph"));
+  FLASHCP_RETURN_IF_ERROR(
+      FeStatus(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans"));
+  FLASHCP_RETURN_IF_ERROR(FeStatus(g->check_support(handle), "check_support"));
+  FLASHCP_RETURN_IF_ERROR(FeStatus(g->build_plans(), "build_plans"));
+  CudnnAttention::Graphs::Entry entry;
+  FLASHCP_RETURN_IF_ERROR(FeStatus(g->get_workspace_size(entry.workspace), "get_workspace_size"));
+  entry.graph = std::move(g);
+  return entry;
+}
+
+}  // namespace
+
+int64_t CudnnRuntimeVersion() { return static_cast<int64_t>(cudnnGetVersion()); }
+
+CudnnAttention::CudnnAttention(const AttentionShape& shape, bool allow_fallback)
+    : shape_(shape), allow_fallback_(allow_fallback), graphs_(std::make_unique<Graphs>()) {}
+
+CudnnAttention::~CudnnAttention() {
+  graphs_.reset();  // plans hold the handle's resources: drop them first
+  if (handle_ != nullptr) (void)cudnnDestroy(static_cast<cudnnHandle_t>(handle_));
+}
+
+absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const AttentionShape& shape,
+                                                                       bool allow_fallback) {
+  FLASHCP_RETURN_IF_ERROR(ValidateAttentionShape(shape));
+  std::unique_ptr<CudnnAttention> a(new CudnnAttention(shape, allow_fallback));
+  cudnnHandle_t h = nullptr;
+  if (cudnnStatus_t s = cudnnCreate(&h); s != CUDNN_STATUS_SUCCESS)
+    return absl::FailedPreconditionError(
+        absl::StrCat("cudnnCreate: ", cudnnGetErrorString(s), " (cuDNN ", cudnnGetVersion(), ")"));
+  a->handle_ = h;
+  if (allow_fallback) {
+    auto plain = PlainAttention::Create(shape);
+    // head_dims the plain kernels lack just mean no fallback for this shape.
+    if (plain.ok()) a->fallback_ = *std::move(plain);
+  }
+  return a;
+}
+
+namespace {
+
+// Runs `body` with frontend exceptions (it throws from a few helpers, e.g.
+// JSON) turned into Internal: none may cross the library boundary.
+template <typename F>
+absl::Status NoThrow(absl::string_view what, F&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": exception from the cuDNN frontend: ", e.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(what, ": unknown exception from the cuDNN frontend"));
+  }
+}
+
+}  // namespace
+
+absl::Status CudnnAttention::Forward(const VarlenBatch& batch, const AttentionForwardArgs& a,
+                                     cudaStream_t stream) {
+  if (batch.total_q() == 0) return absl::OkStatus();
+  const Key key{false, batch.num_seqs(), RoundUpPow2(batch.max_q()), RoundUpPow2(batch.max_kv())};
+  const cudnnHandle_t h = static_cast<cudnnHandle_t>(handle_);
+  absl::Status status = NoThrow("SDPA forward", [&]() -> absl::Status {
+    auto it = graphs_->cache.find(key);
+    if (it == graphs_->cache.end()) {
+      auto built = BuildGraph(shape_, key, h);
+      Graphs::Entry e;
+      if (built.ok()) e = *std::move(built);
+      else e.build_status = built.status();
+      it = graphs_->cache.emplace(key, std::move(e)).first;
+    }
+    if (!it->second.graph) return it->second.build_status;
+    FLASHCP_RETURN_IF_ERROR(workspace_.Reserve(static_cast<size_t>(it->second.workspace)));
+    FLASHCP_RETURN_IF_ERROR(CudnnStatus(cudnnSetStream(h, stream), "cudnnSetStream"));
+    std::unordered_map<int64_t, void*> pack = {
+        {kQ, const_cast<bf16*>(a.q)},    {kK, const_cast<bf16*>(a.k)},
+        {kV, const_cast<bf16*>(a.v)},    {kO, a.out},
+        {kStats, a.lse},
+        {kSeqQ, const_cast<int32_t*>(batch.d_seq_q())},
+        {kSeqKv, const_cast<int32_t*>(batch.d_seq_kv())},
+        {kRagQ, const_cast<int32_t*>(batch.d_q_elems())},
+        {kRagKv, const_cast<int32_t*>(batch.d_kv_elems())},
+        {kRagStats, const_cast<int32_t*>(batch.d_lse_elems())}};
+    return absl::Status(
+        FeStatus(it->second.graph->execute(h, pack, workspace_.data()), "execute forward"));
+  });
+  if (status.ok() || !allow_fallback_ || !fallback_ ||
+      status.code() != absl::StatusCode::kFailedPrecondition)
+    return status;
+  fallback_reason_ = std::string(status.message());
+  ++fallback_calls_;
+  return fallback_->Forward(batch, a, stream);
+}
+
+absl::Status CudnnAttention::Backward(const VarlenBatch& batch, const AttentionBackwardArgs& a,
+                                      cudaStream_t stream) {
+  if (batch.total_kv() == 0) return absl::OkStatus();
+  const Key key{true, batch.num_seqs(), RoundUpPow2(batch.max_q()), RoundUpPow2(batch.max_kv())};
+  const cudnnHandle_t h = static_cast<cudnnHandle_t>(handle_);
+  absl::Status status = NoThrow("SDPA backward", [&]() -> absl::Status {
+    auto it = graphs_->cache.find(key);
+    if (it == graphs_->cache.end()) {
+      auto built = BuildGraph(shape_, key, h);
+      Graphs::Entry e;
+      if (built.ok()) e = *std::move(built);
+      else e.build_status = built.status();
+      it = graphs_->cache.emplace(key, std::move(e)).first;
+    }
+    if (!it->second.graph) return it->second.build_status;
+    FLASHCP_RETURN_IF_ERROR(workspace_.Reserve(static_cast<size_t>(it->second.workspace)));
+    FLASHCP_RETURN_IF_ERROR(CudnnStatus(cudnnSetStream(h, stream), "cudnnSetStream"));
+    std::unordered_map<int64_t, void*> pack = {
+        {kQ, const_cast<bf16*>(a.q)},      {kK, const_cast<bf16*>(a.k)},
+        {kV, const_cast<bf16*>(a.v)},      {kO, const_cast<bf16*>(a.out)},
+        {kDo, const_cast<bf16*>(a.dout)},  {kStats, const_cast<float*>(a.lse)},
+        {kDq, a.dq},                       {kDk, a.dk},
+        {kDv, a.dv},
+        {kSeqQ, const_cast<int32_t*>(batch.d_seq_q())},
+        {kSeqKv, const_cast<int32_t*>(batch.d_seq_kv())},
+        {kRagQ, const_cast<int32_t*>(batch.d_q_elems())},
+        {kRagKv, const_cast<int32_t*>(batch.d_kv_elems())},
+        {kRagStats, const_cast<int32_t*>(batch.d_lse_elems())}};
+    return absl::Status(
+        FeStatus(it->second.graph->execute(h, pack, workspace_.data()), "execute backward"));
+  });
+  if (status.ok() || !allow_fallback_ || !fallback_ ||
+      status.code() != absl::StatusCode::kFailedPrecondition)
+    return status;
+  fallback_reason_ = std::string(status.message());
+  ++fallback_calls_;
+  return fallback_->Backward(batch, a, stream);
+}
+
+}  // namespace flashcp::worker::cuda

@@ -1,0 +1,69 @@
+// The fast path: cuDNN's fused flash attention (SDPA) forward and backward,
+// built through the cuDNN C++ frontend graph API, behind the Attention
+// interface of attention.h. Packed THD layout with ragged offsets, per-sequence
+// query and KV lengths (the padding mask), and the bottom-right causal mask,
+// so each CP shard attends to its document's prefix plus itself.
+//
+// Graphs are built once per (direction, sequences, padded max lengths) and
+// cached; max lengths round up to a power of two so that the many shapes of a
+// training run share few graphs (the true lengths come in the seq_len tensors).
+// Where cuDNN rejects a graph (check_support or build fails: an old library,
+// an unsupported shape), the call falls back to our plain kernels and the
+// reason is kept in fallback_reason(): a result, never a silent switch.
+#ifndef FLASHCP_WORKER_CUDA_CUDNN_ATTENTION_H_
+#define FLASHCP_WORKER_CUDA_CUDNN_ATTENTION_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/cuda/attention.h"
+#include "worker/cuda/attention_kernels.h"
+#include "worker/cuda/device_memory.h"
+
+namespace flashcp::worker::cuda {
+
+// The cuDNN library version the process loaded (cudnnGetVersion), e.g. 91900.
+int64_t CudnnRuntimeVersion();
+
+class CudnnAttention final : public Attention {
+ public:
+  // FailedPrecondition where no cuDNN handle can be made (no device, no
+  // library); InvalidArgument for a bad shape. `allow_fallback` false makes a
+  // rejected graph an error (the device check uses that to measure cuDNN only).
+  static absl::StatusOr<std::unique_ptr<CudnnAttention>> Create(const AttentionShape& shape,
+                                                                bool allow_fallback = true);
+  ~CudnnAttention() override;
+
+  absl::string_view name() const override { return "cudnn"; }
+  absl::Status Forward(const VarlenBatch& batch, const AttentionForwardArgs& args,
+                       cudaStream_t stream) override;
+  absl::Status Backward(const VarlenBatch& batch, const AttentionBackwardArgs& args,
+                        cudaStream_t stream) override;
+
+  // Empty while every call ran on cuDNN; else why the last fallback happened.
+  const std::string& fallback_reason() const { return fallback_reason_; }
+  int64_t fallback_calls() const { return fallback_calls_; }
+
+  class Graphs;  // the cached frontend graphs (cudnn_attention.cc)
+
+ private:
+  CudnnAttention(const AttentionShape& shape, bool allow_fallback);
+
+  AttentionShape shape_;
+  bool allow_fallback_;
+  void* handle_ = nullptr;  // cudnnHandle_t, kept opaque so this header needs no cuDNN
+  std::unique_ptr<Graphs> graphs_;
+  std::unique_ptr<PlainAttention> fallback_;
+  DeviceBuffer<uint8_t> workspace_;
+  std::string fallback_reason_;
+  int64_t fallback_calls_ = 0;
+};
+
+}  // namespace flashcp::worker::cuda
+
+#endif  // FLASHCP_WORKER_CUDA_CUDNN_ATTENTION_H_
