@@ -160,7 +160,7 @@ double MaxRelError(absl::Span<const float> got, absl::Span<const float> want) {
     diff = std::max(diff, std::abs(a - b));
     mag = std::max(mag, std::abs(b));
   }
-  return diff / std::max(mag, 1e-30);
+  return diff / std::max(mag, kRelErrFloor);
 }
 
 }  // namespace flashcp::worker
