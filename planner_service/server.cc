@@ -142,6 +142,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const Server
   int port = 0;
   builder.AddListeningPort(options.listen, credentials, &port);
   builder.RegisterService(s->service_.get());
+  s->rendezvous_ = std::make_unique<RendezvousHost>();
+  builder.RegisterService(s->rendezvous_->service());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || port == 0) {
@@ -165,6 +167,7 @@ void PlannerServer::Shutdown() {
     // NOT_SERVING first, so that health watchers and load balancers see the
     // drain; then gRPC refuses new calls and waits for the in-flight ones.
     server_->GetHealthCheckService()->SetServingStatus(false);
+    rendezvous_->Shutdown();  // waiting rendezvous calls end now with UNAVAILABLE
     pool_->Release();  // held jobs (test hook) must run for the drain to end
     server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.drain_timeout));
     server_->Wait();

@@ -18,6 +18,7 @@
 #include "planner_service/clock.h"
 #include "planner_service/observer.h"
 #include "planner_service/planning_pool.h"
+#include "planner_service/rendezvous_service.h"
 #include "planner_service/service.h"
 #include "prometheus/registry.h"
 
@@ -79,6 +80,7 @@ class PlannerServer {
   std::string address_;
   std::unique_ptr<PlanningPool> pool_;
   std::unique_ptr<PlannerService> service_;
+  std::unique_ptr<RendezvousHost> rendezvous_;  // flashcp.v1.Rendezvous, for worker groups
   std::unique_ptr<grpc::Server> server_;
   bool shut_down_ = false;
 };
