@@ -201,12 +201,14 @@ class GlooCommunicator final : public Communicator {
       std::vector<std::pair<const SendOp*, std::unique_ptr<gloo::transport::UnboundBuffer>>> sb;
       for (const RecvOp& r : recvs) {
         if (r.data.empty()) continue;
+        what = absl::StrCat("posting recv of ", r.data.size(), " bytes from rank ", r.peer);
         auto buf = context_->createUnboundBuffer(r.data.data(), r.data.size());
         buf->recv(r.peer, slot);
         rb.emplace_back(&r, std::move(buf));
       }
       for (const SendOp& s : sends) {
         if (s.data.empty()) continue;
+        what = absl::StrCat("posting send of ", s.data.size(), " bytes to rank ", s.peer);
         // Gloo's buffers are mutable in type only; a send never writes.
         auto buf = context_->createUnboundBuffer(const_cast<std::byte*>(s.data.data()),
                                                  s.data.size());
