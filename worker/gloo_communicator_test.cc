@@ -169,25 +169,27 @@ TEST(GlooCommunicatorTest, HungPeerIsDeadlineExceeded) {
 // before its timeout.
 TEST(GlooCommunicatorTest, DeadPeerIsUnavailable) {
   gloo::rendezvous::HashStore store;
-  absl::Notification rank1_gone;
+  absl::Notification rank0_connected, rank1_gone;
   const absl::Duration timeout = absl::Seconds(20);
   std::thread dying([&] {
     absl::StatusOr<std::unique_ptr<Communicator>> comm =
         ConnectGloo(store, 1, 2, GlooOptions{"127.0.0.1", timeout});
-    ASSERT_THAT(comm, IsOk());
-    comm->reset();
+    EXPECT_THAT(comm, IsOk());
+    rank0_connected.WaitForNotification();  // die only once both ends are connected
+    if (comm.ok()) comm->reset();
     rank1_gone.Notify();
   });
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
       ConnectGloo(store, 0, 2, GlooOptions{"127.0.0.1", timeout});
-  ASSERT_THAT(comm, IsOk());
+  rank0_connected.Notify();
   rank1_gone.WaitForNotification();
+  dying.join();
+  ASSERT_THAT(comm, IsOk());
   std::vector<std::byte> in(8), out(16);
   const absl::Time start = absl::Now();
   EXPECT_THAT((*comm)->AllGatherV(in, absl::MakeSpan(out), {8, 8}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gloo allgather on rank 0 of 2")));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  dying.join();
 }
 
 }  // namespace
