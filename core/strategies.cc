@@ -61,8 +61,7 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
     case Strategy::kFlashCp:
       return internal::PlanFlashCp(batch, options);
     case Strategy::kIlp:
-      return absl::UnimplementedError(
-          absl::StrCat("strategy: ", StrategyName(strategy), " is not implemented yet"));
+      return internal::PlanIlp(batch, options.ilp, info);
   }
   return absl::InvalidArgumentError("strategy: unknown strategy");
 }
