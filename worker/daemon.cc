@@ -1,0 +1,816 @@
+#include "worker/daemon.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/pipelined_planner.h"
+#include "core/log.h"
+#include "core/status_macros.h"
+#include "proto/convert.h"
+#include "proto/grpc_status.h"
+#include "worker/engine.h"
+#include "worker/gloo_communicator.h"
+#include "worker/thread_pool.h"
+
+namespace flashcp::worker {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+using SteadyClock = std::chrono::steady_clock;
+
+// ---- wire messages of the group protocol (fixed size, native layout: every
+// rank runs the same binary on the same architecture) ------------------------
+enum class Kind : uint32_t { kStep = 1, kIdle = 2, kWaiting = 3, kExit = 4 };
+struct StepHeader {
+  uint32_t kind = 0;
+  uint32_t scheme = 0;
+  int64_t batch = 0;          // batch index (seeds the data)
+  int64_t steps_total = 0;    // steps of the current run
+  int64_t payload_bytes = 0;  // serialized PlanResponse that follows (kStep)
+  char strategy[32] = {};
+};
+static_assert(sizeof(StepHeader) == 64 && std::is_trivially_copyable_v<StepHeader>);
+
+struct RankReport {
+  double attention_seconds = 0;  // forward + backward minus communication
+  uint8_t stop = 0;              // this rank wants the group to stop
+  uint8_t pad[7] = {};
+};
+static_assert(sizeof(RankReport) == 16 && std::is_trivially_copyable_v<RankReport>);
+
+// Rank 0's `bytes` to every rank (an all-gather where only rank 0 contributes).
+absl::Status Broadcast(Communicator& comm, std::byte* data, int64_t bytes) {
+  std::vector<int64_t> counts(comm.size(), 0);
+  counts[0] = bytes;
+  const int64_t mine = comm.rank() == 0 ? bytes : 0;
+  std::vector<std::byte> in(data, data + mine);
+  return comm.AllGatherV(in, absl::MakeSpan(data, bytes), counts);
+}
+
+// Measures the time spent inside collectives; counts pass through.
+class TimedCommunicator final : public Communicator {
+ public:
+  explicit TimedCommunicator(Communicator& inner) : inner_(inner) {}
+  int32_t rank() const override { return inner_.rank(); }
+  int32_t size() const override { return inner_.size(); }
+  absl::Status AllGatherV(absl::Span<const std::byte> input, absl::Span<std::byte> output,
+                          absl::Span<const int64_t> counts) override {
+    return Time([&] { return inner_.AllGatherV(input, output, counts); });
+  }
+  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs) override {
+    return Time([&] { return inner_.SendRecv(sends, recvs); });
+  }
+  absl::Status ReduceScatterV(absl::Span<const float> input, absl::Span<float> output,
+                              absl::Span<const int64_t> counts) override {
+    return Time([&] { return inner_.ReduceScatterV(input, output, counts); });
+  }
+  absl::Status Barrier() override {
+    return Time([&] { return inner_.Barrier(); });
+  }
+  CommStats stats() const override { return inner_.stats(); }
+  double seconds() const { return seconds_; }
+
+ private:
+  template <typename F>
+  absl::Status Time(F f) {
+    const auto t0 = SteadyClock::now();
+    absl::Status s = f();
+    seconds_ += Seconds(t0, SteadyClock::now());
+    return s;
+  }
+  Communicator& inner_;
+  double seconds_ = 0;
+};
+
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+void Fill(std::vector<float>& v, uint64_t seed) {
+  uint64_t state = seed;
+  for (float& x : v) {
+    x = static_cast<float>(static_cast<double>(SplitMix64(state) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+  }
+}
+
+class CpuStepEngine final : public StepEngine {
+ public:
+  CpuStepEngine(int32_t rank, int32_t heads, int32_t head_dim, int32_t threads)
+      : rank_(rank), pool_(threads) {
+    shape_.heads = heads;
+    shape_.head_dim = head_dim;
+    shape_.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  }
+
+  absl::StatusOr<EngineTimes> Run(const core::Plan& plan, core::CommScheme scheme, uint64_t seed,
+                                  Communicator& comm) override {
+    FLASHCP_ASSIGN_OR_RETURN(CpAttentionStep step,
+                             CpAttentionStep::Create(plan, rank_, shape_, scheme));
+    const size_t rows = static_cast<size_t>(step.local_rows());
+    const size_t n = rows * shape_.heads * shape_.head_dim;
+    for (std::vector<float>* v : {&q_, &k_, &v_, &o_, &dout_, &dq_, &dk_, &dv_}) v->resize(n);
+    lse_.resize(rows * shape_.heads);
+    uint64_t s = seed * 0x100000001B3ull + static_cast<uint64_t>(rank_) * 4;
+    Fill(q_, s);
+    Fill(k_, s + 1);
+    Fill(v_, s + 2);
+    Fill(dout_, s + 3);
+    EngineTimes t;
+    const auto t0 = SteadyClock::now();
+    FLASHCP_RETURN_IF_ERROR(step.Forward(comm, pool_, q_, k_, v_, absl::MakeSpan(o_),
+                                         absl::MakeSpan(lse_)));
+    const auto t1 = SteadyClock::now();
+    FLASHCP_RETURN_IF_ERROR(step.Backward(comm, pool_, dout_, absl::MakeSpan(dq_),
+                                          absl::MakeSpan(dk_), absl::MakeSpan(dv_)));
+    const auto t2 = SteadyClock::now();
+    t.forward_seconds = Seconds(t0, t1);
+    t.backward_seconds = Seconds(t1, t2);
+    return t;
+  }
+
+ private:
+  const int32_t rank_;
+  AttentionShape shape_;
+  ThreadPool pool_;
+  std::vector<float> q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_;
+};
+
+std::vector<double> DurationBuckets() {
+  std::vector<double> b;
+  for (double x = 0.0005; x < 70; x *= 2) b.push_back(x);  // 0.5 ms .. 65 s
+  return b;
+}
+
+}  // namespace
+
+// ---- options -----------------------------------------------------------------
+
+absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
+  if (o.world_size < 1 || o.world_size > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--world_size: must be in [1, 1024], got ", o.world_size));
+  }
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank: must be in [0, ", o.world_size,
+                                                   "), got ", o.rank));
+  }
+  if (absl::StartsWith(o.device, "cuda:")) {
+    int k = -1;
+    if (!absl::SimpleAtoi(o.device.substr(5), &k) || k < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device: want cpu or cuda:K, got \"", o.device, "\""));
+    }
+    return absl::UnimplementedError(absl::StrCat(
+        "--device ", o.device, ": this flashcp-worker has no GPU step engine; use --device cpu"));
+  } else if (o.device != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: want cpu or cuda:K, got \"", o.device, "\""));
+  }
+  if (o.context < o.world_size || o.context > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat("--context: must be in [world_size, 2^24], got ",
+                                                   o.context));
+  }
+  if (!core::ParseStrategy(o.strategy).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--strategy: unknown \"", o.strategy, "\""));
+  }
+  if (o.heads < 1 || o.heads > 1024 || o.head_dim < 1 || o.head_dim > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("--heads, --head_dim: must be in [1, 1024], got ",
+                                                   o.heads, ", ", o.head_dim));
+  }
+  if (o.steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps: must be >= 0, got ", o.steps));
+  }
+  if (o.prefetch < 1 || o.prefetch > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefetch: must be in [1, 1024], got ", o.prefetch));
+  }
+  if (o.timeout < absl::Seconds(1) || o.timeout > absl::Hours(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--timeout_s: must be in [1, 3600], got ",
+                                                   absl::ToDoubleSeconds(o.timeout)));
+  }
+  if (o.threads < 1 || o.threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads: must be in [1, 1024], got ", o.threads));
+  }
+  return absl::OkStatus();
+}
+
+// ---- metrics -----------------------------------------------------------------
+
+WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& version)
+    : step_(prometheus::BuildHistogram()
+                .Name("flashcp_worker_step_duration_seconds")
+                .Help("Wall time of a training step (plan wait, attention forward and backward, "
+                      "reporting), by strategy and scheme")
+                .Register(registry)),
+      forward_(prometheus::BuildHistogram()
+                   .Name("flashcp_worker_attention_forward_duration_seconds")
+                   .Help("Attention forward pass per step, communication included")
+                   .Register(registry)),
+      backward_(prometheus::BuildHistogram()
+                    .Name("flashcp_worker_attention_backward_duration_seconds")
+                    .Help("Attention backward pass per step, communication included")
+                    .Register(registry)),
+      comm_(prometheus::BuildHistogram()
+                .Name("flashcp_worker_comm_duration_seconds")
+                .Help("Time inside KV and gradient collectives per step (waiting for peers "
+                      "included)")
+                .Register(registry)),
+      plan_wait_(prometheus::BuildHistogram()
+                     .Name("flashcp_worker_plan_wait_duration_seconds")
+                     .Help("Time a step waited for its plan")
+                     .Register(registry)),
+      bytes_sent_(prometheus::BuildCounter()
+                      .Name("flashcp_worker_bytes_sent_total")
+                      .Help("KV and gradient payload bytes this rank sent")
+                      .Register(registry)),
+      bytes_received_(prometheus::BuildCounter()
+                          .Name("flashcp_worker_bytes_received_total")
+                          .Help("KV and gradient payload bytes this rank received")
+                          .Register(registry)),
+      full_kv_(prometheus::BuildCounter()
+                   .Name("flashcp_worker_full_kv_bytes_total")
+                   .Help("Bytes this rank would have sent under a full-KV all-gather for the "
+                         "same steps")
+                   .Register(registry)),
+      steps_(prometheus::BuildCounter()
+                 .Name("flashcp_worker_steps_total")
+                 .Help("Training steps completed")
+                 .Register(registry)),
+      time_ratio_(prometheus::BuildGauge()
+                      .Name("flashcp_worker_attention_time_ratio")
+                      .Help("This rank's attention compute time over its group's mean, last step")
+                      .Register(registry)),
+      predicted_imbalance_(prometheus::BuildGauge()
+                               .Name("flashcp_worker_predicted_imbalance_ratio")
+                               .Help("The planner's imbalance ratio (max/mean workload) of the "
+                                     "plan of the last step")
+                               .Register(registry)) {
+  prometheus::BuildGauge()
+      .Name("flashcp_worker_build_info")
+      .Help("flashcp-worker build; always 1")
+      .Register(registry)
+      .Add({{"version", version}})
+      .Set(1);
+}
+
+void WorkerMetrics::Prepare(const std::string& strategy, const std::string& scheme) {
+  const prometheus::Labels l = {{"strategy", strategy}, {"scheme", scheme}};
+  const auto buckets = DurationBuckets();
+  for (auto* h : {&step_, &forward_, &backward_, &comm_, &plan_wait_}) h->Add(l, buckets);
+  for (auto* c : {&bytes_sent_, &bytes_received_, &full_kv_, &steps_}) c->Add(l);
+}
+
+void WorkerMetrics::Record(const std::string& strategy, const std::string& scheme,
+                           const StepRecord& r) {
+  const prometheus::Labels l = {{"strategy", strategy}, {"scheme", scheme}};
+  const auto buckets = DurationBuckets();
+  step_.Add(l, buckets).Observe(r.step_seconds);
+  forward_.Add(l, buckets).Observe(r.forward_seconds);
+  backward_.Add(l, buckets).Observe(r.backward_seconds);
+  comm_.Add(l, buckets).Observe(r.comm_seconds);
+  plan_wait_.Add(l, buckets).Observe(r.plan_wait_seconds);
+  bytes_sent_.Add(l).Increment(static_cast<double>(r.bytes_sent));
+  bytes_received_.Add(l).Increment(static_cast<double>(r.bytes_received));
+  full_kv_.Add(l).Increment(static_cast<double>(r.full_kv_bytes_sent));
+  steps_.Add(l).Increment();
+  time_ratio_.Add({{"strategy", strategy}}).Set(r.attention_time_ratio);
+  predicted_imbalance_.Add({{"strategy", strategy}}).Set(r.predicted_imbalance);
+}
+
+std::unique_ptr<StepEngine> MakeCpuStepEngine(int32_t rank, int32_t heads, int32_t head_dim,
+                                              int32_t threads) {
+  return std::make_unique<CpuStepEngine>(rank, heads, head_dim, threads);
+}
+
+// ---- PlanFeed ------------------------------------------------------------------
+
+PlanFeed::PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config)
+    : planner_(std::move(planner)), config_(std::move(config)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+PlanFeed::~PlanFeed() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+absl::StatusOr<std::optional<v1::PlanResponse>> PlanFeed::Next(absl::Duration wait) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(
+                           +[](std::deque<absl::StatusOr<v1::PlanResponse>>* q) {
+                             return !q->empty();
+                           },
+                           &ready_),
+                       wait);
+  if (ready_.empty()) return std::optional<v1::PlanResponse>();
+  absl::StatusOr<v1::PlanResponse> r = std::move(ready_.front());
+  ready_.pop_front();
+  if (!r.ok()) return r.status();
+  return std::optional<v1::PlanResponse>(*std::move(r));
+}
+
+void PlanFeed::Loop() {
+  int64_t delivered = 0;
+  absl::Time last_progress = absl::Now();
+  absl::Duration backoff = absl::Milliseconds(100);
+  const auto stopped = [this] {
+    absl::MutexLock lock(&mu_);
+    return stop_;
+  };
+  const auto push = [this](absl::StatusOr<v1::PlanResponse> r) {
+    absl::MutexLock lock(&mu_);
+    ready_.push_back(std::move(r));
+  };
+  absl::StatusOr<core::Strategy> strategy = core::ParseStrategy(config_.strategy);
+  if (!strategy.ok()) {
+    push(strategy.status());
+    return;
+  }
+  core::PlanOptions plan_options;
+  if (config_.target_imbalance > 0) plan_options.target_imbalance = config_.target_imbalance;
+  const core::ModelShape shape{config_.heads, config_.head_dim, /*dtype_bytes=*/4};
+  while (delivered < config_.count && !stopped()) {
+    int64_t next = delivered;
+    absl::Status source_error;
+    const auto source = [&]() -> std::optional<v1::PlanRequest> {
+      if (next >= config_.count || !source_error.ok() || stopped()) return std::nullopt;
+      absl::StatusOr<std::vector<int64_t>> lens = core::SampleBatch(
+          config_.dataset, config_.context, config_.seed, config_.first_batch + next);
+      if (!lens.ok()) {
+        source_error = lens.status();
+        return std::nullopt;
+      }
+      core::Batch batch{*std::move(lens), config_.cp_size};
+      ++next;
+      return proto::RequestToProto(0, batch, *strategy, plan_options, shape, false);
+    };
+    const auto sink = [&](int64_t, client::PlanResult r) {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
+            return f->stop_ || static_cast<int32_t>(f->ready_.size()) < f->config_.prefetch;
+          },
+          this));
+      if (stop_) return;
+      if (r.ok() && r->has_error()) {
+        ready_.push_back(proto::ErrorFromProto(r->error()));
+      } else {
+        ready_.push_back(std::move(r));
+      }
+      ++delivered;
+      last_progress = absl::Now();
+    };
+    client::PipelineOptions options;
+    options.inflight = config_.prefetch;
+    options.call.timeout = absl::Hours(24);
+    const absl::Status s = client::PlanPipelined(*planner_, options, source, sink);
+    if (!source_error.ok()) {
+      push(source_error);
+      return;
+    }
+    if (s.ok() || stopped()) return;
+    const bool retryable = s.code() == absl::StatusCode::kUnavailable ||
+                           s.code() == absl::StatusCode::kCancelled ||
+                           s.code() == absl::StatusCode::kAborted;
+    if (!retryable) {
+      push(absl::Status(s.code(), absl::StrCat("plan stream: ", s.message())));
+      return;
+    }
+    if (absl::Now() - last_progress > config_.timeout) {
+      push(absl::UnavailableError(absl::StrCat("plan stream: no plan for ",
+                                               absl::FormatDuration(config_.timeout),
+                                               "; last error: ", s.ToString())));
+      return;
+    }
+    FLASHCP_LOG(WARNING) << "plan stream broke after " << delivered << " plans (" << s.ToString()
+                         << "); reconnecting in " << absl::FormatDuration(backoff);
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+// ---- WorkerDaemon -----------------------------------------------------------------
+
+WorkerDaemon::WorkerDaemon(DaemonOptions options,
+                           std::shared_ptr<v1::Rendezvous::StubInterface> rendezvous,
+                           std::shared_ptr<client::PlannerClient> planner,
+                           std::unique_ptr<StepEngine> engine, WorkerMetrics* metrics)
+    : options_(std::move(options)),
+      rendezvous_(std::move(rendezvous)),
+      planner_(std::move(planner)),
+      engine_(std::move(engine)),
+      metrics_(metrics) {
+  status_.set_state(v1::WorkerStatus::IDLE);
+  status_.set_group(options_.group);
+  status_.set_rank(options_.rank);
+  status_.set_world_size(options_.world_size);
+  status_.set_device(options_.device);
+  status_.set_strategy(options_.strategy);
+  status_.set_scheme(std::string(core::CommSchemeName(options_.scheme)));
+  if (options_.rank == 0 && options_.steps > 0) {
+    pending_run_ = RunConfig{options_.steps, options_.strategy, options_.scheme};
+  }
+}
+
+void WorkerDaemon::SetState(v1::WorkerStatus::State state) {
+  absl::MutexLock lock(&mu_);
+  status_.set_state(state);
+}
+
+v1::WorkerStatus WorkerDaemon::Status() const {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+void WorkerDaemon::RequestExit() {
+  absl::MutexLock lock(&mu_);
+  exit_wanted_ = true;
+}
+
+absl::Status WorkerDaemon::StartRun(int64_t steps, const std::string& strategy,
+                                    const std::string& scheme) {
+  if (options_.rank != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", options_.rank, " is not the driver; send StartRun to rank 0 of group ",
+        options_.group));
+  }
+  if (steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("steps: must be >= 1, got ", steps));
+  }
+  absl::MutexLock lock(&mu_);
+  RunConfig run{steps, strategy.empty() ? status_.strategy() : strategy, options_.scheme};
+  if (!core::ParseStrategy(run.strategy).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("strategy: unknown \"", run.strategy, "\""));
+  }
+  FLASHCP_ASSIGN_OR_RETURN(run.scheme,
+                           core::ParseCommScheme(scheme.empty() ? status_.scheme() : scheme));
+  if (pending_run_.has_value() || status_.state() == v1::WorkerStatus::RUNNING ||
+      status_.state() == v1::WorkerStatus::STOPPING) {
+    return absl::FailedPreconditionError("a run is already going; StopRun first");
+  }
+  if (status_.state() == v1::WorkerStatus::FAILED) {
+    return absl::FailedPreconditionError(absl::StrCat("the worker failed: ", status_.error()));
+  }
+  pending_run_ = run;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerDaemon::StopRun() {
+  if (options_.rank != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", options_.rank, " is not the driver; send StopRun to rank 0 of group ",
+        options_.group));
+  }
+  absl::MutexLock lock(&mu_);
+  pending_run_.reset();
+  if (status_.state() == v1::WorkerStatus::RUNNING) {
+    stop_run_wanted_ = true;
+    status_.set_state(v1::WorkerStatus::STOPPING);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> WorkerDaemon::FormGroup(RendezvousClient& rdv) {
+  FLASHCP_ASSIGN_OR_RETURN(const int32_t world_size, rdv.Join(options_.world_size));
+  absl::StatusOr<std::vector<int32_t>> members = rdv.AwaitMembers(options_.timeout);
+  if (!members.ok()) {
+    (void)rdv.Leave();
+    return members.status();
+  }
+  GrpcStore store(&rdv, options_.timeout);
+  GlooOptions gloo;
+  gloo.timeout = options_.timeout;
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      ConnectGloo(store, options_.rank, world_size, gloo);
+  if (!comm.ok()) {
+    // The store's own failure keeps the rendezvous service's exact code.
+    absl::Status s = store.first_error().ok() ? comm.status() : store.first_error();
+    (void)rdv.Abort(std::string(s.message()));
+    (void)rdv.Leave();
+    return s;
+  }
+  return comm;
+}
+
+absl::Status WorkerDaemon::Run() {
+  FLASHCP_RETURN_IF_ERROR(ValidateDaemonOptions(options_));
+  metrics_->Prepare(options_.strategy, std::string(core::CommSchemeName(options_.scheme)));
+  SetState(v1::WorkerStatus::FORMING_GROUP);
+  RendezvousClient rdv(rendezvous_, options_.group, options_.rank, options_.incarnation);
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = FormGroup(rdv);
+  absl::Status s = comm.status();
+  if (s.ok()) {
+    FLASHCP_LOG(INFO) << "rank " << options_.rank << " of " << options_.world_size << ": group "
+                      << options_.group << " formed";
+    SetState(v1::WorkerStatus::IDLE);
+    s = Loop(**comm);
+    if (!s.ok()) (void)rdv.Abort(absl::StrCat("rank ", options_.rank, ": ", s.message()));
+    (void)rdv.Leave();
+  }
+  absl::MutexLock lock(&mu_);
+  if (!s.ok()) {
+    status_.set_state(v1::WorkerStatus::FAILED);
+    status_.set_error(s.ToString());
+  } else {
+    status_.set_state(v1::WorkerStatus::IDLE);
+  }
+  return s;
+}
+
+absl::Status WorkerDaemon::Heartbeat(Communicator& comm, bool* stop_anywhere) {
+  RankReport mine;
+  {
+    absl::MutexLock lock(&mu_);
+    mine.stop = exit_wanted_ ? 1 : 0;
+  }
+  std::vector<RankReport> all(comm.size());
+  const std::vector<int64_t> counts(comm.size(), sizeof(RankReport));
+  FLASHCP_RETURN_IF_ERROR(comm.AllGatherV(
+      absl::MakeConstSpan(reinterpret_cast<const std::byte*>(&mine), sizeof(mine)),
+      absl::MakeSpan(reinterpret_cast<std::byte*>(all.data()), all.size() * sizeof(RankReport)),
+      counts));
+  for (const RankReport& r : all) *stop_anywhere |= r.stop != 0;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& response,
+                                core::CommScheme scheme, int64_t batch, double plan_wait_seconds,
+                                absl::Time start, bool* stop_anywhere) {
+  FLASHCP_ASSIGN_OR_RETURN(const proto::PlanResult plan, proto::ResponseFromProto(response));
+  if (plan.plan.cp_size != comm.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan for ", plan.plan.cp_size,
+                                                   " ranks in a group of ", comm.size()));
+  }
+  const auto t0 = SteadyClock::now();
+  TimedCommunicator timed(comm);
+  const CommStats before = comm.stats();
+  FLASHCP_ASSIGN_OR_RETURN(const EngineTimes times,
+                           engine_->Run(plan.plan, scheme, options_.seed ^ (uint64_t(batch) << 20),
+                                        timed));
+  const CommStats after = comm.stats();
+
+  StepRecord r;
+  r.plan_wait_seconds = plan_wait_seconds;
+  r.forward_seconds = times.forward_seconds;
+  r.backward_seconds = times.backward_seconds;
+  r.comm_seconds = timed.seconds();
+  r.bytes_sent = after.bytes_sent - before.bytes_sent;
+  r.bytes_received = after.bytes_received - before.bytes_received;
+  const auto& full = plan.metrics.bytes[static_cast<int>(core::CommScheme::kFullKv)];
+  r.full_kv_bytes_sent = full.sent.empty() ? 0 : full.sent[comm.rank()];
+  r.predicted_imbalance = plan.metrics.imbalance;
+  const auto& predicted = plan.metrics.bytes[static_cast<int>(scheme)];
+  if (!predicted.sent.empty() && predicted.sent[comm.rank()] != r.bytes_sent) {
+    FLASHCP_LOG(WARNING) << "rank " << comm.rank() << " batch " << batch << ": sent "
+                         << r.bytes_sent << " bytes, the plan predicts "
+                         << predicted.sent[comm.rank()];
+  }
+
+  // Everyone's attention compute time (and stop wishes) to everyone.
+  RankReport mine;
+  mine.attention_seconds =
+      std::max(0.0, times.forward_seconds + times.backward_seconds - r.comm_seconds);
+  {
+    absl::MutexLock lock(&mu_);
+    mine.stop = exit_wanted_ ? 1 : 0;
+  }
+  std::vector<RankReport> all(comm.size());
+  const std::vector<int64_t> counts(comm.size(), sizeof(RankReport));
+  FLASHCP_RETURN_IF_ERROR(comm.AllGatherV(
+      absl::MakeConstSpan(reinterpret_cast<const std::byte*>(&mine), sizeof(mine)),
+      absl::MakeSpan(reinterpret_cast<std::byte*>(all.data()), all.size() * sizeof(RankReport)),
+      counts));
+  double sum = 0, max = 0;
+  for (const RankReport& x : all) {
+    sum += x.attention_seconds;
+    max = std::max(max, x.attention_seconds);
+    *stop_anywhere |= x.stop != 0;
+  }
+  const double mean = sum / comm.size();
+  r.attention_time_ratio = mean > 0 ? mine.attention_seconds / mean : 1.0;
+  r.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  (void)t0;
+
+  const std::string scheme_name(core::CommSchemeName(scheme));
+  metrics_->Record(plan.strategy, scheme_name, r);
+  summary_.steps += 1;
+  summary_.step_seconds += r.step_seconds;
+  summary_.attention_seconds += times.forward_seconds + times.backward_seconds;
+  summary_.comm_seconds += r.comm_seconds;
+  summary_.plan_wait_seconds += r.plan_wait_seconds;
+  summary_.measured_imbalance += mean > 0 ? max / mean : 1.0;
+  summary_.predicted_imbalance += r.predicted_imbalance;
+  const auto& sent = plan.metrics.bytes[static_cast<int>(scheme)].sent;
+  for (const int64_t b : sent) summary_.bytes_sent += b;
+  for (const int64_t b : full.sent) summary_.full_kv_bytes += b;
+  absl::MutexLock lock(&mu_);
+  status_.set_steps_done(status_.steps_done() + 1);
+  status_.set_last_step_seconds(r.step_seconds);
+  return absl::OkStatus();
+}
+
+absl::Status WorkerDaemon::Loop(Communicator& comm) {
+  const bool driver = comm.rank() == 0;
+  const absl::Duration heartbeat = std::min(absl::Seconds(1), options_.timeout / 4);
+  std::unique_ptr<PlanFeed> feed;
+  std::optional<RunConfig> run;  // driver: the run going
+  int64_t done = 0;
+  absl::Time last_end = absl::Now();
+  const auto finish_run = [&] {
+    const int64_t n = std::max<int64_t>(1, summary_.steps);
+    const std::string line = SummaryLine(
+        run->strategy, std::string(core::CommSchemeName(run->scheme)), summary_.steps,
+        summary_.step_seconds / n, summary_.attention_seconds / n, summary_.comm_seconds / n,
+        summary_.plan_wait_seconds / n, summary_.measured_imbalance / n,
+        summary_.predicted_imbalance / n, summary_.bytes_sent, summary_.full_kv_bytes);
+    std::fprintf(stdout, "%s\n", line.c_str());
+    std::fflush(stdout);
+    feed.reset();
+    run.reset();
+  };
+  for (;;) {
+    StepHeader h;
+    std::string payload;
+    if (driver) {
+      bool stop_run = false;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!run.has_value() && pending_run_.has_value()) {
+          run = *pending_run_;
+          pending_run_.reset();
+          stop_run_wanted_ = false;
+          done = 0;
+          summary_ = {};
+          status_.set_state(v1::WorkerStatus::RUNNING);
+          status_.set_steps_done(0);
+          status_.set_steps_total(run->steps);
+          status_.set_strategy(run->strategy);
+          status_.set_scheme(std::string(core::CommSchemeName(run->scheme)));
+          metrics_->Prepare(run->strategy, status_.scheme());
+          PlanFeed::Config c;
+          c.dataset = options_.dataset;
+          c.context = options_.context;
+          c.cp_size = comm.size();
+          c.strategy = run->strategy;
+          c.target_imbalance = options_.target_imbalance;
+          c.heads = options_.heads;
+          c.head_dim = options_.head_dim;
+          c.seed = options_.seed;
+          c.first_batch = next_batch_;
+          c.count = run->steps;
+          c.prefetch = options_.prefetch;
+          c.timeout = options_.timeout;
+          feed = std::make_unique<PlanFeed>(planner_, c);
+          last_end = absl::Now();
+        }
+        stop_run = stop_run_wanted_;
+      }
+      if (run.has_value() && (done == run->steps || stop_run)) {
+        finish_run();
+        const bool linger = options_.linger || options_.steps == 0;
+        absl::MutexLock lock(&mu_);
+        status_.set_state(v1::WorkerStatus::IDLE);
+        if (!linger) h.kind = static_cast<uint32_t>(Kind::kExit);
+      }
+      if (h.kind == 0 && run.has_value()) {
+        FLASHCP_ASSIGN_OR_RETURN(std::optional<v1::PlanResponse> plan, feed->Next(heartbeat));
+        if (plan.has_value()) {
+          h.kind = static_cast<uint32_t>(Kind::kStep);
+          h.scheme = static_cast<uint32_t>(run->scheme);
+          h.batch = next_batch_++;
+          h.steps_total = run->steps;
+          std::snprintf(h.strategy, sizeof(h.strategy), "%s", run->strategy.c_str());
+          payload = plan->SerializeAsString();
+          h.payload_bytes = static_cast<int64_t>(payload.size());
+        } else {
+          h.kind = static_cast<uint32_t>(Kind::kWaiting);
+        }
+      } else if (h.kind == 0) {
+        absl::MutexLock lock(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(
+                                 +[](WorkerDaemon* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
+                                   return d->pending_run_.has_value() || d->exit_wanted_;
+                                 },
+                                 this),
+                             heartbeat);
+        h.kind = static_cast<uint32_t>(Kind::kIdle);
+      }
+    }
+    FLASHCP_RETURN_IF_ERROR(Broadcast(comm, reinterpret_cast<std::byte*>(&h), sizeof(h)));
+    const Kind kind = static_cast<Kind>(h.kind);
+    if (kind == Kind::kExit) return absl::OkStatus();
+    if (kind == Kind::kStep) {
+      if (h.payload_bytes < 0 || h.payload_bytes > (int64_t{1} << 30) || h.scheme > 2) {
+        return absl::DataLossError(absl::StrCat("bad step header from the driver: payload ",
+                                                h.payload_bytes, " bytes, scheme ", h.scheme));
+      }
+      payload.resize(static_cast<size_t>(h.payload_bytes));
+      FLASHCP_RETURN_IF_ERROR(
+          Broadcast(comm, reinterpret_cast<std::byte*>(payload.data()), h.payload_bytes));
+      v1::PlanResponse response;
+      if (!response.ParseFromString(payload)) {
+        return absl::DataLossError("the driver's plan does not parse");
+      }
+      const auto scheme = static_cast<core::CommScheme>(h.scheme);
+      if (!driver) {
+        absl::MutexLock lock(&mu_);
+        if (status_.state() != v1::WorkerStatus::RUNNING ||
+            status_.strategy() != response.strategy() ||
+            status_.scheme() != core::CommSchemeName(scheme)) {
+          status_.set_state(v1::WorkerStatus::RUNNING);
+          status_.set_steps_done(0);
+          status_.set_strategy(response.strategy());
+          status_.set_scheme(std::string(core::CommSchemeName(scheme)));
+          summary_ = {};
+        }
+        status_.set_steps_total(h.steps_total);
+      }
+      const absl::Time header_at = absl::Now();
+      bool stop_anywhere = false;
+      FLASHCP_RETURN_IF_ERROR(Step(comm, response, scheme, h.batch,
+                                   absl::ToDoubleSeconds(header_at - last_end), last_end,
+                                   &stop_anywhere));
+      last_end = absl::Now();
+      ++done;
+      if (driver && options_.progress_every > 0 &&
+          (done % options_.progress_every == 0 || done == run->steps)) {
+        FLASHCP_LOG(INFO) << "group " << options_.group << " " << run->strategy << "/"
+                          << core::CommSchemeName(run->scheme) << ": step " << done << "/"
+                          << run->steps << " (" << absl::StrFormat("%.3f", summary_.step_seconds / done)
+                          << " s/step)";
+      }
+      if (stop_anywhere) {
+        if (driver && run.has_value()) finish_run();
+        return absl::OkStatus();
+      }
+      continue;
+    }
+    if (kind != Kind::kIdle && kind != Kind::kWaiting) {
+      return absl::DataLossError(absl::StrCat("bad step header kind ", h.kind));
+    }
+    if (!driver && kind == Kind::kIdle) {
+      absl::MutexLock lock(&mu_);
+      if (status_.state() == v1::WorkerStatus::RUNNING) status_.set_state(v1::WorkerStatus::IDLE);
+    }
+    bool stop_anywhere = false;
+    FLASHCP_RETURN_IF_ERROR(Heartbeat(comm, &stop_anywhere));
+    if (kind == Kind::kIdle) last_end = absl::Now();
+    if (stop_anywhere) {
+      if (driver && run.has_value()) finish_run();
+      return absl::OkStatus();
+    }
+  }
+}
+
+std::string SummaryLine(const std::string& strategy, const std::string& scheme, int64_t steps,
+                        double mean_step_s, double mean_attention_s, double mean_comm_s,
+                        double mean_plan_wait_s, double measured_imbalance,
+                        double predicted_imbalance, int64_t bytes_sent, int64_t full_kv_bytes) {
+  return absl::StrFormat(
+      "RUN {\"strategy\":\"%s\",\"scheme\":\"%s\",\"steps\":%d,\"step_seconds\":%.6f,"
+      "\"attention_seconds\":%.6f,\"comm_seconds\":%.6f,\"plan_wait_seconds\":%.6f,"
+      "\"measured_imbalance\":%.4f,\"predicted_imbalance\":%.4f,\"bytes_sent\":%d,"
+      "\"full_kv_bytes\":%d}",
+      strategy, scheme, steps, mean_step_s, mean_attention_s, mean_comm_s, mean_plan_wait_s,
+      measured_imbalance, predicted_imbalance, bytes_sent, full_kv_bytes);
+}
+
+// ---- WorkerControl --------------------------------------------------------------
+
+grpc::Status WorkerControlService::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                                             v1::WorkerStatus* response) {
+  *response = daemon_->Status();
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerControlService::StartRun(grpc::ServerContext*,
+                                            const v1::StartRunRequest* request,
+                                            v1::StartRunResponse*) {
+  return proto::ToGrpcStatus(
+      daemon_->StartRun(request->steps(), request->strategy(), request->scheme()));
+}
+
+grpc::Status WorkerControlService::StopRun(grpc::ServerContext*, const v1::StopRunRequest*,
+                                           v1::StopRunResponse*) {
+  return proto::ToGrpcStatus(daemon_->StopRun());
+}
+
+}  // namespace flashcp::worker

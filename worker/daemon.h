@@ -1,0 +1,239 @@
+// flashcp-worker's daemon: one rank of a CP group, formed through the
+// planner's Rendezvous service, executing planned batches step after step.
+//
+// Group protocol (every message a collective on the group's Communicator):
+//  1. The driver (rank 0) broadcasts a StepHeader (fixed size) and, for a
+//     step, the serialized flashcp.v1.PlanResponse it got from the planner's
+//     PlanStream (PlanFeed keeps `prefetch` batches in flight and reconnects
+//     when the planner restarts); an idle or plan-waiting driver broadcasts a
+//     heartbeat instead, so no rank's receive outlives the group timeout.
+//  2. For a step, every rank fills Q, K, V and dO with seeded data, runs the
+//     engine's forward and backward, and
+//  3. all ranks all-gather {attention compute seconds, stop wanted}: each
+//     rank's measured imbalance is its time over the group mean, and a stop
+//     anywhere (SIGTERM, StopRun) ends the group after the same step.
+// A failure on any rank (peer death, timeout, planner error) aborts the
+// rendezvous group with the reason and the rank returns the Status.
+#ifndef FLASHCP_WORKER_DAEMON_H_
+#define FLASHCP_WORKER_DAEMON_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/planner_client.h"
+#include "core/analysis.h"
+#include "core/datasets.h"
+#include "core/strategies.h"
+#include "core/types.h"
+#include "flashcp/v1/worker.grpc.pb.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "worker/communicator.h"
+#include "worker/grpc_store.h"
+
+namespace flashcp::worker {
+
+struct DaemonOptions {
+  int32_t rank = 0;
+  int32_t world_size = 1;
+  std::string group = "g0";          // [A-Za-z0-9._-]{1,64}
+  std::string device = "cpu";        // "cpu"; "cuda:K" needs the CUDA backend
+  core::Dataset dataset = core::Dataset::kPile;
+  int64_t context = 16384;           // tokens per batch (C)
+  std::string strategy = "flashcp";  // a planner strategy name
+  core::CommScheme scheme = core::CommScheme::kAllGather;
+  double target_imbalance = 0.0;     // 0: the planner's default
+  int32_t heads = 4;                 // H
+  int32_t head_dim = 64;             // D
+  int64_t steps = 100;               // first run's steps; 0: wait for StartRun
+  int32_t prefetch = 4;              // plans in flight ahead of the step (K)
+  absl::Duration timeout = absl::Seconds(30);  // group formation and every collective
+  int32_t threads = 1;               // kernel threads of this rank
+  uint64_t seed = 1;                 // batches and Q, K, V data
+  bool linger = false;               // after a run: stay (control, metrics) until SIGTERM
+  uint64_t incarnation = 0;          // this process's identity for Join/Leave
+  int64_t progress_every = 0;        // driver logs progress every N steps; 0: never
+};
+
+// InvalidArgument naming the flag; Unimplemented for a cuda device in a
+// build without the CUDA backend.
+absl::Status ValidateDaemonOptions(const DaemonOptions& options);
+
+// What one step measured on this rank (seconds, bytes).
+struct StepRecord {
+  double step_seconds = 0, plan_wait_seconds = 0, forward_seconds = 0, backward_seconds = 0,
+         comm_seconds = 0;
+  int64_t bytes_sent = 0, bytes_received = 0, full_kv_bytes_sent = 0;
+  double attention_time_ratio = 1.0;  // this rank's attention compute time / group mean
+  double predicted_imbalance = 1.0;   // the plan's (planner's) imbalance ratio
+};
+
+// The worker's Prometheus series (names are deploy/'s contract; base units).
+// Histograms and counters carry strategy and scheme; the two gauges strategy;
+// group and rank come from the scrape target's labels.
+class WorkerMetrics {
+ public:
+  WorkerMetrics(prometheus::Registry& registry, const std::string& version);
+  // Creates the run's series at zero, so that the first scrape sees 0.
+  void Prepare(const std::string& strategy, const std::string& scheme);
+  void Record(const std::string& strategy, const std::string& scheme, const StepRecord& r);
+
+ private:
+  prometheus::Family<prometheus::Histogram>& step_;
+  prometheus::Family<prometheus::Histogram>& forward_;
+  prometheus::Family<prometheus::Histogram>& backward_;
+  prometheus::Family<prometheus::Histogram>& comm_;
+  prometheus::Family<prometheus::Histogram>& plan_wait_;
+  prometheus::Family<prometheus::Counter>& bytes_sent_;
+  prometheus::Family<prometheus::Counter>& bytes_received_;
+  prometheus::Family<prometheus::Counter>& full_kv_;
+  prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Gauge>& time_ratio_;
+  prometheus::Family<prometheus::Gauge>& predicted_imbalance_;
+};
+
+// One rank's forward and backward of a plan on seeded inputs: the seam
+// between the step loop and the engine (CpuStepEngine on CPU; a GPU backend
+// plugs in alike).
+struct EngineTimes {
+  double forward_seconds = 0, backward_seconds = 0;
+};
+class StepEngine {
+ public:
+  virtual ~StepEngine() = default;
+  virtual absl::StatusOr<EngineTimes> Run(const core::Plan& plan, core::CommScheme scheme,
+                                          uint64_t seed, Communicator& comm) = 0;
+};
+std::unique_ptr<StepEngine> MakeCpuStepEngine(int32_t rank, int32_t heads, int32_t head_dim,
+                                              int32_t threads);
+
+// The driver's supply of plans: one thread runs PlanStream (client/
+// PlanPipelined) with `prefetch` batches in flight and, when the stream
+// breaks with UNAVAILABLE (planner restart), reopens it from the first batch
+// not yet delivered with backoff; it gives up (UNAVAILABLE) after `timeout`
+// without progress. A per-item error is delivered as that item's result.
+class PlanFeed {
+ public:
+  struct Config {
+    core::Dataset dataset = core::Dataset::kPile;
+    int64_t context = 0;
+    int32_t cp_size = 1;
+    std::string strategy;
+    double target_imbalance = 0.0;
+    int32_t heads = 1, head_dim = 1;
+    uint64_t seed = 1;
+    int64_t first_batch = 0;  // batch index of the first step
+    int64_t count = 0;        // batches to plan
+    int32_t prefetch = 4;
+    absl::Duration timeout = absl::Seconds(30);
+  };
+  PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config);
+  ~PlanFeed();  // stops the thread
+
+  // The next plan in order, waiting up to `wait`; nullopt if none yet.
+  absl::StatusOr<std::optional<v1::PlanResponse>> Next(absl::Duration wait);
+
+ private:
+  void Loop();
+  std::shared_ptr<client::PlannerClient> planner_;
+  const Config config_;
+  absl::Mutex mu_;
+  std::deque<absl::StatusOr<v1::PlanResponse>> ready_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// The daemon's state as WorkerControl reports it, and the requests that
+// steer it; thread-safe.
+class WorkerDaemon {
+ public:
+  WorkerDaemon(DaemonOptions options, std::shared_ptr<v1::Rendezvous::StubInterface> rendezvous,
+               std::shared_ptr<client::PlannerClient> planner,
+               std::unique_ptr<StepEngine> engine, WorkerMetrics* metrics);
+
+  // Forms the group, runs (and, with linger, serves StartRun) until done or
+  // stopped; OK after a clean end. Call once.
+  absl::Status Run();
+
+  // SIGTERM: the group stops after the step in flight.
+  void RequestExit();
+
+  v1::WorkerStatus Status() const;
+  // Driver only (FAILED_PRECONDITION elsewhere, or while a run is going).
+  absl::Status StartRun(int64_t steps, const std::string& strategy, const std::string& scheme);
+  absl::Status StopRun();
+
+ private:
+  struct RunConfig {
+    int64_t steps = 0;
+    std::string strategy;
+    core::CommScheme scheme = core::CommScheme::kAllGather;
+  };
+  absl::StatusOr<std::unique_ptr<Communicator>> FormGroup(RendezvousClient& rdv);
+  absl::Status Loop(Communicator& comm);
+  absl::Status Step(Communicator& comm, const v1::PlanResponse& plan, core::CommScheme scheme,
+                    int64_t step_index, double plan_wait_seconds, absl::Time start,
+                    bool* stop_wanted_anywhere);
+  absl::Status Heartbeat(Communicator& comm, bool* stop_wanted_anywhere);
+  void SetState(v1::WorkerStatus::State state);
+
+  const DaemonOptions options_;
+  std::shared_ptr<v1::Rendezvous::StubInterface> rendezvous_;
+  std::shared_ptr<client::PlannerClient> planner_;
+  std::unique_ptr<StepEngine> engine_;
+  WorkerMetrics* const metrics_;
+
+  mutable absl::Mutex mu_;
+  v1::WorkerStatus status_ ABSL_GUARDED_BY(mu_);
+  bool exit_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_run_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<RunConfig> pending_run_ ABSL_GUARDED_BY(mu_);
+  int64_t next_batch_ = 0;  // batch index of the next run's first step (driver)
+
+  // Run summary (driver prints it): sums over the run's steps.
+  struct Summary {
+    int64_t steps = 0;
+    double step_seconds = 0, attention_seconds = 0, comm_seconds = 0, plan_wait_seconds = 0,
+           measured_imbalance = 0, predicted_imbalance = 0;
+    int64_t bytes_sent = 0, full_kv_bytes = 0;  // group totals
+  } summary_;
+};
+
+// flashcp.v1.WorkerControl over a WorkerDaemon (sync API: calls are short).
+class WorkerControlService final : public v1::WorkerControl::Service {
+ public:
+  explicit WorkerControlService(WorkerDaemon* daemon) : daemon_(daemon) {}
+  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                         v1::WorkerStatus* response) override;
+  grpc::Status StartRun(grpc::ServerContext*, const v1::StartRunRequest* request,
+                        v1::StartRunResponse*) override;
+  grpc::Status StopRun(grpc::ServerContext*, const v1::StopRunRequest*,
+                       v1::StopRunResponse*) override;
+
+ private:
+  WorkerDaemon* const daemon_;
+};
+
+// The run summary line the driver prints to stdout at the end of each run:
+//   RUN {"strategy":...,"scheme":...,"steps":N,"step_seconds":mean,...}
+std::string SummaryLine(const std::string& strategy, const std::string& scheme, int64_t steps,
+                        double mean_step_s, double mean_attention_s, double mean_comm_s,
+                        double mean_plan_wait_s, double measured_imbalance,
+                        double predicted_imbalance, int64_t bytes_sent, int64_t full_kv_bytes);
+
+}  // namespace flashcp::worker
+
+#endif  // FLASHCP_WORKER_DAEMON_H_

@@ -1,0 +1,151 @@
+// The daemon's pieces without processes: the gRPC rendezvous client and Gloo
+// store against a real in-process Rendezvous server, option validation, and
+// the summary line.
+#include "worker/daemon.h"
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/testing/status_matchers.h"
+#include "gloo/common/error.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "planner_service/rendezvous_service.h"
+#include "worker/gloo_communicator.h"
+#include "worker/grpc_store.h"
+
+namespace flashcp::worker {
+namespace {
+
+using core::testing::IsOk;
+using core::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class RendezvousFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.RegisterService(host_.service());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::Rendezvous::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+  }
+  void TearDown() override {
+    host_.Shutdown();
+    server_->Shutdown();
+  }
+  planner_service::RendezvousHost host_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<v1::Rendezvous::StubInterface> stub_;
+};
+
+TEST_F(RendezvousFixture, TwoRanksConnectGlooThroughTheStore) {
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      RendezvousClient client(stub_, "pair", r, /*incarnation=*/100 + r);
+      absl::StatusOr<int32_t> ws = client.Join(2);
+      if (!ws.ok()) {
+        results[r] = ws.status();
+        return;
+      }
+      absl::StatusOr<std::vector<int32_t>> members = client.AwaitMembers(absl::Seconds(30));
+      if (!members.ok()) {
+        results[r] = members.status();
+        return;
+      }
+      GrpcStore store(&client, absl::Seconds(30));
+      absl::StatusOr<std::unique_ptr<Communicator>> comm =
+          ConnectGloo(store, r, 2, GlooOptions{"127.0.0.1", absl::Seconds(30)});
+      if (!comm.ok()) {
+        results[r] = comm.status();
+        return;
+      }
+      results[r] = (*comm)->Barrier();
+      if (results[r].ok()) results[r] = client.Leave();
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  EXPECT_THAT(results[0], IsOk());
+  EXPECT_THAT(results[1], IsOk());
+  EXPECT_EQ(host_.state().group_count(), 0u);
+}
+
+TEST_F(RendezvousFixture, ExactCodesThroughTheClient) {
+  RendezvousClient a(stub_, "g", 0, 1);
+  ASSERT_EQ(a.Join(2).value(), 2);
+  EXPECT_THAT(a.AwaitMembers(absl::Milliseconds(50)).status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("rendezvous AwaitMembers: group \"g\": ranks 1 of 2 have not "
+                                 "joined")));
+  RendezvousClient duplicate(stub_, "g", 0, 2);
+  EXPECT_THAT(duplicate.Join(2).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("rank 0 is already a member")));
+  RendezvousClient other_size(stub_, "g", 1, 1);
+  EXPECT_THAT(other_size.Join(3).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  RendezvousClient b(stub_, "g", 1, 1);
+  ASSERT_EQ(b.Join(2).value(), 2);
+  EXPECT_THAT(a.AwaitMembers(absl::Seconds(5)).value(), ElementsAre(0, 1));
+
+  GrpcStore store(&a, absl::Milliseconds(50));
+  store.set("k", {'x', 'y'});
+  EXPECT_EQ(store.get("k"), (std::vector<char>{'x', 'y'}));
+  EXPECT_THAT(store.first_error(), IsOk());
+  EXPECT_THROW(store.get("missing"), gloo::IoException);
+  EXPECT_THAT(store.first_error(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("\"missing\" not set")));
+
+  ASSERT_THAT(b.Abort("peer died"), IsOk());
+  EXPECT_THAT(a.Set("k2", "v"), StatusIs(absl::StatusCode::kAborted,
+                                         HasSubstr("aborted: rank 1: peer died")));
+}
+
+TEST(ValidateDaemonOptionsTest, Table) {
+  struct Case {
+    void (*edit)(DaemonOptions&);
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](DaemonOptions&) {}, absl::StatusCode::kOk, ""},
+      {[](DaemonOptions& o) { o.device = "cuda:0"; }, absl::StatusCode::kUnimplemented,
+       "no GPU step engine"},
+      {[](DaemonOptions& o) { o.device = "gpu"; }, absl::StatusCode::kInvalidArgument, "--device"},
+      {[](DaemonOptions& o) { o.device = "cuda:x"; }, absl::StatusCode::kInvalidArgument,
+       "--device"},
+      {[](DaemonOptions& o) { o.rank = 4; }, absl::StatusCode::kInvalidArgument, "--rank"},
+      {[](DaemonOptions& o) { o.world_size = 0; }, absl::StatusCode::kInvalidArgument,
+       "--world_size"},
+      {[](DaemonOptions& o) { o.strategy = "nope"; }, absl::StatusCode::kInvalidArgument,
+       "--strategy"},
+      {[](DaemonOptions& o) { o.prefetch = 0; }, absl::StatusCode::kInvalidArgument, "--prefetch"},
+      {[](DaemonOptions& o) { o.timeout = absl::ZeroDuration(); },
+       absl::StatusCode::kInvalidArgument, "--timeout_s"},
+      {[](DaemonOptions& o) { o.context = 2; }, absl::StatusCode::kInvalidArgument, "--context"},
+      {[](DaemonOptions& o) { o.steps = -1; }, absl::StatusCode::kInvalidArgument, "--steps"},
+  };
+  for (const Case& c : cases) {
+    DaemonOptions o;
+    o.world_size = 4;
+    c.edit(o);
+    const absl::Status s = ValidateDaemonOptions(o);
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
+  }
+}
+
+TEST(SummaryLineTest, Exact) {
+  EXPECT_EQ(SummaryLine("flashcp", "allgather", 3, 0.5, 0.25, 0.125, 0.001, 1.0625, 1.02, 96, 128),
+            "RUN {\"strategy\":\"flashcp\",\"scheme\":\"allgather\",\"steps\":3,"
+            "\"step_seconds\":0.500000,\"attention_seconds\":0.250000,\"comm_seconds\":0.125000,"
+            "\"plan_wait_seconds\":0.001000,\"measured_imbalance\":1.0625,"
+            "\"predicted_imbalance\":1.0200,\"bytes_sent\":96,\"full_kv_bytes\":128}");
+}
+
+}  // namespace
+}  // namespace flashcp::worker

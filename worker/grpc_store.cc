@@ -1,0 +1,156 @@
+#include "worker/grpc_store.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "gloo/common/error.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/grpc_status.h"
+
+namespace flashcp::worker {
+namespace {
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration d) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + d));
+}
+
+int64_t Millis(absl::Duration d) {
+  return std::max<int64_t>(0, absl::ToInt64Milliseconds(d));
+}
+
+absl::Status WithContext(const grpc::Status& s, absl::string_view what) {
+  const absl::Status status = proto::FromGrpcStatus(s);
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("rendezvous ", what, ": ", status.message()));
+}
+
+}  // namespace
+
+RendezvousClient::RendezvousClient(std::shared_ptr<v1::Rendezvous::StubInterface> stub,
+                                   std::string group, int32_t rank, uint64_t incarnation,
+                                   absl::Duration rpc_slack)
+    : stub_(std::move(stub)),
+      group_(std::move(group)),
+      rank_(rank),
+      incarnation_(incarnation),
+      rpc_slack_(rpc_slack) {}
+
+absl::StatusOr<int32_t> RendezvousClient::Join(int32_t world_size) {
+  grpc::ClientContext context;
+  SetDeadline(context, rpc_slack_);
+  v1::JoinRequest request;
+  request.set_group(group_);
+  request.set_rank(rank_);
+  request.set_world_size(world_size);
+  request.set_incarnation(incarnation_);
+  v1::JoinResponse response;
+  const absl::Status s = WithContext(stub_->Join(&context, request, &response), "Join");
+  if (!s.ok()) return s;
+  return response.world_size();
+}
+
+absl::StatusOr<std::vector<int32_t>> RendezvousClient::AwaitMembers(absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout + rpc_slack_);
+  v1::AwaitMembersRequest request;
+  request.set_group(group_);
+  request.set_timeout_ms(Millis(timeout));
+  v1::AwaitMembersResponse response;
+  const absl::Status s =
+      WithContext(stub_->AwaitMembers(&context, request, &response), "AwaitMembers");
+  if (!s.ok()) return s;
+  return std::vector<int32_t>(response.ranks().begin(), response.ranks().end());
+}
+
+absl::Status RendezvousClient::Set(const std::string& key, const std::string& value) {
+  grpc::ClientContext context;
+  SetDeadline(context, rpc_slack_);
+  v1::SetRequest request;
+  request.set_group(group_);
+  request.set_key(key);
+  request.set_value(value);
+  v1::SetResponse response;
+  return WithContext(stub_->Set(&context, request, &response), "Set");
+}
+
+absl::StatusOr<std::vector<std::string>> RendezvousClient::Get(const std::vector<std::string>& keys,
+                                                               absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout + rpc_slack_);
+  v1::GetRequest request;
+  request.set_group(group_);
+  for (const std::string& k : keys) request.add_keys(k);
+  request.set_timeout_ms(Millis(timeout));
+  v1::GetResponse response;
+  const absl::Status s = WithContext(stub_->Get(&context, request, &response), "Get");
+  if (!s.ok()) return s;
+  if (response.values_size() != static_cast<int>(keys.size())) {
+    return absl::InternalError(absl::StrCat("rendezvous Get: asked for ", keys.size(),
+                                            " keys, got ", response.values_size(), " values"));
+  }
+  return std::vector<std::string>(response.values().begin(), response.values().end());
+}
+
+absl::Status RendezvousClient::Abort(const std::string& reason) {
+  grpc::ClientContext context;
+  SetDeadline(context, rpc_slack_);
+  v1::AbortRequest request;
+  request.set_group(group_);
+  request.set_rank(rank_);
+  request.set_reason(reason.substr(0, 1024));
+  v1::AbortResponse response;
+  return WithContext(stub_->Abort(&context, request, &response), "Abort");
+}
+
+absl::Status RendezvousClient::Leave() {
+  grpc::ClientContext context;
+  SetDeadline(context, rpc_slack_);
+  v1::LeaveRequest request;
+  request.set_group(group_);
+  request.set_rank(rank_);
+  request.set_incarnation(incarnation_);
+  v1::LeaveResponse response;
+  return WithContext(stub_->Leave(&context, request, &response), "Leave");
+}
+
+GrpcStore::GrpcStore(RendezvousClient* client, absl::Duration timeout)
+    : client_(client), timeout_(timeout) {}
+
+void GrpcStore::Throw(const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (first_error_.ok()) first_error_ = status;
+  }
+  // FromException in gloo_communicator.cc reads "Timed out" as a deadline.
+  const bool deadline = status.code() == absl::StatusCode::kDeadlineExceeded;
+  throw gloo::IoException(absl::StrCat(deadline ? "Timed out: " : "", status.ToString()));
+}
+
+void GrpcStore::set(const std::string& key, const std::vector<char>& data) {
+  const absl::Status s = client_->Set(key, std::string(data.begin(), data.end()));
+  if (!s.ok()) Throw(s);
+}
+
+std::vector<char> GrpcStore::get(const std::string& key) {
+  const auto values = client_->Get({key}, timeout_);
+  if (!values.ok()) Throw(values.status());
+  return std::vector<char>(values->front().begin(), values->front().end());
+}
+
+void GrpcStore::wait(const std::vector<std::string>& keys) {
+  wait(keys, std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_)));
+}
+
+void GrpcStore::wait(const std::vector<std::string>& keys,
+                     const std::chrono::milliseconds& timeout) {
+  if (keys.empty()) return;
+  const auto values = client_->Get(keys, absl::FromChrono(timeout));
+  if (!values.ok()) Throw(values.status());
+}
+
+absl::Status GrpcStore::first_error() const {
+  absl::MutexLock lock(&mu_);
+  return first_error_;
+}
+
+}  // namespace flashcp::worker

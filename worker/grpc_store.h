@@ -1,0 +1,87 @@
+// Group rendezvous over the planner's flashcp.v1.Rendezvous service: a thin
+// client (RendezvousClient: Join, AwaitMembers, Set, Get, Abort, Leave, each an
+// absl::Status with the server's exact code) and GrpcStore, Gloo's
+// rendezvous::Store over it, so that ConnectGloo forms the mesh through the
+// planner instead of a shared file system.
+#ifndef FLASHCP_WORKER_GRPC_STORE_H_
+#define FLASHCP_WORKER_GRPC_STORE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "flashcp/v1/rendezvous.grpc.pb.h"
+#include "gloo/rendezvous/store.h"
+
+namespace flashcp::worker {
+
+// One group's view of the Rendezvous service. Every call's gRPC deadline is
+// its wait plus `rpc_slack` (the server bounds the wait; the slack covers the
+// round trip), so a dead planner gives DEADLINE_EXCEEDED or UNAVAILABLE, never
+// a hang. Thread-safe (the stub is).
+class RendezvousClient {
+ public:
+  RendezvousClient(std::shared_ptr<v1::Rendezvous::StubInterface> stub, std::string group,
+                   int32_t rank, uint64_t incarnation,
+                   absl::Duration rpc_slack = absl::Seconds(5));
+
+  const std::string& group() const { return group_; }
+  int32_t rank() const { return rank_; }
+
+  // The group's world size (the first Join fixes it).
+  absl::StatusOr<int32_t> Join(int32_t world_size);
+  absl::StatusOr<std::vector<int32_t>> AwaitMembers(absl::Duration timeout);
+  absl::Status Set(const std::string& key, const std::string& value);
+  // Waits up to `timeout` for all keys; DEADLINE_EXCEEDED naming the missing ones.
+  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               absl::Duration timeout);
+  absl::Status Abort(const std::string& reason);
+  absl::Status Leave();
+
+ private:
+  std::shared_ptr<v1::Rendezvous::StubInterface> stub_;
+  const std::string group_;
+  const int32_t rank_;
+  const uint64_t incarnation_;
+  const absl::Duration rpc_slack_;
+};
+
+// gloo::rendezvous::Store over RendezvousClient. Gloo's interface reports
+// failure only by exception, so inside the overrides a failed call throws
+// gloo::IoException (the type ConnectGloo turns into a Status); the Status
+// itself, with the server's exact code, is kept in first_error() for the
+// caller to report.
+class GrpcStore final : public gloo::rendezvous::Store {
+ public:
+  // `client` must outlive the store; `timeout` bounds get() and wait() calls
+  // that pass none.
+  GrpcStore(RendezvousClient* client, absl::Duration timeout);
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+  // The first failure of any call through this store; OK if none.
+  absl::Status first_error() const;
+
+ private:
+  [[noreturn]] void Throw(const absl::Status& status);
+
+  RendezvousClient* const client_;
+  const absl::Duration timeout_;
+  mutable absl::Mutex mu_;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace flashcp::worker
+
+#endif  // FLASHCP_WORKER_GRPC_STORE_H_

@@ -1,0 +1,159 @@
+// flashcp-worker: one rank of a FlashCP CP group (worker/daemon.h). Prints
+//   WORKER rank=R control=HOST:PORT metrics=HOST:PORT
+// to stdout once its endpoints are bound, forms the group through the
+// planner's Rendezvous service, runs --steps steps (the driver, rank 0, also
+// prints a `RUN {...}` summary line per run) and exits 0; a failure exits 1
+// with the reason on stderr. SIGTERM or SIGINT: the group finishes the step in
+// flight and every rank exits 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/grpc_planner_client.h"
+#include "core/log.h"
+#include "grpcpp/grpcpp.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "worker/daemon.h"
+
+ABSL_FLAG(int32_t, rank, 0, "this process's rank in the group, 0 is the driver");
+ABSL_FLAG(int32_t, world_size, 1, "ranks in the CP group (N)");
+ABSL_FLAG(std::string, group, "g0", "CP group name, [A-Za-z0-9._-]{1,64}");
+ABSL_FLAG(std::string, planner, "127.0.0.1:50051", "planner gRPC address HOST:PORT");
+ABSL_FLAG(std::string, metrics, "127.0.0.1:0", "Prometheus /metrics HOST:PORT; port 0 picks one");
+ABSL_FLAG(std::string, control, "127.0.0.1:0",
+          "flashcp.v1.WorkerControl HOST:PORT; port 0 picks one");
+ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda:K (needs the CUDA backend)");
+ABSL_FLAG(std::string, dataset, "pile", "document-length distribution: wlbllm, pile, redpajama");
+ABSL_FLAG(int64_t, context, 16384, "tokens per batch (C)");
+ABSL_FLAG(std::string, strategy, "flashcp", "planner strategy");
+ABSL_FLAG(std::string, scheme, "allgather", "KV exchange: full_kv, allgather, targeted");
+ABSL_FLAG(double, target_imbalance, 0, "target imbalance for flashcp; 0: the planner's default");
+ABSL_FLAG(int32_t, heads, 4, "attention heads (H)");
+ABSL_FLAG(int32_t, head_dim, 64, "head dimension (D)");
+ABSL_FLAG(int64_t, steps, 100, "steps of the first run; 0: wait for WorkerControl.StartRun");
+ABSL_FLAG(int32_t, prefetch, 4, "plans requested ahead of the step (driver)");
+ABSL_FLAG(int32_t, timeout_s, 30, "bound on group formation and on every collective, seconds");
+ABSL_FLAG(int32_t, threads, 1, "attention kernel threads of this rank");
+ABSL_FLAG(uint64_t, seed, 1, "seed of the batches and of Q, K, V");
+ABSL_FLAG(bool, linger, false, "after a run, keep serving (metrics, control) until SIGTERM");
+ABSL_FLAG(int64_t, progress_every, 0, "driver: log progress every N steps to stderr; 0: never");
+
+namespace fw = flashcp::worker;
+
+namespace {
+
+int Fail(const absl::Status& s) {
+  FLASHCP_LOG(ERROR) << "flashcp-worker rank " << absl::GetFlag(FLAGS_rank) << ": "
+                     << s.ToString();
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  // Signals go to the waiter thread only: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGUSR2);  // internal: the daemon has finished
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  fw::DaemonOptions o;
+  o.rank = absl::GetFlag(FLAGS_rank);
+  o.world_size = absl::GetFlag(FLAGS_world_size);
+  o.group = absl::GetFlag(FLAGS_group);
+  o.device = absl::GetFlag(FLAGS_device);
+  const auto dataset = flashcp::core::ParseDataset(absl::GetFlag(FLAGS_dataset));
+  if (!dataset.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--dataset: ", dataset.status().message())));
+  o.dataset = *dataset;
+  o.context = absl::GetFlag(FLAGS_context);
+  o.strategy = absl::GetFlag(FLAGS_strategy);
+  const auto scheme = flashcp::core::ParseCommScheme(absl::GetFlag(FLAGS_scheme));
+  if (!scheme.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--scheme: ", scheme.status().message())));
+  o.scheme = *scheme;
+  o.target_imbalance = absl::GetFlag(FLAGS_target_imbalance);
+  o.heads = absl::GetFlag(FLAGS_heads);
+  o.head_dim = absl::GetFlag(FLAGS_head_dim);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.prefetch = absl::GetFlag(FLAGS_prefetch);
+  o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.linger = absl::GetFlag(FLAGS_linger);
+  o.progress_every = absl::GetFlag(FLAGS_progress_every);
+  std::random_device entropy;
+  o.incarnation = (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(getpid());
+  if (absl::Status s = fw::ValidateDaemonOptions(o); !s.ok()) return Fail(s);
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {  // civetweb reports a failed bind by throwing
+    exposer = std::make_unique<prometheus::Exposer>(absl::GetFlag(FLAGS_metrics), 1);
+  } catch (const std::exception& e) {
+    return Fail(absl::UnavailableError(
+        absl::StrCat("--metrics: cannot listen on ", absl::GetFlag(FLAGS_metrics), ": ", e.what())));
+  }
+  if (exposer->GetListeningPorts().empty()) {
+    return Fail(absl::UnavailableError(
+        absl::StrCat("--metrics: cannot listen on ", absl::GetFlag(FLAGS_metrics))));
+  }
+  exposer->RegisterCollectable(registry);
+  fw::WorkerMetrics metrics(*registry, FLASHCP_VERSION);
+
+  auto channel = flashcp::client::MakeChannel(absl::GetFlag(FLAGS_planner));
+  std::shared_ptr<flashcp::v1::Rendezvous::StubInterface> rendezvous =
+      flashcp::v1::Rendezvous::NewStub(channel);
+  auto planner = std::make_shared<flashcp::client::GrpcPlannerClient>(channel);
+  fw::WorkerDaemon daemon(o, rendezvous, planner,
+                          fw::MakeCpuStepEngine(o.rank, o.heads, o.head_dim, o.threads), &metrics);
+
+  fw::WorkerControlService control(&daemon);
+  grpc::ServerBuilder builder;
+  int control_port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_control), grpc::InsecureServerCredentials(),
+                           &control_port);
+  builder.RegisterService(&control);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || control_port == 0) {
+    return Fail(absl::UnavailableError(
+        absl::StrCat("--control: cannot listen on ", absl::GetFlag(FLAGS_control))));
+  }
+  const auto host = [](const std::string& address) {
+    return address.substr(0, address.rfind(':'));
+  };
+  std::fprintf(stdout, "WORKER rank=%d control=%s:%d metrics=%s:%d\n", o.rank,
+               host(absl::GetFlag(FLAGS_control)).c_str(), control_port,
+               host(absl::GetFlag(FLAGS_metrics)).c_str(), exposer->GetListeningPorts().front());
+  std::fflush(stdout);
+
+  std::thread waiter([&] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&signals, &sig) != 0 || sig == SIGUSR2) return;
+      FLASHCP_LOG(INFO) << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
+                        << ": finishing the step in flight";
+      daemon.RequestExit();
+    }
+  });
+  const absl::Status status = daemon.Run();
+  pthread_kill(waiter.native_handle(), SIGUSR2);
+  waiter.join();
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  if (!status.ok()) return Fail(status);
+  FLASHCP_LOG(INFO) << "flashcp-worker rank " << o.rank << ": done";
+  return 0;
+}
