@@ -251,7 +251,9 @@ TEST(IlpTest, TimeLimitReturnsBestFoundWithGap) {
     EXPECT_EQ(s.info.ilp_granularity, internal::DefaultIlpGranularity(batch));
     EXPECT_GE(s.info.ilp_gap, 0.0) << seconds;
     EXPECT_LE(s.info.ilp_gap, 1.0) << seconds;
-    EXPECT_EQ(s.info.ilp_optimal, s.info.ilp_gap == 0.0) << seconds;
+    if (s.info.ilp_optimal) {
+      EXPECT_EQ(s.info.ilp_gap, 0.0) << seconds;
+    }
     EXPECT_NEAR(s.info.ilp_objective, Objective(s.plan, w), 1e-9 * s.info.ilp_objective);
     EXPECT_LE(s.info.ilp_objective, start_obj * (1 + 1e-12)) << seconds;
   }
@@ -279,8 +281,8 @@ TEST(IlpTest, RejectsBadOptions) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("ilp.granularity"), HasSubstr("800000 binary"),
                              HasSubstr("4096"))));
-  // 512 blocks x 8 ranks = 4096 is allowed at the bound; 513 x 8 is not
-  // (checked on the grid before the Ring/Llama3 cuts add any).
+  // 513 one-token blocks x 8 ranks = 4104, just above the bound (512 x 8 is
+  // at it); checked on the grid before the Ring/Llama3 cuts add any.
   EXPECT_THAT(MakePlan(Strategy::kIlp, Batch{{513}, 8}, IlpOpts(1)),
               invalid("ilp.granularity"));
   // A bad batch is the batch's error, before any option is looked at.

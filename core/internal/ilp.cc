@@ -517,7 +517,11 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, Plan
       const CbcResult solved,
       SolveWithCbc(model, start_sol.empty() ? nullptr : &start_sol, best_obj / mean_work,
                    options.time_limit_seconds));
-  bool from_cbc = false;
+  // CBC's proof covers the returned plan when CBC's solution is no worse than
+  // the incumbent it was given (equal up to summation order when it is that
+  // incumbent relabeled).
+  const double start_obj = best_obj;
+  bool optimal = false;
   if (solved.owners) {
     Plan plan = PlanOfOwners(batch, model, *solved.owners);
     if (absl::Status valid = ValidatePlan(plan); !valid.ok()) {
@@ -525,10 +529,10 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, Plan
           absl::StrCat("ilp: CBC's solution is not a valid plan: ", valid.message()));
     }
     FLASHCP_ASSIGN_OR_RETURN(const double obj, IlpObjective(plan, weight));
-    if (obj <= best_obj) {
+    optimal = solved.proven_optimal && obj <= start_obj * (1 + 1e-12);
+    if (obj < best_obj) {
       best = std::move(plan);
       best_obj = obj;
-      from_cbc = true;
     }
   }
   if (!best) {
@@ -538,7 +542,6 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, Plan
   // Workload >= its mean on some rank, so 1 (in mean workloads) bounds any plan.
   const double obj_units = best_obj / mean_work;
   const double bound = std::max(1.0, solved.bound);
-  const bool optimal = from_cbc && solved.proven_optimal;
   if (info != nullptr) {
     info->ilp_optimal = optimal;
     info->ilp_gap = optimal ? 0.0 : std::max(0.0, (obj_units - bound) / obj_units);
