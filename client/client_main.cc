@@ -22,7 +22,6 @@
 #include "client/grpc_planner_client.h"
 #include "client/internal/tool_args.h"
 #include "client/pipelined_planner.h"
-#include "client/retrying_planner_client.h"
 #include "core/cli.h"
 #include "core/datasets.h"
 #include "core/plan_json.h"
@@ -213,11 +212,12 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
     return kExitFailed;
   }
   auto grpc_client = std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.server));
-  // Wait for the server (it may still be starting) before opening the stream.
-  fc::RetryingPlannerClient waiting(
-      grpc_client, {.max_attempts = 1 << 20, .total_timeout = o.connect_timeout});
-  if (auto info = waiting.GetServerInfo({.timeout = absl::Seconds(5)}); !info.ok()) {
-    err << kPrefix << "cannot reach " << o.server << ": "
+  // Wait for the server (it may still be starting) before opening the stream:
+  // wait_for_ready lets gRPC connect as soon as it listens.
+  if (auto info = grpc_client->GetServerInfo({.timeout = o.connect_timeout, .wait_for_ready = true});
+      !info.ok()) {
+    err << kPrefix << "cannot reach " << o.server << " within "
+        << absl::FormatDuration(o.connect_timeout) << ": "
         << absl::StatusCodeToString(info.status().code()) << ": " << info.status().message()
         << "\n";
     return kExitFailed;

@@ -66,8 +66,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const ChannelOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, ToMillis(options.min_reconnect_backoff));
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ToMillis(options.min_reconnect_backoff));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ToMillis(options.initial_reconnect_backoff));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ToMillis(options.max_reconnect_backoff));
   if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);

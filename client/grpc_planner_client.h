@@ -20,7 +20,7 @@ struct ChannelOptions {
   // gRPC's reconnect backoff after a failed connection attempt. gRPC's own
   // default grows to 120 s, which would keep a channel failing long after the
   // server is up; the retry decorator does the patient waiting instead.
-  absl::Duration min_reconnect_backoff = absl::Milliseconds(100);
+  absl::Duration initial_reconnect_backoff = absl::Milliseconds(100);
   absl::Duration max_reconnect_backoff = absl::Seconds(1);
   // Its own connection: channels to one target otherwise share one (gRPC's
   // global subchannel pool), which a load generator's threads must not.

@@ -31,7 +31,6 @@
 #include "client/grpc_planner_client.h"
 #include "client/internal/tool_args.h"
 #include "client/pipelined_planner.h"
-#include "client/retrying_planner_client.h"
 #include "core/cli.h"
 #include "core/datasets.h"
 
@@ -237,9 +236,8 @@ int Run(const Options& o) {
   for (int t = 0; t < o.concurrency; ++t) {
     clients.push_back(std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.server, {.own_connection = true})));
   }
-  fc::RetryingPlannerClient waiting(clients[0],
-                                    {.max_attempts = 1 << 20, .total_timeout = o.connect_timeout});
-  if (auto info = waiting.GetServerInfo({.timeout = absl::Seconds(5)}); !info.ok()) {
+  if (auto info = clients[0]->GetServerInfo({.timeout = o.connect_timeout, .wait_for_ready = true});
+      !info.ok()) {
     std::cerr << kPrefix << "cannot reach " << o.server << ": " << info.status().ToString() << "\n";
     return 1;
   }

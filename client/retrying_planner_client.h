@@ -3,6 +3,12 @@
 // INVALID_ARGUMENT will not change on retry, and RESOURCE_EXHAUSTED and
 // DEADLINE_EXCEEDED are for the caller to judge. Time is injected so that
 // tests run without sleeping.
+//
+// To wait for a server that is still starting, CallOptions::wait_for_ready is
+// the quicker tool: gRPC's sync client drives a failed channel's reconnection
+// from an idle backup poller every 5 s, so fail-fast retries may see
+// UNAVAILABLE for up to ~5 s after the server listens. This decorator is for
+// servers that go away and come back while calls are being made.
 #ifndef FLASHCP_CLIENT_RETRYING_PLANNER_CLIENT_H_
 #define FLASHCP_CLIENT_RETRYING_PLANNER_CLIENT_H_
 
