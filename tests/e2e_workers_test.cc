@@ -1,0 +1,543 @@
+// End to end with the real parts on loopback: flashcp-planner, a group of 4
+// flashcp-worker processes (CPU, Gloo over TCP) and Debian's Prometheus
+// scraping them with deploy/prometheus's config and rules. Every port is
+// picked by the OS (or bound-checked, for Prometheus); every wait polls with
+// a deadline.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "core/analysis.h"
+#include "core/datasets.h"
+#include "core/strategies.h"
+#include "core/testing/status_matchers.h"
+#include "flashcp/v1/planner.grpc.pb.h"
+#include "flashcp/v1/worker.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/convert.h"
+#include "tests/testing/http.h"
+#include "tests/testing/metrics_text.h"
+#include "tests/testing/planner_process.h"
+#include "tests/testing/subprocess.h"
+
+namespace flashcp {
+namespace {
+
+using core::testing::IsOk;
+using tests::testing::PlannerProcess;
+using tests::testing::Subprocess;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr int kRanks = 4;
+constexpr int64_t kContext = 4096;
+constexpr int kHeads = 2, kHeadDim = 32;
+const char kSource[] = FLASHCP_SOURCE_DIR;
+
+absl::Time In(absl::Duration d) { return absl::Now() + d; }
+
+// ---- workers ---------------------------------------------------------------
+struct Worker {
+  std::unique_ptr<Subprocess> process;
+  std::string control, metrics;
+  std::string output;  // stdout+stderr read so far
+};
+
+absl::StatusOr<Worker> StartWorker(int rank, const std::string& group, const std::string& planner,
+                                   std::vector<std::string> extra) {
+  std::vector<std::string> argv = {FLASHCP_WORKER_BIN,   "--rank",
+                                   absl::StrCat(rank),   "--world_size",
+                                   absl::StrCat(kRanks), "--group",
+                                   group,                "--planner",
+                                   planner,              "--context",
+                                   absl::StrCat(kContext), "--heads",
+                                   absl::StrCat(kHeads), "--head_dim",
+                                   absl::StrCat(kHeadDim)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  Worker w;
+  auto p = Subprocess::Start(argv, {.pipe_stdin = false, .merge_stderr = true});
+  if (!p.ok()) return p.status();
+  w.process = *std::move(p);
+  const absl::Time deadline = In(absl::Seconds(60));
+  for (;;) {
+    auto line = w.process->ReadLine(deadline);
+    if (!line.ok()) return line.status();
+    w.output += *line + "\n";
+    std::smatch m;
+    static const std::regex re("^WORKER rank=(\\d+) control=(\\S+) metrics=(\\S+)$");
+    if (std::regex_match(*line, m, re)) {
+      w.control = m[2];
+      w.metrics = m[3];
+      return w;
+    }
+  }
+}
+
+// The worker's exit code and everything it printed, within `deadline`.
+absl::StatusOr<int> Finish(Worker& w, absl::Time deadline) {
+  auto rest = w.process->ReadAll(deadline);
+  if (!rest.ok()) return rest.status();
+  w.output += *rest;
+  return w.process->Wait(deadline);
+}
+
+std::unique_ptr<v1::WorkerControl::Stub> Control(const Worker& w) {
+  return v1::WorkerControl::NewStub(
+      grpc::CreateChannel(w.control, grpc::InsecureChannelCredentials()));
+}
+
+absl::StatusOr<v1::WorkerStatus> GetStatus(const Worker& w) {
+  grpc::ClientContext c;
+  c.set_deadline(absl::ToChronoTime(In(absl::Seconds(5))));
+  v1::WorkerStatus s;
+  const grpc::Status g = Control(w)->GetStatus(&c, v1::GetStatusRequest(), &s);
+  if (!g.ok()) return absl::UnavailableError(g.error_message());
+  return s;
+}
+
+// Polls rank `w`'s status until `pred` holds.
+template <typename Pred>
+absl::StatusOr<v1::WorkerStatus> AwaitStatus(const Worker& w, Pred pred, absl::Time deadline) {
+  for (;;) {
+    absl::StatusOr<v1::WorkerStatus> s = GetStatus(w);
+    if (s.ok() && pred(*s)) return s;
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("worker status: ", s.ok() ? s->ShortDebugString() : s.status().ToString()));
+    }
+    absl::SleepFor(absl::Milliseconds(50));  // poll interval, bounded by the deadline
+  }
+}
+
+std::vector<Worker> StartGroup(const std::string& group, const std::string& planner,
+                               const std::vector<std::string>& extra) {
+  std::vector<Worker> ws;
+  for (int r = 0; r < kRanks; ++r) {
+    absl::StatusOr<Worker> w = StartWorker(r, group, planner, extra);
+    EXPECT_THAT(w.status(), IsOk());
+    if (!w.ok()) return {};
+    ws.push_back(*std::move(w));
+  }
+  return ws;
+}
+
+// ---- Prometheus ------------------------------------------------------------
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+std::string UrlEncode(const std::string& s) {
+  std::string out;
+  for (const unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += absl::StrFormat("%%%02X", c);
+    }
+  }
+  return out;
+}
+
+class Prometheus {
+ public:
+  // Renders deploy/prometheus for these targets (1 s scrape and evaluation)
+  // and starts Prometheus on a free loopback port, retrying if it is taken.
+  static absl::StatusOr<std::unique_ptr<Prometheus>> Start(
+      const std::string& planner_metrics, const std::vector<std::string>& worker_targets) {
+    auto p = std::unique_ptr<Prometheus>(new Prometheus());
+    char tmpl[] = "/tmp/flashcp-e2e-prom-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp");
+    p->dir_ = tmpl;
+    std::vector<std::string> render = {"/bin/bash",
+                                       absl::StrCat(kSource, "/deploy/prometheus/render-local.sh"),
+                                       p->dir_ + "/p", "--interval", "1s", "--planner",
+                                       planner_metrics};
+    for (const std::string& w : worker_targets) {
+      render.push_back("--worker");
+      render.push_back(w);
+    }
+    auto r = tests::testing::RunCommand(render, "", In(absl::Seconds(30)));
+    if (!r.ok()) return r.status();
+    if (r->exit_code != 0) return absl::InternalError("render-local.sh: " + r->output);
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      p->address_ = absl::StrCat("127.0.0.1:", FreePort());
+      auto proc = Subprocess::Start(
+          {"/usr/bin/prometheus", "--config.file=" + p->dir_ + "/p/prometheus.yml",
+           "--storage.tsdb.path=" + p->dir_ + "/data", "--web.listen-address=" + p->address_,
+           "--log.level=warn"},
+          {.pipe_stdin = false, .merge_stderr = true});
+      if (!proc.ok()) return proc.status();
+      p->process_ = *std::move(proc);
+      const absl::Time deadline = In(absl::Seconds(30));
+      while (absl::Now() < deadline) {
+        auto ready = tests::testing::HttpGet(p->address_, "/-/ready", In(absl::Seconds(2)));
+        if (ready.ok() && ready->status == 200) return p;
+        if (p->process_->Wait(absl::Now()).ok()) break;  // exited: port taken?
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+    }
+    return absl::UnavailableError("prometheus did not become ready");
+  }
+  ~Prometheus() {
+    if (process_ != nullptr) {
+      (void)process_->Signal(SIGTERM);
+      (void)process_->Wait(In(absl::Seconds(30)));
+    }
+    (void)tests::testing::RunCommand({"/bin/rm", "-rf", dir_}, "", In(absl::Seconds(30)));
+  }
+
+  // The values of an instant query (one per series); empty: no data.
+  absl::StatusOr<std::vector<double>> Query(const std::string& expr) const {
+    auto r = tests::testing::HttpGet(address_, "/api/v1/query?query=" + UrlEncode(expr),
+                                     In(absl::Seconds(10)));
+    if (!r.ok()) return r.status();
+    if (r->status != 200 || !absl::StrContains(r->body, "\"status\":\"success\"")) {
+      return absl::InternalError(absl::StrCat("query ", expr, ": HTTP ", r->status, " ", r->body));
+    }
+    std::vector<double> values;
+    static const std::regex value("\"value\":\\[[0-9.e+]+,\"([^\"]+)\"\\]");
+    for (auto it = std::sregex_iterator(r->body.begin(), r->body.end(), value);
+         it != std::sregex_iterator(); ++it) {
+      double v = 0;
+      if (!absl::SimpleAtod((*it)[1].str(), &v)) return absl::DataLossError(r->body);
+      values.push_back(v);
+    }
+    return values;
+  }
+
+  // Polls until `expr` has exactly one series whose value satisfies `pred`.
+  template <typename Pred>
+  absl::StatusOr<double> AwaitValue(const std::string& expr, Pred pred, absl::Time deadline) {
+    std::string last;
+    for (;;) {
+      auto v = Query(expr);
+      if (v.ok() && v->size() == 1 && pred((*v)[0])) return (*v)[0];
+      last = v.ok() ? absl::StrCat(v->size(), " series") : v.status().ToString();
+      if (v.ok() && v->size() == 1) last = absl::StrCat("value ", (*v)[0]);
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(expr, ": ", last));
+      }
+      absl::SleepFor(absl::Milliseconds(250));  // poll interval, bounded by the deadline
+    }
+  }
+
+  absl::StatusOr<std::string> Get(const std::string& path) const {
+    auto r = tests::testing::HttpGet(address_, path, In(absl::Seconds(10)));
+    if (!r.ok()) return r.status();
+    return r->body;
+  }
+
+ private:
+  Prometheus() = default;
+  std::string dir_, address_;
+  std::unique_ptr<Subprocess> process_;
+};
+
+std::vector<std::string> RecordingRules() {
+  std::set<std::string> names;
+  for (const char* f : {"flashcp-recording.yml", "flashcp-alerts.yml"}) {
+    std::ifstream in(absl::StrCat(kSource, "/deploy/prometheus/rules/", f));
+    std::string line;
+    static const std::regex re("^\\s*- record:\\s*(\\S+)\\s*$");
+    while (std::getline(in, line)) {
+      std::smatch m;
+      if (std::regex_match(line, m, re)) names.insert(m[1]);
+    }
+  }
+  return {names.begin(), names.end()};
+}
+
+std::vector<std::string> DashboardQueries() {
+  auto r = tests::testing::RunCommand(
+      {"/usr/bin/python3", "-c",
+       "import json,sys\n"
+       "d=json.load(open(sys.argv[1]))\n"
+       "for p in d['panels']:\n"
+       "  for t in p.get('targets',[]): print(t['expr'].replace('\\n',' '))\n",
+       absl::StrCat(kSource, "/deploy/grafana/flashcp.json")},
+      "", In(absl::Seconds(30)));
+  if (!r.ok() || r->exit_code != 0) return {};
+  return absl::StrSplit(r->output, '\n', absl::SkipEmpty());
+}
+
+absl::Status PromtoolCheck(const std::string& metrics_address) {
+  auto body = tests::testing::HttpGet(metrics_address, "/metrics", In(absl::Seconds(10)));
+  if (!body.ok()) return body.status();
+  auto r = tests::testing::RunCommand({"/usr/bin/promtool", "check", "metrics"}, body->body,
+                                      In(absl::Seconds(30)));
+  if (!r.ok()) return r.status();
+  if (r->exit_code != 0 || !r->output.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(metrics_address, ": ", r->output));
+  }
+  return absl::OkStatus();
+}
+
+// ---- the tests ---------------------------------------------------------------
+
+// The predicted comm saving (allgather vs full KV) of the run's plans, planned
+// here through the same planner (which also makes its plan series exist
+// before Prometheus first scrapes it; the mean over twice the same plans is
+// the same mean).
+double PlanRunAndMeanSaving(const PlannerProcess& planner, int64_t steps, uint64_t seed) {
+  auto stub = v1::Planner::NewStub(planner.NewChannel());
+  double sum = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    auto lens = core::SampleBatch(core::Dataset::kPile, kContext, seed, i);
+    EXPECT_THAT(lens.status(), IsOk());
+    const v1::PlanRequest req = proto::RequestToProto(
+        0, core::Batch{*lens, kRanks}, core::Strategy::kFlashCp, core::PlanOptions{},
+        core::ModelShape{kHeads, kHeadDim, 4}, false);
+    grpc::ClientContext c;
+    c.set_deadline(absl::ToChronoTime(In(absl::Seconds(30))));
+    v1::PlanResponse resp;
+    EXPECT_TRUE(stub->Plan(&c, req, &resp).ok());
+    sum += resp.metrics().comm_saving_ratio();
+  }
+  return sum / steps;
+}
+
+TEST(E2eWorkersTest, RunThroughPrometheusRulesDashboardAndCommSaving) {
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  constexpr int64_t kSteps = 12;
+  const double expected = PlanRunAndMeanSaving(**planner, kSteps, /*seed=*/1);
+  ASSERT_GT(expected, 0.0);
+
+  std::vector<Worker> ws = StartGroup("e2e", (*planner)->grpc_address(),
+                                      {"--steps", "0", "--timeout_s", "20", "--seed", "1"});
+  ASSERT_EQ(ws.size(), static_cast<size_t>(kRanks));
+  std::vector<std::string> targets;
+  for (int r = 0; r < kRanks; ++r) targets.push_back(absl::StrCat(ws[r].metrics, "=e2e/", r));
+  auto prom = Prometheus::Start((*planner)->metrics_address(), targets);
+  ASSERT_THAT(prom.status(), IsOk());
+  Prometheus& p = **prom;
+
+  // Every series exists at zero before the run (so rates see the whole run).
+  const absl::Time setup = In(absl::Seconds(60));
+  ASSERT_THAT(p.AwaitValue(absl::StrCat("sum(flashcp_planner_plan_comm_saving_ratio_count{"
+                                        "strategy=\"flashcp\",scheme=\"allgather\"})"),
+                           [&](double v) { return v == kSteps; }, setup)
+                  .status(),
+              IsOk());
+  ASSERT_THAT(p.AwaitValue("count(flashcp_worker_bytes_sent_total{strategy=\"flashcp\","
+                           "scheme=\"allgather\"} == 0)",
+                           [](double v) { return v == kRanks; }, setup)
+                  .status(),
+              IsOk());
+  for (const Worker& w : ws) {
+    ASSERT_THAT(AwaitStatus(w, [](const v1::WorkerStatus& s) {
+                  return s.state() == v1::WorkerStatus::IDLE;
+                }, setup).status(), IsOk());
+  }
+
+  // Non-drivers refuse StartRun; the driver runs the group.
+  {
+    grpc::ClientContext c;
+    v1::StartRunRequest req;
+    req.set_steps(kSteps);
+    v1::StartRunResponse resp;
+    EXPECT_EQ(Control(ws[1])->StartRun(&c, req, &resp).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+    grpc::ClientContext c0;
+    ASSERT_TRUE(Control(ws[0])->StartRun(&c0, req, &resp).ok());
+  }
+  const absl::Time run = In(absl::Seconds(120));
+  for (const Worker& w : ws) {
+    auto s = AwaitStatus(w, [](const v1::WorkerStatus& s) { return s.steps_done() == kSteps; },
+                         run);
+    ASSERT_THAT(s.status(), IsOk());
+    EXPECT_EQ(s->steps_total(), kSteps);
+    EXPECT_EQ(s->strategy(), "flashcp");
+    EXPECT_EQ(s->scheme(), "allgather");
+    EXPECT_EQ(s->world_size(), kRanks);
+  }
+  ASSERT_THAT(p.AwaitValue("sum(flashcp_worker_steps_total)",
+                           [&](double v) { return v == kRanks * kSteps; }, run)
+                  .status(),
+              IsOk());
+  ASSERT_THAT(p.AwaitValue("sum(flashcp_planner_plan_comm_saving_ratio_count{"
+                           "strategy=\"flashcp\",scheme=\"allgather\"})",
+                           [&](double v) { return v == 2 * kSteps; }, run)
+                  .status(),
+              IsOk());
+
+  // Every recording rule and every dashboard query returns data.
+  std::vector<std::string> exprs = RecordingRules();
+  ASSERT_GE(exprs.size(), 10u);
+  const std::vector<std::string> panels = DashboardQueries();
+  ASSERT_GE(panels.size(), 10u);
+  exprs.insert(exprs.end(), panels.begin(), panels.end());
+  const absl::Time data = In(absl::Seconds(60));
+  for (const std::string& e : exprs) {
+    EXPECT_THAT(p.AwaitValue(absl::StrCat("count(", e, ")"), [](double v) { return v >= 1; }, data)
+                    .status(),
+                IsOk())
+        << e;
+  }
+  auto rules = p.Get("/api/v1/rules");
+  ASSERT_THAT(rules.status(), IsOk());
+  EXPECT_THAT(*rules, Not(HasSubstr("\"health\":\"err\"")));
+
+  // The comm saving Prometheus shows is the plans' predicted saving. Rules are
+  // evaluated every second: poll until an evaluation has seen every target's
+  // final scrape (the value is then constant).
+  const absl::Time settle = In(absl::Seconds(30));
+  const auto near = [&](double v) { return std::abs(v - expected) < 1e-9; };
+  EXPECT_THAT(p.AwaitValue("flashcp:worker_comm_saving:ratio", near, settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp:planner_predicted_comm_saving:ratio_avg{scheme=\"allgather\"}",
+                           near, settle)
+                  .status(),
+              IsOk());
+  // Bytes sent per step are the plan analysis's, exactly (raw counters, no rate).
+  auto sent = p.Query("sum(flashcp_worker_bytes_sent_total) / sum(flashcp_worker_full_kv_bytes_total)");
+  ASSERT_THAT(sent.status(), IsOk());
+  ASSERT_EQ(sent->size(), 1u);
+  EXPECT_NEAR((*sent)[0], 1 - expected, 1e-9);
+
+  // promtool accepts every binary's scrape.
+  EXPECT_THAT(PromtoolCheck((*planner)->metrics_address()), IsOk());
+  for (const Worker& w : ws) EXPECT_THAT(PromtoolCheck(w.metrics), IsOk());
+
+  // SIGTERM on one rank: the whole group stops cleanly.
+  ASSERT_THAT(ws[2].process->Signal(SIGTERM), IsOk());
+  for (Worker& w : ws) {
+    auto code = Finish(w, In(absl::Seconds(30)));
+    ASSERT_THAT(code.status(), IsOk());
+    EXPECT_EQ(*code, 0) << w.output;
+  }
+  EXPECT_THAT(ws[0].output, HasSubstr("RUN {\"strategy\":\"flashcp\",\"scheme\":\"allgather\","
+                                      "\"steps\":12,"));
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
+TEST(E2eWorkersTest, KilledWorkerFailsTheOthersWithinTheTimeout) {
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  std::vector<Worker> ws = StartGroup("kill", (*planner)->grpc_address(),
+                                      {"--steps", "100000", "--timeout_s", "5"});
+  ASSERT_EQ(ws.size(), static_cast<size_t>(kRanks));
+  ASSERT_THAT(AwaitStatus(ws[0], [](const v1::WorkerStatus& s) { return s.steps_done() >= 2; },
+                          In(absl::Seconds(60)))
+                  .status(),
+              IsOk());
+  ASSERT_THAT(ws[2].process->Signal(SIGKILL), IsOk());
+  const absl::Time start = absl::Now();
+  for (int r : {0, 1, 3}) {
+    auto code = Finish(ws[r], In(absl::Seconds(5 + 20)));
+    ASSERT_THAT(code.status(), IsOk()) << "rank " << r;
+    EXPECT_EQ(*code, 1) << ws[r].output;
+    EXPECT_THAT(ws[r].output, HasSubstr(absl::StrCat("flashcp-worker rank ", r, ": ")));
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5 + 20));
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
+TEST(E2eWorkersTest, PlannerRestartMidRunWorkersReconnectAndFinish) {
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  const std::string address = (*planner)->grpc_address();
+  constexpr int64_t kSteps = 40;
+  std::vector<Worker> ws = StartGroup(
+      "restart", address,
+      {"--steps", absl::StrCat(kSteps), "--prefetch", "2", "--timeout_s", "20"});
+  ASSERT_EQ(ws.size(), static_cast<size_t>(kRanks));
+  ASSERT_THAT(AwaitStatus(ws[0], [](const v1::WorkerStatus& s) { return s.steps_done() >= 3; },
+                          In(absl::Seconds(60)))
+                  .status(),
+              IsOk());
+  ASSERT_THAT((*planner)->process().Signal(SIGKILL), IsOk());
+  ASSERT_THAT((*planner)->process().Wait(In(absl::Seconds(30))).status(), IsOk());
+  planner->reset();
+  // The same address: the workers' channel reconnects to it.
+  auto again = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1", "--listen", address});
+  ASSERT_THAT(again.status(), IsOk());
+  for (Worker& w : ws) {
+    auto code = Finish(w, In(absl::Seconds(120)));
+    ASSERT_THAT(code.status(), IsOk());
+    EXPECT_EQ(*code, 0) << w.output;
+  }
+  EXPECT_THAT(ws[0].output, HasSubstr("plan stream broke"));
+  EXPECT_THAT(ws[0].output, HasSubstr("\"steps\":40,"));
+  auto m = (*again)->ScrapeMetrics();
+  ASSERT_THAT(m.status(), IsOk());
+  auto planned = tests::testing::FindSample(
+      *m, "flashcp_planner_plan_comm_saving_ratio_count",
+      {{"strategy", "flashcp"}, {"scheme", "allgather"}});
+  ASSERT_THAT(planned.status(), IsOk());
+  EXPECT_GE(*planned, 1);  // the restarted planner served the rest of the run
+  EXPECT_THAT((*again)->Terminate(), core::testing::IsOk());
+}
+
+TEST(E2eWorkersTest, LateAndDuplicateRanksGiveClearErrors) {
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  std::vector<Worker> ws;
+  for (int r : {0, 1, 2, 1}) {  // rank 3 never comes; rank 1 twice
+    auto w = StartWorker(r, "late", (*planner)->grpc_address(), {"--timeout_s", "3"});
+    ASSERT_THAT(w.status(), IsOk());
+    ws.push_back(*std::move(w));
+  }
+  for (Worker& w : ws) {
+    auto code = Finish(w, In(absl::Seconds(30)));
+    ASSERT_THAT(code.status(), IsOk());
+    EXPECT_EQ(*code, 1) << w.output;
+  }
+  // One of the two rank-1 processes is a member, the other a duplicate.
+  int duplicates = 0;
+  for (int i : {1, 3}) {
+    duplicates += absl::StrContains(ws[i].output, "ALREADY_EXISTS") ? 1 : 0;
+  }
+  EXPECT_EQ(duplicates, 1);
+  for (int i : {0, 2}) {
+    // Rank 3 is missing for all; ranks that gave up earlier have left, so a
+    // later waiter names them too.
+    EXPECT_THAT(ws[i].output,
+                HasSubstr("DEADLINE_EXCEEDED: rendezvous AwaitMembers: group \"late\": ranks "));
+    EXPECT_THAT(ws[i].output, HasSubstr("3 of 4 have not joined"));
+  }
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
+TEST(E2eWorkersTest, CudaDeviceIsRefusedClearly) {
+  auto r = tests::testing::RunCommand(
+      {FLASHCP_WORKER_BIN, "--device", "cuda:0", "--planner", "127.0.0.1:1"}, "",
+      In(absl::Seconds(30)));
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->exit_code, 1);
+  EXPECT_THAT(r->output, HasSubstr("UNIMPLEMENTED: --device cuda:0"));
+}
+
+}  // namespace
+}  // namespace flashcp
