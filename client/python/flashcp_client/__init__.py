@@ -1,0 +1,17 @@
+"""Python client for the FlashCP planner service (flashcp.v1).
+
+    from flashcp_client import Client, Prefetcher
+
+    client = Client("127.0.0.1:50051")
+    plan = client.plan([4096, 100, 30000], cp_size=8, strategy="ring")
+    future = client.plan_async([4096, 100], cp_size=2)       # grpc.Future
+    for batch, plan in Prefetcher(client, loader, cp_size=8, depth=4, doc_lens=lambda b: b["lens"]):
+        ...
+
+Errors are grpc.RpcError with the server's code (e.g. INVALID_ARGUMENT naming
+the field). Messages are the generated flashcp.v1 protos (planner_pb2).
+"""
+from flashcp_client._gen.flashcp.v1 import planner_pb2, planner_pb2_grpc
+from flashcp_client.client import Client, Prefetcher
+
+__all__ = ["Client", "Prefetcher", "planner_pb2", "planner_pb2_grpc"]

@@ -1,0 +1,58 @@
+"""Builds flashcp_client, generating its gRPC stubs from the repository's proto.
+
+The proto is read from ../../proto (this file's place in the FlashCP tree) or
+from $FLASHCP_PROTO_DIR. grpc_tools.protoc writes planner_pb2.py and
+planner_pb2_grpc.py into flashcp_client/_gen/ inside the build tree only; the
+generated import line is rewritten to point into the package, so the stubs do
+not claim a top-level `flashcp` package.
+"""
+import os
+import pathlib
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = pathlib.Path(__file__).resolve().parent
+PROTO = "flashcp/v1/planner.proto"
+
+
+def proto_dir() -> pathlib.Path:
+    root = pathlib.Path(os.environ.get("FLASHCP_PROTO_DIR", HERE.parent.parent / "proto"))
+    if not (root / PROTO).is_file():
+        raise RuntimeError(
+            f"{root / PROTO} not found: build from the FlashCP source tree "
+            "(pip install ./client/python) or set FLASHCP_PROTO_DIR")
+    return root
+
+
+def generate(out_package: pathlib.Path) -> None:
+    from grpc_tools import protoc  # build-time dependency (pyproject.toml)
+    import grpc_tools
+
+    root = proto_dir()
+    out = out_package / "_gen"
+    out.mkdir(parents=True, exist_ok=True)
+    well_known = pathlib.Path(grpc_tools.__file__).parent / "_proto"
+    rc = protoc.main([
+        "grpc_tools.protoc", f"-I{root}", f"-I{well_known}",
+        f"--python_out={out}", f"--grpc_python_out={out}", str(root / PROTO),
+    ])
+    if rc != 0:
+        raise RuntimeError(f"grpc_tools.protoc failed on {root / PROTO} (exit {rc})")
+    gen = out / "flashcp" / "v1"
+    for d in (out, out / "flashcp", gen):
+        (d / "__init__.py").touch()
+    grpc_file = gen / "planner_pb2_grpc.py"
+    text = grpc_file.read_text()
+    text = text.replace("from flashcp.v1 import planner_pb2",
+                        "from flashcp_client._gen.flashcp.v1 import planner_pb2")
+    grpc_file.write_text(text)
+
+
+class BuildPyWithStubs(build_py):
+    def run(self):
+        super().run()
+        generate(pathlib.Path(self.build_lib) / "flashcp_client")
+
+
+setup(cmdclass={"build_py": BuildPyWithStubs})

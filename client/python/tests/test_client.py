@@ -1,0 +1,148 @@
+"""flashcp_client against the real planner: plan(), plan_async(), the
+Prefetcher's order and depth, exact error codes, and use after fork()."""
+import multiprocessing
+import os
+
+import grpc
+import pytest
+
+from flashcp_client import Client, Prefetcher, planner_pb2
+
+
+@pytest.fixture
+def client(planner_address):
+    with Client(planner_address, timeout=60) as c:
+        yield c
+
+
+def shards(plan):
+    return [(s.doc, s.start, s.len, s.rank) for s in plan.shards]
+
+
+def test_plan_ring_hand_worked(client):
+    # Ring on [5, 3], N = 2: chunks of C/N = 4 tokens. Rank 0: doc 0 [0, 4);
+    # rank 1: doc 0 [4, 5) and doc 1 [0, 3). Workload (2p + s + 1) s / 2:
+    # rank 0 10, rank 1 5 + 6 = 11; imbalance 11 / 10.5.
+    plan = client.plan([5, 3], cp_size=2, strategy="ring")
+    assert isinstance(plan, planner_pb2.PlanResponse)
+    assert plan.strategy == "ring"
+    assert plan.cp_size == 2
+    assert list(plan.doc_lens) == [5, 3]
+    assert plan.padding == 0
+    assert shards(plan) == [(0, 0, 4, 0), (0, 4, 1, 1), (1, 0, 3, 1)]
+    assert list(plan.metrics.rank_workload) == [10.0, 11.0]
+    assert plan.metrics.imbalance_ratio == 11 / 10.5
+    assert plan.metrics.tokens_per_rank == 4
+
+
+def test_plan_async_returns_futures(client):
+    batches = [[100 + i, 7 * i + 3, 4096] for i in range(12)]
+    futures = [client.plan_async(b, cp_size=4, strategy="llama3", batch_id=i)
+               for i, b in enumerate(batches)]
+    for i, (b, fut) in enumerate(zip(batches, futures)):
+        plan = fut.result(timeout=60)
+        assert plan.batch_id == i
+        assert list(plan.doc_lens) == b
+        assert plan.strategy == "llama3"
+
+
+def test_errors_carry_the_exact_code(client):
+    with pytest.raises(grpc.RpcError) as err:
+        client.plan([1, 1], cp_size=4, strategy="ring")  # 2 tokens for 4 ranks
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "cp_size" in err.value.details()
+
+    fut = client.plan_async([4, 4], cp_size=2, strategy="no_such_strategy")
+    exc = fut.exception(timeout=60)
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "strategy" in exc.details()
+
+    with pytest.raises(grpc.RpcError) as err:
+        client.plan([], cp_size=2, strategy="ring")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "doc_lens" in err.value.details()
+
+
+def test_list_strategies_and_server_info(client):
+    names = {s.name for s in client.list_strategies()}
+    assert {"ring", "llama3", "flashcp"} <= names
+    assert client.server_info().api_version == "flashcp.v1"
+
+
+class CountingClient(Client):
+    """Counts plan_async calls, to check how far the Prefetcher runs ahead."""
+
+    def __init__(self, target):
+        super().__init__(target, timeout=60)
+        self.calls = 0
+
+    def plan_async(self, *args, **kwargs):
+        self.calls += 1
+        return super().plan_async(*args, **kwargs)
+
+
+@pytest.mark.parametrize("depth", [1, 3, 8])
+def test_prefetcher_yields_in_order_with_depth_in_flight(planner_address, depth):
+    # Sizes vary so that later plans may be ready before earlier ones.
+    items = [{"lens": [i + 1] * (4 + (i * 37) % 300), "step": i} for i in range(20)]
+    client = CountingClient(planner_address)
+    seen = []
+    prefetcher = Prefetcher(client, items, cp_size=4, strategy="ring", depth=depth,
+                            doc_lens=lambda item: item["lens"])
+    for item, plan in prefetcher:
+        i = item["step"]
+        # When item i is handed out, items up to i + depth have been sent.
+        assert client.calls == min(i + 1 + depth, len(items))
+        assert plan.batch_id == i
+        assert list(plan.doc_lens) == item["lens"]
+        seen.append(i)
+    assert seen == list(range(20))
+    client.close()
+
+
+def test_prefetcher_raises_the_failed_items_error_in_place(client):
+    items = [[8, 8], [9, 9], [1, 1], [10, 10]]  # the third has 2 tokens for 4 ranks
+    got = []
+    with pytest.raises(grpc.RpcError) as err:
+        for item, plan in Prefetcher(client, items, cp_size=4, strategy="ring", depth=3):
+            got.append(list(plan.doc_lens))
+    assert got == [[8, 8], [9, 9]]
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_prefetcher_rejects_bad_depth(client):
+    with pytest.raises(ValueError, match="depth must be >= 1, got 0"):
+        Prefetcher(client, [], cp_size=2, depth=0)
+
+
+def _plan_in_child(client, queue):
+    try:
+        plan = client.plan([5, 3], cp_size=2, strategy="ring")
+        queue.put((os.getpid(), client.channel_pid, shards(plan)))
+    except Exception as e:  # reported to the parent, which fails the test
+        queue.put(("error", repr(e), None))
+
+
+def test_fork_makes_a_new_channel_in_the_child(client):
+    # The parent's channel exists and has been used before the fork.
+    assert shards(client.plan([5, 3], cp_size=2, strategy="ring")) == \
+        [(0, 0, 4, 0), (0, 4, 1, 1), (1, 0, 3, 1)]
+    parent_pid = os.getpid()
+    assert client.channel_pid == parent_pid
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_plan_in_child, args=(client, queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for child_pid, channel_pid, child_shards in results:
+        assert child_pid != "error", channel_pid
+        assert child_pid != parent_pid
+        assert channel_pid == child_pid  # a channel of its own, made after the fork
+        assert child_shards == [(0, 0, 4, 0), (0, 4, 1, 1), (1, 0, 3, 1)]
+    # The parent's channel still works and is still the parent's.
+    assert client.plan([8, 8], cp_size=2, strategy="ring").cp_size == 2
+    assert client.channel_pid == parent_pid
