@@ -24,6 +24,7 @@ class LoggingPlannerClient final : public PlannerClient {
   LoggingPlannerClient(std::shared_ptr<PlannerClient> inner, LoggingOptions options = {});
 
   PlanResult Plan(const v1::PlanRequest& request, const CallOptions& options) override;
+  // Logs when `done` runs; the decorator must outlive the pending call.
   void PlanAsync(const v1::PlanRequest& request, const CallOptions& options,
                  PlanCallback done) override;
   std::unique_ptr<PlanStream> OpenPlanStream(const CallOptions& options) override;

@@ -50,7 +50,8 @@ class RetryingPlannerClient final : public PlannerClient {
   absl::StatusOr<v1::ListStrategiesResponse> ListStrategies(const CallOptions& options) override;
   absl::StatusOr<v1::ServerInfo> GetServerInfo(const CallOptions& options) override;
   // Retries happen on the inner client's callback thread, which then waits
-  // out the backoff (clock.sleep): keep backoffs short for async use.
+  // out the backoff (clock.sleep): keep backoffs short for async use. The
+  // decorator must outlive its pending PlanAsync calls.
   void PlanAsync(const v1::PlanRequest& request, const CallOptions& options,
                  PlanCallback done) override;
   // Not retried: a stream's items may already have been consumed when it
