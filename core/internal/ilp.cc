@@ -481,24 +481,42 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, Plan
     return plan;
   }
 
-  const std::vector<Plan> starts = {PlanRing(batch), PlanLlama3(batch)};
-  std::vector<Block> blocks = MakeBlocks(batch, g, starts);
+  // Blocks: the grid, the Ring and Llama3 cut points (always), and the cut
+  // points of the best other strategy's plan (by the objective) whose cuts
+  // keep the model within the bound, so the ILP starts from, and is never
+  // worse than, every heuristic here. Every plan whose cuts are all block
+  // boundaries is a candidate incumbent.
+  std::vector<Plan> candidates = {PlanRing(batch), PlanLlama3(batch)};
+  std::vector<Block> blocks = MakeBlocks(batch, g, candidates);
   if (static_cast<int64_t>(blocks.size()) > kMaxIlpBinaryVars / n) {
     return too_big(static_cast<int64_t>(blocks.size()));
+  }
+  std::vector<std::pair<double, Plan>> others;
+  for (Strategy s : kAllStrategies) {
+    if (s == Strategy::kIlp || s == Strategy::kRing || s == Strategy::kLlama3) continue;
+    absl::StatusOr<Plan> p = MakePlan(s, batch);
+    if (!p.ok()) continue;  // e.g. a strategy not implemented yet
+    FLASHCP_ASSIGN_OR_RETURN(const double obj, IlpObjective(*p, weight));
+    others.emplace_back(obj, *std::move(p));
+  }
+  std::stable_sort(others.begin(), others.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [obj, p] : others) {
+    std::vector<Block> more = MakeBlocks(batch, g, {candidates[0], candidates[1], p});
+    if (static_cast<int64_t>(more.size()) <= kMaxIlpBinaryVars / n) {
+      blocks = std::move(more);
+      candidates.push_back(std::move(p));
+      break;
+    }
+  }
+  for (auto& [obj, p] : others) {
+    if (!p.shards.empty()) candidates.push_back(std::move(p));  // representable or not
   }
 
   const double mean_work = TotalWorkload(batch) / n;
   const Model model = BuildModel(batch, std::move(blocks), mean_work, weight);
 
-  // The incumbent: the best, by its true objective, of the Ring and Llama3
-  // plans (always representable) and every other strategy's plan that the
-  // blocks can represent (all of them at granularity 1).
-  std::vector<Plan> candidates = starts;
-  for (Strategy s : kAllStrategies) {
-    if (s == Strategy::kIlp || s == Strategy::kRing || s == Strategy::kLlama3) continue;
-    absl::StatusOr<Plan> p = MakePlan(s, batch);
-    if (p.ok()) candidates.push_back(*std::move(p));
-  }
+  // The incumbent: the best representable candidate by its true objective.
   std::optional<Plan> best;
   double best_obj = std::numeric_limits<double>::infinity();
   std::vector<double> start_sol;
