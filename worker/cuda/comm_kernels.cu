@@ -48,6 +48,78 @@ __global__ void Bf16ToFloatKernel(const __nv_bfloat16* __restrict__ x, int64_t c
     out[i] = __bfloat162float(x[i]);
 }
 
+__global__ void PackKvKernel(const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
+                             const int64_t* __restrict__ src, int64_t rows, int64_t width,
+                             __nv_bfloat16* __restrict__ dst) {
+  const int64_t total = rows * 2 * width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / (2 * width), c = i % (2 * width);
+    const int64_t s = src[r];
+    __nv_bfloat16 x = __float2bfloat16(0.f);
+    if (s != INT64_MIN) x = c < width ? k[s * width + c] : v[s * width + c - width];
+    dst[i] = x;
+  }
+}
+
+__global__ void StageKvKernel(const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
+                              const __nv_bfloat16* __restrict__ recv, const int64_t* __restrict__ src,
+                              int64_t rows, int64_t width, __nv_bfloat16* __restrict__ out_k,
+                              __nv_bfloat16* __restrict__ out_v) {
+  const int64_t total = rows * width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / width, c = i % width;
+    const int64_t s = src[r];
+    if (s >= 0) {
+      out_k[i] = k[s * width + c];
+      out_v[i] = v[s * width + c];
+    } else {
+      const __nv_bfloat16* row = recv + (-1 - s) * 2 * width;
+      out_k[i] = row[c];
+      out_v[i] = row[width + c];
+    }
+  }
+}
+
+__global__ void ScatterAddKvKernel(const __nv_bfloat16* __restrict__ gk,
+                                   const __nv_bfloat16* __restrict__ gv,
+                                   const int64_t* __restrict__ rows, int64_t count,
+                                   const int64_t* __restrict__ dst, int64_t width,
+                                   float* __restrict__ acc_k, float* __restrict__ acc_v,
+                                   float* __restrict__ ret) {
+  const int64_t total = count * width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = i / width, c = i % width;
+    const int64_t r = rows[j], d = dst[r];
+    const float xk = __bfloat162float(gk[r * width + c]);
+    const float xv = __bfloat162float(gv[r * width + c]);
+    if (d >= 0) {
+      acc_k[d * width + c] += xk;
+      acc_v[d * width + c] += xv;
+    } else {
+      float* row = ret + (-1 - d) * 2 * width;
+      row[c] += xk;
+      row[width + c] += xv;
+    }
+  }
+}
+
+__global__ void AccumulateBackKvKernel(const __nv_bfloat16* __restrict__ back,
+                                       const int64_t* __restrict__ dst, int64_t rows, int64_t width,
+                                       float* __restrict__ acc_k, float* __restrict__ acc_v) {
+  const int64_t total = rows * width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / width, c = i % width;
+    const int64_t d = dst[r];
+    if (d == INT64_MIN) continue;
+    acc_k[d * width + c] += __bfloat162float(back[r * 2 * width + c]);
+    acc_v[d * width + c] += __bfloat162float(back[r * 2 * width + width + c]);
+  }
+}
+
 }  // namespace
 
 absl::Status LaunchSumBlocks(const float* blocks, int32_t n, int64_t count, float* out,
@@ -76,6 +148,42 @@ absl::Status LaunchBf16ToFloat(const __nv_bfloat16* x, int64_t count, float* out
   if (count <= 0) return absl::OkStatus();
   Bf16ToFloatKernel<<<Blocks(count), kThreads, 0, stream>>>(x, count, out);
   return CudaLaunchStatus("Bf16ToFloatKernel");
+}
+
+absl::Status LaunchPackKv(const __nv_bfloat16* k, const __nv_bfloat16* v, const int64_t* src,
+                          int64_t rows, int64_t width, __nv_bfloat16* dst, cudaStream_t stream) {
+  if (rows <= 0) return absl::OkStatus();
+  PackKvKernel<<<Blocks(rows * 2 * width), kThreads, 0, stream>>>(k, v, src, rows, width, dst);
+  return CudaLaunchStatus("PackKvKernel");
+}
+
+absl::Status LaunchStageKv(const __nv_bfloat16* k, const __nv_bfloat16* v,
+                           const __nv_bfloat16* recv, const int64_t* src, int64_t rows,
+                           int64_t width, __nv_bfloat16* out_k, __nv_bfloat16* out_v,
+                           cudaStream_t stream) {
+  if (rows <= 0) return absl::OkStatus();
+  StageKvKernel<<<Blocks(rows * width), kThreads, 0, stream>>>(k, v, recv, src, rows, width, out_k,
+                                                              out_v);
+  return CudaLaunchStatus("StageKvKernel");
+}
+
+absl::Status LaunchScatterAddKv(const __nv_bfloat16* gk, const __nv_bfloat16* gv,
+                                const int64_t* rows, int64_t count, const int64_t* dst,
+                                int64_t width, float* acc_k, float* acc_v, float* ret,
+                                cudaStream_t stream) {
+  if (count <= 0) return absl::OkStatus();
+  ScatterAddKvKernel<<<Blocks(count * width), kThreads, 0, stream>>>(gk, gv, rows, count, dst, width,
+                                                                    acc_k, acc_v, ret);
+  return CudaLaunchStatus("ScatterAddKvKernel");
+}
+
+absl::Status LaunchAccumulateBackKv(const __nv_bfloat16* back, const int64_t* dst, int64_t rows,
+                                    int64_t width, float* acc_k, float* acc_v,
+                                    cudaStream_t stream) {
+  if (rows <= 0) return absl::OkStatus();
+  AccumulateBackKvKernel<<<Blocks(rows * width), kThreads, 0, stream>>>(back, dst, rows, width,
+                                                                        acc_k, acc_v);
+  return CudaLaunchStatus("AccumulateBackKvKernel");
 }
 
 }  // namespace flashcp::worker::cuda
