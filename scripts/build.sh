@@ -6,6 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/setup-python.sh
+# The GPU backend's header-only cuDNN frontend (.prefix/cudnn-frontend), where
+# CMake would find nvcc (FLASHCP_CUDA=AUTO looks in PATH and /usr/local/cuda).
+if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  bash scripts/setup-cudnn-frontend.sh
+fi
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DFLASHCP_WERROR="${FLASHCP_WERROR:-ON}" "$@"
