@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The main job's second part: the system running as operators run it, on
+# loopback. Starts flashcp-planner, then for each strategy a CP group of 4 CPU
+# flashcp-worker processes (rank 0 is the driver: it streams plans from the
+# planner several steps ahead and broadcasts them), runs STEPS steps on a data
+# set, and prints the per-strategy table of measured step time, imbalance
+# (measured and predicted) and bytes moved against a full-KV exchange.
+# Progress goes to stderr, the table to stdout. Every process it starts is
+# stopped on exit (trap).
+#
+#   scripts/run-cluster.sh BIN_DIR
+#   env: STEPS (40 per strategy), CONTEXT (4096), HEADS (2), HEAD_DIM (32),
+#        DATASET (pile), RANKS (4), CONFIGS ("llama3:full_kv per_doc:full_kv
+#        whole_doc:allgather flashcp:allgather flashcp:targeted"), TIMEOUT_S (60)
+set -euo pipefail
+bin=${1:?usage: $0 BIN_DIR}
+STEPS=${STEPS:-40}
+CONTEXT=${CONTEXT:-4096}
+HEADS=${HEADS:-2}
+HEAD_DIM=${HEAD_DIM:-32}
+DATASET=${DATASET:-pile}
+RANKS=${RANKS:-4}
+TIMEOUT_S=${TIMEOUT_S:-60}
+CONFIGS=${CONFIGS:-llama3:full_kv per_doc:full_kv whole_doc:allgather flashcp:allgather flashcp:targeted}
+
+tmp=$(mktemp -d /tmp/flashcp-run.XXXXXX)
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Waits (bounded) for a line matching $2 in file $1 and prints it.
+await_line() {
+  local file=$1 pattern=$2 i
+  for i in $(seq 600); do
+    if grep -m1 -E "$pattern" "$file" 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "run-cluster: no '$pattern' in $file after 60 s" >&2
+  cat "$file" >&2 || true
+  return 1
+}
+
+"$bin/flashcp-planner" --listen 127.0.0.1:0 --metrics 127.0.0.1:0 --threads 1 \
+  >"$tmp/planner.out" 2>"$tmp/planner.err" &
+pids+=($!)
+planner=$(await_line "$tmp/planner.out" '^LISTENING ' | sed -E 's/.*grpc=([^ ]+).*/\1/')
+echo "run-cluster: planner at $planner; $RANKS CPU ranks per group, $STEPS steps per strategy," \
+     "$DATASET, C=$CONTEXT, H=$HEADS, D=$HEAD_DIM" >&2
+
+results=()
+for config in $CONFIGS; do
+  strategy=${config%%:*}
+  scheme=${config##*:}
+  group="main-${strategy//_/-}-$scheme"
+  group_pids=()
+  for ((r = 0; r < RANKS; r++)); do
+    "$bin/flashcp-worker" --rank "$r" --world_size "$RANKS" --group "$group" --planner "$planner" \
+      --dataset "$DATASET" --context "$CONTEXT" --heads "$HEADS" --head_dim "$HEAD_DIM" \
+      --strategy "$strategy" --scheme "$scheme" --steps "$STEPS" --timeout_s "$TIMEOUT_S" \
+      --progress_every 25 >"$tmp/$group.$r.out" 2>"$tmp/$group.$r.err" &
+    group_pids+=($!)
+    pids+=($!)
+  done
+  echo "run-cluster: $strategy/$scheme: group $group started" >&2
+  # Progress: the driver's log lines, as they come.
+  tail -n +1 -f "$tmp/$group.0.err" --pid "${group_pids[0]}" 2>/dev/null \
+    | grep --line-buffered -E 'step [0-9]+/' | sed -u 's/^/  /' >&2 &
+  tailer=$!
+  failed=0
+  for p in "${group_pids[@]}"; do wait "$p" || failed=1; done
+  wait "$tailer" 2>/dev/null || true
+  if ((failed)); then
+    echo "run-cluster: group $group failed:" >&2
+    tail -n 5 "$tmp/$group".*.err >&2
+    exit 1
+  fi
+  results+=("$(grep -m1 '^RUN ' "$tmp/$group.0.out" | sed 's/^RUN //')")
+done
+
+printf '%s\n' "${results[@]}" | python3 -c '
+import json, sys
+rows = [json.loads(l) for l in sys.stdin if l.strip()]
+print("Measured on %d CPU ranks (Gloo over loopback): mean per step; bytes are K/V and dK/dV" % int(sys.argv[1]))
+print("payload one layer moves, summed over ranks, against a full-KV all-gather of the same steps.")
+hdr = ("strategy", "scheme", "steps", "step ms", "attn fwd+bwd ms", "comm ms", "plan wait ms",
+       "imbalance meas.", "imbalance pred.", "MiB moved/step", "MiB full KV/step", "saving")
+print("| " + " | ".join(hdr) + " |")
+print("|" + "|".join("---" for _ in hdr) + "|")
+for r in rows:
+    n = max(1, r["steps"])
+    moved, full = r["bytes_sent"] / n / 2**20, r["full_kv_bytes"] / n / 2**20
+    print("| %s | %s | %d | %.1f | %.1f | %.1f | %.2f | %.3f | %.3f | %.2f | %.2f | %.1f%% |" % (
+        r["strategy"], r["scheme"], r["steps"], 1e3 * r["step_seconds"], 1e3 * r["attention_seconds"],
+        1e3 * r["comm_seconds"], 1e3 * r["plan_wait_seconds"], r["measured_imbalance"],
+        r["predicted_imbalance"], moved, full, 100 * (1 - moved / full) if full else 0.0))
+' "$RANKS"
