@@ -4,8 +4,9 @@
 //
 // Blocks. Every document is cut at multiples of the granularity g (its last
 // block may be shorter) and, in addition, at every shard boundary of the Ring
-// and Llama3 plans (at most 3N - 2 extra cuts in all). Variables x[b][r] in
-// {0,1} put block b on rank r.
+// and Llama3 plans (at most 3N - 2 extra cuts in all) and of the best other
+// heuristic plan that keeps the model within kMaxIlpBinaryVars. Variables
+// x[b][r] in {0,1} put block b on rank r.
 //
 // Exact equal tokens. Each rank's token row is an equality over integers,
 //   sum_b len_b * x[b][r] = RankRealTokens(total, N, r),
@@ -30,9 +31,12 @@
 // only overstates a non-binding row. The plan's objective is recomputed from
 // the plan itself (IlpObjective), never read off z.
 //
-// Incumbent. CBC starts from the best, by that objective, of the Ring and
-// Llama3 plans and of every other strategy's plan the blocks can represent, so
-// the ILP is never worse than any of them, even when stopped at once.
+// Incumbent. CBC starts from the best, by that objective, of every other
+// strategy's plan the blocks can represent (the best one always is, when it
+// fits the bound), so the ILP is never worse than any heuristic, even when
+// stopped at once. Past tiny instances CBC rarely improves on it: the LP
+// relaxation spreads every block evenly over the ranks, which is perfectly
+// balanced and has no non-last tokens, so its bound stays at 1 (docs/ilp.md).
 //
 // Scaling. Rows are in pairs and tokens; the objective is divided by the mean
 // rank workload, so it reads imbalance + comm_weight * max nonlast / mean W,

@@ -11,8 +11,9 @@
 namespace flashcp::core::internal {
 
 // Most binary variables (blocks x ranks) the ILP accepts; a larger model is
-// an InvalidArgument naming `ilp.granularity`. CBC at this size still finds
-// good incumbents within seconds but rarely proves optimality (docs/ilp.md).
+// an InvalidArgument naming `ilp.granularity`. CBC proves optimality only on
+// tiny models (tens of blocks); at this size it returns the best heuristic's
+// plan or a little better, with its gap (docs/ilp.md).
 inline constexpr int64_t kMaxIlpBinaryVars = 4096;
 
 // The default comm weight, as a fraction: a plan whose every rank's tokens are
