@@ -120,6 +120,25 @@ __global__ void AccumulateBackKvKernel(const __nv_bfloat16* __restrict__ back,
   }
 }
 
+__device__ __forceinline__ uint32_t Hash(uint64_t x) {
+  // splitmix64 finalizer, upper half.
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint32_t>((x ^ (x >> 31)) >> 32);
+}
+
+__global__ void FillRandomBf16Kernel(__nv_bfloat16* __restrict__ x, int64_t count, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const uint64_t base = seed * 0x100000001B3ull + static_cast<uint64_t>(i) * 4;
+    float s = 0.f;
+    for (int j = 0; j < 4; ++j) s += Hash(base + j) * (1.0f / 4294967296.0f);
+    // Sum of 4 U(0,1): mean 2, variance 1/3; rescale to unit variance.
+    x[i] = __float2bfloat16((s - 2.f) * 1.7320508f);
+  }
+}
+
 }  // namespace
 
 absl::Status LaunchSumBlocks(const float* blocks, int32_t n, int64_t count, float* out,
@@ -148,6 +167,13 @@ absl::Status LaunchBf16ToFloat(const __nv_bfloat16* x, int64_t count, float* out
   if (count <= 0) return absl::OkStatus();
   Bf16ToFloatKernel<<<Blocks(count), kThreads, 0, stream>>>(x, count, out);
   return CudaLaunchStatus("Bf16ToFloatKernel");
+}
+
+absl::Status LaunchFillRandomBf16(__nv_bfloat16* x, int64_t count, uint64_t seed,
+                                  cudaStream_t stream) {
+  if (count <= 0) return absl::OkStatus();
+  FillRandomBf16Kernel<<<Blocks(count), kThreads, 0, stream>>>(x, count, seed);
+  return CudaLaunchStatus("FillRandomBf16Kernel");
 }
 
 absl::Status LaunchPackKv(const __nv_bfloat16* k, const __nv_bfloat16* v, const int64_t* src,

@@ -29,6 +29,13 @@ absl::Status LaunchFloatToBf16(const float* x, int64_t count, __nv_bfloat16* out
 absl::Status LaunchBf16ToFloat(const __nv_bfloat16* x, int64_t count, float* out,
                                cudaStream_t stream);
 
+// x[i] = a pseudo-random value, roughly N(0, 1) (sum of four uniforms,
+// rescaled), from a counter hash of (seed, i): fills benchmark inputs on the
+// device without a host round trip. Never zeros (METHOD.md: zeros hide bugs
+// and run faster than real data).
+absl::Status LaunchFillRandomBf16(__nv_bfloat16* x, int64_t count, uint64_t seed,
+                                  cudaStream_t stream);
+
 // Row kernels of the CP step (cp_layout.h encodes the row indices). Width W
 // is heads_kv * head_dim elements; exchange rows are [K | V], 2W wide.
 

@@ -378,7 +378,17 @@ absl::StatusOr<CpCheck> RunCpCheck(const core::Plan& plan, const CpCheckOptions&
       return absl::Status(outs[r].status.code(),
                           absl::StrCat("CP check rank ", r, ": ", outs[r].status.message()));
 
-  FLASHCP_ASSIGN_OR_RETURN(RefOut ref, Reference(shape, plan.doc_lens, q, k, v, dout));
+  RefOut ref;
+  CpReferenceCache* cache = options.reference_cache;
+  if (cache != nullptr && cache->docs == plan.doc_lens && cache->seed == options.seed &&
+      cache->heads_q == hq && cache->heads_kv == hkv && cache->head_dim == d) {
+    ref = RefOut{cache->o, cache->lse, cache->dq, cache->dk, cache->dv};
+  } else {
+    FLASHCP_ASSIGN_OR_RETURN(ref, Reference(shape, plan.doc_lens, q, k, v, dout));
+    if (cache != nullptr)
+      *cache = CpReferenceCache{plan.doc_lens, options.seed, hq, hkv, d,
+                                ref.o, ref.lse, ref.dq, ref.dk, ref.dv};
+  }
   // Gather in global order; padding rows must hold exact zeros.
   auto gather = [&](auto member, int width, const std::vector<float>& want_all,
                     std::vector<float>& got, std::vector<float>& want) {

@@ -60,6 +60,16 @@ absl::StatusOr<AttentionCheck> CheckAttention(Attention& attention, const Attent
 
 enum class AttentionBackend { kCudnn, kPlain };
 
+// The reference's outputs for one (documents, seed, shape): RunCpCheck fills
+// it and reuses it when the next call has the same key (the fp64 reference is
+// the slow part of a check; strategies, schemes and backends share it).
+struct CpReferenceCache {
+  std::vector<int64_t> docs;
+  uint64_t seed = 0;
+  int32_t heads_q = 0, heads_kv = 0, head_dim = 0;
+  std::vector<float> o, lse, dq, dk, dv;
+};
+
 struct CpCheckOptions {
   core::CommScheme scheme = core::CommScheme::kAllGather;
   AttentionShape shape;
@@ -67,6 +77,7 @@ struct CpCheckOptions {
   uint64_t seed = 1;
   int device = 0;
   absl::Duration timeout = absl::Seconds(120);
+  CpReferenceCache* reference_cache = nullptr;  // optional, owned by the caller
 };
 
 struct CpCheck {

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU device check (issue 6): on a lent H200, within 8 minutes, checks
+# every kernel and the whole CP step against the CPU reference on fresh random
+# inputs, then times and prints the tables (docs/gpu.md says how to read them).
+#
+#   bash tests/gpu/device_check.sh            # on the GPU machine, repo root or anywhere
+#
+# It builds for sm_90a there when the machine has the project's build deps
+# (the stock CUDA image does not: no abseil, Gloo, CBC...); otherwise it runs
+# the programs tests/gpu/prepare_carry.sh built here for sm_90a. Carry:
+#   .gpu-carry  .prefix/cudnn-frontend
+# Results: $OUT (or build-gpu-check/) gets results.jsonl, shapes.json,
+# device_check.log and tables.txt. Exit 0 when every correctness check passed
+# (targets missed are reported, not failures), 1 when a check failed, 77
+# when there is no GPU.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/build-gpu-check}
+mkdir -p "$OUT"
+RESULTS=$OUT/results.jsonl
+: > "$RESULTS"
+exec > >(tee -a "$OUT/device_check.log") 2>&1
+T0=$SECONDS
+say() { echo "[device_check t+$((SECONDS - T0))s] $*"; }
+# run_stage NAME LIMIT_S CMD...: bounded, so one stuck stage cannot eat the lease.
+run_stage() {
+  local name=$1 limit=$2
+  shift 2
+  say "$name (limit ${limit}s)"
+  timeout --kill-after=10 "$limit" "$@"
+  local rc=$?
+  say "$name: rc=$rc"
+  return $rc
+}
+
+# ---- 0. The machine -------------------------------------------------------
+if ! nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader; then
+  say "no GPU here: nothing to check"
+  exit 77
+fi
+date -u +"date %Y-%m-%dT%H:%M:%SZ"
+nvcc --version 2>/dev/null | tail -1
+# The image's cuDNN and NCCL may live in PyTorch's wheels, not the toolkit.
+PYLIBS=$(python3 - <<'PY' 2>/dev/null
+import importlib.util, os
+dirs = []
+for mod in ("nvidia.cudnn", "nvidia.nccl", "nvidia.cuda_nvrtc", "nvidia.cuda_runtime"):
+    try:
+        spec = importlib.util.find_spec(mod)
+    except Exception:
+        spec = None
+    for base in (spec.submodule_search_locations if spec else []) or []:
+        lib = os.path.join(base, "lib")
+        if os.path.isdir(lib):
+            dirs.append(lib)
+print(":".join(dirs))
+PY
+)
+export LD_LIBRARY_PATH="${PYLIBS:+$PYLIBS:}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+say "library path: $LD_LIBRARY_PATH"
+
+# ---- 1. Build for sm_90a, or the carried build ------------------------------
+BIN=""
+TESTS=""
+BUILD_DIR=${BUILD_DIR:-$ROOT/build-gpu-check/build}
+if [[ -n ${FLASHCP_GPU_BIN:-} ]]; then
+  # An existing build (ctest's gpu_device_check passes its own tree).
+  BIN=$FLASHCP_GPU_BIN
+  TESTS=${FLASHCP_GPU_TESTS:-$BIN}
+  say "using the build in $BIN"
+elif [[ -f .prefix/cudnn-frontend/include/cudnn_frontend.h ]] &&
+   run_stage configure 60 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+     -DFLASHCP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHCP_WERROR=OFF \
+     -DCMAKE_LIBRARY_PATH="${PYLIBS//:/;}" > "$OUT/configure.log" 2>&1 &&
+   run_stage build 240 cmake --build "$BUILD_DIR" -j "$(nproc)" --target flashcp-gpu-bench \
+     worker_cuda_attention_test worker_cuda_communicator_test worker_cuda_cp_step_test; then
+  BIN=$BUILD_DIR/bin
+  TESTS=$BUILD_DIR/tests
+  say "built here for sm_90a"
+elif [[ -x .gpu-carry/bin/flashcp-gpu-bench ]]; then
+  tail -3 "$OUT/configure.log" 2>/dev/null
+  BIN=$ROOT/.gpu-carry/bin
+  TESTS=$BIN
+  export LD_LIBRARY_PATH="$ROOT/.gpu-carry/lib:$LD_LIBRARY_PATH"
+  say "no build here; using the carried sm_90a build of commit $(cat .gpu-carry/COMMIT 2>/dev/null)"
+else
+  say "no build and nothing carried: run tests/gpu/prepare_carry.sh where the deps are, carry .gpu-carry"
+  exit 2
+fi
+BENCH=$BIN/flashcp-gpu-bench
+FAILED=0
+
+# ---- 2. Correctness (fresh seeds every run) ----------------------------------
+run_stage check 150 "$BENCH" --mode=check --json_out="$RESULTS" > /dev/null || FAILED=1
+if [[ ${RUN_GTESTS:-1} == 1 ]]; then
+  for t in worker_cuda_attention_test worker_cuda_communicator_test worker_cuda_cp_step_test; do
+    run_stage "$t" 120 "$TESTS/$t" --gtest_brief=1 > "$OUT/$t.log" 2>&1 || { FAILED=1; tail -30 "$OUT/$t.log"; }
+  done
+fi
+
+# ---- 3. Kernel timing, ours and PyTorch's on the same shapes ------------------
+run_stage kernels 120 "$BENCH" --mode=kernels --heads=32 --json_out="$RESULTS" \
+  --shapes_out="$OUT/shapes.json" > /dev/null
+if [[ -f "$OUT/shapes.json" ]]; then
+  run_stage torch_sdpa 150 python3 tests/gpu/sdpa_baseline.py --shapes "$OUT/shapes.json" \
+    --json_out "$RESULTS" > /dev/null
+fi
+
+# ---- 4. CP: per-strategy, per-rank attention time at 128K, N = 4 and 8 --------
+run_stage cp 150 "$BENCH" --mode=cp --heads=32 --cp_context=131072 --cp_sizes=4,8 \
+  --cp_batches=1 --datasets=wlbllm,pile --json_out="$RESULTS" > /dev/null
+
+# ---- 5. Tables -----------------------------------------------------------------
+python3 tests/gpu/report.py "$RESULTS" | tee "$OUT/tables.txt"
+say "done (failed=$FAILED); results in $OUT"
+exit $FAILED

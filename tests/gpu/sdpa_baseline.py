@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""PyTorch's scaled_dot_product_attention on the shapes flashcp-gpu-bench timed.
+
+Reads the shapes file (--shapes, written by `flashcp-gpu-bench --mode=kernels
+--shapes_out`), and for each shape and each backend (cuDNN, flash) times causal
+attention forward and backward with CUDA events (median after warm-up) on
+random bf16 inputs, with the FLOPs counted as flashcp counts them (SPEC.md:
+4*H*D*pairs forward, 2.5x that backward), so the TFLOP/s compare directly.
+
+Batches of equal documents run as one dense [B, H, L, D] call; packed batches
+of unequal documents run as one nested (jagged) tensor call. A backend that
+refuses a shape is reported with its error, not skipped silently.
+Prints one JSON object per line (also appended to --json_out).
+"""
+import argparse
+import json
+import statistics
+import sys
+
+
+def pairs(docs):
+    return sum(l * (l + 1) // 2 for l in docs)
+
+
+def make_inputs(torch, docs, hq, hkv, d, gen):
+    dev = "cuda"
+    if len(set(docs)) == 1:
+        b, l = len(docs), docs[0]
+        q = torch.randn(b, hq, l, d, device=dev, dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(b, hkv, l, d, device=dev, dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(b, hkv, l, d, device=dev, dtype=torch.bfloat16, generator=gen)
+        do = torch.randn(b, hq, l, d, device=dev, dtype=torch.bfloat16, generator=gen)
+        return q, k, v, do, "dense"
+    def nt(h):
+        parts = [torch.randn(l, h, d, device=dev, dtype=torch.bfloat16, generator=gen) for l in docs]
+        return torch.nested.nested_tensor(parts, layout=torch.jagged).transpose(1, 2)
+    q, k, v, do = nt(hq), nt(hkv), nt(hkv), nt(hq)
+    return q, k, v, do, "jagged"
+
+
+def time_backend(torch, backend, docs, hq, hkv, d, warmup, iters, seed):
+    from torch.nn.attention import sdpa_kernel
+    import torch.nn.functional as F
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    q, k, v, do, layout = make_inputs(torch, docs, hq, hkv, d, gen)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    gqa = {"enable_gqa": True} if hq != hkv else {}
+    fwd, bwd = [], []
+    with sdpa_kernel([backend]):
+        for i in range(warmup + iters):
+            e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            e0.record()
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+            e1.record()
+            o.backward(do)
+            e2.record()
+            torch.cuda.synchronize()
+            if i >= warmup:
+                fwd.append(e0.elapsed_time(e1))
+                bwd.append(e1.elapsed_time(e2))
+            q.grad = k.grad = v.grad = None
+    return statistics.median(fwd), statistics.median(bwd), layout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", required=True)
+    ap.add_argument("--json_out", default="")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    import torch
+    from torch.nn.attention import SDPBackend
+    spec = json.load(open(a.shapes))
+    hq, hkv, d = spec["heads_q"], spec["heads_kv"], spec["head_dim"]
+    out = open(a.json_out, "a") if a.json_out else None
+    print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+          f"{torch.cuda.get_device_name()}", file=sys.stderr)
+    for s in spec["shapes"]:
+        docs = s["docs"]
+        flops_f = 4.0 * hq * d * pairs(docs)
+        for name, backend in (("torch_cudnn", SDPBackend.CUDNN_ATTENTION),
+                              ("torch_flash", SDPBackend.FLASH_ATTENTION)):
+            rec = {"bench": "kernel", "impl": name, "shape": s["name"], "tokens": sum(docs),
+                   "docs": len(docs), "heads_q": hq, "heads_kv": hkv}
+            try:
+                f, b, layout = time_backend(torch, backend, docs, hq, hkv, d, a.warmup, a.iters, a.seed)
+                rec.update(layout=layout, fwd_ms=round(f, 4), bwd_ms=round(b, 4),
+                           fwd_tflops=round(flops_f / (f * 1e-3) / 1e12, 1),
+                           bwd_tflops=round(2.5 * flops_f / (b * 1e-3) / 1e12, 1))
+            except Exception as e:  # a refused shape is a result
+                rec["error"] = f"{type(e).__name__}: {e}"[:300]
+            line = json.dumps(rec)
+            print(line, flush=True)
+            if out:
+                out.write(line + "\n")
+                out.flush()
+
+
+if __name__ == "__main__":
+    main()
