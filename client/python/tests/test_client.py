@@ -131,7 +131,9 @@ def test_fork_makes_a_new_channel_in_the_child(client):
     assert client.channel_pid == parent_pid
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_plan_in_child, args=(client, queue)) for _ in range(2)]
+    # daemon: a child that hung would be killed at exit rather than waited for.
+    procs = [ctx.Process(target=_plan_in_child, args=(client, queue), daemon=True)
+             for _ in range(2)]
     for p in procs:
         p.start()
     results = [queue.get(timeout=60) for _ in procs]
