@@ -176,6 +176,11 @@ class Prometheus {
   // and starts Prometheus on a free loopback port, retrying if it is taken.
   static absl::StatusOr<std::unique_ptr<Prometheus>> Start(
       const std::string& planner_metrics, const std::vector<std::string>& worker_targets) {
+    if (access("/usr/bin/prometheus", X_OK) != 0 || access("/usr/bin/promtool", X_OK) != 0) {
+      return absl::FailedPreconditionError(
+          "/usr/bin/prometheus and promtool are needed (Debian's prometheus package; "
+          "scripts/install-deps.sh installs it)");
+    }
     auto p = std::unique_ptr<Prometheus>(new Prometheus());
     char tmpl[] = "/tmp/flashcp-e2e-prom-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp");

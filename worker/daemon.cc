@@ -497,6 +497,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> WorkerDaemon::FormGroup(Rendezvous
   }
   GrpcStore store(&rdv, options_.timeout);
   GlooOptions gloo;
+  gloo.hostname = options_.gloo_hostname;
   gloo.timeout = options_.timeout;
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
       ConnectGloo(store, options_.rank, world_size, gloo);
@@ -522,7 +523,7 @@ absl::Status WorkerDaemon::Run() {
                       << options_.group << " formed";
     SetState(v1::WorkerStatus::IDLE);
     s = Loop(**comm);
-    if (!s.ok()) (void)rdv.Abort(absl::StrCat("rank ", options_.rank, ": ", s.message()));
+    if (!s.ok()) (void)rdv.Abort(std::string(s.message()));  // the service prefixes "rank R: "
     (void)rdv.Leave();
   }
   absl::MutexLock lock(&mu_);
@@ -559,7 +560,6 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
     return absl::InvalidArgumentError(absl::StrCat("plan for ", plan.plan.cp_size,
                                                    " ranks in a group of ", comm.size()));
   }
-  const auto t0 = SteadyClock::now();
   TimedCommunicator timed(comm);
   const CommStats before = comm.stats();
   FLASHCP_ASSIGN_OR_RETURN(const EngineTimes times,
@@ -607,7 +607,6 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
   const double mean = sum / comm.size();
   r.attention_time_ratio = mean > 0 ? mine.attention_seconds / mean : 1.0;
   r.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  (void)t0;
 
   const std::string scheme_name(core::CommSchemeName(scheme));
   metrics_->Record(plan.strategy, scheme_name, r);

@@ -66,6 +66,7 @@ struct DaemonOptions {
   bool linger = false;               // after a run: stay (control, metrics) until SIGTERM
   uint64_t incarnation = 0;          // this process's identity for Join/Leave
   int64_t progress_every = 0;        // driver logs progress every N steps; 0: never
+  std::string gloo_hostname = "127.0.0.1";  // address this rank's Gloo transport listens on
 };
 
 // InvalidArgument naming the flag; Unimplemented for a cuda device in a

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "core/datasets.h"
 #include "core/testing/status_matchers.h"
 #include "gloo/common/error.h"
 #include "gmock/gmock.h"
@@ -103,6 +105,134 @@ TEST_F(RendezvousFixture, ExactCodesThroughTheClient) {
   ASSERT_THAT(b.Abort("peer died"), IsOk());
   EXPECT_THAT(a.Set("k2", "v"), StatusIs(absl::StatusCode::kAborted,
                                          HasSubstr("aborted: rank 1: peer died")));
+}
+
+// A planner whose streams echo each request's documents back, and whose first
+// `broken_streams` streams break with UNAVAILABLE after `answers_before_break`
+// answers (a planner restart mid-stream).
+class FlakyPlanner final : public client::PlannerClient {
+ public:
+  FlakyPlanner(int broken_streams, int answers_before_break)
+      : broken_streams_(broken_streams), answers_before_break_(answers_before_break) {}
+
+  class Stream final : public client::PlanStream {
+   public:
+    explicit Stream(int answers) : answers_left_(answers) {}
+    bool Write(const v1::PlanRequest& request) override {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return false;
+      pending_.push_back(request);
+      return true;
+    }
+    bool WritesDone() override {
+      absl::MutexLock lock(&mu_);
+      done_writing_ = true;
+      return true;
+    }
+    bool Read(v1::PlanResponse* response) override {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](Stream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+            return !s->pending_.empty() || s->done_writing_ || s->cancelled_ ||
+                   s->answers_left_ == 0;
+          },
+          this));
+      if (cancelled_ || answers_left_ == 0 || pending_.empty()) return false;
+      const v1::PlanRequest r = pending_.front();
+      pending_.erase(pending_.begin());
+      --answers_left_;
+      response->Clear();
+      response->set_batch_id(r.batch_id());
+      response->mutable_doc_lens()->CopyFrom(r.doc_lens());
+      return true;
+    }
+    void Cancel() override {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+    }
+    absl::Status Finish() override {
+      absl::MutexLock lock(&mu_);
+      return answers_left_ == 0 ? absl::UnavailableError("connection reset") : absl::OkStatus();
+    }
+
+   private:
+    absl::Mutex mu_;
+    std::vector<v1::PlanRequest> pending_ ABSL_GUARDED_BY(mu_);
+    bool done_writing_ ABSL_GUARDED_BY(mu_) = false;
+    bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+    int answers_left_ ABSL_GUARDED_BY(mu_);
+  };
+
+  std::unique_ptr<client::PlanStream> OpenPlanStream(const client::CallOptions&) override {
+    absl::MutexLock lock(&mu_);
+    ++opened_;
+    return std::make_unique<Stream>(opened_ <= broken_streams_ ? answers_before_break_ : 1 << 30);
+  }
+  client::PlanResult Plan(const v1::PlanRequest&, const client::CallOptions&) override {
+    return absl::UnimplementedError("Plan");
+  }
+  void PlanAsync(const v1::PlanRequest&, const client::CallOptions&,
+                 client::PlanCallback done) override {
+    std::move(done)(absl::UnimplementedError("PlanAsync"));
+  }
+  absl::StatusOr<v1::ListStrategiesResponse> ListStrategies(const client::CallOptions&) override {
+    return absl::UnimplementedError("ListStrategies");
+  }
+  absl::StatusOr<v1::ServerInfo> GetServerInfo(const client::CallOptions&) override {
+    return absl::UnimplementedError("GetServerInfo");
+  }
+  int opened() {
+    absl::MutexLock lock(&mu_);
+    return opened_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  const int broken_streams_, answers_before_break_;
+  int opened_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+PlanFeed::Config FeedConfig(int64_t count, absl::Duration timeout) {
+  PlanFeed::Config c;
+  c.dataset = core::Dataset::kPile;
+  c.context = 4096;
+  c.cp_size = 4;
+  c.strategy = "flashcp";
+  c.heads = 2;
+  c.head_dim = 32;
+  c.seed = 7;
+  c.first_batch = 3;
+  c.count = count;
+  c.prefetch = 2;
+  c.timeout = timeout;
+  return c;
+}
+
+TEST(PlanFeedTest, ResumesFromTheFirstUndeliveredBatchAfterTheStreamBreaks) {
+  auto planner = std::make_shared<FlakyPlanner>(/*broken_streams=*/2, /*answers_before_break=*/3);
+  PlanFeed feed(planner, FeedConfig(10, absl::Seconds(30)));
+  for (int64_t k = 0; k < 10; ++k) {
+    absl::StatusOr<std::optional<v1::PlanResponse>> next = feed.Next(absl::Seconds(30));
+    ASSERT_THAT(next.status(), IsOk()) << k;
+    ASSERT_TRUE(next->has_value()) << k;
+    const std::vector<int64_t> want = core::SampleBatch(core::Dataset::kPile, 4096, 7, 3 + k).value();
+    EXPECT_EQ(std::vector<int64_t>((*next)->doc_lens().begin(), (*next)->doc_lens().end()), want)
+        << "batch " << k;
+  }
+  EXPECT_EQ(planner->opened(), 3);
+}
+
+TEST(PlanFeedTest, GivesUpWithUnavailableAfterTheTimeoutWithoutPlans) {
+  auto planner = std::make_shared<FlakyPlanner>(/*broken_streams=*/1 << 20,
+                                                /*answers_before_break=*/0);
+  PlanFeed feed(planner, FeedConfig(5, absl::Milliseconds(300)));
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  absl::StatusOr<std::optional<v1::PlanResponse>> next;
+  do {
+    next = feed.Next(absl::Seconds(1));
+  } while (next.ok() && !next->has_value() && absl::Now() < deadline);
+  EXPECT_THAT(next.status(), StatusIs(absl::StatusCode::kUnavailable,
+                                      HasSubstr("plan stream: no plan for 300ms")));
 }
 
 TEST(ValidateDaemonOptionsTest, Table) {

@@ -48,6 +48,8 @@ ABSL_FLAG(int32_t, timeout_s, 30, "bound on group formation and on every collect
 ABSL_FLAG(int32_t, threads, 1, "attention kernel threads of this rank");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the batches and of Q, K, V");
 ABSL_FLAG(bool, linger, false, "after a run, keep serving (metrics, control) until SIGTERM");
+ABSL_FLAG(std::string, gloo_host, "127.0.0.1",
+          "address this rank's Gloo TCP transport listens on (the pod IP across nodes)");
 ABSL_FLAG(int64_t, progress_every, 0, "driver: log progress every N steps to stderr; 0: never");
 
 namespace fw = flashcp::worker;
@@ -95,6 +97,7 @@ int main(int argc, char** argv) {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.linger = absl::GetFlag(FLAGS_linger);
   o.progress_every = absl::GetFlag(FLAGS_progress_every);
+  o.gloo_hostname = absl::GetFlag(FLAGS_gloo_host);
   std::random_device entropy;
   o.incarnation = (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(getpid());
   if (absl::Status s = fw::ValidateDaemonOptions(o); !s.ok()) return Fail(s);
