@@ -372,8 +372,10 @@ absl::Status LaunchPlainAttentionBackward(const AttentionShape& shape, const Var
                                           cudaStream_t stream) {
   if (absl::Status s = CheckArgs(shape, batch); !s.ok()) return s;
   const float scale = shape.EffectiveScale();
-  const int64_t rows = batch.total_q() * shape.heads_q;
-  if (rows > 0) {
+  // delta is indexed by absolute Q row: cover every row up to the last
+  // sequence's end, gaps included (their values are never read).
+  const int64_t rows = batch.q_rows() * shape.heads_q;
+  if (batch.total_q() > 0) {
     const unsigned blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
     if (shape.head_dim == 128)
       AttentionBackwardDeltaKernel<128><<<blocks, kThreads, 0, stream>>>(a.out, a.dout, delta, rows);
@@ -421,7 +423,7 @@ absl::Status PlainAttention::Forward(const VarlenBatch& batch, const AttentionFo
 
 absl::Status PlainAttention::Backward(const VarlenBatch& batch, const AttentionBackwardArgs& args,
                                       cudaStream_t stream) {
-  if (absl::Status s = delta_.Reserve(static_cast<size_t>(batch.total_q()) * shape_.heads_q);
+  if (absl::Status s = delta_.Reserve(static_cast<size_t>(batch.q_rows()) * shape_.heads_q);
       !s.ok())
     return s;
   return LaunchPlainAttentionBackward(shape_, batch, args, delta_.data(), stream);

@@ -26,7 +26,8 @@ namespace flashcp::worker::cuda {
 absl::Status LaunchPlainAttentionForward(const AttentionShape& shape, const VarlenBatch& batch,
                                          const AttentionForwardArgs& args, cudaStream_t stream);
 
-// `delta` is scratch of batch.total_q() * shape.heads_q floats (rowsum(dO * O)).
+// `delta` is scratch of batch.q_rows() * shape.heads_q floats (rowsum(dO * O),
+// indexed by absolute Q row).
 absl::Status LaunchPlainAttentionBackward(const AttentionShape& shape, const VarlenBatch& batch,
                                           const AttentionBackwardArgs& args, float* delta,
                                           cudaStream_t stream);

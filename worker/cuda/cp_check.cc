@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
@@ -370,13 +371,24 @@ absl::StatusOr<CpCheck> RunCpCheck(const core::Plan& plan, const CpCheckOptions&
   };
   {
     std::vector<std::thread> threads;
-    for (int32_t r = 0; r < n; ++r) threads.emplace_back([&, r] { outs[r].status = run_rank(r); });
+    for (int32_t r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        outs[r].status = run_rank(r);
+        // Peers waiting for this rank in a collective fail now, not at the timeout.
+        if (!outs[r].status.ok())
+          group->Abort(absl::Status(outs[r].status.code(),
+                                    absl::StrCat("rank ", r, " failed: ", outs[r].status.message())));
+      });
     for (std::thread& t : threads) t.join();
   }
-  for (int32_t r = 0; r < n; ++r)
-    if (!outs[r].status.ok())
-      return absl::Status(outs[r].status.code(),
-                          absl::StrCat("CP check rank ", r, ": ", outs[r].status.message()));
+  // Report the root cause: a rank's own failure before the peers' "group
+  // broken" echoes of it.
+  for (int pass = 0; pass < 2; ++pass)
+    for (int32_t r = 0; r < n; ++r) {
+      const absl::Status& st = outs[r].status;
+      if (st.ok() || (pass == 0 && absl::StrContains(st.message(), "group broken"))) continue;
+      return absl::Status(st.code(), absl::StrCat("CP check rank ", r, ": ", st.message()));
+    }
 
   RefOut ref;
   CpReferenceCache* cache = options.reference_cache;

@@ -115,6 +115,16 @@ TEST(CpLayoutTest, StagedRowsAreTheDocumentPrefixAndBytesMatchAnalysis) {
           EXPECT_EQ(staged, static_cast<int64_t>(p.stage_src.size()));
           for (size_t i = 0; i < p.whole_start.size(); ++i)
             EXPECT_EQ(ids[r][p.whole_start[i]].second, 0);
+          // Whole and prefixed shards tile [0, real rows) exactly; padding follows.
+          std::vector<int> cover(local, 0);
+          for (size_t i = 0; i < p.whole_start.size(); ++i)
+            for (int32_t t = 0; t < p.whole_len[i]; ++t) ++cover[p.whole_start[i] + t];
+          for (size_t i = 0; i < p.prefix_q_start.size(); ++i)
+            for (int32_t t = 0; t < p.prefix_q_len[i]; ++t) ++cover[p.prefix_q_start[i] + t];
+          for (int64_t row = 0; row < local; ++row)
+            ASSERT_EQ(cover[row], ids[r][row] == kNone ? 0 : 1) << "row " << row;
+          for (int64_t row = 1; row < local; ++row)
+            ASSERT_FALSE(ids[r][row - 1] == kNone && ids[r][row] != kNone) << "padding before a shard";
           // Rounds: distinct destinations within each, every staged row once.
           std::multiset<int64_t> all;
           for (const auto& round : p.stage_rounds) {

@@ -68,6 +68,10 @@ class DeviceLocalGroup {
                                                                   absl::Duration timeout);
   // One communicator per rank; each is used by one thread.
   absl::StatusOr<std::unique_ptr<DeviceCommunicator>> Join(int32_t rank);
+  // Breaks the group (a rank failed outside a collective): every rank waiting
+  // in or later entering an operation gets FailedPrecondition naming `why`,
+  // instead of waiting out the timeout.
+  void Abort(absl::Status why);
 
   class State;  // device_local_communicator.cc
   ~DeviceLocalGroup();

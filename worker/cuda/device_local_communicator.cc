@@ -261,6 +261,8 @@ absl::StatusOr<std::shared_ptr<DeviceLocalGroup>> DeviceLocalGroup::Create(int32
   return g;
 }
 
+void DeviceLocalGroup::Abort(absl::Status why) { state_->Break(std::move(why)); }
+
 absl::StatusOr<std::unique_ptr<DeviceCommunicator>> DeviceLocalGroup::Join(int32_t rank) {
   if (rank < 0 || rank >= state_->size())
     return absl::InvalidArgumentError(

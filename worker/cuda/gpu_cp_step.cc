@@ -48,6 +48,12 @@ absl::StatusOr<std::unique_ptr<GpuCpRank>> GpuCpRank::Create(GpuRankPlan plan,
 
 absl::Status GpuCpRank::Init() {
   width_ = int64_t{shape_.heads_kv} * shape_.head_dim;
+  // The shards tile local rows [0, real_rows_); padding follows (cp_layout_test).
+  for (int32_t len : plan_.whole_len) real_rows_ += len;
+  for (int32_t len : plan_.prefix_q_len) real_rows_ += len;
+  if (real_rows_ > plan_.local_rows)
+    return absl::InternalError(absl::StrCat("rank ", plan_.rank, ": shards hold ", real_rows_,
+                                            " rows of ", plan_.local_rows));
   const int64_t row2 = 2 * width_;
   if (!plan_.whole_len.empty()) {
     FLASHCP_ASSIGN_OR_RETURN(
@@ -112,12 +118,19 @@ absl::Status GpuCpRank::Forward(const bf16* q, const bf16* k, const bf16* v, bf1
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaEventRecord(packed_.get(), compute_), ctx, ": record packed");
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm_.stream(), packed_.get(), 0), ctx,
                                ": comm waits for packing");
-  // Rows no shard covers (padding) must still be written.
-  const int64_t q_elems = plan_.local_rows * shape_.heads_q * shape_.head_dim;
-  FLASHCP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o, 0, q_elems * sizeof(bf16), compute_), ctx, ": zero O");
-  FLASHCP_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(lse, 0, plan_.local_rows * shape_.heads_q * sizeof(float), compute_), ctx,
-      ": zero LSE");
+  // Padding rows (after the shards) get zeros; every other row is written by
+  // the attention itself, so a NaN sentinel there catches a row it missed.
+  const int64_t pad_rows = plan_.local_rows - real_rows_;
+  const int64_t q_row = int64_t{shape_.heads_q} * shape_.head_dim;
+  if (pad_rows > 0) {
+    FLASHCP_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(o + real_rows_ * q_row, 0, pad_rows * q_row * sizeof(bf16), compute_), ctx,
+        ": zero O padding");
+    FLASHCP_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(lse + real_rows_ * shape_.heads_q, 0,
+                        pad_rows * shape_.heads_q * sizeof(float), compute_),
+        ctx, ": zero LSE padding");
+  }
   // 2. Whole documents: queued before the exchange, so they run during it.
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_[0].get(), compute_), ctx, ": event");
   if (whole_) FLASHCP_RETURN_IF_ERROR(attention_.Forward(*whole_, {q, k, v, o, lse}, compute_));
@@ -153,12 +166,16 @@ absl::Status GpuCpRank::Backward(const bf16* dout, bf16* dq, bf16* dk, bf16* dv)
   const int64_t row2 = 2 * width_;
   const int64_t kv_elems = plan_.local_rows * width_;
   const std::string ctx = absl::StrCat("CP backward rank ", plan_.rank);
-  FLASHCP_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(dq, 0, plan_.local_rows * shape_.heads_q * shape_.head_dim * sizeof(bf16), compute_),
-      ctx, ": zero dQ");
+  const int64_t q_row = int64_t{shape_.heads_q} * shape_.head_dim;
+  if (plan_.local_rows > real_rows_)  // padding rows only, as in Forward
+    FLASHCP_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(dq + real_rows_ * q_row, 0,
+                        (plan_.local_rows - real_rows_) * q_row * sizeof(bf16), compute_),
+        ctx, ": zero dQ padding");
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc_k_.data(), 0, acc_k_.bytes(), compute_), ctx, ": zero");
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc_v_.data(), 0, acc_v_.bytes(), compute_), ctx, ": zero");
-  FLASHCP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ret_.data(), 0, ret_.bytes(), compute_), ctx, ": zero");
+  if (ret_.bytes() > 0)  // no return buffer where nothing was received
+    FLASHCP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ret_.data(), 0, ret_.bytes(), compute_), ctx, ": zero");
   // 1. Prefixed shards: their gradients of remote rows are what travels.
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_[4].get(), compute_), ctx, ": event");
   if (prefix_)

@@ -14,7 +14,8 @@
 // Local tensors (device, row = token, C/N rows, padding rows at the end):
 //   q, o, dout, dq [rows][heads_q][D] bf16; k, v, dk, dv [rows][heads_kv][D]
 //   bf16; lse [rows][heads_q] fp32. Every element of o, lse, dq, dk, dv is
-//   written (padding rows and keys nothing attends get 0).
+//   written: shard rows by the attention itself (so a NaN sentinel put there
+//   beforehand shows a missed row), padding rows as 0.
 #ifndef FLASHCP_WORKER_CUDA_GPU_CP_STEP_H_
 #define FLASHCP_WORKER_CUDA_GPU_CP_STEP_H_
 
@@ -73,7 +74,8 @@ class GpuCpRank {
   Attention& attention_;
   DeviceCommunicator& comm_;
   cudaStream_t compute_;
-  int64_t width_ = 0;  // heads_kv * head_dim
+  int64_t width_ = 0;      // heads_kv * head_dim
+  int64_t real_rows_ = 0;  // local rows the shards cover: [0, real_rows_)
 
   std::optional<VarlenBatch> whole_, prefix_;
   DeviceBuffer<int64_t> d_pack_rows_, d_stage_src_, d_round_rows_;
