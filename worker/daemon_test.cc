@@ -235,6 +235,40 @@ TEST(PlanFeedTest, GivesUpWithUnavailableAfterTheTimeoutWithoutPlans) {
                                       HasSubstr("plan stream: no plan for 300ms")));
 }
 
+TEST(WorkerDaemonTest, ControlRequestsBeforeTheGroupForms) {
+  prometheus::Registry registry;
+  WorkerMetrics metrics(registry, "test");
+  DaemonOptions o;
+  o.world_size = 4;
+  o.steps = 0;
+  DaemonOptions o1 = o;
+  o1.rank = 1;
+  WorkerDaemon driver(o, nullptr, nullptr, nullptr, &metrics);
+  WorkerDaemon other(o1, nullptr, nullptr, nullptr, &metrics);
+  EXPECT_THAT(other.StartRun(5, "", ""),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("rank 1 is not the driver; send StartRun to rank 0")));
+  EXPECT_THAT(other.StopRun(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(driver.StartRun(0, "", ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("steps: must be >= 1")));
+  EXPECT_THAT(driver.StartRun(5, "nope", ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("strategy: unknown")));
+  EXPECT_THAT(driver.StartRun(5, "", "nope"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(driver.StartRun(5, "llama3", "full_kv"), IsOk());
+  EXPECT_THAT(driver.StartRun(5, "", ""),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already going")));
+  EXPECT_THAT(driver.StopRun(), IsOk());  // drops the pending run
+  EXPECT_THAT(driver.StartRun(5, "", ""), IsOk());
+  const v1::WorkerStatus s = driver.Status();
+  EXPECT_EQ(s.state(), v1::WorkerStatus::IDLE);
+  EXPECT_EQ(s.rank(), 0);
+  EXPECT_EQ(s.world_size(), 4);
+  EXPECT_EQ(s.group(), "g0");
+  EXPECT_EQ(s.device(), "cpu");
+  EXPECT_EQ(s.strategy(), "flashcp");
+  EXPECT_EQ(s.scheme(), "allgather");
+}
+
 TEST(ValidateDaemonOptionsTest, Table) {
   struct Case {
     void (*edit)(DaemonOptions&);
