@@ -23,19 +23,21 @@ def pairs(docs):
 
 
 def make_inputs(torch, docs, hq, hkv, d, gen):
+    """Returns (leaves, (q, k, v), layout): leaves carry requires_grad; q, k, v
+    are [B, H, L, D] views (dense, or jagged nested tensors)."""
     dev = "cuda"
     if len(set(docs)) == 1:
         b, l = len(docs), docs[0]
-        q = torch.randn(b, hq, l, d, device=dev, dtype=torch.bfloat16, generator=gen)
-        k = torch.randn(b, hkv, l, d, device=dev, dtype=torch.bfloat16, generator=gen)
-        v = torch.randn(b, hkv, l, d, device=dev, dtype=torch.bfloat16, generator=gen)
-        do = torch.randn(b, hq, l, d, device=dev, dtype=torch.bfloat16, generator=gen)
-        return q, k, v, do, "dense"
-    def nt(h):
+        def dense(h):
+            return torch.randn(b, h, l, d, device=dev, dtype=torch.bfloat16, generator=gen,
+                               requires_grad=True)
+        leaves = [dense(hq), dense(hkv), dense(hkv)]
+        return leaves, tuple(leaves), "dense"
+    def jagged(h):
         parts = [torch.randn(l, h, d, device=dev, dtype=torch.bfloat16, generator=gen) for l in docs]
-        return torch.nested.nested_tensor(parts, layout=torch.jagged).transpose(1, 2)
-    q, k, v, do = nt(hq), nt(hkv), nt(hkv), nt(hq)
-    return q, k, v, do, "jagged"
+        return torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True)
+    leaves = [jagged(hq), jagged(hkv), jagged(hkv)]
+    return leaves, tuple(t.transpose(1, 2) for t in leaves), "jagged"
 
 
 def time_backend(torch, backend, docs, hq, hkv, d, warmup, iters, seed):
@@ -43,24 +45,28 @@ def time_backend(torch, backend, docs, hq, hkv, d, warmup, iters, seed):
     import torch.nn.functional as F
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
-    q, k, v, do, layout = make_inputs(torch, docs, hq, hkv, d, gen)
-    for t in (q, k, v):
-        t.requires_grad_(True)
+    leaves, (q, k, v), layout = make_inputs(torch, docs, hq, hkv, d, gen)
     gqa = {"enable_gqa": True} if hq != hkv else {}
     fwd, bwd = [], []
+    dout = None
     with sdpa_kernel([backend]):
         for i in range(warmup + iters):
             e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
             e0.record()
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
             e1.record()
-            o.backward(do)
+            # The output's values as a dense tensor: a plain gradient fits any layout.
+            out = o.transpose(1, 2).values() if layout == "jagged" else o
+            if dout is None:
+                dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
+            out.backward(dout)
             e2.record()
             torch.cuda.synchronize()
             if i >= warmup:
                 fwd.append(e0.elapsed_time(e1))
                 bwd.append(e1.elapsed_time(e2))
-            q.grad = k.grad = v.grad = None
+            for t in leaves:
+                t.grad = None
     return statistics.median(fwd), statistics.median(bwd), layout
 
 
