@@ -489,7 +489,18 @@ absl::Status WorkerDaemon::StopRun() {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> WorkerDaemon::FormGroup(RendezvousClient& rdv) {
-  FLASHCP_ASSIGN_OR_RETURN(const int32_t world_size, rdv.Join(options_.world_size));
+  // The planner may come up after the workers (a pod restart): retry an
+  // unreachable planner until the timeout, with backoff.
+  const absl::Time join_deadline = absl::Now() + options_.timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  absl::StatusOr<int32_t> joined = rdv.Join(options_.world_size);
+  while (joined.status().code() == absl::StatusCode::kUnavailable &&
+         absl::Now() + backoff < join_deadline) {
+    absl::SleepFor(backoff);  // backoff between attempts, bounded by the deadline
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+    joined = rdv.Join(options_.world_size);
+  }
+  FLASHCP_ASSIGN_OR_RETURN(const int32_t world_size, std::move(joined));
   absl::StatusOr<std::vector<int32_t>> members = rdv.AwaitMembers(options_.timeout);
   if (!members.ok()) {
     (void)rdv.Leave();

@@ -3,11 +3,16 @@
 // the summary line.
 #include "worker/daemon.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/datasets.h"
 #include "core/testing/status_matchers.h"
@@ -267,6 +272,32 @@ TEST(WorkerDaemonTest, ControlRequestsBeforeTheGroupForms) {
   EXPECT_EQ(s.device(), "cpu");
   EXPECT_EQ(s.strategy(), "flashcp");
   EXPECT_EQ(s.scheme(), "allgather");
+}
+
+TEST(WorkerDaemonTest, UnreachablePlannerFailsUnavailableAfterTheTimeout) {
+  prometheus::Registry registry;
+  WorkerMetrics metrics(registry, "test");
+  DaemonOptions o;
+  o.world_size = 2;
+  o.timeout = absl::Seconds(1);
+  // A port nobody listens on: bind one, then close it.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  close(fd);
+  auto stub = v1::Rendezvous::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                                          grpc::InsecureChannelCredentials()));
+  WorkerDaemon daemon(o, std::move(stub), nullptr, nullptr, &metrics);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(daemon.Run(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rendezvous Join")));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(500));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(daemon.Status().state(), v1::WorkerStatus::FAILED);
 }
 
 TEST(ValidateDaemonOptionsTest, Table) {
