@@ -65,6 +65,7 @@ def main():
         print(f"{'dataset':<10}{'batch':>5}{'N':>3} | " + " | ".join(
             f"{s:>8} crit ms  imb" for s in ("flashcp", "llama3", "per_doc", "zigzag")) + " | flashcp fastest")
         for (ds, b, n), strat in sorted(cp.items()):
+            strat = {k: r for k, r in strat.items() if "critical_ms" in r}
             cells = []
             for s in ("flashcp", "llama3", "per_doc", "zigzag"):
                 r = strat.get(s)
@@ -73,6 +74,10 @@ def main():
             others = [strat[s]["critical_ms"] for s in ("llama3", "per_doc", "zigzag") if s in strat]
             verdict = ("PASS" if f and others and f["critical_ms"] < min(others) else "MISS") if f else "n/a"
             print(f"{ds:<10}{b:>5}{n:>3} | " + " | ".join(cells) + f" | {verdict}")
+        for (ds, b, n), strat in sorted(cp.items()):
+            for s, r in strat.items():
+                if "error" in r:
+                    print(f"  {ds} batch {b} N={n} {s}: {r['error']}")
 
 
 if __name__ == "__main__":

@@ -293,7 +293,14 @@ absl::Status RunKernels(uint64_t seed) {
     for (Attention* a : {static_cast<Attention*>(cudnn.get()), static_cast<Attention*>(plain.get())}) {
       // The plain kernels are the oracle, not a contender: time them once, at 8K.
       if (a == plain.get() && sh.name != "single_8192") continue;
-      FLASHCP_ASSIGN_OR_RETURN(Timing tm, TimeAttention(*a, batch, t, s));
+      auto timed = TimeAttention(*a, batch, t, s);
+      if (!timed.ok()) {  // a refused shape is a result; the other shapes still run
+        Emit(absl::StrCat("{\"bench\":\"kernel\",\"impl\":\"", a->name(), "\",\"shape\":\"",
+                          sh.name, "\",\"error\":\"", timed.status().ToString(), "\"}"));
+        std::cerr << sh.name << " " << a->name() << ": " << timed.status() << "\n";
+        continue;
+      }
+      const Timing tm = *timed;
       const double ff = AttentionForwardFlops(batch, shape), bf = AttentionBackwardFlops(batch, shape);
       const double ftf = ff / (tm.fwd_ms * 1e-3) / 1e12, btf = bf / (tm.bwd_ms * 1e-3) / 1e12;
       Emit(absl::StrFormat(
@@ -338,6 +345,7 @@ absl::Status RunCp(uint64_t seed) {
           FLASHCP_ASSIGN_OR_RETURN(core::PlanMetrics metrics,
                                    core::AnalyzePlan(plan, {shape.heads_kv, shape.head_dim, 2}));
           std::vector<double> rank_ms;
+          absl::Status strategy_status = [&]() -> absl::Status {
           for (int32_t r = 0; r < n; ++r) {
             // Rank r's attention alone on the GPU: its whole-document batch
             // and its prefixed batch over staged KV, fwd + bwd each.
@@ -361,6 +369,16 @@ absl::Status RunCp(uint64_t seed) {
               ms += tm.fwd_ms + tm.bwd_ms;
             }
             rank_ms.push_back(ms);
+          }
+          return absl::OkStatus();
+          }();
+          if (!strategy_status.ok()) {  // report it, go on with the next strategy
+            Emit(absl::StrCat("{\"bench\":\"cp\",\"dataset\":\"", core::DatasetName(d),
+                              "\",\"batch\":", b, ",\"cp\":", n, ",\"strategy\":\"",
+                              core::StrategyName(strategy), "\",\"error\":\"",
+                              strategy_status.ToString(), "\"}"));
+            std::cerr << core::StrategyName(strategy) << " N=" << n << ": " << strategy_status << "\n";
+            continue;
           }
           const double crit = *std::max_element(rank_ms.begin(), rank_ms.end());
           double mean = 0;
