@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job's second part: the system running as operators run it, on
-# loopback. Starts flashcp-planner, then for each strategy a CP group of 4 CPU
-# flashcp-worker processes (rank 0 is the driver: it streams plans from the
+# The main job: the system running as operators run it, on loopback. Starts
+# flashcp-planner; drives it with flashcp-client on a data set and prints the
+# plans' quality table per strategy; then for each configuration a CP group of
+# 4 CPU flashcp-worker processes (rank 0 is the driver: it streams plans from the
 # planner several steps ahead and broadcasts them), runs STEPS steps on a data
 # set, and prints the per-strategy table of measured step time, imbalance
 # (measured and predicted) and bytes moved against a full-KV exchange.
@@ -9,7 +10,9 @@
 # stopped on exit (trap).
 #
 #   scripts/run-cluster.sh BIN_DIR
-#   env: STEPS (40 per strategy), CONTEXT (4096), HEADS (2), HEAD_DIM (32),
+#   env: QUALITY_STRATEGIES ("llama3 per_doc zigzag whole_doc flashcp_paper
+#        flashcp"), QUALITY_CONTEXT (131072), QUALITY_CP (8), QUALITY_BATCHES (64),
+#        STEPS (40 per strategy), CONTEXT (4096), HEADS (2), HEAD_DIM (32),
 #        DATASET (pile), RANKS (4), CONFIGS ("llama3:full_kv per_doc:full_kv
 #        whole_doc:allgather flashcp:allgather flashcp:targeted"), TIMEOUT_S (60)
 set -euo pipefail
@@ -52,6 +55,24 @@ pids+=($!)
 planner=$(await_line "$tmp/planner.out" '^LISTENING ' | sed -E 's/.*grpc=([^ ]+).*/\1/')
 echo "run-cluster: planner at $planner; $RANKS CPU ranks per group, $STEPS steps per strategy," \
      "$DATASET, C=$CONTEXT, H=$HEADS, D=$HEAD_DIM" >&2
+
+# Part one: the planner's quality table, every batch planned through the
+# service by the client (one server, one table row per strategy).
+QUALITY_STRATEGIES=${QUALITY_STRATEGIES:-llama3 per_doc zigzag whole_doc flashcp_paper flashcp}
+first=1
+for strategy in $QUALITY_STRATEGIES; do
+  "$bin/flashcp-client" --server "$planner" --dataset "$DATASET" \
+    --context "${QUALITY_CONTEXT:-131072}" --cp "${QUALITY_CP:-8}" \
+    --batches "${QUALITY_BATCHES:-64}" --seed 1 --strategy "$strategy" --summary \
+    >"$tmp/quality.$strategy" 2>"$tmp/quality.$strategy.err" || {
+      echo "run-cluster: flashcp-client failed for $strategy:" >&2
+      cat "$tmp/quality.$strategy.err" >&2
+      exit 1
+    }
+  if ((first)); then cat "$tmp/quality.$strategy"; first=0; else tail -n +3 "$tmp/quality.$strategy"; fi
+  echo "run-cluster: planned ${QUALITY_BATCHES:-64} $DATASET batches with $strategy" >&2
+done
+echo
 
 results=()
 for config in $CONFIGS; do
