@@ -83,10 +83,19 @@ absl::StatusOr<int32_t> RendezvousState::Join(absl::string_view group_name, int3
     return absl::InvalidArgumentError(absl::StrCat("world_size: must be in [1, ", kMaxWorldSize,
                                                    "], got ", world_size));
   }
+  // For a group this call creates or re-forms, world_size is the request's:
+  // a bad rank must be refused before that, or it would leave a memberless
+  // group that nothing removes (Leave needs a member) or wipe a live abort.
+  const auto bad_rank = [&] {
+    return absl::InvalidArgumentError(absl::StrCat("rank: must be in [0, ", world_size,
+                                                   ") for group ", Quoted(group_name), ", got ",
+                                                   rank));
+  };
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("rendezvous: the planner is shutting down");
   auto it = groups_.find(group_name);
   if (it == groups_.end()) {
+    if (rank < 0 || rank >= world_size) return bad_rank();
     if (groups_.size() >= kMaxGroups) {
       return absl::ResourceExhaustedError(
           absl::StrCat("group ", Quoted(group_name), ": already ", kMaxGroups, " groups"));
@@ -101,6 +110,7 @@ absl::StatusOr<int32_t> RendezvousState::Join(absl::string_view group_name, int3
       return absl::AbortedError(
           absl::StrCat("group ", Quoted(group_name), " aborted: ", g.abort_reason));
     }
+    if (rank < 0 || rank >= world_size) return bad_rank();
     g = Group{};  // a new incarnation re-forms the failed group
     g.world_size = world_size;
     changed_.SignalAll();

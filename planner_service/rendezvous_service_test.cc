@@ -68,6 +68,28 @@ TEST(RendezvousStateTest, JoinCodes) {
   EXPECT_EQ(s.Join("g", 0, 2, 8).value(), 2);  // the group went with its last member
 }
 
+// A Join with a bad rank changes nothing: it neither leaves behind a new,
+// memberless group (which no Leave could remove) nor re-forms an aborted one.
+TEST(RendezvousStateTest, BadRankJoinLeavesNoTrace) {
+  RendezvousState s;
+  EXPECT_THAT(s.Join("fresh", 2, 2, 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank: must be in [0, 2) for group \"fresh\", got 2")));
+  EXPECT_THAT(s.Join("fresh", -1, 2, 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got -1")));
+  EXPECT_EQ(s.group_count(), 0u);
+  EXPECT_THAT(s.AwaitMembers("fresh", Past()).status(), StatusIs(absl::StatusCode::kNotFound));
+
+  ASSERT_THAT(s.Join("g", 0, 2, 1).status(), IsOk());
+  ASSERT_THAT(s.Abort("g", 0, "peer died"), IsOk());
+  EXPECT_THAT(s.Join("g", 5, 2, 2).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank: must be in [0, 2) for group \"g\", got 5")));
+  EXPECT_EQ(s.group_count(), 1u);
+  EXPECT_THAT(s.AwaitMembers("g", Past()).status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 0: peer died")));
+}
+
 TEST(RendezvousStateTest, AwaitMembers) {
   RendezvousState s;
   EXPECT_THAT(s.AwaitMembers("g", Past()).status(),
