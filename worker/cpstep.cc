@@ -358,20 +358,22 @@ absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
   int32_t remaining = n;
   absl::Time kill_at = absl::InfiniteFuture();
   while (remaining > 0) {
-    int st = 0;
-    const pid_t pid = waitpid(-1, &st, WNOHANG);
-    if (pid > 0) {
-      for (int32_t r = 0; r < n; ++r) {
-        if (pids[r] != pid) continue;
-        done[r] = true;
-        wstatus[r] = st;
-        --remaining;
-        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && kill_at == absl::InfiniteFuture()) {
-          kill_at = absl::Now() + config.timeout;
-        }
+    // Only our own children, by pid: waitpid(-1) would also reap (and lose
+    // the status of) children the rest of the program started.
+    bool reaped = false;
+    for (int32_t r = 0; r < n; ++r) {
+      if (done[r]) continue;
+      int st = 0;
+      if (waitpid(pids[r], &st, WNOHANG) != pids[r]) continue;
+      reaped = true;
+      done[r] = true;
+      wstatus[r] = st;
+      --remaining;
+      if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && kill_at == absl::InfiniteFuture()) {
+        kill_at = absl::Now() + config.timeout;
       }
-      continue;
     }
+    if (reaped) continue;
     if (absl::Now() >= kill_at) {
       for (int32_t r = 0; r < n; ++r) {
         if (!done[r]) kill(pids[r], SIGKILL);

@@ -78,8 +78,9 @@ absl::Status RankProcessMain(int32_t rank, const StepConfig& config, uint64_t se
 
 // All ranks as processes: fork/execs `argv` + {"--internal-rank", r,
 // "--internal-dir", dir} for each rank (argv[0] the binary), waits for them
-// (killing any left once another has failed and `config.timeout` plus 10 s
-// have passed), and reads their results back. The directory is made with
+// (killing any left once another has failed and `config.timeout` has
+// passed), and reads their results back. It waits for those pids only, never
+// for other children of the process. The directory is made with
 // mkdtemp and removed.
 absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
                                                      const StepConfig& config,
