@@ -23,6 +23,7 @@
 #include "core/datasets.h"
 #include "core/strategies.h"
 #include "worker/cpstep.h"
+#include "worker/gloo_communicator.h"
 
 namespace {
 
@@ -40,6 +41,7 @@ std::vector<int64_t> Ints(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  flashcp::worker::IgnoreSigpipe();  // RunThreads connects Gloo (gloo_communicator.h)
   std::string dataset_name = "pile";
   std::vector<int64_t> contexts = {16384, 32768, 65536}, cps = {2, 4};
   int64_t heads = 1, head_dim = 128, time_max = 16384, seed = 1;

@@ -30,6 +30,7 @@
 #include "core/analysis.h"
 #include "core/strategies.h"
 #include "worker/cpstep.h"
+#include "worker/gloo_communicator.h"
 
 namespace {
 
@@ -228,4 +229,7 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return Run(argc, argv); }
+int main(int argc, char** argv) {
+  flashcp::worker::IgnoreSigpipe();  // a dead peer fails the step, not this process
+  return Run(argc, argv);
+}

@@ -27,6 +27,16 @@
 namespace flashcp::worker {
 namespace {
 
+// ConnectGloo refuses to run while SIGPIPE is at its default action; this
+// test binary, like flashcp-worker's main(), ignores it before any test.
+class IgnoreSigpipeEnvironment final : public ::testing::Environment {
+ public:
+  void SetUp() override { IgnoreSigpipe(); }
+};
+[[maybe_unused]] ::testing::Environment* const kIgnoreSigpipe =
+    ::testing::AddGlobalTestEnvironment(new IgnoreSigpipeEnvironment);
+
+
 using core::testing::IsOk;
 using core::testing::StatusIs;
 using ::testing::ElementsAre;

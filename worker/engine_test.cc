@@ -1,5 +1,8 @@
 #include "worker/engine.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <memory>
 #include <random>
 #include <string>
@@ -19,6 +22,16 @@
 
 namespace flashcp::worker {
 namespace {
+
+// ConnectGloo refuses to run while SIGPIPE is at its default action; this
+// test binary, like flashcp-worker's main(), ignores it before any test.
+class IgnoreSigpipeEnvironment final : public ::testing::Environment {
+ public:
+  void SetUp() override { IgnoreSigpipe(); }
+};
+[[maybe_unused]] ::testing::Environment* const kIgnoreSigpipe =
+    ::testing::AddGlobalTestEnvironment(new IgnoreSigpipeEnvironment);
+
 
 using ::flashcp::core::testing::IsOk;
 using ::flashcp::core::testing::StatusIs;
@@ -176,6 +189,28 @@ TEST(EngineFaultTest, DeadRankThreadGivesUnavailableToEveryOther) {
                              HasSubstr("rank 2: UNAVAILABLE: gloo allgather on rank 2 of 3"),
                              HasSubstr("from rank 1"))));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // far below the 30 s timeout
+}
+
+// RunProcesses waits for its own rank processes only: a child the rest of the
+// program started (here one that already exited, a zombie not yet waited
+// for) keeps its exit status for its owner.
+TEST(RunProcessesTest, LeavesOtherChildrenToTheirOwner) {
+  const pid_t other = fork();
+  ASSERT_GE(other, 0);
+  if (other == 0) _exit(7);
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, static_cast<id_t>(other), &info, WEXITED | WNOWAIT), 0);
+  StepConfig config;
+  config.timeout = absl::Seconds(30);
+  // Rank processes that exit 0 without writing a result.
+  EXPECT_THAT(RunProcesses(ZigzagPlan(2), config, {"/bin/true"}),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("rank 0: NOT_FOUND: cannot read"),
+                             HasSubstr("rank 1: NOT_FOUND: cannot read"))));
+  int st = 0;
+  ASSERT_EQ(waitpid(other, &st, 0), other);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 7);
 }
 
 TEST(CpAttentionStepTest, RejectsBadUse) {

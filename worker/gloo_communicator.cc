@@ -37,11 +37,9 @@ std::chrono::milliseconds ToMillis(absl::Duration d) {
   return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
 }
 
-void IgnoreSigpipeIfDefault() {
+bool SigpipeAtDefault() {
   struct sigaction current;
-  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
-    signal(SIGPIPE, SIG_IGN);
-  }
+  return sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL;
 }
 
 class GlooCommunicator final : public Communicator {
@@ -250,6 +248,10 @@ class GlooCommunicator final : public Communicator {
 
 }  // namespace
 
+void IgnoreSigpipe() {
+  if (SigpipeAtDefault()) signal(SIGPIPE, SIG_IGN);
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(gloo::rendezvous::Store& store,
                                                           int32_t rank, int32_t size,
                                                           const GlooOptions& options) {
@@ -261,7 +263,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(gloo::rendezvous::Stor
     return absl::InvalidArgumentError(absl::StrCat(
         "gloo connect: timeout must be positive, got ", absl::FormatDuration(options.timeout)));
   }
-  IgnoreSigpipeIfDefault();
+  if (SigpipeAtDefault()) {
+    return absl::FailedPreconditionError(
+        "gloo connect: SIGPIPE is at its default action, so a peer closing its socket would "
+        "kill this process; main() must call IgnoreSigpipe() first");
+  }
   const std::string context = absl::StrCat("gloo connect: rank ", rank, " of ", size, " via ",
                                            options.hostname, " (timeout ",
                                            absl::FormatDuration(options.timeout), ")");

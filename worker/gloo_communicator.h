@@ -26,12 +26,19 @@ struct GlooOptions {
   absl::Duration timeout = absl::Seconds(30);
 };
 
+// Sets SIGPIPE to SIG_IGN, process-wide, if it is at its default action (a
+// handler the program installed is kept). Gloo writes with writev, which
+// cannot pass MSG_NOSIGNAL, so without this a peer that closes its socket
+// kills the process instead of failing the operation. A signal disposition is
+// the program's to choose: main() (or a test's setup) calls this before
+// ConnectGloo; the library never does.
+void IgnoreSigpipe();
+
 // Joins the group of `size` ranks as `rank` through `store` (used only during
 // this call) and connects the full mesh. InvalidArgument for a bad rank/size
-// or timeout; DeadlineExceeded if the other ranks do not arrive within the
-// timeout; Unavailable for a transport failure. The process must not die of
-// SIGPIPE when a peer closes its socket (Gloo writes with writev): if SIGPIPE
-// is at its default action, this sets it to SIG_IGN, process-wide.
+// or timeout; FailedPrecondition if SIGPIPE is at its default action (see
+// IgnoreSigpipe); DeadlineExceeded if the other ranks do not arrive within the
+// timeout; Unavailable for a transport failure.
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(gloo::rendezvous::Store& store,
                                                           int32_t rank, int32_t size,
                                                           const GlooOptions& options = {});

@@ -1,5 +1,7 @@
 #include "worker/gloo_communicator.h"
 
+#include <signal.h>
+
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -20,6 +22,15 @@ using ::flashcp::core::testing::IsOk;
 using ::flashcp::core::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+
+// ConnectGloo refuses to run while SIGPIPE is at its default action; this
+// test binary, like flashcp-worker's main(), ignores it before any test.
+class IgnoreSigpipeEnvironment final : public ::testing::Environment {
+ public:
+  void SetUp() override { IgnoreSigpipe(); }
+};
+[[maybe_unused]] ::testing::Environment* const kIgnoreSigpipe =
+    ::testing::AddGlobalTestEnvironment(new IgnoreSigpipeEnvironment);
 
 // Runs fn(rank, communicator) on `n` threads, each connected through one
 // HashStore; fails the test if a rank cannot connect.
@@ -125,6 +136,24 @@ TEST(GlooCommunicatorTest, RejectsBadArguments) {
     EXPECT_THAT(comm.AllGatherV(absl::MakeConstSpan(b, 1), absl::MakeSpan(b, 1), {1, 1}),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("allgather: input")));
   });
+}
+
+// The library leaves the signal disposition to the program: with SIGPIPE at
+// its default, ConnectGloo refuses (a peer's close would kill the process)
+// and changes nothing; IgnoreSigpipe() sets it to SIG_IGN.
+TEST(GlooCommunicatorTest, SigpipeAtDefaultIsFailedPreconditionAndLeftAlone) {
+  ASSERT_NE(signal(SIGPIPE, SIG_DFL), SIG_ERR);
+  gloo::rendezvous::HashStore store;
+  const absl::StatusOr<std::unique_ptr<Communicator>> comm = ConnectGloo(store, 0, 1);
+  struct sigaction after;
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &after), 0);
+  IgnoreSigpipe();
+  EXPECT_THAT(comm, StatusIs(absl::StatusCode::kFailedPrecondition,
+                             HasSubstr("SIGPIPE is at its default action")));
+  EXPECT_EQ(after.sa_handler, SIG_DFL);
+  struct sigaction now;
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
 }
 
 // The peer never arrives at the rendezvous: connect fails with

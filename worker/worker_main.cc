@@ -26,6 +26,7 @@
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "worker/daemon.h"
+#include "worker/gloo_communicator.h"
 
 ABSL_FLAG(int32_t, rank, 0, "this process's rank in the group, 0 is the driver");
 ABSL_FLAG(int32_t, world_size, 1, "ranks in the CP group (N)");
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGUSR2);  // internal: the daemon has finished
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  fw::IgnoreSigpipe();  // a dead peer fails the collective, not this process
 
   fw::DaemonOptions o;
   o.rank = absl::GetFlag(FLAGS_rank);
