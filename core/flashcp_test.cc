@@ -1,5 +1,6 @@
 // FlashCP, our planner: hand-worked small cases, its building blocks, and a
 // quality regression on the data-set generators against the paper's heuristic.
+#include <string>
 #include <vector>
 
 #include "core/analysis.h"
@@ -25,12 +26,21 @@ TEST(FlashCpTest, EqualDocumentsStayWhole) {
   EXPECT_THAT(plan->shards, ElementsAre(Shard{0, 0, 4, 0}, Shard{1, 0, 4, 1}));
 }
 
+// The tiny hand-worked cases below turn the minimum-shard rule off (their
+// documents are far shorter than its default 128 tokens); the rule has its
+// own cases further down.
+PlanOptions NoMinShard() {
+  PlanOptions o;
+  o.min_shard_tokens = 0;
+  return o;
+}
+
 TEST(FlashCpTest, FallsBackToPerDocForTheLongDocument) {
   // [8, 2, 2] on 2 ranks, R = 1.02. k = 0 (no Per-Doc): every rho puts doc 0
   // (W 36) alone on a rank, imbalance >= 33/21. k = 1: doc 0 zigzagged gives
   // r0 [0,2) + [6,8) and r1 [2,6), W 18 each, 4 tokens each; docs 1 and 2
   // (W 3) one per rank: 21 and 21, imbalance 1.0, and only doc 0 is cut.
-  absl::StatusOr<Plan> plan = MakePlan(Strategy::kFlashCp, Batch{{8, 2, 2}, 2});
+  absl::StatusOr<Plan> plan = MakePlan(Strategy::kFlashCp, Batch{{8, 2, 2}, 2}, NoMinShard());
   ASSERT_THAT(plan, IsOk());
   EXPECT_THAT(plan->shards, ElementsAre(Shard{0, 0, 2, 0}, Shard{0, 6, 2, 0}, Shard{1, 0, 2, 0},
                                         Shard{0, 2, 4, 1}, Shard{2, 0, 2, 1}));
@@ -41,7 +51,7 @@ TEST(FlashCpTest, BestImbalanceWhenTargetUnreachable) {
   // k = 0: W 18 vs 6 (1.5). k = 1: doc 0 zigzag r0 W 9, r1 W 12; doc 1 to
   //   r0, head [0,1) (W 1) to r1: 11 vs 13 (13/12 = 1.083).
   // k = 2: all Per-Doc, 10 vs 14 (1.167). The least imbalanced plan wins.
-  absl::StatusOr<Plan> plan = MakePlan(Strategy::kFlashCp, Batch{{6, 2}, 2});
+  absl::StatusOr<Plan> plan = MakePlan(Strategy::kFlashCp, Batch{{6, 2}, 2}, NoMinShard());
   ASSERT_THAT(plan, IsOk());
   EXPECT_THAT(plan->shards, ElementsAre(Shard{0, 0, 2, 0}, Shard{0, 5, 1, 0}, Shard{1, 1, 1, 0},
                                         Shard{0, 2, 3, 1}, Shard{1, 0, 1, 1}));
@@ -127,6 +137,102 @@ TEST(ScorePiecesTest, CountsNonLastAndCuts) {
   EXPECT_EQ(s.max_nonlast, 2);
   EXPECT_EQ(s.cut_docs, 1);
   EXPECT_EQ(s.min_cut_len, 2);
+}
+
+// The minimum-shard rule (PlanOptions::min_shard_tokens, docs/planner.md).
+
+TEST(PerDocPiecesTest, MinShardUsesFewerRanks) {
+  // Doc 0, 10 tokens, N = 4, min 2: c = clamp(10 / (2 * 2), 1, 4) = 2 ranks,
+  // 2c = 4 chunks of 10 / 4 = 2, the 10 % 4 = 2 leftovers to positions 0 and
+  // 1 (front chunks): [3, 3, 2, 2]; chunk k to position k < c ? k : 2c-1-k,
+  // i.e. ranks 0, 1, 1, 0. Every chunk >= 2 tokens.
+  const Batch batch{{10}, 4};
+  EXPECT_EQ(internal::FinishPlan(batch, internal::PerDocPieces(batch, {0}, 2)).shards,
+            (std::vector<Shard>{{0, 0, 3, 0}, {0, 8, 2, 0}, {0, 3, 5, 1}}));
+  // A document shorter than 4 * min stays whole (c = 1), on the next rank in
+  // turn: doc 1 (7 tokens, min 2) after doc 0 took ranks 0 and 1 goes to r2.
+  const Batch two{{10, 7}, 4};
+  EXPECT_EQ(internal::FinishPlan(two, internal::PerDocPieces(two, {0, 1}, 2)).shards,
+            (std::vector<Shard>{{0, 0, 3, 0}, {0, 8, 2, 0}, {0, 3, 5, 1}, {1, 0, 7, 2}}));
+}
+
+TEST(RepairShortShardsTest, AbsorbsSliverAndShiftsAnotherCut) {
+  // docs [10, 10] on 2 ranks, min 3. Doc 0: [0,1) on r1 (a 1-token sliver),
+  // [1,10) on r0; doc 1: [0,5) on r0, [5,10) on r1. Tokens r0 9 + 5 = 14,
+  // r1 1 + 5 = 6. Absorb: doc 0 goes whole to r0 (r0 +1 token); the chain
+  // returns 1 token r0 -> r1 through doc 1's cut: [0,5) shrinks to [0,4)
+  // (4 >= 3), r1's [5,10) grows to [4,10). Tokens still 14 and 6; doc 0 is no
+  // longer cut.
+  const Batch batch{{10, 10}, 2};
+  const std::vector<Shard> fixed = internal::RepairShortShards(
+      batch, {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 5, 0}, {1, 5, 5, 1}}, 3);
+  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
+            (std::vector<Shard>{{0, 0, 10, 0}, {1, 0, 4, 0}, {1, 4, 6, 1}}));
+}
+
+TEST(RepairShortShardsTest, GrowsSliverWhenAbsorbingHasNoChain) {
+  // docs [10, 10] on 2 ranks, min 3. Doc 0: [0,2) r0 (sliver), [2,10) r1;
+  // doc 1: [0,3) r1, [3,10) r0 (r1's piece is exactly the minimum: it
+  // cannot give). Absorb into r1 would need r1 -> r0 through doc 1: r1's
+  // [0,3) cannot shrink. Grow instead: [0,2) takes 1 token from [2,10)
+  // (7 >= 3 left), and r0 returns 1 token to r1 through doc 1: r0's [3,10)
+  // shrinks at its start to [4,10), r1's [0,3) grows to [0,4).
+  const Batch batch{{10, 10}, 2};
+  const std::vector<Shard> fixed = internal::RepairShortShards(
+      batch, {{0, 0, 2, 0}, {0, 2, 8, 1}, {1, 0, 3, 1}, {1, 3, 7, 0}}, 3);
+  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
+            (std::vector<Shard>{{0, 0, 3, 0}, {1, 4, 6, 0}, {0, 3, 7, 1}, {1, 0, 4, 1}}));
+}
+
+TEST(RepairShortShardsTest, LeavesSliverWithoutChain) {
+  // [6, 2] on 2 ranks, min 3: doc 0 [2,6) r0, [0,2) r1, doc 1 whole on r1.
+  // No other cut document: nothing can return tokens, the sliver stays.
+  const Batch batch{{6, 2}, 2};
+  const std::vector<Shard> fixed =
+      internal::RepairShortShards(batch, {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}}, 3);
+  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
+            (std::vector<Shard>{{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}}));
+}
+
+TEST(FlashCpTest, MinShardPerDocChunks) {
+  // [16, 4, 4] on 2 ranks, min 4, R 1.02. Total W 136 + 10 + 10 = 156, mean
+  // 78, bound 79.56. Doc 0 (16 > C/N = 12) keeps at least W(4, 12) = 126 on
+  // one rank unless zigzagged: k >= 1. k = 1: c = clamp(16 / 8, 1, 2) = 2 =
+  // N: chunks of 4: r0 [0,4) + [12,16) (W 10 + 58 = 68), r1 [4,12) (W 68),
+  // need 4 and 4; docs 1 and 2 (W 10) one each (tie to r0 first): 78 / 78.
+  // Every cut shard has 4 tokens, the minimum.
+  PlanOptions o;
+  o.min_shard_tokens = 4;
+  absl::StatusOr<Plan> plan = MakePlan(Strategy::kFlashCp, Batch{{16, 4, 4}, 2}, o);
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_THAT(plan->shards, ElementsAre(Shard{0, 0, 4, 0}, Shard{0, 12, 4, 0}, Shard{1, 0, 4, 0},
+                                        Shard{0, 4, 8, 1}, Shard{2, 0, 4, 1}));
+}
+
+TEST(FlashCpTest, MinShardHeadsAreNotSlivers) {
+  // [300, 200, 20] on 2 ranks (260 tokens each), min 50. Total W 45150 +
+  // 20100 + 210 = 65460, mean 32730, bound (R 1.02) 33384.6. Doc 0 (300 >
+  // C/N = 260) keeps W(40, 260) = 44330 > bound on one rank unless
+  // zigzagged, so k >= 1: c = clamp(300 / 100, 1, 2) = 2 = N, chunks of 75:
+  // r0 [0,75) + [225,300), r1 [75,225). The rest is equalized with heads of
+  // at least 50 tokens; every cut shard of the plan has >= 50 tokens, while
+  // the rule off (min 0) is free to cut exact-shortfall heads.
+  PlanOptions o;
+  o.min_shard_tokens = 50;
+  absl::StatusOr<Plan> plan = MakePlan(Strategy::kFlashCp, Batch{{300, 200, 20}, 2}, o);
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(*plan, ModelShape{});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_GE(m->min_cut_shard_len, 50);
+  EXPECT_LE(m->imbalance, 1.02);
+}
+
+TEST(FlashCpTest, RejectsNegativeMinShard) {
+  PlanOptions o;
+  o.min_shard_tokens = -1;
+  absl::StatusOr<Plan> plan = MakePlan(Strategy::kFlashCp, Batch{{4, 4}, 2}, o);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(plan.status().message()), ::testing::HasSubstr("min_shard_tokens"));
 }
 
 // Quality regression on the generators (docs/planner.md has the full table):

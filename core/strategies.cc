@@ -46,6 +46,10 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
     return absl::InvalidArgumentError(absl::StrCat(
         "target_imbalance: must be a finite ratio >= 1, got ", options.target_imbalance));
   }
+  if (options.min_shard_tokens < 0 || options.min_shard_tokens > kMaxTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_shard_tokens: must be in [0, 2^40], got ", options.min_shard_tokens));
+  }
   switch (strategy) {
     case Strategy::kLlama3:
       return internal::PlanLlama3(batch);

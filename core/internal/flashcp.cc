@@ -1,7 +1,7 @@
-// FlashCP, our planner (docs/planner.md): workload-budgeted placement with
-// closed-form cut points, a Per-Doc fallback for documents too long to
-// balance, and a small candidate search scored on imbalance, then
-// communication, then cuts.
+// FlashCP, our planner (docs/planner.md): Whole-Doc placement steered by rho
+// with whole-document moves, a Per-Doc fallback for the documents too long to
+// balance (the fewest, found by search), the minimum-shard rule, and a small
+// candidate search scored on imbalance, then communication, then cuts.
 #include <algorithm>
 #include <vector>
 
@@ -11,74 +11,217 @@
 namespace flashcp::core::internal {
 namespace {
 
-bool Better(const PlanScore& a, const PlanScore& b, double target) {
+// First the target, then communication with each remaining short cut piece
+// charged `short_cost` non-last tokens (docs/planner.md, "Minimum shard"),
+// then cuts; when nothing meets the target, least imbalance.
+bool Better(const PlanScore& a, const PlanScore& b, double target, int64_t short_cost) {
   const bool fa = a.imbalance <= target, fb = b.imbalance <= target;
   if (fa != fb) return fa;
   if (!fa) return a.imbalance < b.imbalance;
-  if (a.max_nonlast != b.max_nonlast) return a.max_nonlast < b.max_nonlast;
+  const int64_t ca = a.max_nonlast + a.short_cuts * short_cost;
+  const int64_t cb = b.max_nonlast + b.short_cuts * short_cost;
+  if (ca != cb) return ca < cb;
   return a.cut_docs < b.cut_docs;
+}
+
+// Per-rank non-last tokens, cut documents and shortest cut piece of raw
+// pieces whose documents are each entirely in `pieces` (no merging needed:
+// the pieces come from one generator that never emits touching same-rank
+// pieces, or from RepairShortShards, which merges).
+struct PartialScore {
+  std::vector<int64_t> nonlast;
+  int64_t cut_docs = 0;
+  int64_t min_cut_len = 0;
+};
+void AddPieces(const Batch& batch, const std::vector<Shard>& pieces, PartialScore& p) {
+  for (const Shard& s : pieces) {
+    if (s.len == 0) continue;
+    const int64_t len = batch.doc_lens[s.doc];
+    if (s.start + s.len < len) p.nonlast[s.rank] += s.len;
+    if (s.len < len) {
+      if (s.start == 0) ++p.cut_docs;
+      if (p.min_cut_len == 0 || s.len < p.min_cut_len) p.min_cut_len = s.len;
+    }
+  }
 }
 
 }  // namespace
 
 Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   const double target = options.target_imbalance;
+  const int64_t m = options.min_shard_tokens;
+  const int32_t n = batch.cp_size;
   const std::vector<int32_t> order = DocsLongestFirst(batch);
   const std::vector<int64_t> targets = RankTargets(batch);
+  const size_t n_docs = order.size();
+
+  // The winner is kept as its Per-Doc count and its other pieces; the Per-Doc
+  // pieces are rebuilt at the end.
   std::vector<Shard> best_pieces;
+  size_t best_k = 0;
+  bool best_reduced = true;  // Per-Doc with the minimum-shard rule
   PlanScore best_score;
   bool have = false;
   // Density scale of the workload that token equalization moves: a median
   // document's workload per token.
   const double median_density =
-      (static_cast<double>(batch.doc_lens[order[order.size() / 2]]) + 1.0) / 2.0;
+      (static_cast<double>(batch.doc_lens[order[n_docs / 2]]) + 1.0) / 2.0;
+  double total_work = 0;
+  for (int64_t len : batch.doc_lens) total_work += RangeWorkload(0, len);
+  const double mean_work = total_work / n;
+  // What one short cut piece left in a plan is worth in non-last tokens.
+  const int64_t short_cost = 8 * m;
+
   // Every Whole-Doc variant with the k longest documents zigzagged (Per-Doc);
   // keeps the best plan seen and returns true if one of these meets the target.
+  std::vector<int8_t> tried(n_docs + 1, -1);
   const auto try_k = [&](size_t k) {
+    if (tried[k] >= 0) return tried[k] == 1;
     const auto split = order.begin() + static_cast<std::ptrdiff_t>(k);
-    const std::vector<Shard> zig = PerDocPieces(batch, std::vector<int32_t>(order.begin(), split));
-    const std::vector<int32_t> rest(split, order.end());
+    const std::vector<int32_t> zig_docs(order.begin(), split);
+    // Per-Doc under the minimum-shard rule (fewer ranks for shorter
+    // documents); if that overfills a rank (only when Per-Doc documents are
+    // nearly the whole batch), the full 2N-chunk zigzag, whose token counts
+    // never exceed a rank's target.
+    bool reduced = m > 0;
+    std::vector<Shard> zig = PerDocPieces(batch, zig_docs, m);
     std::vector<int64_t> need = targets;
     for (const Shard& s : zig) need[s.rank] -= s.len;
-    const std::vector<double> zig_workload = PieceWorkloads(batch.cp_size, zig);
+    if (reduced && *std::min_element(need.begin(), need.end()) < 0) {
+      reduced = false;
+      zig = PerDocPieces(batch, zig_docs);
+      need = targets;
+      for (const Shard& s : zig) need[s.rank] -= s.len;
+    }
+    const std::vector<double> zig_workload = PieceWorkloads(n, zig);
+    PartialScore zig_part{std::vector<int64_t>(n, 0), 0, 0};
+    AddPieces(batch, zig, zig_part);
+    const std::vector<int32_t> rest(split, order.end());
     bool feasible = false;
     // rho = 0 is plain LPT; larger rho anticipates the workload that
     // equalization moves. Whole moves always: they never cost communication
     // and (measured, docs/planner.md) head-only equalization never won.
-    for (double scale : {0.0, 0.5, 1.0, 2.0}) {
-      std::vector<Shard> pieces = zig;
-      std::vector<double> workload = zig_workload;
-      WholeDocPieces(batch, rest, need, workload, pieces,
-                     WholeDocOptions{scale * median_density, true});
-      const PlanScore score = ScorePieces(batch, pieces);
-      if (!have || Better(score, best_score, target)) {
+    // One candidate: its pieces besides `zig`, and the per-rank workload.
+    // Returns whether it had short cut pieces before any repair.
+    const auto consider = [&](std::vector<Shard> pieces, const std::vector<double>& workload) {
+      bool slivers = m > 1 && zig_part.min_cut_len != 0 && zig_part.min_cut_len < m;
+      for (size_t i = 0; m > 1 && !slivers && i < pieces.size(); ++i) {
+        slivers = pieces[i].len < m && pieces[i].len < batch.doc_lens[pieces[i].doc];
+      }
+      PlanScore score;
+      size_t k_kept = k;
+      bool reduced_kept = reduced;
+      if (slivers) {
+        // Repair on the whole plan (Per-Doc pieces included), then score it
+        // from scratch; such a winner is kept whole (no Per-Doc rebuild).
+        std::vector<Shard> all = zig;
+        all.insert(all.end(), pieces.begin(), pieces.end());
+        pieces = RepairShortShards(batch, std::move(all), m);
+        score = ScorePieces(batch, pieces);
+        for (const Shard& sh : pieces) {
+          if (sh.len < m && sh.len < batch.doc_lens[sh.doc]) ++score.short_cuts;
+        }
+        k_kept = 0;
+        reduced_kept = true;
+      } else {
+        PartialScore part = zig_part;
+        AddPieces(batch, pieces, part);
+        double max_w = 0;
+        for (double w : workload) max_w = std::max(max_w, w);
+        score.imbalance = total_work > 0 ? max_w / mean_work : 1.0;
+        score.max_nonlast = *std::max_element(part.nonlast.begin(), part.nonlast.end());
+        score.cut_docs = part.cut_docs;
+        score.min_cut_len = part.min_cut_len;
+      }
+      if (!have || Better(score, best_score, target, short_cost)) {
         best_pieces = std::move(pieces);
+        best_k = k_kept;
+        best_reduced = reduced_kept;
         best_score = score;
         have = true;
       }
       feasible |= score.imbalance <= target;
-    }
-    return feasible;
-  };
-  // Fewer Per-Doc documents means less communication; imbalance mostly falls
-  // as k grows. Gallop k = 0, 1, 2, 4, ... to the first feasible count, then
-  // bisect between it and the last infeasible one: O(log n) steps, not n.
-  if (!try_k(0)) {
-    const size_t n_docs = order.size();
-    size_t lo = 0, hi = 1;  // try_k(lo) was infeasible
-    while (hi < n_docs && !try_k(hi)) {
-      lo = hi;
-      hi = std::min(n_docs, hi * 2);
-    }
-    if (hi == n_docs) try_k(n_docs);
-    while (hi - lo > 1) {
-      const size_t mid = lo + (hi - lo) / 2;
-      if (try_k(mid)) {
-        hi = mid;
-      } else {
-        lo = mid;
+      return slivers;
+    };
+    // rho = 0 is plain LPT; larger rho anticipates the workload that
+    // equalization moves. Whole moves always: they never cost communication
+    // and (measured, docs/planner.md) head-only equalization never won. Head
+    // swaps for would-be slivers first capped at 4m tokens; only if slivers
+    // remain, once more uncapped.
+    for (double scale : {0.0, 0.5, 1.0, 2.0}) {
+      for (int64_t cap : {4 * m, int64_t{0}}) {
+        std::vector<Shard> pieces;
+        std::vector<double> workload = zig_workload;
+        WholeDocPieces(batch, rest, need, workload, pieces,
+                       WholeDocOptions{scale * median_density, true, m, cap});
+        if (!consider(std::move(pieces), workload) || m <= 1) break;
       }
     }
+    tried[k] = feasible ? 1 : 0;
+    return feasible;
+  };
+
+  // Fewer Per-Doc documents means less communication; imbalance mostly falls
+  // as k grows (the search assumes it does). A document whose rank must keep
+  // more than R * mean workload even after giving away everything but its
+  // last C/N tokens, W(L - C/N, C/N) > R * mean, is Per-Doc in every feasible
+  // plan, so k >= k_lb. The first guess k_est also counts every document
+  // whose whole workload exceeds R * mean; then the search walks to the
+  // boundary (k feasible, k - 1 not): down from k_est by galloping and
+  // bisection if k_est is feasible, else up. Usually two or three values of
+  // k, each cheaper plan (smaller k) preferred by the score.
+  const int64_t per_rank = TokensPerRank(TotalTokens(batch.doc_lens), n);
+  size_t k_lb = 0, k_est = 0;
+  for (int32_t d : order) {
+    const int64_t len = batch.doc_lens[d];
+    const double bound = target * mean_work;
+    if (len > per_rank && RangeWorkload(len - per_rank, per_rank) > bound) ++k_lb;
+    if (RangeWorkload(0, len) > bound) ++k_est;
+  }
+  k_est = std::max(k_est, k_lb);
+  size_t lo, hi;  // try_k(lo) infeasible (or lo + 1 == k_lb), try_k(hi) feasible (or hi == n)
+  if (try_k(k_est)) {
+    hi = k_est;
+    size_t step = 1;
+    lo = k_est;
+    while (true) {
+      if (hi <= k_lb) {
+        lo = hi;  // nothing below k_lb is feasible
+        break;
+      }
+      const size_t cand = hi >= k_lb + step ? hi - step : k_lb;
+      if (try_k(cand)) {
+        hi = cand;
+        step *= 2;
+      } else {
+        lo = cand;
+        break;
+      }
+    }
+  } else {
+    lo = k_est;
+    size_t step = 1;
+    hi = std::min(n_docs, k_est + step);
+    while (hi < n_docs && !try_k(hi)) {
+      lo = hi;
+      step *= 2;
+      hi = std::min(n_docs, hi + step);
+    }
+    if (hi == n_docs) try_k(n_docs);
+  }
+  while (hi > lo + 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (try_k(mid)) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  if (best_k > 0 || !best_reduced) {
+    const std::vector<int32_t> zig_docs(order.begin(),
+                                        order.begin() + static_cast<std::ptrdiff_t>(best_k));
+    std::vector<Shard> zig = PerDocPieces(batch, zig_docs, best_reduced ? m : 0);
+    best_pieces.insert(best_pieces.end(), zig.begin(), zig.end());
   }
   return FinishPlan(batch, std::move(best_pieces));
 }

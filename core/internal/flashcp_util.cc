@@ -5,36 +5,52 @@
 #include <numeric>
 #include <utility>
 
+#include "core/internal/strategies_internal.h"
 
 namespace flashcp::core::internal {
 
-std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs) {
+std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
+                                int64_t min_shard) {
   // PlanPerDoc's zigzag (baselines.cc) on the sub-batch, without its sort:
   // each document in 2N chunks of L / 2N tokens, chunks k and 2N-1-k to rank
   // k, the L % 2N leftovers dealt one at a time round robin across documents
   // (a rank's first leftover of a document to its front chunk, the second to
   // its back chunk). flashcp_test checks it against PlanPerDoc.
+  // With min_shard, a document uses c <= N ranks (first, first + 1, ... mod
+  // N) in 2c chunks; the leftover dealing is the same over those c.
   const int32_t n = batch.cp_size;
   std::vector<Shard> pieces;
   pieces.reserve(docs.size() * 2 * static_cast<size_t>(n));
   std::vector<int64_t> chunk(2 * static_cast<size_t>(n));
-  int32_t next = 0;
+  int32_t next = 0;   // leftover round robin (over positions 0..c-1)
+  int32_t first = 0;  // first rank of the next reduced zigzag
   for (int32_t d : docs) {
     const int64_t len = batch.doc_lens[d];
-    const int64_t base = len / (2 * n);
-    std::fill(chunk.begin(), chunk.end(), base);
-    for (int64_t left = len % (2 * n); left > 0; --left) {
+    int32_t c = n;
+    if (min_shard > 0) c = static_cast<int32_t>(std::clamp<int64_t>(len / (2 * min_shard), 1, n));
+    if (c == 1) {
+      pieces.push_back(Shard{d, 0, len, first});
+      first = (first + 1) % n;
+      continue;
+    }
+    const int32_t base_rank = c == n ? 0 : first;
+    if (c < n) first = (first + c) % n;
+    const int64_t base = len / (2 * c);
+    std::fill(chunk.begin(), chunk.begin() + 2 * c, base);
+    for (int64_t left = len % (2 * c); left > 0; --left) {
+      if (next >= c) next = 0;
       const int32_t r = next;
-      next = (next + 1) % n;
+      next = (next + 1) % c;
       if (chunk[r] == base) {
         ++chunk[r];
       } else {
-        ++chunk[2 * n - 1 - r];
+        ++chunk[2 * c - 1 - r];
       }
     }
     int64_t start = 0;
-    for (int32_t k = 0; k < 2 * n; ++k) {
-      if (chunk[k] > 0) pieces.push_back(Shard{d, start, chunk[k], k < n ? k : 2 * n - 1 - k});
+    for (int32_t k = 0; k < 2 * c; ++k) {
+      const int32_t pos = k < c ? k : 2 * c - 1 - k;
+      if (chunk[k] > 0) pieces.push_back(Shard{d, start, chunk[k], (base_rank + pos) % n});
       start += chunk[k];
     }
   }
@@ -79,14 +95,19 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
     }
     return best;
   };
+  const int64_t m = options.min_shard;
   for (int32_t r = 0; r < n; ++r) {
     int64_t excess = -deficit[r];
+    if (excess <= 0) continue;  // receivers' documents are emitted at the end
     std::vector<int32_t>& mine = held[r];
     if (options.whole_moves && excess > 0) {
-      // Shortest first; a moved document leaves `mine`.
+      // Shortest first; a moved document leaves `mine`. A document longer
+      // than both the excess and the largest deficit cannot move, nor can any
+      // longer one after it.
+      int64_t max_deficit = *std::max_element(deficit.begin(), deficit.end());
       for (size_t i = mine.size(); i-- > 0 && excess > 0;) {
         const int64_t len = batch.doc_lens[mine[i]];
-        if (len > excess) continue;
+        if (len > excess || len > max_deficit) break;
         const int32_t to = least_loaded_receiver(len);
         if (to < 0) continue;
         const double moved = RangeWorkload(0, len);
@@ -96,15 +117,73 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
         deficit[to] -= len;
         excess -= len;
         mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(i));
+        max_deficit = *std::max_element(deficit.begin(), deficit.end());
       }
     }
+    // `mine` is longest first, so with the minimum-shard rule the documents
+    // that can be cut (>= 2m tokens) come first and shorter ones are cut only
+    // when nothing else is left (RepairShortShards then tries to undo it).
+    int64_t later = 0;  // tokens of the documents after the current one in `mine`
+    for (int32_t d : mine) later += batch.doc_lens[d];
     for (int32_t d : mine) {
       const int64_t len = batch.doc_lens[d];
+      later -= len;
       int64_t head = 0;  // tokens [0, head) of d already handed out
       while (excess > 0 && head < len) {
         // Total need equals total tokens, so an excess implies some deficit.
-        const int32_t to = least_loaded_receiver(1);
-        const int64_t take = std::min({excess, deficit[to], len - head});
+        int32_t to = m > 0 ? least_loaded_receiver(std::min(m, excess)) : -1;
+        if (to < 0) to = least_loaded_receiver(1);
+        int64_t take = std::min({excess, deficit[to], len - head});
+        bool last_cut = false;
+        int32_t swap = -1;  // a whole document of `to` that comes back to r
+        if (m > 0 && take < m) {
+          // A sliver head: send a longer head instead and take back the
+          // shortest whole document of the receiver that makes up the
+          // difference (the receiver still gains exactly `take`).
+          std::vector<int32_t>& theirs = held[to];
+          for (size_t i = theirs.size(); i-- > 0;) {
+            const int64_t l = batch.doc_lens[theirs[i]];
+            if (l < m - take) continue;
+            const int64_t h = take + l;
+            // The head is communicated: capped by max_swap_head. The donor
+            // must still hold enough to give the rest of its excess (the
+            // document it takes back is not given on).
+            if ((options.max_swap_head > 0 && h > options.max_swap_head) || h > len - head ||
+                (h < len - head && len - head - h < m) ||
+                len - head - h + later < excess - take) {
+              break;
+            }
+            swap = theirs[i];
+            theirs.erase(theirs.begin() + static_cast<std::ptrdiff_t>(i));
+            break;
+          }
+        }
+        if (swap >= 0) {
+          const int64_t l = batch.doc_lens[swap];
+          const double back = RangeWorkload(0, l);
+          out.push_back(Shard{swap, 0, l, r});
+          workload[r] += back;
+          workload[to] -= back;
+          const double moved = RangeWorkload(head, take + l);
+          out.push_back(Shard{d, head, take + l, to});
+          workload[to] += moved;
+          workload[r] -= moved;
+          deficit[to] -= take;
+          excess -= take;
+          head += take + l;
+          continue;
+        }
+        if (m > 0) {
+          const int64_t rest = len - head - take;
+          if (rest > 0 && rest < m) {
+            if (deficit[to] >= len - head && excess >= len - head) {
+              take = len - head;  // the whole remainder moves: no short tail
+            } else if (len - head - m >= m && later >= excess - (len - head - m)) {
+              take = len - head - m;  // keep an m-token tail; the next document goes on
+              last_cut = true;
+            }
+          }
+        }
         const double moved = RangeWorkload(head, take);
         out.push_back(Shard{d, head, take, to});
         workload[to] += moved;
@@ -112,11 +191,211 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
         deficit[to] -= take;
         excess -= take;
         head += take;
+        if (last_cut) break;
       }
       if (head < len) out.push_back(Shard{d, head, len - head, r});
     }
+    mine.clear();
     if (deficit[r] < 0) deficit[r] = 0;  // the donor now holds exactly its need
   }
+  for (int32_t r = 0; r < n; ++r) {
+    for (int32_t d : held[r]) out.push_back(Shard{d, 0, batch.doc_lens[d], r});
+  }
+}
+
+namespace {
+
+// One piece of a cut document, for RepairShortShards.
+struct Piece {
+  int64_t start = 0;
+  int64_t len = 0;
+  int32_t rank = 0;
+};
+
+// A cut-point shift: the boundary between pieces b and b + 1 of cut document
+// `doc` moves so that `giver` hands tokens to the other side's rank.
+struct Shift {
+  int32_t doc = 0;
+  int32_t boundary = 0;
+  bool left_gives = false;  // piece b shrinks at its end (else b + 1 at its start)
+};
+
+class ShortShardRepair {
+ public:
+  ShortShardRepair(int32_t n, int64_t m) : n_(n), m_(m) {}
+
+  std::vector<std::vector<Piece>> docs;  // cut documents only, pieces by start
+  std::vector<int32_t> doc_index;        // document id per entry of `docs`
+
+  // Removes the sliver at docs[c][i] if a chain allows; true on success.
+  bool Fix(size_t c, size_t i) {
+    std::vector<Piece>& p = docs[c];
+    const int64_t s = p[i].len;
+    const int32_t a = p[i].rank;
+    // Absorb into a neighbour (the sliver's tokens go to its rank B, and B
+    // returns s tokens to A along a chain), preferring the one that merges.
+    for (int side : {-1, +1}) {
+      const int64_t j = static_cast<int64_t>(i) + side;
+      if (j < 0 || j >= static_cast<int64_t>(p.size())) continue;
+      const int32_t b = p[j].rank;
+      std::vector<Shift> path;
+      if (!FindChain(b, a, s, static_cast<int32_t>(c), path)) continue;
+      Apply(path, s);
+      if (side < 0) {
+        p[j].len += s;
+      } else {
+        p[j].start -= s;
+        p[j].len += s;
+      }
+      p.erase(p.begin() + static_cast<std::ptrdiff_t>(i));
+      // The pieces on either side of the removed sliver may now touch on B.
+      for (size_t k = 1; k < p.size(); ++k) {
+        if (p[k - 1].rank == p[k].rank) {
+          p[k - 1].len += p[k].len;
+          p.erase(p.begin() + static_cast<std::ptrdiff_t>(k));
+          break;
+        }
+      }
+      return true;
+    }
+    // Grow the sliver to m out of a neighbour that keeps >= m; A returns the
+    // g tokens to B along a chain.
+    const int64_t g = m_ - s;
+    for (int side : {-1, +1}) {
+      const int64_t j = static_cast<int64_t>(i) + side;
+      if (j < 0 || j >= static_cast<int64_t>(p.size())) continue;
+      if (p[j].len - g < m_) continue;
+      const int32_t b = p[j].rank;
+      std::vector<Shift> path;
+      if (!FindChain(a, b, g, static_cast<int32_t>(c), path)) continue;
+      Apply(path, g);
+      if (side < 0) {
+        p[j].len -= g;
+        p[i].start -= g;
+        p[i].len += g;
+      } else {
+        p[i].len += g;
+        p[j].start += g;
+        p[j].len -= g;
+      }
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  // A shortest chain of cut-point shifts (not in document `skip`) that moves
+  // `delta` tokens from rank `from` to rank `to`, every shrinking piece
+  // keeping >= m tokens. A simple path leaves each rank once, so no piece
+  // shrinks twice.
+  bool FindChain(int32_t from, int32_t to, int64_t delta, int32_t skip,
+                 std::vector<Shift>& path) {
+    struct Edge {
+      int32_t dest;
+      Shift shift;
+    };
+    std::vector<std::vector<Edge>> adj(n_);
+    for (size_t c = 0; c < docs.size(); ++c) {
+      if (static_cast<int32_t>(c) == skip) continue;
+      const std::vector<Piece>& p = docs[c];
+      for (size_t b = 0; b + 1 < p.size(); ++b) {
+        const Shift base{static_cast<int32_t>(c), static_cast<int32_t>(b), false};
+        if (p[b].len - delta >= m_) {
+          Shift sh = base;
+          sh.left_gives = true;
+          adj[p[b].rank].push_back({p[b + 1].rank, sh});
+        }
+        if (p[b + 1].len - delta >= m_) adj[p[b + 1].rank].push_back({p[b].rank, base});
+      }
+    }
+    std::vector<int32_t> parent(n_, -2);
+    std::vector<Shift> via(n_);
+    std::vector<int32_t> queue = {from};
+    parent[from] = -1;
+    for (size_t q = 0; q < queue.size() && parent[to] == -2; ++q) {
+      const int32_t x = queue[q];
+      for (const Edge& e : adj[x]) {
+        if (parent[e.dest] != -2) continue;
+        parent[e.dest] = x;
+        via[e.dest] = e.shift;
+        queue.push_back(e.dest);
+      }
+    }
+    if (parent[to] == -2) return false;
+    path.clear();
+    for (int32_t x = to; parent[x] >= 0; x = parent[x]) path.push_back(via[x]);
+    return true;
+  }
+
+  void Apply(const std::vector<Shift>& path, int64_t delta) {
+    for (const Shift& sh : path) {
+      std::vector<Piece>& p = docs[sh.doc];
+      Piece& l = p[sh.boundary];
+      Piece& r = p[sh.boundary + 1];
+      if (sh.left_gives) {
+        l.len -= delta;
+        r.start -= delta;
+        r.len += delta;
+      } else {
+        l.len += delta;
+        r.start += delta;
+        r.len -= delta;
+      }
+    }
+  }
+
+  int32_t n_;
+  int64_t m_;
+};
+
+}  // namespace
+
+std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> pieces,
+                                     int64_t min_shard) {
+  std::vector<Shard> shards = FinishPlan(batch, std::move(pieces)).shards;
+  if (min_shard <= 1) return shards;
+  // Cut documents: those with a shard shorter than the document.
+  std::vector<int32_t> slot(batch.doc_lens.size(), -1);
+  ShortShardRepair repair(batch.cp_size, min_shard);
+  std::vector<Shard> out;
+  out.reserve(shards.size());
+  for (const Shard& s : shards) {
+    if (s.len == batch.doc_lens[s.doc]) {
+      out.push_back(s);
+      continue;
+    }
+    if (slot[s.doc] < 0) {
+      slot[s.doc] = static_cast<int32_t>(repair.docs.size());
+      repair.docs.emplace_back();
+      repair.doc_index.push_back(s.doc);
+    }
+    repair.docs[slot[s.doc]].push_back(Piece{s.start, s.len, s.rank});
+  }
+  for (std::vector<Piece>& p : repair.docs) {
+    std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.start < b.start; });
+  }
+  // Passes until nothing changes: a fix can open a chain for a sliver that
+  // had none. Each fix removes one sliver and creates none.
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t c = 0; c < repair.docs.size(); ++c) {
+      for (size_t i = 0; i < repair.docs[c].size();) {
+        const std::vector<Piece>& p = repair.docs[c];
+        if (p.size() > 1 && p[i].len < min_shard && repair.Fix(c, i)) {
+          progress = true;
+          i = 0;  // the document's pieces changed
+        } else {
+          ++i;
+        }
+      }
+    }
+  }
+  for (size_t c = 0; c < repair.docs.size(); ++c) {
+    for (const Piece& p : repair.docs[c]) {
+      out.push_back(Shard{repair.doc_index[c], p.start, p.len, p.rank});
+    }
+  }
+  return out;
 }
 
 std::vector<int32_t> DocsLongestFirst(const Batch& batch) {

@@ -23,7 +23,15 @@ inline double RangeWorkload(int64_t start, int64_t len) {
 // batch.doc_lens) alone: PlanPerDoc's pieces for the sub-batch, mapped back
 // (unsorted and unmerged). Rank r gets
 // floor(P/N) + (r < P % N ? 1 : 0) of their P tokens.
-std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs);
+//
+// With min_shard > 0 (flashcp's minimum-shard rule) a document of L tokens is
+// zigzagged over c = clamp(L / (2 min_shard), 1, N) ranks instead of N, so
+// every chunk has at least min_shard tokens (c = 1: the document stays
+// whole). The c ranks are consecutive, starting where the previous document's
+// ended (mod N), so the documents' tokens still spread evenly; c = N for every
+// document gives exactly the pieces above.
+std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
+                                int64_t min_shard = 0);
 
 // The paper's Whole-Doc sharding of `docs` (indices, longest first) onto
 // ranks that already carry `workload[r]` from other pieces and must take
@@ -47,10 +55,39 @@ struct WholeDocOptions {
   // tokens moves the same l(l+1)/2 workload as an l-token head but is never
   // communicated.
   bool whole_moves = false;
+  // flashcp's minimum-shard rule (PlanOptions::min_shard_tokens; 0 = off, the
+  // paper's method). Equalization cuts heads only off documents of at least
+  // 2 * min_shard tokens while such a document is available, sends a head
+  // only to a receiver that can take min_shard tokens when one exists, and
+  // never leaves a donor a tail shorter than min_shard when the head can be
+  // shortened instead. RepairShortShards removes what is left.
+  int64_t min_shard = 0;
+  // With min_shard: a head shorter than min_shard is instead sent longer, by
+  // the length of the receiver's shortest whole document that the donor takes
+  // back in exchange, if the longer head has at most max_swap_head tokens
+  // (0: any length). A long head is communicated, hence the cap.
+  int64_t max_swap_head = 0;
 };
 void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
                     const std::vector<int64_t>& tokens_needed, std::vector<double>& workload,
                     std::vector<Shard>& out, const WholeDocOptions& options = {});
+
+// Removes cut shards shorter than `min_shard` from raw pieces (returns them
+// merged, as FinishPlan's shards, in no particular order), keeping every
+// rank's token count. For each such sliver of a document on rank A, next to
+// a piece of the same document on rank B, either
+//  - absorb: B's piece grows over the sliver (A loses its s tokens), or
+//  - grow: the sliver grows to min_shard tokens out of B's piece (when that
+//    piece keeps at least min_shard),
+// and the tokens A lost (or gained) are returned along a chain of cut-point
+// shifts: the boundary between two touching pieces of some other cut
+// document on ranks X and Y moves by s tokens, which hands s tokens from one
+// to the other, allowed only when the shrinking piece keeps >= min_shard
+// tokens. The chain is a shortest path between B and A over such boundaries
+// (BFS over ranks). Workload moves a little; the caller re-scores. A sliver
+// no chain can remove stays (the unavoidable case, docs/planner.md).
+std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> pieces,
+                                     int64_t min_shard);
 
 // Documents sorted longest first (ties by index): the planners' common order.
 std::vector<int32_t> DocsLongestFirst(const Batch& batch);
@@ -61,6 +98,7 @@ struct PlanScore {
   int64_t max_nonlast = 0;    // max over ranks of non-last tokens (SPEC Eq. 5)
   int64_t cut_docs = 0;       // documents in more than one shard
   int64_t min_cut_len = 0;    // shortest shard of a cut document; 0 if none
+  int64_t short_cuts = 0;     // cut pieces shorter than the minimum shard (flashcp)
 };
 PlanScore ScorePlan(const Plan& plan);
 // The same on raw pieces (as FinishPlan takes them), without building a plan.
