@@ -48,13 +48,46 @@ void ReadAll(PlanStream& stream, Inbox& inbox, int64_t* delivered_floor) {
 
 }  // namespace
 
+void PipelineCanceller::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  // PlanStream::Cancel may run while other threads Read and Write.
+  if (stream_ != nullptr) stream_->Cancel();
+}
+
+bool PipelineCanceller::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+bool PipelineCanceller::Attach(PlanStream* stream) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return false;
+  stream_ = stream;
+  return true;
+}
+
+void PipelineCanceller::Detach() {
+  absl::MutexLock lock(&mu_);
+  stream_ = nullptr;
+}
+
 absl::Status PlanPipelined(PlannerClient& client, const PipelineOptions& options,
                            RequestSource source, ResultSink sink) {
   if (options.inflight < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("inflight must be >= 1, got ", options.inflight));
   }
+  if (options.canceller != nullptr && options.canceller->cancelled()) {
+    return absl::CancelledError("PlanStream cancelled before it opened");
+  }
   std::unique_ptr<PlanStream> stream = client.OpenPlanStream(options.call);
+  // Attached until Finish: the canceller never touches a destroyed stream.
+  if (options.canceller != nullptr && !options.canceller->Attach(stream.get())) {
+    stream->Cancel();  // Cancel() ran between the check above and Attach
+    (void)stream->Finish();
+    return absl::CancelledError("PlanStream cancelled before it opened");
+  }
   Inbox inbox;
   // Ids below this were delivered; read by the reader under inbox.mu.
   int64_t delivered = 0;
@@ -122,10 +155,16 @@ absl::Status PlanPipelined(PlannerClient& client, const PipelineOptions& options
   if (broken || write_failed || !protocol_error.ok()) stream->Cancel();
   reader.join();
   const absl::Status final_status = stream->Finish();
+  if (options.canceller != nullptr) options.canceller->Detach();
   if (!protocol_error.ok()) return protocol_error;
-  if (!broken && !write_failed) return final_status;
   const std::string context =
       absl::StrCat("PlanStream ended after ", delivered, " of ", next, " results: ");
+  // Whatever the transport made of it (gRPC: CANCELLED; a fake: anything).
+  if ((broken || write_failed) && options.canceller != nullptr &&
+      options.canceller->cancelled()) {
+    return absl::CancelledError(absl::StrCat(context, "cancelled"));
+  }
+  if (!broken && !write_failed) return final_status;
   if (!final_status.ok()) {
     return absl::Status(final_status.code(), absl::StrCat(context, final_status.message()));
   }

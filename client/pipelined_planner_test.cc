@@ -6,9 +6,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "client/testing/mock_planner_client.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -35,6 +37,8 @@ class FakePlanStream : public PlanStream {
     int hold = 1;
     int break_after = -1;
     std::optional<uint64_t> rogue_id = std::nullopt;
+    // Runs after each accepted Write with the number of writes so far.
+    std::function<void(int64_t writes)> on_write = nullptr;
   };
   // `max_outstanding` (written requests not yet read back, at most) is
   // reported through a pointer because the helper destroys the stream.
@@ -48,6 +52,7 @@ class FakePlanStream : public PlanStream {
     *max_outstanding_ = std::max(*max_outstanding_, writes_ - reads_);
     pending_.push_back(request);
     if (static_cast<int>(pending_.size()) >= script_.hold) Release();
+    if (script_.on_write) script_.on_write(writes_);
     return true;
   }
   bool WritesDone() override {
@@ -219,6 +224,41 @@ TEST(PlanPipelinedTest, UnknownBatchIdIsInternal) {
   EXPECT_EQ(PlanPipelined(h.client, {.inflight = 2}, std::ref(source), std::ref(got)),
             absl::InternalError("server answered batch_id 99, which is not in flight"));
   EXPECT_TRUE(got.indices.empty());
+}
+
+TEST(PlanPipelinedTest, CancellerEndsACallWaitingOnAPlannerThatNeverAnswers) {
+  // hold > count: the fake answers nothing, so without the cancel the call
+  // would wait forever for result 0.
+  absl::Notification window_full;
+  Harness h({.hold = 100, .on_write = [&](int64_t writes) {
+               if (writes == 2) window_full.Notify();
+             }});
+  PipelineCanceller canceller;
+  std::thread watchdog([&] {
+    window_full.WaitForNotification();
+    canceller.Cancel();
+  });
+  Source source{.count = 10};
+  Collected got;
+  const absl::Status status = PlanPipelined(
+      h.client, {.inflight = 2, .canceller = &canceller}, std::ref(source), std::ref(got));
+  watchdog.join();
+  EXPECT_EQ(status, absl::CancelledError("PlanStream ended after 0 of 2 results: cancelled"));
+  EXPECT_TRUE(got.indices.empty());
+  EXPECT_TRUE(canceller.cancelled());
+}
+
+TEST(PlanPipelinedTest, CancelledBeforeTheCallOpensNoStream) {
+  MockPlannerClient client;
+  EXPECT_CALL(client, OpenPlanStream(_)).Times(0);
+  PipelineCanceller canceller;
+  canceller.Cancel();
+  Source source{.count = 1};
+  Collected got;
+  EXPECT_EQ(PlanPipelined(client, {.inflight = 1, .canceller = &canceller}, std::ref(source),
+                          std::ref(got)),
+            absl::CancelledError("PlanStream cancelled before it opened"));
+  EXPECT_EQ(source.next, 0);
 }
 
 TEST(PlanPipelinedTest, InflightMustBePositive) {

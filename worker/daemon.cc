@@ -300,7 +300,12 @@ std::unique_ptr<StepEngine> MakeCpuStepEngine(int32_t rank, int32_t heads, int32
 
 PlanFeed::PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config)
     : planner_(std::move(planner)), config_(std::move(config)) {
+  {
+    absl::MutexLock lock(&mu_);
+    waiting_since_ = absl::Now();
+  }
   thread_ = std::thread([this] { Loop(); });
+  watchdog_ = std::thread([this] { Watch(); });
 }
 
 PlanFeed::~PlanFeed() {
@@ -308,6 +313,9 @@ PlanFeed::~PlanFeed() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
+  // Unblocks a PlanPipelined waiting on a planner that never answers.
+  canceller_.Cancel();
+  watchdog_.join();
   thread_.join();
 }
 
@@ -320,23 +328,72 @@ absl::StatusOr<std::optional<v1::PlanResponse>> PlanFeed::Next(absl::Duration wa
                            &ready_),
                        wait);
   if (ready_.empty()) return std::optional<v1::PlanResponse>();
+  // Taking from a full queue restarts the watchdog's clock (see waiting_since_).
+  if (Full()) waiting_since_ = absl::Now();
   absl::StatusOr<v1::PlanResponse> r = std::move(ready_.front());
   ready_.pop_front();
   if (!r.ok()) return r.status();
   return std::optional<v1::PlanResponse>(*std::move(r));
 }
 
+void PlanFeed::Watch() {
+  bool fire = false;
+  {
+    absl::MutexLock lock(&mu_);
+    while (!stop_ && !loop_done_) {
+      if (Full()) {  // the driver is behind: nothing to time
+        mu_.Await(absl::Condition(
+            +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
+              return f->stop_ || f->loop_done_ || !f->Full();
+            },
+            this));
+        continue;
+      }
+      const absl::Time deadline = waiting_since_ + config_.timeout;
+      if (absl::Now() >= deadline) {
+        timed_out_ = true;
+        fire = true;
+        break;
+      }
+      // Wakes early on stop; a new plan only moves the deadline, which the
+      // next pass sees.
+      mu_.AwaitWithDeadline(absl::Condition(
+                                +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
+                                  return f->stop_ || f->loop_done_ || f->Full();
+                                },
+                                this),
+                            deadline);
+    }
+  }
+  // Outside mu_: cancelling wakes the Loop thread, whose sink takes mu_.
+  if (fire) canceller_.Cancel();
+}
+
 void PlanFeed::Loop() {
   int64_t delivered = 0;
-  absl::Time last_progress = absl::Now();
   absl::Duration backoff = absl::Milliseconds(100);
-  const auto stopped = [this] {
-    absl::MutexLock lock(&mu_);
-    return stop_;
-  };
   const auto push = [this](absl::StatusOr<v1::PlanResponse> r) {
     absl::MutexLock lock(&mu_);
     ready_.push_back(std::move(r));
+  };
+  // Wakes the watchdog when this returns, whichever way.
+  struct Done {
+    PlanFeed* f;
+    ~Done() {
+      absl::MutexLock lock(&f->mu_);
+      f->loop_done_ = true;
+    }
+  } done{this};
+  // Ends the loop: stopped, or the watchdog gave up (then UNAVAILABLE is
+  // delivered, with the stream's last status).
+  const auto finished = [&](const absl::Status& last) {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return true;
+    if (!timed_out_) return false;
+    ready_.push_back(absl::UnavailableError(
+        absl::StrCat("plan stream: no plan for ", absl::FormatDuration(config_.timeout),
+                     "; last error: ", last.ToString())));
+    return true;
   };
   absl::StatusOr<core::Strategy> strategy = core::ParseStrategy(config_.strategy);
   if (!strategy.ok()) {
@@ -346,11 +403,12 @@ void PlanFeed::Loop() {
   core::PlanOptions plan_options;
   if (config_.target_imbalance > 0) plan_options.target_imbalance = config_.target_imbalance;
   const core::ModelShape shape{config_.heads, config_.head_dim, /*dtype_bytes=*/4};
-  while (delivered < config_.count && !stopped()) {
+  absl::Status last = absl::OkStatus();
+  while (delivered < config_.count && !finished(last)) {
     int64_t next = delivered;
     absl::Status source_error;
     const auto source = [&]() -> std::optional<v1::PlanRequest> {
-      if (next >= config_.count || !source_error.ok() || stopped()) return std::nullopt;
+      if (next >= config_.count || !source_error.ok()) return std::nullopt;
       absl::StatusOr<std::vector<int64_t>> lens = core::SampleBatch(
           config_.dataset, config_.context, config_.seed, config_.first_batch + next);
       if (!lens.ok()) {
@@ -365,27 +423,29 @@ void PlanFeed::Loop() {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
           +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
-            return f->stop_ || static_cast<int32_t>(f->ready_.size()) < f->config_.prefetch;
+            return f->stop_ || !f->Full();
           },
           this));
       if (stop_) return;
-      if (r.ok() && r->has_error()) {
-        ready_.push_back(proto::ErrorFromProto(r->error()));
-      } else {
-        ready_.push_back(std::move(r));
-      }
+      // PlanPipelined already turned a per-item `error` into r's status.
+      ready_.push_back(std::move(r));
       ++delivered;
-      last_progress = absl::Now();
+      waiting_since_ = absl::Now();
     };
     client::PipelineOptions options;
     options.inflight = config_.prefetch;
-    options.call.timeout = absl::Hours(24);
+    // No stream deadline: the watchdog (`timeout` without a plan) and the
+    // destructor end a stream through canceller_, whatever its length.
+    options.call.timeout = absl::InfiniteDuration();
+    options.canceller = &canceller_;
     const absl::Status s = client::PlanPipelined(*planner_, options, source, sink);
     if (!source_error.ok()) {
       push(source_error);
       return;
     }
-    if (s.ok() || stopped()) return;
+    if (s.ok()) return;
+    last = s;
+    if (finished(last)) return;
     const bool retryable = s.code() == absl::StatusCode::kUnavailable ||
                            s.code() == absl::StatusCode::kCancelled ||
                            s.code() == absl::StatusCode::kAborted;
@@ -393,16 +453,15 @@ void PlanFeed::Loop() {
       push(absl::Status(s.code(), absl::StrCat("plan stream: ", s.message())));
       return;
     }
-    if (absl::Now() - last_progress > config_.timeout) {
-      push(absl::UnavailableError(absl::StrCat("plan stream: no plan for ",
-                                               absl::FormatDuration(config_.timeout),
-                                               "; last error: ", s.ToString())));
-      return;
-    }
     FLASHCP_LOG(WARNING) << "plan stream broke after " << delivered << " plans (" << s.ToString()
                          << "); reconnecting in " << absl::FormatDuration(backoff);
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff);
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
+                               return f->stop_ || f->timed_out_;
+                             },
+                             this),
+                         backoff);
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
 }

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/pipelined_planner.h"
 #include "client/planner_client.h"
 #include "core/analysis.h"
 #include "core/datasets.h"
@@ -124,8 +125,12 @@ std::unique_ptr<StepEngine> MakeCpuStepEngine(int32_t rank, int32_t heads, int32
 // The driver's supply of plans: one thread runs PlanStream (client/
 // PlanPipelined) with `prefetch` batches in flight and, when the stream
 // breaks with UNAVAILABLE (planner restart), reopens it from the first batch
-// not yet delivered with backoff; it gives up (UNAVAILABLE) after `timeout`
-// without progress. A per-item error is delivered as that item's result.
+// not yet delivered with backoff. A watchdog thread gives up when no plan has
+// arrived for `timeout` while the feed had room for one (a planner that is
+// down, or one that hangs without dropping the connection): it cancels the
+// stream and the feed delivers UNAVAILABLE. A per-item error is delivered as
+// that item's result. The destructor cancels the stream too, so it never
+// waits on the planner.
 class PlanFeed {
  public:
   struct Config {
@@ -142,19 +147,31 @@ class PlanFeed {
     absl::Duration timeout = absl::Seconds(30);
   };
   PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config);
-  ~PlanFeed();  // stops the thread
+  ~PlanFeed();  // cancels the stream and stops the threads
 
   // The next plan in order, waiting up to `wait`; nullopt if none yet.
   absl::StatusOr<std::optional<v1::PlanResponse>> Next(absl::Duration wait);
 
  private:
   void Loop();
+  void Watch();
+  bool Full() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int32_t>(ready_.size()) >= config_.prefetch;
+  }
   std::shared_ptr<client::PlannerClient> planner_;
   const Config config_;
+  client::PipelineCanceller canceller_;
   absl::Mutex mu_;
   std::deque<absl::StatusOr<v1::PlanResponse>> ready_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool loop_done_ ABSL_GUARDED_BY(mu_) = false;  // Loop returned
+  bool timed_out_ ABSL_GUARDED_BY(mu_) = false;  // the watchdog cancelled the stream
+  // Since when the feed has been waiting for the planner: the last plan's
+  // arrival, or the moment ready_ stopped being full. The watchdog's clock;
+  // it does not run while ready_ is full (the driver is behind, not the planner).
+  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
+  std::thread watchdog_;
 };
 
 // The daemon's state as WorkerControl reports it, and the requests that

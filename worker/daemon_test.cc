@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/grpc_planner_client.h"
 #include "core/datasets.h"
 #include "core/testing/status_matchers.h"
 #include "gloo/common/error.h"
@@ -248,6 +249,55 @@ TEST(PlanFeedTest, GivesUpWithUnavailableAfterTheTimeoutWithoutPlans) {
   } while (next.ok() && !next->has_value() && absl::Now() < deadline);
   EXPECT_THAT(next.status(), StatusIs(absl::StatusCode::kUnavailable,
                                       HasSubstr("plan stream: no plan for 300ms")));
+}
+
+// A planner that accepts PlanStream calls, reads every request and never
+// answers, keeping the connection up: a hung planner, over real gRPC.
+class HungPlannerService final : public v1::Planner::Service {
+ public:
+  grpc::Status PlanStream(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::PlanResponse, v1::PlanRequest>* stream) override {
+    v1::PlanRequest request;
+    while (stream->Read(&request)) {
+    }  // ends when the client cancels
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the call should have been cancelled");
+  }
+};
+
+class HungPlannerFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    planner_ = std::make_shared<client::GrpcPlannerClient>(
+        server_->InProcessChannel(grpc::ChannelArguments()));
+  }
+  void TearDown() override { server_->Shutdown(); }
+  HungPlannerService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<client::PlannerClient> planner_;
+};
+
+TEST_F(HungPlannerFixture, FeedGivesUpWithUnavailableAfterTheTimeout) {
+  PlanFeed feed(planner_, FeedConfig(5, absl::Milliseconds(300)));
+  // Next returns as soon as the error is queued, about 300 ms in; 30 s only
+  // bounds a broken watchdog.
+  const absl::StatusOr<std::optional<v1::PlanResponse>> next = feed.Next(absl::Seconds(30));
+  EXPECT_THAT(next.status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("plan stream: no plan for 300ms; last error: CANCELLED")));
+}
+
+TEST_F(HungPlannerFixture, DestructorCancelsTheStreamInsteadOfWaiting) {
+  // A 1 h timeout: only the destructor's cancel lets this test end.
+  auto feed = std::make_unique<PlanFeed>(planner_, FeedConfig(5, absl::Hours(1)));
+  absl::StatusOr<std::optional<v1::PlanResponse>> next = feed->Next(absl::Milliseconds(50));
+  ASSERT_THAT(next.status(), IsOk());
+  EXPECT_FALSE(next->has_value());
+  feed.reset();
 }
 
 TEST(WorkerDaemonTest, ControlRequestsBeforeTheGroupForms) {
