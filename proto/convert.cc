@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "core/status_macros.h"
 
 namespace flashcp::proto {
@@ -149,8 +150,35 @@ absl::Status ErrorFromProto(const v1::Error& error) {
   return absl::Status(static_cast<absl::StatusCode>(error.code()), error.message());
 }
 
+namespace {
+
+// INVALID_ARGUMENT naming `field` unless it has one entry per rank.
+absl::Status CheckPerRank(absl::string_view field, int size, int32_t cp_size) {
+  if (size == cp_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("metrics.", field, ": want cp_size = ", cp_size,
+                                                 " entries (one per rank), got ", size));
+}
+
+}  // namespace
+
 absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
   if (response.has_error()) return ErrorFromProto(response.error());
+  // Per-rank lists are indexed by rank downstream (wire data: check, not trust).
+  const int32_t cp_size = response.cp_size();
+  const v1::PlanMetrics& wire = response.metrics();
+  FLASHCP_RETURN_IF_ERROR(CheckPerRank("rank_tokens", wire.rank_tokens_size(), cp_size));
+  FLASHCP_RETURN_IF_ERROR(CheckPerRank("rank_workload", wire.rank_workload_size(), cp_size));
+  FLASHCP_RETURN_IF_ERROR(
+      CheckPerRank("rank_nonlast_tokens", wire.rank_nonlast_tokens_size(), cp_size));
+  FLASHCP_RETURN_IF_ERROR(CheckPerRank("rank_segments", wire.rank_segments_size(), cp_size));
+  for (int i = 0; i < wire.bytes_size(); ++i) {
+    const v1::SchemeBytes& b = wire.bytes(i);
+    if (!core::ParseCommScheme(b.scheme()).ok()) continue;  // skipped below, unread
+    FLASHCP_RETURN_IF_ERROR(CheckPerRank(absl::StrCat("bytes[", i, "].sent_bytes"),
+                                         b.sent_bytes_size(), cp_size));
+    FLASHCP_RETURN_IF_ERROR(CheckPerRank(absl::StrCat("bytes[", i, "].received_bytes"),
+                                         b.received_bytes_size(), cp_size));
+  }
   PlanResult out;
   out.batch_id = response.batch_id();
   out.strategy = response.strategy();

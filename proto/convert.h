@@ -72,7 +72,12 @@ struct PlanResult {
 
 // The item's error (ErrorFromProto) when `error` is set; otherwise the plan
 // and metrics. Bytes entries of a scheme this build does not know are skipped
-// (a newer server); missing schemes stay zero. The plan is not re-validated:
+// (a newer server); missing schemes stay zero (empty per-rank lists).
+// INVALID_ARGUMENT naming the field unless every per-rank list that is there
+// (rank_tokens, rank_workload, rank_nonlast_tokens, rank_segments, and
+// sent_bytes and received_bytes of each bytes entry of a known scheme) has
+// exactly cp_size entries,
+// so that indexing them by rank is safe. The plan itself is not re-validated:
 // callers that distrust the server run core::ValidatePlan.
 absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response);
 

@@ -280,6 +280,43 @@ TEST(ResponseFromProtoTest, UnknownSchemesAreSkipped) {
   EXPECT_EQ(back->metrics.bytes[2].bottleneck, 65536);
 }
 
+TEST(ResponseFromProtoTest, PerRankListsMustHaveCpSizeEntries) {
+  struct Case {
+    void (*edit)(v1::PlanMetrics&);
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::PlanMetrics& m) { m.clear_rank_tokens(); },
+       "metrics.rank_tokens: want cp_size = 2 entries (one per rank), got 0"},
+      {[](v1::PlanMetrics& m) { m.add_rank_workload(1.0); },
+       "metrics.rank_workload: want cp_size = 2 entries (one per rank), got 3"},
+      {[](v1::PlanMetrics& m) { m.mutable_rank_nonlast_tokens()->RemoveLast(); },
+       "metrics.rank_nonlast_tokens: want cp_size = 2 entries (one per rank), got 1"},
+      {[](v1::PlanMetrics& m) { m.clear_rank_segments(); },
+       "metrics.rank_segments: want cp_size = 2 entries (one per rank), got 0"},
+      {[](v1::PlanMetrics& m) { m.mutable_bytes(1)->mutable_sent_bytes()->RemoveLast(); },
+       "metrics.bytes[1].sent_bytes: want cp_size = 2 entries (one per rank), got 1"},
+      {[](v1::PlanMetrics& m) { m.mutable_bytes(2)->add_received_bytes(0); },
+       "metrics.bytes[2].received_bytes: want cp_size = 2 entries (one per rank), got 3"},
+  };
+  const RingPlan ring = MakeRingPlan();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    v1::PlanResponse p = ResponseToProto(7, core::Strategy::kRing, ring.plan, ring.metrics,
+                                         nullptr, 0.0);
+    c.edit(*p.mutable_metrics());
+    EXPECT_EQ(ResponseFromProto(p).status(), absl::InvalidArgumentError(c.message));
+  }
+}
+
+TEST(ResponseFromProtoTest, AResponseWithoutMetricsIsRefused) {
+  v1::PlanResponse p;
+  p.set_cp_size(4);
+  EXPECT_EQ(ResponseFromProto(p).status(),
+            absl::InvalidArgumentError(
+                "metrics.rank_tokens: want cp_size = 4 entries (one per rank), got 0"));
+}
+
 TEST(ErrorResponseTest, CarriesCodeAndMessageBack) {
   const v1::PlanResponse p =
       ErrorResponseToProto(3, absl::InvalidArgumentError("cp_size: must be at least 1, got 0"));

@@ -644,10 +644,20 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
   r.comm_seconds = timed.seconds();
   r.bytes_sent = after.bytes_sent - before.bytes_sent;
   r.bytes_received = after.bytes_received - before.bytes_received;
+  // ResponseFromProto guarantees cp_size (= comm.size()) entries or none (a
+  // scheme the server did not send); anything else is refused here too, so
+  // indexing by rank never reads past the list.
   const auto& full = plan.metrics.bytes[static_cast<int>(core::CommScheme::kFullKv)];
+  const auto& predicted = plan.metrics.bytes[static_cast<int>(scheme)];
+  for (const auto* sent : {&full.sent, &predicted.sent}) {
+    if (!sent->empty() && static_cast<int64_t>(sent->size()) != comm.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("plan metrics: ", sent->size(),
+                                                     " sent_bytes entries for ", comm.size(),
+                                                     " ranks"));
+    }
+  }
   r.full_kv_bytes_sent = full.sent.empty() ? 0 : full.sent[comm.rank()];
   r.predicted_imbalance = plan.metrics.imbalance;
-  const auto& predicted = plan.metrics.bytes[static_cast<int>(scheme)];
   if (!predicted.sent.empty() && predicted.sent[comm.rank()] != r.bytes_sent) {
     FLASHCP_LOG(WARNING) << "rank " << comm.rank() << " batch " << batch << ": sent "
                          << r.bytes_sent << " bytes, the plan predicts "
