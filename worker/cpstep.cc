@@ -12,6 +12,8 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -306,6 +308,17 @@ absl::Status RankProcessMain(int32_t rank, const StepConfig& config, uint64_t se
   return s;
 }
 
+absl::Status ParseRankError(const std::string& text) {
+  const size_t nl = text.find('\n');
+  int code = 0;
+  if (nl == std::string::npos || !absl::SimpleAtoi(text.substr(0, nl), &code) || code < 1 ||
+      code > 16) {
+    return absl::UnknownError(absl::StrCat("rank error file without a valid code: \"",
+                                           absl::CEscape(text), "\""));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), text.substr(nl + 1));
+}
+
 absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
                                                      const StepConfig& config,
                                                      const std::vector<std::string>& argv) {
@@ -399,10 +412,7 @@ absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
     }
     absl::StatusOr<std::string> err = ReadFile(RankPath(dir, r, "err"));
     if (err.ok()) {
-      const size_t nl = err->find('\n');
-      const int code = std::atoi(err->substr(0, nl).c_str());
-      statuses[r] = absl::Status(static_cast<absl::StatusCode>(code),
-                                 nl == std::string::npos ? "" : err->substr(nl + 1));
+      statuses[r] = ParseRankError(*err);
     } else if (WIFSIGNALED(st)) {
       statuses[r] = absl::AbortedError(absl::StrCat("process killed by signal ", WTERMSIG(st)));
     } else {

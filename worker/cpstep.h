@@ -76,6 +76,12 @@ absl::StatusOr<std::vector<RankResult>> RunThreads(const core::Plan& plan, const
 absl::Status RankProcessMain(int32_t rank, const StepConfig& config, uint64_t seed,
                              const std::string& dir);
 
+// The Status a failed rank process wrote to its error file: the numeric
+// absl::StatusCode (1..16) on the first line, then the message. A first line
+// that is not such a code (a torn or foreign file) gives UNKNOWN with the
+// whole text, so nothing is silently turned into another code, or into OK.
+absl::Status ParseRankError(const std::string& text);
+
 // All ranks as processes: fork/execs `argv` + {"--internal-rank", r,
 // "--internal-dir", dir} for each rank (argv[0] the binary), waits for them
 // (killing any left once another has failed and `config.timeout` has

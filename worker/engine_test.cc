@@ -213,6 +213,30 @@ TEST(RunProcessesTest, LeavesOtherChildrenToTheirOwner) {
   EXPECT_EQ(WEXITSTATUS(st), 7);
 }
 
+TEST(ParseRankErrorTest, KeepsValidCodesAndRefusesTheRest) {
+  struct Case {
+    std::string text;
+    absl::Status want;
+  };
+  const std::vector<Case> cases = {
+      {"4\ngloo timeout", absl::DeadlineExceededError("gloo timeout")},
+      {"14\npeer gone\nsecond line", absl::UnavailableError("peer gone\nsecond line")},
+      {"16\n", absl::UnauthenticatedError("")},
+      {"1\nx", absl::CancelledError("x")},
+      // atoi would have made these OK (0), a code beyond 16, or ABORTED.
+      {"0\nx", absl::UnknownError("rank error file without a valid code: \"0\\nx\"")},
+      {"17\nx", absl::UnknownError("rank error file without a valid code: \"17\\nx\"")},
+      {"-3\nx", absl::UnknownError("rank error file without a valid code: \"-3\\nx\"")},
+      {"10abc\nx",
+       absl::UnknownError("rank error file without a valid code: \"10abc\\nx\"")},
+      {"garbage", absl::UnknownError("rank error file without a valid code: \"garbage\"")},
+      {"", absl::UnknownError("rank error file without a valid code: \"\"")},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(ParseRankError(c.text), c.want) << c.text;
+  }
+}
+
 TEST(CpAttentionStepTest, RejectsBadUse) {
   const core::Plan plan = ZigzagPlan(2);
   const AttentionShape shape{1, 4, 0.5f};
