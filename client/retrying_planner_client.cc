@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +25,56 @@ absl::Status Exhausted(const absl::Status& last, int attempts) {
 
 }  // namespace
 
+namespace internal {
+
+// One thread running tasks at their due time (real time), earliest first.
+class DelayThread {
+ public:
+  DelayThread() : thread_([this] { Loop(); }) {}
+  ~DelayThread() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();  // tasks still waiting are dropped (see PlanAsync's contract)
+  }
+  void Add(absl::Duration delay, absl::AnyInvocable<void() &&> task) {
+    absl::MutexLock lock(&mu_);
+    tasks_.emplace(absl::Now() + delay, std::move(task));
+    ++added_;
+  }
+
+ private:
+  bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || added_ != seen_; }
+
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    while (!stop_) {
+      const absl::Time due = tasks_.empty() ? absl::InfiniteFuture() : tasks_.begin()->first;
+      if (absl::Now() < due) {
+        // Until `due`, or earlier for stop or a new (maybe earlier) task.
+        seen_ = added_;
+        mu_.AwaitWithDeadline(absl::Condition(this, &DelayThread::Woken), due);
+        continue;
+      }
+      absl::AnyInvocable<void() &&> task = std::move(tasks_.begin()->second);
+      tasks_.erase(tasks_.begin());
+      mu_.Unlock();  // the task starts an attempt: never under mu_
+      std::move(task)();
+      mu_.Lock();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::multimap<absl::Time, absl::AnyInvocable<void() &&>> tasks_ ABSL_GUARDED_BY(mu_);
+  uint64_t added_ ABSL_GUARDED_BY(mu_) = 0;  // tasks ever added
+  uint64_t seen_ ABSL_GUARDED_BY(mu_) = 0;   // added_ when the thread last waited
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace internal
+
 absl::Duration RetryBackoff(const RetryPolicy& policy, int attempt) {
   const double factor = std::pow(std::max(policy.backoff_multiplier, 1.0), attempt - 1);
   const absl::Duration backoff = policy.initial_backoff * factor;
@@ -31,6 +84,18 @@ absl::Duration RetryBackoff(const RetryPolicy& policy, int attempt) {
 RetryingPlannerClient::RetryingPlannerClient(std::shared_ptr<PlannerClient> inner,
                                              RetryPolicy policy, RetryClock clock)
     : inner_(std::move(inner)), policy_(policy), clock_(std::move(clock)) {}
+
+RetryingPlannerClient::~RetryingPlannerClient() = default;
+
+void RetryingPlannerClient::RunAfter(absl::Duration delay, absl::AnyInvocable<void() &&> task) {
+  if (clock_.run_after) {
+    clock_.run_after(delay, std::move(task));
+    return;
+  }
+  absl::MutexLock lock(&timer_mu_);
+  if (timer_ == nullptr) timer_ = std::make_unique<internal::DelayThread>();
+  timer_->Add(delay, std::move(task));
+}
 
 template <typename T, typename Call>
 absl::StatusOr<T> RetryingPlannerClient::Retry(const CallOptions& options, Call call) {
@@ -90,8 +155,11 @@ void RetryingPlannerClient::AsyncAttempt(std::shared_ptr<const v1::PlanRequest> 
           std::move(done)(Exhausted(result.status(), attempt));
           return;
         }
-        clock_.sleep(backoff);
-        AsyncAttempt(std::move(request), options, deadline, attempt + 1, std::move(done));
+        // Off this (the inner client's callback) thread: it must not block.
+        RunAfter(backoff, [this, request = std::move(request), options, deadline, attempt,
+                           done = std::move(done)]() mutable {
+          AsyncAttempt(std::move(request), options, deadline, attempt + 1, std::move(done));
+        });
       });
 }
 

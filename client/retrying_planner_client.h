@@ -15,10 +15,17 @@
 #include <functional>
 #include <memory>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/planner_client.h"
 
 namespace flashcp::client {
+namespace internal {
+class DelayThread;  // retrying_planner_client.cc
+}  // namespace internal
 
 struct RetryPolicy {
   int max_attempts = 5;                                 // >= 1, first attempt included
@@ -30,10 +37,16 @@ struct RetryPolicy {
   absl::Duration total_timeout = absl::Seconds(60);
 };
 
-// The clock the decorator reads and the wait it does between attempts.
+// The clock the decorator reads and the waits it does between attempts.
 struct RetryClock {
   std::function<absl::Time()> now = [] { return absl::Now(); };
+  // The blocking calls' wait, in the calling thread.
   std::function<void(absl::Duration)> sleep = [](absl::Duration d) { absl::SleepFor(d); };
+  // PlanAsync's wait: runs `task` once, after `delay`, on a thread of its own,
+  // so that the inner client's callback thread (gRPC's) never blocks. Null:
+  // the decorator's own timer thread, started on the first async retry.
+  std::function<void(absl::Duration delay, absl::AnyInvocable<void() &&> task)> run_after =
+      nullptr;
 };
 
 // Backoff before attempt `attempt` + 1 (attempt >= 1 failed):
@@ -44,14 +57,16 @@ class RetryingPlannerClient final : public PlannerClient {
  public:
   RetryingPlannerClient(std::shared_ptr<PlannerClient> inner, RetryPolicy policy,
                         RetryClock clock = {});
+  ~RetryingPlannerClient() override;
 
   // Blocking calls retry in the calling thread.
   PlanResult Plan(const v1::PlanRequest& request, const CallOptions& options) override;
   absl::StatusOr<v1::ListStrategiesResponse> ListStrategies(const CallOptions& options) override;
   absl::StatusOr<v1::ServerInfo> GetServerInfo(const CallOptions& options) override;
-  // Retries happen on the inner client's callback thread, which then waits
-  // out the backoff (clock.sleep): keep backoffs short for async use. The
-  // decorator must outlive its pending PlanAsync calls.
+  // A failed attempt's callback schedules the next attempt with
+  // clock.run_after and returns at once; the retry starts on the timer's
+  // thread. The decorator must outlive its pending PlanAsync calls (a retry
+  // still waiting when it is destroyed is dropped with its callback).
   void PlanAsync(const v1::PlanRequest& request, const CallOptions& options,
                  PlanCallback done) override;
   // Not retried: a stream's items may already have been consumed when it
@@ -64,9 +79,15 @@ class RetryingPlannerClient final : public PlannerClient {
   void AsyncAttempt(std::shared_ptr<const v1::PlanRequest> request, CallOptions options,
                     absl::Time deadline, int attempt, PlanCallback done);
 
+  void RunAfter(absl::Duration delay, absl::AnyInvocable<void() &&> task);
+
   std::shared_ptr<PlannerClient> inner_;
   RetryPolicy policy_;
   RetryClock clock_;
+  absl::Mutex timer_mu_;
+  // clock_.run_after when none was injected; made on first use. Declared
+  // last: destroyed (its thread joined) while the rest is still alive.
+  std::unique_ptr<internal::DelayThread> timer_ ABSL_GUARDED_BY(timer_mu_);
 };
 
 }  // namespace flashcp::client

@@ -1,8 +1,12 @@
 #include "client/retrying_planner_client.h"
 
+#include <future>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
+
+#include "absl/synchronization/mutex.h"
 
 #include "client/testing/mock_planner_client.h"
 #include "core/testing/status_matchers.h"
@@ -20,7 +24,8 @@ using ::testing::ElementsAre;
 using ::testing::Field;
 using ::testing::Return;
 
-// Time moves only when the decorator sleeps.
+// Time moves only when the decorator waits: a blocking sleep, or an async
+// retry's run_after (which then runs the task at once, on the caller's stack).
 struct FakeClock {
   absl::Time now = absl::FromUnixSeconds(1000);
   std::vector<absl::Duration> sleeps;
@@ -29,6 +34,11 @@ struct FakeClock {
             .sleep = [this](absl::Duration d) {
               sleeps.push_back(d);
               now += d;
+            },
+            .run_after = [this](absl::Duration d, absl::AnyInvocable<void() &&> task) {
+              sleeps.push_back(d);
+              now += d;
+              std::move(task)();
             }};
   }
 };
@@ -185,6 +195,78 @@ TEST(RetryingPlannerClientTest, PlanAsyncRetriesAndCallsBackOnce) {
   ASSERT_THAT(*got, IsOk());
   EXPECT_EQ((*got)->batch_id(), 42u);
   EXPECT_THAT(clock.sleeps, ElementsAre(absl::Milliseconds(50), absl::Milliseconds(100)));
+}
+
+TEST(RetryingPlannerClientTest, PlanAsyncBackoffDoesNotBlockTheCallbackThread) {
+  auto mock = std::make_shared<MockPlannerClient>();
+  FakeClock clock;
+  std::vector<std::pair<absl::Duration, absl::AnyInvocable<void() &&>>> timers;
+  RetryClock retry_clock = clock.AsRetryClock();
+  retry_clock.sleep = [](absl::Duration d) { ADD_FAILURE() << "slept " << d; };
+  retry_clock.run_after = [&](absl::Duration d, absl::AnyInvocable<void() &&> task) {
+    timers.emplace_back(d, std::move(task));  // runs when the test says so
+  };
+  RetryingPlannerClient client(mock, Policy(), retry_clock);
+  int calls = 0;
+  EXPECT_CALL(*mock, PlanAsync(_, _, _))
+      .Times(2)
+      .WillRepeatedly([&](const v1::PlanRequest& request, const CallOptions&, PlanCallback done) {
+        // Runs `done` inline, as if on gRPC's callback thread.
+        if (++calls == 1) {
+          std::move(done)(absl::UnavailableError("down"));
+        } else {
+          std::move(done)(Response(request.batch_id()));
+        }
+      });
+  v1::PlanRequest request;
+  request.set_batch_id(7);
+  std::optional<PlanResult> got;
+  client.PlanAsync(request, {}, [&](PlanResult r) { got = std::move(r); });
+  // The failed attempt's callback has returned; the retry waits on the timer.
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(got.has_value());
+  ASSERT_EQ(timers.size(), 1u);
+  EXPECT_EQ(timers[0].first, absl::Milliseconds(50));
+  std::move(timers[0].second)();
+  EXPECT_EQ(calls, 2);
+  ASSERT_TRUE(got.has_value());
+  ASSERT_THAT(*got, IsOk());
+  EXPECT_EQ((*got)->batch_id(), 7u);
+}
+
+TEST(RetryingPlannerClientTest, PlanAsyncDefaultTimerRetriesOnItsOwnThread) {
+  auto mock = std::make_shared<MockPlannerClient>();
+  RetryPolicy policy = Policy();
+  policy.initial_backoff = absl::Milliseconds(1);
+  RetryClock real;  // the decorator's own timer thread
+  RetryingPlannerClient client(mock, policy, real);
+  absl::Mutex mu;
+  bool first_callback_returned = false;
+  bool returned_before_retry = false;
+  EXPECT_CALL(*mock, PlanAsync(_, _, _))
+      .WillOnce([&](const v1::PlanRequest&, const CallOptions&, PlanCallback done) {
+        std::move(done)(absl::UnavailableError("down"));
+        absl::MutexLock lock(&mu);
+        first_callback_returned = true;
+      })
+      .WillOnce([&](const v1::PlanRequest& request, const CallOptions&, PlanCallback done) {
+        {
+          absl::MutexLock lock(&mu);
+          // Instant with the timer; a retry run inside the first callback
+          // (a sleep there) waits out the 30 s bound and fails.
+          returned_before_retry =
+              mu.AwaitWithTimeout(absl::Condition(&first_callback_returned), absl::Seconds(30));
+        }
+        std::move(done)(Response(request.batch_id()));
+      });
+  v1::PlanRequest request;
+  request.set_batch_id(9);
+  std::future<PlanResult> future = client.PlanFuture(request, {});
+  const PlanResult got = future.get();
+  ASSERT_THAT(got, IsOk());
+  EXPECT_EQ(got->batch_id(), 9u);
+  absl::MutexLock lock(&mu);
+  EXPECT_TRUE(returned_before_retry);
 }
 
 TEST(RetryingPlannerClientTest, PlanAsyncGivesUpWithTheLastCode) {
