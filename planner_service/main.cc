@@ -30,6 +30,8 @@ ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients need a cert it signed");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM, how long in-flight calls may take before they are cancelled");
+ABSL_FLAG(int64_t, rendezvous_max_bytes, flashcp::planner_service::kDefaultMaxTotalValueBytes,
+          "value bytes all rendezvous groups may hold together; above: RESOURCE_EXHAUSTED");
 ABSL_FLAG(bool, testing_hold_planning, false,
           "tests only: plan nothing until SIGUSR1 (makes queue-full and deadline tests "
           "deterministic)");
@@ -51,6 +53,7 @@ int main(int argc, char** argv) {
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  o.rendezvous_max_bytes = absl::GetFlag(FLAGS_rendezvous_max_bytes);
   o.testing_hold_planning = absl::GetFlag(FLAGS_testing_hold_planning);
   o.version = FLASHCP_VERSION;
   const absl::Status status = fps::RunPlanner(o, std::make_shared<prometheus::Registry>());

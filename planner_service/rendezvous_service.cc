@@ -111,6 +111,7 @@ absl::StatusOr<int32_t> RendezvousState::Join(absl::string_view group_name, int3
           absl::StrCat("group ", Quoted(group_name), " aborted: ", g.abort_reason));
     }
     if (rank < 0 || rank >= world_size) return bad_rank();
+    total_value_bytes_ -= g.value_bytes;
     g = Group{};  // a new incarnation re-forms the failed group
     g.world_size = world_size;
     changed_.SignalAll();
@@ -184,7 +185,14 @@ absl::Status RendezvousState::Set(absl::string_view group_name, absl::string_vie
     return absl::ResourceExhaustedError(absl::StrCat(
         "group ", Quoted(group_name), ": values would exceed ", kMaxBytesPerGroup, " bytes"));
   }
-  g.value_bytes += static_cast<int64_t>(value.size()) - old_bytes;
+  const int64_t growth = static_cast<int64_t>(value.size()) - old_bytes;
+  if (total_value_bytes_ + growth > max_total_value_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "group ", Quoted(group_name), ": the values of all groups would exceed ",
+        max_total_value_bytes_, " bytes (--rendezvous_max_bytes)"));
+  }
+  g.value_bytes += growth;
+  total_value_bytes_ += growth;
   g.kv[std::string(key)] = std::string(value);
   changed_.SignalAll();
   return absl::OkStatus();
@@ -254,7 +262,10 @@ absl::Status RendezvousState::Leave(absl::string_view group_name, int32_t rank,
     const auto m = it->second.members.find(rank);
     if (m != it->second.members.end() && m->second == incarnation) {
       it->second.members.erase(m);
-      if (it->second.members.empty()) groups_.erase(it);
+      if (it->second.members.empty()) {
+        total_value_bytes_ -= it->second.value_bytes;
+        groups_.erase(it);
+      }
       changed_.SignalAll();
       return absl::OkStatus();
     }

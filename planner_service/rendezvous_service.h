@@ -12,7 +12,9 @@
 // Bounds: a group name is [A-Za-z0-9._-]{1,64}; world_size is 1..kMaxWorldSize;
 // keys are 1..256 bytes, values at most 1 MiB, a group holds at most
 // kMaxKeysPerGroup keys and kMaxBytesPerGroup value bytes, the state at most
-// kMaxGroups groups; a Get names 1..kMaxKeysPerGet keys; timeouts are
+// kMaxGroups groups and max_total_value_bytes value bytes over all groups
+// (kDefaultMaxTotalValueBytes unless the planner's --rendezvous_max_bytes
+// says otherwise: without it, 4096 groups x 256 MiB could pin 1 TiB); a Get names 1..kMaxKeysPerGet keys; timeouts are
 // 0..kMaxTimeout. Oversize gets RESOURCE_EXHAUSTED, malformed INVALID_ARGUMENT.
 #ifndef FLASHCP_PLANNER_SERVICE_RENDEZVOUS_SERVICE_H_
 #define FLASHCP_PLANNER_SERVICE_RENDEZVOUS_SERVICE_H_
@@ -44,13 +46,18 @@ inline constexpr size_t kMaxGroups = 4096;
 inline constexpr size_t kMaxKeysPerGet = 4096;
 inline constexpr size_t kMaxReasonBytes = 1024;
 inline constexpr absl::Duration kMaxTimeout = absl::Hours(1);
+// All groups' values together, bytes (the RendezvousState default).
+inline constexpr int64_t kDefaultMaxTotalValueBytes = int64_t{1} << 30;
 
 // InvalidArgument naming the field unless `group` is [A-Za-z0-9._-]{1,64}.
 absl::Status ValidateGroupName(absl::string_view group);
 
 class RendezvousState {
  public:
-  RendezvousState() = default;
+  // `max_total_value_bytes` (>= 1) bounds the value bytes of all groups
+  // together: a Set beyond it gets RESOURCE_EXHAUSTED.
+  explicit RendezvousState(int64_t max_total_value_bytes = kDefaultMaxTotalValueBytes)
+      : max_total_value_bytes_(max_total_value_bytes) {}
   RendezvousState(const RendezvousState&) = delete;
   RendezvousState& operator=(const RendezvousState&) = delete;
 
@@ -102,10 +109,12 @@ class RendezvousState {
   absl::Status Usable(absl::string_view group_name, const Group** group) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
+  const int64_t max_total_value_bytes_;
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // signalled on every change a waiter may wait for
   std::map<std::string, Group, std::less<>> groups_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t total_value_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum of groups_' value_bytes
 };
 
 // The gRPC adapter: validates, clamps waits to min(timeout_ms, the call's
@@ -134,7 +143,8 @@ class RendezvousService final : public v1::Rendezvous::Service {
 // Owns the state and the service; what the planner's server registers.
 class RendezvousHost {
  public:
-  RendezvousHost() : service_(&state_) {}
+  explicit RendezvousHost(int64_t max_total_value_bytes = kDefaultMaxTotalValueBytes)
+      : state_(max_total_value_bytes), service_(&state_) {}
   grpc::Service* service() { return &service_; }
   RendezvousState& state() { return state_; }
   void Shutdown() { state_.Shutdown(); }

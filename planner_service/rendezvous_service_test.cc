@@ -137,6 +137,26 @@ TEST(RendezvousStateTest, SetGetAndBounds) {
   EXPECT_THAT(s.Get("g", {"a"}, Past()).value(), ElementsAre("overwritten"));
 }
 
+TEST(RendezvousStateTest, TotalValueBytesAreCappedAcrossGroups) {
+  RendezvousState s(/*max_total_value_bytes=*/10);
+  ASSERT_THAT(s.Join("a", 0, 1, 1).status(), IsOk());
+  ASSERT_THAT(s.Join("b", 0, 1, 1).status(), IsOk());
+  ASSERT_THAT(s.Set("a", "k", "123456"), IsOk());  // 6 of 10
+  EXPECT_EQ(s.Set("b", "k", "12345"),
+            absl::ResourceExhaustedError("group \"b\": the values of all groups would exceed 10 "
+                                         "bytes (--rendezvous_max_bytes)"));
+  ASSERT_THAT(s.Set("b", "k", "1234"), IsOk());  // exactly 10
+  ASSERT_THAT(s.Set("a", "k", "1"), IsOk());     // an overwrite frees 5
+  ASSERT_THAT(s.Set("b", "k2", "12345"), IsOk());  // 1 + 4 + 5
+  // A group that goes (its last member leaves) gives its bytes back.
+  ASSERT_THAT(s.Leave("b", 0, 1), IsOk());
+  ASSERT_THAT(s.Set("a", "k", "123456789"), IsOk());
+  // So does an aborted group that a new incarnation re-forms.
+  ASSERT_THAT(s.Abort("a", 0, "x"), IsOk());
+  ASSERT_THAT(s.Join("a", 0, 1, 2).status(), IsOk());
+  EXPECT_THAT(s.Set("a", "k", "0123456789"), IsOk());
+}
+
 TEST(RendezvousStateTest, AbortWakesWaitersAndNewIncarnationResets) {
   RendezvousState s;
   EXPECT_THAT(s.Abort("g", 0, "x"), StatusIs(absl::StatusCode::kNotFound));

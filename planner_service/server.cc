@@ -90,6 +90,10 @@ absl::Status ValidateOptions(const ServerOptions& o) {
   if (o.drain_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_timeout: must not be negative");
   }
+  if (o.rendezvous_max_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rendezvous_max_bytes: must be at least 1, got ", o.rendezvous_max_bytes));
+  }
   return absl::OkStatus();
 }
 
@@ -142,7 +146,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const Server
   int port = 0;
   builder.AddListeningPort(options.listen, credentials, &port);
   builder.RegisterService(s->service_.get());
-  s->rendezvous_ = std::make_unique<RendezvousHost>();
+  s->rendezvous_ = std::make_unique<RendezvousHost>(options.rendezvous_max_bytes);
   builder.RegisterService(s->rendezvous_->service());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   s->server_ = builder.BuildAndStart();

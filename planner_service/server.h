@@ -36,6 +36,8 @@ struct ServerOptions {
   std::string tls_key;
   std::string tls_client_ca;             // mTLS: clients must present a cert it signed
   absl::Duration drain_timeout = absl::Seconds(30);  // then in-flight calls are cancelled
+  // Value bytes all rendezvous groups may hold together (>= 1).
+  int64_t rendezvous_max_bytes = kDefaultMaxTotalValueBytes;
   bool testing_hold_planning = false;    // test hook: plan nothing until SIGUSR1
   std::string version;                   // build version, for GetServerInfo and build_info
 };

@@ -156,6 +156,10 @@ TEST(ServerOptionsTest, BadOptionsNameTheFlag) {
   o = ServerOptions{};
   o.tls_cert = "cert.pem";
   EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError("--tls_cert, --tls_key: set both or neither"));
+  o = ServerOptions{};
+  o.rendezvous_max_bytes = 0;
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError("--rendezvous_max_bytes: must be at least 1, got 0"));
   EXPECT_EQ(ListeningLine("127.0.0.1:1", "127.0.0.1:2"),
             "LISTENING grpc=127.0.0.1:1 metrics=127.0.0.1:2");
   EXPECT_EQ(ListeningLine("[::]:1", ""), "LISTENING grpc=[::]:1 metrics=-");
