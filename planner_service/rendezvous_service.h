@@ -33,19 +33,21 @@
 #include "absl/time/time.h"
 #include "flashcp/v1/rendezvous.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/rendezvous_limits.h"
 
 namespace flashcp::planner_service {
 
-inline constexpr int32_t kMaxWorldSize = 1024;
-inline constexpr size_t kMaxGroupNameBytes = 64;
-inline constexpr size_t kMaxKeyBytes = 256;
-inline constexpr size_t kMaxValueBytes = size_t{1} << 20;
-inline constexpr size_t kMaxKeysPerGroup = 16384;
-inline constexpr int64_t kMaxBytesPerGroup = int64_t{256} << 20;
-inline constexpr size_t kMaxGroups = 4096;
-inline constexpr size_t kMaxKeysPerGet = 4096;
-inline constexpr size_t kMaxReasonBytes = 1024;
-inline constexpr absl::Duration kMaxTimeout = absl::Hours(1);
+// The wire contract's bounds, shared with the clients (proto/rendezvous_limits.h).
+using proto::rendezvous::kMaxBytesPerGroup;
+using proto::rendezvous::kMaxGroupNameBytes;
+using proto::rendezvous::kMaxGroups;
+using proto::rendezvous::kMaxKeyBytes;
+using proto::rendezvous::kMaxKeysPerGet;
+using proto::rendezvous::kMaxKeysPerGroup;
+using proto::rendezvous::kMaxReasonBytes;
+using proto::rendezvous::kMaxTimeout;
+using proto::rendezvous::kMaxValueBytes;
+using proto::rendezvous::kMaxWorldSize;
 // All groups' values together, bytes (the RendezvousState default).
 inline constexpr int64_t kDefaultMaxTotalValueBytes = int64_t{1} << 30;
 

@@ -17,6 +17,7 @@
 #include "core/status_macros.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
+#include "proto/rendezvous_limits.h"
 #include "worker/engine.h"
 #include "worker/gloo_communicator.h"
 #include "worker/thread_pool.h"
@@ -159,9 +160,10 @@ std::vector<double> DurationBuckets() {
 // ---- options -----------------------------------------------------------------
 
 absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
-  if (o.world_size < 1 || o.world_size > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--world_size: must be in [1, 1024], got ", o.world_size));
+  if (o.world_size < 1 || o.world_size > proto::rendezvous::kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("--world_size: must be in [1, ",
+                                                   proto::rendezvous::kMaxWorldSize, "], got ",
+                                                   o.world_size));
   }
   if (o.rank < 0 || o.rank >= o.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("--rank: must be in [0, ", o.world_size,
@@ -197,9 +199,12 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--prefetch: must be in [1, 1024], got ", o.prefetch));
   }
-  if (o.timeout < absl::Seconds(1) || o.timeout > absl::Hours(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("--timeout_s: must be in [1, 3600], got ",
-                                                   absl::ToDoubleSeconds(o.timeout)));
+  // The group's rendezvous waits (AwaitMembers, Gloo's store) take this
+  // timeout, and the planner refuses waits beyond its limit.
+  if (o.timeout < absl::Seconds(1) || o.timeout > proto::rendezvous::kMaxTimeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--timeout_s: must be in [1, ", absl::ToInt64Seconds(proto::rendezvous::kMaxTimeout),
+        "] (the planner's rendezvous wait limit), got ", absl::ToDoubleSeconds(o.timeout)));
   }
   if (o.threads < 1 || o.threads > 1024) {
     return absl::InvalidArgumentError(

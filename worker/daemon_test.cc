@@ -123,6 +123,15 @@ TEST_F(RendezvousFixture, ExactCodesThroughTheClient) {
                                          HasSubstr("aborted: rank 1: peer died")));
 }
 
+TEST_F(RendezvousFixture, WaitsLongerThanTheServerLimitAreClampedNotRefused) {
+  // Gloo may ask its store for a longer wait than the planner serves (1 h).
+  RendezvousClient a(stub_, "g", 0, 1);
+  ASSERT_EQ(a.Join(1).value(), 1);
+  ASSERT_THAT(a.Set("k", "v"), IsOk());
+  EXPECT_THAT(a.Get({"k"}, absl::Hours(2)).value(), ElementsAre("v"));
+  EXPECT_THAT(a.AwaitMembers(absl::Hours(2)).value(), ElementsAre(0));
+}
+
 // A planner whose streams echo each request's documents back, and whose first
 // `broken_streams` streams break with UNAVAILABLE after `answers_before_break`
 // answers (a planner restart mid-stream).
@@ -381,6 +390,12 @@ TEST(ValidateDaemonOptionsTest, Table) {
       {[](DaemonOptions& o) { o.prefetch = 0; }, absl::StatusCode::kInvalidArgument, "--prefetch"},
       {[](DaemonOptions& o) { o.timeout = absl::ZeroDuration(); },
        absl::StatusCode::kInvalidArgument, "--timeout_s"},
+      {[](DaemonOptions& o) { o.timeout = absl::Seconds(3601); },
+       absl::StatusCode::kInvalidArgument,
+       "--timeout_s: must be in [1, 3600] (the planner's rendezvous wait limit), got 3601"},
+      {[](DaemonOptions& o) { o.timeout = absl::Seconds(3600); }, absl::StatusCode::kOk, ""},
+      {[](DaemonOptions& o) { o.world_size = 1025; o.rank = 0; },
+       absl::StatusCode::kInvalidArgument, "--world_size: must be in [1, 1024], got 1025"},
       {[](DaemonOptions& o) { o.context = 2; }, absl::StatusCode::kInvalidArgument, "--context"},
       {[](DaemonOptions& o) { o.steps = -1; }, absl::StatusCode::kInvalidArgument, "--steps"},
   };

@@ -1,11 +1,13 @@
 #include "worker/grpc_store.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gloo/common/error.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
+#include "proto/rendezvous_limits.h"
 
 namespace flashcp::worker {
 namespace {
@@ -14,8 +16,11 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration d) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + d));
 }
 
-int64_t Millis(absl::Duration d) {
-  return std::max<int64_t>(0, absl::ToInt64Milliseconds(d));
+// A wait's timeout_ms: clamped to [0, the server's limit] (a longer wait,
+// e.g. one Gloo asks for, would be refused with INVALID_ARGUMENT).
+int64_t WaitMillis(absl::Duration d) {
+  return std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 0,
+                             absl::ToInt64Milliseconds(proto::rendezvous::kMaxTimeout));
 }
 
 absl::Status WithContext(const grpc::Status& s, absl::string_view what) {
@@ -51,10 +56,10 @@ absl::StatusOr<int32_t> RendezvousClient::Join(int32_t world_size) {
 
 absl::StatusOr<std::vector<int32_t>> RendezvousClient::AwaitMembers(absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout + rpc_slack_);
+  SetDeadline(context, absl::Milliseconds(WaitMillis(timeout)) + rpc_slack_);
   v1::AwaitMembersRequest request;
   request.set_group(group_);
-  request.set_timeout_ms(Millis(timeout));
+  request.set_timeout_ms(WaitMillis(timeout));
   v1::AwaitMembersResponse response;
   const absl::Status s =
       WithContext(stub_->AwaitMembers(&context, request, &response), "AwaitMembers");
@@ -76,11 +81,11 @@ absl::Status RendezvousClient::Set(const std::string& key, const std::string& va
 absl::StatusOr<std::vector<std::string>> RendezvousClient::Get(const std::vector<std::string>& keys,
                                                                absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout + rpc_slack_);
+  SetDeadline(context, absl::Milliseconds(WaitMillis(timeout)) + rpc_slack_);
   v1::GetRequest request;
   request.set_group(group_);
   for (const std::string& k : keys) request.add_keys(k);
-  request.set_timeout_ms(Millis(timeout));
+  request.set_timeout_ms(WaitMillis(timeout));
   v1::GetResponse response;
   const absl::Status s = WithContext(stub_->Get(&context, request, &response), "Get");
   if (!s.ok()) return s;
@@ -97,7 +102,7 @@ absl::Status RendezvousClient::Abort(const std::string& reason) {
   v1::AbortRequest request;
   request.set_group(group_);
   request.set_rank(rank_);
-  request.set_reason(reason.substr(0, 1024));
+  request.set_reason(reason.substr(0, proto::rendezvous::kMaxReasonBytes));
   v1::AbortResponse response;
   return WithContext(stub_->Abort(&context, request, &response), "Abort");
 }

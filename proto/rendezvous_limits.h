@@ -1,0 +1,29 @@
+// The bounds of flashcp.v1.Rendezvous (proto/flashcp/v1/rendezvous.proto):
+// part of the wire contract, so they sit next to the proto where both the
+// server (planner_service/) and its clients (worker/) read them, without a
+// client depending on the server library. Beyond a size bound the server
+// answers RESOURCE_EXHAUSTED, for a malformed field INVALID_ARGUMENT.
+#ifndef FLASHCP_PROTO_RENDEZVOUS_LIMITS_H_
+#define FLASHCP_PROTO_RENDEZVOUS_LIMITS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/time/time.h"
+
+namespace flashcp::proto::rendezvous {
+
+inline constexpr int32_t kMaxWorldSize = 1024;           // ranks per group
+inline constexpr size_t kMaxGroupNameBytes = 64;         // [A-Za-z0-9._-]{1,64}
+inline constexpr size_t kMaxKeyBytes = 256;
+inline constexpr size_t kMaxValueBytes = size_t{1} << 20;
+inline constexpr size_t kMaxKeysPerGroup = 16384;
+inline constexpr int64_t kMaxBytesPerGroup = int64_t{256} << 20;  // value bytes
+inline constexpr size_t kMaxGroups = 4096;
+inline constexpr size_t kMaxKeysPerGet = 4096;
+inline constexpr size_t kMaxReasonBytes = 1024;          // Abort's reason
+inline constexpr absl::Duration kMaxTimeout = absl::Hours(1);  // AwaitMembers, Get: timeout_ms
+
+}  // namespace flashcp::proto::rendezvous
+
+#endif  // FLASHCP_PROTO_RENDEZVOUS_LIMITS_H_
