@@ -84,9 +84,8 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     // nearly the whole batch), the full 2N-chunk zigzag, whose token counts
     // never exceed a rank's target.
     bool reduced = m > 0;
-    std::vector<Shard> zig = PerDocPieces(batch, zig_docs, m);
     std::vector<int64_t> need = targets;
-    for (const Shard& s : zig) need[s.rank] -= s.len;
+    std::vector<Shard> zig = PerDocPieces(batch, zig_docs, m, &need);
     if (reduced && *std::min_element(need.begin(), need.end()) < 0) {
       reduced = false;
       zig = PerDocPieces(batch, zig_docs);
@@ -98,45 +97,35 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     AddPieces(batch, zig, zig_part);
     const std::vector<int32_t> rest(split, order.end());
     bool feasible = false;
-    // rho = 0 is plain LPT; larger rho anticipates the workload that
-    // equalization moves. Whole moves always: they never cost communication
-    // and (measured, docs/planner.md) head-only equalization never won.
     // One candidate: its pieces besides `zig`, and the per-rank workload.
     // Returns whether it had short cut pieces before any repair.
     const auto consider = [&](std::vector<Shard> pieces, const std::vector<double>& workload) {
-      bool slivers = m > 1 && zig_part.min_cut_len != 0 && zig_part.min_cut_len < m;
-      for (size_t i = 0; m > 1 && !slivers && i < pieces.size(); ++i) {
-        slivers = pieces[i].len < m && pieces[i].len < batch.doc_lens[pieces[i].doc];
-      }
+      // The cheap score first (Per-Doc pieces counted once per k).
+      PartialScore part = zig_part;
+      AddPieces(batch, pieces, part);
+      double max_w = 0;
+      for (double w : workload) max_w = std::max(max_w, w);
       PlanScore score;
-      size_t k_kept = k;
-      bool reduced_kept = reduced;
+      score.imbalance = total_work > 0 ? max_w / mean_work : 1.0;
+      score.max_nonlast = *std::max_element(part.nonlast.begin(), part.nonlast.end());
+      score.cut_docs = part.cut_docs;
+      score.min_cut_len = part.min_cut_len;
+      const bool slivers = m > 1 && part.min_cut_len != 0 && part.min_cut_len < m;
+      // Short cut pieces are charged in the score; the winner alone is
+      // repaired at the end (RepairShortShards costs O(slivers x cut
+      // pieces), too much for every candidate at large N).
       if (slivers) {
-        // Repair on the whole plan (Per-Doc pieces included), then score it
-        // from scratch; such a winner is kept whole (no Per-Doc rebuild).
-        std::vector<Shard> all = zig;
-        all.insert(all.end(), pieces.begin(), pieces.end());
-        pieces = RepairShortShards(batch, std::move(all), m);
-        score = ScorePieces(batch, pieces);
         for (const Shard& sh : pieces) {
           if (sh.len < m && sh.len < batch.doc_lens[sh.doc]) ++score.short_cuts;
         }
-        k_kept = 0;
-        reduced_kept = true;
-      } else {
-        PartialScore part = zig_part;
-        AddPieces(batch, pieces, part);
-        double max_w = 0;
-        for (double w : workload) max_w = std::max(max_w, w);
-        score.imbalance = total_work > 0 ? max_w / mean_work : 1.0;
-        score.max_nonlast = *std::max_element(part.nonlast.begin(), part.nonlast.end());
-        score.cut_docs = part.cut_docs;
-        score.min_cut_len = part.min_cut_len;
+        for (const Shard& sh : zig) {
+          if (sh.len < m && sh.len < batch.doc_lens[sh.doc]) ++score.short_cuts;
+        }
       }
       if (!have || Better(score, best_score, target, short_cost)) {
         best_pieces = std::move(pieces);
-        best_k = k_kept;
-        best_reduced = reduced_kept;
+        best_k = k;
+        best_reduced = reduced;
         best_score = score;
         have = true;
       }
@@ -220,8 +209,12 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   if (best_k > 0 || !best_reduced) {
     const std::vector<int32_t> zig_docs(order.begin(),
                                         order.begin() + static_cast<std::ptrdiff_t>(best_k));
-    std::vector<Shard> zig = PerDocPieces(batch, zig_docs, best_reduced ? m : 0);
+    std::vector<int64_t> room = targets;
+    std::vector<Shard> zig = PerDocPieces(batch, zig_docs, best_reduced ? m : 0, &room);
     best_pieces.insert(best_pieces.end(), zig.begin(), zig.end());
+  }
+  if (m > 1 && best_score.short_cuts > 0) {
+    best_pieces = RepairShortShards(batch, std::move(best_pieces), m);
   }
   return FinishPlan(batch, std::move(best_pieces));
 }

@@ -10,7 +10,7 @@
 namespace flashcp::core::internal {
 
 std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
-                                int64_t min_shard) {
+                                int64_t min_shard, std::vector<int64_t>* room) {
   // PlanPerDoc's zigzag (baselines.cc) on the sub-batch, without its sort:
   // each document in 2N chunks of L / 2N tokens, chunks k and 2N-1-k to rank
   // k, the L % 2N leftovers dealt one at a time round robin across documents
@@ -24,17 +24,36 @@ std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& 
   std::vector<int64_t> chunk(2 * static_cast<size_t>(n));
   int32_t next = 0;   // leftover round robin (over positions 0..c-1)
   int32_t first = 0;  // first rank of the next reduced zigzag
+  std::vector<int32_t> chosen;
   for (int32_t d : docs) {
     const int64_t len = batch.doc_lens[d];
     int32_t c = n;
     if (min_shard > 0) c = static_cast<int32_t>(std::clamp<int64_t>(len / (2 * min_shard), 1, n));
     if (c == 1) {
-      pieces.push_back(Shard{d, 0, len, first});
+      int32_t to = first;
+      if (room != nullptr) to = static_cast<int32_t>(std::max_element(room->begin(), room->end()) - room->begin());
+      pieces.push_back(Shard{d, 0, len, to});
+      if (room != nullptr) (*room)[to] -= len;
       first = (first + 1) % n;
       continue;
     }
     const int32_t base_rank = c == n ? 0 : first;
     if (c < n) first = (first + c) % n;
+    if (room != nullptr && c < n) {
+      // The c ranks with the most room left (ties: lowest index), in rank
+      // order, take the 2c chunks as positions 0..c-1.
+      std::vector<int32_t> ids(n);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::partial_sort(ids.begin(), ids.begin() + c, ids.end(), [&](int32_t a, int32_t b) {
+        return (*room)[a] != (*room)[b] ? (*room)[a] > (*room)[b] : a < b;
+      });
+      ids.resize(c);
+      std::sort(ids.begin(), ids.end());
+      chosen = std::move(ids);
+    } else {
+      chosen.resize(c);
+      for (int32_t i = 0; i < c; ++i) chosen[i] = (base_rank + i) % n;
+    }
     const int64_t base = len / (2 * c);
     std::fill(chunk.begin(), chunk.begin() + 2 * c, base);
     for (int64_t left = len % (2 * c); left > 0; --left) {
@@ -50,7 +69,10 @@ std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& 
     int64_t start = 0;
     for (int32_t k = 0; k < 2 * c; ++k) {
       const int32_t pos = k < c ? k : 2 * c - 1 - k;
-      if (chunk[k] > 0) pieces.push_back(Shard{d, start, chunk[k], (base_rank + pos) % n});
+      if (chunk[k] > 0) {
+        pieces.push_back(Shard{d, start, chunk[k], chosen[pos]});
+        if (room != nullptr) (*room)[chosen[pos]] -= chunk[k];
+      }
       start += chunk[k];
     }
   }
@@ -240,7 +262,7 @@ class ShortShardRepair {
       const int32_t b = p[j].rank;
       std::vector<Shift> path;
       if (!FindChain(b, a, s, static_cast<int32_t>(c), path)) continue;
-      Apply(path, s);
+      Apply(path, s);  // marks the graph dirty
       if (side < 0) {
         p[j].len += s;
       } else {
@@ -290,24 +312,25 @@ class ShortShardRepair {
   // shrinks twice.
   bool FindChain(int32_t from, int32_t to, int64_t delta, int32_t skip,
                  std::vector<Shift>& path) {
-    struct Edge {
-      int32_t dest;
-      Shift shift;
-    };
-    std::vector<std::vector<Edge>> adj(n_);
-    for (size_t c = 0; c < docs.size(); ++c) {
-      if (static_cast<int32_t>(c) == skip) continue;
-      const std::vector<Piece>& p = docs[c];
-      for (size_t b = 0; b + 1 < p.size(); ++b) {
-        const Shift base{static_cast<int32_t>(c), static_cast<int32_t>(b), false};
-        if (p[b].len - delta >= m_) {
-          Shift sh = base;
-          sh.left_gives = true;
-          adj[p[b].rank].push_back({p[b + 1].rank, sh});
+    // The boundary graph is rebuilt only after a successful fix (pieces
+    // moved); each edge keeps how many tokens its shrinking piece can spare.
+    if (dirty_) {
+      adj_.assign(n_, {});
+      for (size_t c = 0; c < docs.size(); ++c) {
+        const std::vector<Piece>& p = docs[c];
+        for (size_t b = 0; b + 1 < p.size(); ++b) {
+          const Shift base{static_cast<int32_t>(c), static_cast<int32_t>(b), false};
+          if (p[b].len > m_) {
+            Shift sh = base;
+            sh.left_gives = true;
+            adj_[p[b].rank].push_back({p[b + 1].rank, p[b].len - m_, sh});
+          }
+          if (p[b + 1].len > m_) adj_[p[b + 1].rank].push_back({p[b].rank, p[b + 1].len - m_, base});
         }
-        if (p[b + 1].len - delta >= m_) adj[p[b + 1].rank].push_back({p[b].rank, base});
       }
+      dirty_ = false;
     }
+    const auto& adj = adj_;
     std::vector<int32_t> parent(n_, -2);
     std::vector<Shift> via(n_);
     std::vector<int32_t> queue = {from};
@@ -315,7 +338,7 @@ class ShortShardRepair {
     for (size_t q = 0; q < queue.size() && parent[to] == -2; ++q) {
       const int32_t x = queue[q];
       for (const Edge& e : adj[x]) {
-        if (parent[e.dest] != -2) continue;
+        if (parent[e.dest] != -2 || e.spare < delta || e.shift.doc == skip) continue;
         parent[e.dest] = x;
         via[e.dest] = e.shift;
         queue.push_back(e.dest);
@@ -328,6 +351,7 @@ class ShortShardRepair {
   }
 
   void Apply(const std::vector<Shift>& path, int64_t delta) {
+    dirty_ = true;
     for (const Shift& sh : path) {
       std::vector<Piece>& p = docs[sh.doc];
       Piece& l = p[sh.boundary];
@@ -344,8 +368,15 @@ class ShortShardRepair {
     }
   }
 
+  struct Edge {
+    int32_t dest;
+    int64_t spare;  // tokens the shrinking piece can give and keep >= m
+    Shift shift;
+  };
   int32_t n_;
   int64_t m_;
+  bool dirty_ = true;
+  std::vector<std::vector<Edge>> adj_;
 };
 
 }  // namespace
@@ -375,18 +406,23 @@ std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> piec
     std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.start < b.start; });
   }
   // Passes until nothing changes: a fix can open a chain for a sliver that
-  // had none. Each fix removes one sliver and creates none.
-  for (bool progress = true; progress;) {
+  // had none. Each fix removes one sliver and creates none. Bounded work: at
+  // most N + 16 attempts (each O(cut pieces)); a plan with more slivers than
+  // that is left as it is (the caller's score charges them).
+  int64_t attempts = static_cast<int64_t>(batch.cp_size) + 16;
+  for (bool progress = true; progress && attempts > 0;) {
     progress = false;
-    for (size_t c = 0; c < repair.docs.size(); ++c) {
-      for (size_t i = 0; i < repair.docs[c].size();) {
+    for (size_t c = 0; c < repair.docs.size() && attempts > 0; ++c) {
+      for (size_t i = 0; i < repair.docs[c].size() && attempts > 0;) {
         const std::vector<Piece>& p = repair.docs[c];
-        if (p.size() > 1 && p[i].len < min_shard && repair.Fix(c, i)) {
-          progress = true;
-          i = 0;  // the document's pieces changed
-        } else {
-          ++i;
+        if (p.size() > 1 && p[i].len < min_shard) {
+          --attempts;
+          if (repair.Fix(c, i)) {
+            progress = true;
+            continue;  // position i now holds the next piece (or a grown one)
+          }
         }
+        ++i;
       }
     }
   }

@@ -30,8 +30,10 @@ inline double RangeWorkload(int64_t start, int64_t len) {
 // whole). The c ranks are consecutive, starting where the previous document's
 // ended (mod N), so the documents' tokens still spread evenly; c = N for every
 // document gives exactly the pieces above.
+// With `room` (per-rank tokens still free), a reduced zigzag goes to the c
+// ranks with the most room instead, and `room` is decreased.
 std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
-                                int64_t min_shard = 0);
+                                int64_t min_shard = 0, std::vector<int64_t>* room = nullptr);
 
 // The paper's Whole-Doc sharding of `docs` (indices, longest first) onto
 // ranks that already carry `workload[r]` from other pieces and must take
