@@ -3,9 +3,6 @@
 // output is checked line for line against flashcp-plan's for the same batches.
 // Nothing sleeps for luck: waits are on the LISTENING line, on RPC answers or
 // on a retry hook, each with a deadline.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <signal.h>
@@ -31,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/planner_process.h"
+#include "tests/testing/ports.h"
 #include "tests/testing/subprocess.h"
 
 namespace flashcp::client {
@@ -86,25 +84,6 @@ v1::PlanRequest Request(std::vector<int64_t> docs, int32_t cp, const std::string
   r.set_cp_size(cp);
   r.set_strategy(strategy);
   return r;
-}
-
-// An ephemeral port that was free a moment ago (bound to port 0, then closed):
-// the late-starting server takes it. Not a fixed port; the only race is
-// another process grabbing it in between.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // ---- flashcp-client against flashcp-plan --------------------------------------
@@ -203,9 +182,9 @@ TEST(FlashcpClientCliTest, SummaryPrintsTheQualityTable) {
 
 TEST(FlashcpClientCliTest, UnreachableServerFailsClearly) {
   // A port nobody listens on.
-  const int port = FreePort();
-  ASSERT_GT(port, 0);
-  const std::string address = absl::StrCat("127.0.0.1:", port);
+  const absl::StatusOr<int> port = tests::testing::FreeLoopbackPort();
+  ASSERT_THAT(port.status(), IsOk());
+  const std::string address = absl::StrCat("127.0.0.1:", *port);
   const ToolRun got = RunTool(
       {FLASHCP_CLIENT_BIN, "--server", address, "--cp", "2", "--connect-timeout", "0.3"},
       "5,3\n");
@@ -317,9 +296,9 @@ TEST(PlanPipelinedIntegrationTest, InOrderWithABadItemMidStream) {
 }
 
 TEST(RetryingPlannerClientIntegrationTest, RetriesUnavailableUntilTheServerStartsLate) {
-  const int port = FreePort();
-  ASSERT_GT(port, 0);
-  const std::string address = absl::StrCat("127.0.0.1:", port);
+  const absl::StatusOr<int> port = tests::testing::FreeLoopbackPort();
+  ASSERT_THAT(port.status(), IsOk());
+  const std::string address = absl::StrCat("127.0.0.1:", *port);
   auto grpc_client = std::make_shared<GrpcPlannerClient>(MakeChannel(address));
   // The sleep hook tells the test that an attempt has failed; the server is
   // started only then, so the first attempt provably met no server. (gRPC's

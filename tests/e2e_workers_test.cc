@@ -3,9 +3,7 @@
 // scraping them with deploy/prometheus's config and rules. Every port is
 // picked by the OS (or bound-checked, for Prometheus); every wait polls with
 // a deadline.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -38,6 +36,7 @@
 #include "tests/testing/http.h"
 #include "tests/testing/metrics_text.h"
 #include "tests/testing/planner_process.h"
+#include "tests/testing/ports.h"
 #include "tests/testing/subprocess.h"
 
 namespace flashcp {
@@ -142,21 +141,6 @@ std::vector<Worker> StartGroup(const std::string& group, const std::string& plan
 }
 
 // ---- Prometheus ------------------------------------------------------------
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 std::string UrlEncode(const std::string& s) {
   std::string out;
@@ -197,7 +181,9 @@ class Prometheus {
     if (!r.ok()) return r.status();
     if (r->exit_code != 0) return absl::InternalError("render-local.sh: " + r->output);
     for (int attempt = 0; attempt < 3; ++attempt) {
-      p->address_ = absl::StrCat("127.0.0.1:", FreePort());
+      const absl::StatusOr<int> port = tests::testing::FreeLoopbackPort();
+      if (!port.ok()) return port.status();
+      p->address_ = absl::StrCat("127.0.0.1:", *port);
       auto proc = Subprocess::Start(
           {"/usr/bin/prometheus", "--config.file=" + p->dir_ + "/p/prometheus.yml",
            "--storage.tsdb.path=" + p->dir_ + "/data", "--web.listen-address=" + p->address_,

@@ -3,10 +3,6 @@
 // the summary line.
 #include "worker/daemon.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <memory>
 #include <string>
 #include <thread>
@@ -22,6 +18,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "planner_service/rendezvous_service.h"
+#include "tests/testing/ports.h"
 #include "worker/gloo_communicator.h"
 #include "worker/grpc_store.h"
 
@@ -349,17 +346,10 @@ TEST(WorkerDaemonTest, UnreachablePlannerFailsUnavailableAfterTheTimeout) {
   DaemonOptions o;
   o.world_size = 2;
   o.timeout = absl::Seconds(1);
-  // A port nobody listens on: bind one, then close it.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  const int port = ntohs(a.sin_port);
-  close(fd);
-  auto stub = v1::Rendezvous::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+  // A port nobody listens on.
+  const absl::StatusOr<int> port = tests::testing::FreeLoopbackPort();
+  ASSERT_THAT(port.status(), IsOk());
+  auto stub = v1::Rendezvous::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port),
                                                           grpc::InsecureChannelCredentials()));
   WorkerDaemon daemon(o, std::move(stub), nullptr, nullptr, &metrics);
   const absl::Time start = absl::Now();

@@ -9,8 +9,11 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "core/status_macros.h"
 #include "gloo/barrier.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
@@ -42,6 +45,31 @@ bool SigpipeAtDefault() {
   return sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL;
 }
 
+// Where each rank's block of a V-collective lies: offset[r] = the sum of
+// counts before r (elements), total = the sum of all.
+struct Layout {
+  std::vector<int64_t> offset;
+  int64_t total = 0;
+};
+// INVALID_ARGUMENT prefixed with `op` unless `counts` has one entry >= 0 per rank.
+absl::StatusOr<Layout> CountLayout(absl::string_view op, absl::Span<const int64_t> counts,
+                                   int32_t n) {
+  if (static_cast<int32_t>(counts.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", counts.size(), " counts for ", n, " ranks"));
+  }
+  Layout layout;
+  layout.offset.resize(n);
+  for (int32_t r = 0; r < n; ++r) {
+    if (counts[r] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": counts[", r, "] < 0"));
+    }
+    layout.offset[r] = layout.total;
+    layout.total += counts[r];
+  }
+  return layout;
+}
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<gloo::rendezvous::Context> context, GlooOptions options)
@@ -53,19 +81,9 @@ class GlooCommunicator final : public Communicator {
   absl::Status AllGatherV(absl::Span<const std::byte> input, absl::Span<std::byte> output,
                           absl::Span<const int64_t> counts) override {
     const int32_t n = size(), me = rank();
-    if (static_cast<int32_t>(counts.size()) != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("allgather: ", counts.size(), " counts for ", n, " ranks"));
-    }
-    int64_t total = 0;
-    std::vector<int64_t> offset(n);
-    for (int32_t r = 0; r < n; ++r) {
-      if (counts[r] < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("allgather: counts[", r, "] < 0"));
-      }
-      offset[r] = total;
-      total += counts[r];
-    }
+    FLASHCP_ASSIGN_OR_RETURN(const Layout layout, CountLayout("allgather", counts, n));
+    const std::vector<int64_t>& offset = layout.offset;
+    const int64_t total = layout.total;
     if (static_cast<int64_t>(input.size()) != counts[me] ||
         static_cast<int64_t>(output.size()) != total) {
       return absl::InvalidArgumentError(
@@ -104,19 +122,9 @@ class GlooCommunicator final : public Communicator {
   absl::Status ReduceScatterV(absl::Span<const float> input, absl::Span<float> output,
                               absl::Span<const int64_t> counts) override {
     const int32_t n = size(), me = rank();
-    if (static_cast<int32_t>(counts.size()) != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("reduce_scatter: ", counts.size(), " counts for ", n, " ranks"));
-    }
-    int64_t total = 0;
-    std::vector<int64_t> offset(n);
-    for (int32_t r = 0; r < n; ++r) {
-      if (counts[r] < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("reduce_scatter: counts[", r, "] < 0"));
-      }
-      offset[r] = total;
-      total += counts[r];
-    }
+    FLASHCP_ASSIGN_OR_RETURN(const Layout layout, CountLayout("reduce_scatter", counts, n));
+    const std::vector<int64_t>& offset = layout.offset;
+    const int64_t total = layout.total;
     if (static_cast<int64_t>(input.size()) != total ||
         static_cast<int64_t>(output.size()) != counts[me]) {
       return absl::InvalidArgumentError(absl::StrCat("reduce_scatter: input ", input.size(),

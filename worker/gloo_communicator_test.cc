@@ -135,6 +135,16 @@ TEST(GlooCommunicatorTest, RejectsBadArguments) {
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad or repeated send")));
     EXPECT_THAT(comm.AllGatherV(absl::MakeConstSpan(b, 1), absl::MakeSpan(b, 1), {1, 1}),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("allgather: input")));
+    // The count checks both V-collectives share, with each one's name.
+    float f[1];
+    EXPECT_EQ(comm.AllGatherV({}, {}, {1}),
+              absl::InvalidArgumentError("allgather: 1 counts for 2 ranks"));
+    EXPECT_EQ(comm.AllGatherV({}, {}, {0, -1}),
+              absl::InvalidArgumentError("allgather: counts[1] < 0"));
+    EXPECT_EQ(comm.ReduceScatterV({}, absl::MakeSpan(f, 1), {1, 1, 1}),
+              absl::InvalidArgumentError("reduce_scatter: 3 counts for 2 ranks"));
+    EXPECT_EQ(comm.ReduceScatterV({}, {}, {-2, 0}),
+              absl::InvalidArgumentError("reduce_scatter: counts[0] < 0"));
   });
 }
 
