@@ -7,11 +7,28 @@
 
 namespace flashcp::planner_service {
 
+absl::Status PlanningPool::ValidateOptions(const Options& options) {
+  if (options.threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planning pool: threads must be at least 1, got ", options.threads));
+  }
+  if (options.queue_capacity < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "planning pool: queue_capacity must be at least 1, got ", options.queue_capacity));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PlanningPool>> PlanningPool::Create(
+    const Options& options, std::function<void(int64_t)> on_depth) {
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  return std::unique_ptr<PlanningPool>(new PlanningPool(options, std::move(on_depth)));
+}
+
 PlanningPool::PlanningPool(const Options& options, std::function<void(int64_t)> on_depth)
     : options_(options), on_depth_(std::move(on_depth)), held_(options.start_held) {
-  const int n = options_.threads < 1 ? 1 : options_.threads;
-  threads_.reserve(n);
-  for (int i = 0; i < n; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+  threads_.reserve(options_.threads);  // >= 1 (Create validated)
+  for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
 }
 
 PlanningPool::~PlanningPool() { Shutdown(); }

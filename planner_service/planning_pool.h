@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
@@ -34,10 +36,15 @@ class PlanningPool {
   using Ticket = uint64_t;
   using Job = std::function<void()>;
 
-  // Starts the threads. `on_depth`, if set, is called with the number of
-  // waiting jobs after every change, under the pool's lock (keep it cheap).
-  explicit PlanningPool(const Options& options,
-                        std::function<void(int64_t)> on_depth = nullptr);
+  // InvalidArgument naming the field unless threads >= 1 and
+  // queue_capacity >= 1.
+  static absl::Status ValidateOptions(const Options& options);
+
+  // Validates `options` (ValidateOptions) and starts the threads. `on_depth`,
+  // if set, is called with the number of waiting jobs after every change,
+  // under the pool's lock (keep it cheap).
+  static absl::StatusOr<std::unique_ptr<PlanningPool>> Create(
+      const Options& options, std::function<void(int64_t)> on_depth = nullptr);
   ~PlanningPool();  // Shutdown()
   PlanningPool(const PlanningPool&) = delete;
   PlanningPool& operator=(const PlanningPool&) = delete;
@@ -61,6 +68,7 @@ class PlanningPool {
   const Options& options() const { return options_; }
 
  private:
+  PlanningPool(const Options& options, std::function<void(int64_t)> on_depth);
   void WorkerLoop();
   void ReportDepthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

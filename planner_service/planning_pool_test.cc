@@ -21,11 +21,13 @@ using Admission = PlanningPool::Admission;
 TEST(PlanningPoolTest, BoundedAdmissionStopsAtCapacityWhileHeld) {
   std::vector<int64_t> depths;
   absl::Mutex mu;
-  PlanningPool pool({/*threads=*/1, /*queue_capacity=*/2, /*start_held=*/true},
-                    [&](int64_t d) {
-                      absl::MutexLock l(&mu);
-                      depths.push_back(d);
-                    });
+  auto created = PlanningPool::Create({/*threads=*/1, /*queue_capacity=*/2, /*start_held=*/true},
+                                      [&](int64_t d) {
+                                        absl::MutexLock l(&mu);
+                                        depths.push_back(d);
+                                      });
+  ASSERT_THAT(created.status(), IsOk());
+  PlanningPool& pool = **created;
   std::atomic<int> ran{0};
   EXPECT_THAT(pool.Submit([&] { ++ran; }, Admission::kBounded), IsOk());
   EXPECT_THAT(pool.Submit([&] { ++ran; }, Admission::kBounded), IsOk());
@@ -43,7 +45,9 @@ TEST(PlanningPoolTest, BoundedAdmissionStopsAtCapacityWhileHeld) {
 }
 
 TEST(PlanningPoolTest, CancelRemovesOnlyQueuedJobs) {
-  PlanningPool pool({1, 4, /*start_held=*/true});
+  auto created = PlanningPool::Create({1, 4, /*start_held=*/true});
+  ASSERT_THAT(created.status(), IsOk());
+  PlanningPool& pool = **created;
   std::atomic<int> ran{0};
   absl::StatusOr<PlanningPool::Ticket> a = pool.Submit([&] { ran += 1; }, Admission::kBounded);
   absl::StatusOr<PlanningPool::Ticket> b = pool.Submit([&] { ran += 10; }, Admission::kBounded);
@@ -61,7 +65,9 @@ TEST(PlanningPoolTest, CancelRemovesOnlyQueuedJobs) {
 }
 
 TEST(PlanningPoolTest, RunsOnItsOwnThreadsAndRefusesAfterShutdown) {
-  PlanningPool pool({2, 8, false});
+  auto created = PlanningPool::Create({2, 8, false});
+  ASSERT_THAT(created.status(), IsOk());
+  PlanningPool& pool = **created;
   const std::thread::id caller = std::this_thread::get_id();
   absl::Notification done;
   std::atomic<bool> other_thread{false};
@@ -77,6 +83,15 @@ TEST(PlanningPoolTest, RunsOnItsOwnThreadsAndRefusesAfterShutdown) {
   pool.Shutdown();
   EXPECT_THAT(pool.Submit([] {}, Admission::kAlways),
               StatusIs(absl::StatusCode::kUnavailable, "planner: the server is shutting down"));
+}
+
+TEST(PlanningPoolTest, CreateRefusesNoThreadsOrNoQueue) {
+  EXPECT_EQ(PlanningPool::Create({0, 8, false}).status(),
+            absl::InvalidArgumentError("planning pool: threads must be at least 1, got 0"));
+  EXPECT_EQ(PlanningPool::Create({2, 0, false}).status(),
+            absl::InvalidArgumentError("planning pool: queue_capacity must be at least 1, got 0"));
+  EXPECT_EQ(PlanningPool::Create({-1, -1, false}).status(),
+            absl::InvalidArgumentError("planning pool: threads must be at least 1, got -1"));
 }
 
 }  // namespace

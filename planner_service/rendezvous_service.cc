@@ -1,7 +1,6 @@
 #include "planner_service/rendezvous_service.h"
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,15 +28,14 @@ absl::Status ValidateTimeoutMs(int64_t timeout_ms) {
   return absl::OkStatus();
 }
 
-// now + timeout_ms, but no later than the call's own deadline.
+// now + timeout_ms, but no later than the call's own deadline. A call
+// without a deadline reports system_clock::time_point::max(); libstdc++'s
+// system_clock counts int64 nanoseconds, so that is 2262-04-11T23:47:16Z,
+// which absl::FromChrono converts exactly to a finite absl::Time centuries
+// past any timeout_ms (<= 1 h): std::min needs no special case for it.
 absl::Time WaitDeadline(const grpc::ServerContext& context, int64_t timeout_ms) {
-  absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
-  const auto call = context.deadline();
-  // An infinite call deadline is time_point::max(), which FromChrono cannot hold.
-  if (call < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
-    deadline = std::min(deadline, absl::FromChrono(call));
-  }
-  return deadline;
+  return std::min(absl::Now() + absl::Milliseconds(timeout_ms),
+                  absl::FromChrono(context.deadline()));
 }
 
 std::string Quoted(absl::string_view s) { return absl::StrCat("\"", s, "\""); }

@@ -127,9 +127,11 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const Server
 
   std::unique_ptr<PlannerServer> s(new PlannerServer());
   s->options_ = options;
-  s->pool_ = std::make_unique<PlanningPool>(
-      PlanningPool::Options{options.threads, options.queue_size, options.testing_hold_planning},
-      [observer](int64_t depth) { observer->OnQueueDepth(depth); });
+  FLASHCP_ASSIGN_OR_RETURN(
+      s->pool_,
+      PlanningPool::Create(
+          PlanningPool::Options{options.threads, options.queue_size, options.testing_hold_planning},
+          [observer](int64_t depth) { observer->OnQueueDepth(depth); }));
   ServiceDeps deps;
   deps.config.limits = options.limits;
   deps.config.stream_window = options.stream_window;
