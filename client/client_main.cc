@@ -56,6 +56,8 @@ Flags:
   --cp N               ranks in the CP group (default 8)
   --strategy NAME      a strategy the server lists (default: the server's, flashcp)
   --target-imbalance R target imbalance for flashcp* (default: the server's, 1.02)
+  --min-shard-tokens M flashcp's minimum cut shard, tokens, as flashcp-plan's flag
+                       (default: the server's, 128; 0 turns the rule off)
   --heads H, --head-dim D, --dtype-bytes B
                        attention shape for byte counts (default 32, 128, 2)
   --inflight K         batches in flight on the stream (default 16)
@@ -73,6 +75,7 @@ struct Options {
   int32_t cp_size = 8;
   std::string strategy;
   double target_imbalance = 0;
+  int64_t min_shard_tokens = 0;  // PlanRequest.min_shard_tokens: 0 default, -1 off
   core::ModelShape shape;
   std::string input = "-";
   std::optional<core::Dataset> dataset;
@@ -89,8 +92,8 @@ struct Options {
 absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   absl::StatusOr<fc::internal::ToolArgs> a = fc::internal::ToolArgs::Parse(
       args,
-      {"server", "cp", "strategy", "target-imbalance", "heads", "head-dim", "dtype-bytes",
-       "input", "dataset", "context", "batches", "seed", "inflight", "timeout",
+      {"server", "cp", "strategy", "target-imbalance", "min-shard-tokens", "heads", "head-dim",
+       "dtype-bytes", "input", "dataset", "context", "batches", "seed", "inflight", "timeout",
        "connect-timeout"},
       {"summary", "help"});
   if (!a.ok()) return a.status();
@@ -101,6 +104,7 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   if (o.server.empty()) return absl::InvalidArgumentError("--server HOST:PORT is required");
   auto cp = a->Int("cp", 8, 1, core::kMaxCpSize);
   auto imbalance = a->Double("target-imbalance", 0, 0, 1e6);
+  auto min_shard = fc::internal::MinShardTokensField(*a);
   auto heads = a->Int("heads", 32, 1, 1024);
   auto head_dim = a->Int("head-dim", 128, 1, 1024);
   auto dtype = a->Int("dtype-bytes", 2, 1, 4);
@@ -111,14 +115,15 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   auto timeout = a->Double("timeout", 3600, 0.001, 1e7);
   auto connect = a->Double("connect-timeout", 10, 0, 1e7);
   for (const absl::Status& s :
-       {cp.status(), imbalance.status(), heads.status(), head_dim.status(), dtype.status(),
-        context.status(), batches.status(), seed.status(), inflight.status(), timeout.status(),
-        connect.status()}) {
+       {cp.status(), imbalance.status(), min_shard.status(), heads.status(), head_dim.status(),
+        dtype.status(), context.status(), batches.status(), seed.status(), inflight.status(),
+        timeout.status(), connect.status()}) {
     if (!s.ok()) return s;
   }
   o.cp_size = static_cast<int32_t>(*cp);
   o.strategy = a->String("strategy", "");
   o.target_imbalance = *imbalance;
+  o.min_shard_tokens = *min_shard;
   o.shape = {static_cast<int32_t>(*heads), static_cast<int32_t>(*head_dim),
              static_cast<int32_t>(*dtype)};
   o.input = a->String("input", "-");
@@ -237,6 +242,7 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
     r.set_cp_size(o.cp_size);
     r.set_strategy(o.strategy);
     r.set_target_imbalance(o.target_imbalance);
+    r.set_min_shard_tokens(o.min_shard_tokens);
     r.set_heads(o.shape.heads);
     r.set_head_dim(o.shape.head_dim);
     r.set_dtype_bytes(o.shape.dtype_bytes);

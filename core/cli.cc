@@ -262,6 +262,9 @@ Flags:
                        flashcp, ilp, a comma-separated list, or all (every one but
                        ilp, which is slow). Default flashcp; all with --summary
   --target-imbalance R target imbalance ratio for flashcp and flashcp_paper (default 1.02)
+  --min-shard-tokens M flashcp's minimum cut shard, tokens: no document is cut into a
+                       shard shorter than M unless the batch leaves no other way
+                       (default 128; 0 turns the rule off)
   --context C          tokens per sampled batch (default 131072; with --dataset)
   --batches K          sampled batches (default 64; with --dataset)
   --seed S             sampling seed (default 1; with --dataset)
@@ -313,7 +316,7 @@ absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args) {
     static const char* const kValueFlags[] = {
         "cp",    "strategy", "target-imbalance", "dataset",     "context",         "batches",
         "seed",  "heads",    "head-dim",         "dtype-bytes", "docs",            "input",
-        "ilp-granularity", "ilp-time-limit"};
+        "ilp-granularity", "ilp-time-limit", "min-shard-tokens"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), name) == std::end(kValueFlags)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", Quoted(arg)));
     }
@@ -335,6 +338,10 @@ absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args) {
       absl::StatusOr<double> v = ParseDoubleFlag(name, value, 1.0, 1e6);
       if (!v.ok()) return v.status();
       o.plan.target_imbalance = *v;
+    } else if (name == "min-shard-tokens") {
+      absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 0, kMaxTokens);
+      if (!v.ok()) return v.status();
+      o.plan.min_shard_tokens = *v;
     } else if (name == "dataset") {
       absl::StatusOr<Dataset> d = ParseDataset(value);
       if (!d.ok()) {

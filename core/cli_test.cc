@@ -27,6 +27,7 @@ TEST(ParseCliArgsTest, Defaults) {
   EXPECT_EQ(o->input_path, "");
   EXPECT_FALSE(o->dataset.has_value());
   EXPECT_DOUBLE_EQ(o->plan.target_imbalance, 1.02);
+  EXPECT_EQ(o->plan.min_shard_tokens, 128);
 }
 
 TEST(ParseCliArgsTest, EveryFlagBothSyntaxes) {
@@ -34,7 +35,7 @@ TEST(ParseCliArgsTest, EveryFlagBothSyntaxes) {
       {"--cp", "4", "--strategy=ring,flashcp", "--target-imbalance", "1.05", "--dataset=wlbllm",
        "--context", "4096", "--batches=3", "--seed", "18446744073709551615", "--summary",
        "--heads", "8", "--head-dim=64", "--dtype-bytes", "4", "--ilp-granularity", "512",
-       "--ilp-time-limit=2.5", "--quiet"});
+       "--ilp-time-limit=2.5", "--min-shard-tokens", "64", "--quiet"});
   ASSERT_THAT(o, IsOk());
   EXPECT_EQ(o->cp_size, 4);
   EXPECT_THAT(o->strategies, ElementsAre(Strategy::kRing, Strategy::kFlashCp));
@@ -50,6 +51,7 @@ TEST(ParseCliArgsTest, EveryFlagBothSyntaxes) {
   EXPECT_EQ(o->shape.dtype_bytes, 4);
   EXPECT_EQ(o->plan.ilp.granularity, 512);
   EXPECT_DOUBLE_EQ(o->plan.ilp.time_limit_seconds, 2.5);
+  EXPECT_EQ(o->plan.min_shard_tokens, 64);
   EXPECT_FALSE(o->progress);
 }
 
@@ -87,6 +89,10 @@ TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
        "flashcp_paper, flashcp, ilp, or a comma-separated list)"},
       {{"--target-imbalance", "0.9"}, "--target-imbalance: must be a number in [1, 1e+06], got \"0.9\""},
       {{"--target-imbalance", "nan"}, "--target-imbalance: must be a number in [1, 1e+06], got \"nan\""},
+      {{"--min-shard-tokens", "-1"},
+       "--min-shard-tokens: must be an integer in [0, 1099511627776], got \"-1\""},
+      {{"--min-shard-tokens=1099511627777"},
+       "--min-shard-tokens: must be an integer in [0, 1099511627776], got \"1099511627777\""},
       {{"--dataset", "c4"}, "--dataset: unknown data set \"c4\" (wlbllm, pile, redpajama)"},
       {{"--dataset", "pile", "--context", "0"},
        "--context: must be an integer in [1, 1099511627776], got \"0\""},

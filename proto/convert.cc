@@ -87,6 +87,14 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
                      kDefaultTargetImbalance, "), got ", r));
   }
 
+  const int64_t m = request.min_shard_tokens();
+  if (m < kMinShardTokensOff || m > core::kMaxTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_shard_tokens: must be -1 (off), 0 (the default ", kDefaultMinShardTokens,
+                     ") or a token count in [1, 2^40], got ", m));
+  }
+  in.options.min_shard_tokens = m == 0 ? kDefaultMinShardTokens : m == kMinShardTokensOff ? 0 : m;
+
   in.shape.heads = request.heads() == 0 ? kDefaultHeads : request.heads();
   in.shape.head_dim = request.head_dim() == 0 ? kDefaultHeadDim : request.head_dim();
   in.shape.dtype_bytes = request.dtype_bytes() == 0 ? kDefaultDtypeBytes : request.dtype_bytes();
@@ -105,6 +113,8 @@ v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
   request.set_cp_size(batch.cp_size);
   request.set_strategy(std::string(core::StrategyName(strategy)));
   request.set_target_imbalance(options.target_imbalance);
+  request.set_min_shard_tokens(options.min_shard_tokens == 0 ? kMinShardTokensOff
+                                                              : options.min_shard_tokens);
   request.set_heads(shape.heads);
   request.set_head_dim(shape.head_dim);
   request.set_dtype_bytes(shape.dtype_bytes);

@@ -23,6 +23,9 @@ inline constexpr double kDefaultTargetImbalance = 1.02;
 inline constexpr int32_t kDefaultHeads = 32;
 inline constexpr int32_t kDefaultHeadDim = 128;
 inline constexpr int32_t kDefaultDtypeBytes = 2;  // bf16
+inline constexpr int64_t kDefaultMinShardTokens = 128;
+// PlanRequest.min_shard_tokens that turns the rule off (core's 0).
+inline constexpr int64_t kMinShardTokensOff = -1;
 
 // A PlanRequest as the core sees it, defaults applied and every field checked.
 struct PlanInput {
@@ -37,13 +40,15 @@ struct PlanInput {
 // Applies the defaults and validates, in this order: the batch against
 // `limits` (core::ValidateBatch: InvalidArgument naming doc_lens / doc_lens[i]
 // / cp_size, ResourceExhausted above the limits), then strategy,
-// target_imbalance (finite and >= 1 once defaulted), heads, head_dim and
-// dtype_bytes; every error is InvalidArgument unless noted and its message
+// target_imbalance (finite and >= 1 once defaulted), min_shard_tokens (-1:
+// off, core 0; 0: kDefaultMinShardTokens; else in [1, 2^40]), heads,
+// head_dim and dtype_bytes; every error is InvalidArgument unless noted and its message
 // starts with the field's name.
 absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
                                            const core::BatchLimits& limits);
 
-// The inverse for clients: fills every field explicitly (no zero defaults).
+// The inverse for clients: fills every field explicitly (no zero defaults;
+// options.min_shard_tokens = 0, the rule off, goes out as -1).
 v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
                                core::Strategy strategy, const core::PlanOptions& options,
                                const core::ModelShape& shape, bool include_layout);

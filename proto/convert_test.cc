@@ -36,6 +36,7 @@ TEST(RequestFromProtoTest, ZeroFieldsTakeTheProtoDefaults) {
   EXPECT_EQ(in->batch.cp_size, 2);
   EXPECT_EQ(in->strategy, core::Strategy::kFlashCp);
   EXPECT_EQ(in->options.target_imbalance, 1.02);
+  EXPECT_EQ(in->options.min_shard_tokens, 128);
   EXPECT_EQ(in->shape.heads, 32);
   EXPECT_EQ(in->shape.head_dim, 128);
   EXPECT_EQ(in->shape.dtype_bytes, 2);
@@ -46,6 +47,7 @@ TEST(RequestFromProtoTest, ExplicitFieldsAreKept) {
   v1::PlanRequest r = GoodRequest();
   r.set_strategy("ring");
   r.set_target_imbalance(1.5);
+  r.set_min_shard_tokens(64);
   r.set_heads(8);
   r.set_head_dim(64);
   r.set_dtype_bytes(4);
@@ -54,6 +56,7 @@ TEST(RequestFromProtoTest, ExplicitFieldsAreKept) {
   ASSERT_THAT(in, IsOk());
   EXPECT_EQ(in->strategy, core::Strategy::kRing);
   EXPECT_EQ(in->options.target_imbalance, 1.5);
+  EXPECT_EQ(in->options.min_shard_tokens, 64);
   EXPECT_EQ(in->shape.heads, 8);
   EXPECT_EQ(in->shape.head_dim, 64);
   EXPECT_EQ(in->shape.dtype_bytes, 4);
@@ -64,6 +67,7 @@ TEST(RequestFromProtoTest, RequestToProtoRoundTrips) {
   core::Batch batch{{10, 20, 30}, 4};
   core::PlanOptions options;
   options.target_imbalance = 1.1;
+  options.min_shard_tokens = 300;
   const v1::PlanRequest r = RequestToProto(
       99, batch, core::Strategy::kZigzag, options, core::ModelShape{16, 64, 1}, true);
   EXPECT_EQ(r.strategy(), "zigzag");
@@ -74,10 +78,41 @@ TEST(RequestFromProtoTest, RequestToProtoRoundTrips) {
   EXPECT_EQ(in->batch.cp_size, 4);
   EXPECT_EQ(in->strategy, core::Strategy::kZigzag);
   EXPECT_EQ(in->options.target_imbalance, 1.1);
+  EXPECT_EQ(in->options.min_shard_tokens, 300);
   EXPECT_EQ(in->shape.heads, 16);
   EXPECT_EQ(in->shape.head_dim, 64);
   EXPECT_EQ(in->shape.dtype_bytes, 1);
   EXPECT_TRUE(in->include_layout);
+}
+
+TEST(RequestFromProtoTest, MinShardTokensMinusOneTurnsTheRuleOff) {
+  struct Case {
+    int64_t wire;
+    int64_t core;
+  };
+  const Case cases[] = {{-1, 0}, {0, 128}, {1, 1}, {256, 256}, {int64_t{1} << 40, int64_t{1} << 40}};
+  for (const Case& c : cases) {
+    v1::PlanRequest r = GoodRequest();
+    r.set_min_shard_tokens(c.wire);
+    absl::StatusOr<PlanInput> in = RequestFromProto(r, core::BatchLimits{});
+    ASSERT_THAT(in, IsOk()) << c.wire;
+    EXPECT_EQ(in->options.min_shard_tokens, c.core) << c.wire;
+  }
+}
+
+TEST(RequestFromProtoTest, RequestToProtoSendsMinShardOffAsMinusOne) {
+  core::PlanOptions options;
+  options.min_shard_tokens = 0;
+  v1::PlanRequest r = RequestToProto(1, core::Batch{{4, 4}, 2}, core::Strategy::kFlashCp, options,
+                                     core::ModelShape{}, false);
+  EXPECT_EQ(r.min_shard_tokens(), -1);
+  absl::StatusOr<PlanInput> in = RequestFromProto(r, core::BatchLimits{});
+  ASSERT_THAT(in, IsOk());
+  EXPECT_EQ(in->options.min_shard_tokens, 0);
+  options.min_shard_tokens = 128;
+  r = RequestToProto(1, core::Batch{{4, 4}, 2}, core::Strategy::kFlashCp, options,
+                     core::ModelShape{}, false);
+  EXPECT_EQ(r.min_shard_tokens(), 128);
 }
 
 struct BadCase {
@@ -115,6 +150,15 @@ TEST(RequestFromProtoTest, EveryBadFieldIsNamedWithItsCode) {
        [](v1::PlanRequest& r) { r.set_target_imbalance(std::nan("")); },
        absl::StatusCode::kInvalidArgument,
        "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got nan"},
+      {"min_shard_tokens below -1", [](v1::PlanRequest& r) { r.set_min_shard_tokens(-2); },
+       absl::StatusCode::kInvalidArgument,
+       "min_shard_tokens: must be -1 (off), 0 (the default 128) or a token count in [1, 2^40], "
+       "got -2"},
+      {"min_shard_tokens above 2^40",
+       [](v1::PlanRequest& r) { r.set_min_shard_tokens((int64_t{1} << 40) + 1); },
+       absl::StatusCode::kInvalidArgument,
+       "min_shard_tokens: must be -1 (off), 0 (the default 128) or a token count in [1, 2^40], "
+       "got 1099511627777"},
       {"negative heads", [](v1::PlanRequest& r) { r.set_heads(-1); },
        absl::StatusCode::kInvalidArgument, "heads: must be in [1, 1024], got -1"},
       {"head_dim too big", [](v1::PlanRequest& r) { r.set_head_dim(2048); },

@@ -113,6 +113,36 @@ TEST(FlashcpClientCliTest, DatasetOutputEqualsFlashcpPlanLineForLine) {
   }
 }
 
+// --min-shard-tokens means the same to both tools: absent (the default 128),
+// 0 (the rule off, sent as -1) and a value of its own.
+TEST(FlashcpClientCliTest, MinShardTokensOutputEqualsFlashcpPlan) {
+  auto planner = StartPlanner();
+  ASSERT_NE(planner, nullptr);
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{}, std::vector<std::string>{"--min-shard-tokens", "0"},
+        std::vector<std::string>{"--min-shard-tokens=512"}}) {
+    SCOPED_TRACE(extra.empty() ? std::string("absent") : extra.back());
+    std::vector<std::string> common = {"--cp",      "16",     "--strategy", "flashcp",
+                                       "--dataset", "pile",   "--context",  "131072",
+                                       "--batches", "8",      "--seed",     "3"};
+    common.insert(common.end(), extra.begin(), extra.end());
+    std::vector<std::string> plan_argv = {FLASHCP_PLAN_BIN, "--quiet"};
+    plan_argv.insert(plan_argv.end(), common.begin(), common.end());
+    std::vector<std::string> client_argv = {FLASHCP_CLIENT_BIN, "--server",
+                                            planner->grpc_address()};
+    client_argv.insert(client_argv.end(), common.begin(), common.end());
+    const ToolRun want = RunTool(plan_argv);
+    const ToolRun got = RunTool(client_argv);
+    ASSERT_EQ(want.exit_code, 0) << want.err;
+    ASSERT_EQ(got.exit_code, 0) << got.err;
+    EXPECT_EQ(got.err, "");
+    const std::vector<std::string> want_lines = absl::StrSplit(want.out, '\n');
+    const std::vector<std::string> got_lines = absl::StrSplit(got.out, '\n');
+    ASSERT_EQ(want_lines.size(), 9u);
+    EXPECT_EQ(got_lines, want_lines);
+  }
+}
+
 TEST(FlashcpClientCliTest, StdinBatchesInInputOrderWithManyInFlight) {
   auto planner = StartPlanner();
   ASSERT_NE(planner, nullptr);
@@ -199,6 +229,10 @@ TEST(FlashcpClientCliTest, BadFlagIsUsageError) {
   const ToolRun got = RunTool({FLASHCP_CLIENT_BIN, "--server", "x:1", "--cp", "zero"});
   EXPECT_EQ(got.exit_code, 2);
   EXPECT_THAT(got.err, HasSubstr("--cp: \"zero\" is not an integer"));
+  const ToolRun m = RunTool({FLASHCP_CLIENT_BIN, "--server", "x:1", "--min-shard-tokens", "-1"});
+  EXPECT_EQ(m.exit_code, 2);
+  EXPECT_THAT(m.err, HasSubstr("--min-shard-tokens: \"-1\" is not an integer in [0, "
+                               "1099511627776]"));
 }
 
 // ---- the C++ library ----------------------------------------------------------

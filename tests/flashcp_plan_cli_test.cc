@@ -113,6 +113,16 @@ TEST(FlashcpPlanCliTest, BadFlagValueIsAUsageError) {
   EXPECT_EQ(r.out, "");
 }
 
+TEST(FlashcpPlanCliTest, BadMinShardTokensIsAUsageError) {
+  const Result r = RunPlan("--min-shard-tokens -5 5 3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err,
+            "flashcp-plan: --min-shard-tokens: must be an integer in [0, 1099511627776], "
+            "got \"-5\"\n"
+            "Run 'flashcp-plan --help' for usage.\n");
+  EXPECT_EQ(r.out, "");
+}
+
 TEST(FlashcpPlanCliTest, UnknownFlagAndUnknownDataSet) {
   Result r = RunPlan("--frobnicate");
   EXPECT_EQ(r.exit_code, 2);

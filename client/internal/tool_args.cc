@@ -6,6 +6,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/types.h"
+#include "proto/convert.h"
 
 namespace flashcp::client::internal {
 
@@ -74,6 +76,13 @@ absl::StatusOr<double> ToolArgs::Double(absl::string_view name, double fallback,
                                                    "]"));
   }
   return v;
+}
+
+absl::StatusOr<int64_t> MinShardTokensField(const ToolArgs& args) {
+  if (!args.Has("min-shard-tokens")) return 0;
+  absl::StatusOr<int64_t> m = args.Int("min-shard-tokens", 0, 0, core::kMaxTokens);
+  if (!m.ok()) return m.status();
+  return *m == 0 ? proto::kMinShardTokensOff : *m;
 }
 
 }  // namespace flashcp::client::internal

@@ -37,6 +37,13 @@ class ToolArgs {
   std::map<std::string, std::string> values_;  // switches map to ""
 };
 
+// flashcp-plan's --min-shard-tokens M (tokens in [0, 2^40]; 0 turns the rule
+// off) as the PlanRequest.min_shard_tokens to send: 0 (the server's default,
+// 128) when the flag is absent, -1 (off) for M = 0, else M. Both tools then
+// plan with the same core options for the same flag. InvalidArgument naming
+// the flag for a bad value.
+absl::StatusOr<int64_t> MinShardTokensField(const ToolArgs& args);
+
 }  // namespace flashcp::client::internal
 
 #endif  // FLASHCP_CLIENT_INTERNAL_TOOL_ARGS_H_

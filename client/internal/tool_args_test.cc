@@ -1,5 +1,6 @@
 #include "client/internal/tool_args.h"
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,35 @@ TEST(ToolArgsTest, ValueErrorsNameTheFlagAndRange) {
   ASSERT_THAT(b, IsOk());
   EXPECT_THAT(b->Int("cp", 8, 1, 100), StatusIs(absl::StatusCode::kInvalidArgument,
                                                 "--cp: \"8x\" is not an integer in [1, 100]"));
+}
+
+TEST(MinShardTokensFieldTest, FlashcpPlanSpellingToTheRequestField) {
+  const std::set<std::string> flags = {"min-shard-tokens"};
+  struct Case {
+    std::vector<std::string> args;
+    int64_t field;
+  };
+  const Case cases[] = {
+      {{}, 0},                                   // the server's default, 128
+      {{"--min-shard-tokens", "0"}, -1},         // the rule off
+      {{"--min-shard-tokens=64"}, 64},
+      {{"--min-shard-tokens", "1099511627776"}, int64_t{1} << 40},
+  };
+  for (const Case& c : cases) {
+    auto a = ToolArgs::Parse(c.args, flags, {});
+    ASSERT_THAT(a, IsOk());
+    auto field = MinShardTokensField(*a);
+    ASSERT_THAT(field, IsOk());
+    EXPECT_EQ(*field, c.field) << (c.args.empty() ? "absent" : c.args.back());
+  }
+  for (const std::string bad : {"-1", "1099511627777", "x"}) {
+    auto a = ToolArgs::Parse({"--min-shard-tokens", bad}, flags, {});
+    ASSERT_THAT(a, IsOk());
+    EXPECT_THAT(MinShardTokensField(*a),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         "--min-shard-tokens: \"" + bad +
+                             "\" is not an integer in [0, 1099511627776]"));
+  }
 }
 
 }  // namespace
