@@ -25,6 +25,7 @@ std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& 
   int32_t next = 0;   // leftover round robin (over positions 0..c-1)
   int32_t first = 0;  // first rank of the next reduced zigzag
   std::vector<int32_t> chosen;
+  std::vector<int32_t> ids(n);  // reused: ranks by room, for a reduced zigzag
   for (int32_t d : docs) {
     const int64_t len = batch.doc_lens[d];
     int32_t c = n;
@@ -42,14 +43,12 @@ std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& 
     if (room != nullptr && c < n) {
       // The c ranks with the most room left (ties: lowest index), in rank
       // order, take the 2c chunks as positions 0..c-1.
-      std::vector<int32_t> ids(n);
       std::iota(ids.begin(), ids.end(), 0);
       std::partial_sort(ids.begin(), ids.begin() + c, ids.end(), [&](int32_t a, int32_t b) {
         return (*room)[a] != (*room)[b] ? (*room)[a] > (*room)[b] : a < b;
       });
-      ids.resize(c);
-      std::sort(ids.begin(), ids.end());
-      chosen = std::move(ids);
+      chosen.assign(ids.begin(), ids.begin() + c);
+      std::sort(chosen.begin(), chosen.end());
     } else {
       chosen.resize(c);
       for (int32_t i = 0; i < c; ++i) chosen[i] = (base_rank + i) % n;
@@ -107,15 +106,41 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
   // their need), least-loaded receiver first.
   std::vector<int64_t> deficit(n);
   for (int32_t r = 0; r < n; ++r) deficit[r] = tokens_needed[r] - tokens[r];
-  const auto least_loaded_receiver = [&](int64_t min_deficit) {
-    int32_t best = -1;
-    for (int32_t q = 0; q < n; ++q) {
-      if (deficit[q] >= min_deficit && deficit[q] > 0 &&
-          (best < 0 || workload[q] < workload[best])) {
-        best = q;
-      }
+  // The receivers (deficit > 0) ordered by (workload, rank): the least-loaded
+  // one with a deficit of at least d is the first such in this order (the
+  // lowest rank among equal workloads, as a scan over the ranks would pick),
+  // usually the very first, where a scan over all N ranks per handed piece
+  // was most of flashcp's time at N = 64. Per handed piece only the donor
+  // (never a receiver: its deficit is < 0) and the receiving rank change
+  // workload, and only the receiver's deficit changes; `place` moves the
+  // receiver back into order, or drops it once its deficit is 0. Deficits
+  // never grow, so no rank joins later.
+  const auto before = [&](int32_t a, int32_t b) {
+    return workload[a] < workload[b] || (workload[a] == workload[b] && a < b);
+  };
+  std::vector<int32_t> receivers;
+  for (int32_t q = 0; q < n; ++q) {
+    if (deficit[q] > 0) receivers.push_back(q);
+  }
+  std::sort(receivers.begin(), receivers.end(), before);
+  const auto place = [&](int32_t q) {
+    size_t i = static_cast<size_t>(std::find(receivers.begin(), receivers.end(), q) -
+                                   receivers.begin());
+    if (deficit[q] <= 0) {
+      receivers.erase(receivers.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
     }
-    return best;
+    for (; i + 1 < receivers.size() && before(receivers[i + 1], q); ++i) {
+      receivers[i] = receivers[i + 1];
+    }
+    for (; i > 0 && before(q, receivers[i - 1]); --i) receivers[i] = receivers[i - 1];
+    receivers[i] = q;
+  };
+  const auto least_loaded_receiver = [&](int64_t min_deficit) {
+    for (int32_t q : receivers) {
+      if (deficit[q] >= min_deficit) return q;
+    }
+    return int32_t{-1};
   };
   const int64_t m = options.min_shard;
   for (int32_t r = 0; r < n; ++r) {
@@ -137,9 +162,13 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
         workload[to] += moved;
         workload[r] -= moved;
         deficit[to] -= len;
+        place(to);
         excess -= len;
         mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(i));
-        max_deficit = *std::max_element(deficit.begin(), deficit.end());
+        // Only deficit[to] fell: the maximum changes only if it was there.
+        if (deficit[to] + len == max_deficit) {
+          max_deficit = *std::max_element(deficit.begin(), deficit.end());
+        }
       }
     }
     // `mine` is longest first, so with the minimum-shard rule the documents
@@ -191,6 +220,7 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
           workload[to] += moved;
           workload[r] -= moved;
           deficit[to] -= take;
+          place(to);
           excess -= take;
           head += take + l;
           continue;
@@ -211,6 +241,7 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
         workload[to] += moved;
         workload[r] -= moved;
         deficit[to] -= take;
+        place(to);
         excess -= take;
         head += take;
         if (last_cut) break;
