@@ -75,6 +75,13 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   // Every Whole-Doc variant with the k longest documents zigzagged (Per-Doc);
   // keeps the best plan seen and returns true if one of these meets the target.
   std::vector<int8_t> tried(n_docs + 1, -1);
+  // Reused by every candidate of this plan (no per-candidate allocation once
+  // grown): WholeDocPieces' buffers, the candidate's pieces (swapped with the
+  // best plan's when it wins) and per-rank workload, and the partial score.
+  WholeDocScratch scratch;
+  std::vector<Shard> pieces;
+  std::vector<double> workload;
+  PartialScore part{std::vector<int64_t>(n, 0), 0, 0};
   const auto try_k = [&](size_t k) {
     if (tried[k] >= 0) return tried[k] == 1;
     const auto split = order.begin() + static_cast<std::ptrdiff_t>(k);
@@ -99,9 +106,11 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     bool feasible = false;
     // One candidate: its pieces besides `zig`, and the per-rank workload.
     // Returns whether it had short cut pieces before any repair.
-    const auto consider = [&](std::vector<Shard> pieces, const std::vector<double>& workload) {
+    const auto consider = [&]() {
       // The cheap score first (Per-Doc pieces counted once per k).
-      PartialScore part = zig_part;
+      part.nonlast.assign(zig_part.nonlast.begin(), zig_part.nonlast.end());
+      part.cut_docs = zig_part.cut_docs;
+      part.min_cut_len = zig_part.min_cut_len;
       AddPieces(batch, pieces, part);
       double max_w = 0;
       for (double w : workload) max_w = std::max(max_w, w);
@@ -123,7 +132,7 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
         }
       }
       if (!have || Better(score, best_score, target, short_cost)) {
-        best_pieces = std::move(pieces);
+        best_pieces.swap(pieces);  // `pieces` is cleared before its next use
         best_k = k;
         best_reduced = reduced;
         best_score = score;
@@ -139,11 +148,11 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     // remain, once more uncapped.
     for (double scale : {0.0, 0.5, 1.0, 2.0}) {
       for (int64_t cap : {4 * m, int64_t{0}}) {
-        std::vector<Shard> pieces;
-        std::vector<double> workload = zig_workload;
+        pieces.clear();
+        workload.assign(zig_workload.begin(), zig_workload.end());
         WholeDocPieces(batch, rest, need, workload, pieces,
-                       WholeDocOptions{scale * median_density, true, m, cap});
-        if (!consider(std::move(pieces), workload) || m <= 1) break;
+                       WholeDocOptions{scale * median_density, true, m, cap}, scratch);
+        if (!consider() || m <= 1) break;
       }
     }
     tried[k] = feasible ? 1 : 0;

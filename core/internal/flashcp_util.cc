@@ -81,15 +81,31 @@ std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& 
 void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
                     const std::vector<int64_t>& tokens_needed, std::vector<double>& workload,
                     std::vector<Shard>& out, const WholeDocOptions& options) {
+  WholeDocScratch scratch;
+  WholeDocPieces(batch, docs, tokens_needed, workload, out, options, scratch);
+}
+
+void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
+                    const std::vector<int64_t>& tokens_needed, std::vector<double>& workload,
+                    std::vector<Shard>& out, const WholeDocOptions& options,
+                    WholeDocScratch& scratch) {
   const int32_t n = batch.cp_size;
+  // About one piece per document plus the cut heads: reserving for that
+  // avoids most regrowth of `out` (a capacity hint only).
+  out.reserve(out.size() + docs.size() + 2 * static_cast<size_t>(n));
   // 1. LPT: longest first, each whole to the least-loaded rank (lowest index on ties).
-  std::vector<int64_t> tokens(n, 0);
-  std::vector<std::vector<int32_t>> held(n);  // per rank, its documents longest first
+  std::vector<int64_t>& tokens = scratch.tokens;
+  tokens.assign(n, 0);
+  // Per rank, its documents longest first (inner buffers keep their capacity).
+  std::vector<std::vector<int32_t>>& held = scratch.held;
+  if (held.size() < static_cast<size_t>(n)) held.resize(n);
+  for (int32_t q = 0; q < n; ++q) held[q].clear();
   // Min-heap of (key, rank): only the chosen rank's key changes per step.
   const auto key = [&](int32_t q) {
     return workload[q] - options.rho * static_cast<double>(tokens[q] - tokens_needed[q]);
   };
-  std::vector<std::pair<double, int32_t>> heap(n);
+  std::vector<std::pair<double, int32_t>>& heap = scratch.heap;
+  heap.resize(n);
   for (int32_t q = 0; q < n; ++q) heap[q] = {key(q), q};
   std::make_heap(heap.begin(), heap.end(), std::greater<>());
   for (int32_t d : docs) {
@@ -104,7 +120,8 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
   }
   // 2. Equalize tokens: donors (over their need) give to receivers (under
   // their need), least-loaded receiver first.
-  std::vector<int64_t> deficit(n);
+  std::vector<int64_t>& deficit = scratch.deficit;
+  deficit.resize(n);
   for (int32_t r = 0; r < n; ++r) deficit[r] = tokens_needed[r] - tokens[r];
   // The receivers (deficit > 0) ordered by (workload, rank): the least-loaded
   // one with a deficit of at least d is the first such in this order (the
@@ -118,7 +135,8 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
   const auto before = [&](int32_t a, int32_t b) {
     return workload[a] < workload[b] || (workload[a] == workload[b] && a < b);
   };
-  std::vector<int32_t> receivers;
+  std::vector<int32_t>& receivers = scratch.receivers;
+  receivers.clear();
   for (int32_t q = 0; q < n; ++q) {
     if (deficit[q] > 0) receivers.push_back(q);
   }

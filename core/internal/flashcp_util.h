@@ -6,6 +6,7 @@
 #define FLASHCP_CORE_INTERNAL_FLASHCP_UTIL_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/types.h"
@@ -73,6 +74,22 @@ struct WholeDocOptions {
 void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
                     const std::vector<int64_t>& tokens_needed, std::vector<double>& workload,
                     std::vector<Shard>& out, const WholeDocOptions& options = {});
+// WholeDocPieces' working buffers, owned by the caller and reused across
+// calls (e.g. a planner's candidates within one plan) so that a call does
+// not allocate once the buffers have grown. Contents between calls are
+// meaningless; never share one between threads.
+struct WholeDocScratch {
+  std::vector<int64_t> tokens;
+  std::vector<std::vector<int32_t>> held;
+  std::vector<std::pair<double, int32_t>> heap;
+  std::vector<int64_t> deficit;
+  std::vector<int32_t> receivers;
+};
+// The same, with caller-owned scratch (identical results).
+void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
+                    const std::vector<int64_t>& tokens_needed, std::vector<double>& workload,
+                    std::vector<Shard>& out, const WholeDocOptions& options,
+                    WholeDocScratch& scratch);
 
 // Removes cut shards shorter than `min_shard` from raw pieces (returns them
 // merged, as FinishPlan's shards, in no particular order), keeping every

@@ -31,13 +31,14 @@ Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance) {
   const std::vector<int32_t> order = DocsLongestFirst(batch);
   const std::vector<int64_t> targets = RankTargets(batch);
   std::vector<int32_t> per_doc;
+  WholeDocScratch scratch;  // reused by every round
   for (size_t k = 0;; ++k) {
     std::vector<Shard> pieces = PerDocPieces(batch, per_doc);
     std::vector<int64_t> need = targets;
     for (const Shard& s : pieces) need[s.rank] -= s.len;
     std::vector<double> workload = PieceWorkloads(n, pieces);
     const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(k), order.end());
-    WholeDocPieces(batch, rest, need, workload, pieces);
+    WholeDocPieces(batch, rest, need, workload, pieces, {}, scratch);
     double total = 0, max_w = 0;
     for (double w : workload) {
       total += w;
