@@ -1,10 +1,15 @@
 #include "client/grpc_planner_client.h"
 
 #include <chrono>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -60,7 +65,53 @@ absl::StatusOr<Response> Unary(const CallOptions& options, Call call) {
   return response;
 }
 
+// The file at `path` for `flag`: NotFound naming both if it cannot be opened;
+// InvalidArgument unless it holds a PEM block whose BEGIN line ends in
+// `pem_label` ("CERTIFICATE", "PRIVATE KEY"; "EC PRIVATE KEY" and
+// "RSA PRIVATE KEY" end in the latter).
+absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag,
+                                    absl::string_view pem_label) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot open \"", path, "\""));
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat(flag, ": cannot read \"", path, "\""));
+  std::string pem = s.str();
+  const size_t begin = pem.find("-----BEGIN ");
+  const size_t end = begin == std::string::npos ? begin : pem.find("-----", begin + 11);
+  if (end == std::string::npos ||
+      !absl::EndsWith(absl::string_view(pem).substr(begin, end - begin), pem_label)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": \"", path, "\" holds no PEM ", pem_label));
+  }
+  return pem;
+}
+
 }  // namespace
+
+absl::StatusOr<ChannelOptions> WithTls(ChannelOptions options, const TlsOptions& tls) {
+  if (tls.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_ca: required for TLS (the CA bundle the server's certificate chains to)");
+  }
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return absl::InvalidArgumentError("--tls_cert, --tls_key: set both or neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  FLASHCP_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(tls.ca_file, "--tls_ca", "CERTIFICATE"));
+  if (!tls.cert_file.empty()) {
+    FLASHCP_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                             ReadPem(tls.cert_file, "--tls_cert", "CERTIFICATE"));
+    FLASHCP_ASSIGN_OR_RETURN(ssl.pem_private_key,
+                             ReadPem(tls.key_file, "--tls_key", "PRIVATE KEY"));
+  }
+  options.credentials = grpc::SslCredentials(ssl);
+  if (options.credentials == nullptr) {  // gRPC could not make them (out of memory)
+    return absl::InternalError("TLS: gRPC made no channel credentials");
+  }
+  options.tls_server_name = tls.server_name;
+  return options;
+}
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const ChannelOptions& options) {
@@ -69,7 +120,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ToMillis(options.initial_reconnect_backoff));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ToMillis(options.max_reconnect_backoff));
   if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (options.credentials == nullptr) {
+    return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  }
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  return grpc::CreateCustomChannel(target, options.credentials, args);
 }
 
 GrpcPlannerClient::GrpcPlannerClient(std::shared_ptr<grpc::ChannelInterface> channel)

@@ -1,5 +1,6 @@
 // PlannerClient over a gRPC channel. The channel is injected (MakeChannel
-// builds one with the client's settings); tests inject one to a real server.
+// builds one with the client's settings, plaintext or TLS); tests inject one
+// to a real server.
 #ifndef FLASHCP_CLIENT_GRPC_PLANNER_CLIENT_H_
 #define FLASHCP_CLIENT_GRPC_PLANNER_CLIENT_H_
 
@@ -11,6 +12,7 @@
 #include "client/planner_client.h"
 #include "flashcp/v1/planner.grpc.pb.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/security/credentials.h"
 
 namespace flashcp::client {
 
@@ -25,9 +27,38 @@ struct ChannelOptions {
   // Its own connection: channels to one target otherwise share one (gRPC's
   // global subchannel pool), which a load generator's threads must not.
   bool own_connection = false;
+  // Transport security: null is plaintext; WithTls sets TLS credentials.
+  std::shared_ptr<grpc::ChannelCredentials> credentials{};
+  // With TLS, the name the server's certificate must carry instead of the
+  // target's host (e.g. dialling an IP whose certificate names a DNS name).
+  // Empty: the target's host.
+  std::string tls_server_name{};
 };
 
-// An insecure channel to `target` ("host:port", "unix:path").
+// TLS for a channel, as the tools' flags give it: PEM file paths. The names in
+// the comments are the flags of flashcp-client and flashcp-loadgen, which
+// match flashcp-planner's --tls_cert / --tls_key.
+struct TlsOptions {
+  // --tls_ca: CA bundle the server's certificate must chain to (required).
+  std::string ca_file{};
+  // --tls_cert, --tls_key: client certificate and its private key, for a
+  // server that requires one (mTLS, flashcp-planner --tls_client_ca); both
+  // or neither.
+  std::string cert_file{};
+  std::string key_file{};
+  // --tls_server_name: becomes ChannelOptions::tls_server_name.
+  std::string server_name{};
+};
+
+// `options` with TLS credentials read from the files of `tls` now (a later
+// change to the files does not affect the channel) and tls_server_name set.
+// InvalidArgument naming the flag for an empty ca_file, for cert_file without
+// key_file or the reverse, or for a file that holds no PEM block of its kind;
+// NotFound naming the flag and the path for a file that cannot be opened.
+absl::StatusOr<ChannelOptions> WithTls(ChannelOptions options, const TlsOptions& tls);
+
+// A channel to `target` ("host:port", "unix:path"): TLS when
+// options.credentials is set (WithTls), else plaintext.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const ChannelOptions& options = {});
 

@@ -85,4 +85,29 @@ absl::StatusOr<int64_t> MinShardTokensField(const ToolArgs& args) {
   return *m == 0 ? proto::kMinShardTokensOff : *m;
 }
 
+absl::StatusOr<std::optional<TlsOptions>> TlsOptionsFromArgs(const ToolArgs& args) {
+  for (const char* flag : kTlsFlags) {
+    if (args.Has(flag) && args.String(flag, "").empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": empty value"));
+    }
+  }
+  if (!args.Has("tls_ca")) {
+    for (const char* flag : kTlsFlags) {
+      if (args.Has(flag)) {
+        return absl::InvalidArgumentError(absl::StrCat("--", flag, ": needs --tls_ca"));
+      }
+    }
+    return std::nullopt;
+  }
+  if (args.Has("tls_cert") != args.Has("tls_key")) {
+    return absl::InvalidArgumentError("--tls_cert, --tls_key: set both or neither");
+  }
+  TlsOptions tls;
+  tls.ca_file = args.String("tls_ca", "");
+  tls.cert_file = args.String("tls_cert", "");
+  tls.key_file = args.String("tls_key", "");
+  tls.server_name = args.String("tls_server_name", "");
+  return tls;
+}
+
 }  // namespace flashcp::client::internal

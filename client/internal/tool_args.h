@@ -6,12 +6,14 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/grpc_planner_client.h"
 
 namespace flashcp::client::internal {
 
@@ -43,6 +45,15 @@ class ToolArgs {
 // plan with the same core options for the same flag. InvalidArgument naming
 // the flag for a bad value.
 absl::StatusOr<int64_t> MinShardTokensField(const ToolArgs& args);
+
+// The TLS flags both tools share (value flags), spelled like flashcp-planner's.
+inline constexpr const char* kTlsFlags[] = {"tls_ca", "tls_cert", "tls_key", "tls_server_name"};
+
+// The TLS flags as TlsOptions: nullopt (plaintext) when none is given; TLS
+// when --tls_ca is. InvalidArgument naming the flag for --tls_cert, --tls_key
+// or --tls_server_name without --tls_ca, for --tls_cert without --tls_key or
+// the reverse, and for an empty value. The files are read later (WithTls).
+absl::StatusOr<std::optional<TlsOptions>> TlsOptionsFromArgs(const ToolArgs& args);
 
 }  // namespace flashcp::client::internal
 

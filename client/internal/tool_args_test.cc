@@ -1,5 +1,6 @@
 #include "client/internal/tool_args.h"
 
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -94,6 +95,55 @@ TEST(MinShardTokensFieldTest, FlashcpPlanSpellingToTheRequestField) {
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          "--min-shard-tokens: \"" + bad +
                              "\" is not an integer in [0, 1099511627776]"));
+  }
+}
+
+absl::StatusOr<std::optional<TlsOptions>> Tls(const std::vector<std::string>& args) {
+  auto a = ToolArgs::Parse(args, {"tls_ca", "tls_cert", "tls_key", "tls_server_name"}, {});
+  if (!a.ok()) return a.status();
+  return TlsOptionsFromArgs(*a);
+}
+
+TEST(TlsOptionsFromArgsTest, NoneIsPlaintextAndTheFlagsFillTheOptions) {
+  auto none = Tls({});
+  ASSERT_THAT(none, IsOk());
+  EXPECT_FALSE(none->has_value());
+
+  auto ca_only = Tls({"--tls_ca", "ca.pem"});
+  ASSERT_THAT(ca_only, IsOk());
+  ASSERT_TRUE(ca_only->has_value());
+  EXPECT_EQ((*ca_only)->ca_file, "ca.pem");
+  EXPECT_EQ((*ca_only)->cert_file, "");
+  EXPECT_EQ((*ca_only)->key_file, "");
+  EXPECT_EQ((*ca_only)->server_name, "");
+
+  auto all = Tls({"--tls_ca=ca.pem", "--tls_cert", "c.pem", "--tls_key", "c.key",
+                  "--tls_server_name", "planner.internal"});
+  ASSERT_THAT(all, IsOk());
+  ASSERT_TRUE(all->has_value());
+  EXPECT_EQ((*all)->ca_file, "ca.pem");
+  EXPECT_EQ((*all)->cert_file, "c.pem");
+  EXPECT_EQ((*all)->key_file, "c.key");
+  EXPECT_EQ((*all)->server_name, "planner.internal");
+}
+
+TEST(TlsOptionsFromArgsTest, BadCombinationsNameTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {{"--tls_cert", "c.pem", "--tls_key", "c.key"}, "--tls_cert: needs --tls_ca"},
+      {{"--tls_key", "c.key"}, "--tls_key: needs --tls_ca"},
+      {{"--tls_server_name", "localhost"}, "--tls_server_name: needs --tls_ca"},
+      {{"--tls_ca", "ca.pem", "--tls_cert", "c.pem"}, "--tls_cert, --tls_key: set both or neither"},
+      {{"--tls_ca", "ca.pem", "--tls_key", "c.key"}, "--tls_cert, --tls_key: set both or neither"},
+      {{"--tls_ca="}, "--tls_ca: empty value"},
+      {{"--tls_ca", "ca.pem", "--tls_server_name="}, "--tls_server_name: empty value"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_THAT(Tls(c.args), StatusIs(absl::StatusCode::kInvalidArgument, c.message))
+        << c.message;
   }
 }
 
