@@ -14,6 +14,7 @@ PACKAGES=(
   prometheus
   python3 python3-venv python3-pip python3-yaml
   curl jq
+  openssl
 )
 
 missing=()
