@@ -76,9 +76,15 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   // keeps the best plan seen and returns true if one of these meets the target.
   std::vector<int8_t> tried(n_docs + 1, -1);
   // Reused by every candidate of this plan (no per-candidate allocation once
-  // grown): WholeDocPieces' buffers, the candidate's pieces (swapped with the
+  // grown): the Whole-Doc steps' buffers, the candidate's pieces (swapped with the
   // best plan's when it wins) and per-rank workload, and the partial score.
   WholeDocScratch scratch;
+  // One rho's LPT placement, a copy to equalize when a second cap may
+  // follow, the one the current candidate consumed, and the winner's (its
+  // documents kept whole, which are not in `best_pieces`).
+  WholeDocPlacement placement, trial, best_placement;
+  WholeDocPlacement* used = nullptr;
+  std::vector<double> placed_workload;  // per-rank workload after LPT
   std::vector<Shard> pieces;
   std::vector<double> workload;
   PartialScore part{std::vector<int64_t>(n, 0), 0, 0};
@@ -104,7 +110,8 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     AddPieces(batch, zig, zig_part);
     const std::vector<int32_t> rest(split, order.end());
     bool feasible = false;
-    // One candidate: its pieces besides `zig`, and the per-rank workload.
+    // One candidate: its pieces besides `zig` and the documents `used` keeps
+    // whole (which add nothing to the score), and the per-rank workload.
     // Returns whether it had short cut pieces before any repair.
     const auto consider = [&]() {
       // The cheap score first (Per-Doc pieces counted once per k).
@@ -133,6 +140,7 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
       }
       if (!have || Better(score, best_score, target, short_cost)) {
         best_pieces.swap(pieces);  // `pieces` is cleared before its next use
+        best_placement.held.swap(used->held);  // `used` is refilled before its next use
         best_k = k;
         best_reduced = reduced;
         best_score = score;
@@ -146,13 +154,21 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     // and (measured, docs/planner.md) head-only equalization never won. Head
     // swaps for would-be slivers first capped at 4m tokens; only if slivers
     // remain, once more uncapped.
+    // Both caps equalize the same LPT placement, so it is made once per rho
+    // and copied for the first cap only when a second may follow.
     for (double scale : {0.0, 0.5, 1.0, 2.0}) {
+      const double rho = scale * median_density;
+      placed_workload.assign(zig_workload.begin(), zig_workload.end());
+      PlaceWholeDocs(batch, rest, need, rho, placed_workload, placement, scratch);
       for (int64_t cap : {4 * m, int64_t{0}}) {
+        const bool last = m <= 1 || cap == 0;
         pieces.clear();
-        workload.assign(zig_workload.begin(), zig_workload.end());
-        WholeDocPieces(batch, rest, need, workload, pieces,
-                       WholeDocOptions{scale * median_density, true, m, cap}, scratch);
-        if (!consider() || m <= 1) break;
+        workload.assign(placed_workload.begin(), placed_workload.end());
+        if (!last) trial = placement;  // element-wise: keeps trial's capacity
+        used = last ? &placement : &trial;
+        EqualizeWholeDocs(batch, need, *used, workload, pieces,
+                          WholeDocOptions{rho, true, m, cap}, scratch);
+        if (!consider() || last) break;
       }
     }
     tried[k] = feasible ? 1 : 0;
@@ -215,6 +231,7 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
       lo = mid;
     }
   }
+  AppendHeldWhole(batch, best_placement, best_pieces);
   if (best_k > 0 || !best_reduced) {
     const std::vector<int32_t> zig_docs(order.begin(),
                                         order.begin() + static_cast<std::ptrdiff_t>(best_k));

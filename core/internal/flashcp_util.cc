@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -89,35 +90,68 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
                     const std::vector<int64_t>& tokens_needed, std::vector<double>& workload,
                     std::vector<Shard>& out, const WholeDocOptions& options,
                     WholeDocScratch& scratch) {
+  PlaceWholeDocs(batch, docs, tokens_needed, options.rho, workload, scratch.placement, scratch);
+  EqualizeWholeDocs(batch, tokens_needed, scratch.placement, workload, out, options, scratch);
+  AppendHeldWhole(batch, scratch.placement, out);
+}
+
+void PlaceWholeDocs(const Batch& batch, const std::vector<int32_t>& docs,
+                    const std::vector<int64_t>& tokens_needed, double rho,
+                    std::vector<double>& workload, WholeDocPlacement& placement,
+                    WholeDocScratch& scratch) {
   const int32_t n = batch.cp_size;
-  // About one piece per document plus the cut heads: reserving for that
-  // avoids most regrowth of `out` (a capacity hint only).
-  out.reserve(out.size() + docs.size() + 2 * static_cast<size_t>(n));
-  // 1. LPT: longest first, each whole to the least-loaded rank (lowest index on ties).
-  std::vector<int64_t>& tokens = scratch.tokens;
+  // LPT: longest first, each whole to the rank of least key (lowest index on ties).
+  std::vector<int64_t>& tokens = placement.tokens;
   tokens.assign(n, 0);
   // Per rank, its documents longest first (inner buffers keep their capacity).
-  std::vector<std::vector<int32_t>>& held = scratch.held;
-  if (held.size() < static_cast<size_t>(n)) held.resize(n);
+  std::vector<std::vector<int32_t>>& held = placement.held;
+  held.resize(n);  // exactly N: AppendHeldWhole walks them all
   for (int32_t q = 0; q < n; ++q) held[q].clear();
-  // Min-heap of (key, rank): only the chosen rank's key changes per step.
-  const auto key = [&](int32_t q) {
-    return workload[q] - options.rho * static_cast<double>(tokens[q] - tokens_needed[q]);
-  };
-  std::vector<std::pair<double, int32_t>>& heap = scratch.heap;
-  heap.resize(n);
-  for (int32_t q = 0; q < n; ++q) heap[q] = {key(q), q};
-  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  placement.docs = static_cast<int64_t>(docs.size());
+  // A tournament tree over the ranks: node i (1 <= i < leaves) holds the
+  // rank of least (key, rank) below it; leaf leaves + q is rank q, and the
+  // ranks from N up to `leaves` are padding with key +inf, which never wins.
+  // The root is the exact lexicographic minimum, the rank a scan or a
+  // (key, rank) min-heap would pick; per document only the chosen rank's key
+  // changes, so one leaf-to-root walk of log2(N) comparisons updates it (a
+  // heap's pop and push cost about four times the instructions at N = 8).
+  size_t leaves = 1;
+  while (leaves < static_cast<size_t>(n)) leaves *= 2;
+  std::vector<double>& keys = scratch.keys;
+  keys.assign(leaves, std::numeric_limits<double>::infinity());
+  for (int32_t q = 0; q < n; ++q) {
+    keys[q] = workload[q] - rho * static_cast<double>(tokens[q] - tokens_needed[q]);
+  }
+  std::vector<int32_t>& tree = scratch.tree;
+  tree.resize(2 * leaves);
+  for (size_t q = 0; q < leaves; ++q) tree[leaves + q] = static_cast<int32_t>(q);
+  // Every rank in a left subtree is below every rank in its right sibling:
+  // on equal keys the left one wins.
+  const auto winner = [&](int32_t a, int32_t b) { return keys[b] < keys[a] ? b : a; };
+  for (size_t i = leaves - 1; i >= 1; --i) tree[i] = winner(tree[2 * i], tree[2 * i + 1]);
   for (int32_t d : docs) {
-    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
-    const int32_t r = heap.back().second;
+    const int32_t r = tree[1];
     const int64_t len = batch.doc_lens[d];
     workload[r] += RangeWorkload(0, len);
     tokens[r] += len;
     held[r].push_back(d);
-    heap.back() = {key(r), r};
-    std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    keys[r] = workload[r] - rho * static_cast<double>(tokens[r] - tokens_needed[r]);
+    for (size_t i = (leaves + static_cast<size_t>(r)) / 2; i >= 1; i /= 2) {
+      tree[i] = winner(tree[2 * i], tree[2 * i + 1]);
+    }
   }
+}
+
+void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_needed,
+                       WholeDocPlacement& placement, std::vector<double>& workload,
+                       std::vector<Shard>& out, const WholeDocOptions& options,
+                       WholeDocScratch& scratch) {
+  const int32_t n = batch.cp_size;
+  // About one piece per document plus the cut heads: reserving for that
+  // avoids most regrowth of `out` (a capacity hint only).
+  out.reserve(out.size() + static_cast<size_t>(placement.docs) + 2 * static_cast<size_t>(n));
+  const std::vector<int64_t>& tokens = placement.tokens;
+  std::vector<std::vector<int32_t>>& held = placement.held;
   // 2. Equalize tokens: donors (over their need) give to receivers (under
   // their need), least-loaded receiver first.
   std::vector<int64_t>& deficit = scratch.deficit;
@@ -192,9 +226,13 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
     // `mine` is longest first, so with the minimum-shard rule the documents
     // that can be cut (>= 2m tokens) come first and shorter ones are cut only
     // when nothing else is left (RepairShortShards then tries to undo it).
+    // Documents the donor keeps whole stay in `mine` (compacted to the first
+    // `kept` entries, still longest first).
     int64_t later = 0;  // tokens of the documents after the current one in `mine`
     for (int32_t d : mine) later += batch.doc_lens[d];
-    for (int32_t d : mine) {
+    size_t kept = 0;
+    for (size_t j = 0; j < mine.size(); ++j) {
+      const int32_t d = mine[j];
       const int64_t len = batch.doc_lens[d];
       later -= len;
       int64_t head = 0;  // tokens [0, head) of d already handed out
@@ -264,13 +302,23 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
         head += take;
         if (last_cut) break;
       }
-      if (head < len) out.push_back(Shard{d, head, len - head, r});
+      if (head == 0) {
+        mine[kept++] = d;
+      } else if (head < len) {
+        out.push_back(Shard{d, head, len - head, r});
+      }
     }
-    mine.clear();
+    mine.resize(kept);
     if (deficit[r] < 0) deficit[r] = 0;  // the donor now holds exactly its need
   }
-  for (int32_t r = 0; r < n; ++r) {
-    for (int32_t d : held[r]) out.push_back(Shard{d, 0, batch.doc_lens[d], r});
+}
+
+void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,
+                     std::vector<Shard>& out) {
+  for (size_t r = 0; r < placement.held.size(); ++r) {
+    for (int32_t d : placement.held[r]) {
+      out.push_back(Shard{d, 0, batch.doc_lens[d], static_cast<int32_t>(r)});
+    }
   }
 }
 

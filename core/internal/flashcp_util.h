@@ -74,14 +74,21 @@ struct WholeDocOptions {
 void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
                     const std::vector<int64_t>& tokens_needed, std::vector<double>& workload,
                     std::vector<Shard>& out, const WholeDocOptions& options = {});
+// The LPT step of WholeDocPieces alone: per rank its tokens and its
+// documents (longest first, as placed), plus the number of documents.
+struct WholeDocPlacement {
+  std::vector<int64_t> tokens;
+  std::vector<std::vector<int32_t>> held;
+  int64_t docs = 0;
+};
 // WholeDocPieces' working buffers, owned by the caller and reused across
 // calls (e.g. a planner's candidates within one plan) so that a call does
 // not allocate once the buffers have grown. Contents between calls are
 // meaningless; never share one between threads.
 struct WholeDocScratch {
-  std::vector<int64_t> tokens;
-  std::vector<std::vector<int32_t>> held;
-  std::vector<std::pair<double, int32_t>> heap;
+  WholeDocPlacement placement;
+  std::vector<double> keys;    // LPT key per rank (+inf past N)
+  std::vector<int32_t> tree;   // LPT tournament tree over the ranks
   std::vector<int64_t> deficit;
   std::vector<int32_t> receivers;
 };
@@ -90,6 +97,29 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
                     const std::vector<int64_t>& tokens_needed, std::vector<double>& workload,
                     std::vector<Shard>& out, const WholeDocOptions& options,
                     WholeDocScratch& scratch);
+// WholeDocPieces in steps, so that one LPT placement can be equalized under
+// several options (flashcp's head-swap caps) without placing again, and a
+// candidate's score need not walk its whole documents:
+//  - PlaceWholeDocs is step 1 with `rho`: adds the documents' workload to
+//    `workload` and fills `placement`.
+//  - EqualizeWholeDocs is step 2 (ignores options.rho). It consumes
+//    `placement` (copy it first to equalize it again): appends to `out` every
+//    piece that is cut or moved off its LPT rank, and leaves in
+//    `placement.held` the documents that stay whole where LPT put them
+//    (never cut, never communicated, so they change no score but workload).
+//  - AppendHeldWhole appends those as whole shards.
+// WholeDocPieces is the three in turn; `scratch.placement` is used by none
+// of them.
+void PlaceWholeDocs(const Batch& batch, const std::vector<int32_t>& docs,
+                    const std::vector<int64_t>& tokens_needed, double rho,
+                    std::vector<double>& workload, WholeDocPlacement& placement,
+                    WholeDocScratch& scratch);
+void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_needed,
+                       WholeDocPlacement& placement, std::vector<double>& workload,
+                       std::vector<Shard>& out, const WholeDocOptions& options,
+                       WholeDocScratch& scratch);
+void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,
+                     std::vector<Shard>& out);
 
 // Removes cut shards shorter than `min_shard` from raw pieces (returns them
 // merged, as FinishPlan's shards, in no particular order), keeping every
