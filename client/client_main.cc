@@ -63,11 +63,19 @@ Flags:
   --inflight K         batches in flight on the stream (default 16)
   --timeout S          deadline of the whole stream, seconds (default 3600)
   --connect-timeout S  how long to retry while the server is unreachable (default 10)
+  --tls_ca FILE        TLS: PEM CA bundle the server's certificate must chain to;
+                       plaintext without it
+  --tls_cert FILE, --tls_key FILE
+                       mTLS: PEM client certificate and key (for a planner run
+                       with --tls_client_ca); need --tls_ca
+  --tls_server_name N  TLS: the name the server's certificate must carry, when
+                       it is not the host of --server
   --summary            print the quality table instead of JSON lines
   --help               this text
 
-Exit status: 0 success; 1 a bad line, a failed item, a broken stream or an
-unreachable server (the other items are still planned and printed); 2 a bad flag.
+Exit status: 0 success; 1 a bad line, a failed item, a broken stream, an
+unreachable server (a failed TLS handshake included) or an unreadable file
+(the other items are still planned and printed); 2 a bad flag.
 )";
 
 struct Options {
@@ -85,6 +93,7 @@ struct Options {
   int inflight = 16;
   absl::Duration timeout = absl::Hours(1);
   absl::Duration connect_timeout = absl::Seconds(10);
+  std::optional<fc::TlsOptions> tls;  // nullopt: plaintext
   bool summary = false;
   bool help = false;
 };
@@ -94,7 +103,7 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
       args,
       {"server", "cp", "strategy", "target-imbalance", "min-shard-tokens", "heads", "head-dim",
        "dtype-bytes", "input", "dataset", "context", "batches", "seed", "inflight", "timeout",
-       "connect-timeout"},
+       "connect-timeout", "tls_ca", "tls_cert", "tls_key", "tls_server_name"},
       {"summary", "help"});
   if (!a.ok()) return a.status();
   Options o;
@@ -114,10 +123,11 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   auto inflight = a->Int("inflight", 16, 1, 4096);
   auto timeout = a->Double("timeout", 3600, 0.001, 1e7);
   auto connect = a->Double("connect-timeout", 10, 0, 1e7);
+  auto tls = fc::internal::TlsOptionsFromArgs(*a);
   for (const absl::Status& s :
        {cp.status(), imbalance.status(), min_shard.status(), heads.status(), head_dim.status(),
         dtype.status(), context.status(), batches.status(), seed.status(), inflight.status(),
-        timeout.status(), connect.status()}) {
+        timeout.status(), connect.status(), tls.status()}) {
     if (!s.ok()) return s;
   }
   o.cp_size = static_cast<int32_t>(*cp);
@@ -139,6 +149,7 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   o.inflight = static_cast<int>(*inflight);
   o.timeout = absl::Seconds(*timeout);
   o.connect_timeout = absl::Seconds(*connect);
+  o.tls = *std::move(tls);
   o.summary = a->Has("summary");
   return o;
 }
@@ -216,7 +227,14 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
     err << kPrefix << s.message() << "\n";
     return kExitFailed;
   }
-  auto grpc_client = std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.server));
+  absl::StatusOr<fc::ChannelOptions> channel_options = fc::ChannelOptions();
+  if (o.tls.has_value()) channel_options = fc::WithTls(fc::ChannelOptions(), *o.tls);
+  if (!channel_options.ok()) {
+    err << kPrefix << channel_options.status().message() << "\n";
+    return kExitFailed;
+  }
+  auto grpc_client =
+      std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.server, *channel_options));
   // Wait for the server (it may still be starting) before opening the stream:
   // wait_for_ready lets gRPC connect as soon as it listens.
   if (auto info = grpc_client->GetServerInfo({.timeout = o.connect_timeout, .wait_for_ready = true});

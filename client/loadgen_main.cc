@@ -57,6 +57,12 @@ Flags:
   --seed S             sampling seed (default 1)
   --timeout S          deadline per unary call, seconds (default 10)
   --connect-timeout S  how long to wait for the server first (default 10)
+  --tls_ca FILE        TLS: PEM CA bundle the server's certificate must chain to;
+                       plaintext without it
+  --tls_cert FILE, --tls_key FILE
+                       mTLS: PEM client certificate and key; need --tls_ca
+  --tls_server_name N  TLS: the name the server's certificate must carry, when
+                       it is not the host of --server
   --json               print one JSON object instead of the text report
 )";
 
@@ -77,6 +83,7 @@ struct Options {
   uint64_t seed = 1;
   absl::Duration timeout = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(10);
+  std::optional<fc::TlsOptions> tls;  // nullopt: plaintext
   bool json = false;
 };
 
@@ -84,7 +91,8 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args, bool*
   auto a = fc::internal::ToolArgs::Parse(
       args,
       {"server", "duration", "max-requests", "concurrency", "inflight", "dataset", "context",
-       "cp", "strategy", "batches", "seed", "timeout", "connect-timeout"},
+       "cp", "strategy", "batches", "seed", "timeout", "connect-timeout", "tls_ca", "tls_cert",
+       "tls_key", "tls_server_name"},
       {"stream", "json", "help"});
   if (!a.ok()) return a.status();
   Options o;
@@ -102,10 +110,11 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args, bool*
   auto seed = a->Int("seed", 1, 0, INT64_MAX);
   auto timeout = a->Double("timeout", 10, 0.001, 1e7);
   auto connect = a->Double("connect-timeout", 10, 0, 1e7);
+  auto tls = fc::internal::TlsOptionsFromArgs(*a);
   for (const absl::Status& s :
        {duration.status(), max_requests.status(), concurrency.status(), inflight.status(),
         context.status(), cp.status(), batches.status(), seed.status(), timeout.status(),
-        connect.status()}) {
+        connect.status(), tls.status()}) {
     if (!s.ok()) return s;
   }
   auto dataset = core::ParseDataset(a->String("dataset", "pile"));
@@ -125,6 +134,7 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args, bool*
   o.seed = static_cast<uint64_t>(*seed);
   o.timeout = absl::Seconds(*timeout);
   o.connect_timeout = absl::Seconds(*connect);
+  o.tls = *std::move(tls);
   o.json = a->Has("json");
   return o;
 }
@@ -232,9 +242,16 @@ int Run(const Options& o) {
 
   // One channel per thread: gRPC multiplexes calls on a channel's single
   // connection, which would otherwise serialize the client's threads.
+  absl::StatusOr<fc::ChannelOptions> channel_options = fc::ChannelOptions{.own_connection = true};
+  if (o.tls.has_value()) channel_options = fc::WithTls(*channel_options, *o.tls);
+  if (!channel_options.ok()) {
+    std::cerr << kPrefix << channel_options.status().message() << "\n";
+    return 1;
+  }
   std::vector<std::shared_ptr<fc::PlannerClient>> clients;
   for (int t = 0; t < o.concurrency; ++t) {
-    clients.push_back(std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.server, {.own_connection = true})));
+    clients.push_back(
+        std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.server, *channel_options)));
   }
   if (auto info = clients[0]->GetServerInfo({.timeout = o.connect_timeout, .wait_for_ready = true});
       !info.ok()) {

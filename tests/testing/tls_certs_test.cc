@@ -19,6 +19,10 @@ using ::testing::StartsWith;
 
 constexpr absl::Duration kTimeout = absl::Seconds(60);
 
+void Remove(const std::string& dir) {
+  EXPECT_THAT(RunCommand({"/bin/rm", "-rf", dir}, "", absl::Now() + kTimeout), IsOk());
+}
+
 CommandResult OpenSsl(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {"/usr/bin/env", "openssl"};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -50,6 +54,7 @@ TEST(GenerateTlsFilesTest, ChainsVerifyAgainstTheirCaOnly) {
   CommandResult san = OpenSsl({"x509", "-in", f->server_cert, "-noout", "-ext", "subjectAltName"});
   EXPECT_EQ(san.exit_code, 0) << san.output;
   EXPECT_THAT(san.output, HasSubstr("DNS:localhost, IP Address:127.0.0.1\n"));
+  Remove(f->dir);
 }
 
 TEST(GenerateTlsFilesTest, EachCallMakesFreshFiles) {
@@ -60,6 +65,8 @@ TEST(GenerateTlsFilesTest, EachCallMakesFreshFiles) {
   EXPECT_NE(a->dir, b->dir);
   // b's server certificate does not chain to a's CA: each run has its own keys.
   EXPECT_EQ(OpenSsl({"verify", "-CAfile", a->ca_cert, b->server_cert}).exit_code, 2);
+  Remove(a->dir);
+  Remove(b->dir);
 }
 
 TEST(GenerateTlsFilesTest, MissingParentIsInternal) {
