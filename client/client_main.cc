@@ -237,8 +237,7 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
       std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.server, *channel_options));
   // Wait for the server (it may still be starting) before opening the stream:
   // wait_for_ready lets gRPC connect as soon as it listens.
-  if (auto info = grpc_client->GetServerInfo({.timeout = o.connect_timeout, .wait_for_ready = true});
-      !info.ok()) {
+  if (auto info = fc::WaitForServer(*grpc_client, o.connect_timeout); !info.ok()) {
     err << kPrefix << "cannot reach " << o.server << " within "
         << absl::FormatDuration(o.connect_timeout) << ": "
         << absl::StatusCodeToString(info.status().code()) << ": " << info.status().message()

@@ -253,8 +253,7 @@ int Run(const Options& o) {
     clients.push_back(
         std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.server, *channel_options)));
   }
-  if (auto info = clients[0]->GetServerInfo({.timeout = o.connect_timeout, .wait_for_ready = true});
-      !info.ok()) {
+  if (auto info = fc::WaitForServer(*clients[0], o.connect_timeout); !info.ok()) {
     std::cerr << kPrefix << "cannot reach " << o.server << ": " << info.status().ToString() << "\n";
     return 1;
   }

@@ -37,6 +37,7 @@ using ::flashcp::tests::testing::PlannerProcess;
 using ::flashcp::tests::testing::RunCommand;
 using ::flashcp::tests::testing::TlsFiles;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 constexpr absl::Duration kTimeout = absl::Seconds(60);  // generous: the CI box is shared
@@ -276,7 +277,8 @@ TEST_F(PlannerTlsTest, FlashcpClientTlsErrors) {
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_EQ(run.out, "");
   EXPECT_THAT(run.err, StartsWith(absl::StrCat("flashcp-client: cannot reach ", server,
-                                               " within 2s: ")));
+                                               " within 2s: DEADLINE_EXCEEDED: ")));
+  EXPECT_THAT(run.err, HasSubstr("; last connection error: UNAVAILABLE: "));
 }
 
 TEST_F(PlannerTlsTest, FlashcpLoadgenOverMutualTls) {
