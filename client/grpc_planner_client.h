@@ -54,7 +54,8 @@ struct TlsOptions {
 // change to the files does not affect the channel) and tls_server_name set.
 // InvalidArgument naming the flag for an empty ca_file, for cert_file without
 // key_file or the reverse, or for a file that holds no PEM block of its kind;
-// NotFound naming the flag and the path for a file that cannot be opened.
+// NotFound naming the flag and the path for a file that cannot be opened;
+// DataLoss naming both for one that fails while being read.
 absl::StatusOr<ChannelOptions> WithTls(ChannelOptions options, const TlsOptions& tls);
 
 // A channel to `target` ("host:port", "unix:path"): TLS when
