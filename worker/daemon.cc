@@ -1,7 +1,6 @@
 #include "worker/daemon.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -24,11 +23,6 @@
 
 namespace flashcp::worker {
 namespace {
-
-double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-using SteadyClock = std::chrono::steady_clock;
 
 // ---- wire messages of the group protocol (fixed size, native layout: every
 // rank runs the same binary on the same architecture) ------------------------
@@ -59,10 +53,11 @@ absl::Status Broadcast(Communicator& comm, std::byte* data, int64_t bytes) {
   return comm.AllGatherV(in, absl::MakeSpan(data, bytes), counts);
 }
 
-// Measures the time spent inside collectives; counts pass through.
+// Measures the time spent inside collectives on `clock`; counts pass through.
 class TimedCommunicator final : public Communicator {
  public:
-  explicit TimedCommunicator(Communicator& inner) : inner_(inner) {}
+  TimedCommunicator(Communicator& inner, const core::WaitClock& clock)
+      : inner_(inner), clock_(clock) {}
   int32_t rank() const override { return inner_.rank(); }
   int32_t size() const override { return inner_.size(); }
   absl::Status AllGatherV(absl::Span<const std::byte> input, absl::Span<std::byte> output,
@@ -80,18 +75,19 @@ class TimedCommunicator final : public Communicator {
     return Time([&] { return inner_.Barrier(); });
   }
   CommStats stats() const override { return inner_.stats(); }
-  double seconds() const { return seconds_; }
+  double seconds() const { return absl::ToDoubleSeconds(time_); }
 
  private:
   template <typename F>
   absl::Status Time(F f) {
-    const auto t0 = SteadyClock::now();
+    const absl::Time t0 = clock_.Now();
     absl::Status s = f();
-    seconds_ += Seconds(t0, SteadyClock::now());
+    time_ += clock_.Now() - t0;
     return s;
   }
   Communicator& inner_;
-  double seconds_ = 0;
+  const core::WaitClock& clock_;
+  absl::Duration time_;
 };
 
 uint64_t SplitMix64(uint64_t& state) {
@@ -109,8 +105,9 @@ void Fill(std::vector<float>& v, uint64_t seed) {
 
 class CpuStepEngine final : public StepEngine {
  public:
-  CpuStepEngine(int32_t rank, int32_t heads, int32_t head_dim, int32_t threads)
-      : rank_(rank), pool_(threads) {
+  CpuStepEngine(int32_t rank, int32_t heads, int32_t head_dim, int32_t threads,
+                const core::WaitClock& clock)
+      : rank_(rank), clock_(clock), pool_(threads) {
     shape_.heads = heads;
     shape_.head_dim = head_dim;
     shape_.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -130,20 +127,21 @@ class CpuStepEngine final : public StepEngine {
     Fill(v_, s + 2);
     Fill(dout_, s + 3);
     EngineTimes t;
-    const auto t0 = SteadyClock::now();
+    const absl::Time t0 = clock_.Now();
     FLASHCP_RETURN_IF_ERROR(step.Forward(comm, pool_, q_, k_, v_, absl::MakeSpan(o_),
                                          absl::MakeSpan(lse_)));
-    const auto t1 = SteadyClock::now();
+    const absl::Time t1 = clock_.Now();
     FLASHCP_RETURN_IF_ERROR(step.Backward(comm, pool_, dout_, absl::MakeSpan(dq_),
                                           absl::MakeSpan(dk_), absl::MakeSpan(dv_)));
-    const auto t2 = SteadyClock::now();
-    t.forward_seconds = Seconds(t0, t1);
-    t.backward_seconds = Seconds(t1, t2);
+    const absl::Time t2 = clock_.Now();
+    t.forward_seconds = absl::ToDoubleSeconds(t1 - t0);
+    t.backward_seconds = absl::ToDoubleSeconds(t2 - t1);
     return t;
   }
 
  private:
   const int32_t rank_;
+  const core::WaitClock& clock_;
   AttentionShape shape_;
   ThreadPool pool_;
   std::vector<float> q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_;
@@ -297,17 +295,18 @@ void WorkerMetrics::Record(const std::string& strategy, const std::string& schem
 }
 
 std::unique_ptr<StepEngine> MakeCpuStepEngine(int32_t rank, int32_t heads, int32_t head_dim,
-                                              int32_t threads) {
-  return std::make_unique<CpuStepEngine>(rank, heads, head_dim, threads);
+                                              int32_t threads, const core::WaitClock& clock) {
+  return std::make_unique<CpuStepEngine>(rank, heads, head_dim, threads, clock);
 }
 
 // ---- PlanFeed ------------------------------------------------------------------
 
-PlanFeed::PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config)
-    : planner_(std::move(planner)), config_(std::move(config)) {
+PlanFeed::PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config,
+                   const core::WaitClock* clock)
+    : planner_(std::move(planner)), config_(std::move(config)), clock_(*clock) {
   {
     absl::MutexLock lock(&mu_);
-    waiting_since_ = absl::Now();
+    waiting_since_ = clock_.Now();
   }
   thread_ = std::thread([this] { Loop(); });
   watchdog_ = std::thread([this] { Watch(); });
@@ -326,15 +325,16 @@ PlanFeed::~PlanFeed() {
 
 absl::StatusOr<std::optional<v1::PlanResponse>> PlanFeed::Next(absl::Duration wait) {
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(
-                           +[](std::deque<absl::StatusOr<v1::PlanResponse>>* q) {
-                             return !q->empty();
-                           },
-                           &ready_),
-                       wait);
+  clock_.AwaitWithTimeout(mu_,
+                          absl::Condition(
+                              +[](std::deque<absl::StatusOr<v1::PlanResponse>>* q) {
+                                return !q->empty();
+                              },
+                              &ready_),
+                          wait);
   if (ready_.empty()) return std::optional<v1::PlanResponse>();
   // Taking from a full queue restarts the watchdog's clock (see waiting_since_).
-  if (Full()) waiting_since_ = absl::Now();
+  if (Full()) waiting_since_ = clock_.Now();
   absl::StatusOr<v1::PlanResponse> r = std::move(ready_.front());
   ready_.pop_front();
   if (!r.ok()) return r.status();
@@ -355,19 +355,20 @@ void PlanFeed::Watch() {
         continue;
       }
       const absl::Time deadline = waiting_since_ + config_.timeout;
-      if (absl::Now() >= deadline) {
+      if (clock_.Now() >= deadline) {
         timed_out_ = true;
         fire = true;
         break;
       }
       // Wakes early on stop; a new plan only moves the deadline, which the
       // next pass sees.
-      mu_.AwaitWithDeadline(absl::Condition(
-                                +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
-                                  return f->stop_ || f->loop_done_ || f->Full();
-                                },
-                                this),
-                            deadline);
+      clock_.AwaitWithDeadline(mu_,
+                               absl::Condition(
+                                   +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
+                                     return f->stop_ || f->loop_done_ || f->Full();
+                                   },
+                                   this),
+                               deadline);
     }
   }
   // Outside mu_: cancelling wakes the Loop thread, whose sink takes mu_.
@@ -435,7 +436,7 @@ void PlanFeed::Loop() {
       // PlanPipelined already turned a per-item `error` into r's status.
       ready_.push_back(std::move(r));
       ++delivered;
-      waiting_since_ = absl::Now();
+      waiting_since_ = clock_.Now();
     };
     client::PipelineOptions options;
     options.inflight = config_.prefetch;
@@ -461,12 +462,13 @@ void PlanFeed::Loop() {
     FLASHCP_LOG(WARNING) << "plan stream broke after " << delivered << " plans (" << s.ToString()
                          << "); reconnecting in " << absl::FormatDuration(backoff);
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(
-                             +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
-                               return f->stop_ || f->timed_out_;
-                             },
-                             this),
-                         backoff);
+    clock_.AwaitWithTimeout(mu_,
+                            absl::Condition(
+                                +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
+                                  return f->stop_ || f->timed_out_;
+                                },
+                                this),
+                            backoff);
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
 }
@@ -476,12 +478,14 @@ void PlanFeed::Loop() {
 WorkerDaemon::WorkerDaemon(DaemonOptions options,
                            std::shared_ptr<v1::Rendezvous::StubInterface> rendezvous,
                            std::shared_ptr<client::PlannerClient> planner,
-                           std::unique_ptr<StepEngine> engine, WorkerMetrics* metrics)
+                           std::unique_ptr<StepEngine> engine, WorkerMetrics* metrics,
+                           const core::WaitClock* clock)
     : options_(std::move(options)),
       rendezvous_(std::move(rendezvous)),
       planner_(std::move(planner)),
       engine_(std::move(engine)),
-      metrics_(metrics) {
+      metrics_(metrics),
+      clock_(*clock) {
   status_.set_state(v1::WorkerStatus::IDLE);
   status_.set_group(options_.group);
   status_.set_rank(options_.rank);
@@ -555,12 +559,12 @@ absl::Status WorkerDaemon::StopRun() {
 absl::StatusOr<std::unique_ptr<Communicator>> WorkerDaemon::FormGroup(RendezvousClient& rdv) {
   // The planner may come up after the workers (a pod restart): retry an
   // unreachable planner until the timeout, with backoff.
-  const absl::Time join_deadline = absl::Now() + options_.timeout;
+  const absl::Time join_deadline = clock_.Now() + options_.timeout;
   absl::Duration backoff = absl::Milliseconds(100);
   absl::StatusOr<int32_t> joined = rdv.Join(options_.world_size);
   while (joined.status().code() == absl::StatusCode::kUnavailable &&
-         absl::Now() + backoff < join_deadline) {
-    absl::SleepFor(backoff);  // backoff between attempts, bounded by the deadline
+         clock_.Now() + backoff < join_deadline) {
+    clock_.SleepFor(backoff);  // backoff between attempts, bounded by the deadline
     backoff = std::min(backoff * 2, absl::Seconds(1));
     joined = rdv.Join(options_.world_size);
   }
@@ -635,7 +639,7 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
     return absl::InvalidArgumentError(absl::StrCat("plan for ", plan.plan.cp_size,
                                                    " ranks in a group of ", comm.size()));
   }
-  TimedCommunicator timed(comm);
+  TimedCommunicator timed(comm, clock_);
   const CommStats before = comm.stats();
   FLASHCP_ASSIGN_OR_RETURN(const EngineTimes times,
                            engine_->Run(plan.plan, scheme, options_.seed ^ (uint64_t(batch) << 20),
@@ -691,7 +695,7 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
   }
   const double mean = sum / comm.size();
   r.attention_time_ratio = mean > 0 ? mine.attention_seconds / mean : 1.0;
-  r.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  r.step_seconds = absl::ToDoubleSeconds(clock_.Now() - start);
 
   const std::string scheme_name(core::CommSchemeName(scheme));
   metrics_->Record(plan.strategy, scheme_name, r);
@@ -717,7 +721,7 @@ absl::Status WorkerDaemon::Loop(Communicator& comm) {
   std::unique_ptr<PlanFeed> feed;
   std::optional<RunConfig> run;  // driver: the run going
   int64_t done = 0;
-  absl::Time last_end = absl::Now();
+  absl::Time last_end = clock_.Now();
   const auto finish_run = [&] {
     const int64_t n = std::max<int64_t>(1, summary_.steps);
     const std::string line = SummaryLine(
@@ -762,8 +766,9 @@ absl::Status WorkerDaemon::Loop(Communicator& comm) {
           c.count = run->steps;
           c.prefetch = options_.prefetch;
           c.timeout = options_.timeout;
-          feed = std::make_unique<PlanFeed>(planner_, c);
-          last_end = absl::Now();
+          // Before the feed starts: its first plan's wait is all plan wait.
+          last_end = clock_.Now();
+          feed = std::make_unique<PlanFeed>(planner_, c, &clock_);
         }
         stop_run = stop_run_wanted_;
       }
@@ -789,12 +794,13 @@ absl::Status WorkerDaemon::Loop(Communicator& comm) {
         }
       } else if (h.kind == 0) {
         absl::MutexLock lock(&mu_);
-        mu_.AwaitWithTimeout(absl::Condition(
-                                 +[](WorkerDaemon* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
-                                   return d->pending_run_.has_value() || d->exit_wanted_;
-                                 },
-                                 this),
-                             heartbeat);
+        clock_.AwaitWithTimeout(mu_,
+                                absl::Condition(
+                                    +[](WorkerDaemon* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
+                                      return d->pending_run_.has_value() || d->exit_wanted_;
+                                    },
+                                    this),
+                                heartbeat);
         h.kind = static_cast<uint32_t>(Kind::kIdle);
       }
     }
@@ -827,12 +833,12 @@ absl::Status WorkerDaemon::Loop(Communicator& comm) {
         }
         status_.set_steps_total(h.steps_total);
       }
-      const absl::Time header_at = absl::Now();
+      const absl::Time header_at = clock_.Now();
       bool stop_anywhere = false;
       FLASHCP_RETURN_IF_ERROR(Step(comm, response, scheme, h.batch,
                                    absl::ToDoubleSeconds(header_at - last_end), last_end,
                                    &stop_anywhere));
-      last_end = absl::Now();
+      last_end = clock_.Now();
       ++done;
       if (driver && options_.progress_every > 0 &&
           (done % options_.progress_every == 0 || done == run->steps)) {
@@ -856,7 +862,7 @@ absl::Status WorkerDaemon::Loop(Communicator& comm) {
     }
     bool stop_anywhere = false;
     FLASHCP_RETURN_IF_ERROR(Heartbeat(comm, &stop_anywhere));
-    if (kind == Kind::kIdle) last_end = absl::Now();
+    if (kind == Kind::kIdle) last_end = clock_.Now();
     if (stop_anywhere) {
       if (driver && run.has_value()) finish_run();
       return absl::OkStatus();

@@ -33,6 +33,7 @@
 #include "client/pipelined_planner.h"
 #include "client/planner_client.h"
 #include "core/analysis.h"
+#include "core/clock.h"
 #include "core/datasets.h"
 #include "core/strategies.h"
 #include "core/types.h"
@@ -119,8 +120,9 @@ class StepEngine {
   virtual absl::StatusOr<EngineTimes> Run(const core::Plan& plan, core::CommScheme scheme,
                                           uint64_t seed, Communicator& comm) = 0;
 };
+// Times forward and backward on `clock`, which must outlive the engine.
 std::unique_ptr<StepEngine> MakeCpuStepEngine(int32_t rank, int32_t heads, int32_t head_dim,
-                                              int32_t threads);
+                                              int32_t threads, const core::WaitClock& clock);
 
 // The driver's supply of plans: one thread runs PlanStream (client/
 // PlanPipelined) with `prefetch` batches in flight and, when the stream
@@ -146,10 +148,13 @@ class PlanFeed {
     int32_t prefetch = 4;
     absl::Duration timeout = absl::Seconds(30);
   };
-  PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config);
+  // `clock` (the watchdog's, Next's and the backoff's time) must outlive the feed.
+  PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config,
+           const core::WaitClock* clock);
   ~PlanFeed();  // cancels the stream and stops the threads
 
-  // The next plan in order, waiting up to `wait`; nullopt if none yet.
+  // The next plan in order, waiting up to `wait` (of the clock's time);
+  // nullopt if none yet.
   absl::StatusOr<std::optional<v1::PlanResponse>> Next(absl::Duration wait);
 
  private:
@@ -160,6 +165,7 @@ class PlanFeed {
   }
   std::shared_ptr<client::PlannerClient> planner_;
   const Config config_;
+  const core::WaitClock& clock_;
   client::PipelineCanceller canceller_;
   absl::Mutex mu_;
   std::deque<absl::StatusOr<v1::PlanResponse>> ready_ ABSL_GUARDED_BY(mu_);
@@ -180,7 +186,8 @@ class WorkerDaemon {
  public:
   WorkerDaemon(DaemonOptions options, std::shared_ptr<v1::Rendezvous::StubInterface> rendezvous,
                std::shared_ptr<client::PlannerClient> planner,
-               std::unique_ptr<StepEngine> engine, WorkerMetrics* metrics);
+               std::unique_ptr<StepEngine> engine, WorkerMetrics* metrics,
+               const core::WaitClock* clock);
 
   // Forms the group, runs (and, with linger, serves StartRun) until done or
   // stopped; OK after a clean end. Call once.
@@ -213,6 +220,9 @@ class WorkerDaemon {
   std::shared_ptr<client::PlannerClient> planner_;
   std::unique_ptr<StepEngine> engine_;
   WorkerMetrics* const metrics_;
+  // Every time the daemon measures (step, plan wait, collectives) or waits on
+  // (join backoff, idle heartbeat); must outlive the daemon.
+  const core::WaitClock& clock_;
 
   mutable absl::Mutex mu_;
   v1::WorkerStatus status_ ABSL_GUARDED_BY(mu_);

@@ -6,18 +6,24 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/grpc_planner_client.h"
+#include "core/analysis.h"
+#include "core/clock.h"
 #include "core/datasets.h"
+#include "core/strategies.h"
 #include "core/testing/status_matchers.h"
 #include "gloo/common/error.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "planner_service/rendezvous_service.h"
+#include "prometheus/registry.h"
+#include "proto/convert.h"
 #include "tests/testing/ports.h"
 #include "worker/gloo_communicator.h"
 #include "worker/grpc_store.h"
@@ -136,10 +142,16 @@ class FlakyPlanner final : public client::PlannerClient {
  public:
   FlakyPlanner(int broken_streams, int answers_before_break)
       : broken_streams_(broken_streams), answers_before_break_(answers_before_break) {}
+  // Answers with real plans (core::MakePlan, AnalyzePlan) instead of echoes,
+  // and advances `clock` by `first_answer_delay` before its first answer: a
+  // planner that takes that long (of the clock's time) for the first plan.
+  FlakyPlanner(core::ManualClock* clock, absl::Duration first_answer_delay)
+      : broken_streams_(0), answers_before_break_(0), clock_(clock),
+        first_answer_delay_(first_answer_delay) {}
 
   class Stream final : public client::PlanStream {
    public:
-    explicit Stream(int answers) : answers_left_(answers) {}
+    Stream(int answers, FlakyPlanner* planner) : answers_left_(answers), planner_(planner) {}
     bool Write(const v1::PlanRequest& request) override {
       absl::MutexLock lock(&mu_);
       if (cancelled_) return false;
@@ -164,6 +176,12 @@ class FlakyPlanner final : public client::PlannerClient {
       pending_.erase(pending_.begin());
       --answers_left_;
       response->Clear();
+      if (planner_->clock_ != nullptr) {
+        if (!planner_->answered_) planner_->clock_->Advance(planner_->first_answer_delay_);
+        planner_->answered_ = true;
+        *response = RealPlan(r);
+        return true;
+      }
       response->set_batch_id(r.batch_id());
       response->mutable_doc_lens()->CopyFrom(r.doc_lens());
       return true;
@@ -178,17 +196,29 @@ class FlakyPlanner final : public client::PlannerClient {
     }
 
    private:
+    static v1::PlanResponse RealPlan(const v1::PlanRequest& r) {
+      const absl::StatusOr<proto::PlanInput> in = proto::RequestFromProto(r, core::BatchLimits{});
+      if (!in.ok()) return proto::ErrorResponseToProto(r.batch_id(), in.status());
+      const absl::StatusOr<core::Plan> plan = core::MakePlan(in->strategy, in->batch, in->options);
+      if (!plan.ok()) return proto::ErrorResponseToProto(r.batch_id(), plan.status());
+      const absl::StatusOr<core::PlanMetrics> metrics = core::AnalyzePlan(*plan, in->shape);
+      if (!metrics.ok()) return proto::ErrorResponseToProto(r.batch_id(), metrics.status());
+      return proto::ResponseToProto(r.batch_id(), in->strategy, *plan, *metrics, nullptr, 0.0);
+    }
+
     absl::Mutex mu_;
     std::vector<v1::PlanRequest> pending_ ABSL_GUARDED_BY(mu_);
     bool done_writing_ ABSL_GUARDED_BY(mu_) = false;
     bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
     int answers_left_ ABSL_GUARDED_BY(mu_);
+    FlakyPlanner* const planner_;
   };
 
   std::unique_ptr<client::PlanStream> OpenPlanStream(const client::CallOptions&) override {
     absl::MutexLock lock(&mu_);
     ++opened_;
-    return std::make_unique<Stream>(opened_ <= broken_streams_ ? answers_before_break_ : 1 << 30);
+    return std::make_unique<Stream>(opened_ <= broken_streams_ ? answers_before_break_ : 1 << 30,
+                                    this);
   }
   client::PlanResult Plan(const v1::PlanRequest&, const client::CallOptions&) override {
     return absl::UnimplementedError("Plan");
@@ -212,6 +242,9 @@ class FlakyPlanner final : public client::PlannerClient {
   absl::Mutex mu_;
   const int broken_streams_, answers_before_break_;
   int opened_ ABSL_GUARDED_BY(mu_) = 0;
+  core::ManualClock* const clock_ = nullptr;
+  const absl::Duration first_answer_delay_;
+  bool answered_ = false;  // only the streams' Read, on the feed's one thread
 };
 
 PlanFeed::Config FeedConfig(int64_t count, absl::Duration timeout) {
@@ -232,7 +265,9 @@ PlanFeed::Config FeedConfig(int64_t count, absl::Duration timeout) {
 
 TEST(PlanFeedTest, ResumesFromTheFirstUndeliveredBatchAfterTheStreamBreaks) {
   auto planner = std::make_shared<FlakyPlanner>(/*broken_streams=*/2, /*answers_before_break=*/3);
-  PlanFeed feed(planner, FeedConfig(10, absl::Seconds(30)));
+  // Real time: the reconnect backoffs (100 and 200 ms) pass by themselves.
+  const core::RealClock clock;
+  PlanFeed feed(planner, FeedConfig(10, absl::Seconds(30)), &clock);
   for (int64_t k = 0; k < 10; ++k) {
     absl::StatusOr<std::optional<v1::PlanResponse>> next = feed.Next(absl::Seconds(30));
     ASSERT_THAT(next.status(), IsOk()) << k;
@@ -245,16 +280,19 @@ TEST(PlanFeedTest, ResumesFromTheFirstUndeliveredBatchAfterTheStreamBreaks) {
 }
 
 TEST(PlanFeedTest, GivesUpWithUnavailableAfterTheTimeoutWithoutPlans) {
+  // Every stream breaks at once; the feed reconnects after a backoff of the
+  // clock's time, which only the test moves.
   auto planner = std::make_shared<FlakyPlanner>(/*broken_streams=*/1 << 20,
                                                 /*answers_before_break=*/0);
-  PlanFeed feed(planner, FeedConfig(5, absl::Milliseconds(300)));
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  absl::StatusOr<std::optional<v1::PlanResponse>> next;
-  do {
-    next = feed.Next(absl::Seconds(1));
-  } while (next.ok() && !next->has_value() && absl::Now() < deadline);
-  EXPECT_THAT(next.status(), StatusIs(absl::StatusCode::kUnavailable,
-                                      HasSubstr("plan stream: no plan for 300ms")));
+  core::ManualClock clock;
+  PlanFeed feed(planner, FeedConfig(5, absl::Seconds(30)), &clock);
+  ASSERT_THAT(feed.Next(absl::ZeroDuration()).status(), IsOk());
+  clock.Advance(absl::Seconds(30));
+  // An hour of the clock's time, which nobody advances: only the watchdog's
+  // error ends this wait. (The last error it names depends on how far the
+  // feed's first stream got before the clock jumped.)
+  EXPECT_THAT(feed.Next(absl::Hours(1)).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("plan stream: no plan for 30s")));
 }
 
 // A planner that accepts PlanStream calls, reads every request and never
@@ -264,11 +302,25 @@ class HungPlannerService final : public v1::Planner::Service {
   grpc::Status PlanStream(
       grpc::ServerContext*,
       grpc::ServerReaderWriter<v1::PlanResponse, v1::PlanRequest>* stream) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++opened_;
+    }
     v1::PlanRequest request;
     while (stream->Read(&request)) {
     }  // ends when the client cancels
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the call should have been cancelled");
   }
+  // Until a PlanStream call has arrived (an event, not a guess at time).
+  void AwaitOpened() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* n) { return *n > 0; }, &opened_));
+  }
+
+ private:
+  absl::Mutex mu_;
+  int opened_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class HungPlannerFixture : public ::testing::Test {
@@ -287,20 +339,30 @@ class HungPlannerFixture : public ::testing::Test {
   std::shared_ptr<client::PlannerClient> planner_;
 };
 
-TEST_F(HungPlannerFixture, FeedGivesUpWithUnavailableAfterTheTimeout) {
-  PlanFeed feed(planner_, FeedConfig(5, absl::Milliseconds(300)));
-  // Next returns as soon as the error is queued, about 300 ms in; 30 s only
-  // bounds a broken watchdog.
-  const absl::StatusOr<std::optional<v1::PlanResponse>> next = feed.Next(absl::Seconds(30));
-  EXPECT_THAT(next.status(),
+TEST_F(HungPlannerFixture, WatchdogCancelsTheStreamExactlyAtTheTimeout) {
+  core::ManualClock clock;
+  PlanFeed feed(planner_, FeedConfig(5, absl::Seconds(30)), &clock);
+  // The stream is up (the planner has it), so the watchdog's cancel is what
+  // ends it.
+  service_.AwaitOpened();
+  ASSERT_THAT(feed.Next(absl::ZeroDuration()).status(), IsOk());
+  clock.Advance(absl::Seconds(30) - absl::Milliseconds(1));
+  const absl::StatusOr<std::optional<v1::PlanResponse>> before = feed.Next(absl::ZeroDuration());
+  ASSERT_THAT(before.status(), IsOk());  // 1 ms short of the timeout: no error
+  EXPECT_FALSE(before->has_value());
+  clock.Advance(absl::Milliseconds(1));
+  // An hour of the clock's time that nobody advances: the watchdog ends it.
+  EXPECT_THAT(feed.Next(absl::Hours(1)).status(),
               StatusIs(absl::StatusCode::kUnavailable,
-                       HasSubstr("plan stream: no plan for 300ms; last error: CANCELLED")));
+                       HasSubstr("plan stream: no plan for 30s; last error: CANCELLED")));
 }
 
 TEST_F(HungPlannerFixture, DestructorCancelsTheStreamInsteadOfWaiting) {
-  // A 1 h timeout: only the destructor's cancel lets this test end.
-  auto feed = std::make_unique<PlanFeed>(planner_, FeedConfig(5, absl::Hours(1)));
-  absl::StatusOr<std::optional<v1::PlanResponse>> next = feed->Next(absl::Milliseconds(50));
+  // A 1 h timeout that the clock never reaches: only the destructor's cancel
+  // lets this test end.
+  core::ManualClock clock;
+  auto feed = std::make_unique<PlanFeed>(planner_, FeedConfig(5, absl::Hours(1)), &clock);
+  absl::StatusOr<std::optional<v1::PlanResponse>> next = feed->Next(absl::ZeroDuration());
   ASSERT_THAT(next.status(), IsOk());
   EXPECT_FALSE(next->has_value());
   feed.reset();
@@ -314,8 +376,9 @@ TEST(WorkerDaemonTest, ControlRequestsBeforeTheGroupForms) {
   o.steps = 0;
   DaemonOptions o1 = o;
   o1.rank = 1;
-  WorkerDaemon driver(o, nullptr, nullptr, nullptr, &metrics);
-  WorkerDaemon other(o1, nullptr, nullptr, nullptr, &metrics);
+  const core::RealClock clock;
+  WorkerDaemon driver(o, nullptr, nullptr, nullptr, &metrics, &clock);
+  WorkerDaemon other(o1, nullptr, nullptr, nullptr, &metrics, &clock);
   EXPECT_THAT(other.StartRun(5, "", ""),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("rank 1 is not the driver; send StartRun to rank 0")));
@@ -351,12 +414,85 @@ TEST(WorkerDaemonTest, UnreachablePlannerFailsUnavailableAfterTheTimeout) {
   ASSERT_THAT(port.status(), IsOk());
   auto stub = v1::Rendezvous::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port),
                                                           grpc::InsecureChannelCredentials()));
-  WorkerDaemon daemon(o, std::move(stub), nullptr, nullptr, &metrics);
-  const absl::Time start = absl::Now();
+  core::ManualClock clock;
+  WorkerDaemon daemon(o, std::move(stub), nullptr, nullptr, &metrics, &clock);
   EXPECT_THAT(daemon.Run(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rendezvous Join")));
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(500));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  // Joins at 0, 100, 300 and 700 ms of the clock; the next backoff (800 ms)
+  // would pass the 1 s timeout, so the daemon gives up after sleeping
+  // 100 + 200 + 400 ms and no longer.
+  EXPECT_EQ(clock.slept(), absl::Milliseconds(700));
+  EXPECT_EQ(clock.Now(), absl::UnixEpoch() + absl::Milliseconds(700));
   EXPECT_EQ(daemon.Status().state(), v1::WorkerStatus::FAILED);
+}
+
+// A step engine that takes exactly `forward` and `backward` of the clock's
+// time (it advances the clock) and moves no bytes.
+class ClockedEngine final : public StepEngine {
+ public:
+  ClockedEngine(core::ManualClock* clock, absl::Duration forward, absl::Duration backward)
+      : clock_(clock), forward_(forward), backward_(backward) {}
+  absl::StatusOr<EngineTimes> Run(const core::Plan&, core::CommScheme, uint64_t,
+                                  Communicator&) override {
+    clock_->Advance(forward_);
+    clock_->Advance(backward_);
+    ++runs_;
+    return EngineTimes{absl::ToDoubleSeconds(forward_), absl::ToDoubleSeconds(backward_)};
+  }
+  int runs_ = 0;
+
+ private:
+  core::ManualClock* const clock_;
+  const absl::Duration forward_, backward_;
+};
+
+// Sum and count of a histogram series, or {-1, -1} if absent.
+std::pair<double, int64_t> Histogram(prometheus::Registry& registry, const std::string& name) {
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name != name || f.metric.empty()) continue;
+    return {f.metric[0].histogram.sample_sum,
+            static_cast<int64_t>(f.metric[0].histogram.sample_count)};
+  }
+  return {-1, -1};
+}
+
+TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
+  // A one-rank group (Gloo over loopback through the in-process rendezvous),
+  // a planner whose first plan takes 2 s of the clock, and an engine whose
+  // forward and backward take 250 ms and 500 ms of it.
+  core::ManualClock clock;
+  prometheus::Registry registry;
+  WorkerMetrics metrics(registry, "test");
+  DaemonOptions o;
+  o.world_size = 1;
+  o.group = "clocked";
+  o.context = 1024;
+  o.heads = 2;
+  o.head_dim = 8;
+  o.steps = 3;
+  o.prefetch = 1;
+  auto planner = std::make_shared<FlakyPlanner>(&clock, absl::Seconds(2));
+  auto engine = std::make_unique<ClockedEngine>(&clock, absl::Milliseconds(250),
+                                                absl::Milliseconds(500));
+  ClockedEngine* const engine_ptr = engine.get();
+  WorkerDaemon daemon(o, stub_, planner, std::move(engine), &metrics, &clock);
+  ASSERT_THAT(daemon.Run(), IsOk());
+  EXPECT_EQ(engine_ptr->runs_, 3);
+  // Step 1 waited 2 s for its plan; steps 2 and 3 found theirs ready (no
+  // clock time passes outside the planner's first answer and the engine).
+  EXPECT_EQ(Histogram(registry, "flashcp_worker_plan_wait_duration_seconds"),
+            std::make_pair(2.0, int64_t{3}));
+  EXPECT_EQ(Histogram(registry, "flashcp_worker_step_duration_seconds"),
+            std::make_pair(2.0 + 3 * 0.75, int64_t{3}));
+  EXPECT_EQ(Histogram(registry, "flashcp_worker_attention_forward_duration_seconds"),
+            std::make_pair(3 * 0.25, int64_t{3}));
+  EXPECT_EQ(Histogram(registry, "flashcp_worker_attention_backward_duration_seconds"),
+            std::make_pair(3 * 0.5, int64_t{3}));
+  EXPECT_EQ(Histogram(registry, "flashcp_worker_comm_duration_seconds"),
+            std::make_pair(0.0, int64_t{3}));
+  const v1::WorkerStatus s = daemon.Status();
+  EXPECT_EQ(s.steps_done(), 3);
+  EXPECT_EQ(s.last_step_seconds(), 0.75);
+  EXPECT_EQ(clock.Now(), absl::UnixEpoch() + absl::Seconds(2) + 3 * absl::Milliseconds(750));
 }
 
 TEST(ValidateDaemonOptionsTest, Table) {

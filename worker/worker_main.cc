@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/grpc_planner_client.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/exposer.h"
@@ -123,8 +124,10 @@ int main(int argc, char** argv) {
   std::shared_ptr<flashcp::v1::Rendezvous::StubInterface> rendezvous =
       flashcp::v1::Rendezvous::NewStub(channel);
   auto planner = std::make_shared<flashcp::client::GrpcPlannerClient>(channel);
+  const flashcp::core::RealClock clock;
   fw::WorkerDaemon daemon(o, rendezvous, planner,
-                          fw::MakeCpuStepEngine(o.rank, o.heads, o.head_dim, o.threads), &metrics);
+                          fw::MakeCpuStepEngine(o.rank, o.heads, o.head_dim, o.threads, clock),
+                          &metrics, &clock);
 
   fw::WorkerControlService control(&daemon);
   grpc::ServerBuilder builder;
