@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/testing/inprocess_rendezvous.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -201,20 +202,16 @@ TEST(RendezvousStateTest, LeaveAndShutdown) {
 class RendezvousServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    grpc::ServerBuilder builder;
-    builder.RegisterService(host_.service());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    stub_ = v1::Rendezvous::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+    absl::StatusOr<std::unique_ptr<tests::testing::InProcessRendezvous>> r =
+        tests::testing::InProcessRendezvous::Start();
+    ASSERT_THAT(r.status(), IsOk());
+    rendezvous_ = *std::move(r);
+    stub_ = rendezvous_->stub();
   }
-  void TearDown() override {
-    host_.Shutdown();
-    server_->Shutdown();
-  }
+  RendezvousHost& host() { return rendezvous_->host(); }
 
-  RendezvousHost host_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::unique_ptr<tests::testing::InProcessRendezvous> rendezvous_;
+  std::shared_ptr<v1::Rendezvous::Stub> stub_;
 };
 
 TEST_F(RendezvousServiceTest, RoundTripAndCodes) {
@@ -301,7 +298,7 @@ TEST_F(RendezvousServiceTest, RoundTripAndCodes) {
   leave.set_incarnation(5);
   v1::LeaveResponse left;
   ASSERT_TRUE(stub_->Leave(&c8, leave, &left).ok());
-  EXPECT_EQ(host_.state().group_count(), 0u);
+  EXPECT_EQ(host().state().group_count(), 0u);
 }
 
 }  // namespace

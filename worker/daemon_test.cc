@@ -24,6 +24,7 @@
 #include "planner_service/rendezvous_service.h"
 #include "prometheus/registry.h"
 #include "proto/convert.h"
+#include "tests/testing/inprocess_rendezvous.h"
 #include "tests/testing/ports.h"
 #include "worker/gloo_communicator.h"
 #include "worker/grpc_store.h"
@@ -49,18 +50,14 @@ using ::testing::HasSubstr;
 class RendezvousFixture : public ::testing::Test {
  protected:
   void SetUp() override {
-    grpc::ServerBuilder builder;
-    builder.RegisterService(host_.service());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    stub_ = v1::Rendezvous::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+    absl::StatusOr<std::unique_ptr<tests::testing::InProcessRendezvous>> r =
+        tests::testing::InProcessRendezvous::Start();
+    ASSERT_THAT(r.status(), IsOk());
+    rendezvous_ = *std::move(r);
+    stub_ = rendezvous_->stub();
   }
-  void TearDown() override {
-    host_.Shutdown();
-    server_->Shutdown();
-  }
-  planner_service::RendezvousHost host_;
-  std::unique_ptr<grpc::Server> server_;
+  planner_service::RendezvousHost& host() { return rendezvous_->host(); }
+  std::unique_ptr<tests::testing::InProcessRendezvous> rendezvous_;
   std::shared_ptr<v1::Rendezvous::StubInterface> stub_;
 };
 
@@ -94,7 +91,7 @@ TEST_F(RendezvousFixture, TwoRanksConnectGlooThroughTheStore) {
   for (std::thread& t : ranks) t.join();
   EXPECT_THAT(results[0], IsOk());
   EXPECT_THAT(results[1], IsOk());
-  EXPECT_EQ(host_.state().group_count(), 0u);
+  EXPECT_EQ(host().state().group_count(), 0u);
 }
 
 TEST_F(RendezvousFixture, ExactCodesThroughTheClient) {
