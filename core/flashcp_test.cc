@@ -1,5 +1,6 @@
 // FlashCP, our planner: hand-worked small cases, its building blocks, and a
 // quality regression on the data-set generators against the paper's heuristic.
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -186,12 +187,132 @@ TEST(RepairShortShardsTest, GrowsSliverWhenAbsorbingHasNoChain) {
 
 TEST(RepairShortShardsTest, LeavesSliverWithoutChain) {
   // [6, 2] on 2 ranks, min 3: doc 0 [2,6) r0, [0,2) r1, doc 1 whole on r1.
-  // No other cut document: nothing can return tokens, the sliver stays.
+  // No other cut document: no chain. Whole-document moves: growing by g in
+  // [1, 4 - 3] = [1, 1] needs r1 to hand r0 exactly 1 token of whole
+  // documents (it has one of 2), absorbing needs r0 to hand r1 exactly 2
+  // (it has none). The sliver stays.
   const Batch batch{{6, 2}, 2};
   const std::vector<Shard> fixed =
       internal::RepairShortShards(batch, {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}}, 3);
   EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
             (std::vector<Shard>{{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}}));
+}
+
+TEST(RepairShortShardsTest, GrowsSliverByMovingAWholeDocument) {
+  // docs [10, 2, 4] on 2 ranks, min 3. Doc 0: [0,1) r1 (a 1-token sliver),
+  // [1,10) r0; doc 1 (2 tokens) whole on r1, doc 2 (4) whole on r0. No other
+  // cut document: no chain of cut-point shifts, so neither absorbing nor
+  // growing by a chain works. Whole-document moves: the sliver may grow by g
+  // in [m - s, 9 - m] = [2, 6] out of r0's piece if r1 hands r0 whole
+  // documents worth exactly g more than it gets back: doc 1 alone, g = 2
+  // (absorbing would need r0 to hand r1 exactly 1 token more: no such set).
+  // Doc 0 becomes [0,3) r1, [3,10) r0; doc 1 moves to r0. Tokens stay 13
+  // and 3.
+  const Batch batch{{10, 2, 4}, 2};
+  const std::vector<Shard> fixed = internal::RepairShortShards(
+      batch, {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 2, 1}, {2, 0, 4, 0}}, 3);
+  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
+            (std::vector<Shard>{{0, 3, 7, 0}, {1, 0, 2, 0}, {2, 0, 4, 0}, {0, 0, 3, 1}}));
+  // The same move raises the plan's maximum non-last tokens from 1 (the
+  // sliver) to 3; with at most 1 token of growth allowed it is refused and
+  // the sliver stays.
+  const std::vector<Shard> kept = internal::RepairShortShards(
+      batch, {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 2, 1}, {2, 0, 4, 0}}, 3,
+      std::numeric_limits<double>::infinity(), 1);
+  EXPECT_EQ(internal::FinishPlan(batch, kept).shards,
+            (std::vector<Shard>{{0, 1, 9, 0}, {2, 0, 4, 0}, {0, 0, 1, 1}, {1, 0, 2, 1}}));
+}
+
+TEST(RepairShortShardsTest, AbsorbsSliverBySwappingWholeDocuments) {
+  // docs [10, 5, 7] on 2 ranks, min 3. Doc 0: [0,2) r1 (sliver, s = 2),
+  // [2,10) r0; doc 1 (5) whole on r1, doc 2 (7) whole on r0. Whole-document
+  // moves that keep every rank's tokens:
+  //  - grow by g in [1, 5] with r1 handing r0 doc 1 (g = 5): r1's non-last
+  //    tokens become 7;
+  //  - absorb (r0 takes the 2 tokens) with r0 handing r1 doc 2 and r1
+  //    handing r0 doc 1: 7 - 5 = 2 = s. Doc 0 is whole again, nothing is
+  //    non-last: this one wins.
+  const Batch batch{{10, 5, 7}, 2};
+  const std::vector<Shard> fixed = internal::RepairShortShards(
+      batch, {{0, 0, 2, 1}, {0, 2, 8, 0}, {1, 0, 5, 1}, {2, 0, 7, 0}}, 3);
+  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
+            (std::vector<Shard>{{0, 0, 10, 0}, {1, 0, 5, 0}, {2, 0, 7, 1}}));
+}
+
+// The old WLB-LLM failure: a rank receives heads of several long documents
+// from several donors, each sized to its remaining deficit, so some are
+// slivers, and no other cut document links the donors back to it (no
+// chain). wlbllm, 128K, N = 4, seed 1, batch 20: before the whole-document
+// repair, rank 2 got heads [0,44) of doc 4, [0,150) of doc 28 and [0,37) of
+// doc 19, and the 44- and 37-token ones stayed. Now r2's 88-token document
+// goes to r0 and doc 4's head grows by 88 to 132; doc 19's head grows by
+// 110 to 147 as r2 swaps its 3258-token document for r3's 3148-token one;
+// imbalance 1.0046.
+TEST(FlashCpTest, WlbLlmHeadsAreRepairedWithWholeDocuments) {
+  const Batch batch{{3571, 3477, 3288, 3568, 6227, 4705, 3343, 4584, 3148, 1951, 3990,
+                     3744, 4865, 5298, 508,  1062, 2718, 696,  1599, 5568, 88,   5575,
+                     4257, 5178, 937,  590,  4201, 305,  6004, 3443, 2685, 1441, 3450,
+                     5060, 4031, 757,  5310, 840,  3258, 3083, 2669},
+                    4};
+  absl::StatusOr<Plan> plan = MakePlan(Strategy::kFlashCp, batch);
+  ASSERT_THAT(plan, IsOk());
+  std::vector<Shard> cut;
+  for (const Shard& s : plan->shards) {
+    if (s.len < batch.doc_lens[s.doc]) cut.push_back(s);
+  }
+  EXPECT_EQ(cut, (std::vector<Shard>{{4, 132, 6095, 0}, {28, 150, 5854, 1}, {4, 0, 132, 2},
+                                     {19, 0, 147, 2}, {28, 0, 150, 2}, {19, 147, 5421, 3}}));
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(*plan, ModelShape{});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_EQ(m->rank_tokens, std::vector<int64_t>(4, 32768));
+  EXPECT_EQ(m->rank_nonlast_tokens, (std::vector<int64_t>{0, 0, 429, 0}));
+  EXPECT_LE(m->imbalance, 1.02);
+}
+
+// When the winner's repair fails, other candidates are repaired. wlbllm,
+// 128K, N = 8, seed 1, batch 5: the winner (k = 0, imbalance 1.0150) kept a
+// 79-token piece of doc 26 on a rank holding only four long whole documents;
+// the plan that wins instead zigzags doc 25 (k = 1), every cut shard >= 150.
+TEST(FlashCpTest, WlbLlmFallsBackToAnotherCandidate) {
+  const Batch batch{{4182, 1656, 792,  4943, 5781, 3006, 3477, 5220, 1934, 3958,
+                     1407, 4742, 5582, 1824, 4080, 2524, 2589, 3457, 4310, 2696,
+                     5519, 1127, 2031, 2012, 4516, 7275, 5170, 3791, 3805, 5755,
+                     359,  4682, 2701, 963,  3098, 3440, 5828, 840},
+                    8};
+  absl::StatusOr<Plan> plan = MakePlan(Strategy::kFlashCp, batch);
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(*plan, ModelShape{});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_EQ(m->rank_tokens, std::vector<int64_t>(8, 16384));
+  EXPECT_EQ(m->cut_docs, 5);
+  EXPECT_EQ(m->min_cut_shard_len, 150);
+  EXPECT_EQ(m->rank_nonlast_tokens,
+            (std::vector<int64_t>{782, 910, 1142, 1470, 909, 1329, 909, 909}));
+  EXPECT_LE(m->imbalance, 1.02);
+}
+
+// Batches of the data-set generators (128K, seed 1, 200 per cell, R 1.02,
+// the default 128-token minimum) with a cut shard < 128: none but one
+// WLB-LLM N = 8 batch (148), where only two candidates meet R and neither
+// repair finds a chain or whole-document move (docs/planner.md).
+TEST(FlashCpQualityTest, NoShortCutShardsOnGeneratedBatches) {
+  for (Dataset ds : {Dataset::kWlbLlm, Dataset::kPile, Dataset::kRedPajama}) {
+    absl::StatusOr<std::vector<std::vector<int64_t>>> batches = SampleBatches(ds, 131072, 200, 1);
+    ASSERT_THAT(batches, IsOk());
+    for (int32_t n : {4, 8}) {
+      std::vector<size_t> with_short;
+      for (size_t i = 0; i < batches->size(); ++i) {
+        absl::StatusOr<Plan> plan = MakePlan(Strategy::kFlashCp, Batch{(*batches)[i], n});
+        ASSERT_THAT(plan, IsOk());
+        absl::StatusOr<PlanMetrics> m = AnalyzePlan(*plan, ModelShape{});
+        ASSERT_THAT(m, IsOk());
+        if (m->cut_docs > 0 && m->min_cut_shard_len < 128) with_short.push_back(i);
+      }
+      const std::vector<size_t> expected =
+          ds == Dataset::kWlbLlm && n == 8 ? std::vector<size_t>{148} : std::vector<size_t>{};
+      EXPECT_EQ(with_short, expected) << DatasetName(ds) << " N=" << n;
+    }
+  }
 }
 
 TEST(FlashCpTest, MinShardPerDocChunks) {

@@ -155,15 +155,19 @@ void CheckPlan(const Plan& plan, const std::string& where) {
 // alone: C/N < 4m (a rank's tokens are a few tiles: shards of m-token
 // multiples rarely sum to them), or documents of >= 2m tokens (the only
 // ones that can be cut into two shards of >= m) hold less than half the
-// tokens. On every other batch flashcp should leave no cut shard below m;
-// it still may where removing the last ones would break the imbalance
-// target or cost more than 8m tokens of communication each (its score,
-// docs/planner.md), so the test bounds the share of such batches (measured
-// 354 of 3,572, 9.9%, at the time of writing; bound 12.5%) instead of
-// asserting zero.
+// tokens. On every other batch flashcp should leave no cut shard below m.
+// It still may: it puts the imbalance target first, so where no candidate
+// meets R it keeps the least imbalanced plan, slivers and all; and where
+// some do, its repair (chains of cut-point shifts, whole-document moves) and
+// its fallback to other candidates are heuristics, not an exact search.
+// Exact counts at the time of writing on these 10,000 batches (splitmix64
+// seed 20260608): 3,572 eligible, 326 of them with a cut shard < m (354
+// before whole-document repair and the fallback), of which 75 meet R; the
+// test holds both as ceilings, so a change that adds slivers fails here.
 struct MinShardStats {
-  int64_t eligible = 0;       // batches the rule should hold on
+  int64_t eligible = 0;        // batches the rule should hold on
   int64_t eligible_short = 0;  // of those, with a cut shard < m
+  int64_t feasible_short = 0;  // of those, plans meeting the imbalance target
 };
 MinShardStats g_min_shard;
 
@@ -182,7 +186,11 @@ void CheckMinShard(const Batch& batch, const Plan& plan, int64_t m) {
   const int64_t per_rank = (total + batch.cp_size - 1) / batch.cp_size;
   if (per_rank < 4 * m || 2 * cuttable < total) return;
   ++g_min_shard.eligible;
-  if (short_cut > 0) ++g_min_shard.eligible_short;
+  if (short_cut == 0) return;
+  ++g_min_shard.eligible_short;
+  absl::StatusOr<PlanMetrics> metrics = AnalyzePlan(plan, kShape);
+  ASSERT_THAT(metrics, IsOk());
+  if (metrics->imbalance <= PlanOptions{}.target_imbalance) ++g_min_shard.feasible_short;
 }
 
 void CheckAllStrategies(const Batch& batch, const std::string& where) {
@@ -221,13 +229,15 @@ TEST(PlanPropertyTest, RandomBatches) {
     CheckAllStrategies(batch, "batch " + std::to_string(i));
     if (::testing::Test::HasFailure()) break;  // one readable failure, not thousands
   }
-  // Most eligible batches get no short cut shard (see CheckMinShard).
-  EXPECT_GT(g_min_shard.eligible, 1000);
-  EXPECT_LE(g_min_shard.eligible_short * 8, g_min_shard.eligible)
-      << g_min_shard.eligible_short << " of " << g_min_shard.eligible;
-  std::printf("min shard: %lld of %lld eligible batches with a cut shard < m\n",
+  // Eligible batches with a short cut shard (see CheckMinShard): no more
+  // than measured.
+  EXPECT_EQ(g_min_shard.eligible, 3572);
+  EXPECT_LE(g_min_shard.eligible_short, 326);
+  EXPECT_LE(g_min_shard.feasible_short, 75);
+  std::printf("min shard: %lld of %lld eligible batches with a cut shard < m (%lld meeting R)\n",
               static_cast<long long>(g_min_shard.eligible_short),
-              static_cast<long long>(g_min_shard.eligible));
+              static_cast<long long>(g_min_shard.eligible),
+              static_cast<long long>(g_min_shard.feasible_short));
 }
 
 TEST(PlanPropertyTest, EdgeShapes) {

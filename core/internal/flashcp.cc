@@ -1,8 +1,11 @@
 // FlashCP, our planner (docs/planner.md): Whole-Doc placement steered by rho
 // with whole-document moves, a Per-Doc fallback for the documents too long to
-// balance (the fewest, found by search), the minimum-shard rule, and a small
+// balance (the fewest, found by search), the minimum-shard rule (with a
+// repair of the winner and, if that fails, of other candidates), and a small
 // candidate search scored on imbalance, then communication, then cuts.
 #include <algorithm>
+#include <array>
+#include <span>
 #include <vector>
 
 #include "core/internal/flashcp_util.h"
@@ -45,6 +48,16 @@ void AddPieces(const Batch& batch, const std::vector<Shard>& pieces, PartialScor
   }
 }
 
+// Whether a plan has a shard shorter than m of a document cut into several.
+bool HasShortCut(const Plan& plan, int64_t m) {
+  std::vector<int32_t> count(plan.doc_lens.size(), 0);
+  for (const Shard& s : plan.shards) ++count[s.doc];
+  for (const Shard& s : plan.shards) {
+    if (count[s.doc] > 1 && s.len < m) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
@@ -85,6 +98,24 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   WholeDocPlacement placement, trial, best_placement;
   WholeDocPlacement* used = nullptr;
   std::vector<double> placed_workload;  // per-rank workload after LPT
+  // With the minimum-shard rule, every candidate that meets the target is
+  // also kept in `candidates` (its cut and moved pieces and its placement's
+  // whole documents: O(n) per candidate), for the fallback below.
+  struct Candidate {
+    std::vector<Shard> pieces;
+    WholeDocPlacement placement;  // only `held` is used
+    size_t k;
+    bool reduced;
+    PlanScore score;
+  };
+  std::vector<Candidate> candidates;
+  std::vector<Candidate>* pool = m > 1 ? &candidates : nullptr;
+  // rho / median_density per variant (docs/planner.md); the fallback tries
+  // the ones between.
+  static constexpr std::array<double, 4> kScales = {0.0, 0.5, 1.0, 2.0};
+  static constexpr std::array<double, 4> kMoreScales = {0.25, 0.75, 1.5, 3.0};
+  std::span<const double> scales = kScales;
+
   std::vector<Shard> pieces;
   std::vector<double> workload;
   PartialScore part{std::vector<int64_t>(n, 0), 0, 0};
@@ -138,6 +169,9 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
           if (sh.len < m && sh.len < batch.doc_lens[sh.doc]) ++score.short_cuts;
         }
       }
+      if (pool != nullptr && score.imbalance <= target) {
+        pool->push_back(Candidate{pieces, {{}, used->held, 0}, k, reduced, score});
+      }
       if (!have || Better(score, best_score, target, short_cost)) {
         best_pieces.swap(pieces);  // `pieces` is cleared before its next use
         best_placement.held.swap(used->held);  // `used` is refilled before its next use
@@ -156,7 +190,7 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     // remain, once more uncapped.
     // Both caps equalize the same LPT placement, so it is made once per rho
     // and copied for the first cap only when a second may follow.
-    for (double scale : {0.0, 0.5, 1.0, 2.0}) {
+    for (double scale : scales) {
       const double rho = scale * median_density;
       placed_workload.assign(zig_workload.begin(), zig_workload.end());
       PlaceWholeDocs(batch, rest, need, rho, placed_workload, placement, scratch);
@@ -231,18 +265,66 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
       lo = mid;
     }
   }
-  AppendHeldWhole(batch, best_placement, best_pieces);
-  if (best_k > 0 || !best_reduced) {
-    const std::vector<int32_t> zig_docs(order.begin(),
-                                        order.begin() + static_cast<std::ptrdiff_t>(best_k));
-    std::vector<int64_t> room = targets;
-    std::vector<Shard> zig = PerDocPieces(batch, zig_docs, best_reduced ? m : 0, &room);
-    best_pieces.insert(best_pieces.end(), zig.begin(), zig.end());
+  // A candidate's whole plan: its pieces, the documents its placement kept
+  // whole, its Per-Doc pieces (rebuilt), short cut pieces repaired.
+  const auto build = [&](std::vector<Shard> pieces_of, const WholeDocPlacement& held, size_t k,
+                         bool reduced, const PlanScore& score) {
+    AppendHeldWhole(batch, held, pieces_of);
+    if (k > 0 || !reduced) {
+      const std::vector<int32_t> zig_docs(order.begin(),
+                                          order.begin() + static_cast<std::ptrdiff_t>(k));
+      std::vector<int64_t> room = targets;
+      std::vector<Shard> zig = PerDocPieces(batch, zig_docs, reduced ? m : 0, &room);
+      pieces_of.insert(pieces_of.end(), zig.begin(), zig.end());
+    }
+    if (m > 1 && score.short_cuts > 0) {
+      pieces_of =
+          RepairShortShards(batch, std::move(pieces_of), m, target * mean_work, short_cost);
+    }
+    return FinishPlan(batch, std::move(pieces_of));
+  };
+  Plan plan = build(std::move(best_pieces), best_placement, best_k, best_reduced, best_score);
+  if (m <= 1 || !HasShortCut(plan, m) || best_score.imbalance > target) return plan;
+  // The winner keeps a cut piece shorter than m that its repair could not
+  // remove. More candidates join those kept: the rho values between the
+  // usual ones at the winner's k, and all eight at k + 1 (one more Per-Doc
+  // document: better balanced, so more meet R). Of the first few in score
+  // order (the winner first: its repair fails again), the best repaired plan
+  // with no such piece that still meets the target wins; if none, the
+  // winner stays. Rare (a few batches in a hundred on WLB-LLM at 128K), and
+  // then about one more search plus up to five repairs.
+  const size_t k0 = best_k;
+  std::fill(tried.begin(), tried.end(), int8_t{-1});
+  scales = kMoreScales;
+  try_k(k0);
+  scales = kScales;
+  if (k0 < n_docs) try_k(k0 + 1);
+  scales = kMoreScales;
+  std::fill(tried.begin(), tried.end(), int8_t{-1});
+  if (k0 < n_docs) try_k(k0 + 1);
+  pool = nullptr;
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](const Candidate& x, const Candidate& y) {
+                     return Better(x.score, y.score, target, short_cost);
+                   });
+  // Repairs tried, bounding the worst case; the repaired plans are compared
+  // on communication (their scores before repair only ordered them).
+  constexpr size_t kMaxFallbacks = 5;
+  bool found = false;
+  PlanScore found_score;
+  for (size_t i = 0; i < candidates.size() && i < kMaxFallbacks; ++i) {
+    const Candidate& c = candidates[i];
+    Plan other = build(c.pieces, c.placement, c.k, c.reduced, c.score);
+    if (HasShortCut(other, m)) continue;
+    const PlanScore score = ScorePlan(other);
+    if (score.imbalance > target) continue;
+    if (!found || Better(score, found_score, target, short_cost)) {
+      plan = std::move(other);
+      found_score = score;
+      found = true;
+    }
   }
-  if (m > 1 && best_score.short_cuts > 0) {
-    best_pieces = RepairShortShards(batch, std::move(best_pieces), m);
-  }
-  return FinishPlan(batch, std::move(best_pieces));
+  return plan;
 }
 
 }  // namespace flashcp::core::internal

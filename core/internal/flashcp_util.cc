@@ -4,6 +4,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <tuple>
 #include <utility>
 
 #include "core/internal/strategies_internal.h"
@@ -341,10 +342,15 @@ struct Shift {
 
 class ShortShardRepair {
  public:
-  ShortShardRepair(int32_t n, int64_t m) : n_(n), m_(m) {}
+  ShortShardRepair(int32_t n, int64_t m, double max_work, int64_t max_nonlast_growth)
+      : n_(n), m_(m), max_work_(max_work), max_nonlast_growth_(max_nonlast_growth) {
+    whole.resize(n);
+  }
 
   std::vector<std::vector<Piece>> docs;  // cut documents only, pieces by start
   std::vector<int32_t> doc_index;        // document id per entry of `docs`
+  // Per rank, its whole documents as (length, document id), ascending.
+  std::vector<std::vector<std::pair<int64_t, int32_t>>> whole;
 
   // Removes the sliver at docs[c][i] if a chain allows; true on success.
   bool Fix(size_t c, size_t i) {
@@ -399,7 +405,186 @@ class ShortShardRepair {
       }
       return true;
     }
-    return false;
+    return FixByWhole(c, i);
+  }
+
+  // Removes the sliver at docs[c][i] by whole-document moves between its
+  // rank A and the rank B of a neighbouring piece (b tokens), where no chain
+  // of cut-point shifts exists (Fix). Either
+  //  - grow: the sliver grows by g, m - s <= g <= b - m, out of B's piece,
+  //    and A hands B whole documents worth exactly g tokens more than B
+  //    hands back (one document of A, or one each way), or
+  //  - absorb: B's piece takes the sliver's s tokens, and B hands A whole
+  //    documents worth exactly s more than A hands back (one document of B,
+  //    or one each way).
+  // Every rank keeps its tokens, no piece falls below m. Among the moves
+  // that leave both A's and B's workload at most max(max_work, the plan's
+  // current maximum) and raise the plan's maximum non-last tokens by at most
+  // max_nonlast_growth, the one with the least resulting maximum over ranks
+  // of non-last tokens (the allgather bottleneck), then the fewest tokens
+  // added to cut pieces (g, or s), then the fewest whole tokens moved, wins.
+  // True on success.
+  bool FixByWhole(size_t c, size_t i) {
+    std::vector<Piece>& p = docs[c];
+    const int64_t s = p[i].len;
+    const int32_t a = p[i].rank;
+    std::vector<double> work(n_, 0.0);
+    for (const std::vector<Piece>& d : docs) {
+      for (const Piece& x : d) work[x.rank] += RangeWorkload(x.start, x.len);
+    }
+    for (int32_t r = 0; r < n_; ++r) {
+      for (const auto& [len, doc] : whole[r]) work[r] += RangeWorkload(0, len);
+    }
+    const double limit = std::max(max_work_, *std::max_element(work.begin(), work.end()));
+    std::vector<int64_t> nonlast(n_, 0);
+    for (const std::vector<Piece>& d : docs) {
+      for (size_t k = 0; k + 1 < d.size(); ++k) nonlast[d[k].rank] += d[k].len;
+    }
+    // The plan's maximum non-last tokens once this document's pieces are
+    // `after` instead of p (only ranks A and B change).
+    const auto max_nonlast_after = [&](const std::vector<Piece>& after, int32_t b) {
+      int64_t na = nonlast[a], nb = nonlast[b];
+      for (size_t k = 0; k + 1 < p.size(); ++k) {
+        if (p[k].rank == a) na -= p[k].len;
+        if (p[k].rank == b) nb -= p[k].len;
+      }
+      for (size_t k = 0; k + 1 < after.size(); ++k) {
+        if (after[k].rank == a) na += after[k].len;
+        if (after[k].rank == b) nb += after[k].len;
+      }
+      int64_t mx = std::max(na, nb);
+      for (int32_t r = 0; r < n_; ++r) {
+        if (r != a && r != b) mx = std::max(mx, nonlast[r]);
+      }
+      return mx;
+    };
+    const int64_t max_nonlast_now = *std::max_element(nonlast.begin(), nonlast.end());
+    std::vector<Piece> after;
+    struct Move {
+      int side = 0;        // -1: B's piece precedes the sliver, +1: follows
+      bool grow = false;   // else absorb
+      int64_t g = 0;       // tokens the sliver grows by (grow)
+      size_t from_a = 0;   // index in whole[A] + 1 of the document A hands B (0: none)
+      size_t from_b = 0;   // index in whole[B] + 1 of the document B hands A (0: none)
+      int64_t max_nonlast = 0;  // the plan's, after the move
+      int64_t cost = 0;    // tokens added to cut pieces
+      int64_t moved = 0;   // whole tokens moved
+    };
+    Move best;
+    bool found = false;
+    // At most this many of each rank's shortest documents are tried (pairs:
+    // its square), which bounds a fix's work at large N.
+    constexpr size_t kMaxTried = 16;
+    for (int side : {-1, +1}) {
+      const int64_t j = static_cast<int64_t>(i) + side;
+      if (j < 0 || j >= static_cast<int64_t>(p.size())) continue;
+      const int32_t b = p[j].rank;
+      const int64_t bl = p[j].len;
+      const std::vector<std::pair<int64_t, int32_t>>& wa = whole[a];
+      const std::vector<std::pair<int64_t, int32_t>>& wb = whole[b];
+      const size_t na = std::min(wa.size(), kMaxTried), nb = std::min(wb.size(), kMaxTried);
+      // This document's pieces after absorbing the sliver, and after
+      // growing it by g (same pieces, other lengths).
+      after = p;
+      if (side < 0) {
+        after[j].len += s;
+      } else {
+        after[j].start -= s;
+        after[j].len += s;
+      }
+      after.erase(after.begin() + static_cast<std::ptrdiff_t>(i));
+      MergeTouching(after);
+      const int64_t absorb_nonlast = max_nonlast_after(after, b);
+      // Growing moves g tokens from piece j to piece i: non-last tokens
+      // change only where those pieces are not their document's last.
+      int64_t rest_max = 0;  // max non-last tokens over the ranks but A and B
+      for (int32_t r = 0; r < n_; ++r) {
+        if (r != a && r != b) rest_max = std::max(rest_max, nonlast[r]);
+      }
+      const bool i_nonlast = i + 1 < p.size();
+      const bool j_nonlast = static_cast<size_t>(j) + 1 < p.size();
+      const auto grow_nonlast = [&](int64_t g) {
+        return std::max({rest_max, nonlast[a] + (i_nonlast ? g : 0),
+                         nonlast[b] - (j_nonlast ? g : 0)});
+      };
+      const auto consider = [&](bool grow, int64_t g, size_t ia, size_t ib) {
+        const int64_t la = ia > 0 ? wa[ia - 1].first : 0;
+        const int64_t lb = ib > 0 ? wb[ib - 1].first : 0;
+        Move mv{side, grow, g, ia, ib, grow ? grow_nonlast(g) : absorb_nonlast, grow ? g : s,
+                la + lb};
+        if (found && std::tie(mv.max_nonlast, mv.cost, mv.moved) >=
+                         std::tie(best.max_nonlast, best.cost, best.moved)) {
+          return;
+        }
+        // Workload A gains: the tokens its cut piece gains (or loses), plus
+        // the whole documents it receives, minus those it hands over.
+        double gain = RangeWorkload(0, lb) - RangeWorkload(0, la);
+        if (grow) {
+          gain += side < 0 ? RangeWorkload(p[i].start - g, g) : RangeWorkload(p[i].start + s, g);
+        } else {
+          gain -= RangeWorkload(p[i].start, s);
+        }
+        if (work[a] + gain > limit || work[b] - gain > limit) return;
+        if (mv.max_nonlast > max_nonlast_now + max_nonlast_growth_) return;
+        best = mv;
+        found = true;
+      };
+      const int64_t lo = m_ - s, hi = bl - m_;  // grow range for g
+      for (size_t x = 0; x <= na; ++x) {
+        const int64_t la = x > 0 ? wa[x - 1].first : 0;
+        for (size_t y = 0; y <= nb; ++y) {
+          const int64_t lb = y > 0 ? wb[y - 1].first : 0;
+          if (x == 0 && y == 0) continue;
+          const int64_t g = la - lb;
+          if (g >= lo && g <= hi) consider(true, g, x, y);
+          if (g == -s) consider(false, 0, x, y);
+        }
+      }
+    }
+    if (!found) return false;
+    const int64_t j = static_cast<int64_t>(i) + best.side;
+    const int32_t b = p[j].rank;
+    // The whole documents change ranks (kept ascending).
+    const auto take = [&](int32_t from, size_t index) {
+      const std::pair<int64_t, int32_t> d = whole[from][index];
+      whole[from].erase(whole[from].begin() + static_cast<std::ptrdiff_t>(index));
+      return d;
+    };
+    const auto put = [&](int32_t to, std::pair<int64_t, int32_t> d) {
+      auto& w = whole[to];
+      w.insert(std::lower_bound(w.begin(), w.end(), d), d);
+    };
+    std::pair<int64_t, int32_t> da{0, -1}, db{0, -1};
+    if (best.from_a > 0) da = take(a, best.from_a - 1);
+    if (best.from_b > 0) db = take(b, best.from_b - 1);
+    if (da.second >= 0) put(b, da);
+    if (db.second >= 0) put(a, db);
+    if (best.grow) {
+      if (best.side < 0) {
+        p[j].len -= best.g;
+        p[i].start -= best.g;
+      } else {
+        p[j].start += best.g;
+        p[j].len -= best.g;
+      }
+      p[i].len += best.g;
+      dirty_ = true;
+      return true;
+    }
+    if (best.side < 0) {
+      p[j].len += s;
+    } else {
+      p[j].start -= s;
+      p[j].len += s;
+    }
+    p.erase(p.begin() + static_cast<std::ptrdiff_t>(i));
+    MergeTouching(p);
+    if (p.size() == 1) {  // the document is whole again
+      put(p[0].rank, {p[0].len, doc_index[c]});
+      p.clear();
+    }
+    dirty_ = true;
+    return true;
   }
 
  private:
@@ -470,8 +655,22 @@ class ShortShardRepair {
     int64_t spare;  // tokens the shrinking piece can give and keep >= m
     Shift shift;
   };
+  // Merges the first two touching pieces on one rank (one fix makes at
+  // most one such pair: the pieces either side of a removed sliver).
+  static void MergeTouching(std::vector<Piece>& p) {
+    for (size_t k = 1; k < p.size(); ++k) {
+      if (p[k - 1].rank == p[k].rank) {
+        p[k - 1].len += p[k].len;
+        p.erase(p.begin() + static_cast<std::ptrdiff_t>(k));
+        return;
+      }
+    }
+  }
+
   int32_t n_;
   int64_t m_;
+  double max_work_;  // no whole-document fix leaves a rank above this (or the current max)
+  int64_t max_nonlast_growth_;  // nor raises the plan's max non-last tokens by more
   bool dirty_ = true;
   std::vector<std::vector<Edge>> adj_;
 };
@@ -479,17 +678,18 @@ class ShortShardRepair {
 }  // namespace
 
 std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> pieces,
-                                     int64_t min_shard) {
+                                     int64_t min_shard, double max_workload,
+                                     int64_t max_nonlast_growth) {
   std::vector<Shard> shards = FinishPlan(batch, std::move(pieces)).shards;
   if (min_shard <= 1) return shards;
   // Cut documents: those with a shard shorter than the document.
   std::vector<int32_t> slot(batch.doc_lens.size(), -1);
-  ShortShardRepair repair(batch.cp_size, min_shard);
+  ShortShardRepair repair(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
   std::vector<Shard> out;
   out.reserve(shards.size());
   for (const Shard& s : shards) {
     if (s.len == batch.doc_lens[s.doc]) {
-      out.push_back(s);
+      repair.whole[s.rank].push_back({s.len, s.doc});
       continue;
     }
     if (slot[s.doc] < 0) {
@@ -502,6 +702,7 @@ std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> piec
   for (std::vector<Piece>& p : repair.docs) {
     std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.start < b.start; });
   }
+  for (auto& w : repair.whole) std::sort(w.begin(), w.end());
   // Passes until nothing changes: a fix can open a chain for a sliver that
   // had none. Each fix removes one sliver and creates none. Bounded work: at
   // most N + 16 attempts (each O(cut pieces)); a plan with more slivers than
@@ -527,6 +728,9 @@ std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> piec
     for (const Piece& p : repair.docs[c]) {
       out.push_back(Shard{repair.doc_index[c], p.start, p.len, p.rank});
     }
+  }
+  for (int32_t r = 0; r < batch.cp_size; ++r) {
+    for (const auto& [len, doc] : repair.whole[r]) out.push_back(Shard{doc, 0, len, r});
   }
   return out;
 }

@@ -6,6 +6,7 @@
 #define FLASHCP_CORE_INTERNAL_FLASHCP_UTIL_H_
 
 #include <cstdint>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -136,7 +137,9 @@ void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,
 // (BFS over ranks). Workload moves a little; the caller re-scores. A sliver
 // no chain can remove stays (the unavoidable case, docs/planner.md).
 std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> pieces,
-                                     int64_t min_shard);
+                                     int64_t min_shard,
+                                     double max_workload = std::numeric_limits<double>::infinity(),
+                                     int64_t max_nonlast_growth = int64_t{1} << 62);
 
 // Documents sorted longest first (ties by index): the planners' common order.
 std::vector<int32_t> DocsLongestFirst(const Batch& batch);
