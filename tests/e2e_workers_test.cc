@@ -526,13 +526,37 @@ TEST(E2eWorkersTest, LateAndDuplicateRanksGiveClearErrors) {
   EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
 }
 
+// A cuda device this machine cannot use fails before the worker joins
+// anything: without CUDA in the build, or (a build with CUDA) no usable
+// device, or no device 4095.
 TEST(E2eWorkersTest, CudaDeviceIsRefusedClearly) {
-  auto r = tests::testing::RunCommand(
-      {FLASHCP_WORKER_BIN, "--device", "cuda:0", "--planner", "127.0.0.1:1"}, "",
-      In(absl::Seconds(30)));
-  ASSERT_THAT(r.status(), IsOk());
-  EXPECT_EQ(r->exit_code, 1);
-  EXPECT_THAT(r->output, HasSubstr("UNIMPLEMENTED: --device cuda:0"));
+  struct Case {
+    std::string device;
+    std::vector<std::string> want;  // any one of these
+  };
+  const std::vector<Case> cases = {
+#ifdef FLASHCP_E2E_WORKER_CUDA
+      {"cuda:4095",
+       {"FAILED_PRECONDITION: --device cuda:4095: cudaGetDeviceCount",
+        "FAILED_PRECONDITION: --device cuda:4095: this machine has "}},
+#else
+      {"cuda:0",
+       {"FAILED_PRECONDITION: --device cuda:0: this flashcp-worker was built without CUDA; use "
+        "--device cpu"}},
+#endif
+      {"cuda:x", {"INVALID_ARGUMENT: --device: want cpu or cuda:K"}},
+      {"cuda:-1", {"INVALID_ARGUMENT: --device: want cpu or cuda:K"}},
+  };
+  for (const Case& c : cases) {
+    auto r = tests::testing::RunCommand(
+        {FLASHCP_WORKER_BIN, "--device", c.device, "--planner", "127.0.0.1:1"}, "",
+        In(absl::Seconds(30)));
+    ASSERT_THAT(r.status(), IsOk());
+    EXPECT_EQ(r->exit_code, 1) << c.device;
+    bool found = false;
+    for (const std::string& w : c.want) found |= absl::StrContains(r->output, w);
+    EXPECT_TRUE(found) << c.device << ": " << r->output;
+  }
 }
 
 }  // namespace

@@ -17,9 +17,7 @@
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
 #include "proto/rendezvous_limits.h"
-#include "worker/engine.h"
 #include "worker/gloo_communicator.h"
-#include "worker/thread_pool.h"
 
 namespace flashcp::worker {
 namespace {
@@ -53,100 +51,6 @@ absl::Status Broadcast(Communicator& comm, std::byte* data, int64_t bytes) {
   return comm.AllGatherV(in, absl::MakeSpan(data, bytes), counts);
 }
 
-// Measures the time spent inside collectives on `clock`; counts pass through.
-class TimedCommunicator final : public Communicator {
- public:
-  TimedCommunicator(Communicator& inner, const core::WaitClock& clock)
-      : inner_(inner), clock_(clock) {}
-  int32_t rank() const override { return inner_.rank(); }
-  int32_t size() const override { return inner_.size(); }
-  absl::Status AllGatherV(absl::Span<const std::byte> input, absl::Span<std::byte> output,
-                          absl::Span<const int64_t> counts) override {
-    return Time([&] { return inner_.AllGatherV(input, output, counts); });
-  }
-  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs) override {
-    return Time([&] { return inner_.SendRecv(sends, recvs); });
-  }
-  absl::Status ReduceScatterV(absl::Span<const float> input, absl::Span<float> output,
-                              absl::Span<const int64_t> counts) override {
-    return Time([&] { return inner_.ReduceScatterV(input, output, counts); });
-  }
-  absl::Status Barrier() override {
-    return Time([&] { return inner_.Barrier(); });
-  }
-  CommStats stats() const override { return inner_.stats(); }
-  double seconds() const { return absl::ToDoubleSeconds(time_); }
-
- private:
-  template <typename F>
-  absl::Status Time(F f) {
-    const absl::Time t0 = clock_.Now();
-    absl::Status s = f();
-    time_ += clock_.Now() - t0;
-    return s;
-  }
-  Communicator& inner_;
-  const core::WaitClock& clock_;
-  absl::Duration time_;
-};
-
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-void Fill(std::vector<float>& v, uint64_t seed) {
-  uint64_t state = seed;
-  for (float& x : v) {
-    x = static_cast<float>(static_cast<double>(SplitMix64(state) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-  }
-}
-
-class CpuStepEngine final : public StepEngine {
- public:
-  CpuStepEngine(int32_t rank, int32_t heads, int32_t head_dim, int32_t threads,
-                const core::WaitClock& clock)
-      : rank_(rank), clock_(clock), pool_(threads) {
-    shape_.heads = heads;
-    shape_.head_dim = head_dim;
-    shape_.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  }
-
-  absl::StatusOr<EngineTimes> Run(const core::Plan& plan, core::CommScheme scheme, uint64_t seed,
-                                  Communicator& comm) override {
-    FLASHCP_ASSIGN_OR_RETURN(CpAttentionStep step,
-                             CpAttentionStep::Create(plan, rank_, shape_, scheme));
-    const size_t rows = static_cast<size_t>(step.local_rows());
-    const size_t n = rows * shape_.heads * shape_.head_dim;
-    for (std::vector<float>* v : {&q_, &k_, &v_, &o_, &dout_, &dq_, &dk_, &dv_}) v->resize(n);
-    lse_.resize(rows * shape_.heads);
-    uint64_t s = seed * 0x100000001B3ull + static_cast<uint64_t>(rank_) * 4;
-    Fill(q_, s);
-    Fill(k_, s + 1);
-    Fill(v_, s + 2);
-    Fill(dout_, s + 3);
-    EngineTimes t;
-    const absl::Time t0 = clock_.Now();
-    FLASHCP_RETURN_IF_ERROR(step.Forward(comm, pool_, q_, k_, v_, absl::MakeSpan(o_),
-                                         absl::MakeSpan(lse_)));
-    const absl::Time t1 = clock_.Now();
-    FLASHCP_RETURN_IF_ERROR(step.Backward(comm, pool_, dout_, absl::MakeSpan(dq_),
-                                          absl::MakeSpan(dk_), absl::MakeSpan(dv_)));
-    const absl::Time t2 = clock_.Now();
-    t.forward_seconds = absl::ToDoubleSeconds(t1 - t0);
-    t.backward_seconds = absl::ToDoubleSeconds(t2 - t1);
-    return t;
-  }
-
- private:
-  const int32_t rank_;
-  const core::WaitClock& clock_;
-  AttentionShape shape_;
-  ThreadPool pool_;
-  std::vector<float> q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_;
-};
-
 std::vector<double> DurationBuckets() {
   std::vector<double> b;
   for (double x = 0.0005; x < 70; x *= 2) b.push_back(x);  // 0.5 ms .. 65 s
@@ -167,18 +71,7 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--rank: must be in [0, ", o.world_size,
                                                    "), got ", o.rank));
   }
-  if (absl::StartsWith(o.device, "cuda:")) {
-    int k = -1;
-    if (!absl::SimpleAtoi(o.device.substr(5), &k) || k < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--device: want cpu or cuda:K, got \"", o.device, "\""));
-    }
-    return absl::UnimplementedError(absl::StrCat(
-        "--device ", o.device, ": this flashcp-worker has no GPU step engine; use --device cpu"));
-  } else if (o.device != "cpu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device: want cpu or cuda:K, got \"", o.device, "\""));
-  }
+  FLASHCP_RETURN_IF_ERROR(ParseDevice(o.device).status());
   if (o.context < o.world_size || o.context > (int64_t{1} << 24)) {
     return absl::InvalidArgumentError(absl::StrCat("--context: must be in [world_size, 2^24], got ",
                                                    o.context));
@@ -294,11 +187,6 @@ void WorkerMetrics::Record(const std::string& strategy, const std::string& schem
   predicted_imbalance_.Add({{"strategy", strategy}}).Set(r.predicted_imbalance);
 }
 
-std::unique_ptr<StepEngine> MakeCpuStepEngine(int32_t rank, int32_t heads, int32_t head_dim,
-                                              int32_t threads, const core::WaitClock& clock) {
-  return std::make_unique<CpuStepEngine>(rank, heads, head_dim, threads, clock);
-}
-
 // ---- PlanFeed ------------------------------------------------------------------
 
 PlanFeed::PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config,
@@ -408,7 +296,7 @@ void PlanFeed::Loop() {
   }
   core::PlanOptions plan_options;
   if (config_.target_imbalance > 0) plan_options.target_imbalance = config_.target_imbalance;
-  const core::ModelShape shape{config_.heads, config_.head_dim, /*dtype_bytes=*/4};
+  const core::ModelShape shape{config_.heads, config_.head_dim, config_.dtype_bytes};
   absl::Status last = absl::OkStatus();
   while (delivered < config_.count && !finished(last)) {
     int64_t next = delivered;
@@ -478,12 +366,12 @@ void PlanFeed::Loop() {
 WorkerDaemon::WorkerDaemon(DaemonOptions options,
                            std::shared_ptr<v1::Rendezvous::StubInterface> rendezvous,
                            std::shared_ptr<client::PlannerClient> planner,
-                           std::unique_ptr<StepEngine> engine, WorkerMetrics* metrics,
+                           std::unique_ptr<RankBackend> backend, WorkerMetrics* metrics,
                            const core::WaitClock* clock)
     : options_(std::move(options)),
       rendezvous_(std::move(rendezvous)),
       planner_(std::move(planner)),
-      engine_(std::move(engine)),
+      backend_(std::move(backend)),
       metrics_(metrics),
       clock_(*clock) {
   status_.set_state(v1::WorkerStatus::IDLE);
@@ -580,9 +468,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> WorkerDaemon::FormGroup(Rendezvous
   gloo.timeout = options_.timeout;
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
       ConnectGloo(store, options_.rank, world_size, gloo);
-  if (!comm.ok()) {
+  // The backend's own transport (NCCL) joins through the same store.
+  absl::Status s = comm.status();
+  if (s.ok()) s = backend_->Connect(store, options_.rank, world_size, options_.timeout);
+  if (!s.ok()) {
     // The store's own failure keeps the rendezvous service's exact code.
-    absl::Status s = store.first_error().ok() ? comm.status() : store.first_error();
+    if (!store.first_error().ok()) s = store.first_error();
     (void)rdv.Abort(std::string(s.message()));
     (void)rdv.Leave();
     return s;
@@ -592,6 +483,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> WorkerDaemon::FormGroup(Rendezvous
 
 absl::Status WorkerDaemon::Run() {
   FLASHCP_RETURN_IF_ERROR(ValidateDaemonOptions(options_));
+  if (backend_ == nullptr) return absl::FailedPreconditionError("the daemon has no rank backend");
   metrics_->Prepare(options_.strategy, std::string(core::CommSchemeName(options_.scheme)));
   SetState(v1::WorkerStatus::FORMING_GROUP);
   RendezvousClient rdv(rendezvous_, options_.group, options_.rank, options_.incarnation);
@@ -639,20 +531,17 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
     return absl::InvalidArgumentError(absl::StrCat("plan for ", plan.plan.cp_size,
                                                    " ranks in a group of ", comm.size()));
   }
-  TimedCommunicator timed(comm, clock_);
-  const CommStats before = comm.stats();
-  FLASHCP_ASSIGN_OR_RETURN(const EngineTimes times,
-                           engine_->Run(plan.plan, scheme, options_.seed ^ (uint64_t(batch) << 20),
-                                        timed));
-  const CommStats after = comm.stats();
+  FLASHCP_ASSIGN_OR_RETURN(const StepMeasurement m,
+                           backend_->Run(plan.plan, scheme,
+                                         options_.seed ^ (uint64_t(batch) << 20), comm));
 
   StepRecord r;
   r.plan_wait_seconds = plan_wait_seconds;
-  r.forward_seconds = times.forward_seconds;
-  r.backward_seconds = times.backward_seconds;
-  r.comm_seconds = timed.seconds();
-  r.bytes_sent = after.bytes_sent - before.bytes_sent;
-  r.bytes_received = after.bytes_received - before.bytes_received;
+  r.forward_seconds = m.forward_seconds;
+  r.backward_seconds = m.backward_seconds;
+  r.comm_seconds = m.comm_seconds;
+  r.bytes_sent = m.bytes_sent;
+  r.bytes_received = m.bytes_received;
   // ResponseFromProto guarantees cp_size (= comm.size()) entries or none (a
   // scheme the server did not send); anything else is refused here too, so
   // indexing by rank never reads past the list.
@@ -675,8 +564,7 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
 
   // Everyone's attention compute time (and stop wishes) to everyone.
   RankReport mine;
-  mine.attention_seconds =
-      std::max(0.0, times.forward_seconds + times.backward_seconds - r.comm_seconds);
+  mine.attention_seconds = m.attention_seconds;
   {
     absl::MutexLock lock(&mu_);
     mine.stop = exit_wanted_ ? 1 : 0;
@@ -701,7 +589,7 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
   metrics_->Record(plan.strategy, scheme_name, r);
   summary_.steps += 1;
   summary_.step_seconds += r.step_seconds;
-  summary_.attention_seconds += times.forward_seconds + times.backward_seconds;
+  summary_.attention_seconds += m.forward_seconds + m.backward_seconds;
   summary_.comm_seconds += r.comm_seconds;
   summary_.plan_wait_seconds += r.plan_wait_seconds;
   summary_.measured_imbalance += mean > 0 ? max / mean : 1.0;
@@ -761,6 +649,7 @@ absl::Status WorkerDaemon::Loop(Communicator& comm) {
           c.target_imbalance = options_.target_imbalance;
           c.heads = options_.heads;
           c.head_dim = options_.head_dim;
+          c.dtype_bytes = backend_->dtype_bytes();
           c.seed = options_.seed;
           c.first_batch = next_batch_;
           c.count = run->steps;

@@ -7,8 +7,10 @@
 //     PlanStream (PlanFeed keeps `prefetch` batches in flight and reconnects
 //     when the planner restarts); an idle or plan-waiting driver broadcasts a
 //     heartbeat instead, so no rank's receive outlives the group timeout.
-//  2. For a step, every rank fills Q, K, V and dO with seeded data, runs the
-//     engine's forward and backward, and
+//  2. For a step, every rank runs forward and backward of its part of the
+//     plan on seeded Q, K, V and dO through its RankBackend (worker/
+//     rank_backend.h: the CPU engine over the group's Gloo communicator, or
+//     the CUDA backend over NCCL), and
 //  3. all ranks all-gather {attention compute seconds, stop wanted}: each
 //     rank's measured imbalance is its time over the group mean, and a stop
 //     anywhere (SIGTERM, StopRun) ends the group after the same step.
@@ -45,6 +47,7 @@
 #include "prometheus/registry.h"
 #include "worker/communicator.h"
 #include "worker/grpc_store.h"
+#include "worker/rank_backend.h"
 
 namespace flashcp::worker {
 
@@ -52,7 +55,7 @@ struct DaemonOptions {
   int32_t rank = 0;
   int32_t world_size = 1;
   std::string group = "g0";          // [A-Za-z0-9._-]{1,64}
-  std::string device = "cpu";        // "cpu"; "cuda:K" needs the CUDA backend
+  std::string device = "cpu";        // "cpu" or "cuda:K" (the backend is made for it)
   core::Dataset dataset = core::Dataset::kPile;
   int64_t context = 16384;           // tokens per batch (C)
   std::string strategy = "flashcp";  // a planner strategy name
@@ -71,8 +74,8 @@ struct DaemonOptions {
   std::string gloo_hostname = "127.0.0.1";  // address this rank's Gloo transport listens on
 };
 
-// InvalidArgument naming the flag; Unimplemented for a cuda device in a
-// build without the CUDA backend.
+// InvalidArgument naming the flag. Whether a cuda:K device can be used is the
+// backend's to say (MakeRankBackend).
 absl::Status ValidateDaemonOptions(const DaemonOptions& options);
 
 // What one step measured on this rank (seconds, bytes).
@@ -108,22 +111,6 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>& predicted_imbalance_;
 };
 
-// One rank's forward and backward of a plan on seeded inputs: the seam
-// between the step loop and the engine (CpuStepEngine on CPU; a GPU backend
-// plugs in alike).
-struct EngineTimes {
-  double forward_seconds = 0, backward_seconds = 0;
-};
-class StepEngine {
- public:
-  virtual ~StepEngine() = default;
-  virtual absl::StatusOr<EngineTimes> Run(const core::Plan& plan, core::CommScheme scheme,
-                                          uint64_t seed, Communicator& comm) = 0;
-};
-// Times forward and backward on `clock`, which must outlive the engine.
-std::unique_ptr<StepEngine> MakeCpuStepEngine(int32_t rank, int32_t heads, int32_t head_dim,
-                                              int32_t threads, const core::WaitClock& clock);
-
 // The driver's supply of plans: one thread runs PlanStream (client/
 // PlanPipelined) with `prefetch` batches in flight and, when the stream
 // breaks with UNAVAILABLE (planner restart), reopens it from the first batch
@@ -142,6 +129,7 @@ class PlanFeed {
     std::string strategy;
     double target_imbalance = 0.0;
     int32_t heads = 1, head_dim = 1;
+    int32_t dtype_bytes = 4;  // the backend's element size, for the plans' byte counts
     uint64_t seed = 1;
     int64_t first_batch = 0;  // batch index of the first step
     int64_t count = 0;        // batches to plan
@@ -186,7 +174,7 @@ class WorkerDaemon {
  public:
   WorkerDaemon(DaemonOptions options, std::shared_ptr<v1::Rendezvous::StubInterface> rendezvous,
                std::shared_ptr<client::PlannerClient> planner,
-               std::unique_ptr<StepEngine> engine, WorkerMetrics* metrics,
+               std::unique_ptr<RankBackend> backend, WorkerMetrics* metrics,
                const core::WaitClock* clock);
 
   // Forms the group, runs (and, with linger, serves StartRun) until done or
@@ -218,7 +206,7 @@ class WorkerDaemon {
   const DaemonOptions options_;
   std::shared_ptr<v1::Rendezvous::StubInterface> rendezvous_;
   std::shared_ptr<client::PlannerClient> planner_;
-  std::unique_ptr<StepEngine> engine_;
+  std::unique_ptr<RankBackend> backend_;
   WorkerMetrics* const metrics_;
   // Every time the daemon measures (step, plan wait, collectives) or waits on
   // (join backoff, idle heartbeat); must outlive the daemon.

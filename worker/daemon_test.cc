@@ -412,7 +412,9 @@ TEST(WorkerDaemonTest, UnreachablePlannerFailsUnavailableAfterTheTimeout) {
   auto stub = v1::Rendezvous::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port),
                                                           grpc::InsecureChannelCredentials()));
   core::ManualClock clock;
-  WorkerDaemon daemon(o, std::move(stub), nullptr, nullptr, &metrics, &clock);
+  BackendConfig backend;
+  backend.clock = &clock;
+  WorkerDaemon daemon(o, std::move(stub), nullptr, MakeCpuRankBackend(backend), &metrics, &clock);
   EXPECT_THAT(daemon.Run(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rendezvous Join")));
   // Joins at 0, 100, 300 and 700 ms of the clock; the next backoff (800 ms)
   // would pass the 1 s timeout, so the daemon gives up after sleeping
@@ -422,20 +424,33 @@ TEST(WorkerDaemonTest, UnreachablePlannerFailsUnavailableAfterTheTimeout) {
   EXPECT_EQ(daemon.Status().state(), v1::WorkerStatus::FAILED);
 }
 
-// A step engine that takes exactly `forward` and `backward` of the clock's
-// time (it advances the clock) and moves no bytes.
-class ClockedEngine final : public StepEngine {
+// A rank backend whose steps take exactly `forward` and `backward` of the
+// clock's time (it advances the clock), 100 ms of it in collectives, and move
+// no bytes.
+class ClockedEngine final : public RankBackend {
  public:
   ClockedEngine(core::ManualClock* clock, absl::Duration forward, absl::Duration backward)
       : clock_(clock), forward_(forward), backward_(backward) {}
-  absl::StatusOr<EngineTimes> Run(const core::Plan&, core::CommScheme, uint64_t,
-                                  Communicator&) override {
+  int32_t dtype_bytes() const override { return 4; }
+  absl::Status Connect(gloo::rendezvous::Store&, int32_t rank, int32_t size,
+                       absl::Duration) override {
+    connected_as_ = {rank, size};
+    return absl::OkStatus();
+  }
+  absl::StatusOr<StepMeasurement> Run(const core::Plan&, core::CommScheme, uint64_t,
+                                      Communicator&) override {
     clock_->Advance(forward_);
     clock_->Advance(backward_);
     ++runs_;
-    return EngineTimes{absl::ToDoubleSeconds(forward_), absl::ToDoubleSeconds(backward_)};
+    StepMeasurement m;
+    m.forward_seconds = absl::ToDoubleSeconds(forward_);
+    m.backward_seconds = absl::ToDoubleSeconds(backward_);
+    m.comm_seconds = 0.125;
+    m.attention_seconds = m.forward_seconds + m.backward_seconds - m.comm_seconds;
+    return m;
   }
   int runs_ = 0;
+  std::pair<int32_t, int32_t> connected_as_{-1, -1};
 
  private:
   core::ManualClock* const clock_;
@@ -474,6 +489,7 @@ TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
   WorkerDaemon daemon(o, stub_, planner, std::move(engine), &metrics, &clock);
   ASSERT_THAT(daemon.Run(), IsOk());
   EXPECT_EQ(engine_ptr->runs_, 3);
+  EXPECT_EQ(engine_ptr->connected_as_, std::make_pair(0, 1));
   // Step 1 waited 2 s for its plan; steps 2 and 3 found theirs ready (no
   // clock time passes outside the planner's first answer and the engine).
   EXPECT_EQ(Histogram(registry, "flashcp_worker_plan_wait_duration_seconds"),
@@ -485,7 +501,7 @@ TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
   EXPECT_EQ(Histogram(registry, "flashcp_worker_attention_backward_duration_seconds"),
             std::make_pair(3 * 0.5, int64_t{3}));
   EXPECT_EQ(Histogram(registry, "flashcp_worker_comm_duration_seconds"),
-            std::make_pair(0.0, int64_t{3}));
+            std::make_pair(3 * 0.125, int64_t{3}));
   const v1::WorkerStatus s = daemon.Status();
   EXPECT_EQ(s.steps_done(), 3);
   EXPECT_EQ(s.last_step_seconds(), 0.75);
@@ -500,10 +516,23 @@ TEST(ValidateDaemonOptionsTest, Table) {
   };
   const std::vector<Case> cases = {
       {[](DaemonOptions&) {}, absl::StatusCode::kOk, ""},
-      {[](DaemonOptions& o) { o.device = "cuda:0"; }, absl::StatusCode::kUnimplemented,
-       "no GPU step engine"},
+      // Whether cuda:K is usable is MakeRankBackend's to say.
+      {[](DaemonOptions& o) { o.device = "cuda:0"; }, absl::StatusCode::kOk, ""},
+      {[](DaemonOptions& o) { o.device = "cuda:4095"; }, absl::StatusCode::kOk, ""},
       {[](DaemonOptions& o) { o.device = "gpu"; }, absl::StatusCode::kInvalidArgument, "--device"},
       {[](DaemonOptions& o) { o.device = "cuda:x"; }, absl::StatusCode::kInvalidArgument,
+       "--device: want cpu or cuda:K (K a device index, 0..4095), got \"cuda:x\""},
+      {[](DaemonOptions& o) { o.device = "cuda:-1"; }, absl::StatusCode::kInvalidArgument,
+       "--device"},
+      {[](DaemonOptions& o) { o.device = "cuda:"; }, absl::StatusCode::kInvalidArgument,
+       "--device"},
+      {[](DaemonOptions& o) { o.device = "cuda:+1"; }, absl::StatusCode::kInvalidArgument,
+       "--device"},
+      {[](DaemonOptions& o) { o.device = "cuda: 1"; }, absl::StatusCode::kInvalidArgument,
+       "--device"},
+      {[](DaemonOptions& o) { o.device = "cuda:4096"; }, absl::StatusCode::kInvalidArgument,
+       "--device"},
+      {[](DaemonOptions& o) { o.device = "cuda:0x1"; }, absl::StatusCode::kInvalidArgument,
        "--device"},
       {[](DaemonOptions& o) { o.rank = 4; }, absl::StatusCode::kInvalidArgument, "--rank"},
       {[](DaemonOptions& o) { o.world_size = 0; }, absl::StatusCode::kInvalidArgument,
@@ -530,6 +559,43 @@ TEST(ValidateDaemonOptionsTest, Table) {
     EXPECT_EQ(s.code(), c.code) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
   }
+}
+
+TEST(WorkerDaemonTest, RunWithoutABackendIsRefused) {
+  prometheus::Registry registry;
+  WorkerMetrics metrics(registry, "test");
+  const core::RealClock clock;
+  WorkerDaemon daemon(DaemonOptions{}, nullptr, nullptr, nullptr, &metrics, &clock);
+  EXPECT_THAT(daemon.Run(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                     "the daemon has no rank backend"));
+}
+
+TEST(MakeRankBackendTest, PicksTheBackendForTheDevice) {
+  const core::RealClock clock;
+  BackendConfig config;
+  config.heads = 2;
+  config.head_dim = 8;
+  config.clock = &clock;
+  EXPECT_THAT(MakeRankBackend("cpu", config, nullptr).status(), IsOk());
+  EXPECT_EQ(MakeRankBackend("cpu", config, nullptr).value()->dtype_bytes(), 4);
+  // A build without CUDA has no factory.
+  EXPECT_THAT(MakeRankBackend("cuda:0", config, nullptr).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "--device cuda:0: this flashcp-worker was built without CUDA; use "
+                       "--device cpu"));
+  std::vector<int32_t> asked;
+  const CudaBackendFactory cuda = [&](int32_t device, const BackendConfig&)
+      -> absl::StatusOr<std::unique_ptr<RankBackend>> {
+    asked.push_back(device);
+    return absl::FailedPreconditionError("no device here");
+  };
+  EXPECT_THAT(MakeRankBackend("cuda:3", config, cuda).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "no device here"));
+  EXPECT_THAT(MakeRankBackend("cuda:x", config, cuda).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--device")));
+  EXPECT_THAT(MakeRankBackend("cuda:-1", config, cuda).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--device")));
+  EXPECT_THAT(asked, ElementsAre(3));
 }
 
 TEST(SummaryLineTest, Exact) {

@@ -5,6 +5,11 @@
 // prints a `RUN {...}` summary line per run) and exits 0; a failure exits 1
 // with the reason on stderr. SIGTERM or SIGINT: the group finishes the step in
 // flight and every rank exits 0.
+//
+// --device cpu runs the CPU engine; --device cuda:K the CUDA backend
+// (worker/cuda/cuda_rank_backend.h), linked only into a build with CUDA
+// (FLASHCP_WORKER_CUDA, set by worker/CMakeLists.txt); without it cuda:K
+// fails with FAILED_PRECONDITION "built without CUDA".
 #include <pthread.h>
 #include <signal.h>
 
@@ -28,6 +33,10 @@
 #include "prometheus/registry.h"
 #include "worker/daemon.h"
 #include "worker/gloo_communicator.h"
+#include "worker/rank_backend.h"
+#ifdef FLASHCP_WORKER_CUDA
+#include "worker/cuda/cuda_rank_backend.h"
+#endif
 
 ABSL_FLAG(int32_t, rank, 0, "this process's rank in the group, 0 is the driver");
 ABSL_FLAG(int32_t, world_size, 1, "ranks in the CP group (N)");
@@ -36,7 +45,7 @@ ABSL_FLAG(std::string, planner, "127.0.0.1:50051", "planner gRPC address HOST:PO
 ABSL_FLAG(std::string, metrics, "127.0.0.1:0", "Prometheus /metrics HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, control, "127.0.0.1:0",
           "flashcp.v1.WorkerControl HOST:PORT; port 0 picks one");
-ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda:K (needs the CUDA backend)");
+ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda:K (a build with CUDA; K the device index)");
 ABSL_FLAG(std::string, dataset, "pile", "document-length distribution: wlbllm, pile, redpajama");
 ABSL_FLAG(int64_t, context, 16384, "tokens per batch (C)");
 ABSL_FLAG(std::string, strategy, "flashcp", "planner strategy");
@@ -125,9 +134,20 @@ int main(int argc, char** argv) {
       flashcp::v1::Rendezvous::NewStub(channel);
   auto planner = std::make_shared<flashcp::client::GrpcPlannerClient>(channel);
   const flashcp::core::RealClock clock;
-  fw::WorkerDaemon daemon(o, rendezvous, planner,
-                          fw::MakeCpuStepEngine(o.rank, o.heads, o.head_dim, o.threads, clock),
-                          &metrics, &clock);
+  fw::CudaBackendFactory cuda;  // empty: built without CUDA
+#ifdef FLASHCP_WORKER_CUDA
+  cuda = flashcp::worker::cuda::MakeCudaRankBackend;
+#endif
+  fw::BackendConfig backend_config;
+  backend_config.rank = o.rank;
+  backend_config.heads = o.heads;
+  backend_config.head_dim = o.head_dim;
+  backend_config.threads = o.threads;
+  backend_config.clock = &clock;
+  absl::StatusOr<std::unique_ptr<fw::RankBackend>> backend =
+      fw::MakeRankBackend(o.device, backend_config, cuda);
+  if (!backend.ok()) return Fail(backend.status());
+  fw::WorkerDaemon daemon(o, rendezvous, planner, *std::move(backend), &metrics, &clock);
 
   fw::WorkerControlService control(&daemon);
   grpc::ServerBuilder builder;

@@ -97,6 +97,11 @@ run_stage check 150 "$BENCH" --mode=check --json_out="$RESULTS" > /dev/null || F
 # step gtests repeat what `check` covers, so only with RUN_GTESTS=1 (time).
 GTESTS=(worker_cuda_communicator_test)
 [[ ${RUN_GTESTS:-0} == 1 ]] && GTESTS+=(worker_cuda_attention_test worker_cuda_cp_step_test)
+# flashcp-worker's CUDA backend, a one-rank group on cuda:0 (planner, rendezvous,
+# NCCL id through the store): only with RUN_GTESTS=1 and where the binary was
+# built (a full build tree, e.g. ctest's gpu_device_check); not carried.
+[[ ${RUN_GTESTS:-0} == 1 && -x $TESTS/worker_cuda_rank_backend_test ]] &&
+  GTESTS+=(worker_cuda_rank_backend_test)
 for t in "${GTESTS[@]}"; do
   run_stage "$t" 120 "$TESTS/$t" --gtest_brief=1 > "$OUT/$t.log" 2>&1 || { FAILED=1; tail -30 "$OUT/$t.log"; }
 done
