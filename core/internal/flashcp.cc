@@ -98,9 +98,9 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   WholeDocPlacement placement, trial, best_placement;
   WholeDocPlacement* used = nullptr;
   std::vector<double> placed_workload;  // per-rank workload after LPT
-  // With the minimum-shard rule, every candidate that meets the target is
-  // also kept in `candidates` (its cut and moved pieces and its placement's
-  // whole documents: O(n) per candidate), for the fallback below.
+  // While `pool` is set (the fallback below), every candidate that meets the
+  // target is also kept in `candidates` (its cut and moved pieces and its
+  // placement's whole documents: O(n) per candidate).
   struct Candidate {
     std::vector<Shard> pieces;
     WholeDocPlacement placement;  // only `held` is used
@@ -109,7 +109,7 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     PlanScore score;
   };
   std::vector<Candidate> candidates;
-  std::vector<Candidate>* pool = m > 1 ? &candidates : nullptr;
+  std::vector<Candidate>* pool = nullptr;
   // rho / median_density per variant (docs/planner.md); the fallback tries
   // the ones between.
   static constexpr std::array<double, 4> kScales = {0.0, 0.5, 1.0, 2.0};
@@ -286,22 +286,23 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   Plan plan = build(std::move(best_pieces), best_placement, best_k, best_reduced, best_score);
   if (m <= 1 || !HasShortCut(plan, m) || best_score.imbalance > target) return plan;
   // The winner keeps a cut piece shorter than m that its repair could not
-  // remove. More candidates join those kept: the rho values between the
-  // usual ones at the winner's k, and all eight at k + 1 (one more Per-Doc
-  // document: better balanced, so more meet R). Of the first few in score
-  // order (the winner first: its repair fails again), the best repaired plan
-  // with no such piece that still meets the target wins; if none, the
-  // winner stays. Rare (a few batches in a hundred on WLB-LLM at 128K), and
-  // then about one more search plus up to five repairs.
+  // remove. The candidates at the winner's k and at k + 1 (one more Per-Doc
+  // document: better balanced, so more meet R) are built again, with the
+  // four usual rho scales and four between them, and those that meet R are
+  // kept. Of the first few in score order (the winner first: its repair
+  // fails again), the best repaired plan with no such piece that still
+  // meets the target wins; if none, the winner stays. Rare (a few batches in
+  // a hundred on WLB-LLM at 128K), and then about two more searches' worth
+  // of candidates plus up to five repairs; other batches pay nothing.
   const size_t k0 = best_k;
-  std::fill(tried.begin(), tried.end(), int8_t{-1});
-  scales = kMoreScales;
-  try_k(k0);
-  scales = kScales;
-  if (k0 < n_docs) try_k(k0 + 1);
-  scales = kMoreScales;
-  std::fill(tried.begin(), tried.end(), int8_t{-1});
-  if (k0 < n_docs) try_k(k0 + 1);
+  pool = &candidates;
+  for (const std::span<const double> set : {std::span<const double>(kScales),
+                                            std::span<const double>(kMoreScales)}) {
+    scales = set;
+    std::fill(tried.begin(), tried.end(), int8_t{-1});
+    try_k(k0);
+    if (k0 < n_docs) try_k(k0 + 1);
+  }
   pool = nullptr;
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](const Candidate& x, const Candidate& y) {

@@ -705,8 +705,9 @@ std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> piec
   for (auto& w : repair.whole) std::sort(w.begin(), w.end());
   // Passes until nothing changes: a fix can open a chain for a sliver that
   // had none. Each fix removes one sliver and creates none. Bounded work: at
-  // most N + 16 attempts (each O(cut pieces)); a plan with more slivers than
-  // that is left as it is (the caller's score charges them).
+  // most N + 16 attempts (each O(cut pieces + documents), plus at most 17^2
+  // whole-document pairs per side); a plan with more slivers than that is
+  // left as it is (the caller's score charges them).
   int64_t attempts = static_cast<int64_t>(batch.cp_size) + 16;
   for (bool progress = true; progress && attempts > 0;) {
     progress = false;

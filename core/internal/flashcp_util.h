@@ -64,7 +64,7 @@ struct WholeDocOptions {
   // 2 * min_shard tokens while such a document is available, sends a head
   // only to a receiver that can take min_shard tokens when one exists, and
   // never leaves a donor a tail shorter than min_shard when the head can be
-  // shortened instead. RepairShortShards removes what is left.
+  // shortened instead. RepairShortShards tries to remove what is left.
   int64_t min_shard = 0;
   // With min_shard: a head shorter than min_shard is instead sent longer, by
   // the length of the receiver's shortest whole document that the donor takes
@@ -134,8 +134,16 @@ void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,
 // document on ranks X and Y moves by s tokens, which hands s tokens from one
 // to the other, allowed only when the shrinking piece keeps >= min_shard
 // tokens. The chain is a shortest path between B and A over such boundaries
-// (BFS over ranks). Workload moves a little; the caller re-scores. A sliver
-// no chain can remove stays (the unavoidable case, docs/planner.md).
+// (BFS over ranks); chain fixes move a little workload unchecked (the
+// caller re-scores). Where no chain exists, whole documents move between A
+// and B instead: the sliver grows by g tokens (min_shard - s <= g, B's piece
+// keeps >= min_shard) while A hands B whole documents worth exactly g more
+// than it gets back (one, or one each way), or B absorbs it while handing
+// A exactly s more. Such a move must leave A and B at most
+// max(max_workload, the current maximum rank workload) and raise the
+// maximum over ranks of non-last tokens by at most max_nonlast_growth; the
+// one with the least resulting maximum non-last tokens is taken. A sliver
+// nothing removes stays (docs/planner.md, "Minimum shard").
 std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> pieces,
                                      int64_t min_shard,
                                      double max_workload = std::numeric_limits<double>::infinity(),
