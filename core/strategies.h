@@ -39,11 +39,15 @@ struct IlpOptions {
 
 struct PlanOptions {
   double target_imbalance = 1.02;  // R for flashcp / flashcp_paper; >= 1
-  // flashcp only: no cut shard (a shard of a document split into several)
-  // shorter than this many tokens, unless the batch leaves no other way to
-  // give every rank exactly its tokens (docs/planner.md, "Minimum shard").
-  // 128 = one query tile of the attention kernels (64-128 rows); 0 or 1 turns
-  // the rule off. 0 <= min_shard_tokens <= 2^40.
+  // flashcp only: the minimum length m of a cut shard (a shard of a document
+  // split into several). Best effort, not a guarantee: flashcp avoids cut
+  // shards shorter than m and repairs those left (docs/planner.md, "Minimum
+  // shard"), but ranks the imbalance target above it, so a plan may keep
+  // such shards where no candidate meets the target, and where some do but
+  // its repair and fallback (heuristics, not an exact search) find no plan
+  // without them that still meets it. 128 = one query tile of the attention
+  // kernels (64-128 rows); 0 or 1 turns the rule off. 0 <= min_shard_tokens
+  // <= 2^40.
   int64_t min_shard_tokens = 128;
   IlpOptions ilp;
 };
