@@ -3,8 +3,10 @@
 //   LISTENING grpc=HOST:PORT metrics=HOST:PORT
 // to stdout once bound; logs go to stderr.
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -39,7 +41,14 @@ ABSL_FLAG(bool, testing_hold_planning, false,
 namespace fps = flashcp::planner_service;
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    // A stray word (`flashcp-planner 50051`, a command a container runtime
+    // appended) would otherwise be ignored and the server run on defaults.
+    std::fprintf(stderr, "flashcp-planner: unexpected argument \"%s\"; every option is a --flag\n",
+                 positional[1]);
+    return 2;
+  }
   fps::ServerOptions o;
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics = absl::GetFlag(FLAGS_metrics);

@@ -441,6 +441,16 @@ TEST(PlannerServiceTest, SigintAlsoDrainsAndExitsZero) {
   EXPECT_THAT(p->process().Wait(Deadline()), IsOkAndHolds(0));
 }
 
+TEST(PlannerServiceTest, AStrayPositionalArgumentIsRefused) {
+  // `docker run IMAGE id` appends "id" to the entrypoint; it must not be ignored.
+  absl::StatusOr<tests::testing::CommandResult> r = tests::testing::RunCommand(
+      {FLASHCP_PLANNER_BIN, "--listen", "127.0.0.1:0", "50051"}, "", Deadline());
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->exit_code, 2);
+  EXPECT_THAT(r->output, ::testing::HasSubstr(
+                             "flashcp-planner: unexpected argument \"50051\"; every option is a --flag"));
+}
+
 TEST(PlannerServiceTest, ReflectionListsThePlanner) {
   std::unique_ptr<PlannerProcess> p = StartPlanner();
   ASSERT_NE(p, nullptr);
