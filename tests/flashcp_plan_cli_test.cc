@@ -155,6 +155,11 @@ TEST(FlashcpPlanCliTest, HelpGoesToStdout) {
   const Result r = RunPlan("--help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_THAT(r.out, StartsWith("Usage: flashcp-plan [flags] [LENGTH ...]\n"));
+  // --min-shard-tokens promises what PlanOptions::min_shard_tokens does: best
+  // effort, subordinate to R (core/strategies.h).
+  EXPECT_THAT(r.out, HasSubstr("  --min-shard-tokens M flashcp's minimum cut shard, tokens. "
+                               "Best effort, below the\n"
+                               "                       imbalance target R: "));
   EXPECT_EQ(r.err, "");
 }
 
