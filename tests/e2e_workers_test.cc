@@ -526,6 +526,30 @@ TEST(E2eWorkersTest, LateAndDuplicateRanksGiveClearErrors) {
   EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
 }
 
+// A stray word (a rank typed without its flag, a command a container runtime
+// appended) is refused before anything starts, exactly as flashcp-planner
+// refuses it, instead of the rank running on defaults.
+TEST(E2eWorkersTest, StrayPositionalArgumentIsRefused) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string word;
+  };
+  const std::vector<Case> cases = {
+      {{"1"}, "1"},
+      {{"--rank", "0", "--planner", "127.0.0.1:1", "g0"}, "g0"},
+      {{"--steps=3", "--", "--rank=1"}, "--rank=1"},  // after "--" every word is positional
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {FLASHCP_WORKER_BIN};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    auto r = tests::testing::RunCommand(argv, "", In(absl::Seconds(30)));
+    ASSERT_THAT(r.status(), IsOk());
+    EXPECT_EQ(r->exit_code, 2) << c.word;
+    EXPECT_EQ(r->output, absl::StrCat("flashcp-worker: unexpected argument \"", c.word,
+                                      "\"; every option is a --flag\n"));
+  }
+}
+
 // A cuda device this machine cannot use fails before the worker joins
 // anything: without CUDA in the build, or (a build with CUDA) no usable
 // device, or no device 4095.

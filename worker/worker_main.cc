@@ -2,9 +2,10 @@
 //   WORKER rank=R control=HOST:PORT metrics=HOST:PORT
 // to stdout once its endpoints are bound, forms the group through the
 // planner's Rendezvous service, runs --steps steps (the driver, rank 0, also
-// prints a `RUN {...}` summary line per run) and exits 0; a failure exits 1
-// with the reason on stderr. SIGTERM or SIGINT: the group finishes the step in
-// flight and every rank exits 0.
+// prints a `RUN {...}` summary line per run) and exits 0; a failure (a bad
+// flag value included) exits 1 with the reason on stderr; a positional
+// argument exits 2. SIGTERM or SIGINT: the group finishes the step in flight
+// and every rank exits 0.
 //
 // --device cpu runs the CPU engine; --device cuda:K the CUDA backend
 // (worker/cuda/cuda_rank_backend.h), linked only into a build with CUDA
@@ -20,6 +21,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -76,7 +78,14 @@ int Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    // A stray word (`flashcp-worker 1`, a command a container runtime
+    // appended) would otherwise be ignored and the rank run on defaults.
+    std::fprintf(stderr, "flashcp-worker: unexpected argument \"%s\"; every option is a --flag\n",
+                 positional[1]);
+    return 2;
+  }
   // Signals go to the waiter thread only: block them before any thread starts.
   sigset_t signals;
   sigemptyset(&signals);

@@ -404,7 +404,14 @@ absl::Status RunCp(uint64_t seed) {
 }  // namespace flashcp::worker::cuda
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    // A stray word would otherwise be ignored and the bench run on defaults.
+    std::fprintf(stderr,
+                 "flashcp-gpu-bench: unexpected argument \"%s\"; every option is a --flag\n",
+                 positional[1]);
+    return 2;
+  }
   using namespace flashcp::worker::cuda;
   std::ofstream file;
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
