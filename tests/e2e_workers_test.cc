@@ -38,6 +38,7 @@
 #include "tests/testing/planner_process.h"
 #include "tests/testing/ports.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/worker_process.h"
 
 namespace flashcp {
 namespace {
@@ -56,48 +57,19 @@ const char kSource[] = FLASHCP_SOURCE_DIR;
 absl::Time In(absl::Duration d) { return absl::Now() + d; }
 
 // ---- workers ---------------------------------------------------------------
-struct Worker {
-  std::unique_ptr<Subprocess> process;
-  std::string control, metrics;
-  std::string output;  // stdout+stderr read so far
-};
+using Worker = tests::testing::WorkerProcess;
 
 absl::StatusOr<Worker> StartWorker(int rank, const std::string& group, const std::string& planner,
                                    std::vector<std::string> extra) {
-  std::vector<std::string> argv = {FLASHCP_WORKER_BIN,   "--rank",
-                                   absl::StrCat(rank),   "--world_size",
-                                   absl::StrCat(kRanks), "--group",
-                                   group,                "--planner",
-                                   planner,              "--context",
-                                   absl::StrCat(kContext), "--heads",
-                                   absl::StrCat(kHeads), "--head_dim",
-                                   absl::StrCat(kHeadDim)};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  Worker w;
-  auto p = Subprocess::Start(argv, {.pipe_stdin = false, .merge_stderr = true});
-  if (!p.ok()) return p.status();
-  w.process = *std::move(p);
-  const absl::Time deadline = In(absl::Seconds(60));
-  for (;;) {
-    auto line = w.process->ReadLine(deadline);
-    if (!line.ok()) return line.status();
-    w.output += *line + "\n";
-    std::smatch m;
-    static const std::regex re("^WORKER rank=(\\d+) control=(\\S+) metrics=(\\S+)$");
-    if (std::regex_match(*line, m, re)) {
-      w.control = m[2];
-      w.metrics = m[3];
-      return w;
-    }
-  }
-}
-
-// The worker's exit code and everything it printed, within `deadline`.
-absl::StatusOr<int> Finish(Worker& w, absl::Time deadline) {
-  auto rest = w.process->ReadAll(deadline);
-  if (!rest.ok()) return rest.status();
-  w.output += *rest;
-  return w.process->Wait(deadline);
+  std::vector<std::string> args = {"--rank",       absl::StrCat(rank),
+                                   "--world_size", absl::StrCat(kRanks),
+                                   "--group",      group,
+                                   "--planner",    planner,
+                                   "--context",    absl::StrCat(kContext),
+                                   "--heads",      absl::StrCat(kHeads),
+                                   "--head_dim",   absl::StrCat(kHeadDim)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return Worker::Start(FLASHCP_WORKER_BIN, args, In(absl::Seconds(60)));
 }
 
 std::unique_ptr<v1::WorkerControl::Stub> Control(const Worker& w) {
@@ -424,7 +396,7 @@ TEST(E2eWorkersTest, RunThroughPrometheusRulesDashboardAndCommSaving) {
   // SIGTERM on one rank: the whole group stops cleanly.
   ASSERT_THAT(ws[2].process->Signal(SIGTERM), IsOk());
   for (Worker& w : ws) {
-    auto code = Finish(w, In(absl::Seconds(30)));
+    auto code = w.Finish(In(absl::Seconds(30)));
     ASSERT_THAT(code.status(), IsOk());
     EXPECT_EQ(*code, 0) << w.output;
   }
@@ -446,7 +418,7 @@ TEST(E2eWorkersTest, KilledWorkerFailsTheOthersWithinTheTimeout) {
   ASSERT_THAT(ws[2].process->Signal(SIGKILL), IsOk());
   const absl::Time start = absl::Now();
   for (int r : {0, 1, 3}) {
-    auto code = Finish(ws[r], In(absl::Seconds(10 + 20)));
+    auto code = ws[r].Finish(In(absl::Seconds(10 + 20)));
     ASSERT_THAT(code.status(), IsOk()) << "rank " << r;
     EXPECT_EQ(*code, 1) << ws[r].output;
     // The reason names the failed collective: a closed connection, or the timeout.
@@ -480,7 +452,7 @@ TEST(E2eWorkersTest, PlannerRestartMidRunWorkersReconnectAndFinish) {
   auto again = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1", "--listen", address});
   ASSERT_THAT(again.status(), IsOk());
   for (Worker& w : ws) {
-    auto code = Finish(w, In(absl::Seconds(120)));
+    auto code = w.Finish(In(absl::Seconds(120)));
     ASSERT_THAT(code.status(), IsOk());
     EXPECT_EQ(*code, 0) << w.output;
   }
@@ -506,7 +478,7 @@ TEST(E2eWorkersTest, LateAndDuplicateRanksGiveClearErrors) {
     ws.push_back(*std::move(w));
   }
   for (Worker& w : ws) {
-    auto code = Finish(w, In(absl::Seconds(30)));
+    auto code = w.Finish(In(absl::Seconds(30)));
     ASSERT_THAT(code.status(), IsOk());
     EXPECT_EQ(*code, 1) << w.output;
   }

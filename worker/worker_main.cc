@@ -7,6 +7,11 @@
 // argument exits 2. SIGTERM or SIGINT: the group finishes the step in flight
 // and every rank exits 0.
 //
+// --tls_ca (with --tls_cert/--tls_key for mTLS, --tls_server_name) makes the
+// planner channel TLS, as flashcp-client's flags of the same names do; the
+// rendezvous store and the plans share that one channel. The worker's own
+// endpoints (--control, --metrics) and the Gloo transport stay plaintext.
+//
 // --device cpu runs the CPU engine; --device cuda:K the CUDA backend
 // (worker/cuda/cuda_rank_backend.h), linked only into a build with CUDA
 // (FLASHCP_WORKER_CUDA, set by worker/CMakeLists.txt); without it cuda:K
@@ -17,10 +22,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <iterator>
 #include <memory>
+#include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -28,6 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/grpc_planner_client.h"
+#include "client/internal/tool_args.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "grpcpp/grpcpp.h"
@@ -39,6 +49,16 @@
 #ifdef FLASHCP_WORKER_CUDA
 #include "worker/cuda/cuda_rank_backend.h"
 #endif
+
+namespace {
+// The --tls_* flags given on the command line (absl::ParseCommandLine runs
+// their OnUpdate callbacks; main clears the calls made at registration), by
+// name without the dashes.
+std::set<std::string>& GivenTlsFlags() {
+  static auto* given = new std::set<std::string>;
+  return *given;
+}
+}  // namespace
 
 ABSL_FLAG(int32_t, rank, 0, "this process's rank in the group, 0 is the driver");
 ABSL_FLAG(int32_t, world_size, 1, "ranks in the CP group (N)");
@@ -63,8 +83,26 @@ ABSL_FLAG(uint64_t, seed, 1, "seed of the batches and of Q, K, V");
 ABSL_FLAG(bool, linger, false, "after a run, keep serving (metrics, control) until SIGTERM");
 ABSL_FLAG(std::string, gloo_host, "127.0.0.1",
           "address this rank's Gloo TCP transport listens on (the pod IP across nodes)");
+// The planner connection's TLS, spelled and checked as flashcp-client's
+// (client::internal::TlsOptionsFromArgs; README, "TLS"): TLS iff --tls_ca.
+// OnUpdate records that a flag was given, so that an empty value is refused
+// as flashcp-client refuses it rather than taken for an absent flag.
+ABSL_FLAG(std::string, tls_ca, "",
+          "TLS to the planner: PEM CA bundle its certificate must chain to; plaintext without it")
+    .OnUpdate([] { GivenTlsFlags().insert("tls_ca"); });
+ABSL_FLAG(std::string, tls_cert, "",
+          "mTLS: PEM client certificate (for a planner run with --tls_client_ca); needs "
+          "--tls_ca and --tls_key")
+    .OnUpdate([] { GivenTlsFlags().insert("tls_cert"); });
+ABSL_FLAG(std::string, tls_key, "", "mTLS: PEM private key of --tls_cert")
+    .OnUpdate([] { GivenTlsFlags().insert("tls_key"); });
+ABSL_FLAG(std::string, tls_server_name, "",
+          "TLS: the name the planner's certificate must carry, when it is not the host of "
+          "--planner")
+    .OnUpdate([] { GivenTlsFlags().insert("tls_server_name"); });
 ABSL_FLAG(int64_t, progress_every, 0, "driver: log progress every N steps to stderr; 0: never");
 
+namespace fc = flashcp::client;
 namespace fw = flashcp::worker;
 
 namespace {
@@ -75,9 +113,40 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+// The planner channel's options from the --tls_* flags, read by the client
+// library as flashcp-client reads its own (TlsOptionsFromArgs, then WithTls):
+// plaintext without them; InvalidArgument naming the flag for a bad
+// combination or an empty value, NotFound naming the flag and the path for a
+// file that cannot be opened.
+absl::StatusOr<fc::ChannelOptions> PlannerChannelOptions() {
+  const std::pair<const char*, const absl::Flag<std::string>*> flags[] = {
+      {"tls_ca", &FLAGS_tls_ca},
+      {"tls_cert", &FLAGS_tls_cert},
+      {"tls_key", &FLAGS_tls_key},
+      {"tls_server_name", &FLAGS_tls_server_name}};
+  std::vector<std::string> args;
+  for (const auto& [name, flag] : flags) {
+    if (GivenTlsFlags().count(name) > 0) {
+      args.push_back(absl::StrCat("--", name, "=", absl::GetFlag(*flag)));
+    }
+  }
+  const std::set<std::string> value_flags(std::begin(fc::internal::kTlsFlags),
+                                          std::end(fc::internal::kTlsFlags));
+  absl::StatusOr<fc::internal::ToolArgs> parsed =
+      fc::internal::ToolArgs::Parse(args, value_flags, /*switches=*/{});
+  if (!parsed.ok()) return parsed.status();
+  absl::StatusOr<std::optional<fc::TlsOptions>> tls = fc::internal::TlsOptionsFromArgs(*parsed);
+  if (!tls.ok()) return tls.status();
+  if (!tls->has_value()) return fc::ChannelOptions();
+  return fc::WithTls(fc::ChannelOptions(), **tls);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // absl also runs each OnUpdate callback once as the flag is registered
+  // (static initialisation): only what ParseCommandLine sets counts as given.
+  GivenTlsFlags().clear();
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     // A stray word (`flashcp-worker 1`, a command a container runtime
@@ -122,6 +191,8 @@ int main(int argc, char** argv) {
   std::random_device entropy;
   o.incarnation = (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(getpid());
   if (absl::Status s = fw::ValidateDaemonOptions(o); !s.ok()) return Fail(s);
+  const absl::StatusOr<fc::ChannelOptions> channel_options = PlannerChannelOptions();
+  if (!channel_options.ok()) return Fail(channel_options.status());
 
   auto registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -138,10 +209,12 @@ int main(int argc, char** argv) {
   exposer->RegisterCollectable(registry);
   fw::WorkerMetrics metrics(*registry, FLASHCP_VERSION);
 
-  auto channel = flashcp::client::MakeChannel(absl::GetFlag(FLAGS_planner));
+  // The worker's only channel to the planner: the rendezvous store and the
+  // plans both go over it, so both are TLS when the flags ask for it.
+  auto channel = fc::MakeChannel(absl::GetFlag(FLAGS_planner), *channel_options);
   std::shared_ptr<flashcp::v1::Rendezvous::StubInterface> rendezvous =
       flashcp::v1::Rendezvous::NewStub(channel);
-  auto planner = std::make_shared<flashcp::client::GrpcPlannerClient>(channel);
+  auto planner = std::make_shared<fc::GrpcPlannerClient>(channel);
   const flashcp::core::RealClock clock;
   fw::CudaBackendFactory cuda;  // empty: built without CUDA
 #ifdef FLASHCP_WORKER_CUDA

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -10,6 +11,7 @@
 #include "tests/testing/metrics_text.h"
 #include "tests/testing/planner_process.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/worker_process.h"
 
 namespace flashcp::tests::testing {
 namespace {
@@ -36,6 +38,22 @@ TEST(ParseListeningLineTest, Rejects) {
   for (const char* line : {"", "LISTENING", "LISTENING grpc=x:1", "LISTENING metrics=- grpc=x:1",
                            "LISTENING grpc= metrics=-", "LISTENING grpc=a:1 metrics=b"}) {
     EXPECT_THAT(ParseListeningLine(line), StatusIs(absl::StatusCode::kInvalidArgument)) << line;
+  }
+}
+
+TEST(ParseWorkerLineTest, AcceptsTheWorkerLineOnly) {
+  absl::StatusOr<WorkerAddresses> a =
+      ParseWorkerLine("WORKER rank=3 control=127.0.0.1:4000 metrics=127.0.0.1:4001");
+  ASSERT_THAT(a, IsOk());
+  EXPECT_EQ(a->rank, 3);
+  EXPECT_EQ(a->control, "127.0.0.1:4000");
+  EXPECT_EQ(a->metrics, "127.0.0.1:4001");
+  for (const char* line : {"", "WORKER", "WORKER rank=x control=a:1 metrics=b:2",
+                           "WORKER rank=0 metrics=b:2 control=a:1",
+                           "LISTENING grpc=a:1 metrics=b:2"}) {
+    EXPECT_THAT(ParseWorkerLine(line), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                absl::StrCat("not a WORKER line: \"", line, "\"")))
+        << line;
   }
 }
 
