@@ -83,7 +83,7 @@ class PlannerClient {
 // The server's info once it answers, waiting up to `timeout` for it to come
 // up (GetServerInfo with wait_for_ready), as the tools do before they start.
 // A wait that ends in DEADLINE_EXCEEDED does not say why the channel never
-// became ready, so one fail-fast GetServerInfo (deadline min(timeout, 5 s))
+// became ready, so one fail-fast GetServerInfo (deadline min(timeout, 1 s))
 // follows: its answer if the server has just come up, else DEADLINE_EXCEEDED
 // with the fail-fast call's error appended ("...; last connection error:
 // UNAVAILABLE: ... Ssl handshake failed ..."). Other errors come back as is.

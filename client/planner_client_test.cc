@@ -45,7 +45,7 @@ TEST(WaitForServerTest, DeadlineCarriesTheFailFastCallsReason) {
   MockPlannerClient client;
   EXPECT_CALL(client, GetServerInfo(Waiting(absl::Seconds(10))))
       .WillOnce(Return(absl::DeadlineExceededError("Deadline Exceeded")));
-  EXPECT_CALL(client, GetServerInfo(FailingFast(absl::Seconds(5))))
+  EXPECT_CALL(client, GetServerInfo(FailingFast(absl::Seconds(1))))
       .WillOnce(Return(absl::UnavailableError("Ssl handshake failed")));
   EXPECT_THAT(WaitForServer(client, absl::Seconds(10)),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
@@ -55,11 +55,11 @@ TEST(WaitForServerTest, DeadlineCarriesTheFailFastCallsReason) {
 
 TEST(WaitForServerTest, FailFastDeadlineIsAtMostTheTimeout) {
   MockPlannerClient client;
-  EXPECT_CALL(client, GetServerInfo(Waiting(absl::Seconds(2))))
+  EXPECT_CALL(client, GetServerInfo(Waiting(absl::Milliseconds(500))))
       .WillOnce(Return(absl::DeadlineExceededError("first")));
-  EXPECT_CALL(client, GetServerInfo(FailingFast(absl::Seconds(2))))
+  EXPECT_CALL(client, GetServerInfo(FailingFast(absl::Milliseconds(500))))
       .WillOnce(Return(absl::DeadlineExceededError("second")));
-  EXPECT_THAT(WaitForServer(client, absl::Seconds(2)),
+  EXPECT_THAT(WaitForServer(client, absl::Milliseconds(500)),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
                        "first; last connection error: DEADLINE_EXCEEDED: second"));
 }
@@ -68,7 +68,7 @@ TEST(WaitForServerTest, ServerThatCameUpJustThenAnswersTheFailFastCall) {
   MockPlannerClient client;
   EXPECT_CALL(client, GetServerInfo(Waiting(absl::Seconds(10))))
       .WillOnce(Return(absl::DeadlineExceededError("Deadline Exceeded")));
-  EXPECT_CALL(client, GetServerInfo(FailingFast(absl::Seconds(5)))).WillOnce(Return(Info()));
+  EXPECT_CALL(client, GetServerInfo(FailingFast(absl::Seconds(1)))).WillOnce(Return(Info()));
   EXPECT_THAT(WaitForServer(client, absl::Seconds(10)), IsOk());
 }
 

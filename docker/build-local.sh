@@ -28,10 +28,11 @@ log() { echo "build-local: $*" >&2; }
 ((EUID == 0)) || { log "run as root (apt-get, dockerd)"; exit 2; }
 
 if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
+  apt-get update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io debootstrap >/dev/null
 fi
 if ! docker info >/dev/null 2>&1; then
-  log "starting dockerd (log: /tmp/flashcp-dockerd.log)"
+  log "starting dockerd (log: /tmp/flashcp-dockerd.log); it keeps running after this script"
   dockerd --storage-driver=vfs --iptables=false --bridge=none >/tmp/flashcp-dockerd.log 2>&1 &
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   docker info >/dev/null 2>&1 || { log "dockerd did not start; see /tmp/flashcp-dockerd.log"; exit 1; }
@@ -56,9 +57,10 @@ docker tag debian:12 debian:12-slim
 mkdir "$work/ctx"
 git archive HEAD | tar -x -C "$work/ctx"
 for image in planner worker-cpu; do
-  cp "docker/$image.Dockerfile.dockerignore" "$work/ctx/.dockerignore"
+  # Dockerfile and ignore list from the same commit as the context.
+  cp "$work/ctx/docker/$image.Dockerfile.dockerignore" "$work/ctx/.dockerignore"
   log "docker build flashcp/$image:dev (log: /tmp/flashcp-docker-$image.log)"
-  if ! DOCKER_BUILDKIT=0 docker build --network host -f "docker/$image.Dockerfile" \
+  if ! DOCKER_BUILDKIT=0 docker build --network host -f "$work/ctx/docker/$image.Dockerfile" \
       -t "flashcp/$image:dev" "$work/ctx" >"/tmp/flashcp-docker-$image.log" 2>&1; then
     tail -30 "/tmp/flashcp-docker-$image.log" >&2
     exit 1
@@ -68,9 +70,10 @@ docker images flashcp/planner:dev --format 'flashcp/planner:dev {{.Size}}' >&2
 docker images flashcp/worker-cpu:dev --format 'flashcp/worker-cpu:dev {{.Size}}' >&2
 
 # ---- Smoke test -------------------------------------------------------------
-planner=$(docker run -d --network host flashcp/planner:dev --listen 127.0.0.1:0 --metrics 127.0.0.1:0)
-cleanup() { docker rm -f "$planner" >/dev/null 2>&1 || true; rm -rf "$work"; }
+planner=
+cleanup() { [[ -z $planner ]] || docker rm -f "$planner" >/dev/null 2>&1 || true; rm -rf "$work"; }
 trap cleanup EXIT
+planner=$(docker run -d --network host flashcp/planner:dev --listen 127.0.0.1:0 --metrics 127.0.0.1:0)
 addr=
 for _ in $(seq 100); do
   addr=$(docker logs "$planner" 2>/dev/null | sed -n 's/^LISTENING grpc=\([^ ]*\).*/\1/p')
@@ -90,7 +93,22 @@ got=$(echo "$batch" | docker run --rm -i --network host --entrypoint flashcp-cli
 [[ -n $want && $want == "$got" ]] || { log "flashcp-client through the container differs from flashcp-plan"; exit 1; }
 log "flashcp-client via the planner container == flashcp-plan"
 
-metrics_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# Rank k serves metrics on base + k: a base whose next port is free too (checked, then
+# released, so another process could still take them before the workers bind).
+metrics_port=$(python3 - <<'PY'
+import socket
+for _ in range(100):
+    a = socket.socket(); a.bind(("127.0.0.1", 0)); base = a.getsockname()[1]
+    b = socket.socket()
+    try:
+        b.bind(("127.0.0.1", base + 1))
+    except (OSError, OverflowError):  # taken, or base + 1 past 65535
+        continue
+    finally:
+        a.close(); b.close()
+    print(base); break
+PY
+)
 docker run --rm --network host --ipc host \
   -e FLASHCP_DEVICE=cpu -e FLASHCP_RANKS_PER_NODE=2 -e FLASHCP_NODE_RANK=0 \
   -e FLASHCP_PLANNER="$addr" -e FLASHCP_METRICS_HOST=127.0.0.1 \

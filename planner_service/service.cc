@@ -1,5 +1,6 @@
 #include "planner_service/service.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -23,13 +24,17 @@ constexpr char kApiVersion[] = "flashcp.v1";
 // before our copy of the deadline (arrival time + the grpc-timeout header)
 // passes: by the request's transit time, measured 8 ms for a 1 s deadline on
 // a loaded 2-core machine. A cancellation this close to the deadline is
-// counted as the deadline's.
+// counted as the deadline's: within 50 ms, and within a tenth of the call's
+// budget, so that an explicit cancel of a short call still counts as one.
 constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(50);
 
 // Why a call that nobody waits for any more ended: its deadline passed, or the
-// client cancelled it.
-absl::Status DroppedStatus(const grpc::CallbackServerContext& context, const Clock& clock) {
-  if (absl::FromChrono(context.deadline()) <= clock.Now() + kDeadlineSlack) {
+// client cancelled it. `received`: when the call arrived.
+absl::Status DroppedStatus(const grpc::CallbackServerContext& context, const Clock& clock,
+                           absl::Time received) {
+  const absl::Time deadline = absl::FromChrono(context.deadline());
+  const absl::Duration slack = std::min(kDeadlineSlack, (deadline - received) / 10);
+  if (deadline <= clock.Now() + slack) {
     return absl::DeadlineExceededError("planner: the deadline passed before the plan was made");
   }
   return absl::CancelledError("planner: the call was cancelled before the plan was made");
@@ -71,7 +76,7 @@ class PlanReactor final : public grpc::ServerUnaryReactor {
       dropped = ticket_.has_value() && deps_.pool->Cancel(*ticket_);
     }
     // Removed from the queue: the job will never run, so it is ours to finish.
-    if (dropped) FinishWith(DroppedStatus(*context_, *deps_.clock));
+    if (dropped) FinishWith(DroppedStatus(*context_, *deps_.clock, received_));
   }
 
   void OnDone() override { delete this; }
@@ -80,7 +85,7 @@ class PlanReactor final : public grpc::ServerUnaryReactor {
   // On a pool thread.
   void RunJob(const proto::PlanInput& input) {
     if (context_->IsCancelled()) {
-      FinishWith(DroppedStatus(*context_, *deps_.clock));
+      FinishWith(DroppedStatus(*context_, *deps_.clock, received_));
       return;
     }
     absl::StatusOr<v1::PlanResponse> response = PlanBatch(input, *deps_.clock, *deps_.observer);

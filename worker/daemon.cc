@@ -36,7 +36,7 @@ struct StepHeader {
 static_assert(sizeof(StepHeader) == 64 && std::is_trivially_copyable_v<StepHeader>);
 
 struct RankReport {
-  double attention_seconds = 0;  // forward + backward minus communication
+  double attention_seconds = 0;  // CPU: forward + backward minus communication; CUDA: kernel time
   uint8_t stop = 0;              // this rank wants the group to stop
   uint8_t pad[7] = {};
 };
@@ -114,11 +114,11 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
                 .Register(registry)),
       forward_(prometheus::BuildHistogram()
                    .Name("flashcp_worker_attention_forward_duration_seconds")
-                   .Help("Attention forward pass per step, communication included")
+                   .Help("Attention forward pass per step: CPU, its collectives included; CUDA, device time of the attention kernels only")
                    .Register(registry)),
       backward_(prometheus::BuildHistogram()
                     .Name("flashcp_worker_attention_backward_duration_seconds")
-                    .Help("Attention backward pass per step, communication included")
+                    .Help("Attention backward pass per step: CPU, its collectives included; CUDA, device time of the attention kernels only")
                     .Register(registry)),
       comm_(prometheus::BuildHistogram()
                 .Name("flashcp_worker_comm_duration_seconds")

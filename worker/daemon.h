@@ -208,8 +208,9 @@ class WorkerDaemon {
   std::shared_ptr<client::PlannerClient> planner_;
   std::unique_ptr<RankBackend> backend_;
   WorkerMetrics* const metrics_;
-  // Every time the daemon measures (step, plan wait, collectives) or waits on
-  // (join backoff, idle heartbeat); must outlive the daemon.
+  // Every time the daemon measures (step, plan wait) or waits on (join
+  // backoff, idle heartbeat); the backend times its collectives on the clock
+  // in its BackendConfig. Must outlive the daemon.
   const core::WaitClock& clock_;
 
   mutable absl::Mutex mu_;

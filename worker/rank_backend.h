@@ -65,7 +65,8 @@ struct BackendConfig {
   const core::WaitClock* clock = nullptr;  // host timings; must outlive the backend
 };
 
-// The CPU engine over the group communicator; times on config.clock.
+// The CPU engine over the group communicator; times on config.clock, which
+// must be set (MakeRankBackend checks; this does not).
 std::unique_ptr<RankBackend> MakeCpuRankBackend(const BackendConfig& config);
 
 // Makes the CUDA backend on device K (FailedPrecondition where no device is

@@ -100,8 +100,19 @@ GTESTS=(worker_cuda_communicator_test)
 # flashcp-worker's CUDA backend, a one-rank group on cuda:0 (planner, rendezvous,
 # NCCL id through the store): only with RUN_GTESTS=1 and where the binary was
 # built (a full build tree, e.g. ctest's gpu_device_check); not carried.
-[[ ${RUN_GTESTS:-0} == 1 && -x $TESTS/worker_cuda_rank_backend_test ]] &&
-  GTESTS+=(worker_cuda_rank_backend_test)
+if [[ ${RUN_GTESTS:-0} == 1 ]]; then
+  # Built here only on request and apart from the main build, so that a failure
+  # here cannot cost the kernels' checks (it also needs the planner and client).
+  if [[ ! -x $TESTS/worker_cuda_rank_backend_test && -n ${BUILD_DIR:-} && -d $BUILD_DIR ]]; then
+    run_stage build-rank-backend 180 cmake --build "$BUILD_DIR" -j "$(nproc)" \
+      --target worker_cuda_rank_backend_test > "$OUT/build-rank-backend.log" 2>&1 || true
+  fi
+  if [[ -x $TESTS/worker_cuda_rank_backend_test ]]; then
+    GTESTS+=(worker_cuda_rank_backend_test)
+  else
+    say "worker_cuda_rank_backend_test: skipped, not built (see build-rank-backend.log)"
+  fi
+fi
 for t in "${GTESTS[@]}"; do
   run_stage "$t" 120 "$TESTS/$t" --gtest_brief=1 > "$OUT/$t.log" 2>&1 || { FAILED=1; tail -30 "$OUT/$t.log"; }
 done
