@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/grpc_probes.h"
 #include "tests/testing/planner_process.h"
+#include "tests/testing/expected_plans.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/tls_certs.h"
 
@@ -36,7 +37,6 @@ using ::flashcp::tests::testing::HealthStatus;
 using ::flashcp::tests::testing::PlannerProcess;
 using ::flashcp::tests::testing::RunCommand;
 using ::flashcp::tests::testing::TlsFiles;
-using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
@@ -91,31 +91,12 @@ v1::PlanRequest Ring53() {
   return r;
 }
 
-// Ring on [5, 3], N = 2, worked by hand (as in planner_service_test.cc): the
+// Ring on [5, 3], N = 2, worked by hand (tests/testing/expected_plans.h): the
 // plan came through the TLS connection intact.
 void ExpectRingPlanFor53(const PlanResult& result) {
   ASSERT_THAT(result, IsOk());
-  const v1::PlanResponse& r = *result;
-  EXPECT_FALSE(r.has_error());
-  EXPECT_EQ(r.batch_id(), 42u);
-  EXPECT_EQ(r.strategy(), "ring");
-  EXPECT_EQ(r.cp_size(), 2);
-  EXPECT_THAT(r.doc_lens(), ElementsAre(5, 3));
-  EXPECT_EQ(r.padding(), 0);
-  ASSERT_EQ(r.shards_size(), 3);
-  const int64_t want[3][4] = {{0, 0, 4, 0}, {0, 4, 1, 1}, {1, 0, 3, 1}};
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(r.shards(i).doc(), want[i][0]) << i;
-    EXPECT_EQ(r.shards(i).start(), want[i][1]) << i;
-    EXPECT_EQ(r.shards(i).len(), want[i][2]) << i;
-    EXPECT_EQ(r.shards(i).rank(), want[i][3]) << i;
-  }
-  // Workloads (2p+s+1)s/2: rank 0 doc 0 [0,4) = 10; rank 1 [4,5) = 5 plus doc 1 = 6.
-  EXPECT_THAT(r.metrics().rank_workload(), ElementsAre(10.0, 11.0));
-  EXPECT_DOUBLE_EQ(r.metrics().imbalance_ratio(), 11.0 / 10.5);
-  EXPECT_EQ(r.metrics().tokens_per_rank(), 4);
-  EXPECT_THAT(r.metrics().rank_nonlast_tokens(), ElementsAre(4, 0));
-  EXPECT_EQ(r.metrics().cut_docs(), 1);
+  EXPECT_EQ(result->batch_id(), 42u);
+  tests::testing::ExpectRingPlanFor53(*result);
 }
 
 // ---- the C++ client library ----------------------------------------------------

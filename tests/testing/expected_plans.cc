@@ -1,0 +1,37 @@
+#include "tests/testing/expected_plans.h"
+
+#include <cstdint>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace flashcp::tests::testing {
+
+using ::testing::ElementsAre;
+
+void ExpectRingPlanFor53(const v1::PlanResponse& r) {
+  EXPECT_FALSE(r.has_error());
+  EXPECT_EQ(r.strategy(), "ring");
+  EXPECT_EQ(r.cp_size(), 2);
+  EXPECT_THAT(r.doc_lens(), ElementsAre(5, 3));
+  EXPECT_EQ(r.padding(), 0);
+  ASSERT_EQ(r.shards_size(), 3);
+  const int64_t want[3][4] = {{0, 0, 4, 0}, {0, 4, 1, 1}, {1, 0, 3, 1}};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r.shards(i).doc(), want[i][0]) << i;
+    EXPECT_EQ(r.shards(i).start(), want[i][1]) << i;
+    EXPECT_EQ(r.shards(i).len(), want[i][2]) << i;
+    EXPECT_EQ(r.shards(i).rank(), want[i][3]) << i;
+  }
+  // Workloads (2p+s+1)s/2: rank 0 doc 0 [0,4) = 10; rank 1 [4,5) = 5 plus doc 1 = 6.
+  EXPECT_THAT(r.metrics().rank_workload(), ElementsAre(10.0, 11.0));
+  EXPECT_DOUBLE_EQ(r.metrics().imbalance_ratio(), 11.0 / 10.5);
+  EXPECT_EQ(r.metrics().tokens_per_rank(), 4);
+  EXPECT_THAT(r.metrics().rank_nonlast_tokens(), ElementsAre(4, 0));
+  EXPECT_EQ(r.metrics().comm_saving_ratio(), 0.0);
+  EXPECT_EQ(r.metrics().targeted_saving_ratio(), 0.5);
+  EXPECT_EQ(r.metrics().cut_docs(), 1);
+  EXPECT_GE(r.metrics().planning_seconds(), 0.0);
+}
+
+}  // namespace flashcp::tests::testing
