@@ -86,6 +86,29 @@ v1::PlanRequest Request(std::vector<int64_t> docs, int32_t cp, const std::string
   return r;
 }
 
+// Runs `flashcp-plan --quiet ARGS` and `flashcp-client --server SERVER
+// CLIENT_EXTRA ARGS`: both exit 0, the client writes nothing to stderr, and its
+// stdout equals flashcp-plan's line for line. `pieces`: flashcp-plan's output
+// split at '\n' (one per batch, plus the empty piece after the last '\n').
+void ExpectClientOutputEqualsPlan(const std::string& server,
+                                  const std::vector<std::string>& client_extra,
+                                  const std::vector<std::string>& args, size_t pieces) {
+  std::vector<std::string> plan_argv = {FLASHCP_PLAN_BIN, "--quiet"};
+  plan_argv.insert(plan_argv.end(), args.begin(), args.end());
+  std::vector<std::string> client_argv = {FLASHCP_CLIENT_BIN, "--server", server};
+  client_argv.insert(client_argv.end(), client_extra.begin(), client_extra.end());
+  client_argv.insert(client_argv.end(), args.begin(), args.end());
+  const ToolRun want = RunTool(plan_argv);
+  const ToolRun got = RunTool(client_argv);
+  ASSERT_EQ(want.exit_code, 0) << want.err;
+  ASSERT_EQ(got.exit_code, 0) << got.err;
+  EXPECT_EQ(got.err, "");
+  const std::vector<std::string> want_lines = absl::StrSplit(want.out, '\n');
+  const std::vector<std::string> got_lines = absl::StrSplit(got.out, '\n');
+  ASSERT_EQ(want_lines.size(), pieces);
+  EXPECT_EQ(got_lines, want_lines);
+}
+
 // ---- flashcp-client against flashcp-plan --------------------------------------
 
 TEST(FlashcpClientCliTest, DatasetOutputEqualsFlashcpPlanLineForLine) {
@@ -96,20 +119,7 @@ TEST(FlashcpClientCliTest, DatasetOutputEqualsFlashcpPlanLineForLine) {
     const std::vector<std::string> common = {"--cp",      "8",       "--strategy", strategy,
                                              "--dataset", "pile",    "--context",  "131072",
                                              "--batches", "24",      "--seed",     "7"};
-    std::vector<std::string> plan_argv = {FLASHCP_PLAN_BIN, "--quiet"};
-    plan_argv.insert(plan_argv.end(), common.begin(), common.end());
-    std::vector<std::string> client_argv = {FLASHCP_CLIENT_BIN, "--server",
-                                            planner->grpc_address(), "--inflight", "6"};
-    client_argv.insert(client_argv.end(), common.begin(), common.end());
-    const ToolRun want = RunTool(plan_argv);
-    const ToolRun got = RunTool(client_argv);
-    ASSERT_EQ(want.exit_code, 0) << want.err;
-    ASSERT_EQ(got.exit_code, 0) << got.err;
-    EXPECT_EQ(got.err, "");
-    const std::vector<std::string> want_lines = absl::StrSplit(want.out, '\n');
-    const std::vector<std::string> got_lines = absl::StrSplit(got.out, '\n');
-    ASSERT_EQ(want_lines.size(), 25u);  // 24 lines and the empty piece after the last '\n'
-    EXPECT_EQ(got_lines, want_lines);
+    ExpectClientOutputEqualsPlan(planner->grpc_address(), {"--inflight", "6"}, common, 25);
   }
 }
 
@@ -126,20 +136,7 @@ TEST(FlashcpClientCliTest, MinShardTokensOutputEqualsFlashcpPlan) {
                                        "--dataset", "pile",   "--context",  "131072",
                                        "--batches", "8",      "--seed",     "3"};
     common.insert(common.end(), extra.begin(), extra.end());
-    std::vector<std::string> plan_argv = {FLASHCP_PLAN_BIN, "--quiet"};
-    plan_argv.insert(plan_argv.end(), common.begin(), common.end());
-    std::vector<std::string> client_argv = {FLASHCP_CLIENT_BIN, "--server",
-                                            planner->grpc_address()};
-    client_argv.insert(client_argv.end(), common.begin(), common.end());
-    const ToolRun want = RunTool(plan_argv);
-    const ToolRun got = RunTool(client_argv);
-    ASSERT_EQ(want.exit_code, 0) << want.err;
-    ASSERT_EQ(got.exit_code, 0) << got.err;
-    EXPECT_EQ(got.err, "");
-    const std::vector<std::string> want_lines = absl::StrSplit(want.out, '\n');
-    const std::vector<std::string> got_lines = absl::StrSplit(got.out, '\n');
-    ASSERT_EQ(want_lines.size(), 9u);
-    EXPECT_EQ(got_lines, want_lines);
+    ExpectClientOutputEqualsPlan(planner->grpc_address(), {}, common, 9);
   }
 }
 
