@@ -10,8 +10,9 @@
 # the programs tests/gpu/prepare_carry.sh built here for sm_90a. Carry:
 #   .gpu-carry  .prefix/cudnn-frontend
 # Results: $OUT (or build-gpu-check/) gets results.jsonl, shapes.json,
-# device_check.log and tables.txt. Exit 0 when every correctness check passed
-# (targets missed are reported, not failures), 1 when a check failed, 77
+# device_check.log, gtests.log and tables.txt (the device tool returns at most
+# 8 files). Exit 0 when every correctness check passed (targets missed are
+# reported, not failures), 1 when a check failed, 77
 # when there is no GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,22 +44,21 @@ date -u +"date %Y-%m-%dT%H:%M:%SZ"
 nvcc --version 2>/dev/null | tail -1
 # The image's cuDNN and NCCL may live in PyTorch's wheels, not the toolkit.
 PYLIBS=$(python3 - <<'PY' 2>/dev/null
-import importlib.util, os
+# Every lib/ folder of the nvidia.* wheels (cudnn/lib, nccl/lib, cu13/lib...):
+# their layout differs between CUDA 12 and 13 wheels.
+import glob, importlib.util, os
 dirs = []
-for mod in ("nvidia.cudnn", "nvidia.nccl", "nvidia.cuda_nvrtc", "nvidia.cuda_runtime"):
-    try:
-        spec = importlib.util.find_spec(mod)
-    except Exception:
-        spec = None
-    for base in (spec.submodule_search_locations if spec else []) or []:
-        lib = os.path.join(base, "lib")
-        if os.path.isdir(lib):
-            dirs.append(lib)
+spec = importlib.util.find_spec("nvidia")
+for base in (spec.submodule_search_locations if spec else []) or []:
+    dirs += sorted(d for d in glob.glob(os.path.join(base, "*", "lib")) if os.path.isdir(d))
 print(":".join(dirs))
 PY
 )
 export LD_LIBRARY_PATH="${PYLIBS:+$PYLIBS:}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 say "library path: $LD_LIBRARY_PATH"
+# PyTorch runs on this path alone: the carried Debian libraries (zlib, OpenSSL...)
+# are for our programs, not for the image's Python.
+PY_LD_LIBRARY_PATH=$LD_LIBRARY_PATH
 
 # ---- 1. Build for sm_90a, or the carried build ------------------------------
 BIN=""
@@ -90,38 +90,35 @@ else
 fi
 BENCH=$BIN/flashcp-gpu-bench
 FAILED=0
+# Which cuDNN, NCCL and runtime the programs load (the machine's, not ours).
+ldd "$BENCH" | grep -E 'not found|cudnn|nccl|cudart|nvrtc'
+LD_LIBRARY_PATH=$PY_LD_LIBRARY_PATH python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(),
+  "nccl", torch.cuda.nccl.version())' 2>/dev/null
 
 # ---- 2. Correctness (fresh seeds every run) ----------------------------------
 run_stage check 150 "$BENCH" --mode=check --json_out="$RESULTS" > /dev/null || FAILED=1
-# The communicator test always (NCCL is nowhere else); the attention and CP
-# step gtests repeat what `check` covers, so only with RUN_GTESTS=1 (time).
-GTESTS=(worker_cuda_communicator_test)
-[[ ${RUN_GTESTS:-0} == 1 ]] && GTESTS+=(worker_cuda_attention_test worker_cuda_cp_step_test)
-# flashcp-worker's CUDA backend, a one-rank group on cuda:0 (planner, rendezvous,
-# NCCL id through the store): only with RUN_GTESTS=1 and where the binary was
-# built (a full build tree, e.g. ctest's gpu_device_check); not carried.
-if [[ ${RUN_GTESTS:-0} == 1 ]]; then
-  # Built here only on request and apart from the main build, so that a failure
-  # here cannot cost the kernels' checks (it also needs the planner and client).
-  if [[ ! -x $TESTS/worker_cuda_rank_backend_test && -n ${BUILD_DIR:-} && -d $BUILD_DIR ]]; then
-    run_stage build-rank-backend 180 cmake --build "$BUILD_DIR" -j "$(nproc)" \
-      --target worker_cuda_rank_backend_test > "$OUT/build-rank-backend.log" 2>&1 || true
-  fi
-  if [[ -x $TESTS/worker_cuda_rank_backend_test ]]; then
-    GTESTS+=(worker_cuda_rank_backend_test)
-  else
-    say "worker_cuda_rank_backend_test: skipped, not built (see build-rank-backend.log)"
-  fi
+# The communicator test (NCCL is nowhere else) and flashcp-worker's CUDA
+# backend (a one-rank group on cuda:0: planner, rendezvous, NCCL id through
+# the store) always, where the binary exists (prepare_carry.sh carries both;
+# a build here makes the rank-backend test apart, so that its failure cannot
+# cost the kernels' checks). The attention and CP step gtests repeat what
+# `check` covers, so they run last and only with RUN_GTESTS=1 (time).
+if [[ ! -x $TESTS/worker_cuda_rank_backend_test && $BIN == "$BUILD_DIR/bin" ]]; then
+  run_stage build-rank-backend 180 cmake --build "$BUILD_DIR" -j "$(nproc)" \
+    --target worker_cuda_rank_backend_test > "$OUT/build-rank-backend.log" 2>&1 || true
 fi
-for t in "${GTESTS[@]}"; do
-  run_stage "$t" 120 "$TESTS/$t" --gtest_brief=1 > "$OUT/$t.log" 2>&1 || { FAILED=1; tail -30 "$OUT/$t.log"; }
-done
+run_gtest() {
+  if [[ ! -x $TESTS/$1 ]]; then say "$1: skipped, not built"; return 0; fi
+  run_stage "$1" "$2" "$TESTS/$1" --gtest_brief=1 >> "$OUT/gtests.log" 2>&1 || { FAILED=1; tail -30 "$OUT/gtests.log"; }
+}
+run_gtest worker_cuda_communicator_test 90
+run_gtest worker_cuda_rank_backend_test 90
 
 # ---- 3. Kernel timing, ours and PyTorch's on the same shapes ------------------
 run_stage kernels 100 "$BENCH" --mode=kernels --heads=32 --json_out="$RESULTS" \
   --shapes_out="$OUT/shapes.json" > /dev/null
 if [[ -f "$OUT/shapes.json" ]]; then
-  run_stage torch_sdpa 120 python3 tests/gpu/sdpa_baseline.py --shapes "$OUT/shapes.json" \
+  LD_LIBRARY_PATH=$PY_LD_LIBRARY_PATH run_stage torch_sdpa 120 python3 tests/gpu/sdpa_baseline.py --shapes "$OUT/shapes.json" \
     --json_out "$RESULTS" > /dev/null
 fi
 
@@ -131,6 +128,12 @@ run_stage cp 200 "$BENCH" --mode=cp --heads=32 --cp_context=131072 --cp_sizes=4,
   --cp_batches=1 --datasets=wlbllm,pile --warmup=1 --iters=5 --json_out="$RESULTS" > /dev/null
 
 # ---- 5. Tables -----------------------------------------------------------------
-python3 tests/gpu/report.py "$RESULTS" | tee "$OUT/tables.txt"
+LD_LIBRARY_PATH=$PY_LD_LIBRARY_PATH python3 tests/gpu/report.py "$RESULTS" | tee "$OUT/tables.txt"
+
+# ---- 6. The repeating gtests, last so that they cannot crowd out the tables ----
+if [[ ${RUN_GTESTS:-0} == 1 ]]; then
+  run_gtest worker_cuda_attention_test 120
+  run_gtest worker_cuda_cp_step_test 150
+fi
 say "done (failed=$FAILED); results in $OUT"
 exit $FAILED
