@@ -23,7 +23,8 @@ RESULTS=$OUT/results.jsonl
 : > "$RESULTS"
 exec > >(tee -a "$OUT/device_check.log") 2>&1
 T0=$SECONDS
-say() { echo "[device_check t+$((SECONDS - T0))s] $*"; }
+# To stderr: a stage's stdout may be redirected away (run_stage ... > /dev/null).
+say() { echo "[device_check t+$((SECONDS - T0))s] $*" >&2; }
 # run_stage NAME LIMIT_S CMD...: bounded, so one stuck stage cannot eat the lease.
 run_stage() {
   local name=$1 limit=$2
@@ -124,7 +125,7 @@ fi
 
 # ---- 4. CP: per-strategy, per-rank attention time at 128K, N = 4 and 8 --------
 # Each rank batch shape builds its own cuDNN graphs: few timed runs per shape.
-run_stage cp 200 "$BENCH" --mode=cp --heads=32 --cp_context=131072 --cp_sizes=4,8 \
+run_stage cp 300 "$BENCH" --mode=cp --heads=32 --cp_context=131072 --cp_sizes=4,8 \
   --cp_batches=1 --datasets=wlbllm,pile --warmup=1 --iters=5 --json_out="$RESULTS" > /dev/null
 
 # ---- 5. Tables -----------------------------------------------------------------

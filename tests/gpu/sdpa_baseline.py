@@ -8,7 +8,8 @@ random bf16 inputs, with the FLOPs counted as flashcp counts them (SPEC.md:
 4*H*D*pairs forward, 2.5x that backward), so the TFLOP/s compare directly.
 
 Batches of equal documents run as one dense [B, H, L, D] call; packed batches
-of unequal documents run as one nested (jagged) tensor call. A backend that
+of unequal documents run as one nested (jagged) tensor call per backend, and
+also through FlashAttention's varlen op directly (torch_flash_varlen). A backend that
 refuses a shape is reported with its error, not skipped silently.
 Prints one JSON object per line (also appended to --json_out).
 """
@@ -70,6 +71,38 @@ def time_backend(torch, backend, docs, hq, hkv, d, warmup, iters, seed):
     return statistics.median(fwd), statistics.median(bwd), layout
 
 
+def time_flash_varlen(torch, docs, hq, hkv, d, warmup, iters, seed):
+    """FlashAttention's own varlen entry (cu_seqlens, packed [T, H, D]), the
+    op that nested-tensor SDPA lowers to, called directly: packed batches
+    without the nested-tensor layer. Differentiable through autograd."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    total = sum(docs)
+    def leaf(h):
+        return torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16, generator=gen,
+                           requires_grad=True)
+    q, k, v = leaf(hq), leaf(hkv), leaf(hkv)
+    cu = torch.tensor([0] + list(__import__("itertools").accumulate(docs)), device="cuda",
+                      dtype=torch.int32)
+    m = max(docs)
+    dout = torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    fwd, bwd = [], []
+    for i in range(warmup + iters):
+        e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        e0.record()
+        o = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, m, m, 0.0, True, False)[0]
+        e1.record()
+        o.backward(dout)
+        e2.record()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            fwd.append(e0.elapsed_time(e1))
+            bwd.append(e1.elapsed_time(e2))
+        for t in (q, k, v):
+            t.grad = None
+    return statistics.median(fwd), statistics.median(bwd), "varlen"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", required=True)
@@ -89,11 +122,18 @@ def main():
         docs = s["docs"]
         flops_f = 4.0 * hq * d * pairs(docs)
         for name, backend in (("torch_cudnn", SDPBackend.CUDNN_ATTENTION),
-                              ("torch_flash", SDPBackend.FLASH_ATTENTION)):
+                              ("torch_flash", SDPBackend.FLASH_ATTENTION),
+                              ("torch_flash_varlen", None)):
+            if backend is None and len(set(docs)) == 1:
+                continue  # equal documents: the dense calls above are the baseline
             rec = {"bench": "kernel", "impl": name, "shape": s["name"], "tokens": sum(docs),
                    "docs": len(docs), "heads_q": hq, "heads_kv": hkv}
             try:
-                f, b, layout = time_backend(torch, backend, docs, hq, hkv, d, a.warmup, a.iters, a.seed)
+                if backend is None:
+                    f, b, layout = time_flash_varlen(torch, docs, hq, hkv, d, a.warmup, a.iters, a.seed)
+                else:
+                    f, b, layout = time_backend(torch, backend, docs, hq, hkv, d, a.warmup, a.iters,
+                                                a.seed)
                 rec.update(layout=layout, fwd_ms=round(f, 4), bwd_ms=round(b, 4),
                            fwd_tflops=round(flops_f / (f * 1e-3) / 1e12, 1),
                            bwd_tflops=round(2.5 * flops_f / (b * 1e-3) / 1e12, 1))

@@ -66,7 +66,7 @@ TEST(CudnnAttentionTest, MatchesReferenceWithoutFallback) {
   FLASHCP_SKIP_WITHOUT_GPU();
   for (const AttentionShape& shape : Shapes()) {
     if (shape.head_dim != 128) continue;  // the fast path's shape
-    auto cudnn = CudnnAttention::Create(shape, /*allow_fallback=*/false);
+    auto cudnn = CudnnAttention::Create(shape, {.allow_fallback = false});
     ASSERT_THAT(cudnn, IsOk());
     for (const Case& c : Cases()) {
       const uint64_t seed = FreshSeed();

@@ -174,7 +174,10 @@ absl::StatusOr<std::unique_ptr<RankBackend>> MakeCudaRankBackend(int32_t device,
   }
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), what, ": cudaSetDevice");
   FLASHCP_ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create());
-  FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<CudnnAttention> attention, CudnnAttention::Create(shape));
+  // Autotuned: a worker runs each graph shape many times, so the first call's
+  // timing of cuDNN's plans pays off.
+  FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<CudnnAttention> attention,
+                           CudnnAttention::Create(shape, {.autotune = true}));
   return std::unique_ptr<RankBackend>(std::make_unique<CudaRankBackend>(
       device, config, shape, std::move(stream), std::move(attention)));
 }

@@ -41,8 +41,13 @@ absl::Status CudnnStatus(cudnnStatus_t s, absl::string_view step) {
   return absl::InternalError(absl::StrCat("cuDNN ", step, ": ", cudnnGetErrorString(s)));
 }
 
-int64_t RoundUpPow2(int64_t x) {
-  int64_t p = 1;
+// A graph's max sequence length: the next power of two, at least 64. The
+// floor keeps cuDNN off degenerate dims: 9.19 refuses s_q = s_kv = 1
+// (GRAPH_NOT_SUPPORTED), and a rank holding only 1- and 2-token pieces left a
+// row of statistics unwritten (device check, 2026-11-29). A larger dim costs
+// only empty tiles: the true lengths come in seq_len.
+int64_t GraphLen(int64_t x) {
+  int64_t p = 64;
   while (p < x) p <<= 1;
   return p;
 }
@@ -53,9 +58,13 @@ std::vector<int64_t> ThdStrides(int64_t s, int64_t h, int64_t d) { return {s * h
 
 struct Key {
   bool backward;
+  // Every sequence has q_len == kv_len: the top-left causal mask is the same
+  // mask as the bottom-right one, and cuDNN runs it faster (header).
+  bool top_left;
   int64_t b, s_q, s_kv;
   friend bool operator<(const Key& x, const Key& y) {
-    return std::tie(x.backward, x.b, x.s_q, x.s_kv) < std::tie(y.backward, y.b, y.s_q, y.s_kv);
+    return std::tie(x.backward, x.top_left, x.b, x.s_q, x.s_kv) <
+           std::tie(y.backward, y.top_left, y.b, y.s_q, y.s_kv);
   }
 };
 
@@ -66,7 +75,8 @@ class CudnnAttention::Graphs {
   struct Entry {
     std::shared_ptr<fe::graph::Graph> graph;  // null when cuDNN rejected the shape
     absl::Status build_status;
-    int64_t workspace = 0;  // bytes
+    int64_t workspace = 0;  // bytes, for the selected plan (all plans' max until tuned)
+    bool tuned = false;     // autotune ran (or was not asked for)
   };
   std::map<Key, Entry> cache;
 };
@@ -97,7 +107,8 @@ TensorPtr Thd(fe::graph::Graph& g, Uid uid, const char* name, int64_t b, int64_t
 // Builds one graph: the frontend's validate -> operation graph -> heuristics
 // -> support check -> plans sequence, each step's error kept.
 absl::StatusOr<CudnnAttention::Graphs::Entry> BuildGraph(const AttentionShape& shape,
-                                                         const Key& key, cudnnHandle_t handle) {
+                                                         const Key& key, bool all_plans,
+                                                         cudnnHandle_t handle) {
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -113,13 +124,16 @@ absl::StatusOr<CudnnAttention::Graphs::Entry> BuildGraph(const AttentionShape& s
   auto v = Thd(*g, kV, "V", b, hkv, key.s_kv, d, rag_kv);
   const std::vector<int64_t> stats_dim = {b, hq, key.s_q, 1};
   const std::vector<int64_t> stats_stride = {key.s_q * hq, 1, hq, 1};  // LSE [tokens, heads]
+  const auto alignment =
+      key.top_left ? fe::DiagonalAlignment_t::TOP_LEFT : fe::DiagonalAlignment_t::BOTTOM_RIGHT;
 
   if (!key.backward) {
     auto attrs = fe::graph::SDPA_attributes()
                      .set_name("flashcp_sdpa_fwd")
                      .set_generate_stats(true)
                      .set_attn_scale(shape.EffectiveScale())
-                     .set_causal_mask_bottom_right(true)
+                     .set_diagonal_alignment(alignment)
+                     .set_diagonal_band_right_bound(0)  // causal
                      .set_padding_mask(true)
                      .set_seq_len_q(seq_q)
                      .set_seq_len_kv(seq_kv);
@@ -141,7 +155,8 @@ absl::StatusOr<CudnnAttention::Graphs::Entry> BuildGraph(const AttentionShape& s
     auto attrs = fe::graph::SDPA_backward_attributes()
                      .set_name("flashcp_sdpa_bwd")
                      .set_attn_scale(shape.EffectiveScale())
-                     .set_causal_mask_bottom_right(true)
+                     .set_diagonal_alignment(alignment)
+                     .set_diagonal_band_right_bound(0)  // causal
                      .set_padding_mask(true)
                      .set_seq_len_q(seq_q)
                      .set_seq_len_kv(seq_kv);
@@ -159,9 +174,15 @@ absl::StatusOr<CudnnAttention::Graphs::Entry> BuildGraph(const AttentionShape& s
   FLASHCP_RETURN_IF_ERROR(
       FeStatus(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans"));
   FLASHCP_RETURN_IF_ERROR(FeStatus(g->check_support(handle), "check_support"));
-  FLASHCP_RETURN_IF_ERROR(FeStatus(g->build_plans(), "build_plans"));
   CudnnAttention::Graphs::Entry entry;
-  FLASHCP_RETURN_IF_ERROR(FeStatus(g->get_workspace_size(entry.workspace), "get_workspace_size"));
+  if (all_plans) {  // for autotune: every plan the heuristics offer, sized for the largest
+    FLASHCP_RETURN_IF_ERROR(FeStatus(g->build_plans(fe::BuildPlanPolicy_t::ALL), "build_plans"));
+    entry.workspace = g->get_autotune_workspace_size();
+  } else {
+    FLASHCP_RETURN_IF_ERROR(FeStatus(g->build_plans(), "build_plans"));
+    FLASHCP_RETURN_IF_ERROR(FeStatus(g->get_workspace_size(entry.workspace), "get_workspace_size"));
+    entry.tuned = true;
+  }
   entry.graph = std::move(g);
   return entry;
 }
@@ -170,8 +191,8 @@ absl::StatusOr<CudnnAttention::Graphs::Entry> BuildGraph(const AttentionShape& s
 
 int64_t CudnnRuntimeVersion() { return static_cast<int64_t>(cudnnGetVersion()); }
 
-CudnnAttention::CudnnAttention(const AttentionShape& shape, bool allow_fallback)
-    : shape_(shape), allow_fallback_(allow_fallback), graphs_(std::make_unique<Graphs>()) {}
+CudnnAttention::CudnnAttention(const AttentionShape& shape, CudnnOptions options)
+    : shape_(shape), options_(options), graphs_(std::make_unique<Graphs>()) {}
 
 CudnnAttention::~CudnnAttention() {
   graphs_.reset();  // plans hold the handle's resources: drop them first
@@ -179,15 +200,15 @@ CudnnAttention::~CudnnAttention() {
 }
 
 absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const AttentionShape& shape,
-                                                                       bool allow_fallback) {
+                                                                       CudnnOptions options) {
   FLASHCP_RETURN_IF_ERROR(ValidateAttentionShape(shape));
-  std::unique_ptr<CudnnAttention> a(new CudnnAttention(shape, allow_fallback));
+  std::unique_ptr<CudnnAttention> a(new CudnnAttention(shape, options));
   cudnnHandle_t h = nullptr;
   if (cudnnStatus_t s = cudnnCreate(&h); s != CUDNN_STATUS_SUCCESS)
     return absl::FailedPreconditionError(
         absl::StrCat("cudnnCreate: ", cudnnGetErrorString(s), " (cuDNN ", cudnnGetVersion(), ")"));
   a->handle_ = h;
-  if (allow_fallback) {
+  if (options.allow_fallback) {
     auto plain = PlainAttention::Create(shape);
     // head_dims the plain kernels lack just mean no fallback for this shape.
     if (plain.ok()) a->fallback_ = *std::move(plain);
@@ -210,82 +231,88 @@ absl::Status NoThrow(absl::string_view what, F&& body) {
   }
 }
 
+bool AllWhole(const VarlenBatch& batch) {
+  for (int32_t i = 0; i < batch.num_seqs(); ++i)
+    if (batch.q_len()[i] != batch.kv_len()[i]) return false;
+  return true;
+}
+
 }  // namespace
 
-absl::Status CudnnAttention::Forward(const VarlenBatch& batch, const AttentionForwardArgs& a,
-                                     cudaStream_t stream) {
-  if (batch.total_q() == 0) return absl::OkStatus();
-  const Key key{false, batch.num_seqs(), RoundUpPow2(batch.max_q()), RoundUpPow2(batch.max_kv())};
+absl::Status CudnnAttention::Run(bool backward, const VarlenBatch& batch,
+                                 std::unordered_map<int64_t, void*>& pack, cudaStream_t stream) {
+  const Key key{backward, !options_.always_bottom_right && AllWhole(batch), batch.num_seqs(),
+                GraphLen(batch.max_q()), GraphLen(batch.max_kv())};
   const cudnnHandle_t h = static_cast<cudnnHandle_t>(handle_);
-  absl::Status status = NoThrow("SDPA forward", [&]() -> absl::Status {
+  const char* what = backward ? "SDPA backward" : "SDPA forward";
+  absl::Status status = NoThrow(what, [&]() -> absl::Status {
     auto it = graphs_->cache.find(key);
     if (it == graphs_->cache.end()) {
-      auto built = BuildGraph(shape_, key, h);
+      auto built = BuildGraph(shape_, key, options_.autotune, h);
       Graphs::Entry e;
       if (built.ok()) e = *std::move(built);
       else e.build_status = built.status();
       it = graphs_->cache.emplace(key, std::move(e)).first;
     }
-    if (!it->second.graph) return it->second.build_status;
-    FLASHCP_RETURN_IF_ERROR(workspace_.Reserve(static_cast<size_t>(it->second.workspace)));
+    Graphs::Entry& entry = it->second;
+    if (!entry.graph) return entry.build_status;
+    FLASHCP_RETURN_IF_ERROR(workspace_.Reserve(static_cast<size_t>(entry.workspace)));
     FLASHCP_RETURN_IF_ERROR(CudnnStatus(cudnnSetStream(h, stream), "cudnnSetStream"));
-    std::unordered_map<int64_t, void*> pack = {
-        {kQ, const_cast<bf16*>(a.q)},    {kK, const_cast<bf16*>(a.k)},
-        {kV, const_cast<bf16*>(a.v)},    {kO, a.out},
-        {kStats, a.lse},
-        {kSeqQ, const_cast<int32_t*>(batch.d_seq_q())},
-        {kSeqKv, const_cast<int32_t*>(batch.d_seq_kv())},
-        {kRagQ, const_cast<int32_t*>(batch.d_q_elems())},
-        {kRagKv, const_cast<int32_t*>(batch.d_kv_elems())},
-        {kRagStats, const_cast<int32_t*>(batch.d_lse_elems())}};
-    return absl::Status(
-        FeStatus(it->second.graph->execute(h, pack, workspace_.data()), "execute forward"));
+    if (!entry.tuned) {
+      entry.tuned = true;
+      // Not fatal: a failed tune leaves the heuristics' choice selected.
+      if (entry.graph->autotune(h, pack, workspace_.data()).is_good()) {
+        int64_t ws = 0;
+        if (entry.graph->get_workspace_size(ws).is_good()) entry.workspace = ws;
+      }
+    }
+    return FeStatus(entry.graph->execute(h, pack, workspace_.data()),
+                    backward ? "execute backward" : "execute forward");
   });
-  if (status.ok() || !allow_fallback_ || !fallback_ ||
+  return status;
+}
+
+bool CudnnAttention::TakeFallback(const absl::Status& status) {
+  if (status.ok() || !options_.allow_fallback || !fallback_ ||
       status.code() != absl::StatusCode::kFailedPrecondition)
-    return status;
+    return false;
   fallback_reason_ = std::string(status.message());
   ++fallback_calls_;
-  return fallback_->Forward(batch, a, stream);
+  return true;
+}
+
+absl::Status CudnnAttention::Forward(const VarlenBatch& batch, const AttentionForwardArgs& a,
+                                     cudaStream_t stream) {
+  if (batch.total_q() == 0) return absl::OkStatus();
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, const_cast<bf16*>(a.q)},    {kK, const_cast<bf16*>(a.k)},
+      {kV, const_cast<bf16*>(a.v)},    {kO, a.out},
+      {kStats, a.lse},
+      {kSeqQ, const_cast<int32_t*>(batch.d_seq_q())},
+      {kSeqKv, const_cast<int32_t*>(batch.d_seq_kv())},
+      {kRagQ, const_cast<int32_t*>(batch.d_q_elems())},
+      {kRagKv, const_cast<int32_t*>(batch.d_kv_elems())},
+      {kRagStats, const_cast<int32_t*>(batch.d_lse_elems())}};
+  absl::Status status = Run(/*backward=*/false, batch, pack, stream);
+  return TakeFallback(status) ? fallback_->Forward(batch, a, stream) : status;
 }
 
 absl::Status CudnnAttention::Backward(const VarlenBatch& batch, const AttentionBackwardArgs& a,
                                       cudaStream_t stream) {
   if (batch.total_kv() == 0) return absl::OkStatus();
-  const Key key{true, batch.num_seqs(), RoundUpPow2(batch.max_q()), RoundUpPow2(batch.max_kv())};
-  const cudnnHandle_t h = static_cast<cudnnHandle_t>(handle_);
-  absl::Status status = NoThrow("SDPA backward", [&]() -> absl::Status {
-    auto it = graphs_->cache.find(key);
-    if (it == graphs_->cache.end()) {
-      auto built = BuildGraph(shape_, key, h);
-      Graphs::Entry e;
-      if (built.ok()) e = *std::move(built);
-      else e.build_status = built.status();
-      it = graphs_->cache.emplace(key, std::move(e)).first;
-    }
-    if (!it->second.graph) return it->second.build_status;
-    FLASHCP_RETURN_IF_ERROR(workspace_.Reserve(static_cast<size_t>(it->second.workspace)));
-    FLASHCP_RETURN_IF_ERROR(CudnnStatus(cudnnSetStream(h, stream), "cudnnSetStream"));
-    std::unordered_map<int64_t, void*> pack = {
-        {kQ, const_cast<bf16*>(a.q)},      {kK, const_cast<bf16*>(a.k)},
-        {kV, const_cast<bf16*>(a.v)},      {kO, const_cast<bf16*>(a.out)},
-        {kDo, const_cast<bf16*>(a.dout)},  {kStats, const_cast<float*>(a.lse)},
-        {kDq, a.dq},                       {kDk, a.dk},
-        {kDv, a.dv},
-        {kSeqQ, const_cast<int32_t*>(batch.d_seq_q())},
-        {kSeqKv, const_cast<int32_t*>(batch.d_seq_kv())},
-        {kRagQ, const_cast<int32_t*>(batch.d_q_elems())},
-        {kRagKv, const_cast<int32_t*>(batch.d_kv_elems())},
-        {kRagStats, const_cast<int32_t*>(batch.d_lse_elems())}};
-    return absl::Status(
-        FeStatus(it->second.graph->execute(h, pack, workspace_.data()), "execute backward"));
-  });
-  if (status.ok() || !allow_fallback_ || !fallback_ ||
-      status.code() != absl::StatusCode::kFailedPrecondition)
-    return status;
-  fallback_reason_ = std::string(status.message());
-  ++fallback_calls_;
-  return fallback_->Backward(batch, a, stream);
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, const_cast<bf16*>(a.q)},      {kK, const_cast<bf16*>(a.k)},
+      {kV, const_cast<bf16*>(a.v)},      {kO, const_cast<bf16*>(a.out)},
+      {kDo, const_cast<bf16*>(a.dout)},  {kStats, const_cast<float*>(a.lse)},
+      {kDq, a.dq},                       {kDk, a.dk},
+      {kDv, a.dv},
+      {kSeqQ, const_cast<int32_t*>(batch.d_seq_q())},
+      {kSeqKv, const_cast<int32_t*>(batch.d_seq_kv())},
+      {kRagQ, const_cast<int32_t*>(batch.d_q_elems())},
+      {kRagKv, const_cast<int32_t*>(batch.d_kv_elems())},
+      {kRagStats, const_cast<int32_t*>(batch.d_lse_elems())}};
+  absl::Status status = Run(/*backward=*/true, batch, pack, stream);
+  return TakeFallback(status) ? fallback_->Backward(batch, a, stream) : status;
 }
 
 }  // namespace flashcp::worker::cuda

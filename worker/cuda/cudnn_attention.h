@@ -2,11 +2,15 @@
 // built through the cuDNN C++ frontend graph API, behind the Attention
 // interface of attention.h. Packed THD layout with ragged offsets, per-sequence
 // query and KV lengths (the padding mask), and the bottom-right causal mask,
-// so each CP shard attends to its document's prefix plus itself.
+// so each CP shard attends to its document's prefix plus itself. Where every
+// sequence of a call has q_len == kv_len (whole documents) the top-left mask is
+// the same mask, and it is what the call uses: cuDNN 9.19's backward ran at half
+// the speed with the bottom-right one on such batches (docs/gpu.md).
 //
-// Graphs are built once per (direction, sequences, padded max lengths) and
-// cached; max lengths round up to a power of two so that the many shapes of a
-// training run share few graphs (the true lengths come in the seq_len tensors).
+// Graphs are built once per (direction, mask, sequences, padded max lengths)
+// and cached; max lengths round up to a power of two (at least 64) so that the
+// many shapes of a training run share few graphs (the true lengths come in the
+// seq_len tensors).
 // Where cuDNN rejects a graph (check_support or build fails: an old library,
 // an unsupported shape), the call falls back to our plain kernels and the
 // reason is kept in fallback_reason(): a result, never a silent switch.
@@ -18,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,13 +35,25 @@ namespace flashcp::worker::cuda {
 // The cuDNN library version the process loaded (cudnnGetVersion), e.g. 91900.
 int64_t CudnnRuntimeVersion();
 
+struct CudnnOptions {
+  // A graph cuDNN rejects runs on the plain kernels instead (fallback_reason()
+  // says why); false makes it an error (the device check measures cuDNN only).
+  bool allow_fallback = true;
+  // On a graph's first call, time every plan cuDNN's heuristics offer (on the
+  // call's own tensors; a device sync and a few executions each) and keep the
+  // fastest; else the heuristics' first choice. A failed tune keeps that choice.
+  bool autotune = false;
+  // The bottom-right mask even where the top-left one is the same mask: only
+  // to measure what the choice costs (flashcp-gpu-bench --mode=kernels).
+  bool always_bottom_right = false;
+};
+
 class CudnnAttention final : public Attention {
  public:
   // FailedPrecondition where no cuDNN handle can be made (no device, no
-  // library); InvalidArgument for a bad shape. `allow_fallback` false makes a
-  // rejected graph an error (the device check uses that to measure cuDNN only).
+  // library); InvalidArgument for a bad shape.
   static absl::StatusOr<std::unique_ptr<CudnnAttention>> Create(const AttentionShape& shape,
-                                                                bool allow_fallback = true);
+                                                                CudnnOptions options = {});
   ~CudnnAttention() override;
 
   absl::string_view name() const override { return "cudnn"; }
@@ -52,10 +69,18 @@ class CudnnAttention final : public Attention {
   class Graphs;  // the cached frontend graphs (cudnn_attention.cc)
 
  private:
-  CudnnAttention(const AttentionShape& shape, bool allow_fallback);
+  CudnnAttention(const AttentionShape& shape, CudnnOptions options);
+  // Runs the cached graph for (direction, batch) on the variant pack (tensor
+  // uid -> device pointer), building it on first use and autotuning it then
+  // where options_.autotune.
+  absl::Status Run(bool backward, const VarlenBatch& batch,
+                   std::unordered_map<int64_t, void*>& pack, cudaStream_t stream);
+  // Whether a failed Run goes to the plain kernels (a rejected graph, with a
+  // fallback allowed and available); records why when it does.
+  bool TakeFallback(const absl::Status& status);
 
   AttentionShape shape_;
-  bool allow_fallback_;
+  CudnnOptions options_;
   void* handle_ = nullptr;  // cudnnHandle_t, kept opaque so this header needs no cuDNN
   std::unique_ptr<Graphs> graphs_;
   std::unique_ptr<PlainAttention> fallback_;

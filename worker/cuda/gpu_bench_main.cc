@@ -58,6 +58,22 @@ namespace flashcp::worker::cuda {
 namespace {
 
 std::ofstream* json_file = nullptr;
+// `s` as the inside of a JSON string (status messages quote cuDNN's JSON).
+std::string JsonEscape(absl::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      absl::StrAppendFormat(&out, "\\u%04x", static_cast<int>(static_cast<unsigned char>(c)));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 void Emit(const std::string& json) {
   std::cout << json << "\n" << std::flush;
   if (json_file != nullptr) *json_file << json << "\n" << std::flush;
@@ -103,7 +119,7 @@ absl::Status RunCheck(uint64_t seed) {
                                    {"prefixed_gaps", {50, 256, 7}, {450, 256, 1200}, true}};
   for (const AttentionShape& shape : shapes) {
     FLASHCP_ASSIGN_OR_RETURN(auto plain, PlainAttention::Create(shape));
-    FLASHCP_ASSIGN_OR_RETURN(auto cudnn, CudnnAttention::Create(shape, /*allow_fallback=*/false));
+    FLASHCP_ASSIGN_OR_RETURN(auto cudnn, CudnnAttention::Create(shape, {.allow_fallback = false}));
     for (const Case& c : cases) {
       // Keep the single-threaded fp64 reference cheap at H = 16.
       if (shape.heads_q == 16 && c.kv.size() > 1) continue;
@@ -117,7 +133,7 @@ absl::Status RunCheck(uint64_t seed) {
                           "\",\"heads_q\":", shape.heads_q, ",\"heads_kv\":", shape.heads_kv,
                           ",\"seed\":", s, ",\"pass\":", ok ? "true" : "false", ",",
                           check.ok() ? CheckJson(*check)
-                                     : absl::StrCat("\"error\":\"", check.status().ToString(), "\""),
+                                     : absl::StrCat("\"error\":\"", JsonEscape(check.status().ToString()), "\""),
                           "}"));
         std::cerr << absl::StrFormat("check %-6s %-14s H=%2d/%2d  %s\n", a->name(), c.name,
                                      shape.heads_q, shape.heads_kv,
@@ -161,8 +177,8 @@ absl::Status RunCheck(uint64_t seed) {
                                  absl::StrJoin(check->bytes_received, ","),
                                  "],\"predicted_bytes_received\":[",
                                  absl::StrJoin(check->predicted_received, ","), "],\"fallback\":\"",
-                                 check->fallback, "\"")
-                  : absl::StrCat("\"error\":\"", check.status().ToString(), "\""),
+                                 JsonEscape(check->fallback), "\"")
+                  : absl::StrCat("\"error\":\"", JsonEscape(check.status().ToString()), "\""),
               "}"));
           std::cerr << absl::StrFormat(
               "check cp %-5s %-8s %-9s N=%d  %s\n", bname, core::StrategyName(strategy),
@@ -255,8 +271,18 @@ absl::Status RunKernels(uint64_t seed) {
   const AttentionShape shape = BenchShape();
   FLASHCP_ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create());
   const cudaStream_t s = stream.get();
-  FLASHCP_ASSIGN_OR_RETURN(auto cudnn, CudnnAttention::Create(shape, /*allow_fallback=*/false));
+  // "cudnn" is what the workers run (top-left mask on whole documents, plans
+  // autotuned); the other two show what each of those choices is worth:
+  // cudnn_heur the heuristics' first plan, cudnn_br also the bottom-right mask.
+  FLASHCP_ASSIGN_OR_RETURN(auto cudnn,
+                           CudnnAttention::Create(shape, {.allow_fallback = false, .autotune = true}));
+  FLASHCP_ASSIGN_OR_RETURN(auto cudnn_heur, CudnnAttention::Create(shape, {.allow_fallback = false}));
+  FLASHCP_ASSIGN_OR_RETURN(auto cudnn_br, CudnnAttention::Create(shape, {.allow_fallback = false,
+                                                                         .always_bottom_right = true}));
   FLASHCP_ASSIGN_OR_RETURN(auto plain, PlainAttention::Create(shape));
+  const std::vector<std::pair<const char*, Attention*>> impls = {
+      {"cudnn", cudnn.get()}, {"cudnn_heur", cudnn_heur.get()}, {"cudnn_br", cudnn_br.get()},
+      {"plain", plain.get()}};
   struct Shape {
     std::string name;
     std::vector<int32_t> docs;
@@ -290,14 +316,14 @@ absl::Status RunKernels(uint64_t seed) {
   for (const Shape& sh : list) {
     FLASHCP_ASSIGN_OR_RETURN(VarlenBatch batch, VarlenBatch::Create(sh.docs, sh.docs, shape, s));
     FLASHCP_ASSIGN_OR_RETURN(Tensors t, MakeTensors(batch.total_q(), batch.total_kv(), shape, seed, s));
-    for (Attention* a : {static_cast<Attention*>(cudnn.get()), static_cast<Attention*>(plain.get())}) {
+    for (const auto& [impl, a] : impls) {
       // The plain kernels are the oracle, not a contender: time them once, at 8K.
       if (a == plain.get() && sh.name != "single_8192") continue;
       auto timed = TimeAttention(*a, batch, t, s);
       if (!timed.ok()) {  // a refused shape is a result; the other shapes still run
-        Emit(absl::StrCat("{\"bench\":\"kernel\",\"impl\":\"", a->name(), "\",\"shape\":\"",
-                          sh.name, "\",\"error\":\"", timed.status().ToString(), "\"}"));
-        std::cerr << sh.name << " " << a->name() << ": " << timed.status() << "\n";
+        Emit(absl::StrCat("{\"bench\":\"kernel\",\"impl\":\"", impl, "\",\"shape\":\"",
+                          sh.name, "\",\"error\":\"", JsonEscape(timed.status().ToString()), "\"}"));
+        std::cerr << sh.name << " " << impl << ": " << timed.status() << "\n";
         continue;
       }
       const Timing tm = *timed;
@@ -307,11 +333,11 @@ absl::Status RunKernels(uint64_t seed) {
           "{\"bench\":\"kernel\",\"impl\":\"%s\",\"shape\":\"%s\",\"tokens\":%d,\"docs\":%d,"
           "\"heads_q\":%d,\"heads_kv\":%d,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"fwd_tflops\":%.1f,"
           "\"bwd_tflops\":%.1f}",
-          a->name(), sh.name, batch.total_q(), batch.num_seqs(), shape.heads_q, shape.heads_kv,
+          impl, sh.name, batch.total_q(), batch.num_seqs(), shape.heads_q, shape.heads_kv,
           tm.fwd_ms, tm.bwd_ms, ftf, btf));
       std::cerr << absl::StrFormat("%-18s %8d %6d %10.3f %10.1f %10.3f %10.1f  %s\n", sh.name,
                                    batch.total_q(), batch.num_seqs(), tm.fwd_ms, ftf, tm.bwd_ms, btf,
-                                   a->name());
+                                   impl);
     }
   }
   return absl::OkStatus();
@@ -322,7 +348,7 @@ absl::Status RunCp(uint64_t seed) {
   const AttentionShape shape = BenchShape();
   FLASHCP_ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create());
   const cudaStream_t s = stream.get();
-  FLASHCP_ASSIGN_OR_RETURN(auto cudnn, CudnnAttention::Create(shape, /*allow_fallback=*/true));
+  FLASHCP_ASSIGN_OR_RETURN(auto cudnn, CudnnAttention::Create(shape, {.autotune = true}));
   FLASHCP_ASSIGN_OR_RETURN(std::vector<core::Dataset> datasets, Datasets());
   std::vector<int32_t> sizes;
   for (absl::string_view x : absl::StrSplit(absl::GetFlag(FLAGS_cp_sizes), ',', absl::SkipEmpty())) {
@@ -376,7 +402,7 @@ absl::Status RunCp(uint64_t seed) {
             Emit(absl::StrCat("{\"bench\":\"cp\",\"dataset\":\"", core::DatasetName(d),
                               "\",\"batch\":", b, ",\"cp\":", n, ",\"strategy\":\"",
                               core::StrategyName(strategy), "\",\"error\":\"",
-                              strategy_status.ToString(), "\"}"));
+                              JsonEscape(strategy_status.ToString()), "\"}"));
             std::cerr << core::StrategyName(strategy) << " N=" << n << ": " << strategy_status << "\n";
             continue;
           }
@@ -389,7 +415,7 @@ absl::Status RunCp(uint64_t seed) {
               "\"measured_imbalance\":%.4f,\"predicted_imbalance\":%.4f,\"fallback\":\"%s\"}",
               core::DatasetName(d), b, n, core::StrategyName(strategy), shape.heads_q,
               absl::StrJoin(rank_ms, ",", [](std::string* o, double x) { absl::StrAppendFormat(o, "%.4f", x); }),
-              crit, mean, crit / mean, metrics.imbalance, cudnn->fallback_reason()));
+              crit, mean, crit / mean, metrics.imbalance, JsonEscape(cudnn->fallback_reason())));
           std::cerr << absl::StrFormat("%-9s %5d %2d %-8s %12.3f %10.3f %10.3f %10.3f\n",
                                        core::DatasetName(d), b, n, core::StrategyName(strategy), crit,
                                        mean, crit / mean, metrics.imbalance);
