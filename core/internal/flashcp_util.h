@@ -33,9 +33,16 @@ inline double RangeWorkload(int64_t start, int64_t len) {
 // ended (mod N), so the documents' tokens still spread evenly; c = N for every
 // document gives exactly the pieces above.
 // With `room` (per-rank tokens still free), a reduced zigzag goes to the c
-// ranks with the most room instead, and `room` is decreased.
+// ranks with the most room instead, and `room` is decreased. If that leaves
+// some rank below zero room (only when the documents are nearly the whole
+// batch), the excess goes back to ranks with room left by chains of
+// cut-point shifts between the reduced zigzags' pieces (RepairShortShards'
+// chains, each piece keeping >= min_shard; no workload check: the caller
+// scores the result), and `*refit` (if given) is set; where no chain can
+// carry it, the pieces stay as they were and some room stays < 0.
 std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
-                                int64_t min_shard = 0, std::vector<int64_t>* room = nullptr);
+                                int64_t min_shard = 0, std::vector<int64_t>* room = nullptr,
+                                bool* refit = nullptr);
 
 // The paper's Whole-Doc sharding of `docs` (indices, longest first) onto
 // ranks that already carry `workload[r]` from other pieces and must take
@@ -134,16 +141,20 @@ void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,
 // document on ranks X and Y moves by s tokens, which hands s tokens from one
 // to the other, allowed only when the shrinking piece keeps >= min_shard
 // tokens. The chain is a shortest path between B and A over such boundaries
-// (BFS over ranks); chain fixes move a little workload unchecked (the
-// caller re-scores). Where no chain exists, whole documents move between A
-// and B instead: the sliver grows by g tokens (min_shard - s <= g, B's piece
-// keeps >= min_shard) while A hands B whole documents worth exactly g more
-// than it gets back (one, or one each way), or B absorbs it while handing
-// A exactly s more. Such a move must leave A and B at most
-// max(max_workload, the current maximum rank workload) and raise the
-// maximum over ranks of non-last tokens by at most max_nonlast_growth; the
-// one with the least resulting maximum non-last tokens is taken. A sliver
-// nothing removes stays (docs/planner.md, "Minimum shard").
+// (BFS over ranks). Where no chain exists (or it would break the workload
+// bound below), whole documents move between A and B instead: the sliver
+// grows by g tokens (min_shard - s <= g, B's piece keeps >= min_shard)
+// while A hands B whole documents worth exactly g more than it gets back
+// (one, or one each way), or B absorbs it while handing A exactly s more;
+// the one with the least resulting maximum non-last tokens is taken.
+// Failing that, a new cut: the sliver grows by min_shard out of B's piece
+// while A hands B the min_shard-token head of its shortest whole document
+// of >= 2 min_shard tokens. Every fix must leave each rank it changes at
+// most max(max_workload, the current maximum rank workload), so a plan at
+// or under max_workload stays there; whole-document moves and new cuts
+// must also raise the maximum over ranks of non-last tokens by at most
+// max_nonlast_growth. At most N + 16 + 4 x (initial slivers) attempts; a
+// sliver nothing removes stays (docs/planner.md, "Minimum shard").
 std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> pieces,
                                      int64_t min_shard,
                                      double max_workload = std::numeric_limits<double>::infinity(),
