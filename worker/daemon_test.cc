@@ -150,6 +150,7 @@ class FlakyPlanner final : public client::PlannerClient {
    public:
     Stream(int answers, FlakyPlanner* planner) : answers_left_(answers), planner_(planner) {}
     bool Write(const v1::PlanRequest& request) override {
+      planner_->RecordRequest(request);
       absl::MutexLock lock(&mu_);
       if (cancelled_) return false;
       pending_.push_back(request);
@@ -234,9 +235,19 @@ class FlakyPlanner final : public client::PlannerClient {
     absl::MutexLock lock(&mu_);
     return opened_;
   }
+  // The element size (bytes) of every request written to any stream, in order.
+  std::vector<int32_t> request_dtype_bytes() {
+    absl::MutexLock lock(&mu_);
+    return request_dtype_bytes_;
+  }
+  void RecordRequest(const v1::PlanRequest& request) {
+    absl::MutexLock lock(&mu_);
+    request_dtype_bytes_.push_back(request.dtype_bytes());
+  }
 
  private:
   absl::Mutex mu_;
+  std::vector<int32_t> request_dtype_bytes_ ABSL_GUARDED_BY(mu_);
   const int broken_streams_, answers_before_break_;
   int opened_ ABSL_GUARDED_BY(mu_) = 0;
   core::ManualClock* const clock_ = nullptr;
@@ -425,13 +436,14 @@ TEST(WorkerDaemonTest, UnreachablePlannerFailsUnavailableAfterTheTimeout) {
 }
 
 // A rank backend whose steps take exactly `forward` and `backward` of the
-// clock's time (it advances the clock), 100 ms of it in collectives, and move
-// no bytes.
+// clock's time (it advances the clock), 125 ms of it in collectives, and move
+// no bytes; its elements are `dtype_bytes` wide (2, as on CUDA's bf16).
 class ClockedEngine final : public RankBackend {
  public:
-  ClockedEngine(core::ManualClock* clock, absl::Duration forward, absl::Duration backward)
-      : clock_(clock), forward_(forward), backward_(backward) {}
-  int32_t dtype_bytes() const override { return 4; }
+  ClockedEngine(core::ManualClock* clock, absl::Duration forward, absl::Duration backward,
+                int32_t dtype_bytes)
+      : clock_(clock), forward_(forward), backward_(backward), dtype_bytes_(dtype_bytes) {}
+  int32_t dtype_bytes() const override { return dtype_bytes_; }
   absl::Status Connect(gloo::rendezvous::Store&, int32_t rank, int32_t size,
                        absl::Duration) override {
     connected_as_ = {rank, size};
@@ -455,6 +467,7 @@ class ClockedEngine final : public RankBackend {
  private:
   core::ManualClock* const clock_;
   const absl::Duration forward_, backward_;
+  const int32_t dtype_bytes_;
 };
 
 // Sum and count of a histogram series, or {-1, -1} if absent.
@@ -469,8 +482,8 @@ std::pair<double, int64_t> Histogram(prometheus::Registry& registry, const std::
 
 TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
   // A one-rank group (Gloo over loopback through the in-process rendezvous),
-  // a planner whose first plan takes 2 s of the clock, and an engine whose
-  // forward and backward take 250 ms and 500 ms of it.
+  // a planner whose first plan takes 2 s of the clock, and an engine with
+  // 2-byte elements whose forward and backward take 250 ms and 500 ms of it.
   core::ManualClock clock;
   prometheus::Registry registry;
   WorkerMetrics metrics(registry, "test");
@@ -484,12 +497,15 @@ TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
   o.prefetch = 1;
   auto planner = std::make_shared<FlakyPlanner>(&clock, absl::Seconds(2));
   auto engine = std::make_unique<ClockedEngine>(&clock, absl::Milliseconds(250),
-                                                absl::Milliseconds(500));
+                                                absl::Milliseconds(500), /*dtype_bytes=*/2);
   ClockedEngine* const engine_ptr = engine.get();
   WorkerDaemon daemon(o, stub_, planner, std::move(engine), &metrics, &clock);
   ASSERT_THAT(daemon.Run(), IsOk());
   EXPECT_EQ(engine_ptr->runs_, 3);
   EXPECT_EQ(engine_ptr->connected_as_, std::make_pair(0, 1));
+  // Plans are asked for at the backend's element size, so that their byte
+  // predictions match what the backend moves (the proto's default is 8).
+  EXPECT_EQ(planner->request_dtype_bytes(), (std::vector<int32_t>{2, 2, 2}));
   // Step 1 waited 2 s for its plan; steps 2 and 3 found theirs ready (no
   // clock time passes outside the planner's first answer and the engine).
   EXPECT_EQ(Histogram(registry, "flashcp_worker_plan_wait_duration_seconds"),
