@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# The GPU device check (issue 6): on a lent H200, within 8 minutes, checks
-# every kernel and the whole CP step against the CPU reference on fresh random
-# inputs, then times and prints the tables (docs/gpu.md says how to read them).
+# The GPU device check (issue 6): on a lent H200, within 8 minutes (299 s with
+# RUN_GTESTS=1 on 2026-11-29), checks every kernel and the whole CP step against
+# the CPU reference on fresh random inputs, then times and prints the tables
+# (docs/gpu.md says how to read them).
 #
-#   bash tests/gpu/device_check.sh            # on the GPU machine, repo root or anywhere
+#   RUN_GTESTS=1 bash tests/gpu/device_check.sh   # on the GPU machine, repo root or anywhere
 #
-# It builds for sm_90a there when the machine has the project's build deps
-# (the stock CUDA image does not: no abseil, Gloo, CBC...); otherwise it runs
-# the programs tests/gpu/prepare_carry.sh built here for sm_90a. Carry:
-#   .gpu-carry  .prefix/cudnn-frontend
+# It builds for sm_90a there when the machine has the project's build deps and
+# .prefix/cudnn-frontend was carried (the stock CUDA image lacks abseil, Gloo,
+# CBC...); otherwise it runs the programs tests/gpu/prepare_carry.sh built here
+# for sm_90a. Carry: .gpu-carry
 # Results: $OUT (or build-gpu-check/) gets results.jsonl, shapes.json,
 # device_check.log, gtests.log and tables.txt (the device tool returns at most
 # 8 files). Exit 0 when every correctness check passed (targets missed are
-# reported, not failures), 1 when a check failed, 77
-# when there is no GPU.
+# reported, not failures), 1 when a check failed, 77 when there is no GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
