@@ -157,6 +157,34 @@ TEST(PerDocPiecesTest, MinShardUsesFewerRanks) {
             (std::vector<Shard>{{0, 0, 3, 0}, {0, 8, 2, 0}, {0, 3, 5, 1}, {1, 0, 7, 2}}));
 }
 
+TEST(RepairShortShardsTest, ChainAvoidsARelayOverTheBound) {
+  // docs [10, 10, 10, 10, 10, 14] on 4 ranks, min 3. Doc 0: [0,1) r0 (the
+  // sliver), [1,10) r1; doc 1: [0,5) r1, [5,10) r2; doc 2: [0,4) r2, [4,10)
+  // r0; doc 3: [0,5) r1, [5,10) r3; doc 4: [0,4) r3, [4,10) r0; doc 5 whole
+  // on r2. Workloads (W(p, s) = (2p + s + 1) s / 2): r0 1 + 45 + 45 = 91,
+  // r1 54 + 15 + 15 = 84, r2 40 + 10 + 105 = 155, r3 40 + 10 = 50; bound 0,
+  // so the current maximum, 155. Absorbing the sliver into r1 (r0 -1, r1
+  // +1) needs a chain r1 -> r0 for 1 token. The shortest, through r2 (doc
+  // 1: r1's [0,5) gives W(4,1) = 5 to r2; doc 2: r2's [0,4) gives W(3,1) =
+  // 4 to r0), leaves r2 at 156: over. With r2 avoided, the chain through r3
+  // (docs 3 and 4, the same amounts) leaves r0 94, r1 80, r3 51, r2 155.
+  const Batch batch{{10, 10, 10, 10, 10, 14}, 4};
+  const std::vector<Shard> pieces = {{0, 0, 1, 0},  {0, 1, 9, 1}, {1, 0, 5, 1}, {1, 5, 5, 2},
+                                     {2, 0, 4, 2},  {2, 4, 6, 0}, {3, 0, 5, 1}, {3, 5, 5, 3},
+                                     {4, 0, 4, 3},  {4, 4, 6, 0}, {5, 0, 14, 2}};
+  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairShortShards(batch, pieces, 3, 0.0)).shards,
+            (std::vector<Shard>{{2, 4, 6, 0},
+                                {4, 3, 7, 0},
+                                {0, 0, 10, 1},
+                                {1, 0, 5, 1},
+                                {3, 0, 4, 1},
+                                {1, 5, 5, 2},
+                                {2, 0, 4, 2},
+                                {5, 0, 14, 2},
+                                {3, 4, 6, 3},
+                                {4, 0, 3, 3}}));
+}
+
 TEST(PerDocPiecesTest, ShiftsCutPointsWhenARankOverfills) {
   // docs [24, 10] on 2 ranks, min 3, room 17 each. Doc 0: c = clamp(24 / 6,
   // 1, 2) = 2 = N, chunks of 6: r0 [0,6) + [18,24), r1 [6,18); rooms 5 and

@@ -250,9 +250,9 @@ TEST(PlanPropertyTest, RandomBatches) {
               static_cast<long long>(g_min_shard.missing_r));
   EXPECT_EQ(g_min_shard.needed_plans, 3234);
   EXPECT_EQ(g_min_shard.excused_plans, 82);
-  EXPECT_EQ(g_min_shard.unneeded_plans, 993);
-  EXPECT_EQ(g_min_shard.unneeded_short_docs, 21710);
-  EXPECT_EQ(g_min_shard.unneeded_long_docs, 105375);
+  EXPECT_EQ(g_min_shard.unneeded_plans, 992);
+  EXPECT_EQ(g_min_shard.unneeded_short_docs, 21687);
+  EXPECT_EQ(g_min_shard.unneeded_long_docs, 105212);
   EXPECT_EQ(g_min_shard.missing_r, 2885);
 }
 

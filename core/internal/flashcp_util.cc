@@ -366,6 +366,7 @@ class ShortShardRepair {
   // workload check; true on success.
   bool MoveTokens(int32_t from, int32_t to, int64_t delta) {
     std::vector<Shift> path;
+    banned_.clear();
     if (!FindChain(from, to, delta, -1, path)) return false;
     Apply(path, delta);
     return true;
@@ -383,8 +384,10 @@ class ShortShardRepair {
       if (j < 0 || j >= static_cast<int64_t>(p.size())) continue;
       const int32_t b = p[j].rank;
       std::vector<Shift> path;
-      if (!FindChain(b, a, s, static_cast<int32_t>(c), path)) continue;
-      if (!KeepsBalance(path, s, a, b, -RangeWorkload(p[i].start, s))) continue;
+      if (!BalancedChain(b, a, s, static_cast<int32_t>(c), a, b, -RangeWorkload(p[i].start, s),
+                         path)) {
+        continue;
+      }
       Apply(path, s);  // marks the graph dirty
       if (side < 0) {
         p[j].len += s;
@@ -412,10 +415,9 @@ class ShortShardRepair {
       if (p[j].len - g < m_) continue;
       const int32_t b = p[j].rank;
       std::vector<Shift> path;
-      if (!FindChain(a, b, g, static_cast<int32_t>(c), path)) continue;
       const double grown = side < 0 ? RangeWorkload(p[i].start - g, g)
                                     : RangeWorkload(p[i].start + s, g);
-      if (!KeepsBalance(path, g, a, b, grown)) continue;
+      if (!BalancedChain(a, b, g, static_cast<int32_t>(c), a, b, grown, path)) continue;
       Apply(path, g);
       if (side < 0) {
         p[j].len -= g;
@@ -690,13 +692,36 @@ class ShortShardRepair {
   }
 
  private:
+  // A chain for a fix that moves `delta` tokens from `from` to `to` and
+  // keeps the workload bound (KeepsBalance): the shortest chain first; if it
+  // takes relay ranks over the bound, those are avoided and a chain is
+  // sought again, at most four times (each O(N + cut pieces)).
+  bool BalancedChain(int32_t from, int32_t to, int64_t delta, int32_t skip, int32_t a, int32_t b,
+                     double gain_a, std::vector<Shift>& path) {
+    banned_.assign(n_, 0);
+    for (int tries = 0; tries < 4; ++tries) {
+      if (!FindChain(from, to, delta, skip, path)) return false;
+      if (KeepsBalance(path, delta, a, b, gain_a)) return true;
+      bool more = false;
+      for (int32_t r = 0; r < n_; ++r) {
+        if (over_[r] && r != a && r != b) {
+          banned_[r] = 1;
+          more = true;
+        }
+      }
+      if (!more) return false;
+    }
+    return false;
+  }
+
   // Whether a chain fix keeps every rank it touches at most max(max_work,
   // the plan's current maximum workload), as the whole-document fixes must:
   // rank A gains `gain_a` workload from B (the sliver's own move), and each
   // shift of `path` moves `delta` tokens' workload across its boundary. So
-  // that the repair never takes a plan that meets the target over it.
+  // that the repair never takes a plan that meets the target over it. Marks
+  // the ranks over the bound in over_.
   bool KeepsBalance(const std::vector<Shift>& path, int64_t delta, int32_t a, int32_t b,
-                    double gain_a) const {
+                    double gain_a) {
     std::vector<double> work(n_, 0.0);
     for (const std::vector<Piece>& d : docs) {
       for (const Piece& x : d) work[x.rank] += RangeWorkload(x.start, x.len);
@@ -715,13 +740,21 @@ class ShortShardRepair {
       work[sh.left_gives ? l.rank : r.rank] -= moved;
       work[sh.left_gives ? r.rank : l.rank] += moved;
     }
-    return *std::max_element(work.begin(), work.end()) <= limit;
+    over_.assign(n_, 0);
+    bool ok = true;
+    for (int32_t r = 0; r < n_; ++r) {
+      if (work[r] > limit) {
+        over_[r] = 1;
+        ok = false;
+      }
+    }
+    return ok;
   }
 
-  // A shortest chain of cut-point shifts (not in document `skip`) that moves
-  // `delta` tokens from rank `from` to rank `to`, every shrinking piece
-  // keeping >= m tokens. A simple path leaves each rank once, so no piece
-  // shrinks twice.
+  // A shortest chain of cut-point shifts (not in document `skip`, not
+  // through ranks marked in banned_) that moves `delta` tokens from rank
+  // `from` to rank `to`, every shrinking piece keeping >= m tokens. A simple
+  // path leaves each rank once, so no piece shrinks twice.
   bool FindChain(int32_t from, int32_t to, int64_t delta, int32_t skip,
                  std::vector<Shift>& path) {
     // The boundary graph is rebuilt only after a successful fix (pieces
@@ -751,6 +784,7 @@ class ShortShardRepair {
       const int32_t x = queue[q];
       for (const Edge& e : adj[x]) {
         if (parent[e.dest] != -2 || e.spare < delta || e.shift.doc == skip) continue;
+        if (!banned_.empty() && banned_[e.dest]) continue;
         parent[e.dest] = x;
         via[e.dest] = e.shift;
         queue.push_back(e.dest);
@@ -803,6 +837,8 @@ class ShortShardRepair {
   int64_t max_nonlast_growth_;  // nor raises the plan's max non-last tokens by more
   bool dirty_ = true;
   std::vector<std::vector<Edge>> adj_;
+  std::vector<char> banned_;  // per rank: FindChain avoids it (empty: none)
+  std::vector<char> over_;    // per rank: over the bound in the last KeepsBalance
 };
 
 // For PerDocPieces: where the reduced zigzag overfills some ranks (room <
