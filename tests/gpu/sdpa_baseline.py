@@ -14,6 +14,7 @@ refuses a shape is reported with its error, not skipped silently.
 Prints one JSON object per line (also appended to --json_out).
 """
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -82,8 +83,7 @@ def time_flash_varlen(torch, docs, hq, hkv, d, warmup, iters, seed):
         return torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16, generator=gen,
                            requires_grad=True)
     q, k, v = leaf(hq), leaf(hkv), leaf(hkv)
-    cu = torch.tensor([0] + list(__import__("itertools").accumulate(docs)), device="cuda",
-                      dtype=torch.int32)
+    cu = torch.tensor([0] + list(itertools.accumulate(docs)), device="cuda", dtype=torch.int32)
     m = max(docs)
     dout = torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     fwd, bwd = [], []

@@ -35,6 +35,10 @@ std::vector<Case> Cases() {
       {"shards with prefix", {64, 1, 100, 17}, {64, 40, 500, 17}, false},
       {"prefix and gaps", {30, 200, 9}, {90, 200, 700}, true},
       {"tail of a long doc", {128}, {2048}, false},
+      // s_q = 1 graphs: on the H200, a rank whose pieces were all one token
+      // once left a row of LSE unwritten (2026-11-29).
+      {"one query, two keys", {1}, {2}, false},
+      {"one-query shards", {1, 1}, {2, 5}, false},
   };
 }
 
@@ -64,18 +68,27 @@ TEST(PlainAttentionTest, MatchesReference) {
 
 TEST(CudnnAttentionTest, MatchesReferenceWithoutFallback) {
   FLASHCP_SKIP_WITHOUT_GPU();
-  for (const AttentionShape& shape : Shapes()) {
-    if (shape.head_dim != 128) continue;  // the fast path's shape
-    auto cudnn = CudnnAttention::Create(shape, {.allow_fallback = false});
-    ASSERT_THAT(cudnn, IsOk());
-    for (const Case& c : Cases()) {
-      const uint64_t seed = FreshSeed();
-      SCOPED_TRACE(testing::Message() << c.name << " hq=" << shape.heads_q << " hkv="
-                                      << shape.heads_kv << " seed=" << seed << " cuDNN "
-                                      << CudnnRuntimeVersion());
-      auto check = CheckAttention(**cudnn, shape, c.q_len, c.kv_len, seed, c.gaps);
-      ASSERT_THAT(check, IsOk());
-      EXPECT_TRUE(check->ok()) << check->ToString();
+  // As the workers run it, then with the plans autotuned, then with the
+  // bottom-right mask on whole documents too (each picks other cuDNN graphs).
+  const std::vector<CudnnOptions> configs = {{.allow_fallback = false},
+                                             {.allow_fallback = false, .autotune = true},
+                                             {.allow_fallback = false, .always_bottom_right = true}};
+  for (const CudnnOptions& options : configs) {
+    for (const AttentionShape& shape : Shapes()) {
+      if (shape.head_dim != 128) continue;  // the fast path's shape
+      auto cudnn = CudnnAttention::Create(shape, options);
+      ASSERT_THAT(cudnn, IsOk());
+      for (const Case& c : Cases()) {
+        const uint64_t seed = FreshSeed();
+        SCOPED_TRACE(testing::Message() << c.name << " hq=" << shape.heads_q << " hkv="
+                                        << shape.heads_kv << " seed=" << seed << " autotune="
+                                        << options.autotune << " always_bottom_right="
+                                        << options.always_bottom_right << " cuDNN "
+                                        << CudnnRuntimeVersion());
+        auto check = CheckAttention(**cudnn, shape, c.q_len, c.kv_len, seed, c.gaps);
+        ASSERT_THAT(check, IsOk());
+        EXPECT_TRUE(check->ok()) << check->ToString();
+      }
     }
   }
 }

@@ -166,9 +166,9 @@ ErrorStats Compare(const std::vector<float>& got, const std::vector<float>& want
     diff2 += diff * diff;
     want2 += double{want[i]} * want[i];
   }
-  e.max_rel = max_diff / std::max(max_want, kZeroFloor);
-  e.l2_rel = std::sqrt(diff2) /
-             std::max(std::sqrt(want2), kZeroFloor * std::sqrt(static_cast<double>(e.count)));
+  e.max_rel = max_diff / std::max(max_want, worker::kRelErrFloor);
+  e.l2_rel = std::sqrt(diff2) / std::max(std::sqrt(want2), worker::kRelErrFloor *
+                                                               std::sqrt(static_cast<double>(e.count)));
   return e;
 }
 

@@ -174,10 +174,10 @@ absl::StatusOr<std::unique_ptr<RankBackend>> MakeCudaRankBackend(int32_t device,
   }
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), what, ": cudaSetDevice");
   FLASHCP_ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create());
-  // Autotuned: a worker runs each graph shape many times, so the first call's
-  // timing of cuDNN's plans pays off.
+  // The heuristics' plans, as the device check verifies them: autotune showed
+  // no consistent gain (docs/gpu.md) and would time inside the step.
   FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<CudnnAttention> attention,
-                           CudnnAttention::Create(shape, {.autotune = true}));
+                           CudnnAttention::Create(shape));
   return std::unique_ptr<RankBackend>(std::make_unique<CudaRankBackend>(
       device, config, shape, std::move(stream), std::move(attention)));
 }

@@ -42,10 +42,12 @@ absl::Status CudnnStatus(cudnnStatus_t s, absl::string_view step) {
 }
 
 // A graph's max sequence length: the next power of two, at least 64. The
-// floor keeps cuDNN off degenerate dims: 9.19 refuses s_q = s_kv = 1
-// (GRAPH_NOT_SUPPORTED), and a rank holding only 1- and 2-token pieces left a
-// row of statistics unwritten (device check, 2026-11-29). A larger dim costs
-// only empty tiles: the true lengths come in seq_len.
+// floor keeps cuDNN off degenerate dims: the frontend's validate refuses
+// s_q = s_kv = 1 (GRAPH_NOT_SUPPORTED), and a graph with s_q = 1 (a rank whose
+// prefixed pieces were all one token) left a row of statistics unwritten
+// (device check, 2026-11-29). The true lengths come in seq_len; a larger dim
+// costs empty tiles and backward workspace, which the frontend sizes from the
+// dims (fp32 dQ and softmax sums, about b * s_q * heads_q * (D + 1) * 4 bytes).
 int64_t GraphLen(int64_t x) {
   int64_t p = 64;
   while (p < x) p <<= 1;
@@ -75,7 +77,7 @@ class CudnnAttention::Graphs {
   struct Entry {
     std::shared_ptr<fe::graph::Graph> graph;  // null when cuDNN rejected the shape
     absl::Status build_status;
-    int64_t workspace = 0;  // bytes, for the selected plan (all plans' max until tuned)
+    int64_t workspace = 0;  // bytes, for the selected plan (all plans' max until a tune succeeds)
     bool tuned = false;     // autotune ran (or was not asked for)
   };
   std::map<Key, Entry> cache;

@@ -40,11 +40,13 @@ struct CudnnOptions {
   // says why); false makes it an error (the device check measures cuDNN only).
   bool allow_fallback = true;
   // On a graph's first call, time every plan cuDNN's heuristics offer (on the
-  // call's own tensors; a device sync and a few executions each) and keep the
-  // fastest; else the heuristics' first choice. A failed tune keeps that choice.
+  // call's own tensors, inside the call: a device sync and a few executions
+  // each; the workspace reserved for the largest plan stays) and keep the
+  // fastest; else the heuristics' first choice. A failed tune keeps that
+  // choice. Off where the workers run: no consistent gain measured (docs/gpu.md).
   bool autotune = false;
-  // The bottom-right mask even where the top-left one is the same mask: only
-  // to measure what the choice costs (flashcp-gpu-bench --mode=kernels).
+  // The bottom-right mask even where the top-left one is the same mask: to
+  // measure and check what the choice costs (flashcp-gpu-bench).
   bool always_bottom_right = false;
 };
 
