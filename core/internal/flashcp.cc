@@ -298,18 +298,22 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     }
     return FinishPlan(batch, std::move(pieces_of));
   };
+  const size_t pieces0 = best_pieces.size();  // to know the winner again below
   Plan plan = build(std::move(best_pieces), best_placement, best_k, best_reduced, best_score);
   if (m <= 1 || !HasShortCut(plan, m) || best_score.imbalance > target) return plan;
   // The winner keeps a cut piece shorter than m that its repair could not
   // remove. The candidates at the winner's k and at k + 1 (one more Per-Doc
   // document: better balanced, so more meet R) are built again, with the
   // four usual rho scales and four between them, and those that meet R are
-  // kept. Of the first few in score order (the winner first: its repair
-  // fails again), the best repaired plan with no such piece that still
+  // kept. Of the first five in score order (the winner among them, not
+  // repaired again), the best repaired plan with no such piece that still
   // meets the target wins; if none, the winner stays. Rare (a few batches in
   // a hundred on WLB-LLM at 128K), and then about two more searches' worth
-  // of candidates plus up to five repairs; other batches pay nothing.
+  // of candidates plus up to four repairs; other batches pay nothing.
+  // The winner (the search below overwrites best_*).
   const size_t k0 = best_k;
+  const bool reduced0 = best_reduced;
+  const PlanScore score0 = best_score;
   pool = &candidates;
   for (const std::span<const double> set : {std::span<const double>(kScales),
                                             std::span<const double>(kMoreScales)}) {
@@ -330,6 +334,17 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   PlanScore found_score;
   for (size_t i = 0; i < candidates.size() && i < kMaxFallbacks; ++i) {
     const Candidate& c = candidates[i];
+    // The winner itself comes back (first, as a rule): rebuilt, it would be
+    // repaired to the same failure, so it is skipped. It is known by its k,
+    // Per-Doc mode, piece count and score (a different candidate equal in
+    // all of these would be skipped too; on the property test's and the
+    // data sets' batches, plans are the same as without the skip).
+    if (c.k == k0 && c.reduced == reduced0 && c.pieces.size() == pieces0 &&
+        c.score.imbalance == score0.imbalance &&
+        c.score.max_nonlast == score0.max_nonlast && c.score.cut_docs == score0.cut_docs &&
+        c.score.short_cuts == score0.short_cuts) {
+      continue;
+    }
     Plan other = build(c.pieces, c.placement, c.k, c.reduced, c.score);
     if (HasShortCut(other, m)) continue;
     const PlanScore score = ScorePlan(other);
