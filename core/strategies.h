@@ -45,9 +45,11 @@ struct PlanOptions {
   // shard"), but ranks the imbalance target above it, so a plan may keep
   // such shards where no candidate meets the target, and where some do but
   // its repair and fallback (heuristics, not an exact search) find no plan
-  // without them that still meets it. 128 = one query tile of the attention
-  // kernels (64-128 rows); 0 or 1 turns the rule off. 0 <= min_shard_tokens
-  // <= 2^40.
+  // without them that still meets it; the repair never takes a plan that
+  // meets the target over it. Such a shard is provably needed only when
+  // C/N < m (docs/planner.md defines needed, excused and unneeded ones).
+  // 128 = one query tile of the attention kernels (64-128 rows); 0 or 1
+  // turns the rule off. 0 <= min_shard_tokens <= 2^40.
   int64_t min_shard_tokens = 128;
   IlpOptions ilp;
 };
