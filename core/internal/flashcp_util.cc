@@ -930,18 +930,24 @@ std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> piec
   }
   for (auto& w : repair.whole) std::sort(w.begin(), w.end());
   // Passes until nothing changes: a fix can open a chain for a sliver that
-  // had none. Each fix removes one sliver and creates none. Bounded work: at
-  // most N + 16 + 4 x (slivers at the start) attempts, each O(cut pieces +
-  // documents), plus at most 17^2 whole-document pairs per side. Four tries
-  // per sliver: a plan of many slivers (a full 2N-chunk zigzag of short
-  // documents) gets the passes it needs (on the property test's batches,
-  // 1,000 tries per sliver left exactly as many plans with one); what
-  // stays, the caller's score charges.
-  int64_t slivers = 0;
+  // had none. Each fix removes one sliver and creates none. Bounded work:
+  // each attempt is O(cut pieces + documents) (up to four chain searches and
+  // workload sums, plus at most 17^2 whole-document pairs per side). N + 16
+  // attempts always; then up to four more per sliver at the start, so that a
+  // plan of many slivers (a full 2N-chunk zigzag of short documents) gets the
+  // passes it needs (on the property test's batches, 1,000 tries per sliver
+  // left exactly as many plans with one), but only while those extra
+  // attempts stay within 2^20 piece and document visits in all (a few
+  // milliseconds): a zigzag of 8,000 slivers would otherwise take a second.
+  // What stays, the caller's score charges.
+  int64_t slivers = 0, pieces_now = 0;
   for (const std::vector<Piece>& p : repair.docs) {
+    pieces_now += static_cast<int64_t>(p.size());
     for (const Piece& x : p) slivers += x.len < min_shard ? 1 : 0;
   }
-  int64_t attempts = static_cast<int64_t>(batch.cp_size) + 16 + 4 * slivers;
+  const int64_t visits = pieces_now + static_cast<int64_t>(batch.doc_lens.size()) + 1;
+  int64_t attempts = static_cast<int64_t>(batch.cp_size) + 16 +
+                     std::min(4 * slivers, (int64_t{1} << 20) / visits);
   for (bool progress = true; progress && attempts > 0;) {
     progress = false;
     for (size_t c = 0; c < repair.docs.size() && attempts > 0; ++c) {
