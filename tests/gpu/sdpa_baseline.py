@@ -42,6 +42,27 @@ def make_inputs(torch, docs, hq, hkv, d, gen):
     return leaves, tuple(t.transpose(1, 2) for t in leaves), "jagged"
 
 
+def time_fwd_bwd(torch, forward, backward, leaves, warmup, iters):
+    """Median forward and backward times (ms, CUDA events) of `forward()` and
+    `backward(its output)`, after `warmup` untimed rounds; gradients cleared
+    between rounds."""
+    fwd, bwd = [], []
+    for i in range(warmup + iters):
+        e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        e0.record()
+        out = forward()
+        e1.record()
+        backward(out)
+        e2.record()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            fwd.append(e0.elapsed_time(e1))
+            bwd.append(e1.elapsed_time(e2))
+        for t in leaves:
+            t.grad = None
+    return statistics.median(fwd), statistics.median(bwd)
+
+
 def time_backend(torch, backend, docs, hq, hkv, d, warmup, iters, seed):
     from torch.nn.attention import sdpa_kernel
     import torch.nn.functional as F
@@ -49,27 +70,21 @@ def time_backend(torch, backend, docs, hq, hkv, d, warmup, iters, seed):
     gen.manual_seed(seed)
     leaves, (q, k, v), layout = make_inputs(torch, docs, hq, hkv, d, gen)
     gqa = {"enable_gqa": True} if hq != hkv else {}
-    fwd, bwd = [], []
-    dout = None
+    dout = []  # made once, from the first output's shape
+
+    def forward():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+
+    def backward(o):
+        # The output's values as a dense tensor: a plain gradient fits any layout.
+        out = o.transpose(1, 2).values() if layout == "jagged" else o
+        if not dout:
+            dout.append(torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen))
+        out.backward(dout[0])
+
     with sdpa_kernel([backend]):
-        for i in range(warmup + iters):
-            e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-            e0.record()
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
-            e1.record()
-            # The output's values as a dense tensor: a plain gradient fits any layout.
-            out = o.transpose(1, 2).values() if layout == "jagged" else o
-            if dout is None:
-                dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
-            out.backward(dout)
-            e2.record()
-            torch.cuda.synchronize()
-            if i >= warmup:
-                fwd.append(e0.elapsed_time(e1))
-                bwd.append(e1.elapsed_time(e2))
-            for t in leaves:
-                t.grad = None
-    return statistics.median(fwd), statistics.median(bwd), layout
+        f, b = time_fwd_bwd(torch, forward, backward, leaves, warmup, iters)
+    return f, b, layout
 
 
 def time_flash_varlen(torch, docs, hq, hkv, d, warmup, iters, seed):
@@ -79,6 +94,7 @@ def time_flash_varlen(torch, docs, hq, hkv, d, warmup, iters, seed):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     total = sum(docs)
+
     def leaf(h):
         return torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16, generator=gen,
                            requires_grad=True)
@@ -86,21 +102,12 @@ def time_flash_varlen(torch, docs, hq, hkv, d, warmup, iters, seed):
     cu = torch.tensor([0] + list(itertools.accumulate(docs)), device="cuda", dtype=torch.int32)
     m = max(docs)
     dout = torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    fwd, bwd = [], []
-    for i in range(warmup + iters):
-        e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        e0.record()
-        o = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, m, m, 0.0, True, False)[0]
-        e1.record()
-        o.backward(dout)
-        e2.record()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            fwd.append(e0.elapsed_time(e1))
-            bwd.append(e1.elapsed_time(e2))
-        for t in (q, k, v):
-            t.grad = None
-    return statistics.median(fwd), statistics.median(bwd), "varlen"
+
+    def forward():
+        return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, m, m, 0.0, True, False)[0]
+
+    f, b = time_fwd_bwd(torch, forward, lambda o: o.backward(dout), (q, k, v), warmup, iters)
+    return f, b, "varlen"
 
 
 def main():
