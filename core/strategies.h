@@ -46,8 +46,10 @@ struct PlanOptions {
   // such shards where no candidate meets the target, and where some do but
   // its repair and fallback (heuristics, not an exact search) find no plan
   // without them that still meets it; the repair never takes a plan that
-  // meets the target over it. Such a shard is provably needed only when
-  // C/N < m (docs/planner.md defines needed, excused and unneeded ones).
+  // meets the target over it. The tests count such shards as needed (C/N < m,
+  // a sufficient condition), excused (the plan misses the target) or not shown
+  // needed (all others; some of those are needed too, e.g. docs [300, 58] at
+  // N = 2, m = 128: docs/planner.md, "Minimum shard").
   // 128 = one query tile of the attention kernels (64-128 rows); 0 or 1
   // turns the rule off. 0 <= min_shard_tokens <= 2^40.
   int64_t min_shard_tokens = 128;

@@ -5,6 +5,8 @@
 // candidate search scored on imbalance, then communication, then cuts.
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -17,12 +19,21 @@ namespace {
 // First the target, then communication with each remaining short cut piece
 // charged `short_cost` non-last tokens (docs/planner.md, "Minimum shard"),
 // then cuts; when nothing meets the target, least imbalance.
+// base + n * cost for non-negative terms, saturating at INT64_MAX: cost is
+// 8m with m up to 2^40, and a full 2N-chunk zigzag can hold millions of
+// short cuts.
+int64_t SaturatingCost(int64_t base, int64_t n, int64_t cost) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  if (n > 0 && cost > (kMax - base) / n) return kMax;
+  return base + n * cost;
+}
+
 bool Better(const PlanScore& a, const PlanScore& b, double target, int64_t short_cost) {
   const bool fa = a.imbalance <= target, fb = b.imbalance <= target;
   if (fa != fb) return fa;
   if (!fa) return a.imbalance < b.imbalance;
-  const int64_t ca = a.max_nonlast + a.short_cuts * short_cost;
-  const int64_t cb = b.max_nonlast + b.short_cuts * short_cost;
+  const int64_t ca = SaturatingCost(a.max_nonlast, a.short_cuts, short_cost);
+  const int64_t cb = SaturatingCost(b.max_nonlast, b.short_cuts, short_cost);
   if (ca != cb) return ca < cb;
   return a.cut_docs < b.cut_docs;
 }
@@ -176,29 +187,29 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
         }
         feasible |= score.imbalance <= target;
         return slivers;
-    };
-    // rho = 0 is plain LPT; larger rho anticipates the workload that
-    // equalization moves. Whole moves always: they never cost communication
-    // and (measured, docs/planner.md) head-only equalization never won. Head
-    // swaps for would-be slivers first capped at 4m tokens; only if slivers
-    // remain, once more uncapped.
-    // Both caps equalize the same LPT placement, so it is made once per rho
-    // and copied for the first cap only when a second may follow.
-    for (double scale : scales) {
-      const double rho = scale * median_density;
-      placed_workload.assign(zig_workload.begin(), zig_workload.end());
-      PlaceWholeDocs(batch, rest, need, rho, placed_workload, placement, scratch);
-      for (int64_t cap : {4 * m, int64_t{0}}) {
-        const bool last = m <= 1 || cap == 0;
-        pieces.clear();
-        workload.assign(placed_workload.begin(), placed_workload.end());
-        if (!last) trial = placement;  // element-wise: keeps trial's capacity
-        used = last ? &placement : &trial;
-        EqualizeWholeDocs(batch, need, *used, workload, pieces,
-                          WholeDocOptions{rho, true, m, cap}, scratch);
-        if (!consider() || last) break;
+      };
+      // rho = 0 is plain LPT; larger rho anticipates the workload that
+      // equalization moves. Whole moves always: they never cost communication
+      // and (measured, docs/planner.md) head-only equalization never won. Head
+      // swaps for would-be slivers first capped at 4m tokens; only if slivers
+      // remain, once more uncapped.
+      // Both caps equalize the same LPT placement, so it is made once per rho
+      // and copied for the first cap only when a second may follow.
+      for (double scale : scales) {
+        const double rho = scale * median_density;
+        placed_workload.assign(zig_workload.begin(), zig_workload.end());
+        PlaceWholeDocs(batch, rest, need, rho, placed_workload, placement, scratch);
+        for (int64_t cap : {4 * m, int64_t{0}}) {
+          const bool last = m <= 1 || cap == 0;
+          pieces.clear();
+          workload.assign(placed_workload.begin(), placed_workload.end());
+          if (!last) trial = placement;  // element-wise: keeps trial's capacity
+          used = last ? &placement : &trial;
+          EqualizeWholeDocs(batch, need, *used, workload, pieces,
+                            WholeDocOptions{rho, true, m, cap}, scratch);
+          if (!consider() || last) break;
+        }
       }
-    }
     };
     if (!reduced || *std::min_element(need.begin(), need.end()) >= 0) run_zig();
     // Where the reduced zigzag overfilled a rank (only when Per-Doc
@@ -306,11 +317,13 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   // document: better balanced, so more meet R) are built again, with the
   // four usual rho scales and four between them, and those that meet R are
   // kept, and those with every document Per-Doc (below). Of the first five
-  // in score order (the winner among them, not repaired again), the best
-  // repaired plan with no such piece that still meets the target wins; if
-  // none, the winner stays. Rare (a few batches in a hundred on WLB-LLM at
-  // 128K), and then about two more searches' worth of candidates plus up to
-  // four repairs; other batches pay nothing.
+  // in score order (the winner, which may or may not be among them, is
+  // skipped, not repaired again; equal candidates are not merged, so several
+  // slots can hold one plan), the best repaired plan with no such piece that
+  // still meets the target wins; if none, the winner stays. Rare (a few
+  // batches in a hundred on WLB-LLM at 128K), and then about two more
+  // searches' worth of candidates plus up to five repairs; other batches pay
+  // nothing.
   // The winner (the search below overwrites best_*).
   const size_t k0 = best_k;
   const bool reduced0 = best_reduced;

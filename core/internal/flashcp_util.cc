@@ -848,7 +848,9 @@ class ShortShardRepair {
 // balance, changes only at the cut points that move (the caller scores the
 // result). On success replaces `pieces` (merged) and `room` and returns true;
 // else leaves both as they were (the caller falls back to the full zigzag).
-// Bounded: at most 4N + 16 chain searches, each O(N + pieces).
+// Bounded: at most 4N + 16 moves, each up to log2(overflow) chain searches,
+// each O(N + pieces) with the boundary graph rebuilt after every move
+// (docs/planner.md, "Complexity", has its measured cost).
 bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>& pieces,
                        std::vector<int64_t>& room) {
   const int32_t n = batch.cp_size;

@@ -153,8 +153,9 @@ void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,
 // most max(max_workload, the current maximum rank workload), so a plan at
 // or under max_workload stays there; whole-document moves and new cuts
 // must also raise the maximum over ranks of non-last tokens by at most
-// max_nonlast_growth. At most N + 16 + 4 x (initial slivers) attempts; a
-// sliver nothing removes stays (docs/planner.md, "Minimum shard").
+// max_nonlast_growth. At most N + 16 + min(4 x (initial slivers), the
+// attempts that fit 2^20 piece and document visits) attempts; a sliver
+// nothing removes stays (docs/planner.md, "Minimum shard").
 std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> pieces,
                                      int64_t min_shard,
                                      double max_workload = std::numeric_limits<double>::infinity(),
