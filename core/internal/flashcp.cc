@@ -127,6 +127,31 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   static constexpr std::array<double, 4> kMoreScales = {0.25, 0.75, 1.5, 3.0};
   std::span<const double> scales = kScales;
 
+  // The reduced zigzag of the k longest documents, per k: the same for every
+  // variant at k, for the winner's build and for the fallback's second
+  // search, and fitting it to the ranks' rooms (ShiftPiecesToRoom) is costly
+  // (docs/planner.md, "Complexity"), so it is made once per k. Few k are
+  // tried (O(log n) plus the fallback's), so a list searched linearly.
+  struct ReducedZig {
+    size_t k;
+    std::vector<Shard> pieces;
+    std::vector<int64_t> need;  // targets less the pieces' tokens per rank
+    bool refit = false;         // the pieces were shifted to fit (or could not be)
+  };
+  std::vector<ReducedZig> reduced_zigs;
+  const auto reduced_zig = [&](size_t k) -> const ReducedZig& {
+    for (const ReducedZig& z : reduced_zigs) {
+      if (z.k == k) return z;
+    }
+    ReducedZig& z = reduced_zigs.emplace_back();
+    z.k = k;
+    z.need = targets;
+    const std::vector<int32_t> zig_docs(order.begin(),
+                                        order.begin() + static_cast<std::ptrdiff_t>(k));
+    z.pieces = PerDocPieces(batch, zig_docs, m, &z.need, &z.refit);
+    return z;
+  };
+
   std::vector<Shard> pieces;
   std::vector<double> workload;
   PartialScore part{std::vector<int64_t>(n, 0), 0, 0};
@@ -141,7 +166,15 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     bool reduced = m > 0;
     std::vector<int64_t> need = targets;
     bool refit = false;
-    std::vector<Shard> zig = PerDocPieces(batch, zig_docs, m, &need, &refit);
+    std::vector<Shard> zig;
+    if (reduced) {
+      const ReducedZig& z = reduced_zig(k);
+      zig = z.pieces;
+      need = z.need;
+      refit = z.refit;
+    } else {
+      zig = PerDocPieces(batch, zig_docs, m, &need, &refit);
+    }
     const auto run_zig = [&]() {
       const std::vector<double> zig_workload = PieceWorkloads(n, zig);
       PartialScore zig_part{std::vector<int64_t>(n, 0), 0, 0};
@@ -294,7 +327,8 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
       const std::vector<int32_t> zig_docs(order.begin(),
                                           order.begin() + static_cast<std::ptrdiff_t>(k));
       std::vector<int64_t> room = targets;
-      std::vector<Shard> zig = PerDocPieces(batch, zig_docs, reduced ? m : 0, &room);
+      const std::vector<Shard> zig =
+          reduced ? reduced_zig(k).pieces : PerDocPieces(batch, zig_docs, 0, &room);
       pieces_of.insert(pieces_of.end(), zig.begin(), zig.end());
     }
     if (m > 1 && score.short_cuts > 0) {
