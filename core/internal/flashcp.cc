@@ -208,7 +208,18 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
           }
         }
         if (pool != nullptr && score.imbalance <= target) {
-          pool->push_back(Candidate{pieces, {{}, used->held, 0}, k, reduced, score});
+          // Equal candidates would take several of the fallback's repair
+          // slots (at k = n no document is left to place, so every scale
+          // and cap gives the same one).
+          const bool seen =
+              std::any_of(pool->begin(), pool->end(), [&](const Candidate& c) {
+                return c.k == k && c.reduced == reduced && c.score.imbalance == score.imbalance &&
+                       c.score.max_nonlast == score.max_nonlast &&
+                       c.score.cut_docs == score.cut_docs &&
+                       c.score.short_cuts == score.short_cuts && c.pieces == pieces &&
+                       c.placement.held == used->held;
+              });
+          if (!seen) pool->push_back(Candidate{pieces, {{}, used->held, 0}, k, reduced, score});
         }
         if (!have || Better(score, best_score, target, short_cost)) {
           best_pieces.swap(pieces);  // `pieces` is cleared before its next use
@@ -351,10 +362,9 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   // document: better balanced, so more meet R) are built again, with the
   // four usual rho scales and four between them, and those that meet R are
   // kept, and those with every document Per-Doc (below). Of the first five
-  // in score order (the winner, which may or may not be among them, is
-  // skipped, not repaired again; equal candidates are not merged, so several
-  // slots can hold one plan), the best repaired plan with no such piece that
-  // still meets the target wins; if none, the winner stays. Rare (a few
+  // distinct ones in score order (the winner skipped, not repaired again),
+  // the best repaired plan with no such piece that still meets the target
+  // wins; if none, the winner stays. Rare (a few
   // batches in a hundred on WLB-LLM at 128K), and then about two more
   // searches' worth of candidates plus up to five repairs; other batches pay
   // nothing.
@@ -388,7 +398,8 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   constexpr size_t kMaxFallbacks = 5;
   bool found = false;
   PlanScore found_score;
-  for (size_t i = 0; i < candidates.size() && i < kMaxFallbacks; ++i) {
+  size_t repairs = 0;
+  for (size_t i = 0; i < candidates.size() && repairs < kMaxFallbacks; ++i) {
     const Candidate& c = candidates[i];
     // The winner itself comes back (first, as a rule): rebuilt, it would be
     // repaired to the same failure, so it is skipped. It is known by its k,
@@ -399,8 +410,9 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
         c.score.imbalance == score0.imbalance &&
         c.score.max_nonlast == score0.max_nonlast && c.score.cut_docs == score0.cut_docs &&
         c.score.short_cuts == score0.short_cuts) {
-      continue;
+      continue;  // costs no repair slot
     }
+    ++repairs;
     Plan other = build(c.pieces, c.placement, c.k, c.reduced, c.score);
     if (HasShortCut(other, m)) continue;
     const PlanScore score = ScorePlan(other);
