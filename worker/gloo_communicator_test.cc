@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <barrier>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -33,17 +34,24 @@ class IgnoreSigpipeEnvironment final : public ::testing::Environment {
     ::testing::AddGlobalTestEnvironment(new IgnoreSigpipeEnvironment);
 
 // Runs fn(rank, communicator) on `n` threads, each connected through one
-// HashStore; fails the test if a rank cannot connect.
+// HashStore; fails the test if a rank cannot connect. No rank starts before
+// every rank's connect returned, and none closes before every rank is done: a
+// rank whose fn needs no peer (argument checks) would otherwise close its
+// sockets while a peer's connect is still reading the handshake, and that
+// peer fails with "Connection closed by peer" (seen in CI, 2026-11-29).
 void RunRanks(int32_t n, absl::Duration timeout,
               const std::function<void(int32_t, Communicator&)>& fn) {
   gloo::rendezvous::HashStore store;
+  std::barrier connected(n), done(n);
   std::vector<std::thread> threads;
   for (int32_t r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       absl::StatusOr<std::unique_ptr<Communicator>> comm =
           ConnectGloo(store, r, n, GlooOptions{"127.0.0.1", timeout});
-      ASSERT_THAT(comm, IsOk());
-      fn(r, **comm);
+      connected.arrive_and_wait();
+      EXPECT_THAT(comm, IsOk());
+      if (comm.ok()) fn(r, **comm);
+      done.arrive_and_wait();
     });
   }
   for (std::thread& t : threads) t.join();
