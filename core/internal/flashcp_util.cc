@@ -358,8 +358,42 @@ class ShortShardRepair {
 
   std::vector<std::vector<Piece>> docs;  // cut documents only, pieces by start
   std::vector<int32_t> doc_index;        // document id per entry of `docs`
-  // Per rank, its whole documents as (length, document id), ascending.
+  // Per rank, its whole documents as (length, document id), in the order
+  // Load met them (RepairShortShards sorts them ascending).
   std::vector<std::vector<std::pair<int64_t, int32_t>>> whole;
+
+  // Takes a finished plan's shards: whole documents per rank, cut ones as
+  // pieces sorted by start.
+  void Load(const Batch& batch, const std::vector<Shard>& shards) {
+    std::vector<int32_t> slot(batch.doc_lens.size(), -1);
+    for (const Shard& s : shards) {
+      if (s.len == batch.doc_lens[s.doc]) {
+        whole[s.rank].push_back({s.len, s.doc});
+        continue;
+      }
+      if (slot[s.doc] < 0) {
+        slot[s.doc] = static_cast<int32_t>(docs.size());
+        docs.emplace_back();
+        doc_index.push_back(s.doc);
+      }
+      docs[slot[s.doc]].push_back(Piece{s.start, s.len, s.rank});
+    }
+    for (std::vector<Piece>& p : docs) {
+      std::sort(p.begin(), p.end(),
+                [](const Piece& a, const Piece& b) { return a.start < b.start; });
+    }
+  }
+
+  // Appends the current pieces to `out`: the cut documents' pieces, then
+  // each rank's whole documents.
+  void Emit(std::vector<Shard>& out) const {
+    for (size_t c = 0; c < docs.size(); ++c) {
+      for (const Piece& p : docs[c]) out.push_back(Shard{doc_index[c], p.start, p.len, p.rank});
+    }
+    for (int32_t r = 0; r < n_; ++r) {
+      for (const auto& [len, doc] : whole[r]) out.push_back(Shard{doc, 0, len, r});
+    }
+  }
 
   // Moves `delta` tokens from rank `from` to rank `to` along a shortest
   // chain of cut-point shifts (every shrinking piece keeps >= m), without a
@@ -855,22 +889,7 @@ bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>
                        std::vector<int64_t>& room) {
   const int32_t n = batch.cp_size;
   ShortShardRepair fit(n, min_shard, std::numeric_limits<double>::infinity(), int64_t{1} << 62);
-  std::vector<int32_t> slot(batch.doc_lens.size(), -1);
-  for (const Shard& s : FinishPlan(batch, pieces).shards) {
-    if (s.len == batch.doc_lens[s.doc]) {
-      fit.whole[s.rank].push_back({s.len, s.doc});
-      continue;
-    }
-    if (slot[s.doc] < 0) {
-      slot[s.doc] = static_cast<int32_t>(fit.docs.size());
-      fit.docs.emplace_back();
-      fit.doc_index.push_back(s.doc);
-    }
-    fit.docs[slot[s.doc]].push_back(Piece{s.start, s.len, s.rank});
-  }
-  for (std::vector<Piece>& p : fit.docs) {
-    std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.start < b.start; });
-  }
+  fit.Load(batch, FinishPlan(batch, pieces).shards);
   std::vector<int64_t> left = room;
   for (int64_t tries = 4 * static_cast<int64_t>(n) + 16; tries > 0; --tries) {
     const auto over = std::min_element(left.begin(), left.end());
@@ -892,14 +911,7 @@ bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>
   if (*std::min_element(left.begin(), left.end()) < 0) return false;
   room = left;
   pieces.clear();
-  for (size_t c = 0; c < fit.docs.size(); ++c) {
-    for (const Piece& p : fit.docs[c]) {
-      pieces.push_back(Shard{fit.doc_index[c], p.start, p.len, p.rank});
-    }
-  }
-  for (int32_t r = 0; r < n; ++r) {
-    for (const auto& [len, doc] : fit.whole[r]) pieces.push_back(Shard{doc, 0, len, r});
-  }
+  fit.Emit(pieces);
   return true;
 }
 
@@ -911,25 +923,8 @@ std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> piec
   std::vector<Shard> shards = FinishPlan(batch, std::move(pieces)).shards;
   if (min_shard <= 1) return shards;
   // Cut documents: those with a shard shorter than the document.
-  std::vector<int32_t> slot(batch.doc_lens.size(), -1);
   ShortShardRepair repair(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
-  std::vector<Shard> out;
-  out.reserve(shards.size());
-  for (const Shard& s : shards) {
-    if (s.len == batch.doc_lens[s.doc]) {
-      repair.whole[s.rank].push_back({s.len, s.doc});
-      continue;
-    }
-    if (slot[s.doc] < 0) {
-      slot[s.doc] = static_cast<int32_t>(repair.docs.size());
-      repair.docs.emplace_back();
-      repair.doc_index.push_back(s.doc);
-    }
-    repair.docs[slot[s.doc]].push_back(Piece{s.start, s.len, s.rank});
-  }
-  for (std::vector<Piece>& p : repair.docs) {
-    std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.start < b.start; });
-  }
+  repair.Load(batch, shards);
   for (auto& w : repair.whole) std::sort(w.begin(), w.end());
   // Passes until nothing changes: a fix can open a chain for a sliver that
   // had none. Each fix removes one sliver and creates none. Bounded work:
@@ -966,14 +961,9 @@ std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> piec
       }
     }
   }
-  for (size_t c = 0; c < repair.docs.size(); ++c) {
-    for (const Piece& p : repair.docs[c]) {
-      out.push_back(Shard{repair.doc_index[c], p.start, p.len, p.rank});
-    }
-  }
-  for (int32_t r = 0; r < batch.cp_size; ++r) {
-    for (const auto& [len, doc] : repair.whole[r]) out.push_back(Shard{doc, 0, len, r});
-  }
+  std::vector<Shard> out;
+  out.reserve(shards.size());
+  repair.Emit(out);
   return out;
 }
 
