@@ -384,6 +384,20 @@ class ShortShardRepair {
     }
   }
 
+  // Per-rank attention workload (SPEC Eq. 3) of the current pieces: cut
+  // documents' pieces first, then whole documents (the summation order the
+  // workload bounds were measured with).
+  std::vector<double> RankWorkloads() const {
+    std::vector<double> work(n_, 0.0);
+    for (const std::vector<Piece>& d : docs) {
+      for (const Piece& x : d) work[x.rank] += RangeWorkload(x.start, x.len);
+    }
+    for (int32_t r = 0; r < n_; ++r) {
+      for (const auto& [len, doc] : whole[r]) work[r] += RangeWorkload(0, len);
+    }
+    return work;
+  }
+
   // Appends the current pieces to `out`: the cut documents' pieces, then
   // each rank's whole documents.
   void Emit(std::vector<Shard>& out) const {
@@ -487,13 +501,7 @@ class ShortShardRepair {
     std::vector<Piece>& p = docs[c];
     const int64_t s = p[i].len;
     const int32_t a = p[i].rank;
-    std::vector<double> work(n_, 0.0);
-    for (const std::vector<Piece>& d : docs) {
-      for (const Piece& x : d) work[x.rank] += RangeWorkload(x.start, x.len);
-    }
-    for (int32_t r = 0; r < n_; ++r) {
-      for (const auto& [len, doc] : whole[r]) work[r] += RangeWorkload(0, len);
-    }
+    std::vector<double> work = RankWorkloads();
     const double limit = std::max(max_work_, *std::max_element(work.begin(), work.end()));
     std::vector<int64_t> nonlast(n_, 0);
     for (const std::vector<Piece>& d : docs) {
@@ -756,13 +764,7 @@ class ShortShardRepair {
   // the ranks over the bound in over_.
   bool KeepsBalance(const std::vector<Shift>& path, int64_t delta, int32_t a, int32_t b,
                     double gain_a) {
-    std::vector<double> work(n_, 0.0);
-    for (const std::vector<Piece>& d : docs) {
-      for (const Piece& x : d) work[x.rank] += RangeWorkload(x.start, x.len);
-    }
-    for (int32_t r = 0; r < n_; ++r) {
-      for (const auto& [len, doc] : whole[r]) work[r] += RangeWorkload(0, len);
-    }
+    std::vector<double> work = RankWorkloads();
     const double limit = std::max(max_work_, *std::max_element(work.begin(), work.end()));
     work[a] += gain_a;
     work[b] -= gain_a;
