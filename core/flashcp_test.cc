@@ -204,6 +204,25 @@ TEST(PerDocPiecesTest, ShiftsCutPointsWhenARankOverfills) {
   EXPECT_TRUE(refit);
 }
 
+TEST(PerDocPiecesTest, LeavesPiecesAndRoomsWhenTheShiftsFallShort) {
+  // docs [16, 10] on 2 ranks, min 3, room 13 each. Doc 0: c = clamp(16 / 6,
+  // 1, 2) = 2, chunks of 4: r0 [0,4) + [12,16), r1 [4,12); rooms 5 and 5.
+  // Doc 1: c = clamp(10 / 6, 1, 2) = 1, whole to r0 (the tie's lowest): r0's
+  // room -5. Every boundary between r0 and r1 is in doc 0, where r0's two
+  // pieces can spare 1 token each (4 -> 3): 2 of the 5 tokens could move,
+  // not all. The fit is all or nothing: pieces and rooms stay as they were
+  // (r0 over by 5), and `refit` says a refit was needed (the caller then
+  // scores the full zigzag too).
+  const Batch batch{{16, 10}, 2};
+  std::vector<int64_t> room = {13, 13};
+  bool refit = false;
+  EXPECT_EQ(internal::FinishPlan(batch, internal::PerDocPieces(batch, {0, 1}, 3, &room, &refit))
+                .shards,
+            (std::vector<Shard>{{0, 0, 4, 0}, {0, 12, 4, 0}, {1, 0, 10, 0}, {0, 4, 8, 1}}));
+  EXPECT_EQ(room, (std::vector<int64_t>{-5, 5}));
+  EXPECT_TRUE(refit);
+}
+
 TEST(RepairShortShardsTest, AbsorbsSliverAndShiftsAnotherCut) {
   // docs [10, 10] on 2 ranks, min 3. Doc 0: [0,1) on r1 (a 1-token sliver),
   // [1,10) on r0; doc 1: [0,5) on r0, [5,10) on r1. Tokens r0 9 + 5 = 14,
