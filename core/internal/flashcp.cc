@@ -16,9 +16,6 @@
 namespace flashcp::core::internal {
 namespace {
 
-// First the target, then communication with each remaining short cut piece
-// charged `short_cost` non-last tokens (docs/planner.md, "Minimum shard"),
-// then cuts; when nothing meets the target, least imbalance.
 // base + n * cost for non-negative terms, saturating at INT64_MAX: cost is
 // 8m with m up to 2^40, and a full 2N-chunk zigzag can hold millions of
 // short cuts.
@@ -28,6 +25,9 @@ int64_t SaturatingCost(int64_t base, int64_t n, int64_t cost) {
   return base + n * cost;
 }
 
+// First the target, then communication with each remaining short cut piece
+// charged `short_cost` non-last tokens (docs/planner.md, "Minimum shard"),
+// then cuts; when nothing meets the target, least imbalance.
 bool Better(const PlanScore& a, const PlanScore& b, double target, int64_t short_cost) {
   const bool fa = a.imbalance <= target, fb = b.imbalance <= target;
   if (fa != fb) return fa;
@@ -36,6 +36,13 @@ bool Better(const PlanScore& a, const PlanScore& b, double target, int64_t short
   const int64_t cb = SaturatingCost(b.max_nonlast, b.short_cuts, short_cost);
   if (ca != cb) return ca < cb;
   return a.cut_docs < b.cut_docs;
+}
+
+// Equal in everything Better compares (min_cut_len aside): how the fallback
+// tells a candidate it already holds, and the winner, apart.
+bool SameScore(const PlanScore& a, const PlanScore& b) {
+  return a.imbalance == b.imbalance && a.max_nonlast == b.max_nonlast &&
+         a.cut_docs == b.cut_docs && a.short_cuts == b.short_cuts;
 }
 
 // Per-rank non-last tokens, cut documents and shortest cut piece of raw
@@ -213,11 +220,8 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
           // and cap gives the same one).
           const bool seen =
               std::any_of(pool->begin(), pool->end(), [&](const Candidate& c) {
-                return c.k == k && c.reduced == reduced && c.score.imbalance == score.imbalance &&
-                       c.score.max_nonlast == score.max_nonlast &&
-                       c.score.cut_docs == score.cut_docs &&
-                       c.score.short_cuts == score.short_cuts && c.pieces == pieces &&
-                       c.placement.held == used->held;
+                return c.k == k && c.reduced == reduced && SameScore(c.score, score) &&
+                       c.pieces == pieces && c.placement.held == used->held;
               });
           if (!seen) pool->push_back(Candidate{pieces, {{}, used->held, 0}, k, reduced, score});
         }
@@ -334,12 +338,13 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   const auto build = [&](std::vector<Shard> pieces_of, const WholeDocPlacement& held, size_t k,
                          bool reduced, const PlanScore& score) {
     AppendHeldWhole(batch, held, pieces_of);
-    if (k > 0 || !reduced) {
+    if (reduced) {
+      const std::vector<Shard>& zig = reduced_zig(k).pieces;
+      pieces_of.insert(pieces_of.end(), zig.begin(), zig.end());
+    } else {  // the full 2N-chunk zigzag
       const std::vector<int32_t> zig_docs(order.begin(),
                                           order.begin() + static_cast<std::ptrdiff_t>(k));
-      std::vector<int64_t> room = targets;
-      const std::vector<Shard> zig =
-          reduced ? reduced_zig(k).pieces : PerDocPieces(batch, zig_docs, 0, &room);
+      const std::vector<Shard> zig = PerDocPieces(batch, zig_docs);
       pieces_of.insert(pieces_of.end(), zig.begin(), zig.end());
     }
     if (m > 1 && score.short_cuts > 0) {
@@ -364,10 +369,9 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   // kept, and those with every document Per-Doc (below). Of the first five
   // distinct ones in score order (the winner skipped, not repaired again),
   // the best repaired plan with no such piece that still meets the target
-  // wins; if none, the winner stays. Rare (a few
-  // batches in a hundred on WLB-LLM at 128K), and then about two more
-  // searches' worth of candidates plus up to five repairs; other batches pay
-  // nothing.
+  // wins; if none, the winner stays. Rare (a few batches in a hundred on
+  // WLB-LLM at 128K), and then about two more searches' worth of candidates
+  // plus up to five repairs; other batches pay nothing.
   // The winner (the search below overwrites best_*).
   const size_t k0 = best_k;
   const bool reduced0 = best_reduced;
@@ -407,9 +411,7 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     // all of these would be skipped too; on the property test's and the
     // data sets' batches, plans are the same as without the skip).
     if (c.k == k0 && c.reduced == reduced0 && c.pieces.size() == pieces0 &&
-        c.score.imbalance == score0.imbalance &&
-        c.score.max_nonlast == score0.max_nonlast && c.score.cut_docs == score0.cut_docs &&
-        c.score.short_cuts == score0.short_cuts) {
+        SameScore(c.score, score0)) {
       continue;  // costs no repair slot
     }
     ++repairs;

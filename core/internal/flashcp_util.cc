@@ -398,6 +398,16 @@ class ShortShardRepair {
     return work;
   }
 
+  // Per-rank non-last tokens (SPEC Eq. 5) of the cut documents' pieces
+  // (whole documents have none).
+  std::vector<int64_t> RankNonlast() const {
+    std::vector<int64_t> nonlast(n_, 0);
+    for (const std::vector<Piece>& d : docs) {
+      for (size_t k = 0; k + 1 < d.size(); ++k) nonlast[d[k].rank] += d[k].len;
+    }
+    return nonlast;
+  }
+
   // Appends the current pieces to `out`: the cut documents' pieces, then
   // each rank's whole documents.
   void Emit(std::vector<Shard>& out) const {
@@ -503,10 +513,7 @@ class ShortShardRepair {
     const int32_t a = p[i].rank;
     std::vector<double> work = RankWorkloads();
     const double limit = std::max(max_work_, *std::max_element(work.begin(), work.end()));
-    std::vector<int64_t> nonlast(n_, 0);
-    for (const std::vector<Piece>& d : docs) {
-      for (size_t k = 0; k + 1 < d.size(); ++k) nonlast[d[k].rank] += d[k].len;
-    }
+    const std::vector<int64_t> nonlast = RankNonlast();
     // The plan's maximum non-last tokens once this document's pieces are
     // `after` instead of p (only ranks A and B change).
     const auto max_nonlast_after = [&](const std::vector<Piece>& after, int32_t b) {
@@ -674,17 +681,8 @@ class ShortShardRepair {
     const auto cut =
         std::lower_bound(wa.begin(), wa.end(), std::pair<int64_t, int32_t>{2 * m_, -1});
     if (cut == wa.end()) return false;
-    std::vector<double> work(n_, 0.0);
-    std::vector<int64_t> nonlast(n_, 0);
-    for (const std::vector<Piece>& d : docs) {
-      for (size_t k = 0; k < d.size(); ++k) {
-        work[d[k].rank] += RangeWorkload(d[k].start, d[k].len);
-        if (k + 1 < d.size()) nonlast[d[k].rank] += d[k].len;
-      }
-    }
-    for (int32_t r = 0; r < n_; ++r) {
-      for (const auto& [len, doc] : whole[r]) work[r] += RangeWorkload(0, len);
-    }
+    const std::vector<double> work = RankWorkloads();
+    const std::vector<int64_t> nonlast = RankNonlast();
     const double limit = std::max(max_work_, *std::max_element(work.begin(), work.end()));
     const int64_t max_nonlast_now = *std::max_element(nonlast.begin(), nonlast.end());
     const int64_t g = m_;
