@@ -233,6 +233,16 @@ absl::Status NoThrow(absl::string_view what, F&& body) {
   }
 }
 
+// The variant pack's batch entries, the same in both directions: per-sequence
+// lengths and the ragged offsets.
+std::unordered_map<int64_t, void*> BatchPack(const VarlenBatch& batch) {
+  return {{kSeqQ, const_cast<int32_t*>(batch.d_seq_q())},
+          {kSeqKv, const_cast<int32_t*>(batch.d_seq_kv())},
+          {kRagQ, const_cast<int32_t*>(batch.d_q_elems())},
+          {kRagKv, const_cast<int32_t*>(batch.d_kv_elems())},
+          {kRagStats, const_cast<int32_t*>(batch.d_lse_elems())}};
+}
+
 bool AllWhole(const VarlenBatch& batch) {
   for (int32_t i = 0; i < batch.num_seqs(); ++i)
     if (batch.q_len()[i] != batch.kv_len()[i]) return false;
@@ -246,8 +256,7 @@ absl::Status CudnnAttention::Run(bool backward, const VarlenBatch& batch,
   const Key key{backward, !options_.always_bottom_right && AllWhole(batch), batch.num_seqs(),
                 GraphLen(batch.max_q()), GraphLen(batch.max_kv())};
   const cudnnHandle_t h = static_cast<cudnnHandle_t>(handle_);
-  const char* what = backward ? "SDPA backward" : "SDPA forward";
-  absl::Status status = NoThrow(what, [&]() -> absl::Status {
+  return NoThrow(backward ? "SDPA backward" : "SDPA forward", [&]() -> absl::Status {
     auto it = graphs_->cache.find(key);
     if (it == graphs_->cache.end()) {
       auto built = BuildGraph(shape_, key, options_.autotune, h);
@@ -271,7 +280,6 @@ absl::Status CudnnAttention::Run(bool backward, const VarlenBatch& batch,
     return FeStatus(entry.graph->execute(h, pack, workspace_.data()),
                     backward ? "execute backward" : "execute forward");
   });
-  return status;
 }
 
 bool CudnnAttention::TakeFallback(const absl::Status& status) {
@@ -286,15 +294,12 @@ bool CudnnAttention::TakeFallback(const absl::Status& status) {
 absl::Status CudnnAttention::Forward(const VarlenBatch& batch, const AttentionForwardArgs& a,
                                      cudaStream_t stream) {
   if (batch.total_q() == 0) return absl::OkStatus();
-  std::unordered_map<int64_t, void*> pack = {
-      {kQ, const_cast<bf16*>(a.q)},    {kK, const_cast<bf16*>(a.k)},
-      {kV, const_cast<bf16*>(a.v)},    {kO, a.out},
-      {kStats, a.lse},
-      {kSeqQ, const_cast<int32_t*>(batch.d_seq_q())},
-      {kSeqKv, const_cast<int32_t*>(batch.d_seq_kv())},
-      {kRagQ, const_cast<int32_t*>(batch.d_q_elems())},
-      {kRagKv, const_cast<int32_t*>(batch.d_kv_elems())},
-      {kRagStats, const_cast<int32_t*>(batch.d_lse_elems())}};
+  std::unordered_map<int64_t, void*> pack = BatchPack(batch);
+  pack.insert({{kQ, const_cast<bf16*>(a.q)},
+               {kK, const_cast<bf16*>(a.k)},
+               {kV, const_cast<bf16*>(a.v)},
+               {kO, a.out},
+               {kStats, a.lse}});
   absl::Status status = Run(/*backward=*/false, batch, pack, stream);
   return TakeFallback(status) ? fallback_->Forward(batch, a, stream) : status;
 }
@@ -302,17 +307,16 @@ absl::Status CudnnAttention::Forward(const VarlenBatch& batch, const AttentionFo
 absl::Status CudnnAttention::Backward(const VarlenBatch& batch, const AttentionBackwardArgs& a,
                                       cudaStream_t stream) {
   if (batch.total_kv() == 0) return absl::OkStatus();
-  std::unordered_map<int64_t, void*> pack = {
-      {kQ, const_cast<bf16*>(a.q)},      {kK, const_cast<bf16*>(a.k)},
-      {kV, const_cast<bf16*>(a.v)},      {kO, const_cast<bf16*>(a.out)},
-      {kDo, const_cast<bf16*>(a.dout)},  {kStats, const_cast<float*>(a.lse)},
-      {kDq, a.dq},                       {kDk, a.dk},
-      {kDv, a.dv},
-      {kSeqQ, const_cast<int32_t*>(batch.d_seq_q())},
-      {kSeqKv, const_cast<int32_t*>(batch.d_seq_kv())},
-      {kRagQ, const_cast<int32_t*>(batch.d_q_elems())},
-      {kRagKv, const_cast<int32_t*>(batch.d_kv_elems())},
-      {kRagStats, const_cast<int32_t*>(batch.d_lse_elems())}};
+  std::unordered_map<int64_t, void*> pack = BatchPack(batch);
+  pack.insert({{kQ, const_cast<bf16*>(a.q)},
+               {kK, const_cast<bf16*>(a.k)},
+               {kV, const_cast<bf16*>(a.v)},
+               {kO, const_cast<bf16*>(a.out)},
+               {kDo, const_cast<bf16*>(a.dout)},
+               {kStats, const_cast<float*>(a.lse)},
+               {kDq, a.dq},
+               {kDk, a.dk},
+               {kDv, a.dv}});
   absl::Status status = Run(/*backward=*/true, batch, pack, stream);
   return TakeFallback(status) ? fallback_->Backward(batch, a, stream) : status;
 }

@@ -80,6 +80,26 @@ void Emit(const std::string& json) {
   if (json_file != nullptr) *json_file << json << "\n" << std::flush;
 }
 
+// cuDNN with no fallback in the three configurations check and kernels
+// mode compare: as the workers run it ("cudnn": top-left mask on whole
+// documents, the heuristics' plan), with its plans autotuned
+// ("cudnn_tuned"), and with the bottom-right mask always ("cudnn_br").
+struct CudnnConfigs {
+  std::unique_ptr<CudnnAttention> run, tuned, br;
+  std::vector<std::pair<const char*, Attention*>> Named() const {
+    return {{"cudnn", run.get()}, {"cudnn_tuned", tuned.get()}, {"cudnn_br", br.get()}};
+  }
+};
+absl::StatusOr<CudnnConfigs> MakeCudnnConfigs(const AttentionShape& shape) {
+  CudnnConfigs c;
+  FLASHCP_ASSIGN_OR_RETURN(c.run, CudnnAttention::Create(shape, {.allow_fallback = false}));
+  FLASHCP_ASSIGN_OR_RETURN(
+      c.tuned, CudnnAttention::Create(shape, {.allow_fallback = false, .autotune = true}));
+  FLASHCP_ASSIGN_OR_RETURN(c.br, CudnnAttention::Create(shape, {.allow_fallback = false,
+                                                                .always_bottom_right = true}));
+  return c;
+}
+
 // A number as JSON: non-finite (a size mismatch gives infinity) as null.
 std::string JsonNumber(double x) {
   return std::isfinite(x) ? absl::StrFormat("%.4g", x) : std::string("null");
@@ -127,16 +147,10 @@ absl::Status RunCheck(uint64_t seed) {
                                    {"q1_prefixed", {1, 1}, {2, 5}, false}};
   for (const AttentionShape& shape : shapes) {
     FLASHCP_ASSIGN_OR_RETURN(auto plain, PlainAttention::Create(shape));
-    // cuDNN as the workers run it, and the two configurations kernels mode
-    // times beside it (autotuned plans; the bottom-right mask everywhere).
-    FLASHCP_ASSIGN_OR_RETURN(auto cudnn, CudnnAttention::Create(shape, {.allow_fallback = false}));
-    FLASHCP_ASSIGN_OR_RETURN(auto cudnn_tuned,
-                             CudnnAttention::Create(shape, {.allow_fallback = false, .autotune = true}));
-    FLASHCP_ASSIGN_OR_RETURN(auto cudnn_br, CudnnAttention::Create(shape, {.allow_fallback = false,
-                                                                           .always_bottom_right = true}));
-    const std::vector<std::pair<const char*, Attention*>> impls = {
-        {"plain", plain.get()}, {"cudnn", cudnn.get()}, {"cudnn_tuned", cudnn_tuned.get()},
-        {"cudnn_br", cudnn_br.get()}};
+    // The plain kernels and every cuDNN configuration kernels mode times.
+    FLASHCP_ASSIGN_OR_RETURN(const CudnnConfigs cudnn, MakeCudnnConfigs(shape));
+    std::vector<std::pair<const char*, Attention*>> impls = {{"plain", plain.get()}};
+    for (const auto& named : cudnn.Named()) impls.push_back(named);
     for (const Case& c : cases) {
       // Keep the single-threaded fp64 reference cheap at H = 16.
       if (shape.heads_q == 16 && c.kv.size() > 1) continue;
@@ -288,18 +302,12 @@ absl::Status RunKernels(uint64_t seed) {
   const AttentionShape shape = BenchShape();
   FLASHCP_ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create());
   const cudaStream_t s = stream.get();
-  // "cudnn" is what the workers run (top-left mask on whole documents, the
-  // heuristics' plan); the other two show what each choice is worth:
-  // cudnn_tuned autotunes the plans, cudnn_br uses the bottom-right mask always.
-  FLASHCP_ASSIGN_OR_RETURN(auto cudnn, CudnnAttention::Create(shape, {.allow_fallback = false}));
-  FLASHCP_ASSIGN_OR_RETURN(auto cudnn_tuned,
-                           CudnnAttention::Create(shape, {.allow_fallback = false, .autotune = true}));
-  FLASHCP_ASSIGN_OR_RETURN(auto cudnn_br, CudnnAttention::Create(shape, {.allow_fallback = false,
-                                                                         .always_bottom_right = true}));
+  // "cudnn" is what the workers run; cudnn_tuned and cudnn_br show what
+  // autotuning and the mask choice are worth (MakeCudnnConfigs).
+  FLASHCP_ASSIGN_OR_RETURN(const CudnnConfigs cudnn, MakeCudnnConfigs(shape));
   FLASHCP_ASSIGN_OR_RETURN(auto plain, PlainAttention::Create(shape));
-  const std::vector<std::pair<const char*, Attention*>> impls = {
-      {"cudnn", cudnn.get()}, {"cudnn_tuned", cudnn_tuned.get()}, {"cudnn_br", cudnn_br.get()},
-      {"plain", plain.get()}};
+  std::vector<std::pair<const char*, Attention*>> impls = cudnn.Named();
+  impls.push_back({"plain", plain.get()});
   struct Shape {
     std::string name;
     std::vector<int32_t> docs;
