@@ -3,14 +3,16 @@
 // mean comm saving of the allgather and targeted schemes, cut documents and
 // the shortest cut shard (its 5th percentile and median over batches, and the
 // cut shards below the minimum-shard rule's 128 tokens); then the ILP beside
-// the heuristics in the paper's Table 2 setting (Pile, N = 4) over a few
-// batches at a context the ILP can take (default 16K). Markdown on stdout,
+// the heuristics over a few batches per cell, by default in the paper's
+// Table 2 setting (Pile, N = 4) at a context the ILP proves more of (16K);
+// `--ilp-datasets pile,wlbllm --ilp-cps 4,8 --ilp-context 131072` gives issue
+// 2's goal cells. `--batches 0` skips the quality table. Markdown on stdout,
 // progress and notes on stderr. The data sets' assumptions are printed with
 // the figures.
 //
 //   build/bin/plan_quality [--batches K] [--seed S] [--ilp-batches K] [--ilp-time-limit S]
 //                          [--ilp-granularity G] [--ilp-context C] [--ilp-comm-weight W]
-//                          [--min-shard-tokens M]
+//                          [--ilp-datasets D,D...] [--ilp-cps N,N...] [--min-shard-tokens M]
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "core/analysis.h"
 #include "core/cli.h"
@@ -39,6 +42,8 @@ struct Args {
   int64_t ilp_granularity = 0;
   int64_t ilp_context = 16384;
   double ilp_comm_weight = 0;
+  std::vector<Dataset> ilp_datasets = {Dataset::kPile};
+  std::vector<int32_t> ilp_cps = {4};
   int64_t min_shard_tokens = PlanOptions{}.min_shard_tokens;
 };
 
@@ -55,7 +60,7 @@ bool ParseArgs(int argc, char** argv, Args& a) {
     const char* v = argv[++i];
     bool ok = false;
     if (flag == "--batches") {
-      ok = absl::SimpleAtoi(v, &a.batches) && a.batches >= 1 && a.batches <= 100000;
+      ok = absl::SimpleAtoi(v, &a.batches) && a.batches >= 0 && a.batches <= 100000;
     } else if (flag == "--seed") {
       ok = absl::SimpleAtoi(v, &a.seed);
     } else if (flag == "--ilp-batches") {
@@ -70,6 +75,22 @@ bool ParseArgs(int argc, char** argv, Args& a) {
            a.ilp_context <= 1'000'000;
     } else if (flag == "--ilp-comm-weight") {
       ok = absl::SimpleAtod(v, &a.ilp_comm_weight) && a.ilp_comm_weight >= 0;
+    } else if (flag == "--ilp-datasets") {
+      a.ilp_datasets.clear();
+      ok = true;
+      for (absl::string_view name : absl::StrSplit(v, ',')) {
+        absl::StatusOr<Dataset> d = ParseDataset(name);
+        ok = ok && d.ok();
+        if (d.ok()) a.ilp_datasets.push_back(*d);
+      }
+    } else if (flag == "--ilp-cps") {
+      a.ilp_cps.clear();
+      ok = true;
+      for (absl::string_view text : absl::StrSplit(v, ',')) {
+        int32_t n = 0;
+        ok = ok && absl::SimpleAtoi(text, &n) && n >= 1 && n <= 64;
+        a.ilp_cps.push_back(n);
+      }
     } else if (flag == "--min-shard-tokens") {
       ok = absl::SimpleAtoi(v, &a.min_shard_tokens) && a.min_shard_tokens >= 0 &&
            a.min_shard_tokens <= 1'000'000;
@@ -191,70 +212,84 @@ int Main(int argc, char** argv) {
   for (Strategy s : kAllStrategies) {
     if (s != Strategy::kIlp) heuristics.push_back(s);
   }
-  std::printf("## Quality: %lld batches of %lld tokens per data set (seed %llu), target imbalance "
-              "%g, flashcp min shard %lld tokens, H = 32, D = 128, bf16\n\n",
-              static_cast<long long>(args.batches), static_cast<long long>(kContext),
-              static_cast<unsigned long long>(args.seed), defaults.target_imbalance,
-              static_cast<long long>(defaults.min_shard_tokens));
-  for (Dataset d : kAllDatasets) {
-    std::printf("- %s: %s\n", std::string(DatasetName(d)).c_str(),
-                std::string(DatasetAssumptions(d)).c_str());
-  }
-  std::printf("\n| data set | N | strategy | imb mean | imb p95 | save allgather | save targeted "
-              "| cut docs | min cut shard (min / p5 / p50) | cut shards < 128 (batches) | plan ms mean "
-              "| plan ms p99 |\n"
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  for (Dataset d : kAllDatasets) {
-    for (int32_t n : {4, 8}) {
-      const std::vector<Batch> batches = Draw(d, args.batches, args.seed, n);
-      const std::string label = absl::StrFormat("%s N=%d", DatasetName(d), n);
-      std::vector<Row> rows;
-      if (!Evaluate(batches, heuristics, defaults, label, rows)) return 1;
-      for (const Row& r : rows) {
-        PrintRow(absl::StrFormat("%s | %d | ", DatasetName(d), n), r);
+  if (args.batches > 0) {
+    std::printf("## Quality: %lld batches of %lld tokens per data set (seed %llu), target "
+                "imbalance %g, flashcp min shard %lld tokens, H = 32, D = 128, bf16\n\n",
+                static_cast<long long>(args.batches), static_cast<long long>(kContext),
+                static_cast<unsigned long long>(args.seed), defaults.target_imbalance,
+                static_cast<long long>(defaults.min_shard_tokens));
+    for (Dataset d : kAllDatasets) {
+      std::printf("- %s: %s\n", std::string(DatasetName(d)).c_str(),
+                  std::string(DatasetAssumptions(d)).c_str());
+    }
+    std::printf("\n| data set | N | strategy | imb mean | imb p95 | save allgather | save targeted "
+                "| cut docs | min cut shard (min / p5 / p50) | cut shards < 128 (batches) | plan ms "
+                "mean | plan ms p99 |\n"
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (Dataset d : kAllDatasets) {
+      for (int32_t n : {4, 8}) {
+        const std::vector<Batch> batches = Draw(d, args.batches, args.seed, n);
+        const std::string label = absl::StrFormat("%s N=%d", DatasetName(d), n);
+        std::vector<Row> rows;
+        if (!Evaluate(batches, heuristics, defaults, label, rows)) return 1;
+        for (const Row& r : rows) {
+          PrintRow(absl::StrFormat("%s | %d | ", DatasetName(d), n), r);
+        }
+        std::fflush(stdout);
       }
-      std::fflush(stdout);
     }
   }
-
-  // The paper's Table 2 setting: Pile, N = 4 (its 128K is too large for an
-  // exact ILP here: a smaller context); heuristic 28% saving at 1.04
-  // imbalance, ILP 36% at 1.00 (SPEC.md).
-  std::printf("\n## ILP beside the heuristics: Pile, N = 4, %lld tokens, first %lld batches "
-              "(seed %llu), ILP time limit %g s, granularity %s, comm weight %s\n\n",
-              static_cast<long long>(args.ilp_context), static_cast<long long>(args.ilp_batches),
-              static_cast<unsigned long long>(args.seed), args.ilp_time_limit,
-              args.ilp_granularity == 0 ? "C / (16 N)"
-                                        : std::to_string(args.ilp_granularity).c_str(),
-              args.ilp_comm_weight == 0 ? "default" : absl::StrFormat("%g", args.ilp_comm_weight).c_str());
   if (args.ilp_batches == 0) return 0;
+
+  // The ILP beside the heuristics. By default the paper's Table 2 setting:
+  // Pile, N = 4 (its 128K is too large for an exact ILP here: a smaller
+  // context); heuristic 28% saving at 1.04 imbalance, ILP 36% at 1.00
+  // (SPEC.md).
   PlanOptions ilp_options = defaults;
   ilp_options.ilp.time_limit_seconds = args.ilp_time_limit;
   ilp_options.ilp.granularity = args.ilp_granularity;
   ilp_options.ilp.comm_weight = args.ilp_comm_weight;
-  const std::vector<Batch> small =
-      Draw(Dataset::kPile, args.ilp_batches, args.seed, 4, args.ilp_context);
-  std::vector<Row> rows;
-  if (!Evaluate(small,
-                {Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp, Strategy::kIlp},
-                ilp_options, "table2", rows)) {
-    return 1;
-  }
-  std::printf("| strategy | imb mean | imb p95 | save allgather | save targeted | cut docs | "
-              "min cut shard (min / p5 / p50) | cut shards < 128 (batches) | plan ms mean | "
-              "plan ms p99 |\n"
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  bool have_ilp = false;
-  for (const Row& r : rows) {
-    PrintRow("", r);
-    if (r.summary.strategy == Strategy::kIlp) {
-      have_ilp = true;
-      std::printf("\nILP: %lld of %lld batches proven optimal; mean relative MIP gap %.4f\n",
-                  static_cast<long long>(r.ilp_optimal),
-                  static_cast<long long>(r.summary.batches), r.ilp_gap_mean);
+  const std::string granularity = args.ilp_granularity == 0
+                                      ? std::string("C / (16 N)")
+                                      : std::to_string(args.ilp_granularity);
+  const std::string weight =
+      args.ilp_comm_weight == 0 ? std::string("default") : absl::StrFormat("%g", args.ilp_comm_weight);
+  for (Dataset d : args.ilp_datasets) {
+    for (int32_t n : args.ilp_cps) {
+      std::printf("\n## ILP beside the heuristics: %s, N = %d, %lld tokens, first %lld batches "
+                  "(seed %llu), ILP time limit %g s, granularity %s, comm weight %s\n\n",
+                  std::string(DatasetName(d)).c_str(), n,
+                  static_cast<long long>(args.ilp_context),
+                  static_cast<long long>(args.ilp_batches),
+                  static_cast<unsigned long long>(args.seed), args.ilp_time_limit,
+                  granularity.c_str(), weight.c_str());
+      const std::vector<Batch> small = Draw(d, args.ilp_batches, args.seed, n, args.ilp_context);
+      const std::string label = absl::StrFormat("ilp %s N=%d", DatasetName(d), n);
+      std::vector<Row> rows;
+      if (!Evaluate(small,
+                    {Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp,
+                     Strategy::kIlp},
+                    ilp_options, label, rows)) {
+        return 1;
+      }
+      std::printf("| strategy | imb mean | imb p95 | save allgather | save targeted | cut docs | "
+                  "min cut shard (min / p5 / p50) | cut shards < 128 (batches) | plan ms mean | "
+                  "plan ms p99 |\n"
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      bool have_ilp = false;
+      for (const Row& r : rows) {
+        PrintRow("", r);
+        if (r.summary.strategy == Strategy::kIlp) {
+          have_ilp = true;
+          std::printf("\nILP: %lld of %lld batches proven optimal; mean relative MIP gap %.4f\n",
+                      static_cast<long long>(r.ilp_optimal),
+                      static_cast<long long>(r.summary.batches), r.ilp_gap_mean);
+        }
+      }
+      if (!have_ilp) std::printf("\nILP: not available (MakePlan(ilp) returned Unimplemented)\n");
+      std::fflush(stdout);
     }
   }
-  if (!have_ilp) std::printf("\nILP: not available (MakePlan(ilp) returned Unimplemented)\n");
   return 0;
 }
 
