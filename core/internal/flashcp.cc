@@ -1,7 +1,8 @@
 // FlashCP, our planner (docs/planner.md): Whole-Doc placement steered by rho
 // with whole-document moves, a Per-Doc fallback for the documents too long to
 // balance (the fewest, found by search), the minimum-shard rule (with a
-// repair of the winner and, if that fails, of other candidates), and a small
+// repair of the winner and, if that fails, of other candidates, then a
+// re-cut of their cut points by linear programming), and a small
 // candidate search scored on imbalance, then communication, then cuts.
 #include <algorithm>
 #include <array>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "core/internal/flashcp_util.h"
+#include "core/internal/recut.h"
 #include "core/internal/strategies_internal.h"
 
 namespace flashcp::core::internal {
@@ -66,15 +68,17 @@ void AddPieces(const Batch& batch, const std::vector<Shard>& pieces, PartialScor
   }
 }
 
-// Whether a plan has a shard shorter than m of a document cut into several.
-bool HasShortCut(const Plan& plan, int64_t m) {
+// Shards shorter than m of documents cut into several (slivers) in a plan.
+int64_t CountShortCuts(const Plan& plan, int64_t m) {
   std::vector<int32_t> count(plan.doc_lens.size(), 0);
   for (const Shard& s : plan.shards) ++count[s.doc];
+  int64_t short_cuts = 0;
   for (const Shard& s : plan.shards) {
-    if (count[s.doc] > 1 && s.len < m) return true;
+    if (count[s.doc] > 1 && s.len < m) ++short_cuts;
   }
-  return false;
+  return short_cuts;
 }
+bool HasShortCut(const Plan& plan, int64_t m) { return CountShortCuts(plan, m) > 0; }
 
 }  // namespace
 
@@ -117,8 +121,9 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   WholeDocPlacement* used = nullptr;
   std::vector<double> placed_workload;  // per-rank workload after LPT
   // While `pool` is set (the fallback below), every candidate that meets the
-  // target is also kept in `candidates` (its cut and moved pieces and its
-  // placement's whole documents: O(n) per candidate).
+  // target or has no sliver is also kept in `candidates` (its cut and moved
+  // pieces and its placement's whole documents: O(n) per candidate): the
+  // first to be repaired, the others to be re-cut.
   struct Candidate {
     std::vector<Shard> pieces;
     WholeDocPlacement placement;  // only `held` is used
@@ -214,7 +219,7 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
             if (sh.len < m && sh.len < batch.doc_lens[sh.doc]) ++score.short_cuts;
           }
         }
-        if (pool != nullptr && score.imbalance <= target) {
+        if (pool != nullptr && (score.imbalance <= target || !slivers)) {
           // Equal candidates would take several of the fallback's repair
           // slots (at k = n no document is left to place, so every scale
           // and cap gives the same one).
@@ -333,10 +338,10 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
       lo = mid;
     }
   }
-  // A candidate's whole plan: its pieces, the documents its placement kept
-  // whole, its Per-Doc pieces (rebuilt), short cut pieces repaired.
-  const auto build = [&](std::vector<Shard> pieces_of, const WholeDocPlacement& held, size_t k,
-                         bool reduced, const PlanScore& score) {
+  // A candidate's whole pieces: its own, the documents its placement kept
+  // whole, its Per-Doc pieces (rebuilt).
+  const auto assemble = [&](std::vector<Shard> pieces_of, const WholeDocPlacement& held,
+                            size_t k, bool reduced) {
     AppendHeldWhole(batch, held, pieces_of);
     if (reduced) {
       const std::vector<Shard>& zig = reduced_zig(k).pieces;
@@ -347,6 +352,12 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
       const std::vector<Shard> zig = PerDocPieces(batch, zig_docs);
       pieces_of.insert(pieces_of.end(), zig.begin(), zig.end());
     }
+    return pieces_of;
+  };
+  // A candidate's whole plan, short cut pieces repaired.
+  const auto build = [&](std::vector<Shard> pieces_of, const WholeDocPlacement& held, size_t k,
+                         bool reduced, const PlanScore& score) {
+    pieces_of = assemble(std::move(pieces_of), held, k, reduced);
     if (m > 1 && score.short_cuts > 0) {
       // Every fix of the repair keeps each rank within max(R * mean, its
       // current maximum), so a plan that met the target still does; should
@@ -362,6 +373,9 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   const size_t pieces0 = best_pieces.size();  // to know the winner again below
   Plan plan = build(std::move(best_pieces), best_placement, best_k, best_reduced, best_score);
   if (m <= 1 || !HasShortCut(plan, m) || best_score.imbalance > target) return plan;
+  // No plan free of slivers meets R (the margin absorbs the sums' rounding):
+  // the fallback below could not succeed, so it is not tried.
+  if (SliverFreeWorkloadBound(batch, m) > target * mean_work * (1 + 1e-9)) return plan;
   // The winner keeps a cut piece shorter than m that its repair could not
   // remove. The candidates at the winner's k and at k + 1 (one more Per-Doc
   // document: better balanced, so more meet R) are built again, with the
@@ -405,6 +419,7 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   size_t repairs = 0;
   for (size_t i = 0; i < candidates.size() && repairs < kMaxFallbacks; ++i) {
     const Candidate& c = candidates[i];
+    if (c.score.imbalance > target) break;  // sorted: the rest miss R too (kept to re-cut)
     // The winner itself comes back (first, as a rule): rebuilt, it would be
     // repaired to the same failure, so it is skipped. It is known by its k,
     // Per-Doc mode, piece count and score (a different candidate equal in
@@ -425,6 +440,39 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
       found = true;
     }
   }
+  if (found) return plan;
+  // No repaired candidate is free of slivers within R. Where the trouble is
+  // the cut points (a reduced zigzag fitted to the ranks' rooms by shifts
+  // that ignore workload; a Whole-Doc head sized to a token deficit), moving
+  // them can fix both: RecutPieces keeps each piece on its rank and in its
+  // place in the document and solves for cut points that give every rank its
+  // tokens, every piece >= m and the least maximum workload. Tried on the
+  // first kMaxRecuts candidates in score order (those that missed R but have
+  // no sliver among them, the winner too) and on every document Per-Doc in
+  // reduced zigzags over consecutive ranks, not fitted (the program sets the
+  // tokens). A re-cut plan wins only if it meets R and beats the repaired
+  // winner with its slivers charged (8m non-last tokens each): a sliver
+  // costs less than much more communication.
+  constexpr size_t kMaxRecuts = 3;
+  constexpr int32_t kRecutRounds = 3;
+  PlanScore found_score_or_winner = ScorePlan(plan);
+  found_score_or_winner.short_cuts = CountShortCuts(plan, m);
+  const auto recut = [&](std::vector<Shard> pieces_of) {
+    if (!RecutPieces(batch, pieces_of, m, kRecutRounds, target * mean_work * (1 + 1e-9))) return;
+    Plan other = FinishPlan(batch, std::move(pieces_of));
+    const PlanScore score = ScorePlan(other);
+    // RecutPieces keeps every piece >= m, so `other` has no sliver.
+    if (score.imbalance > target || !Better(score, found_score_or_winner, target, short_cost)) {
+      return;
+    }
+    plan = std::move(other);
+    found_score_or_winner = score;
+  };
+  for (size_t i = 0; i < candidates.size() && i < kMaxRecuts; ++i) {
+    const Candidate& c = candidates[i];
+    recut(assemble(c.pieces, c.placement, c.k, c.reduced));
+  }
+  recut(PerDocPieces(batch, order, m));
   return plan;
 }
 

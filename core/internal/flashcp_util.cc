@@ -10,10 +10,6 @@
 #include "core/internal/strategies_internal.h"
 
 namespace flashcp::core::internal {
-namespace {
-bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>& pieces,
-                       std::vector<int64_t>& room);
-}  // namespace
 
 std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
                                 int64_t min_shard, std::vector<int64_t>* room, bool* refit) {
@@ -875,16 +871,8 @@ class ShortShardRepair {
   std::vector<char> over_;    // per rank: over the bound in the last KeepsBalance
 };
 
-// For PerDocPieces: where the reduced zigzag overfills some ranks (room <
-// 0), moves the excess to ranks with room left along chains of cut-point
-// shifts between the Per-Doc documents' pieces (RepairShortShards' chains),
-// so that no piece falls below min_shard and the zigzag's shape, hence its
-// balance, changes only at the cut points that move (the caller scores the
-// result). On success replaces `pieces` (merged) and `room` and returns true;
-// else leaves both as they were (the caller falls back to the full zigzag).
-// Bounded: at most 4N + 16 moves, each up to log2(overflow) chain searches,
-// each O(N + pieces) with the boundary graph rebuilt after every move
-// (docs/planner.md, "Complexity", has its measured cost).
+}  // namespace
+
 bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>& pieces,
                        std::vector<int64_t>& room) {
   const int32_t n = batch.cp_size;
@@ -915,7 +903,6 @@ bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>
   return true;
 }
 
-}  // namespace
 
 std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> pieces,
                                      int64_t min_shard, double max_workload,
@@ -965,6 +952,19 @@ std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> piec
   out.reserve(shards.size());
   repair.Emit(out);
   return out;
+}
+
+double SliverFreeWorkloadBound(const Batch& batch, int64_t min_shard) {
+  int64_t total = 0;
+  for (int64_t len : batch.doc_lens) total += len;
+  const int64_t floor_tokens = total / batch.cp_size;
+  double bound = 0;
+  for (int64_t len : batch.doc_lens) {
+    const int64_t s = std::min(len, min_shard);
+    bound = std::max(bound, RangeWorkload(len - s, s) +
+                                static_cast<double>(std::max<int64_t>(0, floor_tokens - s)));
+  }
+  return bound;
 }
 
 std::vector<int32_t> DocsLongestFirst(const Batch& batch) {

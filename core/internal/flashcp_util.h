@@ -129,6 +129,20 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
 void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,
                      std::vector<Shard>& out);
 
+// Where raw pieces overfill some ranks (room < 0, room = tokens still free
+// per rank), moves the excess to ranks with room left along chains of
+// cut-point shifts between cut documents' pieces (RepairShortShards'
+// chains), so that no piece falls below min_shard and the pieces' shape,
+// hence their balance, changes only at the cut points that move (no
+// workload check: the caller scores the result). PerDocPieces fits reduced
+// zigzags with it, RecutPieces its rounded cut points. On success replaces
+// `pieces` (merged) and `room` and returns true; else leaves both as they
+// were. Bounded: at most 4N + 16 moves, each up to log2(overflow) chain
+// searches, each O(N + pieces) with the boundary graph rebuilt after every
+// move (docs/planner.md, "Complexity", has its measured cost).
+bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>& pieces,
+                       std::vector<int64_t>& room);
+
 // Removes cut shards shorter than `min_shard` from raw pieces (returns them
 // merged, as FinishPlan's shards, in no particular order), keeping every
 // rank's token count. For each such sliver of a document on rank A, next to
@@ -160,6 +174,16 @@ std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> piec
                                      int64_t min_shard,
                                      double max_workload = std::numeric_limits<double>::infinity(),
                                      int64_t max_nonlast_growth = int64_t{1} << 62);
+
+// A lower bound on the maximum rank workload (SPEC Eq. 3 pairs) of every
+// plan of `batch` with no cut shard shorter than `min_shard` > 0: the rank
+// holding a document's last token holds at least its last s = min(L,
+// min_shard) tokens (a cut document's last shard has >= min_shard tokens; an
+// uncut document is whole) and floor(total / N) tokens in all, each of
+// workload >= 1, so at least W(L - s, s) + floor(total / N) - s. The maximum
+// over documents. Where it exceeds R times the mean workload, every plan
+// meeting R has a sliver (docs/planner.md, "When a short shard is needed").
+double SliverFreeWorkloadBound(const Batch& batch, int64_t min_shard);
 
 // Documents sorted longest first (ties by index): the planners' common order.
 std::vector<int32_t> DocsLongestFirst(const Batch& batch);
