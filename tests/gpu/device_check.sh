@@ -96,6 +96,18 @@ ldd "$BENCH" | grep -E 'not found|cudnn|nccl|cudart|nvrtc'
 LD_LIBRARY_PATH=$PY_LD_LIBRARY_PATH python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(),
   "nccl", torch.cuda.nccl.version())' 2>/dev/null
 
+# A focused rerun instead of the whole check: CHECK_ONLY holds extra flags for
+# `check` (e.g. "--check_cases=q1_kv2 --check_input_seed=S"), run once per seed
+# in CHECK_SEEDS (master seeds; default one fresh), then the script exits.
+if [[ -n ${CHECK_ONLY:-} ]]; then
+  for s in ${CHECK_SEEDS:-0}; do
+    # shellcheck disable=SC2086  # CHECK_ONLY is a list of flags
+    run_stage check-only 120 "$BENCH" --mode=check --seed="$s" $CHECK_ONLY \
+      --json_out="$RESULTS" > /dev/null || FAILED=1
+  done
+  exit $FAILED
+fi
+
 # ---- 2. Correctness (fresh seeds every run) ----------------------------------
 # 124 s on 2026-11-29 with two implementations per kernel case; four since
 # (the autotuned and bottom-right cuDNN configurations too), hence 240.
