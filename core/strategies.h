@@ -44,12 +44,14 @@ struct PlanOptions {
   // shards shorter than m and repairs those left (docs/planner.md, "Minimum
   // shard"), but ranks the imbalance target above it, so a plan may keep
   // such shards where no candidate meets the target, and where some do but
-  // its repair and fallback (heuristics, not an exact search) find no plan
-  // without them that still meets it; the repair never takes a plan that
-  // meets the target over it. The tests count such shards as needed (C/N < m,
-  // a sufficient condition), excused (the plan misses the target) or not shown
-  // needed (all others; some of those are needed too, e.g. docs [300, 58] at
-  // N = 2, m = 128: docs/planner.md, "Minimum shard").
+  // its repair, fallback and re-cut (heuristics, not an exact search) find no
+  // plan without them that still meets it, or only one whose extra
+  // communication outweighs them; the repair never takes a plan that meets
+  // the target over it. The tests count such shards as needed (C/N < m, or a
+  // workload bound showing that no plan without them meets the target: both
+  // sufficient conditions), excused (the plan misses the target) or not shown
+  // needed (all others; some of those are needed too, e.g. docs [476] at
+  // N = 2, m = 128: docs/planner.md, "When a short shard is needed").
   // 128 = one query tile of the attention kernels (64-128 rows); 0 or 1
   // turns the rule off. 0 <= min_shard_tokens <= 2^40.
   int64_t min_shard_tokens = 128;
