@@ -450,6 +450,9 @@ TEST(SliverFreeWorkloadBoundTest, LastShardAndRankTokens) {
   // within 1.29x of it: keeping doc 1 whole leaves its rank 121 tokens of
   // doc 0, which are not all one shard of >= 128 but must be.
   EXPECT_DOUBLE_EQ(internal::SliverFreeWorkloadBound(Batch{{300, 58}, 2}, 128), 30323.0);
+  // Docs [301, 58], N = 2: floor(359 / 2) = 179 (not the ceiling, 180):
+  // W(173, 128) = (346 + 129) * 64 = 30400, plus 179 - 128 = 51: 30451.
+  EXPECT_DOUBLE_EQ(internal::SliverFreeWorkloadBound(Batch{{301, 58}, 2}, 128), 30451.0);
   // Docs [476], N = 2: W(348, 128) = (696 + 129) * 64 = 52800, plus 110:
   // 52910, under the mean 56763 (a sliver is needed all the same: see
   // docs/planner.md; the bound is sufficient only).
@@ -461,10 +464,10 @@ TEST(SliverFreeWorkloadBoundTest, LastShardAndRankTokens) {
 
 TEST(FlashCpTest, RecutKeepsAShortDocumentWhole) {
   // Docs [42, 1063] on 3 ranks: 1105 tokens, 369 / 368 / 368. Before the
-  // re-cut, flashcp zigzagged doc 1 in six equal chunks (354 per rank) and
-  // cut doc 0 into three slivers to fill the ranks (imbalance 1.0142): no
-  // repair could grow them. Re-cut (RecutPieces) keeps doc 0 whole on rank 0
-  // and moves doc 1's cut points instead, the chunks unequal:
+  // re-cut (3e88e0e), flashcp cut doc 0 into two slivers, 28 tokens on rank
+  // 2 and 14 on rank 1, beside a zigzag of doc 1 fitted to the rooms
+  // (imbalance 1.0142), and no repair could grow them. Re-cut (RecutPieces)
+  // keeps doc 0 whole on rank 0 and moves doc 1's cut points instead:
   //   rank 0: W(0, 42) + W(0, 145) + W(881, 182) = 903 + 10585 + 176995 = 188483
   //   rank 1: W(145, 184) + W(697, 184) = 43700 + 145268 = 188968
   //   rank 2: W(329, 368) = (658 + 369) * 184 = 188968

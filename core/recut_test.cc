@@ -72,9 +72,32 @@ TEST(RecutPiecesTest, SetsTheRanksTokens) {
   EXPECT_DOUBLE_EQ(*std::max_element(w.begin(), w.end()), *max_w);
 }
 
-TEST(RecutPiecesTest, LeavesPiecesWhenInfeasible) {
-  // Rank 1 holds only doc 0 (whole, 600 tokens) but must hold 550: no cut
-  // point of its own to move, so no program meets its tokens.
+TEST(RecutPiecesTest, LeavesPiecesWhenARankCannotReachItsTokens) {
+  // Rank 1 holds doc 0 whole (600 tokens) but must hold 550, and its piece
+  // of doc 1 needs at least 129 more: no cut point can give it fewer.
+  const Batch batch{{600, 500}, 2};
+  const std::vector<Shard> before = {{0, 0, 600, 1}, {1, 0, 250, 0}, {1, 250, 250, 1}};
+  std::vector<Shard> pieces = before;
+  EXPECT_EQ(RecutPieces(batch, pieces, 128, 3, kNoBound), std::nullopt);
+  EXPECT_EQ(pieces, before);
+}
+
+TEST(RecutPiecesTest, LeavesPiecesWhenTheProgramIsInfeasible) {
+  // Every rank could hold its 650 tokens (rank 0: doc 0's first and third
+  // pieces and doc 1's tail, 3 x 129 at least; rank 1: doc 0's middle and
+  // doc 1's head), but doc 0's three pieces need 3 x 129 = 387 > 300 tokens:
+  // only the program finds that out.
+  const Batch batch{{300, 1000}, 2};
+  const std::vector<Shard> before = {
+      {0, 0, 100, 0}, {0, 100, 100, 1}, {0, 200, 100, 0}, {1, 0, 500, 1}, {1, 500, 500, 0}};
+  std::vector<Shard> pieces = before;
+  EXPECT_EQ(RecutPieces(batch, pieces, 128, 3, kNoBound), std::nullopt);
+  EXPECT_EQ(pieces, before);
+}
+
+TEST(RecutPiecesTest, LeavesPiecesWithoutCutPoints) {
+  // Doc 1's two pieces touch on rank 0: merged, it is whole, and no
+  // document is cut.
   const Batch batch{{600, 500}, 2};
   const std::vector<Shard> before = {{0, 0, 600, 1}, {1, 0, 250, 0}, {1, 250, 250, 0}};
   std::vector<Shard> pieces = before;

@@ -172,9 +172,10 @@ class RecutLp {
 std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces,
                                   int64_t min_shard, int32_t rounds, double accept_below) {
   const int32_t n = batch.cp_size;
-  // Cheap early out before merging: the raw pieces' cut points, less those
-  // between touching pieces on one rank that merging removes (at most one in
-  // two, as in a zigzag's middle), still exceed the bound.
+  // Cheap early out before merging, a heuristic: far more raw cut points
+  // than the bound (merging touching pieces on one rank removes one in 2c - 1
+  // of a reduced zigzag's, but could remove more elsewhere; the exact count
+  // after merging is checked below).
   {
     std::vector<int32_t> per_doc(batch.doc_lens.size(), 0);
     for (const Shard& s : pieces) ++per_doc[s.doc];
@@ -238,9 +239,11 @@ std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces
       if (least[r] > t || (!has_piece[r] && p.fixed_tokens[r] != t)) return std::nullopt;
     }
   }
-  // Each round re-linearizes at the previous solution; the best by exact
-  // maximum is kept (a round can overshoot where the linearization is off).
-  // Pieces get one token of slack (>= keep + 1) for the rounding below.
+  // Each round re-linearizes at the previous solution; rounds stop when the
+  // exact maximum stops falling (the program has many optima, which pin only
+  // the heaviest rank, so a round can also land somewhere worse), and the
+  // best is kept. Pieces get one token of slack (>= keep + 1) for the
+  // rounding below.
   std::vector<double> at = p.cut_at, best;
   double best_max = 0;
   try {
@@ -251,10 +254,9 @@ std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces
       at = *std::move(next);
       const std::vector<double> w = Workloads(p, at);
       const double max_w = *std::max_element(w.begin(), w.end());
-      if (best.empty() || max_w < best_max) {
-        best = at;
-        best_max = max_w;
-      }
+      if (!best.empty() && max_w >= best_max) break;
+      best = at;
+      best_max = max_w;
     }
   } catch (const CoinError&) {
     return std::nullopt;

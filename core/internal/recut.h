@@ -26,11 +26,12 @@ inline constexpr int64_t kMaxRecutCuts = 256;
 //  - every piece of a cut document keeps at least max(min_shard, 1) tokens,
 //  - the maximum rank workload (SPEC Eq. 3) is minimized: a linear program
 //    with each piece's workload W(a, e - a) = Q(e) - Q(a), Q(x) = x(x+1)/2,
-//    linearized at the current cut points, solved `rounds` times, each at the
-//    previous solution (Q is convex, so the linearization's error is
-//    (x - x0)^2 / 2 per moved endpoint and shrinks as the points settle);
-//    the cut points are then rounded and the rounding's token errors moved
-//    back by ShiftPiecesToRoom.
+//    linearized at the current cut points and solved again at each solution
+//    while the exact maximum falls, at most `rounds` times (Q is convex: the
+//    linearization's error is (x - x0)^2 / 2 per moved endpoint, and the
+//    program's many optima pin only the heaviest rank, so a round need not
+//    improve); the best cut points are rounded and the rounding's token
+//    errors moved back by ShiftPiecesToRoom.
 // Which rank holds each piece and the pieces' order in each document stay.
 // Returns the maximum rank workload of the result, exact, and replaces
 // `pieces` (merged shards) only when it is below `accept_below`; otherwise
