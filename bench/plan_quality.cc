@@ -222,9 +222,9 @@ int Main(int argc, char** argv) {
       std::printf("- %s: %s\n", std::string(DatasetName(d)).c_str(),
                   std::string(DatasetAssumptions(d)).c_str());
     }
-    std::printf("\n| data set | N | strategy | imb mean | imb p95 | save allgather | save targeted "
-                "| cut docs | min cut shard (min / p5 / p50) | cut shards < 128 (batches) | plan ms "
-                "mean | plan ms p99 |\n"
+    std::printf("\n| data set | N | strategy | imb mean | imb p95 | save allgather | "
+                "save targeted | cut docs | min cut shard (min / p5 / p50) | "
+                "cut shards < 128 (batches) | plan ms mean | plan ms p99 |\n"
                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (Dataset d : kAllDatasets) {
       for (int32_t n : {4, 8}) {
@@ -252,8 +252,9 @@ int Main(int argc, char** argv) {
   const std::string granularity = args.ilp_granularity == 0
                                       ? std::string("C / (16 N)")
                                       : std::to_string(args.ilp_granularity);
-  const std::string weight =
-      args.ilp_comm_weight == 0 ? std::string("default") : absl::StrFormat("%g", args.ilp_comm_weight);
+  const std::string weight = args.ilp_comm_weight == 0
+                                 ? std::string("default")
+                                 : absl::StrFormat("%g", args.ilp_comm_weight);
   for (Dataset d : args.ilp_datasets) {
     for (int32_t n : args.ilp_cps) {
       std::printf("\n## ILP beside the heuristics: %s, N = %d, %lld tokens, first %lld batches "

@@ -26,6 +26,14 @@ std::vector<Shard> ByDocStart(std::vector<Shard> shards) {
   return shards;
 }
 
+// RecutPieces declines (nullopt) and leaves `before` as it was.
+void ExpectDeclined(const Batch& batch, const std::vector<Shard>& before,
+                    double accept_below = kNoBound) {
+  std::vector<Shard> pieces = before;
+  EXPECT_EQ(RecutPieces(batch, pieces, 128, 3, accept_below), std::nullopt);
+  EXPECT_EQ(pieces, before);
+}
+
 TEST(RecutPiecesTest, MovesAZigzagsCutPointsToBalance) {
   // One 1000-token document on 2 ranks, 500 tokens each: rank 0 holds
   // [0, 200) and [700, 1000), rank 1 [200, 700). W(0, 200) = 200 * 201 / 2 =
@@ -75,11 +83,7 @@ TEST(RecutPiecesTest, SetsTheRanksTokens) {
 TEST(RecutPiecesTest, LeavesPiecesWhenARankCannotReachItsTokens) {
   // Rank 1 holds doc 0 whole (600 tokens) but must hold 550, and its piece
   // of doc 1 needs at least 129 more: no cut point can give it fewer.
-  const Batch batch{{600, 500}, 2};
-  const std::vector<Shard> before = {{0, 0, 600, 1}, {1, 0, 250, 0}, {1, 250, 250, 1}};
-  std::vector<Shard> pieces = before;
-  EXPECT_EQ(RecutPieces(batch, pieces, 128, 3, kNoBound), std::nullopt);
-  EXPECT_EQ(pieces, before);
+  ExpectDeclined(Batch{{600, 500}, 2}, {{0, 0, 600, 1}, {1, 0, 250, 0}, {1, 250, 250, 1}});
 }
 
 TEST(RecutPiecesTest, LeavesPiecesWhenTheProgramIsInfeasible) {
@@ -87,41 +91,29 @@ TEST(RecutPiecesTest, LeavesPiecesWhenTheProgramIsInfeasible) {
   // pieces and doc 1's tail, 3 x 129 at least; rank 1: doc 0's middle and
   // doc 1's head), but doc 0's three pieces need 3 x 129 = 387 > 300 tokens:
   // only the program finds that out.
-  const Batch batch{{300, 1000}, 2};
-  const std::vector<Shard> before = {
-      {0, 0, 100, 0}, {0, 100, 100, 1}, {0, 200, 100, 0}, {1, 0, 500, 1}, {1, 500, 500, 0}};
-  std::vector<Shard> pieces = before;
-  EXPECT_EQ(RecutPieces(batch, pieces, 128, 3, kNoBound), std::nullopt);
-  EXPECT_EQ(pieces, before);
+  ExpectDeclined(Batch{{300, 1000}, 2}, {{0, 0, 100, 0},
+                                         {0, 100, 100, 1},
+                                         {0, 200, 100, 0},
+                                         {1, 0, 500, 1},
+                                         {1, 500, 500, 0}});
 }
 
 TEST(RecutPiecesTest, LeavesPiecesWithoutCutPoints) {
   // Doc 1's two pieces touch on rank 0: merged, it is whole, and no
   // document is cut.
-  const Batch batch{{600, 500}, 2};
-  const std::vector<Shard> before = {{0, 0, 600, 1}, {1, 0, 250, 0}, {1, 250, 250, 0}};
-  std::vector<Shard> pieces = before;
-  EXPECT_EQ(RecutPieces(batch, pieces, 128, 3, kNoBound), std::nullopt);
-  EXPECT_EQ(pieces, before);
+  ExpectDeclined(Batch{{600, 500}, 2}, {{0, 0, 600, 1}, {1, 0, 250, 0}, {1, 250, 250, 0}});
 }
 
 TEST(RecutPiecesTest, LeavesPiecesWhenAPieceWouldFallUnderTheMinimum) {
   // One 300-token document on 2 ranks in three pieces: 150 tokens each
   // means a rank-0 head and tail of 150 in all, so one of them is < 128.
-  const Batch batch{{300}, 2};
-  const std::vector<Shard> before = {{0, 0, 75, 0}, {0, 75, 150, 1}, {0, 225, 75, 0}};
-  std::vector<Shard> pieces = before;
-  EXPECT_EQ(RecutPieces(batch, pieces, 128, 3, kNoBound), std::nullopt);
-  EXPECT_EQ(pieces, before);
+  ExpectDeclined(Batch{{300}, 2}, {{0, 0, 75, 0}, {0, 75, 150, 1}, {0, 225, 75, 0}});
 }
 
 TEST(RecutPiecesTest, LeavesPiecesWhenNotBelowTheBound) {
   // The balanced plan of the first test, asked to beat its own maximum.
-  const Batch batch{{1000}, 2};
-  const std::vector<Shard> before = {{0, 0, 200, 0}, {0, 200, 500, 1}, {0, 700, 300, 0}};
-  std::vector<Shard> pieces = before;
-  EXPECT_EQ(RecutPieces(batch, pieces, 128, 3, 250250.0), std::nullopt);
-  EXPECT_EQ(pieces, before);
+  ExpectDeclined(Batch{{1000}, 2}, {{0, 0, 200, 0}, {0, 200, 500, 1}, {0, 700, 300, 0}},
+                 250250.0);
 }
 
 }  // namespace

@@ -61,7 +61,9 @@ std::vector<double> Workloads(const Program& p, const std::vector<double>& cuts)
 class RecutLp {
  public:
   RecutLp(const Program& p, const std::vector<int64_t>& targets, double keep)
-      : p_(p), n_ranks_(static_cast<int>(targets.size())), m_col_(static_cast<int>(p.cut_at.size())) {
+      : p_(p),
+        n_ranks_(static_cast<int>(targets.size())),
+        m_col_(static_cast<int>(p.cut_at.size())) {
     const int n_cuts = m_col_;
     std::vector<double> col_lb(n_cuts + 1, 0.0), col_ub(n_cuts + 1), obj(n_cuts + 1, 0.0);
     for (int c = 0; c < n_cuts; ++c) col_ub[c] = static_cast<double>(p.cut_doc_len[c]);
