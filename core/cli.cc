@@ -264,9 +264,10 @@ Flags:
   --target-imbalance R target imbalance ratio for flashcp and flashcp_paper (default 1.02)
   --min-shard-tokens M flashcp's minimum cut shard, tokens. Best effort, below the
                        imbalance target R: flashcp avoids cut shards shorter than M
-                       and repairs those left, but keeps one where no candidate plan
-                       meets R without it or its repair (a heuristic) finds none that
-                       does (default 128; 0 turns the rule off)
+                       and repairs or re-cuts those left, but keeps one where no plan
+                       it finds (heuristics) meets R without it, or where the only such
+                       plan costs more than 8 x M non-last tokens per short shard
+                       (default 128; 0 turns the rule off)
   --context C          tokens per sampled batch (default 131072; with --dataset)
   --batches K          sampled batches (default 64; with --dataset)
   --seed S             sampling seed (default 1; with --dataset)
