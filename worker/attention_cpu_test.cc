@@ -195,6 +195,34 @@ TEST(KernelTest, AttentionPairsIsEquationThree) {
   EXPECT_EQ(AttentionPairs({doc}), 44.0);
 }
 
+TEST(ReferenceTest, BackwardTakesDFromTheStoredOutput) {
+  // One 2-token document, 1 head, head_dim 1, scale 1. q = [0, 0], so every
+  // score is 0 and token 1 attends to keys 0 and 1 with P = [1/2, 1/2];
+  // k = [1, 2], v = [1, 3], dout = [0, 1] (token 0 adds nothing).
+  // dP = dout_1 * v = [1, 3]; exact D = P . dP = 2 (= dout_1 * o_1, o_1 = 2).
+  // dS = P (dP - D) = [-1/2, 1/2]: dq_1 = dS . k = -1/2 + 1 = 1/2.
+  // With o_stored_1 = 2.5: D = 2.5, dS = [-3/4, 1/4], dq_1 = -3/4 + 1/2 = -1/4.
+  // dk = dS * q_1 = 0 and dv = P * dout_1 = [1/2, 1/2] either way.
+  const AttentionShape shape{1, 1, 1.0f};
+  const std::vector<float> q = {0, 0}, k = {1, 2}, v = {1, 3}, dout = {0, 1};
+  std::vector<float> dq(2), dk(2), dv(2);
+  ASSERT_THAT(ReferenceBackward(shape, {2}, q, k, v, dout, absl::MakeSpan(dq), absl::MakeSpan(dk),
+                                absl::MakeSpan(dv)),
+              IsOk());
+  EXPECT_THAT(dq, ::testing::ElementsAre(0.0f, 0.5f));
+  const std::vector<float> o_stored = {1, 2.5f};
+  ASSERT_THAT(ReferenceBackward(shape, {2}, q, k, v, dout, absl::MakeSpan(dq), absl::MakeSpan(dk),
+                                absl::MakeSpan(dv), o_stored),
+              IsOk());
+  EXPECT_THAT(dq, ::testing::ElementsAre(0.0f, -0.25f));
+  EXPECT_THAT(dk, ::testing::ElementsAre(0.0f, 0.0f));
+  EXPECT_THAT(dv, ::testing::ElementsAre(0.5f, 0.5f));
+  const std::vector<float> short_o = {1};
+  EXPECT_THAT(ReferenceBackward(shape, {2}, q, k, v, dout, absl::MakeSpan(dq), absl::MakeSpan(dk),
+                                absl::MakeSpan(dv), short_o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("o_stored")));
+}
+
 TEST(ThreadPoolTest, RunsEveryItemOnce) {
   ThreadPool pool(3);
   for (int64_t n : {0, 1, 2, 1000}) {

@@ -99,7 +99,8 @@ absl::Status ReferenceForward(const AttentionShape& shape, absl::Span<const int6
 absl::Status ReferenceBackward(const AttentionShape& shape, absl::Span<const int64_t> doc_lens,
                                absl::Span<const float> q, absl::Span<const float> k,
                                absl::Span<const float> v, absl::Span<const float> dout,
-                               absl::Span<float> dq, absl::Span<float> dk, absl::Span<float> dv) {
+                               absl::Span<float> dq, absl::Span<float> dk, absl::Span<float> dv,
+                               absl::Span<const float> o_stored) {
   int64_t total = 0;
   if (absl::Status s = CheckSizes(shape, doc_lens,
                                   {{"q", q.size()},
@@ -108,7 +109,8 @@ absl::Status ReferenceBackward(const AttentionShape& shape, absl::Span<const int
                                    {"dout", dout.size()},
                                    {"dq", dq.size()},
                                    {"dk", dk.size()},
-                                   {"dv", dv.size()}},
+                                   {"dv", dv.size()},
+                                   {"o_stored", o_stored.empty() ? q.size() : o_stored.size()}},
                                   {}, &total);
       !s.ok()) {
     return s;
@@ -123,13 +125,15 @@ absl::Status ReferenceBackward(const AttentionShape& shape, absl::Span<const int
         double l = 0.0;
         Probabilities(shape, q.data(), k.data(), base, t, h, p, &l);
         const float* g = dout.data() + t * hd + h * d;
-        // dP_j = dout . v_j; dS_j = P_j (dP_j - sum_i P_i dP_i).
+        // dP_j = dout . v_j; dS_j = P_j (dP_j - D), D = sum_i P_i dP_i (or
+        // dout . o_stored).
         dp.assign(p.size(), 0.0);
         double row = 0.0;
         for (int64_t j = base; j <= t; ++j) {
           dp[j - base] = Dot(g, v.data() + j * hd + h * d, d);
           row += p[j - base] * dp[j - base];
         }
+        if (!o_stored.empty()) row = Dot(g, o_stored.data() + t * hd + h * d, d);
         for (int64_t j = base; j <= t; ++j) {
           const double pj = p[j - base];
           const double ds = pj * (dp[j - base] - row) * shape.scale;

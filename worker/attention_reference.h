@@ -24,10 +24,17 @@ absl::Status ReferenceForward(const AttentionShape& shape, absl::Span<const int6
                               absl::Span<float> lse);
 
 // Backward: given dout, writes dq, dk, dv (each recomputes the softmax).
+// dS_j = P_j (dP_j - D) with D = sum_i P_i dP_i, which equals dout . o for
+// the exact output o. With `o_stored` (the forward's output as a kernel
+// stores it, e.g. rounded to bf16; the same size as q), D = dout . o_stored
+// instead, as every kernel computes it: where dP_j - D cancels (one query
+// over a few keys) the storage rounding of O alone moves dS by more than
+// bf16 tolerances, and the reference should not charge a kernel for it.
 absl::Status ReferenceBackward(const AttentionShape& shape, absl::Span<const int64_t> doc_lens,
                                absl::Span<const float> q, absl::Span<const float> k,
                                absl::Span<const float> v, absl::Span<const float> dout,
-                               absl::Span<float> dq, absl::Span<float> dk, absl::Span<float> dv);
+                               absl::Span<float> dq, absl::Span<float> dk, absl::Span<float> dv,
+                               absl::Span<const float> o_stored = {});
 
 // The error measure every test and flashcp-cpstep report: the largest
 // absolute difference relative to the largest reference magnitude, floored,
