@@ -185,6 +185,23 @@ TEST(RepairShortShardsTest, ChainAvoidsARelayOverTheBound) {
                                 {4, 0, 3, 3}}));
 }
 
+// PerDocPieces of documents 0 and 1 with `room_each` tokens of room on each
+// rank and minimum shard `min_shard`: the plan's shards, the rooms left and
+// whether the zigzag needed a refit.
+struct FittedPerDoc {
+  std::vector<Shard> shards;
+  std::vector<int64_t> room;
+  bool refit = false;
+};
+FittedPerDoc FitTwoDocs(const Batch& batch, int64_t room_each, int64_t min_shard) {
+  FittedPerDoc fit;
+  fit.room.assign(batch.cp_size, room_each);
+  fit.shards = internal::FinishPlan(
+                   batch, internal::PerDocPieces(batch, {0, 1}, min_shard, &fit.room, &fit.refit))
+                   .shards;
+  return fit;
+}
+
 TEST(PerDocPiecesTest, ShiftsCutPointsWhenARankOverfills) {
   // docs [24, 10] on 2 ranks, min 3, room 17 each. Doc 0: c = clamp(24 / 6,
   // 1, 2) = 2 = N, chunks of 6: r0 [0,6) + [18,24), r1 [6,18); rooms 5 and
@@ -194,14 +211,11 @@ TEST(PerDocPiecesTest, ShiftsCutPointsWhenARankOverfills) {
   // carry 5 (r0's pieces spare 3 each), so first 2 ([0,6) -> [0,4), r1's
   // piece grows to [4,18)), then 3 ([18,24) -> [21,24), r1's to [4,21)).
   // Rooms 0 and 0; `refit` says the zigzag was refitted.
-  const Batch batch{{24, 10}, 2};
-  std::vector<int64_t> room = {17, 17};
-  bool refit = false;
-  EXPECT_EQ(internal::FinishPlan(batch, internal::PerDocPieces(batch, {0, 1}, 3, &room, &refit))
-                .shards,
+  const FittedPerDoc fit = FitTwoDocs(Batch{{24, 10}, 2}, 17, 3);
+  EXPECT_EQ(fit.shards,
             (std::vector<Shard>{{0, 0, 4, 0}, {0, 21, 3, 0}, {1, 0, 10, 0}, {0, 4, 17, 1}}));
-  EXPECT_EQ(room, (std::vector<int64_t>{0, 0}));
-  EXPECT_TRUE(refit);
+  EXPECT_EQ(fit.room, (std::vector<int64_t>{0, 0}));
+  EXPECT_TRUE(fit.refit);
 }
 
 TEST(PerDocPiecesTest, LeavesPiecesAndRoomsWhenTheShiftsFallShort) {
@@ -213,14 +227,11 @@ TEST(PerDocPiecesTest, LeavesPiecesAndRoomsWhenTheShiftsFallShort) {
   // not all. The fit is all or nothing: pieces and rooms stay as they were
   // (r0 over by 5), and `refit` says a refit was needed (the caller then
   // scores the full zigzag too).
-  const Batch batch{{16, 10}, 2};
-  std::vector<int64_t> room = {13, 13};
-  bool refit = false;
-  EXPECT_EQ(internal::FinishPlan(batch, internal::PerDocPieces(batch, {0, 1}, 3, &room, &refit))
-                .shards,
+  const FittedPerDoc fit = FitTwoDocs(Batch{{16, 10}, 2}, 13, 3);
+  EXPECT_EQ(fit.shards,
             (std::vector<Shard>{{0, 0, 4, 0}, {0, 12, 4, 0}, {1, 0, 10, 0}, {0, 4, 8, 1}}));
-  EXPECT_EQ(room, (std::vector<int64_t>{-5, 5}));
-  EXPECT_TRUE(refit);
+  EXPECT_EQ(fit.room, (std::vector<int64_t>{-5, 5}));
+  EXPECT_TRUE(fit.refit);
 }
 
 TEST(RepairShortShardsTest, AbsorbsSliverAndShiftsAnotherCut) {
