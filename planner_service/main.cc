@@ -33,7 +33,16 @@ ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients need
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM, how long in-flight calls may take before they are cancelled");
 ABSL_FLAG(int64_t, rendezvous_max_bytes, flashcp::planner_service::kDefaultMaxTotalValueBytes,
-          "value bytes all rendezvous groups may hold together; above: RESOURCE_EXHAUSTED");
+          "bytes all rendezvous groups may hold together, an entry counting key + value + 256; "
+          "above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(absl::Duration, rendezvous_idle_timeout, flashcp::planner_service::kDefaultIdleTimeout,
+          "a rendezvous group that no member called (and none waits in) for this long is dropped");
+ABSL_FLAG(int64_t, rendezvous_max_waiters, flashcp::planner_service::kDefaultMaxWaiters,
+          "rendezvous AwaitMembers/Get calls waiting at once; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, rendezvous_max_forming_per_peer,
+          flashcp::planner_service::kDefaultMaxFormingGroupsPerPeer,
+          "rendezvous groups one peer (mTLS identity, else IP address) created that never had all "
+          "their ranks; above: RESOURCE_EXHAUSTED");
 ABSL_FLAG(bool, testing_hold_planning, false,
           "tests only: plan nothing until SIGUSR1 (makes queue-full and deadline tests "
           "deterministic)");
@@ -63,6 +72,9 @@ int main(int argc, char** argv) {
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   o.rendezvous_max_bytes = absl::GetFlag(FLAGS_rendezvous_max_bytes);
+  o.rendezvous_idle_timeout = absl::GetFlag(FLAGS_rendezvous_idle_timeout);
+  o.rendezvous_max_waiters = absl::GetFlag(FLAGS_rendezvous_max_waiters);
+  o.rendezvous_max_forming_per_peer = absl::GetFlag(FLAGS_rendezvous_max_forming_per_peer);
   o.testing_hold_planning = absl::GetFlag(FLAGS_testing_hold_planning);
   o.version = FLASHCP_VERSION;
   const absl::Status status = fps::RunPlanner(o, std::make_shared<prometheus::Registry>());

@@ -2,35 +2,56 @@
 // key-value store through which worker ranks form a CP group (Gloo's store on
 // CPU, the NCCL unique id on GPU), hosted by the planner.
 //
-// RendezvousState holds every group behind one absl::Mutex; its waits
-// (AwaitMembers, Get) block on a CondVar until the condition holds, the
-// group is aborted, the state shuts down, or the deadline passes. The
-// gRPC adapter (RendezvousService) is the synchronous API on purpose: its
-// calls block for up to their timeout, which must not tie up the callback
-// threads the Planner service plans on; a sync service gets its own threads.
+// RendezvousState holds every group behind one absl::Mutex. Its waits
+// (AwaitMembers, Get) hold no thread: a wait that cannot be answered at once
+// is registered on its group's waiter list with a callback, and is finished
+// by the next change to that group that answers it (only that group's
+// waiters are re-checked), by the group's abort, by Shutdown, by Cancel, or
+// by its deadline. Deadlines and idle groups are handled by ExpireDue(),
+// which one timer thread (RunTimer, started by RendezvousHost) calls; tests
+// with a ManualClock call it themselves. One thread rather than a grpc::Alarm
+// per wait: one wakeup source for all deadlines, no per-wait allocation in
+// gRPC's completion machinery, no Alarm/cancel races, and the same code
+// runs under a fake clock in tests.
+//
+// Trust (docs/deploy.md, "Trust and limits"): Join issues each member a
+// random token (injected TokenSource); every other call must present a live
+// member's token, else PERMISSION_DENIED. With mTLS the group is bound to the
+// client identity of the Join that created it. A group that no member has
+// called for options.idle_timeout is dropped. A peer (its mTLS identity, else
+// its address without the port: best effort, a NAT or proxy merges peers)
+// may have at most options.max_forming_groups_per_peer groups that have never
+// been complete. While a group has never been complete a new incarnation of
+// a rank replaces the old member, so a stray pre-join cannot hold a rank.
 //
 // Bounds: a group name is [A-Za-z0-9._-]{1,64}; world_size is 1..kMaxWorldSize;
-// keys are 1..256 bytes, values at most 1 MiB, a group holds at most
-// kMaxKeysPerGroup keys and kMaxBytesPerGroup value bytes, the state at most
-// kMaxGroups groups and max_total_value_bytes value bytes over all groups
-// (kDefaultMaxTotalValueBytes unless the planner's --rendezvous_max_bytes
-// says otherwise: without it, 4096 groups x 256 MiB could pin 1 TiB); a Get names 1..kMaxKeysPerGet keys; timeouts are
-// 0..kMaxTimeout. Oversize gets RESOURCE_EXHAUSTED, malformed INVALID_ARGUMENT.
+// keys are 1..256 bytes, values at most 1 MiB; an entry is charged key + value
+// + kEntryOverheadBytes; a group holds at most kMaxKeysPerGroup keys and
+// kMaxBytesPerGroup charged bytes, the state at most kMaxGroups groups,
+// options.max_total_bytes charged bytes over all groups and
+// options.max_waiters waits; a Get names 1..kMaxKeysPerGet distinct keys whose
+// values total at most kMaxGetResponseBytes; timeouts are 0..kMaxTimeout.
+// Oversize gets RESOURCE_EXHAUSTED, malformed INVALID_ARGUMENT.
 #ifndef FLASHCP_PLANNER_SERVICE_RENDEZVOUS_SERVICE_H_
 #define FLASHCP_PLANNER_SERVICE_RENDEZVOUS_SERVICE_H_
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/clock.h"
 #include "flashcp/v1/rendezvous.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rendezvous_limits.h"
@@ -38,7 +59,9 @@
 namespace flashcp::planner_service {
 
 // The wire contract's bounds, shared with the clients (proto/rendezvous_limits.h).
+using proto::rendezvous::kEntryOverheadBytes;
 using proto::rendezvous::kMaxBytesPerGroup;
+using proto::rendezvous::kMaxGetResponseBytes;
 using proto::rendezvous::kMaxGroupNameBytes;
 using proto::rendezvous::kMaxGroups;
 using proto::rendezvous::kMaxKeyBytes;
@@ -48,112 +71,237 @@ using proto::rendezvous::kMaxReasonBytes;
 using proto::rendezvous::kMaxTimeout;
 using proto::rendezvous::kMaxValueBytes;
 using proto::rendezvous::kMaxWorldSize;
-// All groups' values together, bytes (the RendezvousState default).
+// All groups' charged entry bytes together (--rendezvous_max_bytes).
 inline constexpr int64_t kDefaultMaxTotalValueBytes = int64_t{1} << 30;
+// --rendezvous_idle_timeout: a group no member called for this long is dropped.
+inline constexpr absl::Duration kDefaultIdleTimeout = absl::Minutes(15);
+// --rendezvous_max_waiters: AwaitMembers and Get calls waiting at once.
+inline constexpr int64_t kDefaultMaxWaiters = 8192;
+// --rendezvous_max_forming_per_peer: groups one peer created that were never complete.
+inline constexpr int32_t kDefaultMaxFormingGroupsPerPeer = 64;
+
+struct RendezvousOptions {
+  int64_t max_total_bytes = kDefaultMaxTotalValueBytes;  // >= 1
+  absl::Duration idle_timeout = kDefaultIdleTimeout;     // > 0
+  int64_t max_waiters = kDefaultMaxWaiters;              // >= 1
+  int32_t max_forming_groups_per_peer = kDefaultMaxFormingGroupsPerPeer;  // >= 1
+};
+
+// Who calls, as far as the transport tells (RendezvousService fills it).
+struct Caller {
+  std::string peer;      // what the per-peer bound counts (PeerKey)
+  std::string identity;  // the verified mTLS client identity; empty without one
+};
+
+// The per-peer bound's key: "identity:<identity>" when the client presented a
+// verified certificate, else gRPC's peer address without its port
+// ("ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1"), other forms unchanged.
+std::string PeerKey(absl::string_view grpc_peer, absl::string_view identity);
+
+// A new unguessable member token per call.
+using TokenSource = std::function<std::string()>;
+// 128 bits from std::random_device (the OS's entropy on Linux), as 32 hex digits.
+std::string RandomToken();
 
 // InvalidArgument naming the field unless `group` is [A-Za-z0-9._-]{1,64}.
 absl::Status ValidateGroupName(absl::string_view group);
 
 class RendezvousState {
  public:
-  // `max_total_value_bytes` (>= 1) bounds the value bytes of all groups
-  // together: a Set beyond it gets RESOURCE_EXHAUSTED.
-  explicit RendezvousState(int64_t max_total_value_bytes = kDefaultMaxTotalValueBytes)
-      : max_total_value_bytes_(max_total_value_bytes) {}
+  // `clock` (must outlive the state) gives "now" for deadlines and idleness.
+  RendezvousState(RendezvousOptions options, const core::WaitClock* clock,
+                  TokenSource tokens = RandomToken);
   RendezvousState(const RendezvousState&) = delete;
   RendezvousState& operator=(const RendezvousState&) = delete;
 
-  // Registers `rank`. Returns the group's world_size. A rank already present
-  // with the same incarnation is OK (a retried Join); with another
-  // incarnation ALREADY_EXISTS. On an aborted group, a Join from a rank that
-  // is not a live member with that incarnation resets the group (members,
-  // keys and the abort are dropped) and joins it: a restarted group forms
-  // again; the old members' later calls see the new group.
-  absl::StatusOr<int32_t> Join(absl::string_view group, int32_t rank, int32_t world_size,
-                               uint64_t incarnation);
+  struct Joined {
+    int32_t world_size = 0;
+    std::string token;
+  };
+  // Registers `rank`; see the proto for the replace and re-form rules.
+  absl::StatusOr<Joined> Join(const Caller& caller, absl::string_view group, int32_t rank,
+                              int32_t world_size, uint64_t incarnation);
 
-  // Waits until world_size ranks have joined; returns the ranks, ascending.
-  // NOT_FOUND for an unknown group; DEADLINE_EXCEEDED naming the missing
-  // ranks at `deadline`; ABORTED with the reason once the group is aborted.
-  absl::StatusOr<std::vector<int32_t>> AwaitMembers(absl::string_view group, absl::Time deadline);
+  // A registered wait; 0 when the wait was answered before the call returned.
+  using WaitId = uint64_t;
+  using MembersDone = std::function<void(absl::StatusOr<std::vector<int32_t>>)>;
+  using ValuesDone = std::function<void(absl::StatusOr<std::vector<std::string>>)>;
 
-  absl::Status Set(absl::string_view group, absl::string_view key, absl::string_view value);
+  // Calls `done` exactly once, on this thread or later on the thread that
+  // answers it (never under the state's lock), with the ranks (ascending) once
+  // world_size ranks have joined; NOT_FOUND for an unknown group;
+  // DEADLINE_EXCEEDED naming the missing ranks at `deadline`; ABORTED with the
+  // reason once the group is aborted; RESOURCE_EXHAUSTED beyond max_waiters.
+  WaitId AwaitMembers(const Caller& caller, absl::string_view group, absl::string_view token,
+                      absl::Time deadline, MembersDone done);
 
-  // The values of `keys` in order, waiting until `deadline` for all of them
-  // (a deadline in the past: no wait); DEADLINE_EXCEEDED naming the missing keys.
-  absl::StatusOr<std::vector<std::string>> Get(absl::string_view group,
-                                               const std::vector<std::string>& keys,
-                                               absl::Time deadline);
+  // Like AwaitMembers, for the values of `keys` in order (a deadline not in
+  // the future: no wait); DEADLINE_EXCEEDED naming the missing keys.
+  WaitId Get(const Caller& caller, absl::string_view group, absl::string_view token,
+             const std::vector<std::string>& keys, absl::Time deadline, ValuesDone done);
+
+  // Finishes wait `id` with CANCELLED unless it is already finished.
+  void Cancel(WaitId id);
+
+  absl::Status Set(const Caller& caller, absl::string_view group, absl::string_view token,
+                   absl::string_view key, absl::string_view value);
 
   // Marks the group failed; every waiting and later call on it gets ABORTED
-  // with "rank R: reason" (the first report is kept).
-  absl::Status Abort(absl::string_view group, int32_t rank, absl::string_view reason);
+  // with "rank R: reason" (the first report is kept). `rank` must be the
+  // token's own.
+  absl::Status Abort(const Caller& caller, absl::string_view group, absl::string_view token,
+                     int32_t rank, absl::string_view reason);
 
-  // Removes the member (rank, incarnation); the group goes when its last
-  // member leaves. NOT_FOUND if there is no such member.
-  absl::Status Leave(absl::string_view group, int32_t rank, uint64_t incarnation);
+  // Removes the token's member (`rank` and `incarnation` must be its own); the
+  // group goes when its last member leaves.
+  absl::Status Leave(const Caller& caller, absl::string_view group, absl::string_view token,
+                     int32_t rank, uint64_t incarnation);
 
-  // Wakes every waiter with UNAVAILABLE and refuses later calls likewise
+  // Finishes the waits whose deadline has come and drops idle groups (no
+  // member call and no wait for idle_timeout).
+  void ExpireDue();
+  // Calls ExpireDue at each wait's deadline and periodically, until Shutdown.
+  void RunTimer();
+
+  // Finishes every wait with UNAVAILABLE and refuses later calls likewise
   // (the planner is draining). Idempotent.
   void Shutdown();
 
   size_t group_count() const;
+  size_t waiter_count() const;
+  // How often a registered wait's condition was evaluated (the test of
+  // per-group wakeups counts these).
+  uint64_t waiter_checks() const;
 
  private:
+  struct Member {
+    uint64_t incarnation = 0;
+    std::string token;
+  };
   struct Group {
     int32_t world_size = 0;
-    std::map<int32_t, uint64_t> members;  // rank -> incarnation
+    std::map<int32_t, Member> members;
+    std::map<std::string, int32_t, std::less<>> rank_of_token;
     std::map<std::string, std::string, std::less<>> kv;
-    int64_t value_bytes = 0;
+    int64_t bytes = 0;  // charged: key + value + kEntryOverheadBytes per entry
     bool aborted = false;
     std::string abort_reason;
+    std::string identity;  // the creator's mTLS identity; empty: not bound
+    bool formed = false;   // all ranks were members once
+    std::string forming_peer;  // the peer charged while !formed
+    absl::Time last_call;
+    std::set<WaitId> waiters;
   };
-  absl::Status Usable(absl::string_view group_name, const Group** group) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  struct Waiter {
+    std::string group;
+    std::string token;
+    std::vector<std::string> keys;  // a Get's
+    absl::Time deadline;
+    MembersDone members_done;  // exactly one of the two is set until the answer takes it
+    ValuesDone values_done;
+    bool is_get() const { return values_done != nullptr; }
+  };
+  using GroupMap = std::map<std::string, Group, std::less<>>;
+  // Callbacks to run once the lock is released.
+  using Ready = std::vector<std::function<void()>>;
 
-  const int64_t max_total_value_bytes_;
+  // The group a member's `token` is valid for, after the shutdown, identity
+  // and abort checks; marks the group called.
+  absl::StatusOr<GroupMap::iterator> FindMember(const Caller& caller, absl::string_view group,
+                                                absl::string_view token, int32_t* rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `status` as `w`'s answer.
+  static void Fail(Waiter& w, absl::Status status, Ready& ready);
+  // Queues `w`'s answer on `ready` and returns true if it has one now (with
+  // `timed_out`, what is missing is the answer); false while it must wait.
+  bool Answer(const Group& g, const std::string& name, Waiter& w, Ready& ready,
+              bool timed_out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers `w` on its group (FindMember, Register) if `valid` is OK;
+  // otherwise, or if FindMember refuses, finishes it with the refusal.
+  WaitId StartWait(const Caller& caller, absl::Status valid, Waiter w) ABSL_LOCKS_EXCLUDED(mu_);
+  WaitId Register(GroupMap::iterator it, Waiter w, Ready& ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-checks the group's waiters only.
+  void Wake(GroupMap::iterator it, Ready& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finishes every waiter of the group (or those of `token`) with `status`.
+  void FailWaiters(Group& g, const absl::Status& status, Ready& ready,
+                   absl::string_view token = {}) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseWaiter(WaitId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseGroup(GroupMap::iterator it, const absl::Status& status, Ready& ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Uncharge(Group& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireIdle(absl::Time now, Ready& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool TimerShouldWake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return timer_kick_ || shut_down_;
+  }
+
+  const RendezvousOptions options_;
+  const core::WaitClock* const clock_;
+  const TokenSource tokens_;
   mutable absl::Mutex mu_;
-  absl::CondVar changed_;  // signalled on every change a waiter may wait for
-  std::map<std::string, Group, std::less<>> groups_ ABSL_GUARDED_BY(mu_);
+  GroupMap groups_ ABSL_GUARDED_BY(mu_);
+  std::map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, WaitId>> deadlines_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int32_t> forming_per_peer_ ABSL_GUARDED_BY(mu_);
+  WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t waiter_checks_ ABSL_GUARDED_BY(mu_) = 0;
+  bool timer_kick_ ABSL_GUARDED_BY(mu_) = false;  // an earlier deadline was registered
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t total_value_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum of groups_' value_bytes
+  int64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum of groups_' bytes
 };
 
-// The gRPC adapter: validates, clamps waits to min(timeout_ms, the call's
-// deadline), calls the state, maps the Status (proto/grpc_status.h).
-class RendezvousService final : public v1::Rendezvous::Service {
+// The gRPC adapter on the callback API: validates, clamps waits to
+// min(timeout_ms, the call's deadline), calls the state, maps the Status
+// (proto/grpc_status.h). A wait's reactor finishes from the state's callback;
+// a cancelled call cancels its wait. No handler blocks a gRPC thread.
+class RendezvousService final : public v1::Rendezvous::CallbackService {
  public:
-  explicit RendezvousService(RendezvousState* state) : state_(state) {}
+  RendezvousService(RendezvousState* state, const core::Clock* clock)
+      : state_(state), clock_(clock) {}
 
-  grpc::Status Join(grpc::ServerContext* context, const v1::JoinRequest* request,
-                    v1::JoinResponse* response) override;
-  grpc::Status AwaitMembers(grpc::ServerContext* context, const v1::AwaitMembersRequest* request,
-                            v1::AwaitMembersResponse* response) override;
-  grpc::Status Set(grpc::ServerContext* context, const v1::SetRequest* request,
-                   v1::SetResponse* response) override;
-  grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest* request,
-                   v1::GetResponse* response) override;
-  grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
-                     v1::AbortResponse* response) override;
-  grpc::Status Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
-                     v1::LeaveResponse* response) override;
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
+                                 const v1::JoinRequest* request,
+                                 v1::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* AwaitMembers(grpc::CallbackServerContext* context,
+                                         const v1::AwaitMembersRequest* request,
+                                         v1::AwaitMembersResponse* response) override;
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
+                                const v1::SetRequest* request, v1::SetResponse* response) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context,
+                                const v1::GetRequest* request, v1::GetResponse* response) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
+                                  const v1::AbortRequest* request,
+                                  v1::AbortResponse* response) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const v1::LeaveRequest* request,
+                                  v1::LeaveResponse* response) override;
 
  private:
   RendezvousState* const state_;
+  const core::Clock* const clock_;
 };
 
-// Owns the state and the service; what the planner's server registers.
+// Owns the state, the service and the timer thread; what the planner's server
+// registers.
 class RendezvousHost {
  public:
-  explicit RendezvousHost(int64_t max_total_value_bytes = kDefaultMaxTotalValueBytes)
-      : state_(max_total_value_bytes), service_(&state_) {}
+  // `clock` (default: the real one) must outlive the host.
+  explicit RendezvousHost(RendezvousOptions options = {}, const core::WaitClock* clock = nullptr,
+                          TokenSource tokens = RandomToken);
+  ~RendezvousHost();  // Shutdown()
+  RendezvousHost(const RendezvousHost&) = delete;
+  RendezvousHost& operator=(const RendezvousHost&) = delete;
+
   grpc::Service* service() { return &service_; }
   RendezvousState& state() { return state_; }
-  void Shutdown() { state_.Shutdown(); }
+  // Ends every wait with UNAVAILABLE and stops the timer. Idempotent.
+  void Shutdown();
 
  private:
+  core::RealClock real_clock_;
   RendezvousState state_;
   RendezvousService service_;
+  std::thread timer_;
 };
 
 }  // namespace flashcp::planner_service

@@ -1,10 +1,15 @@
 #include "planner_service/rendezvous_service.h"
 
+#include <dirent.h>
+
+#include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "core/testing/status_matchers.h"
 #include "flashcp/v1/rendezvous.grpc.pb.h"
@@ -21,8 +26,62 @@ using core::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-absl::Time Past() { return absl::Now() - absl::Seconds(1); }
-absl::Time Far() { return absl::Now() + absl::Seconds(60); }
+const Caller kLocal{"ipv4:127.0.0.1", ""};
+
+// Tokens "t1", "t2", ... in the order Joins ask for them.
+TokenSource CountingTokens() {
+  auto next = std::make_shared<int>(0);
+  return [next] { return absl::StrCat("t", ++*next); };
+}
+
+// A state on a ManualClock: nothing in it moves unless the test says so.
+struct Fixture {
+  explicit Fixture(RendezvousOptions options = {}) : s(options, &clock, CountingTokens()) {}
+  core::ManualClock clock{absl::FromUnixSeconds(1'000'000)};
+  RendezvousState s;
+
+  std::string Join(absl::string_view group, int32_t rank, int32_t world_size,
+                   uint64_t incarnation, const Caller& caller = kLocal) {
+    absl::StatusOr<RendezvousState::Joined> j = s.Join(caller, group, rank, world_size, incarnation);
+    EXPECT_THAT(j.status(), IsOk());
+    return j.ok() ? j->token : "";
+  }
+  absl::Time Now() const { return clock.Now(); }
+};
+
+// A wait's outcome; `result` is empty while it waits.
+template <typename T>
+struct Pending {
+  std::optional<absl::StatusOr<T>> result;
+  std::function<void(absl::StatusOr<T>)> Done() {
+    return [this](absl::StatusOr<T> r) {
+      ASSERT_FALSE(result.has_value()) << "answered twice";
+      result = std::move(r);
+    };
+  }
+};
+using PendingValues = Pending<std::vector<std::string>>;
+using PendingRanks = Pending<std::vector<int32_t>>;
+
+// A Get that does not wait (its deadline is now); answered before it returns.
+absl::StatusOr<std::vector<std::string>> GetNow(Fixture& f, absl::string_view group,
+                                                absl::string_view token,
+                                                const std::vector<std::string>& keys,
+                                                const Caller& caller = kLocal) {
+  PendingValues p;
+  EXPECT_EQ(f.s.Get(caller, group, token, keys, f.Now(), p.Done()), 0u);
+  if (!p.result.has_value()) return absl::InternalError("the Get did not answer at once");
+  return *p.result;
+}
+
+absl::StatusOr<std::vector<int32_t>> AwaitNow(Fixture& f, absl::string_view group,
+                                              absl::string_view token,
+                                              const Caller& caller = kLocal) {
+  PendingRanks p;
+  EXPECT_EQ(f.s.AwaitMembers(caller, group, token, f.Now(), p.Done()), 0u);
+  if (!p.result.has_value()) return absl::InternalError("the wait did not answer at once");
+  return *p.result;
+}
 
 TEST(ValidateGroupNameTest, Table) {
   struct Case {
@@ -45,157 +104,432 @@ TEST(ValidateGroupNameTest, Table) {
   }
 }
 
+TEST(PeerKeyTest, Table) {
+  EXPECT_EQ(PeerKey("ipv4:127.0.0.1:45678", ""), "ipv4:127.0.0.1");
+  EXPECT_EQ(PeerKey("ipv6:[::1]:45678", ""), "ipv6:[::1]");
+  EXPECT_EQ(PeerKey("unix:/run/x.sock", ""), "unix:/run/x.sock");
+  EXPECT_EQ(PeerKey("", ""), "");
+  EXPECT_EQ(PeerKey("ipv4:10.0.0.1:1", "job-7"), "identity:job-7");
+}
+
+TEST(RandomTokenTest, Is128BitsOfHex) {
+  const std::string a = RandomToken();
+  const std::string b = RandomToken();
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos) << a;
+  EXPECT_NE(a, b);
+}
+
 TEST(RendezvousStateTest, JoinCodes) {
-  RendezvousState s;
-  EXPECT_THAT(s.Join("g", 0, 0, 1).status(),
+  Fixture f;
+  RendezvousState& s = f.s;
+  EXPECT_THAT(s.Join(kLocal, "g", 0, 0, 1).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("world_size")));
-  EXPECT_THAT(s.Join("g", 0, kMaxWorldSize + 1, 1).status(),
+  EXPECT_THAT(s.Join(kLocal, "g", 0, kMaxWorldSize + 1, 1).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("world_size")));
-  EXPECT_THAT(s.Join("bad name", 0, 4, 1).status(),
+  EXPECT_THAT(s.Join(kLocal, "bad name", 0, 4, 1).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group:")));
-  ASSERT_EQ(s.Join("g", 0, 4, 7).value(), 4);
-  EXPECT_EQ(s.Join("g", 0, 4, 7).value(), 4);  // a retried Join
-  EXPECT_THAT(s.Join("g", 1, 2, 1).status(),
+  const absl::StatusOr<RendezvousState::Joined> first = s.Join(kLocal, "g", 0, 4, 7);
+  ASSERT_THAT(first.status(), IsOk());
+  EXPECT_EQ(first->world_size, 4);
+  EXPECT_EQ(first->token, "t1");
+  EXPECT_EQ(s.Join(kLocal, "g", 0, 4, 7)->token, "t1");  // a retried Join: the same token
+  EXPECT_THAT(s.Join(kLocal, "g", 1, 2, 1).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("has world_size 4; rank 1 joined with world_size 2")));
-  EXPECT_THAT(s.Join("g", 4, 4, 1).status(),
+  EXPECT_THAT(s.Join(kLocal, "g", 4, 4, 1).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank: must be in [0, 4)")));
-  EXPECT_THAT(s.Join("g", -1, 4, 1).status(), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(s.Join("g", 0, 4, 8).status(),
-              StatusIs(absl::StatusCode::kAlreadyExists,
-                       HasSubstr("rank 0 is already a member (incarnation 7)")));
-  ASSERT_THAT(s.Leave("g", 0, 7), IsOk());
+  EXPECT_THAT(s.Join(kLocal, "g", -1, 4, 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_THAT(s.Leave(kLocal, "g", "t1", 0, 7), IsOk());
   EXPECT_EQ(s.group_count(), 0u);
-  EXPECT_EQ(s.Join("g", 0, 2, 8).value(), 2);  // the group went with its last member
+  EXPECT_EQ(s.Join(kLocal, "g", 0, 2, 8)->world_size, 2);  // the group went with its last member
 }
 
 // A Join with a bad rank changes nothing: it neither leaves behind a new,
 // memberless group (which no Leave could remove) nor re-forms an aborted one.
 TEST(RendezvousStateTest, BadRankJoinLeavesNoTrace) {
-  RendezvousState s;
-  EXPECT_THAT(s.Join("fresh", 2, 2, 1).status(),
+  Fixture f;
+  RendezvousState& s = f.s;
+  EXPECT_THAT(s.Join(kLocal, "fresh", 2, 2, 1).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("rank: must be in [0, 2) for group \"fresh\", got 2")));
-  EXPECT_THAT(s.Join("fresh", -1, 2, 1).status(),
+  EXPECT_THAT(s.Join(kLocal, "fresh", -1, 2, 1).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got -1")));
   EXPECT_EQ(s.group_count(), 0u);
-  EXPECT_THAT(s.AwaitMembers("fresh", Past()).status(), StatusIs(absl::StatusCode::kNotFound));
 
-  ASSERT_THAT(s.Join("g", 0, 2, 1).status(), IsOk());
-  ASSERT_THAT(s.Abort("g", 0, "peer died"), IsOk());
-  EXPECT_THAT(s.Join("g", 5, 2, 2).status(),
+  const std::string t = f.Join("g", 0, 2, 1);
+  ASSERT_THAT(s.Abort(kLocal, "g", t, 0, "peer died"), IsOk());
+  EXPECT_THAT(s.Join(kLocal, "g", 5, 2, 2).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("rank: must be in [0, 2) for group \"g\", got 5")));
   EXPECT_EQ(s.group_count(), 1u);
-  EXPECT_THAT(s.AwaitMembers("g", Past()).status(),
+  EXPECT_THAT(AwaitNow(f, "g", t).status(),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 0: peer died")));
 }
 
 TEST(RendezvousStateTest, AwaitMembers) {
-  RendezvousState s;
-  EXPECT_THAT(s.AwaitMembers("g", Past()).status(),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no such group")));
-  ASSERT_THAT(s.Join("g", 0, 4, 1).status(), IsOk());
-  ASSERT_THAT(s.Join("g", 2, 4, 1).status(), IsOk());
-  EXPECT_THAT(s.AwaitMembers("g", Past()).status(),
-              StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       HasSubstr("ranks 1, 3 of 4 have not joined")));
-  std::thread late([&] {
-    ASSERT_THAT(s.Join("g", 1, 4, 1).status(), IsOk());
-    ASSERT_THAT(s.Join("g", 3, 4, 1).status(), IsOk());
-  });
-  const auto ranks = s.AwaitMembers("g", Far());
-  late.join();
-  ASSERT_THAT(ranks.status(), IsOk());
-  EXPECT_THAT(*ranks, ElementsAre(0, 1, 2, 3));
+  Fixture f;
+  EXPECT_EQ(AwaitNow(f, "g", "t1").status(),
+            absl::NotFoundError("group \"g\": no such group (no rank has joined it)"));
+  const std::string t0 = f.Join("g", 0, 4, 1);
+  f.Join("g", 2, 4, 1);
+  EXPECT_EQ(AwaitNow(f, "g", t0).status(),
+            absl::DeadlineExceededError("group \"g\": ranks 1, 3 of 4 have not joined"));
+  PendingRanks waiting;
+  ASSERT_NE(f.s.AwaitMembers(kLocal, "g", t0, f.Now() + absl::Seconds(60), waiting.Done()), 0u);
+  f.Join("g", 1, 4, 1);
+  EXPECT_FALSE(waiting.result.has_value());
+  f.Join("g", 3, 4, 1);  // answers the wait, on this thread
+  ASSERT_TRUE(waiting.result.has_value());
+  EXPECT_THAT(waiting.result->value(), ElementsAre(0, 1, 2, 3));
 }
 
 TEST(RendezvousStateTest, SetGetAndBounds) {
-  RendezvousState s;
-  EXPECT_THAT(s.Set("g", "k", "v"), StatusIs(absl::StatusCode::kNotFound));
-  ASSERT_THAT(s.Join("g", 0, 2, 1).status(), IsOk());
-  EXPECT_THAT(s.Set("g", "", "v"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("key:")));
-  EXPECT_THAT(s.Set("g", std::string(kMaxKeyBytes + 1, 'k'), "v"),
+  Fixture f;
+  RendezvousState& s = f.s;
+  EXPECT_THAT(s.Set(kLocal, "g", "t1", "k", "v"), StatusIs(absl::StatusCode::kNotFound));
+  const std::string t = f.Join("g", 0, 2, 1);
+  EXPECT_THAT(s.Set(kLocal, "g", t, "", "v"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("key:")));
+  EXPECT_THAT(s.Set(kLocal, "g", t, std::string(kMaxKeyBytes + 1, 'k'), "v"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("key: must be 1..256")));
-  EXPECT_THAT(s.Set("g", "k", std::string(kMaxValueBytes + 1, 'v')),
+  EXPECT_THAT(s.Set(kLocal, "g", t, "k", std::string(kMaxValueBytes + 1, 'v')),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("value: at most 1048576")));
-  EXPECT_THAT(s.Set("g", std::string(kMaxKeyBytes, 'k'), std::string(kMaxValueBytes, 'v')),
+  EXPECT_THAT(s.Set(kLocal, "g", t, std::string(kMaxKeyBytes, 'k'),
+                    std::string(kMaxValueBytes, 'v')),
               IsOk());
-  EXPECT_THAT(s.Get("g", {}, Past()).status(),
+  EXPECT_THAT(GetNow(f, "g", t, {}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("keys:")));
-  ASSERT_THAT(s.Set("g", "a", "1"), IsOk());
-  EXPECT_THAT(s.Get("g", {"a", "b", "c"}, Past()).status(),
-              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("keys \"b\", \"c\" not set")));
-  std::thread setter([&] {
-    ASSERT_THAT(s.Set("g", "b", std::string("x\0y", 3)), IsOk());
-    ASSERT_THAT(s.Set("g", "c", "3"), IsOk());
-  });
-  const auto values = s.Get("g", {"c", "a", "b"}, Far());
-  setter.join();
-  ASSERT_THAT(values.status(), IsOk());
-  EXPECT_THAT(*values, ElementsAre("3", "1", std::string("x\0y", 3)));
-  ASSERT_THAT(s.Set("g", "a", "overwritten"), IsOk());
-  EXPECT_THAT(s.Get("g", {"a"}, Past()).value(), ElementsAre("overwritten"));
+  ASSERT_THAT(s.Set(kLocal, "g", t, "a", "1"), IsOk());
+  EXPECT_EQ(GetNow(f, "g", t, {"a", "b", "c"}).status(),
+            absl::DeadlineExceededError("group \"g\": keys \"b\", \"c\" not set"));
+  PendingValues waiting;
+  ASSERT_NE(s.Get(kLocal, "g", t, {"c", "a", "b"}, f.Now() + absl::Seconds(60), waiting.Done()),
+            0u);
+  ASSERT_THAT(s.Set(kLocal, "g", t, "b", std::string("x\0y", 3)), IsOk());
+  EXPECT_FALSE(waiting.result.has_value());
+  ASSERT_THAT(s.Set(kLocal, "g", t, "c", "3"), IsOk());
+  ASSERT_TRUE(waiting.result.has_value());
+  EXPECT_THAT(waiting.result->value(), ElementsAre("3", "1", std::string("x\0y", 3)));
+  ASSERT_THAT(s.Set(kLocal, "g", t, "a", "overwritten"), IsOk());
+  EXPECT_THAT(GetNow(f, "g", t, {"a"}).value(), ElementsAre("overwritten"));
 }
 
-TEST(RendezvousStateTest, TotalValueBytesAreCappedAcrossGroups) {
-  RendezvousState s(/*max_total_value_bytes=*/10);
-  ASSERT_THAT(s.Join("a", 0, 1, 1).status(), IsOk());
-  ASSERT_THAT(s.Join("b", 0, 1, 1).status(), IsOk());
-  ASSERT_THAT(s.Set("a", "k", "123456"), IsOk());  // 6 of 10
-  EXPECT_EQ(s.Set("b", "k", "12345"),
-            absl::ResourceExhaustedError("group \"b\": the values of all groups would exceed 10 "
-                                         "bytes (--rendezvous_max_bytes)"));
-  ASSERT_THAT(s.Set("b", "k", "1234"), IsOk());  // exactly 10
-  ASSERT_THAT(s.Set("a", "k", "1"), IsOk());     // an overwrite frees 5
-  ASSERT_THAT(s.Set("b", "k2", "12345"), IsOk());  // 1 + 4 + 5
+// Issue 12 item 1: one 1 MiB value named 2,049 times made a response over
+// 2 GiB and gRPC aborted the planner; 1,000 repeats cost seconds and GBs.
+TEST(RendezvousStateTest, GetRefusesRepeatedKeysAndBoundsTheResponseBytes) {
+  Fixture f;
+  RendezvousState& s = f.s;
+  const std::string t = f.Join("g", 0, 1, 1);
+  const std::string mib(kMaxValueBytes, 'v');
+  for (const char* key : {"a", "b", "c"}) ASSERT_THAT(s.Set(kLocal, "g", t, key, mib), IsOk());
+  const std::vector<std::string> repeated(2049, "a");
+  EXPECT_EQ(GetNow(f, "g", t, repeated).status(),
+            absl::InvalidArgumentError("keys: \"a\" is named more than once"));
+  EXPECT_EQ(GetNow(f, "g", t, {"b", "a", "b"}).status(),
+            absl::InvalidArgumentError("keys: \"b\" is named more than once"));
+  EXPECT_EQ(GetNow(f, "g", t, {"a", "b", "c"}).status(),
+            absl::ResourceExhaustedError("group \"g\": the values of the 3 keys are 3145728 "
+                                         "bytes; a Get returns at most 2097152 (ask for fewer "
+                                         "keys)"));
+  const auto two = GetNow(f, "g", t, {"a", "b"});  // exactly kMaxGetResponseBytes
+  ASSERT_THAT(two.status(), IsOk());
+  EXPECT_EQ(two->size(), 2u);
+  // A wait answered by a Set is bounded the same way.
+  PendingValues waiting;
+  ASSERT_NE(s.Get(kLocal, "g", t, {"a", "b", "d"}, f.Now() + absl::Seconds(5), waiting.Done()),
+            0u);
+  ASSERT_THAT(s.Set(kLocal, "g", t, "d", "x"), IsOk());
+  ASSERT_TRUE(waiting.result.has_value());
+  EXPECT_THAT(waiting.result->status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("are 2097153 bytes; a Get returns at most 2097152")));
+}
+
+// Issue 12 item 7: keys and an entry's overhead count, not values alone.
+TEST(RendezvousStateTest, EntryBytesCountKeyValueAndOverheadAcrossGroups) {
+  RendezvousOptions o;
+  o.max_total_bytes = 2 * (1 + kEntryOverheadBytes) + 10;  // two empty-valued entries and 10 bytes
+  Fixture f(o);
+  RendezvousState& s = f.s;
+  const std::string a = f.Join("a", 0, 1, 1);
+  const std::string b = f.Join("b", 0, 1, 1);
+  ASSERT_THAT(s.Set(kLocal, "a", a, "k", ""), IsOk());   // 257
+  ASSERT_THAT(s.Set(kLocal, "b", b, "k", ""), IsOk());   // 514
+  EXPECT_EQ(s.Set(kLocal, "b", b, "x", ""),
+            absl::ResourceExhaustedError(
+                "group \"b\": the entries of all groups would exceed 524 bytes "
+                "(--rendezvous_max_bytes; an entry counts key + value + 256 bytes)"));
+  ASSERT_THAT(s.Set(kLocal, "b", b, "k", "0123456789"), IsOk());  // exactly 524
+  EXPECT_THAT(s.Set(kLocal, "a", a, "k", "0"), StatusIs(absl::StatusCode::kResourceExhausted));
   // A group that goes (its last member leaves) gives its bytes back.
-  ASSERT_THAT(s.Leave("b", 0, 1), IsOk());
-  ASSERT_THAT(s.Set("a", "k", "123456789"), IsOk());
+  ASSERT_THAT(s.Leave(kLocal, "a", a, 0, 1), IsOk());
+  ASSERT_THAT(s.Set(kLocal, "b", b, "x", ""), IsOk());
   // So does an aborted group that a new incarnation re-forms.
-  ASSERT_THAT(s.Abort("a", 0, "x"), IsOk());
-  ASSERT_THAT(s.Join("a", 0, 1, 2).status(), IsOk());
-  EXPECT_THAT(s.Set("a", "k", "0123456789"), IsOk());
+  ASSERT_THAT(s.Abort(kLocal, "b", b, 0, "x"), IsOk());
+  const std::string b2 = f.Join("b", 0, 1, 2);
+  EXPECT_THAT(s.Set(kLocal, "b", b2, "k", std::string(524 - 257, 'v')), IsOk());
+}
+
+TEST(RendezvousStateTest, AGroupsEntryBytesCountKeysAndOverhead) {
+  RendezvousOptions o;
+  o.max_total_bytes = int64_t{1} << 40;
+  Fixture f(o);
+  const std::string t = f.Join("g", 0, 1, 1);
+  const std::string mib(kMaxValueBytes, 'v');
+  // 256 values of 1 MiB were exactly kMaxBytesPerGroup when only values counted.
+  for (int i = 0; i < 255; ++i) {
+    ASSERT_THAT(f.s.Set(kLocal, "g", t, absl::StrCat(i), mib), IsOk()) << i;
+  }
+  EXPECT_EQ(f.s.Set(kLocal, "g", t, "last", mib),
+            absl::ResourceExhaustedError("group \"g\": entries would exceed 268435456 bytes (an "
+                                         "entry counts key + value + 256 bytes)"));
 }
 
 TEST(RendezvousStateTest, AbortWakesWaitersAndNewIncarnationResets) {
-  RendezvousState s;
-  EXPECT_THAT(s.Abort("g", 0, "x"), StatusIs(absl::StatusCode::kNotFound));
-  ASSERT_THAT(s.Join("g", 0, 2, 1).status(), IsOk());
-  ASSERT_THAT(s.Join("g", 1, 2, 1).status(), IsOk());
-  absl::Status waited;
-  std::thread waiter([&] { waited = s.Get("g", {"never"}, Far()).status(); });
-  ASSERT_THAT(s.Abort("g", 1, "peer 0 died"), IsOk());
-  waiter.join();
-  EXPECT_THAT(waited, StatusIs(absl::StatusCode::kAborted,
-                               HasSubstr("group \"g\" aborted: rank 1: peer 0 died")));
-  EXPECT_THAT(s.Abort("g", 0, "second"), IsOk());  // the first reason is kept
-  EXPECT_THAT(s.Set("g", "k", "v"),
+  Fixture f;
+  RendezvousState& s = f.s;
+  EXPECT_THAT(s.Abort(kLocal, "g", "t1", 0, "x"), StatusIs(absl::StatusCode::kNotFound));
+  const std::string t0 = f.Join("g", 0, 2, 1);
+  const std::string t1 = f.Join("g", 1, 2, 1);
+  PendingValues waiting;
+  ASSERT_NE(s.Get(kLocal, "g", t0, {"never"}, f.Now() + absl::Seconds(60), waiting.Done()), 0u);
+  ASSERT_THAT(s.Abort(kLocal, "g", t1, 1, "peer 0 died"), IsOk());
+  ASSERT_TRUE(waiting.result.has_value());
+  EXPECT_EQ(waiting.result->status(),
+            absl::AbortedError("group \"g\" aborted: rank 1: peer 0 died"));
+  EXPECT_THAT(s.Abort(kLocal, "g", t0, 0, "second"), IsOk());  // the first reason is kept
+  EXPECT_THAT(s.Set(kLocal, "g", t0, "k", "v"),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 1: peer 0 died")));
-  EXPECT_THAT(s.AwaitMembers("g", Far()).status(), StatusIs(absl::StatusCode::kAborted));
-  EXPECT_THAT(s.Join("g", 0, 2, 1).status(), StatusIs(absl::StatusCode::kAborted));
-  // A restarted rank (new incarnation) re-forms the group from scratch.
-  EXPECT_EQ(s.Join("g", 0, 2, 2).value(), 2);
-  EXPECT_THAT(s.AwaitMembers("g", Past()).status(),
-              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("ranks 1 of 2")));
-  EXPECT_THAT(s.Abort("g", 0, std::string(kMaxReasonBytes + 1, 'r')),
+  EXPECT_THAT(s.Join(kLocal, "g", 0, 2, 1).status(), StatusIs(absl::StatusCode::kAborted));
+  // A restarted rank (new incarnation) re-forms the group from scratch; the
+  // old members' tokens are void.
+  const std::string fresh = f.Join("g", 0, 2, 2);
+  EXPECT_EQ(AwaitNow(f, "g", fresh).status(),
+            absl::DeadlineExceededError("group \"g\": ranks 1 of 2 have not joined"));
+  EXPECT_THAT(s.Set(kLocal, "g", t1, "k", "v"), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(s.Abort(kLocal, "g", fresh, 0, std::string(kMaxReasonBytes + 1, 'r')),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reason:")));
 }
 
-TEST(RendezvousStateTest, LeaveAndShutdown) {
-  RendezvousState s;
-  ASSERT_THAT(s.Join("g", 0, 2, 1).status(), IsOk());
-  ASSERT_THAT(s.Join("g", 1, 2, 1).status(), IsOk());
-  EXPECT_THAT(s.Leave("g", 0, 2), StatusIs(absl::StatusCode::kNotFound, HasSubstr("rank 0")));
-  EXPECT_THAT(s.Leave("h", 0, 1), StatusIs(absl::StatusCode::kNotFound));
-  ASSERT_THAT(s.Leave("g", 0, 1), IsOk());
+TEST(RendezvousStateTest, LeaveCancelAndShutdown) {
+  Fixture f;
+  RendezvousState& s = f.s;
+  const std::string t0 = f.Join("g", 0, 2, 1);
+  const std::string t1 = f.Join("g", 1, 2, 1);
+  EXPECT_EQ(s.Leave(kLocal, "g", t0, 0, 2),
+            absl::PermissionDeniedError("group \"g\": the token is rank 0 incarnation 1's; the "
+                                        "Leave names rank 0 incarnation 2"));
+  EXPECT_THAT(s.Leave(kLocal, "h", t0, 0, 1), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_THAT(s.Leave(kLocal, "g", t0, 0, 1), IsOk());
   EXPECT_EQ(s.group_count(), 1u);
-  absl::Status waited;
-  std::thread waiter([&] { waited = s.Get("g", {"never"}, Far()).status(); });
+  PendingValues cancelled;
+  const RendezvousState::WaitId id =
+      s.Get(kLocal, "g", t1, {"never"}, f.Now() + absl::Seconds(60), cancelled.Done());
+  ASSERT_NE(id, 0u);
+  s.Cancel(id);
+  ASSERT_TRUE(cancelled.result.has_value());
+  EXPECT_EQ(cancelled.result->status(), absl::CancelledError("rendezvous: the call was cancelled"));
+  s.Cancel(id);  // a finished wait: nothing happens (Pending would fail on a second answer)
+  EXPECT_EQ(s.waiter_count(), 0u);
+
+  PendingValues waiting;
+  ASSERT_NE(s.Get(kLocal, "g", t1, {"never"}, f.Now() + absl::Seconds(60), waiting.Done()), 0u);
   s.Shutdown();
-  waiter.join();
-  EXPECT_THAT(waited, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
-  EXPECT_THAT(s.Join("g", 0, 2, 3).status(), StatusIs(absl::StatusCode::kUnavailable));
+  ASSERT_TRUE(waiting.result.has_value());
+  EXPECT_EQ(waiting.result->status(),
+            absl::UnavailableError("rendezvous: the planner is shutting down"));
+  EXPECT_THAT(s.Join(kLocal, "g", 0, 2, 3).status(), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+// Issue 12 item 8: only members, by their token, may use a group; Abort's
+// rank is the caller's own.
+TEST(RendezvousStateTest, NonMembersAreRefused) {
+  Fixture f;
+  RendezvousState& s = f.s;
+  const std::string t = f.Join("g", 0, 1, 1);
+  ASSERT_THAT(s.Set(kLocal, "g", t, "k", "secret"), IsOk());
+  const absl::Status no_token =
+      absl::PermissionDeniedError("group \"g\": the call carries no token (Join returns one)");
+  const absl::Status bad_token = absl::PermissionDeniedError(
+      "group \"g\": the token is no live member's (a replaced member's token, or one from before "
+      "the group was re-formed or expired, is void)");
+  EXPECT_EQ(GetNow(f, "g", "", {"k"}).status(), no_token);
+  EXPECT_EQ(GetNow(f, "g", "t999", {"k"}).status(), bad_token);
+  EXPECT_EQ(AwaitNow(f, "g", "t999").status(), bad_token);
+  EXPECT_EQ(s.Set(kLocal, "g", "", "k", "v"), no_token);
+  EXPECT_EQ(s.Abort(kLocal, "g", "t999", 0, "x"), bad_token);
+  EXPECT_EQ(s.Leave(kLocal, "g", "t999", 0, 1), bad_token);
+  // Rank 99 of a world of 1, with a member's token: not its rank.
+  EXPECT_EQ(s.Abort(kLocal, "g", t, 99, "x"),
+            absl::PermissionDeniedError("group \"g\": the token is rank 0's; an Abort names rank "
+                                        "99"));
+  EXPECT_THAT(GetNow(f, "g", t, {"k"}).value(), ElementsAre("secret"));  // nothing changed
+}
+
+// A stray Join that takes a rank of a forming group first does not hold it:
+// the real rank's Join replaces it. Once the group formed, ranks are fixed.
+TEST(RendezvousStateTest, APreJoinedRankIsReplacedWhileTheGroupForms) {
+  Fixture f;
+  RendezvousState& s = f.s;
+  const Caller stranger{"ipv4:10.9.9.9", ""};
+  const std::string squatter = f.Join("job", 0, 2, 666, stranger);
+  PendingRanks squatting;
+  ASSERT_NE(s.AwaitMembers(stranger, "job", squatter, f.Now() + absl::Seconds(60),
+                           squatting.Done()),
+            0u);
+  const std::string real0 = f.Join("job", 0, 2, 1);
+  ASSERT_TRUE(squatting.result.has_value());
+  EXPECT_EQ(squatting.result->status(),
+            absl::PermissionDeniedError("group \"job\": rank 0 (incarnation 666) was replaced by "
+                                        "incarnation 1 before the group formed"));
+  EXPECT_THAT(s.Set(stranger, "job", squatter, "k", "v"),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  f.Join("job", 1, 2, 1);
+  EXPECT_THAT(AwaitNow(f, "job", real0).value(), ElementsAre(0, 1));
+  EXPECT_EQ(s.Join(stranger, "job", 0, 2, 667).status(),
+            absl::AlreadyExistsError("group \"job\": rank 0 is already a member (incarnation 1); "
+                                     "incarnation 667 may join after it leaves"));
+}
+
+// With mTLS, a group belongs to the client identity that created it.
+TEST(RendezvousStateTest, AGroupIsBoundToItsCreatorsIdentity) {
+  Fixture f;
+  RendezvousState& s = f.s;
+  const Caller job{"identity:job-a", "job-a"};
+  const Caller other{"identity:job-b", "job-b"};
+  const std::string t = f.Join("g", 0, 2, 1, job);
+  const absl::Status bound = absl::PermissionDeniedError(
+      "group \"g\": bound to the client identity that created it; this call's is \"job-b\"");
+  EXPECT_EQ(s.Join(other, "g", 1, 2, 1).status(), bound);
+  EXPECT_EQ(s.Set(other, "g", t, "k", "v"), bound);  // a stolen token does not help
+  EXPECT_EQ(s.Set(kLocal, "g", t, "k", "v").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.Join(job, "g", 1, 2, 1).status(), IsOk());
+  EXPECT_THAT(s.Set(job, "g", t, "k", "v"), IsOk());
+}
+
+// Groups expire when no member has called for idle_timeout (a waiting call
+// counts as calling); the fake clock moves, nothing sleeps.
+TEST(RendezvousStateTest, IdleGroupsExpire) {
+  RendezvousOptions o;
+  o.idle_timeout = absl::Minutes(10);
+  Fixture f(o);
+  RendezvousState& s = f.s;
+  const std::string t = f.Join("g", 0, 1, 1);
+  f.clock.Advance(absl::Minutes(9));
+  ASSERT_THAT(s.Set(kLocal, "g", t, "k", "v"), IsOk());  // a member's call: the clock restarts
+  f.clock.Advance(absl::Minutes(9));
+  s.ExpireDue();
+  EXPECT_EQ(s.group_count(), 1u);
+  f.clock.Advance(absl::Minutes(1));
+  s.ExpireDue();
+  EXPECT_EQ(s.group_count(), 0u);
+  EXPECT_THAT(s.Set(kLocal, "g", t, "k", "v"), StatusIs(absl::StatusCode::kNotFound));
+
+  // A member waiting for an hour keeps its group.
+  const std::string w = f.Join("w", 0, 1, 1);
+  PendingValues waiting;
+  ASSERT_NE(s.Get(kLocal, "w", w, {"k"}, f.Now() + absl::Hours(1), waiting.Done()), 0u);
+  f.clock.Advance(absl::Minutes(59));
+  s.ExpireDue();
+  EXPECT_EQ(s.group_count(), 1u);
+  EXPECT_FALSE(waiting.result.has_value());
+  f.clock.Advance(absl::Minutes(1));
+  s.ExpireDue();  // the wait's deadline, which counts as its last call
+  ASSERT_TRUE(waiting.result.has_value());
+  EXPECT_EQ(waiting.result->status(), absl::DeadlineExceededError("group \"w\": keys \"k\" not set"));
+  EXPECT_EQ(s.group_count(), 1u);
+  f.clock.Advance(absl::Minutes(10));
+  s.ExpireDue();
+  EXPECT_EQ(s.group_count(), 0u);
+}
+
+// One client cannot fill every group slot: a full table first drops idle
+// groups, and a peer may hold only so many groups that never formed.
+TEST(RendezvousStateTest, SlotsAreReclaimedAndFormingGroupsBoundedPerPeer) {
+  RendezvousOptions o;
+  o.idle_timeout = absl::Minutes(10);
+  o.max_forming_groups_per_peer = 2;
+  Fixture f(o);
+  RendezvousState& s = f.s;
+  const Caller other{"ipv4:10.0.0.2", ""};
+  f.Join("f1", 0, 2, 1);
+  f.Join("f2", 0, 2, 1);
+  EXPECT_EQ(s.Join(kLocal, "f3", 0, 2, 1).status(),
+            absl::ResourceExhaustedError(
+                "group \"f3\": peer \"ipv4:127.0.0.1\" already has 2 groups that never had all "
+                "their ranks (--rendezvous_max_forming_per_peer)"));
+  f.Join("o1", 0, 2, 1, other);  // another peer is not held back
+  f.Join("f1", 1, 2, 1, other);  // f1 formed: it no longer counts for its creator
+  f.Join("f3", 0, 2, 1);
+  EXPECT_THAT(s.Join(kLocal, "f4", 0, 2, 1).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+
+  // Fill the table with formed (world 1) groups.
+  for (size_t i = s.group_count(); i < kMaxGroups; ++i) f.Join(absl::StrCat("x", i), 0, 1, 1);
+  EXPECT_EQ(s.Join(other, "late", 0, 1, 1).status(),
+            absl::ResourceExhaustedError("group \"late\": already 4096 groups"));
+  f.clock.Advance(absl::Minutes(10));
+  EXPECT_THAT(s.Join(other, "late", 0, 1, 1).status(), IsOk());  // the idle ones went
+  EXPECT_EQ(s.group_count(), 1u);
+  EXPECT_THAT(s.Join(kLocal, "f4", 0, 2, 1).status(), IsOk());  // expiry released the charge
+}
+
+// Issue 12 item 9: a change to one group re-checks that group's waiters only.
+TEST(RendezvousStateTest, ASetWakesOnlyItsGroupsWaiters) {
+  Fixture f;
+  RendezvousState& s = f.s;
+  const std::string a = f.Join("a", 0, 1, 1);
+  const std::string b = f.Join("b", 0, 1, 1);
+  std::vector<PendingValues> on_a(100);
+  std::vector<PendingValues> on_b(100);
+  for (auto& p : on_a) {
+    ASSERT_NE(s.Get(kLocal, "a", a, {"k"}, f.Now() + absl::Seconds(60), p.Done()), 0u);
+  }
+  for (auto& p : on_b) {
+    ASSERT_NE(s.Get(kLocal, "b", b, {"k"}, f.Now() + absl::Seconds(60), p.Done()), 0u);
+  }
+  EXPECT_EQ(s.waiter_checks(), 0u);
+  for (int i = 0; i < 10; ++i) ASSERT_THAT(s.Set(kLocal, "b", b, absl::StrCat("other", i), "v"), IsOk());
+  EXPECT_EQ(s.waiter_checks(), 1000u);  // b's 100 waiters, 10 times; none of a's
+  EXPECT_EQ(s.waiter_count(), 200u);
+  ASSERT_THAT(s.Set(kLocal, "a", a, "k", "v"), IsOk());
+  EXPECT_EQ(s.waiter_checks(), 1100u);
+  EXPECT_EQ(s.waiter_count(), 100u);
+  for (auto& p : on_a) {
+    ASSERT_TRUE(p.result.has_value());
+    EXPECT_THAT(p.result->value(), ElementsAre("v"));
+  }
+  for (auto& p : on_b) EXPECT_FALSE(p.result.has_value());
+  s.Shutdown();
+}
+
+TEST(RendezvousStateTest, WaitersAreBoundedAndDeadlinesKeptOnTheClock) {
+  RendezvousOptions o;
+  o.max_waiters = 2;
+  Fixture f(o);
+  RendezvousState& s = f.s;
+  const std::string t = f.Join("g", 0, 1, 1);
+  PendingValues first, second, third;
+  ASSERT_NE(s.Get(kLocal, "g", t, {"k"}, f.Now() + absl::Seconds(5), first.Done()), 0u);
+  ASSERT_NE(s.Get(kLocal, "g", t, {"k"}, f.Now() + absl::Seconds(9), second.Done()), 0u);
+  EXPECT_EQ(s.Get(kLocal, "g", t, {"k"}, f.Now() + absl::Seconds(5), third.Done()), 0u);
+  ASSERT_TRUE(third.result.has_value());
+  EXPECT_EQ(third.result->status(),
+            absl::ResourceExhaustedError(
+                "group \"g\": already 2 calls waiting (--rendezvous_max_waiters)"));
+  f.clock.Advance(absl::Seconds(4));
+  s.ExpireDue();
+  EXPECT_FALSE(first.result.has_value());
+  f.clock.Advance(absl::Seconds(1));
+  s.ExpireDue();
+  ASSERT_TRUE(first.result.has_value());
+  EXPECT_EQ(first.result->status(), absl::DeadlineExceededError("group \"g\": keys \"k\" not set"));
+  EXPECT_FALSE(second.result.has_value());
+  ASSERT_THAT(s.Set(kLocal, "g", t, "k", "v"), IsOk());
+  ASSERT_TRUE(second.result.has_value());
+  EXPECT_THAT(second.result->value(), ElementsAre("v"));
 }
 
 // The adapter over a real in-process gRPC server: codes and values survive the wire.
@@ -209,6 +543,19 @@ class RendezvousServiceTest : public ::testing::Test {
     stub_ = rendezvous_->stub();
   }
   RendezvousHost& host() { return rendezvous_->host(); }
+  // Joins rank 0 of a new 1-rank group; its token ("" on failure).
+  std::string JoinAlone(const std::string& group) {
+    grpc::ClientContext c;
+    v1::JoinRequest join;
+    join.set_group(group);
+    join.set_rank(0);
+    join.set_world_size(1);
+    join.set_incarnation(1);
+    v1::JoinResponse joined;
+    const grpc::Status s = stub_->Join(&c, join, &joined);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return joined.token();
+  }
 
   std::unique_ptr<tests::testing::InProcessRendezvous> rendezvous_;
   std::shared_ptr<v1::Rendezvous::Stub> stub_;
@@ -224,11 +571,14 @@ TEST_F(RendezvousServiceTest, RoundTripAndCodes) {
   v1::JoinResponse joined;
   ASSERT_TRUE(stub_->Join(&c1, join, &joined).ok());
   EXPECT_EQ(joined.world_size(), 1);
+  const std::string token = joined.token();
+  EXPECT_EQ(token.size(), 32u);  // RandomToken's
 
   grpc::ClientContext c2;
   v1::AwaitMembersRequest await;
   await.set_group("g");
   await.set_timeout_ms(1000);
+  await.set_token(token);
   v1::AwaitMembersResponse members;
   ASSERT_TRUE(stub_->AwaitMembers(&c2, await, &members).ok());
   EXPECT_THAT(members.ranks(), ElementsAre(0));
@@ -238,6 +588,7 @@ TEST_F(RendezvousServiceTest, RoundTripAndCodes) {
   set.set_group("g");
   set.set_key("k");
   set.set_value("v");
+  set.set_token(token);
   v1::SetResponse set_response;
   ASSERT_TRUE(stub_->Set(&c3, set, &set_response).ok());
 
@@ -246,6 +597,7 @@ TEST_F(RendezvousServiceTest, RoundTripAndCodes) {
   get.set_group("g");
   get.add_keys("k");
   get.set_timeout_ms(0);
+  get.set_token(token);
   v1::GetResponse values;
   ASSERT_TRUE(stub_->Get(&c4, get, &values).ok());
   EXPECT_THAT(values.values(), ElementsAre("v"));
@@ -253,18 +605,23 @@ TEST_F(RendezvousServiceTest, RoundTripAndCodes) {
   struct BadGet {
     int64_t timeout_ms;
     std::string key;
+    std::string token;
     grpc::StatusCode code;
   };
   for (const BadGet& b : std::vector<BadGet>{
-           {-1, "k", grpc::StatusCode::INVALID_ARGUMENT},
-           {absl::ToInt64Milliseconds(kMaxTimeout) + 1, "k", grpc::StatusCode::INVALID_ARGUMENT},
-           {0, "missing", grpc::StatusCode::DEADLINE_EXCEEDED},
-           {0, "", grpc::StatusCode::INVALID_ARGUMENT}}) {
+           {-1, "k", token, grpc::StatusCode::INVALID_ARGUMENT},
+           {absl::ToInt64Milliseconds(kMaxTimeout) + 1, "k", token,
+            grpc::StatusCode::INVALID_ARGUMENT},
+           {0, "missing", token, grpc::StatusCode::DEADLINE_EXCEEDED},
+           {0, "", token, grpc::StatusCode::INVALID_ARGUMENT},
+           {0, "k", "", grpc::StatusCode::PERMISSION_DENIED},
+           {0, "k", "not-a-token", grpc::StatusCode::PERMISSION_DENIED}}) {
     grpc::ClientContext c;
     v1::GetRequest r;
     r.set_group("g");
     r.add_keys(b.key);
     r.set_timeout_ms(b.timeout_ms);
+    r.set_token(b.token);
     v1::GetResponse out;
     EXPECT_EQ(stub_->Get(&c, r, &out).error_code(), b.code) << b.timeout_ms << " " << b.key;
   }
@@ -282,10 +639,16 @@ TEST_F(RendezvousServiceTest, RoundTripAndCodes) {
   grpc::ClientContext c6;
   v1::AbortRequest abort;
   abort.set_group("g");
-  abort.set_rank(0);
+  abort.set_rank(99);
   abort.set_reason("test");
+  abort.set_token(token);
   v1::AbortResponse aborted;
-  ASSERT_TRUE(stub_->Abort(&c6, abort, &aborted).ok());
+  const grpc::Status not_own = stub_->Abort(&c6, abort, &aborted);
+  EXPECT_EQ(not_own.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(not_own.error_message(), "group \"g\": the token is rank 0's; an Abort names rank 99");
+  grpc::ClientContext c6b;
+  abort.set_rank(0);
+  ASSERT_TRUE(stub_->Abort(&c6b, abort, &aborted).ok());
   grpc::ClientContext c7;
   const grpc::Status s = stub_->Set(&c7, set, &set_response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
@@ -296,9 +659,108 @@ TEST_F(RendezvousServiceTest, RoundTripAndCodes) {
   leave.set_group("g");
   leave.set_rank(0);
   leave.set_incarnation(5);
+  leave.set_token(token);
   v1::LeaveResponse left;
   ASSERT_TRUE(stub_->Leave(&c8, leave, &left).ok());
   EXPECT_EQ(host().state().group_count(), 0u);
+}
+
+int ThreadCount() {
+  int n = 0;
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+// Issue 12 item 9: 2,000 blocked waits held 2,016 threads on the sync API.
+TEST_F(RendezvousServiceTest, TwoThousandWaitsHoldNoThreads) {
+  constexpr int kWaits = 2000;
+  const std::string token = JoinAlone("g");
+  ASSERT_FALSE(token.empty());
+  const int before = ThreadCount();
+  ASSERT_GT(before, 0);
+
+  struct Call {
+    grpc::ClientContext context;
+    v1::GetRequest request;
+    v1::GetResponse response;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  std::atomic<int> done{0};
+  absl::Notification all_done;
+  for (int i = 0; i < kWaits; ++i) {
+    auto call = std::make_unique<Call>();
+    call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    call->request.set_group("g");
+    call->request.add_keys("k");
+    call->request.set_timeout_ms(60'000);
+    call->request.set_token(token);
+    Call* c = call.get();
+    stub_->async()->Get(&c->context, &c->request, &c->response, [c, &done, &all_done](grpc::Status s) {
+      c->status = std::move(s);
+      if (done.fetch_add(1) + 1 == kWaits) all_done.Notify();
+    });
+    calls.push_back(std::move(call));
+  }
+  // Every wait registered (bounded poll: the calls are in flight on gRPC's threads).
+  const absl::Time limit = absl::Now() + absl::Seconds(60);
+  while (host().state().waiter_count() < static_cast<size_t>(kWaits) && absl::Now() < limit) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(host().state().waiter_count(), static_cast<size_t>(kWaits));
+  const int during = ThreadCount();
+  EXPECT_LT(during - before, 64) << "threads before " << before << ", with the waits " << during;
+
+  grpc::ClientContext sc;
+  v1::SetRequest set;
+  set.set_group("g");
+  set.set_key("k");
+  set.set_value("v");
+  set.set_token(token);
+  v1::SetResponse set_response;
+  ASSERT_TRUE(stub_->Set(&sc, set, &set_response).ok());
+  ASSERT_TRUE(all_done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  for (const auto& c : calls) {
+    ASSERT_TRUE(c->status.ok()) << c->status.error_message();
+    EXPECT_THAT(c->response.values(), ElementsAre("v"));
+  }
+  EXPECT_EQ(host().state().waiter_count(), 0u);
+}
+
+TEST_F(RendezvousServiceTest, ACancelledWaitIsDropped) {
+  const std::string token = JoinAlone("g");
+  ASSERT_FALSE(token.empty());
+  grpc::ClientContext c;
+  v1::GetRequest r;
+  r.set_group("g");
+  r.add_keys("k");
+  r.set_timeout_ms(60'000);
+  r.set_token(token);
+  v1::GetResponse out;
+  absl::Notification finished;
+  grpc::Status status;
+  stub_->async()->Get(&c, &r, &out, [&](grpc::Status s) {
+    status = std::move(s);
+    finished.Notify();
+  });
+  const absl::Time limit = absl::Now() + absl::Seconds(30);
+  while (host().state().waiter_count() < 1 && absl::Now() < limit) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(host().state().waiter_count(), 1u);
+  c.TryCancel();
+  ASSERT_TRUE(finished.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  const absl::Time limit2 = absl::Now() + absl::Seconds(30);
+  while (host().state().waiter_count() > 0 && absl::Now() < limit2) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(host().state().waiter_count(), 0u);
 }
 
 }  // namespace

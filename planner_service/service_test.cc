@@ -160,6 +160,18 @@ TEST(ServerOptionsTest, BadOptionsNameTheFlag) {
   o.rendezvous_max_bytes = 0;
   EXPECT_EQ(ValidateOptions(o),
             absl::InvalidArgumentError("--rendezvous_max_bytes: must be at least 1, got 0"));
+  o = ServerOptions{};
+  o.rendezvous_idle_timeout = absl::ZeroDuration();
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError("--rendezvous_idle_timeout: must be positive"));
+  o = ServerOptions{};
+  o.rendezvous_max_waiters = 0;
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError("--rendezvous_max_waiters: must be at least 1, got 0"));
+  o = ServerOptions{};
+  o.rendezvous_max_forming_per_peer = 0;
+  EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError(
+                                    "--rendezvous_max_forming_per_peer: must be at least 1, got 0"));
   EXPECT_EQ(ListeningLine("127.0.0.1:1", "127.0.0.1:2"),
             "LISTENING grpc=127.0.0.1:1 metrics=127.0.0.1:2");
   EXPECT_EQ(ListeningLine("[::]:1", ""), "LISTENING grpc=[::]:1 metrics=-");

@@ -18,9 +18,17 @@ inline constexpr size_t kMaxGroupNameBytes = 64;         // [A-Za-z0-9._-]{1,64}
 inline constexpr size_t kMaxKeyBytes = 256;
 inline constexpr size_t kMaxValueBytes = size_t{1} << 20;
 inline constexpr size_t kMaxKeysPerGroup = 16384;
-inline constexpr int64_t kMaxBytesPerGroup = int64_t{256} << 20;  // value bytes
+// What one key-value entry is charged beyond its key and value bytes (the
+// map node and two strings' headers, with allocator slack), so that empty
+// values cannot pin memory uncounted.
+inline constexpr int64_t kEntryOverheadBytes = 256;
+// A group's entries, charged key + value + kEntryOverheadBytes each.
+inline constexpr int64_t kMaxBytesPerGroup = int64_t{256} << 20;
 inline constexpr size_t kMaxGroups = 4096;
-inline constexpr size_t kMaxKeysPerGet = 4096;
+inline constexpr size_t kMaxKeysPerGet = 4096;     // distinct keys
+// A Get's values together: keeps every answer far below protobuf's 2 GiB
+// message limit and within gRPC clients' default 4 MiB receive limit.
+inline constexpr int64_t kMaxGetResponseBytes = int64_t{2} << 20;
 inline constexpr size_t kMaxReasonBytes = 1024;          // Abort's reason
 inline constexpr absl::Duration kMaxTimeout = absl::Hours(1);  // AwaitMembers, Get: timeout_ms
 

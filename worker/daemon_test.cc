@@ -101,14 +101,20 @@ TEST_F(RendezvousFixture, ExactCodesThroughTheClient) {
               StatusIs(absl::StatusCode::kDeadlineExceeded,
                        HasSubstr("rendezvous AwaitMembers: group \"g\": ranks 1 of 2 have not "
                                  "joined")));
-  RendezvousClient duplicate(stub_, "g", 0, 2);
-  EXPECT_THAT(duplicate.Join(2).status(),
-              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("rank 0 is already a member")));
   RendezvousClient other_size(stub_, "g", 1, 1);
   EXPECT_THAT(other_size.Join(3).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
   RendezvousClient b(stub_, "g", 1, 1);
   ASSERT_EQ(b.Join(2).value(), 2);
   EXPECT_THAT(a.AwaitMembers(absl::Seconds(5)).value(), ElementsAre(0, 1));
+  RendezvousClient duplicate(stub_, "g", 0, 2);
+  EXPECT_THAT(duplicate.Join(2).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("rank 0 is already a member")));
+  // The client carries the token Join gave it; one that never joined has none.
+  RendezvousClient stranger(stub_, "g", 1, 7);
+  EXPECT_EQ(stranger.Set("k", "v"),
+            absl::PermissionDeniedError(
+                "rendezvous Set: group \"g\": the call carries no token (Join returns one)"));
+  EXPECT_THAT(stranger.Abort("x"), StatusIs(absl::StatusCode::kPermissionDenied));
 
   GrpcStore store(&a, absl::Milliseconds(50));
   store.set("k", {'x', 'y'});

@@ -51,7 +51,14 @@ absl::StatusOr<int32_t> RendezvousClient::Join(int32_t world_size) {
   v1::JoinResponse response;
   const absl::Status s = WithContext(stub_->Join(&context, request, &response), "Join");
   if (!s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  token_ = response.token();
   return response.world_size();
+}
+
+std::string RendezvousClient::token() const {
+  absl::MutexLock lock(&mu_);
+  return token_;
 }
 
 absl::StatusOr<std::vector<int32_t>> RendezvousClient::AwaitMembers(absl::Duration timeout) {
@@ -59,6 +66,7 @@ absl::StatusOr<std::vector<int32_t>> RendezvousClient::AwaitMembers(absl::Durati
   SetDeadline(context, absl::Milliseconds(WaitMillis(timeout)) + rpc_slack_);
   v1::AwaitMembersRequest request;
   request.set_group(group_);
+  request.set_token(token());
   request.set_timeout_ms(WaitMillis(timeout));
   v1::AwaitMembersResponse response;
   const absl::Status s =
@@ -72,6 +80,7 @@ absl::Status RendezvousClient::Set(const std::string& key, const std::string& va
   SetDeadline(context, rpc_slack_);
   v1::SetRequest request;
   request.set_group(group_);
+  request.set_token(token());
   request.set_key(key);
   request.set_value(value);
   v1::SetResponse response;
@@ -84,6 +93,7 @@ absl::StatusOr<std::vector<std::string>> RendezvousClient::Get(const std::vector
   SetDeadline(context, absl::Milliseconds(WaitMillis(timeout)) + rpc_slack_);
   v1::GetRequest request;
   request.set_group(group_);
+  request.set_token(token());
   for (const std::string& k : keys) request.add_keys(k);
   request.set_timeout_ms(WaitMillis(timeout));
   v1::GetResponse response;
@@ -101,6 +111,7 @@ absl::Status RendezvousClient::Abort(const std::string& reason) {
   SetDeadline(context, rpc_slack_);
   v1::AbortRequest request;
   request.set_group(group_);
+  request.set_token(token());
   request.set_rank(rank_);
   request.set_reason(reason.substr(0, proto::rendezvous::kMaxReasonBytes));
   v1::AbortResponse response;
@@ -112,6 +123,7 @@ absl::Status RendezvousClient::Leave() {
   SetDeadline(context, rpc_slack_);
   v1::LeaveRequest request;
   request.set_group(group_);
+  request.set_token(token());
   request.set_rank(rank_);
   request.set_incarnation(incarnation_);
   v1::LeaveResponse response;

@@ -35,7 +35,8 @@ class RendezvousClient {
   const std::string& group() const { return group_; }
   int32_t rank() const { return rank_; }
 
-  // The group's world size (the first Join fixes it).
+  // The group's world size (the first Join fixes it). Keeps the member token
+  // the service returns; every later call carries it.
   absl::StatusOr<int32_t> Join(int32_t world_size);
   absl::StatusOr<std::vector<int32_t>> AwaitMembers(absl::Duration timeout);
   absl::Status Set(const std::string& key, const std::string& value);
@@ -46,11 +47,15 @@ class RendezvousClient {
   absl::Status Leave();
 
  private:
+  std::string token() const;
+
   std::shared_ptr<v1::Rendezvous::StubInterface> stub_;
   const std::string group_;
   const int32_t rank_;
   const uint64_t incarnation_;
   const absl::Duration rpc_slack_;
+  mutable absl::Mutex mu_;
+  std::string token_ ABSL_GUARDED_BY(mu_);  // from the last successful Join; empty before
 };
 
 // gloo::rendezvous::Store over RendezvousClient. Gloo's interface reports

@@ -4,10 +4,12 @@
 
 namespace flashcp::tests::testing {
 
-absl::StatusOr<std::unique_ptr<InProcessRendezvous>> InProcessRendezvous::Start() {
+absl::StatusOr<std::unique_ptr<InProcessRendezvous>> InProcessRendezvous::Start(
+    planner_service::RendezvousOptions options) {
   std::unique_ptr<InProcessRendezvous> r(new InProcessRendezvous());
+  r->host_ = std::make_unique<planner_service::RendezvousHost>(options);
   grpc::ServerBuilder builder;
-  builder.RegisterService(r->host_.service());
+  builder.RegisterService(r->host_->service());
   r->server_ = builder.BuildAndStart();
   if (r->server_ == nullptr) {
     return absl::InternalError("in-process Rendezvous server: BuildAndStart failed");
@@ -17,7 +19,7 @@ absl::StatusOr<std::unique_ptr<InProcessRendezvous>> InProcessRendezvous::Start(
 }
 
 InProcessRendezvous::~InProcessRendezvous() {
-  host_.Shutdown();
+  host_->Shutdown();
   if (server_ != nullptr) server_->Shutdown();
 }
 

@@ -16,20 +16,21 @@ namespace flashcp::tests::testing {
 class InProcessRendezvous {
  public:
   // INTERNAL if the server does not start.
-  static absl::StatusOr<std::unique_ptr<InProcessRendezvous>> Start();
+  static absl::StatusOr<std::unique_ptr<InProcessRendezvous>> Start(
+      planner_service::RendezvousOptions options = {});
   // Ends waiting calls (UNAVAILABLE, as the planner does on SIGTERM), then
   // shuts the server down.
   ~InProcessRendezvous();
   InProcessRendezvous(const InProcessRendezvous&) = delete;
   InProcessRendezvous& operator=(const InProcessRendezvous&) = delete;
 
-  planner_service::RendezvousHost& host() { return host_; }
+  planner_service::RendezvousHost& host() { return *host_; }
   // A stub on the server's in-process channel; valid while this object lives.
   const std::shared_ptr<v1::Rendezvous::Stub>& stub() const { return stub_; }
 
  private:
   InProcessRendezvous() = default;
-  planner_service::RendezvousHost host_;
+  std::unique_ptr<planner_service::RendezvousHost> host_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<v1::Rendezvous::Stub> stub_;
 };
