@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <new>
 #include <optional>
@@ -55,6 +56,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "coin/CbcEventHandler.hpp"
 #include "coin/CbcModel.hpp"
 #include "coin/CoinError.hpp"
 #include "coin/CoinPackedMatrix.hpp"
@@ -343,9 +345,35 @@ struct CbcResult {
   double bound = -std::numeric_limits<double>::infinity();  // in mean workloads
 };
 
-// Runs CBC, silenced, with `start` as its first incumbent. No exception leaves.
+// Ends CBC's search at its next event once the call is stopped or its time
+// is up (IlpOptions::seconds_left). CBC keeps a clone: both point at the
+// caller's objects, which outlive the solve.
+class StopHandler final : public CbcEventHandler {
+ public:
+  StopHandler(const StopToken* stop, const std::function<double()>* seconds_left)
+      : stop_(stop), seconds_left_(seconds_left) {}
+  CbcAction event(CbcEvent /*which*/) override {
+    if (!stop_->Check().ok()) return CbcAction::stop;
+    if (*seconds_left_ && (*seconds_left_)() <= 0) return CbcAction::stop;
+    return CbcAction::noAction;
+  }
+  CbcEventHandler* clone() const override { return new StopHandler(*this); }
+
+ private:
+  const StopToken* stop_;
+  const std::function<double()>* seconds_left_;
+};
+
+// Runs CBC, silenced, with `start` as its first incumbent, for at most
+// options.time_limit_seconds (less what options.seconds_left says is left).
+// No exception leaves.
 absl::StatusOr<CbcResult> SolveWithCbc(const Model& m, const std::vector<double>* start,
-                                       double start_obj, double time_limit_seconds) {
+                                       double start_obj, const IlpOptions& options,
+                                       const StopToken& stop) {
+  double time_limit_seconds = options.time_limit_seconds;
+  if (options.seconds_left) {
+    time_limit_seconds = std::max(0.0, std::min(time_limit_seconds, options.seconds_left()));
+  }
   try {
     OsiClpSolverInterface solver;
     solver.messageHandler()->setLogLevel(0);
@@ -373,6 +401,8 @@ absl::StatusOr<CbcResult> SolveWithCbc(const Model& m, const std::vector<double>
     model.setAllowableFractionGap(1e-9);
     model.setCutoffIncrement(kCutoffIncrement);
     model.setNumberThreads(0);
+    const StopHandler handler(&stop, &options.seconds_left);
+    model.passInEventHandler(&handler);
 
     model.initialSolve();
     if (model.solver()->isProvenPrimalInfeasible()) {
@@ -437,7 +467,8 @@ absl::StatusOr<double> IlpObjective(const Plan& plan, double comm_weight) {
   return max_work + comm_weight * static_cast<double>(max_nonlast);
 }
 
-absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, PlanInfo* info) {
+absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
+                             const StopToken& stop, PlanInfo* info) {
   if (!(options.granularity >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ilp.granularity: must be >= 0 tokens (0 picks ceil(C / 16N)), got ",
@@ -498,7 +529,10 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, Plan
   std::vector<std::pair<double, Plan>> others;
   for (Strategy s : kAllStrategies) {
     if (s == Strategy::kIlp || s == Strategy::kRing || s == Strategy::kLlama3) continue;
-    absl::StatusOr<Plan> p = MakePlan(s, batch);
+    PlanOptions heuristic;
+    heuristic.stop = stop;
+    absl::StatusOr<Plan> p = MakePlan(s, batch, heuristic);
+    FLASHCP_RETURN_IF_ERROR(stop.Check());
     if (!p.ok()) continue;  // e.g. a strategy not implemented yet
     FLASHCP_ASSIGN_OR_RETURN(const double obj, IlpObjective(*p, weight));
     others.emplace_back(obj, *std::move(p));
@@ -535,10 +569,12 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, Plan
       start_sol = SolutionOf(model, *owners);
     }
   }
+  FLASHCP_RETURN_IF_ERROR(stop.Check());
   FLASHCP_ASSIGN_OR_RETURN(
       const CbcResult solved,
-      SolveWithCbc(model, start_sol.empty() ? nullptr : &start_sol, best_obj / mean_work,
-                   options.time_limit_seconds));
+      SolveWithCbc(model, start_sol.empty() ? nullptr : &start_sol, best_obj / mean_work, options,
+                   stop));
+  FLASHCP_RETURN_IF_ERROR(stop.Check());
   // CBC's proof covers the returned plan when CBC's solution is no worse than
   // the incumbent it was given (equal up to summation order when it is that
   // incumbent relabeled).
