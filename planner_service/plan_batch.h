@@ -19,7 +19,7 @@ namespace flashcp::planner_service {
 struct PlanBounds {
   // Shards x ranks the plan may reach (core::MaxPlanShards x cp_size): the
   // analysis and the layout cost about this much time and memory.
-  int64_t max_shard_ranks = int64_t{1} << 27;  // --max_shard_ranks
+  int64_t max_shard_ranks = int64_t{1} << 30;  // --max_shard_ranks
   // The serialized response (proto::MaxResponseBytes); clients refuse large
   // answers (the Python client at 256 MiB).
   int64_t max_response_bytes = int64_t{64} << 20;  // --max_response_bytes

@@ -416,6 +416,42 @@ TEST(PlannerServiceTest, HealthGoesNotServingOnSigtermAndInFlightWorkDrains) {
   EXPECT_THAT(p->process().Wait(Deadline()), IsOkAndHolds(0));
 }
 
+// --drain_timeout bounds the exit: a plan still running when it passes is
+// cancelled, which stops it at the planner's next check (here an ILP with a
+// 600 s limit, which would otherwise run to it).
+TEST(PlannerServiceTest, SigtermExitIsBoundedByTheDrainTimeoutWhileAPlanRuns) {
+  std::unique_ptr<PlannerProcess> p = StartPlanner(
+      {"--allow_ilp", "--ilp_time_limit", "600s", "--drain_timeout", "1s"});
+  ASSERT_NE(p, nullptr);
+  auto stub = v1::Planner::NewStub(p->NewChannel());
+  // 100 documents of 1..2,000 tokens at N = 8: seconds of LP, then CBC's search.
+  std::vector<int64_t> docs;
+  uint64_t x = 5;
+  for (int i = 0; i < 100; ++i) {
+    x = x * 6364136223846793005u + 1442695040888963407u;
+    docs.push_back(static_cast<int64_t>(1 + (x >> 33) % 2000));
+  }
+  grpc::ClientContext context;
+  v1::PlanRequest request = Request(1, docs, 8, "ilp");
+  v1::PlanResponse response;
+  absl::Notification done;
+  grpc::Status status;
+  stub->async()->Plan(&context, &request, &response, [&](grpc::Status s) {
+    status = s;
+    done.Notify();
+  });
+  ASSERT_THAT(WaitForSample(*p, "flashcp_planner_inflight_requests", {}, 1), IsOk());
+  const absl::Time sigterm = absl::Now();
+  ASSERT_THAT(p->process().Signal(SIGTERM), IsOk());
+  EXPECT_THAT(p->process().Wait(Deadline()), IsOkAndHolds(0));
+  const absl::Duration exit_after = absl::Now() - sigterm;
+  EXPECT_GE(exit_after, absl::Seconds(1));  // the drain waited for the plan
+  EXPECT_LT(exit_after, absl::Seconds(1) + absl::Seconds(3)) << exit_after;
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(kTimeout));
+  // The server cancelled it at the drain deadline and closed the connection.
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+}
+
 TEST(PlannerServiceTest, SigintAlsoDrainsAndExitsZero) {
   std::unique_ptr<PlannerProcess> p = StartPlanner();
   ASSERT_NE(p, nullptr);

@@ -58,6 +58,7 @@
 #include "absl/strings/str_cat.h"
 #include "coin/CbcEventHandler.hpp"
 #include "coin/CbcModel.hpp"
+#include "coin/ClpEventHandler.hpp"
 #include "coin/CoinError.hpp"
 #include "coin/CoinPackedMatrix.hpp"
 #include "coin/OsiClpSolverInterface.hpp"
@@ -345,23 +346,42 @@ struct CbcResult {
   double bound = -std::numeric_limits<double>::infinity();  // in mean workloads
 };
 
-// Ends CBC's search at its next event once the call is stopped or its time
-// is up (IlpOptions::seconds_left). CBC keeps a clone: both point at the
-// caller's objects, which outlive the solve.
-class StopHandler final : public CbcEventHandler {
- public:
-  StopHandler(const StopToken* stop, const std::function<double()>* seconds_left)
-      : stop_(stop), seconds_left_(seconds_left) {}
-  CbcAction event(CbcEvent /*which*/) override {
-    if (!stop_->Check().ok()) return CbcAction::stop;
-    if (*seconds_left_ && (*seconds_left_)() <= 0) return CbcAction::stop;
-    return CbcAction::noAction;
+// Whether the call is stopped or its time is up (IlpOptions::seconds_left).
+// Both point at the caller's objects, which outlive the solve.
+struct StopOrTimeUp {
+  const StopToken* stop;
+  const std::function<double()>* seconds_left;
+  bool operator()() const {
+    return !stop->Check().ok() || (*seconds_left && (*seconds_left)() <= 0);
   }
-  CbcEventHandler* clone() const override { return new StopHandler(*this); }
+};
+
+// Ends CBC's search at its next event (nodes, solutions) once StopOrTimeUp.
+// CBC keeps a clone.
+class CbcStop final : public CbcEventHandler {
+ public:
+  explicit CbcStop(StopOrTimeUp stopped) : stopped_(stopped) {}
+  CbcAction event(CbcEvent /*which*/) override {
+    return stopped_() ? CbcAction::stop : CbcAction::noAction;
+  }
+  CbcEventHandler* clone() const override { return new CbcStop(*this); }
 
  private:
-  const StopToken* stop_;
-  const std::function<double()>* seconds_left_;
+  StopOrTimeUp stopped_;
+};
+
+// Ends an LP solve at its next simplex iteration once StopOrTimeUp: CBC's
+// first LP and the check of the incumbent are simplex runs of seconds on
+// large models, outside CBC's events and time limit. The stopped LP leaves
+// CBC without a solution of its own; PlanIlp then keeps the incumbent.
+class ClpStop final : public ClpEventHandler {
+ public:
+  explicit ClpStop(StopOrTimeUp stopped) : stopped_(stopped) {}
+  int event(Event which) override { return which == endOfIteration && stopped_() ? 0 : -1; }
+  ClpEventHandler* clone() const override { return new ClpStop(*this); }
+
+ private:
+  StopOrTimeUp stopped_;
 };
 
 // Runs CBC, silenced, with `start` as its first incumbent, for at most
@@ -378,6 +398,9 @@ absl::StatusOr<CbcResult> SolveWithCbc(const Model& m, const std::vector<double>
     OsiClpSolverInterface solver;
     solver.messageHandler()->setLogLevel(0);
     solver.setHintParam(OsiDoReducePrint, true, OsiHintTry);
+    const StopOrTimeUp stopped{&stop, &options.seconds_left};
+    const ClpStop lp_stop(stopped);
+    solver.getModelPtr()->passInEventHandler(&lp_stop);  // cloned, also into CBC's copy
     const CoinPackedMatrix matrix(false, m.row_idx.data(), m.col_idx.data(), m.elems.data(),
                                   static_cast<CoinBigIndex>(m.elems.size()));
     solver.loadProblem(matrix, m.col_lb.data(), m.col_ub.data(), m.obj.data(), m.row_lb.data(),
@@ -401,8 +424,8 @@ absl::StatusOr<CbcResult> SolveWithCbc(const Model& m, const std::vector<double>
     model.setAllowableFractionGap(1e-9);
     model.setCutoffIncrement(kCutoffIncrement);
     model.setNumberThreads(0);
-    const StopHandler handler(&stop, &options.seconds_left);
-    model.passInEventHandler(&handler);
+    const CbcStop search_stop(stopped);
+    model.passInEventHandler(&search_stop);
 
     model.initialSolve();
     if (model.solver()->isProvenPrimalInfeasible()) {
