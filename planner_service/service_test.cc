@@ -23,6 +23,7 @@
 #include "planner_service/server.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
+#include "tests/testing/expected_plans.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -30,6 +31,7 @@ namespace {
 using ::flashcp::core::testing::IsOk;
 using ::flashcp::core::testing::StatusIs;
 using ::testing::ElementsAre;
+using ::flashcp::tests::testing::PlanRequestOf;
 using ::testing::HasSubstr;
 
 // Every Now() returns the previous value plus 1 ms: each reading is a tick, so
@@ -229,16 +231,6 @@ std::shared_ptr<grpc::Channel> NewChannel(const PlannerServer& server, int id = 
   return grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args);
 }
 
-v1::PlanRequest Req(uint64_t id, std::vector<int64_t> docs, int32_t cp,
-                    const std::string& strategy = "ring") {
-  v1::PlanRequest r;
-  r.set_batch_id(id);
-  for (int64_t d : docs) r.add_doc_lens(d);
-  r.set_cp_size(cp);
-  r.set_strategy(strategy);
-  return r;
-}
-
 grpc::ByteBuffer Bytes(const std::string& s) {
   grpc::Slice slice(s);
   return grpc::ByteBuffer(&slice, 1);
@@ -356,7 +348,7 @@ TEST(RawMessagesTest, UnparsableBytesAreInvalidArgumentAndTheStreamGoesOn) {
   }
   std::vector<std::string> items;
   for (int i = 0; i < 40; ++i) {
-    items.push_back(i % 10 == 3 ? garbage : Req(100 + i, {5, 3}, 2).SerializeAsString());
+    items.push_back(i % 10 == 3 ? garbage : PlanRequestOf(100 + i, {5, 3}, 2).SerializeAsString());
   }
   RawStream stream(stub, items);
   const grpc::Status status = stream.Wait();
@@ -392,14 +384,14 @@ TEST(RawMessagesTest, HugeFieldsAreEchoedShortAndOversizedRequestsRefusedUnparse
   ASSERT_NE(server, nullptr);
   auto stub = v1::Planner::NewStub(NewChannel(*server));
   v1::PlanResponse response;
-  v1::PlanRequest r = Req(1, {5, 3}, 2, std::string(8192, 's'));
+  v1::PlanRequest r = PlanRequestOf(1, {5, 3}, 2, std::string(8192, 's'));
   EXPECT_EQ(UnaryPlan(*stub, r, &response),
             absl::InvalidArgumentError(absl::StrCat(
                 "strategy: unknown strategy \"", std::string(64, 's'),
                 "\"... (8192 bytes) (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, "
                 "flashcp, ilp)")));
   // 327,772 bytes at the default limits (proto/convert_test.cc); 400,000 here.
-  r = Req(2, {5, 3}, 2, std::string(400'000, 's'));
+  r = PlanRequestOf(2, {5, 3}, 2, std::string(400'000, 's'));
   EXPECT_EQ(UnaryPlan(*stub, r, &response),
             absl::ResourceExhaustedError(absl::StrCat(
                 "request: ", r.ByteSizeLong(),
@@ -410,10 +402,10 @@ TEST(RawMessagesTest, HugeFieldsAreEchoedShortAndOversizedRequestsRefusedUnparse
   EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);
   o.max_message_bytes = 1000;
   EXPECT_EQ(MaxMessageBytes(o), 1000);
-  r = Req(3, {5, 3}, 2, std::string(3 << 20, 's'));
+  r = PlanRequestOf(3, {5, 3}, 2, std::string(3 << 20, 's'));
   EXPECT_THAT(UnaryPlan(*stub, r, &response),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("larger than max")));
-  ASSERT_THAT(UnaryPlan(*stub, Req(4, {5, 3}, 2), &response), IsOk());
+  ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(4, {5, 3}, 2), &response), IsOk());
 }
 
 // Item 3: the work and the answer are bounded before planning, from the
@@ -428,9 +420,9 @@ TEST(PlanBoundsTest, WorkAndResponseBytesAreBoundedBeforePlanning) {
   auto stub = v1::Planner::NewStub(NewChannel(*server));
   v1::PlanResponse response;
   // per_doc, 2 documents of 100 at N = 4: at most 8 + 8 shards, x 4 = 64.
-  ASSERT_THAT(UnaryPlan(*stub, Req(1, {100, 100}, 4, "per_doc"), &response), IsOk());
+  ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(1, {100, 100}, 4, "per_doc"), &response), IsOk());
   // At N = 8: 16 + 16 = 32 shards, x 8 = 256 > 100.
-  EXPECT_EQ(UnaryPlan(*stub, Req(2, {100, 100}, 8, "per_doc"), &response),
+  EXPECT_EQ(UnaryPlan(*stub, PlanRequestOf(2, {100, 100}, 8, "per_doc"), &response),
             absl::ResourceExhaustedError(
                 "planner: per_doc may cut this batch into up to 32 shards; x 8 ranks = 256, "
                 "above --max_shard_ranks = 100; plan fewer documents or tokens, or a smaller "
@@ -446,7 +438,7 @@ TEST(PlanBoundsTest, WorkAndResponseBytesAreBoundedBeforePlanning) {
   server = StartServer(o, &observer, &clock);
   ASSERT_NE(server, nullptr);
   stub = v1::Planner::NewStub(NewChannel(*server));
-  v1::PlanRequest r = Req(3, std::vector<int64_t>(2000, 8000), 512, "per_doc");
+  v1::PlanRequest r = PlanRequestOf(3, std::vector<int64_t>(2000, 8000), 512, "per_doc");
   r.set_include_layout(true);
   EXPECT_THAT(UnaryPlan(*stub, r, &response),
               StatusIs(absl::StatusCode::kResourceExhausted,
@@ -468,7 +460,7 @@ TEST(IlpServiceTest, OffByDefaultOwnPoolAndCancellable) {
   ASSERT_NE(server, nullptr);
   auto stub = v1::Planner::NewStub(NewChannel(*server));
   v1::PlanResponse response;
-  EXPECT_EQ(UnaryPlan(*stub, Req(1, {5, 3}, 2, "ilp"), &response),
+  EXPECT_EQ(UnaryPlan(*stub, PlanRequestOf(1, {5, 3}, 2, "ilp"), &response),
             absl::UnimplementedError(
                 "strategy: ilp is disabled on this server (start it with --allow_ilp)"));
   server->Shutdown();
@@ -478,15 +470,9 @@ TEST(IlpServiceTest, OffByDefaultOwnPoolAndCancellable) {
   server = StartServer(o, &observer, &clock);
   ASSERT_NE(server, nullptr);
   stub = v1::Planner::NewStub(NewChannel(*server));
-  // 100 documents of 1..2,000 tokens at N = 8: CBC searches to its limit.
-  std::vector<int64_t> docs;
-  uint64_t x = 5;
-  for (int i = 0; i < 100; ++i) {
-    x = x * 6364136223846793005u + 1442695040888963407u;
-    docs.push_back(static_cast<int64_t>(1 + (x >> 33) % 2000));
-  }
+  const std::vector<int64_t> docs = tests::testing::SlowIlpBatch();
   grpc::ClientContext ilp_context;
-  v1::PlanRequest ilp = Req(2, docs, 8, "ilp");
+  v1::PlanRequest ilp = PlanRequestOf(2, docs, 8, "ilp");
   v1::PlanResponse ilp_response;
   absl::Notification ilp_done;
   stub->async()->Plan(&ilp_context, &ilp, &ilp_response, [&](grpc::Status) { ilp_done.Notify(); });
@@ -496,7 +482,7 @@ TEST(IlpServiceTest, OffByDefaultOwnPoolAndCancellable) {
     return observer.inflight == 1;
   }));
   for (int i = 0; i < 5; ++i) {
-    ASSERT_THAT(UnaryPlan(*stub, Req(10 + i, {5, 3}, 2, "flashcp"), &response), IsOk());
+    ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(10 + i, {5, 3}, 2, "flashcp"), &response), IsOk());
   }
   EXPECT_FALSE(ilp_done.HasBeenNotified());  // still planning
   const absl::Time cancelled = absl::Now();
@@ -505,7 +491,7 @@ TEST(IlpServiceTest, OffByDefaultOwnPoolAndCancellable) {
   ASSERT_TRUE(WaitUntil([&] { return observer.Count("Plan", absl::StatusCode::kCancelled) == 1; }));
   EXPECT_LT(absl::Now() - cancelled, absl::Seconds(5));
   // Its thread is free: a small ILP plan runs now.
-  ASSERT_THAT(UnaryPlan(*stub, Req(3, {50, 30, 20}, 2, "ilp"), &response), IsOk());
+  ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(3, {50, 30, 20}, 2, "ilp"), &response), IsOk());
   EXPECT_EQ(response.strategy(), "ilp");
   ASSERT_TRUE(ilp_done.WaitForNotificationWithTimeout(kWait));
 }
@@ -522,15 +508,10 @@ TEST(IlpServiceTest, TheTimeLimitCoversTheWholeCall) {
   std::unique_ptr<PlannerServer> server = StartServer(o, &observer, &clock);
   ASSERT_NE(server, nullptr);
   auto stub = v1::Planner::NewStub(NewChannel(*server));
-  std::vector<int64_t> docs;
-  uint64_t x = 5;
-  for (int i = 0; i < 100; ++i) {
-    x = x * 6364136223846793005u + 1442695040888963407u;
-    docs.push_back(static_cast<int64_t>(1 + (x >> 33) % 2000));
-  }
+  const std::vector<int64_t> docs = tests::testing::SlowIlpBatch();
   v1::PlanResponse response;
   const absl::Time start = absl::Now();
-  ASSERT_THAT(UnaryPlan(*stub, Req(1, docs, 8, "ilp"), &response), IsOk());
+  ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(1, docs, 8, "ilp"), &response), IsOk());
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(response.strategy(), "ilp");
   EXPECT_EQ(response.doc_lens_size(), 100);
@@ -557,7 +538,7 @@ TEST(StreamWindowTest, AClientThatNeverReadsHoldsAtMostTheByteWindow) {
   grpc::GenericStub stub(NewChannel(*server));
   std::vector<std::string> items;
   for (int i = 0; i < 20; ++i) {
-    v1::PlanRequest r = Req(i, in.batch.doc_lens, 16, "per_doc");
+    v1::PlanRequest r = PlanRequestOf(i, in.batch.doc_lens, 16, "per_doc");
     r.set_include_layout(true);
     items.push_back(r.SerializeAsString());
   }
@@ -616,7 +597,7 @@ TEST(FairAdmissionTest, GreedyStreamsDoNotStarveAUnaryClient) {
   std::vector<std::unique_ptr<RawStream>> streams;
   std::vector<std::string> items;
   for (int i = 0; i < 200; ++i) {
-    items.push_back(Req(i, std::vector<int64_t>(200, 300 + i), 8, "flashcp").SerializeAsString());
+    items.push_back(PlanRequestOf(i, std::vector<int64_t>(200, 300 + i), 8, "flashcp").SerializeAsString());
   }
   for (int s = 0; s < 10; ++s) {
     stubs.push_back(std::make_unique<grpc::GenericStub>(NewChannel(*server, 1 + s)));
@@ -626,7 +607,7 @@ TEST(FairAdmissionTest, GreedyStreamsDoNotStarveAUnaryClient) {
   v1::PlanResponse response;
   int served = 0;
   for (int i = 0; i < 20; ++i) {
-    absl::Status s = UnaryPlan(*unary, Req(1000 + i, {5, 3}, 2), &response);
+    absl::Status s = UnaryPlan(*unary, PlanRequestOf(1000 + i, {5, 3}, 2), &response);
     EXPECT_THAT(s, IsOk()) << i;
     served += s.ok();
   }
