@@ -185,6 +185,35 @@ TEST(ServerOptionsTest, BadOptionsNameTheFlag) {
   o.rendezvous_max_bytes = 0;
   EXPECT_EQ(ValidateOptions(o),
             absl::InvalidArgumentError("--rendezvous_max_bytes: must be at least 1, got 0"));
+  o = ServerOptions{};
+  o.queue_per_client = 300;
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError(
+                "--queue_per_client: must be in [0, --queue_size = 256] (0: queue_size / 4), "
+                "got 300"));
+  o = ServerOptions{};
+  o.stream_window_bytes = 1000;
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError(
+                "--stream_window_bytes: must be at least --max_response_bytes = 67108864, "
+                "got 1000"));
+  o = ServerOptions{};
+  o.stream_buffer_bytes = 1000;
+  EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError(
+                                    "--stream_buffer_bytes: must be at least --stream_window_bytes "
+                                    "= 134217728, got 1000"));
+  o = ServerOptions{};
+  o.bounds.max_shard_ranks = 0;
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError("--max_shard_ranks: must be at least 1, got 0"));
+  o = ServerOptions{};
+  o.ilp_threads = 0;
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError("--ilp_threads: must be in [1, 64], got 0"));
+  o = ServerOptions{};
+  o.ilp_time_limit = -absl::Seconds(1);
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError("--ilp_time_limit: must not be negative"));
   EXPECT_EQ(ListeningLine("127.0.0.1:1", "127.0.0.1:2"),
             "LISTENING grpc=127.0.0.1:1 metrics=127.0.0.1:2");
   EXPECT_EQ(ListeningLine("[::]:1", ""), "LISTENING grpc=[::]:1 metrics=-");
@@ -597,7 +626,8 @@ TEST(FairAdmissionTest, GreedyStreamsDoNotStarveAUnaryClient) {
   std::vector<std::unique_ptr<RawStream>> streams;
   std::vector<std::string> items;
   for (int i = 0; i < 200; ++i) {
-    items.push_back(PlanRequestOf(i, std::vector<int64_t>(200, 300 + i), 8, "flashcp").SerializeAsString());
+    items.push_back(
+        PlanRequestOf(i, std::vector<int64_t>(200, 300 + i), 8, "flashcp").SerializeAsString());
   }
   for (int s = 0; s < 10; ++s) {
     stubs.push_back(std::make_unique<grpc::GenericStub>(NewChannel(*server, 1 + s)));
