@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -47,6 +48,17 @@ absl::Status DroppedStatus(const grpc::CallbackServerContext& context, const Clo
   return absl::CancelledError("planner: the call was cancelled before the plan was made");
 }
 
+// `bytes` (consumed) parsed as a `Message`: INVALID_ARGUMENT naming the type
+// unless they are one.
+template <typename Message>
+absl::Status ParseMessage(grpc::ByteBuffer* bytes, Message* message) {
+  if (grpc::SerializationTraits<Message>::Deserialize(bytes, message).ok()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("could not parse ", Message::descriptor()->full_name()));
+}
+
 // One PlanRequest message read off the wire and made ready to plan.
 struct Prepared {
   proto::PlanInput input;
@@ -64,9 +76,7 @@ absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceConfig& c
         "at this server's --max_docs and --max_tokens (", max_bytes, " bytes)"));
   }
   v1::PlanRequest request;
-  if (!grpc::SerializationTraits<v1::PlanRequest>::Deserialize(bytes, &request).ok()) {
-    return absl::InvalidArgumentError("could not parse flashcp.v1.PlanRequest");
-  }
+  FLASHCP_RETURN_IF_ERROR(ParseMessage(bytes, &request));
   *batch_id = request.batch_id();
   FLASHCP_ASSIGN_OR_RETURN(proto::PlanInput input,
                            proto::RequestFromProto(request, config.limits));
@@ -96,11 +106,12 @@ void SetIlpBudget(const ServiceDeps& deps, absl::Time received, proto::PlanInput
   };
 }
 
-absl::StatusOr<grpc::ByteBuffer> Serialize(const v1::PlanResponse& response) {
+template <typename Message>
+absl::StatusOr<grpc::ByteBuffer> Serialize(const Message& response) {
   grpc::ByteBuffer bytes;
   bool own_buffer = false;
   const grpc::Status s =
-      grpc::SerializationTraits<v1::PlanResponse>::Serialize(response, &bytes, &own_buffer);
+      grpc::SerializationTraits<Message>::Serialize(response, &bytes, &own_buffer);
   if (!s.ok()) {
     return absl::InternalError(absl::StrCat("planner: cannot serialize the response: ",
                                             s.error_message()));
@@ -601,39 +612,62 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PlannerService::Pla
   return new PlanStreamReactor(deps_, context);
 }
 
-grpc::ServerUnaryReactor* PlannerService::ListStrategies(grpc::CallbackServerContext* context,
-                                                         const v1::ListStrategiesRequest*,
-                                                         v1::ListStrategiesResponse* response) {
-  const absl::Time received = deps_.clock->Now();
-  for (core::Strategy s : core::kAllStrategies) {
-    v1::StrategyInfo* info = response->add_strategies();
-    info->set_name(std::string(core::StrategyName(s)));
-    info->set_description(std::string(StrategyDescription(s)));
-    info->set_is_default(s == proto::kDefaultStrategy);
+namespace {
+
+// A unary call with a small fixed answer: its `Request` parsed (INVALID_ARGUMENT
+// if it is not one), `fill` builds the `Reply`, serialized into `out`.
+template <typename Request, typename Reply>
+grpc::ServerUnaryReactor* AnswerSmallCall(const ServiceDeps& deps, absl::string_view method,
+                                          grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
+                                          const std::function<void(Reply&)>& fill) {
+  const absl::Time received = deps.clock->Now();
+  grpc::ByteBuffer bytes(*in);
+  Request request;
+  absl::Status status = ParseMessage(&bytes, &request);
+  if (status.ok()) {
+    Reply reply;
+    fill(reply);
+    absl::StatusOr<grpc::ByteBuffer> serialized = Serialize(reply);
+    status = serialized.status();
+    if (serialized.ok()) *out = *std::move(serialized);
   }
-  deps_.observer->OnRequestDone("ListStrategies", absl::StatusCode::kOk,
-                                absl::ToDoubleSeconds(deps_.clock->Now() - received));
+  deps.observer->OnRequestDone(method, status.code(),
+                               absl::ToDoubleSeconds(deps.clock->Now() - received));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(proto::ToGrpcStatus(status));
   return reactor;
 }
 
+}  // namespace
+
+grpc::ServerUnaryReactor* PlannerService::ListStrategies(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return AnswerSmallCall<v1::ListStrategiesRequest, v1::ListStrategiesResponse>(
+      deps_, "ListStrategies", context, request, response, [](v1::ListStrategiesResponse& r) {
+        for (core::Strategy s : core::kAllStrategies) {
+          v1::StrategyInfo* info = r.add_strategies();
+          info->set_name(std::string(core::StrategyName(s)));
+          info->set_description(std::string(StrategyDescription(s)));
+          info->set_is_default(s == proto::kDefaultStrategy);
+        }
+      });
+}
+
 grpc::ServerUnaryReactor* PlannerService::GetServerInfo(grpc::CallbackServerContext* context,
-                                                        const v1::GetServerInfoRequest*,
-                                                        v1::ServerInfo* response) {
-  const absl::Time received = deps_.clock->Now();
-  response->set_version(deps_.config.version);
-  response->set_api_version(kApiVersion);
-  response->set_planner_threads(deps_.pool->options().threads);
-  response->set_queue_capacity(deps_.pool->options().queue_capacity);
-  response->set_max_docs_per_batch(deps_.config.limits.max_docs);
-  response->set_max_tokens_per_batch(deps_.config.limits.max_tokens);
-  response->set_max_cp_size(deps_.config.limits.max_cp_size);
-  deps_.observer->OnRequestDone("GetServerInfo", absl::StatusCode::kOk,
-                                absl::ToDoubleSeconds(deps_.clock->Now() - received));
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return AnswerSmallCall<v1::GetServerInfoRequest, v1::ServerInfo>(
+      deps_, "GetServerInfo", context, request, response, [this](v1::ServerInfo& r) {
+        r.set_version(deps_.config.version);
+        r.set_api_version(kApiVersion);
+        r.set_planner_threads(deps_.pool->options().threads);
+        r.set_queue_capacity(deps_.pool->options().queue_capacity);
+        r.set_max_docs_per_batch(deps_.config.limits.max_docs);
+        r.set_max_tokens_per_batch(deps_.config.limits.max_tokens);
+        r.set_max_cp_size(deps_.config.limits.max_cp_size);
+      });
 }
 
 }  // namespace flashcp::planner_service

@@ -1,7 +1,8 @@
 // The flashcp.v1.Planner gRPC service: a thin callback-API adapter (STYLE
-// item 7). Plan and PlanStream are raw methods: the service parses each
-// message itself, so that a malformed one gets INVALID_ARGUMENT (a stream
-// goes on) and an oversized one is refused before it is parsed. Each call is
+// item 7). Its methods are raw: the service parses each message itself, so
+// that a malformed one gets INVALID_ARGUMENT naming its type (in a stream,
+// that item's error; the stream goes on) and an oversized PlanRequest is
+// refused before it is parsed. Each call is
 // validated, bounded (plan_batch.h) and converted (proto/convert.h) on the
 // gRPC thread, planned on a PlanningPool, serialized and finished from the
 // pool thread. A call that is cancelled or whose deadline passes stops its
@@ -54,8 +55,8 @@ struct ServiceDeps {
 
 class PlannerService final
     : public v1::Planner::WithRawCallbackMethod_Plan<v1::Planner::WithRawCallbackMethod_PlanStream<
-          v1::Planner::WithCallbackMethod_ListStrategies<
-              v1::Planner::WithCallbackMethod_GetServerInfo<v1::Planner::Service>>>> {
+          v1::Planner::WithRawCallbackMethod_ListStrategies<
+              v1::Planner::WithRawCallbackMethod_GetServerInfo<v1::Planner::Service>>>> {
  public:
   explicit PlannerService(ServiceDeps deps) : deps_(std::move(deps)) {}
 
@@ -65,11 +66,11 @@ class PlannerService final
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PlanStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ListStrategies(grpc::CallbackServerContext* context,
-                                           const v1::ListStrategiesRequest* request,
-                                           v1::ListStrategiesResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
-                                          const v1::GetServerInfoRequest* request,
-                                          v1::ServerInfo* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
 
  private:
   const ServiceDeps deps_;

@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -361,19 +362,22 @@ TEST(RawMessagesTest, UnparsableBytesAreInvalidArgumentAndTheStreamGoesOn) {
   grpc::GenericStub stub(NewChannel(*server));
   // Field 2 (doc_lens), length-delimited, 5 bytes long, 1 byte present.
   const std::string garbage("\x12\x05\x01", 3);
-  {
+  for (const auto& [method, type] : std::vector<std::pair<std::string, std::string>>{
+           {"Plan", "PlanRequest"},
+           {"ListStrategies", "ListStrategiesRequest"},
+           {"GetServerInfo", "GetServerInfoRequest"}}) {
     grpc::ClientContext context;
     grpc::ByteBuffer request = Bytes(garbage), response;
     absl::Notification done;
     grpc::Status status;
-    stub.UnaryCall(&context, "/flashcp.v1.Planner/Plan", grpc::StubOptions(), &request,
+    stub.UnaryCall(&context, "/flashcp.v1.Planner/" + method, grpc::StubOptions(), &request,
                    &response, [&](grpc::Status s) {
                      status = s;
                      done.Notify();
                    });
     ASSERT_TRUE(done.WaitForNotificationWithTimeout(kWait));
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_EQ(status.error_message(), "could not parse flashcp.v1.PlanRequest");
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_EQ(status.error_message(), "could not parse flashcp.v1." + type);
   }
   std::vector<std::string> items;
   for (int i = 0; i < 40; ++i) {
@@ -582,9 +586,8 @@ TEST(StreamWindowTest, AClientThatNeverReadsHoldsAtMostTheByteWindow) {
     absl::MutexLock lock(&observer.mu_);
     EXPECT_EQ(observer.inflight, 3);
   }
+  // Released, the plans run; the cancel drops whatever is left unread.
   server->ReleasePlanning();
-  // Planned, each holds its real size (below its bound): more are read, but
-  // never more than the window's worth of bounds plus one at a time.
   stream.Cancel();
   stream.Wait();
   server->Shutdown();
