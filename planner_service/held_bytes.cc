@@ -7,6 +7,7 @@ namespace flashcp::planner_service {
 void HeldBytes::Add(int64_t bytes) {
   absl::MutexLock lock(&mu_);
   held_ += bytes;
+  if (on_change_) on_change_(held_);
 }
 
 void HeldBytes::Sub(int64_t bytes) {
@@ -14,6 +15,7 @@ void HeldBytes::Sub(int64_t bytes) {
   {
     absl::MutexLock lock(&mu_);
     held_ -= bytes;
+    if (on_change_) on_change_(held_);
     if (held_ < limit_) woken.swap(waiters_);
   }
   for (auto& [id, on_room] : woken) on_room();

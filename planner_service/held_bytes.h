@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -17,7 +18,10 @@ class HeldBytes {
  public:
   using WaitId = uint64_t;  // never 0
 
-  explicit HeldBytes(int64_t limit) : limit_(limit) {}
+  // `on_change`, if set, is called with the sum after every change, under
+  // the lock (keep it cheap).
+  explicit HeldBytes(int64_t limit, std::function<void(int64_t)> on_change = nullptr)
+      : limit_(limit), on_change_(std::move(on_change)) {}
   HeldBytes(const HeldBytes&) = delete;
   HeldBytes& operator=(const HeldBytes&) = delete;
 
@@ -37,6 +41,7 @@ class HeldBytes {
 
  private:
   const int64_t limit_;
+  const std::function<void(int64_t)> on_change_;
   mutable absl::Mutex mu_;
   int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
   WaitId next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -184,7 +184,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const Server
                           options.ilp_threads, options.ilp_threads, options.testing_hold_planning,
                           /*client_capacity=*/0}));
   }
-  s->stream_bytes_ = std::make_unique<HeldBytes>(options.stream_buffer_bytes);
+  s->stream_bytes_ = std::make_unique<HeldBytes>(
+      options.stream_buffer_bytes, [observer](int64_t bytes) { observer->OnStreamHeldBytes(bytes); });
   ServiceDeps deps;
   deps.config.limits = options.limits;
   deps.config.bounds = options.bounds;

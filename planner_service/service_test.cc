@@ -71,6 +71,11 @@ class RecordingObserver final : public ServiceObserver {
     absl::MutexLock lock(&mu_);
     depths.push_back(depth);
   }
+  void OnStreamHeldBytes(int64_t bytes) override {
+    absl::MutexLock lock(&mu_);
+    max_held_bytes = std::max(max_held_bytes, bytes);
+    held_bytes = bytes;
+  }
   void OnPlanned(core::Strategy strategy, double seconds, const core::PlanMetrics& m) override {
     absl::MutexLock lock(&mu_);
     planned.push_back({std::string(core::StrategyName(strategy)), absl::StatusCode::kOk, seconds});
@@ -92,6 +97,8 @@ class RecordingObserver final : public ServiceObserver {
   std::vector<int64_t> depths;
   int inflight = 0;
   int max_inflight = 0;
+  int64_t held_bytes = 0;
+  int64_t max_held_bytes = 0;
 };
 
 TEST(PlanBatchTest, PlanningSecondsComeFromTheInjectedClock) {
@@ -585,6 +592,7 @@ TEST(StreamWindowTest, AClientThatNeverReadsHoldsAtMostTheByteWindow) {
   {
     absl::MutexLock lock(&observer.mu_);
     EXPECT_EQ(observer.inflight, 3);
+    EXPECT_EQ(observer.held_bytes, 3 * bound);  // each reserved at its bound
   }
   // Released, the plans run; the cancel drops whatever is left unread.
   server->ReleasePlanning();
@@ -593,6 +601,9 @@ TEST(StreamWindowTest, AClientThatNeverReadsHoldsAtMostTheByteWindow) {
   server->Shutdown();
   absl::MutexLock lock(&observer.mu_);
   EXPECT_EQ(observer.inflight, 0);
+  EXPECT_EQ(observer.held_bytes, 0);  // all given back
+  // The window, passed by at most the one item read while below it.
+  EXPECT_LE(observer.max_held_bytes, o.stream_window_bytes + bound);
 }
 
 TEST(HeldBytesTest, WakesWaitersWhenBelowTheLimit) {
