@@ -442,7 +442,9 @@ TEST(PlannerServiceTest, SigtermExitIsBoundedByTheDrainTimeoutWhileAPlanRuns) {
   EXPECT_THAT(p->process().Wait(Deadline()), IsOkAndHolds(0));
   const absl::Duration exit_after = absl::Now() - sigterm;
   EXPECT_GE(exit_after, absl::Seconds(1));  // the drain waited for the plan
-  EXPECT_LT(exit_after, absl::Seconds(1) + absl::Seconds(3)) << exit_after;
+  // The slack is for a shared, loaded machine; without cancellable planning
+  // the exit waited for the plan, here up to its 600 s limit.
+  EXPECT_LT(exit_after, absl::Seconds(1) + absl::Seconds(5)) << exit_after;
   ASSERT_TRUE(plan.done.WaitForNotificationWithTimeout(kTimeout));
   // The server cancelled it at the drain deadline and closed the connection:
   // which of the two the client sees first is gRPC's race.
