@@ -529,7 +529,7 @@ TEST(IlpServiceTest, OffByDefaultOwnPoolAndCancellable) {
   ilp_context.TryCancel();
   // The server's side ends when the plan stops: at CBC's next event.
   ASSERT_TRUE(WaitUntil([&] { return observer.Count("Plan", absl::StatusCode::kCancelled) == 1; }));
-  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(5));
+  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(10));  // its limit is 600 s
   // Its thread is free: a small ILP plan runs now.
   ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(3, {50, 30, 20}, 2, "ilp"), &response), IsOk());
   EXPECT_EQ(response.strategy(), "ilp");
@@ -555,7 +555,7 @@ TEST(IlpServiceTest, TheTimeLimitCoversTheWholeCall) {
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(response.strategy(), "ilp");
   EXPECT_EQ(response.doc_lens_size(), 100);
-  EXPECT_LT(took, absl::Seconds(2)) << took;
+  EXPECT_LT(took, absl::Milliseconds(2500)) << took;
 }
 
 // Item 5: a client that never reads holds at most the stream's byte window:
