@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/echo.h"
 #include "core/plan_json.h"
 #include "core/types.h"
 
@@ -31,22 +32,17 @@ absl::Status FlagError(absl::string_view flag, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", what));
 }
 
-std::string Quoted(absl::string_view value) {
-  if (value.size() > 40) value = value.substr(0, 40);
-  return absl::StrCat("\"", value, "\"");
-}
-
 // Only digits, no sign or spaces; within [lo, hi].
 absl::StatusOr<int64_t> ParseIntFlag(absl::string_view flag, absl::string_view value, int64_t lo,
                                      int64_t hi) {
   const std::string range = absl::StrCat("must be an integer in [", lo, ", ", hi, "], got ");
   if (value.empty() || value.size() > 19 ||
       !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return FlagError(flag, absl::StrCat(range, Quoted(value)));
+    return FlagError(flag, absl::StrCat(range, Echo(value)));
   }
   int64_t v = 0;
   if (!absl::SimpleAtoi(value, &v) || v < lo || v > hi) {
-    return FlagError(flag, absl::StrCat(range, Quoted(value)));
+    return FlagError(flag, absl::StrCat(range, Echo(value)));
   }
   return v;
 }
@@ -57,7 +53,7 @@ absl::StatusOr<double> ParseDoubleFlag(absl::string_view flag, absl::string_view
   if (value.empty() || value.front() == ' ' || !absl::SimpleAtod(value, &v) || !std::isfinite(v) ||
       v < lo || v > hi) {
     return FlagError(flag, absl::StrFormat("must be a number in [%g, %g], got %s", lo, hi,
-                                           Quoted(value)));
+                                           Echo(value)));
   }
   return v;
 }
@@ -77,7 +73,7 @@ absl::StatusOr<std::vector<Strategy>> ParseStrategyList(absl::string_view value,
     absl::StatusOr<Strategy> s = ParseStrategy(name);
     if (!s.ok()) {
       return FlagError("strategy",
-                       absl::StrCat("unknown strategy ", Quoted(name),
+                       absl::StrCat("unknown strategy ", Echo(name),
                                     " (all, llama3, per_doc, ring, zigzag, whole_doc, "
                                     "flashcp_paper, flashcp, ilp, or a comma-separated list)"));
     }
@@ -125,7 +121,7 @@ class BatchSource {
       file_.open(options_.input_path);
       if (!file_.is_open()) {
         return absl::NotFoundError(
-            absl::StrCat("--input: cannot open ", Quoted(options_.input_path)));
+            absl::StrCat("--input: cannot open ", Echo(options_.input_path)));
       }
       in_ = &file_;
     }
@@ -305,7 +301,7 @@ absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args) {
       continue;
     }
     if (arg.rfind("--", 0) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", Quoted(arg)));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", Echo(arg)));
     }
     const size_t eq = arg.find('=');
     const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
@@ -321,7 +317,7 @@ absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args) {
         "seed",  "heads",    "head-dim",         "dtype-bytes", "docs",            "input",
         "ilp-granularity", "ilp-time-limit", "min-shard-tokens"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), name) == std::end(kValueFlags)) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", Quoted(arg)));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", Echo(arg)));
     }
     std::string value;
     if (eq != std::string::npos) {
@@ -348,7 +344,7 @@ absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args) {
     } else if (name == "dataset") {
       absl::StatusOr<Dataset> d = ParseDataset(value);
       if (!d.ok()) {
-        return FlagError(name, absl::StrCat("unknown data set ", Quoted(value),
+        return FlagError(name, absl::StrCat("unknown data set ", Echo(value),
                                             " (wlbllm, pile, redpajama)"));
       }
       o.dataset = *d;
@@ -368,7 +364,7 @@ absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args) {
           !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
           !absl::SimpleAtoi(value, &v)) {
         return FlagError(name,
-                         absl::StrCat("must be an integer in [0, 2^64 - 1], got ", Quoted(value)));
+                         absl::StrCat("must be an integer in [0, 2^64 - 1], got ", Echo(value)));
       }
       o.seed = v;
       seed_set = true;
@@ -378,7 +374,7 @@ absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args) {
       (name == "heads" ? o.shape.heads : o.shape.head_dim) = static_cast<int32_t>(*v);
     } else if (name == "dtype-bytes") {
       if (value != "1" && value != "2" && value != "4") {
-        return FlagError(name, absl::StrCat("must be 1, 2 or 4, got ", Quoted(value)));
+        return FlagError(name, absl::StrCat("must be 1, 2 or 4, got ", Echo(value)));
       }
       o.shape.dtype_bytes = value[0] - '0';
     } else if (name == "docs") {

@@ -1,8 +1,10 @@
 #include "core/strategies.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/echo.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
 
@@ -35,21 +37,14 @@ absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
     if (StrategyName(s) == name) return s;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "strategy: unknown strategy \"", name,
-      "\" (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, flashcp, ilp)"));
+      "strategy: unknown strategy ", Echo(name),
+      " (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, flashcp, ilp)"));
 }
 
-absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanOptions& options,
+namespace {
+
+absl::StatusOr<Plan> PlanWith(Strategy strategy, const Batch& batch, const PlanOptions& options,
                               PlanInfo* info) {
-  FLASHCP_RETURN_IF_ERROR(ValidateBatch(batch));
-  if (!(options.target_imbalance >= 1.0) || !std::isfinite(options.target_imbalance)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "target_imbalance: must be a finite ratio >= 1, got ", options.target_imbalance));
-  }
-  if (options.min_shard_tokens < 0 || options.min_shard_tokens > kMaxTokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "min_shard_tokens: must be in [0, 2^40], got ", options.min_shard_tokens));
-  }
   switch (strategy) {
     case Strategy::kLlama3:
       return internal::PlanLlama3(batch);
@@ -65,9 +60,55 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
     case Strategy::kFlashCp:
       return internal::PlanFlashCp(batch, options);
     case Strategy::kIlp:
-      return internal::PlanIlp(batch, options.ilp, info);
+      return internal::PlanIlp(batch, options.ilp, options.stop, info);
   }
   return absl::InvalidArgumentError("strategy: unknown strategy");
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanOptions& options,
+                              PlanInfo* info) {
+  FLASHCP_RETURN_IF_ERROR(ValidateBatch(batch));
+  if (!(options.target_imbalance >= 1.0) || !std::isfinite(options.target_imbalance)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target_imbalance: must be a finite ratio >= 1, got ", options.target_imbalance));
+  }
+  if (options.min_shard_tokens < 0 || options.min_shard_tokens > kMaxTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_shard_tokens: must be in [0, 2^40], got ", options.min_shard_tokens));
+  }
+  FLASHCP_RETURN_IF_ERROR(options.stop.Check());
+  absl::StatusOr<Plan> plan = PlanWith(strategy, batch, options, info);
+  // A stop that came while a short planner ran: the caller no longer wants it.
+  if (plan.ok()) FLASHCP_RETURN_IF_ERROR(options.stop.Check());
+  return plan;
+}
+
+int64_t MaxPlanShards(Strategy strategy, const Batch& batch) {
+  const int64_t n = static_cast<int64_t>(batch.doc_lens.size());
+  const int64_t ranks = batch.cp_size;
+  int64_t per_doc = 0;  // P
+  for (int64_t len : batch.doc_lens) per_doc += std::min(len, 2 * ranks);
+  int64_t bound = per_doc + ranks;
+  switch (strategy) {
+    case Strategy::kRing:
+    case Strategy::kWholeDoc:
+      bound = n + ranks - 1;
+      break;
+    case Strategy::kLlama3:
+      bound = n + 2 * ranks - 1;
+      break;
+    case Strategy::kPerDoc:
+    case Strategy::kZigzag:
+      bound = per_doc;
+      break;
+    case Strategy::kFlashCpPaper:
+    case Strategy::kFlashCp:
+    case Strategy::kIlp:
+      break;
+  }
+  return std::min(bound, TotalTokens(batch.doc_lens));
 }
 
 }  // namespace flashcp::core

@@ -5,6 +5,8 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -31,10 +33,32 @@ inline constexpr std::array<Strategy, kNumStrategies> kAllStrategies = {
 absl::string_view StrategyName(Strategy strategy);
 absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);
 
+// A cooperative stop for long plans: the planners ask it between steps
+// (flashcp's candidates and fallbacks, the ILP's setup and CBC's nodes). Core
+// reads no clock, so the caller decides (a cancelled call, a passed
+// deadline). The predicate must be cheap, thread-compatible and monotone
+// (once it says stop, it keeps saying so).
+class StopToken {
+ public:
+  StopToken() = default;  // never stops
+  explicit StopToken(std::function<absl::Status()> check) : check_(std::move(check)) {}
+  // OK: go on. Otherwise the plan stops and MakePlan returns this status
+  // (e.g. Cancelled, DeadlineExceeded).
+  absl::Status Check() const { return check_ ? check_() : absl::OkStatus(); }
+
+ private:
+  std::function<absl::Status()> check_;
+};
+
 struct IlpOptions {
   int64_t granularity = 0;        // tokens per block; 0 picks C / (16 N) rounded up
   double time_limit_seconds = 10; // CBC wall-clock limit
   double comm_weight = 0.0;       // objective: max workload + weight * max nonlast tokens; 0 picks a default
+  // The whole call's time limit, on the caller's clock (core reads none):
+  // seconds left, asked before CBC starts and at its events; at <= 0 CBC
+  // stops and the best plan so far is returned. Null: time_limit_seconds
+  // counts from CBC's start only (model setup not included).
+  std::function<double()> seconds_left;
 };
 
 struct PlanOptions {
@@ -56,6 +80,7 @@ struct PlanOptions {
   // turns the rule off. 0 <= min_shard_tokens <= 2^40.
   int64_t min_shard_tokens = 128;
   IlpOptions ilp;
+  StopToken stop;  // never stops by default
 };
 
 // Extra facts some strategies report (the ILP's optimality gap).
@@ -67,9 +92,23 @@ struct PlanInfo {
 };
 
 // Plans `batch` with `strategy`. InvalidArgument for a bad batch (ValidateBatch)
-// or bad options (naming the field); the returned plan always passes ValidatePlan.
+// or bad options (naming the field); options.stop's status once it says stop
+// (asked before and after planning, and inside the long planners: flashcp,
+// flashcp_paper's search is short); the returned plan always passes ValidatePlan.
 absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch,
                               const PlanOptions& options = {}, PlanInfo* info = nullptr);
+
+// An upper bound on the shards MakePlan(strategy, batch, options) returns,
+// from the batch alone, in O(documents), before planning (a service bounds
+// its work with it). With n documents, N ranks, C tokens and
+// P = sum_d min(len_d, 2N) (every document in at most 2N pieces):
+//   ring: n + N - 1; llama3: n + 2N - 1 (each chunk boundary cuts one
+//   document once); per_doc, zigzag: P; whole_doc: n + N - 1 (one cut per
+//   rank boundary); flashcp, flashcp_paper, ilp: P + N (Per-Doc pieces of
+//   some documents, Whole-Doc for the rest; the ILP returns one of the
+//   others' plans or one at a coarser grid); every one at most C.
+// `batch` must pass ValidateBatch.
+int64_t MaxPlanShards(Strategy strategy, const Batch& batch);
 
 }  // namespace flashcp::core
 

@@ -22,11 +22,27 @@ ABSL_FLAG(std::string, metrics, "0.0.0.0:9464",
 ABSL_FLAG(int32_t, threads, 2, "planning threads");
 ABSL_FLAG(int32_t, queue_size, 256,
           "planning jobs that may wait; unary calls beyond get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, queue_per_client, 0,
+          "planning jobs one client (connection) may have waiting; 0: queue_size / 4");
 ABSL_FLAG(int32_t, stream_window, 64, "items one PlanStream may have in flight");
+ABSL_FLAG(int64_t, stream_window_bytes, int64_t{128} << 20,
+          "unread response bytes one PlanStream may hold before it stops reading");
+ABSL_FLAG(int64_t, stream_buffer_bytes, int64_t{512} << 20,
+          "unread response bytes all PlanStreams together may hold before they stop reading");
+ABSL_FLAG(int64_t, max_shard_ranks, flashcp::planner_service::PlanBounds{}.max_shard_ranks,
+          "bound on a plan's shards x ranks, from the request; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_response_bytes, flashcp::planner_service::PlanBounds{}.max_response_bytes,
+          "bound on a response's bytes, from the request; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(bool, allow_ilp, false,
+          "serve the ilp strategy (slow: own pool, --ilp_threads, --ilp_time_limit)");
+ABSL_FLAG(int32_t, ilp_threads, 1, "ILP plans run at once (as many more may wait)");
+ABSL_FLAG(absl::Duration, ilp_time_limit, absl::Seconds(10),
+          "wall-clock limit of one ILP call from its arrival; then its best plan so far");
 ABSL_FLAG(int64_t, max_docs, 65536, "documents per batch; above: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_tokens, int64_t{1} << 24, "tokens per batch; above: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, max_cp_size, 1024, "CP group size; above: RESOURCE_EXHAUSTED");
-ABSL_FLAG(int32_t, max_message_bytes, 64 << 20, "largest request message, bytes");
+ABSL_FLAG(int32_t, max_message_bytes, 0,
+          "largest request message, bytes; 0: the largest valid request at the limits");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate; TLS when set");
 ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients need a cert it signed");
@@ -63,7 +79,15 @@ int main(int argc, char** argv) {
   o.metrics = absl::GetFlag(FLAGS_metrics);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.queue_size = absl::GetFlag(FLAGS_queue_size);
+  o.queue_per_client = absl::GetFlag(FLAGS_queue_per_client);
   o.stream_window = absl::GetFlag(FLAGS_stream_window);
+  o.stream_window_bytes = absl::GetFlag(FLAGS_stream_window_bytes);
+  o.stream_buffer_bytes = absl::GetFlag(FLAGS_stream_buffer_bytes);
+  o.bounds.max_shard_ranks = absl::GetFlag(FLAGS_max_shard_ranks);
+  o.bounds.max_response_bytes = absl::GetFlag(FLAGS_max_response_bytes);
+  o.allow_ilp = absl::GetFlag(FLAGS_allow_ilp);
+  o.ilp_threads = absl::GetFlag(FLAGS_ilp_threads);
+  o.ilp_time_limit = absl::GetFlag(FLAGS_ilp_time_limit);
   o.limits = {absl::GetFlag(FLAGS_max_docs), absl::GetFlag(FLAGS_max_tokens),
               absl::GetFlag(FLAGS_max_cp_size)};
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);

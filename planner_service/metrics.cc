@@ -53,6 +53,13 @@ PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry, absl::strin
                        .Help("Planning jobs waiting for a planning thread")
                        .Register(registry)
                        .Add({})),
+      stream_held_bytes_(prometheus::BuildGauge()
+                             .Name("flashcp_planner_stream_held_bytes")
+                             .Help("Response bytes PlanStreams hold unread by their clients, "
+                                   "reserved at each item's bound until it is planned "
+                                   "(bounded by --stream_buffer_bytes)")
+                             .Register(registry)
+                             .Add({})),
       imbalance_(prometheus::BuildHistogram()
                      .Name("flashcp_planner_plan_imbalance_ratio")
                      .Help("Predicted imbalance (max / mean attention workload) of the plans "
@@ -83,6 +90,10 @@ void PrometheusMetrics::OnInflightChange(int delta) { inflight_.Increment(delta)
 
 void PrometheusMetrics::OnQueueDepth(int64_t depth) {
   queue_depth_.Set(static_cast<double>(depth));
+}
+
+void PrometheusMetrics::OnStreamHeldBytes(int64_t bytes) {
+  stream_held_bytes_.Set(static_cast<double>(bytes));
 }
 
 void PrometheusMetrics::OnPlanned(core::Strategy strategy, double planning_seconds,

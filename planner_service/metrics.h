@@ -33,6 +33,7 @@ class PrometheusMetrics final : public ServiceObserver {
   void OnRequestDone(absl::string_view method, absl::StatusCode code, double seconds) override;
   void OnInflightChange(int delta) override;
   void OnQueueDepth(int64_t depth) override;
+  void OnStreamHeldBytes(int64_t bytes) override;
   void OnPlanned(core::Strategy strategy, double planning_seconds,
                  const core::PlanMetrics& metrics) override;
 
@@ -47,6 +48,7 @@ class PrometheusMetrics final : public ServiceObserver {
   prometheus::Family<prometheus::Histogram>& planning_duration_;
   prometheus::Gauge& inflight_;
   prometheus::Gauge& queue_depth_;
+  prometheus::Gauge& stream_held_bytes_;
   prometheus::Family<prometheus::Histogram>& imbalance_;
   prometheus::Family<prometheus::Histogram>& comm_saving_;
 };

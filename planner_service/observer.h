@@ -31,6 +31,10 @@ class ServiceObserver {
   // Planning jobs waiting in the pool's queue (not yet running).
   virtual void OnQueueDepth(int64_t depth) = 0;
 
+  // Response bytes all PlanStreams hold for their clients (HeldBytes), after
+  // every change.
+  virtual void OnStreamHeldBytes(int64_t bytes) = 0;
+
   // One successful plan: its planning and analysis time and its quality.
   virtual void OnPlanned(core::Strategy strategy, double planning_seconds,
                          const core::PlanMetrics& metrics) = 0;
@@ -42,6 +46,7 @@ class NullObserver final : public ServiceObserver {
   void OnRequestDone(absl::string_view, absl::StatusCode, double) override {}
   void OnInflightChange(int) override {}
   void OnQueueDepth(int64_t) override {}
+  void OnStreamHeldBytes(int64_t) override {}
   void OnPlanned(core::Strategy, double, const core::PlanMetrics&) override {}
 };
 

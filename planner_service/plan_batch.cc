@@ -2,20 +2,44 @@
 
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "core/analysis.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
 
 namespace flashcp::planner_service {
 
+absl::StatusOr<int64_t> CheckPlanBounds(const proto::PlanInput& input, const PlanBounds& bounds) {
+  const int64_t shards = core::MaxPlanShards(input.strategy, input.batch);
+  const int64_t ranks = input.batch.cp_size;
+  // shards <= 2^40 and ranks <= 2^16: no overflow.
+  if (shards * ranks > bounds.max_shard_ranks) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "planner: ", core::StrategyName(input.strategy), " may cut this batch into up to ", shards,
+        " shards; x ", ranks, " ranks = ", shards * ranks, ", above --max_shard_ranks = ",
+        bounds.max_shard_ranks, "; plan fewer documents or tokens, or a smaller cp_size"));
+  }
+  const int64_t bytes = proto::MaxResponseBytes(input, shards);
+  if (bytes > bounds.max_response_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "planner: the response may take up to ", bytes, " bytes", 
+        input.include_layout ? " with include_layout" : "", ", above --max_response_bytes = ",
+        bounds.max_response_bytes, "; plan a smaller batch",
+        input.include_layout ? " or leave include_layout off" : ""));
+  }
+  return bytes;
+}
+
 absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const Clock& clock,
                                            ServiceObserver& observer) {
   const absl::Time start = clock.Now();
   FLASHCP_ASSIGN_OR_RETURN(const core::Plan plan,
                            core::MakePlan(input.strategy, input.batch, input.options));
+  FLASHCP_RETURN_IF_ERROR(input.options.stop.Check());
   FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics metrics, core::AnalyzePlan(plan, input.shape));
   std::optional<core::CommLayout> layout;
   if (input.include_layout) {
+    FLASHCP_RETURN_IF_ERROR(input.options.stop.Check());
     FLASHCP_ASSIGN_OR_RETURN(layout, core::BuildCommLayout(plan));
   }
   const double seconds = absl::ToDoubleSeconds(clock.Now() - start);

@@ -4,6 +4,8 @@
 #ifndef FLASHCP_PLANNER_SERVICE_PLAN_BATCH_H_
 #define FLASHCP_PLANNER_SERVICE_PLAN_BATCH_H_
 
+#include <cstdint>
+
 #include "absl/status/statusor.h"
 #include "flashcp/v1/planner.pb.h"
 #include "planner_service/clock.h"
@@ -12,10 +14,27 @@
 
 namespace flashcp::planner_service {
 
+// Bounds on one plan's work and answer, checked from the request alone
+// before planning (docs/deploy.md, "Trust and limits").
+struct PlanBounds {
+  // Shards x ranks the plan may reach (core::MaxPlanShards x cp_size): the
+  // analysis and the layout cost about this much time and memory.
+  int64_t max_shard_ranks = int64_t{1} << 30;  // --max_shard_ranks
+  // The serialized response (proto::MaxResponseBytes); clients refuse large
+  // answers (the Python client at 256 MiB).
+  int64_t max_response_bytes = int64_t{64} << 20;  // --max_response_bytes
+};
+
+// The response bytes `input`'s answer may take (proto::MaxResponseBytes),
+// or RESOURCE_EXHAUSTED naming the bound and its flag when the plan may pass
+// `bounds`.
+absl::StatusOr<int64_t> CheckPlanBounds(const proto::PlanInput& input, const PlanBounds& bounds);
+
 // core::MakePlan, core::AnalyzePlan and (if asked) core::BuildCommLayout,
 // converted to a response whose metrics.planning_seconds is the `clock` time
 // those took. Errors are the core's, unchanged (e.g. Unimplemented for a
-// strategy not built yet). On success reports observer.OnPlanned.
+// strategy not built yet; input.options.stop's status once it says stop, also
+// between the steps). On success reports observer.OnPlanned.
 absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const Clock& clock,
                                            ServiceObserver& observer);
 

@@ -1,5 +1,6 @@
 #include "planner_service/server.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <exception>
@@ -17,6 +18,8 @@
 #include "planner_service/metrics.h"
 #include "planner_service/signals.h"
 #include "prometheus/exposer.h"
+#include "proto/convert.h"
+#include "proto/rendezvous_limits.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -77,9 +80,39 @@ absl::Status ValidateOptions(const ServerOptions& o) {
                                                    core::kMaxCpSize, "], got ",
                                                    o.limits.max_cp_size));
   }
-  if (o.max_message_bytes < 1) {
+  if (o.max_message_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_bytes: must be at least 0 (0: from the limits), got ", o.max_message_bytes));
+  }
+  if (o.queue_per_client < 0 || o.queue_per_client > o.queue_size) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--max_message_bytes: must be at least 1, got ", o.max_message_bytes));
+        absl::StrCat("--queue_per_client: must be in [0, --queue_size = ", o.queue_size,
+                     "] (0: queue_size / 4), got ", o.queue_per_client));
+  }
+  if (o.bounds.max_shard_ranks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_shard_ranks: must be at least 1, got ", o.bounds.max_shard_ranks));
+  }
+  if (o.bounds.max_response_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_response_bytes: must be at least 1, got ", o.bounds.max_response_bytes));
+  }
+  if (o.stream_window_bytes < o.bounds.max_response_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stream_window_bytes: must be at least --max_response_bytes = ",
+        o.bounds.max_response_bytes, ", got ", o.stream_window_bytes));
+  }
+  if (o.stream_buffer_bytes < o.stream_window_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stream_buffer_bytes: must be at least --stream_window_bytes = ", o.stream_window_bytes,
+        ", got ", o.stream_buffer_bytes));
+  }
+  if (o.ilp_threads < 1 || o.ilp_threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ilp_threads: must be in [1, 64], got ", o.ilp_threads));
+  }
+  if (o.ilp_time_limit < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--ilp_time_limit: must not be negative");
   }
   if (o.tls_cert.empty() != o.tls_key.empty()) {
     return absl::InvalidArgumentError("--tls_cert, --tls_key: set both or neither");
@@ -107,6 +140,16 @@ absl::Status ValidateOptions(const ServerOptions& o) {
                      o.rendezvous_max_forming_per_peer));
   }
   return absl::OkStatus();
+}
+
+int MaxMessageBytes(const ServerOptions& o) {
+  if (o.max_message_bytes > 0) return o.max_message_bytes;
+  namespace rdv = proto::rendezvous;
+  // A Set's value or a Get's keys (each with its tag and length), and room
+  // for the small fields.
+  constexpr int64_t kRendezvous = int64_t{rdv::kMaxValueBytes} +
+                                  int64_t{rdv::kMaxKeysPerGet} * (rdv::kMaxKeyBytes + 3) + 4096;
+  return static_cast<int>(std::max(proto::MaxRequestBytes(o.limits), kRendezvous));
 }
 
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address,
@@ -142,13 +185,30 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const Server
   FLASHCP_ASSIGN_OR_RETURN(
       s->pool_,
       PlanningPool::Create(
-          PlanningPool::Options{options.threads, options.queue_size, options.testing_hold_planning},
+          PlanningPool::Options{options.threads, options.queue_size, options.testing_hold_planning,
+                                options.queue_per_client > 0
+                                    ? options.queue_per_client
+                                    : std::max(1, options.queue_size / 4)},
           [observer](int64_t depth) { observer->OnQueueDepth(depth); }));
+  if (options.allow_ilp) {
+    FLASHCP_ASSIGN_OR_RETURN(
+        s->ilp_pool_, PlanningPool::Create(PlanningPool::Options{
+                          options.ilp_threads, options.ilp_threads, options.testing_hold_planning,
+                          /*client_capacity=*/0}));
+  }
+  s->stream_bytes_ = std::make_unique<HeldBytes>(
+      options.stream_buffer_bytes, [observer](int64_t bytes) { observer->OnStreamHeldBytes(bytes); });
   ServiceDeps deps;
   deps.config.limits = options.limits;
+  deps.config.bounds = options.bounds;
   deps.config.stream_window = options.stream_window;
+  deps.config.stream_window_bytes = options.stream_window_bytes;
+  deps.config.allow_ilp = options.allow_ilp;
+  deps.config.ilp_time_limit = options.ilp_time_limit;
   deps.config.version = options.version;
   deps.pool = s->pool_.get();
+  deps.ilp_pool = s->ilp_pool_.get();
+  deps.stream_bytes = s->stream_bytes_.get();
   deps.clock = clock;
   deps.observer = observer;
   s->service_ = std::make_unique<PlannerService>(std::move(deps));
@@ -164,10 +224,11 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const Server
       options.rendezvous_max_bytes, options.rendezvous_idle_timeout,
       options.rendezvous_max_waiters, options.rendezvous_max_forming_per_peer});
   builder.RegisterService(s->rendezvous_->service());
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxReceiveMessageSize(MaxMessageBytes(options));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || port == 0) {
     s->pool_->Shutdown();
+    if (s->ilp_pool_) s->ilp_pool_->Shutdown();
     return absl::UnavailableError(
         absl::StrCat("--listen: cannot listen on ", options.listen, " (address in use?)"));
   }
@@ -189,10 +250,12 @@ void PlannerServer::Shutdown() {
     server_->GetHealthCheckService()->SetServingStatus(false);
     rendezvous_->Shutdown();  // waiting rendezvous calls end now with UNAVAILABLE
     pool_->Release();  // held jobs (test hook) must run for the drain to end
+    if (ilp_pool_) ilp_pool_->Release();
     server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.drain_timeout));
     server_->Wait();
   }
   pool_->Shutdown();
+  if (ilp_pool_) ilp_pool_->Shutdown();
 }
 
 absl::Status RunPlanner(const ServerOptions& options,

@@ -16,7 +16,9 @@
 #include "core/types.h"
 #include "grpcpp/grpcpp.h"
 #include "planner_service/clock.h"
+#include "planner_service/held_bytes.h"
 #include "planner_service/observer.h"
+#include "planner_service/plan_batch.h"
 #include "planner_service/planning_pool.h"
 #include "planner_service/rendezvous_service.h"
 #include "planner_service/service.h"
@@ -29,9 +31,18 @@ struct ServerOptions {
   std::string metrics = "0.0.0.0:9464";  // HOST:PORT for /metrics; empty disables
   int threads = 2;                       // planning threads
   int queue_size = 256;                  // planning jobs that may wait
+  int queue_per_client = 0;              // of those, one client's; 0: queue_size / 4
   int stream_window = 64;                // in-flight items per PlanStream
+  int64_t stream_window_bytes = int64_t{128} << 20;  // unread response bytes per PlanStream
+  int64_t stream_buffer_bytes = int64_t{512} << 20;  // unread response bytes, all streams
   core::BatchLimits limits;
-  int max_message_bytes = 64 << 20;      // largest request accepted, bytes
+  PlanBounds bounds;                     // --max_shard_ranks, --max_response_bytes
+  // Largest message accepted, bytes; 0 sizes it from the limits (the largest
+  // valid PlanRequest, proto::MaxRequestBytes, or Rendezvous request).
+  int max_message_bytes = 0;
+  bool allow_ilp = false;                // `ilp` plans; refused (UNIMPLEMENTED) when off
+  int ilp_threads = 1;                   // ILP plans at once (their own pool; as many may wait)
+  absl::Duration ilp_time_limit = absl::Seconds(10);  // per ILP call, from its arrival
   std::string tls_cert;                  // PEM files; TLS when tls_cert is set
   std::string tls_key;
   std::string tls_client_ca;             // mTLS: clients must present a cert it signed
@@ -50,6 +61,10 @@ struct ServerOptions {
 
 // InvalidArgument naming the flag ("--threads: ...") for a bad option.
 absl::Status ValidateOptions(const ServerOptions& options);
+
+// The server's receive limit: options.max_message_bytes, or where 0 the
+// largest valid request of either service at the options' limits.
+int MaxMessageBytes(const ServerOptions& options);
 
 // "host:port" -> ("host", port); the host may be bracketed IPv6 ("[::1]").
 // InvalidArgument naming `flag` unless the port is 0..65535 and the host non-empty.
@@ -74,10 +89,14 @@ class PlannerServer {
   const std::string& address() const { return address_; }
 
   // Lets planning start (ServerOptions::testing_hold_planning).
-  void ReleasePlanning() { pool_->Release(); }
+  void ReleasePlanning() {
+    pool_->Release();
+    if (ilp_pool_) ilp_pool_->Release();
+  }
 
   // Drains: health NOT_SERVING, no new calls, in-flight calls finish (those
-  // still running after drain_timeout are cancelled), then the pool stops.
+  // still running after drain_timeout are cancelled, which stops their plans
+  // at the planners' next check), then the pools stop.
   // Idempotent.
   void Shutdown();
 
@@ -87,6 +106,8 @@ class PlannerServer {
   ServerOptions options_;
   std::string address_;
   std::unique_ptr<PlanningPool> pool_;
+  std::unique_ptr<PlanningPool> ilp_pool_;  // when allow_ilp
+  std::unique_ptr<HeldBytes> stream_bytes_;
   std::unique_ptr<PlannerService> service_;
   std::unique_ptr<RendezvousHost> rendezvous_;  // flashcp.v1.Rendezvous, for worker groups
   std::unique_ptr<grpc::Server> server_;

@@ -2,22 +2,38 @@
 // recording observer: exact planning_seconds and latencies, no sleeps.
 #include "planner_service/service.h"
 
+#include <algorithm>
+#include <atomic>
+#include <functional>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "planner_service/plan_batch.h"
 #include "planner_service/server.h"
+#include "proto/convert.h"
+#include "proto/grpc_status.h"
+#include "tests/testing/expected_plans.h"
 
 namespace flashcp::planner_service {
 namespace {
 
 using ::flashcp::core::testing::IsOk;
+using ::flashcp::core::testing::StatusIs;
 using ::testing::ElementsAre;
+using ::flashcp::tests::testing::PlanRequestOf;
+using ::testing::HasSubstr;
 
 // Every Now() returns the previous value plus 1 ms: each reading is a tick, so
 // durations count the clock readings between two points exactly.
@@ -49,15 +65,29 @@ class RecordingObserver final : public ServiceObserver {
   void OnInflightChange(int delta) override {
     absl::MutexLock lock(&mu_);
     inflight += delta;
+    max_inflight = std::max(max_inflight, inflight);
   }
   void OnQueueDepth(int64_t depth) override {
     absl::MutexLock lock(&mu_);
     depths.push_back(depth);
   }
+  void OnStreamHeldBytes(int64_t bytes) override {
+    absl::MutexLock lock(&mu_);
+    max_held_bytes = std::max(max_held_bytes, bytes);
+    held_bytes = bytes;
+  }
   void OnPlanned(core::Strategy strategy, double seconds, const core::PlanMetrics& m) override {
     absl::MutexLock lock(&mu_);
     planned.push_back({std::string(core::StrategyName(strategy)), absl::StatusCode::kOk, seconds});
     imbalances.push_back(m.imbalance);
+  }
+
+  // Requests that ended with `code`, by method.
+  int Count(absl::string_view method, absl::StatusCode code) {
+    absl::MutexLock lock(&mu_);
+    int n = 0;
+    for (const Event& e : requests) n += e.method == method && e.code == code;
+    return n;
   }
 
   absl::Mutex mu_;
@@ -66,6 +96,9 @@ class RecordingObserver final : public ServiceObserver {
   std::vector<double> imbalances;
   std::vector<int64_t> depths;
   int inflight = 0;
+  int max_inflight = 0;
+  int64_t held_bytes = 0;
+  int64_t max_held_bytes = 0;
 };
 
 TEST(PlanBatchTest, PlanningSecondsComeFromTheInjectedClock) {
@@ -172,6 +205,35 @@ TEST(ServerOptionsTest, BadOptionsNameTheFlag) {
   o.rendezvous_max_forming_per_peer = 0;
   EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError(
                                     "--rendezvous_max_forming_per_peer: must be at least 1, got 0"));
+  o = ServerOptions{};
+  o.queue_per_client = 300;
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError(
+                "--queue_per_client: must be in [0, --queue_size = 256] (0: queue_size / 4), "
+                "got 300"));
+  o = ServerOptions{};
+  o.stream_window_bytes = 1000;
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError(
+                "--stream_window_bytes: must be at least --max_response_bytes = 67108864, "
+                "got 1000"));
+  o = ServerOptions{};
+  o.stream_buffer_bytes = 1000;
+  EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError(
+                                    "--stream_buffer_bytes: must be at least --stream_window_bytes "
+                                    "= 134217728, got 1000"));
+  o = ServerOptions{};
+  o.bounds.max_shard_ranks = 0;
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError("--max_shard_ranks: must be at least 1, got 0"));
+  o = ServerOptions{};
+  o.ilp_threads = 0;
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError("--ilp_threads: must be in [1, 64], got 0"));
+  o = ServerOptions{};
+  o.ilp_time_limit = -absl::Seconds(1);
+  EXPECT_EQ(ValidateOptions(o),
+            absl::InvalidArgumentError("--ilp_time_limit: must not be negative"));
   EXPECT_EQ(ListeningLine("127.0.0.1:1", "127.0.0.1:2"),
             "LISTENING grpc=127.0.0.1:1 metrics=127.0.0.1:2");
   EXPECT_EQ(ListeningLine("[::]:1", ""), "LISTENING grpc=[::]:1 metrics=-");
@@ -186,6 +248,434 @@ TEST(ServerOptionsTest, MissingTlsFilesAreNotFound) {
   RealClock clock;
   EXPECT_EQ(PlannerServer::Start(o, &observer, &clock).status(),
             absl::NotFoundError("--tls_cert: cannot open \"/nonexistent/cert.pem\""));
+}
+
+// ---------------------------------------------------------------------------
+// Abuse and bounds (issue 12): real in-process servers on loopback, raw
+// bytes through a generic stub where the typed one cannot send them.
+
+constexpr absl::Duration kWait = absl::Seconds(60);  // generous: the box is shared
+
+// The binary's defaults (main.cc's flags) for the limits.
+ServerOptions LoopbackOptions() {
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.metrics = "";
+  o.limits = core::BatchLimits{65536, int64_t{1} << 24, 1024};
+  return o;
+}
+
+std::unique_ptr<PlannerServer> StartServer(const ServerOptions& o, ServiceObserver* observer,
+                                           const Clock* clock) {
+  absl::StatusOr<std::unique_ptr<PlannerServer>> s = PlannerServer::Start(o, observer, clock);
+  EXPECT_THAT(s, IsOk());
+  return s.ok() ? *std::move(s) : nullptr;
+}
+
+// A channel of its own (its own connection, so its own client for the pool).
+std::shared_ptr<grpc::Channel> NewChannel(const PlannerServer& server, int id = 0) {
+  grpc::ChannelArguments args;
+  args.SetInt("flashcp.test.channel", id);
+  args.SetMaxReceiveMessageSize(-1);
+  return grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args);
+}
+
+grpc::ByteBuffer Bytes(const std::string& s) {
+  grpc::Slice slice(s);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+absl::Status UnaryPlan(v1::Planner::Stub& stub, const v1::PlanRequest& request,
+                       v1::PlanResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+  return proto::FromGrpcStatus(stub.Plan(&context, request, response));
+}
+
+// A PlanStream that writes raw messages in order, then half-closes, and
+// reads every response (unless `read` is false: a client that never reads).
+class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  RawStream(grpc::GenericStub& stub, std::vector<std::string> items, bool read = true)
+      : items_(std::move(items)), read_(read) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+    stub.PrepareBidiStreamingCall(&context_, "/flashcp.v1.Planner/PlanStream",
+                                  grpc::StubOptions(), this);
+    if (read_) StartRead(&in_);
+    WriteNext();
+    StartCall();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return;
+    WriteNext();
+  }
+  void OnWritesDoneDone(bool) override {}
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    v1::PlanResponse r;
+    EXPECT_TRUE(grpc::SerializationTraits<v1::PlanResponse>::Deserialize(&in_, &r).ok());
+    {
+      absl::MutexLock lock(&mu_);
+      responses_.push_back(std::move(r));
+    }
+    StartRead(&in_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    status_ = s;
+    done_.Notify();
+  }
+
+  void Cancel() { context_.TryCancel(); }
+  // The final status, once done (within kWait).
+  grpc::Status Wait() {
+    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(kWait));
+    return status_;
+  }
+  int written() const { return written_.load(); }
+  std::vector<v1::PlanResponse> responses() {
+    absl::MutexLock lock(&mu_);
+    return responses_;
+  }
+
+ private:
+  void WriteNext() {
+    if (next_ == items_.size()) {
+      StartWritesDone();
+      return;
+    }
+    out_ = Bytes(items_[next_++]);
+    written_.store(static_cast<int>(next_));
+    StartWrite(&out_);
+  }
+
+  grpc::ClientContext context_;
+  const std::vector<std::string> items_;
+  const bool read_;
+  size_t next_ = 0;
+  std::atomic<int> written_{0};
+  grpc::ByteBuffer out_, in_;
+  absl::Mutex mu_;
+  std::vector<v1::PlanResponse> responses_ ABSL_GUARDED_BY(mu_);
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
+// Waits (polling in 1 ms steps, with a deadline) until `ready` holds.
+bool WaitUntil(const std::function<bool()>& ready) {
+  const absl::Time deadline = absl::Now() + kWait;
+  while (absl::Now() < deadline) {
+    if (ready()) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return ready();
+}
+
+// Item 10: bytes that are not a PlanRequest are INVALID_ARGUMENT, unary or per
+// stream item; the stream answers every item and ends OK.
+TEST(RawMessagesTest, UnparsableBytesAreInvalidArgumentAndTheStreamGoesOn) {
+  RealClock clock;
+  NullObserver observer;
+  std::unique_ptr<PlannerServer> server = StartServer(LoopbackOptions(), &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  grpc::GenericStub stub(NewChannel(*server));
+  // Field 2 (doc_lens), length-delimited, 5 bytes long, 1 byte present.
+  const std::string garbage("\x12\x05\x01", 3);
+  for (const auto& [method, type] : std::vector<std::pair<std::string, std::string>>{
+           {"Plan", "PlanRequest"},
+           {"ListStrategies", "ListStrategiesRequest"},
+           {"GetServerInfo", "GetServerInfoRequest"}}) {
+    grpc::ClientContext context;
+    grpc::ByteBuffer request = Bytes(garbage), response;
+    absl::Notification done;
+    grpc::Status status;
+    stub.UnaryCall(&context, "/flashcp.v1.Planner/" + method, grpc::StubOptions(), &request,
+                   &response, [&](grpc::Status s) {
+                     status = s;
+                     done.Notify();
+                   });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(kWait));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_EQ(status.error_message(), "could not parse flashcp.v1." + type);
+  }
+  std::vector<std::string> items;
+  for (int i = 0; i < 40; ++i) {
+    items.push_back(i % 10 == 3 ? garbage : PlanRequestOf(100 + i, {5, 3}, 2).SerializeAsString());
+  }
+  RawStream stream(stub, items);
+  const grpc::Status status = stream.Wait();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  const std::vector<v1::PlanResponse> responses = stream.responses();
+  ASSERT_EQ(responses.size(), 40u);
+  int errors = 0;
+  std::set<uint64_t> ids;
+  for (const v1::PlanResponse& r : responses) {
+    if (r.has_error()) {
+      ++errors;
+      EXPECT_EQ(r.batch_id(), 0u);
+      EXPECT_EQ(r.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+      EXPECT_EQ(r.error().message(), "could not parse flashcp.v1.PlanRequest");
+    } else {
+      ids.insert(r.batch_id());
+      EXPECT_EQ(r.shards_size(), 3);  // ring: [0,4) | [4,5) + [0,3)
+    }
+  }
+  EXPECT_EQ(errors, 4);
+  EXPECT_EQ(ids.size(), 36u);
+}
+
+// Items 12 and 13: an 8 KB strategy is INVALID_ARGUMENT with a short message
+// (not RESOURCE_EXHAUSTED for a header too large); a request above the
+// largest valid one is refused unparsed, naming the bound; the receive limit
+// follows the limits.
+TEST(RawMessagesTest, HugeFieldsAreEchoedShortAndOversizedRequestsRefusedUnparsed) {
+  RealClock clock;
+  NullObserver observer;
+  ServerOptions o = LoopbackOptions();
+  std::unique_ptr<PlannerServer> server = StartServer(o, &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(NewChannel(*server));
+  v1::PlanResponse response;
+  v1::PlanRequest r = PlanRequestOf(1, {5, 3}, 2, std::string(8192, 's'));
+  EXPECT_EQ(UnaryPlan(*stub, r, &response),
+            absl::InvalidArgumentError(absl::StrCat(
+                "strategy: unknown strategy \"", std::string(64, 's'),
+                "\"... (8192 bytes) (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, "
+                "flashcp, ilp)")));
+  // 327,772 bytes at the default limits (proto/convert_test.cc); 400,000 here.
+  r = PlanRequestOf(2, {5, 3}, 2, std::string(400'000, 's'));
+  EXPECT_EQ(UnaryPlan(*stub, r, &response),
+            absl::ResourceExhaustedError(absl::StrCat(
+                "request: ", r.ByteSizeLong(),
+                " bytes, above the largest valid flashcp.v1.PlanRequest at this server's "
+                "--max_docs and --max_tokens (327772 bytes)")));
+  // The receive limit: the larger of that and the largest Rendezvous
+  // request (1 MiB value; 4,096 keys of 256 bytes), not 64 MiB.
+  EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);
+  o.max_message_bytes = 1000;
+  EXPECT_EQ(MaxMessageBytes(o), 1000);
+  r = PlanRequestOf(3, {5, 3}, 2, std::string(3 << 20, 's'));
+  EXPECT_THAT(UnaryPlan(*stub, r, &response),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("larger than max")));
+  ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(4, {5, 3}, 2), &response), IsOk());
+}
+
+// Item 3: the work and the answer are bounded before planning, from the
+// request alone; the message names the bound and its flag.
+TEST(PlanBoundsTest, WorkAndResponseBytesAreBoundedBeforePlanning) {
+  RealClock clock;
+  RecordingObserver observer;
+  ServerOptions o = LoopbackOptions();
+  o.bounds.max_shard_ranks = 100;
+  std::unique_ptr<PlannerServer> server = StartServer(o, &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(NewChannel(*server));
+  v1::PlanResponse response;
+  // per_doc, 2 documents of 100 at N = 4: at most 8 + 8 shards, x 4 = 64.
+  ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(1, {100, 100}, 4, "per_doc"), &response), IsOk());
+  // At N = 8: 16 + 16 = 32 shards, x 8 = 256 > 100.
+  EXPECT_EQ(UnaryPlan(*stub, PlanRequestOf(2, {100, 100}, 8, "per_doc"), &response),
+            absl::ResourceExhaustedError(
+                "planner: per_doc may cut this batch into up to 32 shards; x 8 ranks = 256, "
+                "above --max_shard_ranks = 100; plan fewer documents or tokens, or a smaller "
+                "cp_size"));
+  server->Shutdown();
+  {
+    absl::MutexLock lock(&observer.mu_);
+    EXPECT_EQ(observer.planned.size(), 1u);  // the refused one was never planned
+  }
+  // The issue's case: per_doc over 2,000 documents at N = 512 with the
+  // layout made a 510 MB answer; at the default bounds it is refused.
+  o = LoopbackOptions();
+  server = StartServer(o, &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  stub = v1::Planner::NewStub(NewChannel(*server));
+  v1::PlanRequest r = PlanRequestOf(3, std::vector<int64_t>(2000, 8000), 512, "per_doc");
+  r.set_include_layout(true);
+  EXPECT_THAT(UnaryPlan(*stub, r, &response),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("planner: the response may take up to "),
+                                        HasSubstr(" bytes with include_layout, above "
+                                                  "--max_response_bytes = 67108864; plan a "
+                                                  "smaller batch or leave include_layout off"))));
+}
+
+// Item 4: ilp is off unless allowed; allowed, it runs on its own pool (a
+// 2-document flashcp plan is not queued behind it), and a cancelled ILP call
+// stops its plan and frees its thread.
+TEST(IlpServiceTest, OffByDefaultOwnPoolAndCancellable) {
+  RealClock clock;
+  RecordingObserver observer;
+  ServerOptions o = LoopbackOptions();
+  o.threads = 1;
+  std::unique_ptr<PlannerServer> server = StartServer(o, &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(NewChannel(*server));
+  v1::PlanResponse response;
+  EXPECT_EQ(UnaryPlan(*stub, PlanRequestOf(1, {5, 3}, 2, "ilp"), &response),
+            absl::UnimplementedError(
+                "strategy: ilp is disabled on this server (start it with --allow_ilp)"));
+  server->Shutdown();
+
+  o.allow_ilp = true;
+  o.ilp_time_limit = absl::Seconds(600);  // far beyond the test: only a cancel ends it
+  server = StartServer(o, &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  stub = v1::Planner::NewStub(NewChannel(*server));
+  const std::vector<int64_t> docs = tests::testing::SlowIlpBatch();
+  grpc::ClientContext ilp_context;
+  v1::PlanRequest ilp = PlanRequestOf(2, docs, 8, "ilp");
+  v1::PlanResponse ilp_response;
+  absl::Notification ilp_done;
+  stub->async()->Plan(&ilp_context, &ilp, &ilp_response, [&](grpc::Status) { ilp_done.Notify(); });
+  // The ILP job runs once it left its queue; it plans the heuristics first.
+  ASSERT_TRUE(WaitUntil([&] {
+    absl::MutexLock lock(&observer.mu_);
+    return observer.inflight == 1;
+  }));
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(10 + i, {5, 3}, 2, "flashcp"), &response), IsOk());
+  }
+  EXPECT_FALSE(ilp_done.HasBeenNotified());  // still planning
+  const absl::Time cancelled = absl::Now();
+  ilp_context.TryCancel();
+  // The server's side ends when the plan stops: at CBC's next event.
+  ASSERT_TRUE(WaitUntil([&] { return observer.Count("Plan", absl::StatusCode::kCancelled) == 1; }));
+  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(10));  // its limit is 600 s
+  // Its thread is free: a small ILP plan runs now.
+  ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(3, {50, 30, 20}, 2, "ilp"), &response), IsOk());
+  EXPECT_EQ(response.strategy(), "ilp");
+  ASSERT_TRUE(ilp_done.WaitForNotificationWithTimeout(kWait));
+}
+
+// Item 4: the ILP's time limit counts the whole call (the LP before CBC's
+// search included): at 1 s, the 100-document ILP answers with a plan in
+// about 1 s; CBC's own limit counted from its start only, after seconds of LP.
+TEST(IlpServiceTest, TheTimeLimitCoversTheWholeCall) {
+  RealClock clock;
+  NullObserver observer;
+  ServerOptions o = LoopbackOptions();
+  o.allow_ilp = true;
+  o.ilp_time_limit = absl::Seconds(1);
+  std::unique_ptr<PlannerServer> server = StartServer(o, &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(NewChannel(*server));
+  const std::vector<int64_t> docs = tests::testing::SlowIlpBatch();
+  v1::PlanResponse response;
+  const absl::Time start = absl::Now();
+  ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(1, docs, 8, "ilp"), &response), IsOk());
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(response.strategy(), "ilp");
+  EXPECT_EQ(response.doc_lens_size(), 100);
+  EXPECT_LT(took, absl::Milliseconds(2500)) << took;
+}
+
+// Item 5: a client that never reads holds at most the stream's byte window:
+// with planning held, every item read reserves its response bound, and the
+// stream stops reading once the window is full.
+TEST(StreamWindowTest, AClientThatNeverReadsHoldsAtMostTheByteWindow) {
+  RealClock clock;
+  RecordingObserver observer;
+  ServerOptions o = LoopbackOptions();
+  o.testing_hold_planning = true;
+  proto::PlanInput in;
+  in.batch = core::Batch{std::vector<int64_t>(100, 1000), 16};
+  in.strategy = core::Strategy::kPerDoc;
+  in.include_layout = true;
+  const int64_t bound = proto::MaxResponseBytes(in, core::MaxPlanShards(in.strategy, in.batch));
+  o.bounds.max_response_bytes = bound;
+  o.stream_window_bytes = 3 * bound;  // reached at the third item
+  std::unique_ptr<PlannerServer> server = StartServer(o, &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  grpc::GenericStub stub(NewChannel(*server));
+  std::vector<std::string> items;
+  for (int i = 0; i < 20; ++i) {
+    v1::PlanRequest r = PlanRequestOf(i, in.batch.doc_lens, 16, "per_doc");
+    r.set_include_layout(true);
+    items.push_back(r.SerializeAsString());
+  }
+  RawStream stream(stub, items, /*read=*/false);
+  ASSERT_TRUE(WaitUntil([&] {
+    absl::MutexLock lock(&observer.mu_);
+    return !observer.depths.empty() && observer.depths.back() == 3;
+  }));
+  // 20 items sent (they fit the transport's window); 3 read, as the window says.
+  ASSERT_TRUE(WaitUntil([&] { return stream.written() == 20; }));
+  {
+    absl::MutexLock lock(&observer.mu_);
+    EXPECT_EQ(observer.inflight, 3);
+    EXPECT_EQ(observer.held_bytes, 3 * bound);  // each reserved at its bound
+  }
+  // Released, the plans run; the cancel drops whatever is left unread.
+  server->ReleasePlanning();
+  stream.Cancel();
+  stream.Wait();
+  server->Shutdown();
+  absl::MutexLock lock(&observer.mu_);
+  EXPECT_EQ(observer.inflight, 0);
+  EXPECT_EQ(observer.held_bytes, 0);  // all given back
+  // The window, passed by at most the one item read while below it.
+  EXPECT_LE(observer.max_held_bytes, o.stream_window_bytes + bound);
+}
+
+TEST(HeldBytesTest, WakesWaitersWhenBelowTheLimit) {
+  HeldBytes held(100);
+  EXPECT_EQ(held.BelowOrWait([] {}), 0u);
+  held.Add(150);
+  int woken = 0;
+  const HeldBytes::WaitId a = held.BelowOrWait([&] { ++woken; });
+  const HeldBytes::WaitId b = held.BelowOrWait([&] { woken += 10; });
+  ASSERT_NE(a, 0u);
+  ASSERT_NE(b, 0u);
+  EXPECT_TRUE(held.CancelWait(b));
+  held.Sub(40);  // 110: still at or above
+  EXPECT_EQ(woken, 0);
+  held.Sub(20);  // 90
+  EXPECT_EQ(woken, 1);
+  EXPECT_FALSE(held.CancelWait(a));
+  EXPECT_EQ(held.held(), 90);
+}
+
+// Item 6: ten greedy streams (each its own connection, keeping its window
+// full) and a unary client: every unary call is served, since streams wait
+// for room and leave --queue_per_client slots to the others.
+TEST(FairAdmissionTest, GreedyStreamsDoNotStarveAUnaryClient) {
+  RealClock clock;
+  RecordingObserver observer;
+  ServerOptions o = LoopbackOptions();
+  o.threads = 1;
+  o.queue_size = 16;
+  o.queue_per_client = 4;
+  std::unique_ptr<PlannerServer> server = StartServer(o, &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
+  std::vector<std::unique_ptr<RawStream>> streams;
+  std::vector<std::string> items;
+  for (int i = 0; i < 200; ++i) {
+    items.push_back(
+        PlanRequestOf(i, std::vector<int64_t>(200, 300 + i), 8, "flashcp").SerializeAsString());
+  }
+  for (int s = 0; s < 10; ++s) {
+    stubs.push_back(std::make_unique<grpc::GenericStub>(NewChannel(*server, 1 + s)));
+    streams.push_back(std::make_unique<RawStream>(*stubs.back(), items));
+  }
+  auto unary = v1::Planner::NewStub(NewChannel(*server, 100));
+  v1::PlanResponse response;
+  int served = 0;
+  for (int i = 0; i < 20; ++i) {
+    absl::Status s = UnaryPlan(*unary, PlanRequestOf(1000 + i, {5, 3}, 2), &response);
+    EXPECT_THAT(s, IsOk()) << i;
+    served += s.ok();
+  }
+  EXPECT_EQ(served, 20);
+  for (auto& stream : streams) stream->Cancel();
+  for (auto& stream : streams) stream->Wait();
+  server->Shutdown();
+  absl::MutexLock lock(&observer.mu_);
+  int64_t max_depth = 0;
+  for (int64_t d : observer.depths) max_depth = std::max(max_depth, d);
+  EXPECT_LE(max_depth, 16);  // the bound held, streams included
+  EXPECT_GE(max_depth, 12);  // and the streams were greedy: their whole share taken
 }
 
 }  // namespace

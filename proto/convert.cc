@@ -144,6 +144,81 @@ v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
   return response;
 }
 
+namespace {
+
+// Bytes of x as a varint (int32 and int64 fields: a negative value takes 10).
+int64_t VarintBytes(uint64_t x) {
+  int64_t bytes = 1;
+  while (x >= 0x80) {
+    x >>= 7;
+    ++bytes;
+  }
+  return bytes;
+}
+
+// A length-delimited field (tag, length, `body` bytes); field numbers < 16.
+int64_t Delimited(int64_t body) { return 1 + VarintBytes(static_cast<uint64_t>(body)) + body; }
+
+constexpr int64_t kInt64 = 1 + 10;  // a varint field: tag and the widest varint
+constexpr int64_t kDouble = 1 + 8;  // a double field
+
+}  // namespace
+
+int64_t MaxRequestBytes(const core::BatchLimits& limits) {
+  int64_t strategy = 0;
+  for (core::Strategy s : core::kAllStrategies) {
+    strategy = std::max(strategy, Delimited(static_cast<int64_t>(core::StrategyName(s).size())));
+  }
+  // Each doc_lens entry with its own tag (unpacked) is the widest form.
+  const int64_t doc_lens = limits.max_docs * (1 + VarintBytes(limits.max_tokens));
+  return kInt64 + doc_lens + kInt64 + strategy + kDouble + 3 * kInt64 + 2 + kInt64;
+}
+
+int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
+  const core::Batch& batch = input.batch;
+  const int64_t n = static_cast<int64_t>(batch.doc_lens.size());
+  const int64_t ranks = batch.cp_size;
+  const int64_t total = core::TotalTokens(batch.doc_lens);
+  const int64_t shards = std::max<int64_t>(max_shards, n);
+  int64_t max_len = 0, doc_lens_body = 0;
+  for (int64_t len : batch.doc_lens) {
+    max_len = std::max(max_len, len);
+    doc_lens_body += VarintBytes(len);
+  }
+  const int64_t tokens = VarintBytes(total), shard_index = VarintBytes(shards);
+  // Packed per-rank lists, each entry at most `each` bytes.
+  const auto per_rank = [&](int64_t each) { return Delimited(ranks * each); };
+
+  int64_t bytes = kInt64                                                   // batch_id
+                  + Delimited(static_cast<int64_t>(core::StrategyName(input.strategy).size()))
+                  + kInt64                                                 // cp_size
+                  + Delimited(doc_lens_body) + kInt64;                     // doc_lens, padding
+  const int64_t shard_body = (1 + VarintBytes(n)) + (1 + VarintBytes(max_len)) * 2 +
+                             (1 + VarintBytes(ranks));
+  bytes += shards * Delimited(shard_body);
+  int64_t scheme = 0;
+  for (core::CommScheme s : core::kAllCommSchemes) {
+    scheme = std::max(scheme, Delimited(static_cast<int64_t>(core::CommSchemeName(s).size())));
+  }
+  const int64_t scheme_bytes = Delimited(scheme + 2 * per_rank(10) + kInt64);
+  const int64_t metrics = 3 * kDouble + kInt64 + per_rank(tokens) + per_rank(8) +
+                          per_rank(tokens) + per_rank(shard_index) + 2 * kInt64 +
+                          core::kNumCommSchemes * scheme_bytes + kDouble;
+  bytes += Delimited(metrics);
+  if (input.include_layout) {
+    // Every shard once in some rank's list; the non-last ones (all but one
+    // per document) each a send range and in at most N - 1 targeted lists.
+    const int64_t nonlast = shards - n;
+    const int64_t send = Delimited((1 + shard_index) + (1 + tokens) + (1 + VarintBytes(max_len)));
+    const int64_t dests = std::min(ranks - 1, nonlast);  // targeted entries per rank
+    const int64_t targeted_header = 1 + 5 + (1 + VarintBytes(ranks)) + (1 + tokens) + 1 + 5;
+    const int64_t rank_header = 1 + 5 + (1 + VarintBytes(ranks)) + (1 + 5) + (1 + tokens);
+    bytes += ranks * (rank_header + dests * targeted_header) + shards * shard_index +
+             nonlast * send + nonlast * (ranks - 1) * shard_index;
+  }
+  return bytes;
+}
+
 v1::PlanResponse ErrorResponseToProto(uint64_t batch_id, const absl::Status& status) {
   v1::PlanResponse response;
   response.set_batch_id(batch_id);

@@ -47,6 +47,12 @@ struct PlanInput {
 absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
                                            const core::BatchLimits& limits);
 
+// The largest PlanRequest that can pass RequestFromProto under `limits`, in
+// bytes: max_docs documents of max_tokens each, every field at its widest
+// encoding (unpacked doc_lens included), the longest strategy name. A larger
+// message is refused unparsed.
+int64_t MaxRequestBytes(const core::BatchLimits& limits);
+
 // The inverse for clients: fills every field explicitly (no zero defaults;
 // options.min_shard_tokens = 0, the rule off, goes out as -1).
 v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
@@ -58,6 +64,13 @@ v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
 v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
                                  const core::Plan& plan, const core::PlanMetrics& metrics,
                                  const core::CommLayout* layout, double planning_seconds);
+
+// An upper bound on the serialized bytes of ResponseToProto's answer to
+// `input` (its layout too when input.include_layout) for any valid plan of at
+// most `max_shards` shards (core::MaxPlanShards), from the request alone in
+// O(documents): each field at the widest varint its bound allows, and under
+// the layout each non-last shard sent to at most N - 1 ranks.
+int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards);
 
 // A failed item: only batch_id and error are set. `status` must not be OK.
 v1::PlanResponse ErrorResponseToProto(uint64_t batch_id, const absl::Status& status);

@@ -1,6 +1,8 @@
 #include "proto/convert.h"
 
+#include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -359,6 +361,80 @@ TEST(ResponseFromProtoTest, AResponseWithoutMetricsIsRefused) {
   EXPECT_EQ(ResponseFromProto(p).status(),
             absl::InvalidArgumentError(
                 "metrics.rank_tokens: want cp_size = 4 entries (one per rank), got 0"));
+}
+
+TEST(RequestFromProtoTest, AHugeStrategyIsEchoedTruncated) {
+  v1::PlanRequest r = GoodRequest();
+  r.set_strategy(std::string(1 << 20, 'x'));
+  EXPECT_EQ(RequestFromProto(r, core::BatchLimits{}).status(),
+            absl::InvalidArgumentError(
+                "strategy: unknown strategy \"" + std::string(64, 'x') +
+                "\"... (1048576 bytes) (llama3, per_doc, ring, zigzag, whole_doc, "
+                "flashcp_paper, flashcp, ilp)"));
+  r.set_strategy("\xff\n");
+  EXPECT_EQ(RequestFromProto(r, core::BatchLimits{}).status().message().substr(0, 35),
+            "strategy: unknown strategy \"\\xff\\n\"");
+}
+
+TEST(MaxRequestBytesTest, HandWorkedAndAboveTheWidestValidRequest) {
+  // Per field: batch_id 11, 65,536 unpacked doc_lens of 1 + 4 bytes, cp_size
+  // 11, "flashcp_paper" 15, target_imbalance 9, heads, head_dim, dtype_bytes
+  // 33, include_layout 2, min_shard_tokens 11.
+  EXPECT_EQ(MaxRequestBytes(core::BatchLimits{65536, int64_t{1} << 24, 1024}), 327'772);
+  const core::BatchLimits limits{100, 1000, 8};
+  v1::PlanRequest r;
+  r.set_batch_id(UINT64_MAX);
+  for (int i = 0; i < 100; ++i) r.add_doc_lens(10);
+  r.set_cp_size(8);
+  r.set_strategy("flashcp_paper");
+  r.set_target_imbalance(1.5);
+  r.set_heads(-1);  // the widest int32 (refused later, but parsed)
+  r.set_head_dim(-1);
+  r.set_dtype_bytes(-1);
+  r.set_include_layout(true);
+  r.set_min_shard_tokens(-1);
+  EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()), MaxRequestBytes(limits));
+  // Unpacked doc_lens of the largest length: tag and varint each.
+  EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()) - (2 + 100) + 100 * (1 + 2),
+            MaxRequestBytes(limits));
+}
+
+// The bound is above the real response for every strategy, with and without
+// the layout, on random batches (the ILP's on small ones).
+TEST(MaxResponseBytesTest, BoundsRealResponsesOnRandomBatches) {
+  std::mt19937_64 rng(99);
+  for (int i = 0; i < 120; ++i) {
+    PlanInput in;
+    const int64_t n = std::uniform_int_distribution<int64_t>(1, 150)(rng);
+    for (int64_t d = 0; d < n; ++d) {
+      const bool long_doc = std::uniform_int_distribution<int>(0, 9)(rng) == 0;
+      in.batch.doc_lens.push_back(
+          std::uniform_int_distribution<int64_t>(1, long_doc ? 40000 : 3000)(rng));
+    }
+    in.batch.cp_size = static_cast<int32_t>(std::min<int64_t>(
+        core::TotalTokens(in.batch.doc_lens), std::uniform_int_distribution<int32_t>(1, 48)(rng)));
+    in.batch_id = rng();
+    for (core::Strategy s : core::kAllStrategies) {
+      if (s == core::Strategy::kIlp && (n > 6 || in.batch.cp_size > 4)) continue;
+      in.strategy = s;
+      in.options.ilp.time_limit_seconds = 0.1;
+      absl::StatusOr<core::Plan> plan = core::MakePlan(s, in.batch, in.options);
+      if (s == core::Strategy::kIlp && !plan.ok()) continue;  // above the ILP's model size
+      ASSERT_THAT(plan, IsOk());
+      absl::StatusOr<core::PlanMetrics> metrics = core::AnalyzePlan(*plan, in.shape);
+      ASSERT_THAT(metrics, IsOk());
+      absl::StatusOr<core::CommLayout> layout = core::BuildCommLayout(*plan);
+      ASSERT_THAT(layout, IsOk());
+      for (bool with_layout : {false, true}) {
+        in.include_layout = with_layout;
+        const v1::PlanResponse r = ResponseToProto(in.batch_id, s, *plan, *metrics,
+                                                   with_layout ? &*layout : nullptr, 123.25);
+        EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()),
+                  MaxResponseBytes(in, core::MaxPlanShards(s, in.batch)))
+            << core::StrategyName(s) << " batch " << i << " layout " << with_layout;
+      }
+    }
+  }
 }
 
 TEST(ErrorResponseTest, CarriesCodeAndMessageBack) {

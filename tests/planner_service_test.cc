@@ -64,12 +64,7 @@ std::unique_ptr<PlannerProcess> StartPlanner(const std::vector<std::string>& arg
 
 v1::PlanRequest Request(uint64_t id, std::vector<int64_t> docs, int32_t cp,
                         const std::string& strategy = "ring") {
-  v1::PlanRequest r;
-  r.set_batch_id(id);
-  for (int64_t d : docs) r.add_doc_lens(d);
-  r.set_cp_size(cp);
-  r.set_strategy(strategy);
-  return r;
+  return tests::testing::PlanRequestOf(id, docs, cp, strategy);
 }
 
 // A unary Plan with a deadline; the status as absl::Status.
@@ -79,6 +74,21 @@ absl::Status Plan(v1::Planner::Stub& stub, const v1::PlanRequest& request,
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   return proto::FromGrpcStatus(stub.Plan(&context, request, response));
 }
+
+// A unary Plan started asynchronously; `done` is notified with `status`.
+struct AsyncPlan {
+  AsyncPlan(v1::Planner::Stub& stub, v1::PlanRequest r) : request(std::move(r)) {
+    stub.async()->Plan(&context, &request, &response, [this](grpc::Status s) {
+      status = s;
+      done.Notify();
+    });
+  }
+  grpc::ClientContext context;
+  v1::PlanRequest request;
+  v1::PlanResponse response;
+  absl::Notification done;
+  grpc::Status status;
+};
 
 // Scrapes until the sample has `want` (polling in 5 ms steps: waiting on the
 // server's state, with a deadline).
@@ -414,6 +424,33 @@ TEST(PlannerServiceTest, HealthGoesNotServingOnSigtermAndInFlightWorkDrains) {
   EXPECT_TRUE(status.ok()) << status.error_message();
   ExpectRingPlanFor53(response);
   EXPECT_THAT(p->process().Wait(Deadline()), IsOkAndHolds(0));
+}
+
+// --drain_timeout bounds the exit: a plan still running when it passes is
+// cancelled, which stops it at the planner's next check (here an ILP with a
+// 600 s limit, which would otherwise run to it).
+TEST(PlannerServiceTest, SigtermExitIsBoundedByTheDrainTimeoutWhileAPlanRuns) {
+  std::unique_ptr<PlannerProcess> p = StartPlanner(
+      {"--allow_ilp", "--ilp_time_limit", "600s", "--drain_timeout", "1s"});
+  ASSERT_NE(p, nullptr);
+  auto stub = v1::Planner::NewStub(p->NewChannel());
+  const std::vector<int64_t> docs = tests::testing::SlowIlpBatch();
+  AsyncPlan plan(*stub, Request(1, docs, 8, "ilp"));
+  ASSERT_THAT(WaitForSample(*p, "flashcp_planner_inflight_requests", {}, 1), IsOk());
+  const absl::Time sigterm = absl::Now();
+  ASSERT_THAT(p->process().Signal(SIGTERM), IsOk());
+  EXPECT_THAT(p->process().Wait(Deadline()), IsOkAndHolds(0));
+  const absl::Duration exit_after = absl::Now() - sigterm;
+  EXPECT_GE(exit_after, absl::Seconds(1));  // the drain waited for the plan
+  // The slack is for a shared, loaded machine; without cancellable planning
+  // the exit waited for the plan, here up to its 600 s limit.
+  EXPECT_LT(exit_after, absl::Seconds(1) + absl::Seconds(5)) << exit_after;
+  ASSERT_TRUE(plan.done.WaitForNotificationWithTimeout(kTimeout));
+  // The server cancelled it at the drain deadline and closed the connection:
+  // which of the two the client sees first is gRPC's race.
+  EXPECT_THAT(plan.status.error_code(),
+              ::testing::AnyOf(grpc::StatusCode::CANCELLED, grpc::StatusCode::UNAVAILABLE))
+      << plan.status.error_message();
 }
 
 TEST(PlannerServiceTest, SigintAlsoDrainsAndExitsZero) {

@@ -14,6 +14,7 @@
 #include "core/internal/flashcp_util.h"
 #include "core/internal/recut.h"
 #include "core/internal/strategies_internal.h"
+#include "core/status_macros.h"
 
 namespace flashcp::core::internal {
 namespace {
@@ -82,7 +83,7 @@ bool HasShortCut(const Plan& plan, int64_t m) { return CountShortCuts(plan, m) >
 
 }  // namespace
 
-Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
+absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   const double target = options.target_imbalance;
   const int64_t m = options.min_shard_tokens;
   const int32_t n = batch.cp_size;
@@ -167,8 +168,13 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   std::vector<Shard> pieces;
   std::vector<double> workload;
   PartialScore part{std::vector<int64_t>(n, 0), 0, 0};
+  // options.stop's answer once it says stop: every try_k then returns at
+  // once (as feasible, which ends the search) and the plan returns it.
+  absl::Status stopped;
   const auto try_k = [&](size_t k) {
     if (tried[k] >= 0) return tried[k] == 1;
+    if (stopped.ok()) stopped = options.stop.Check();
+    if (!stopped.ok()) return true;
     const auto split = order.begin() + static_cast<std::ptrdiff_t>(k);
     const std::vector<int32_t> zig_docs(order.begin(), split);
     const std::vector<int32_t> rest(split, order.end());
@@ -338,6 +344,7 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
       lo = mid;
     }
   }
+  FLASHCP_RETURN_IF_ERROR(stopped);
   // A candidate's whole pieces: its own, the documents its placement kept
   // whole, its Per-Doc pieces (rebuilt).
   const auto assemble = [&](std::vector<Shard> pieces_of, const WholeDocPlacement& held,
@@ -408,6 +415,7 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
   // 4,096 took RedPajama 128K N = 8's p99 from 0.3 to 0.7 ms).
   if (n_docs - k0 <= 8 || 2 * k0 >= n_docs) try_k(n_docs);
   pool = nullptr;
+  FLASHCP_RETURN_IF_ERROR(stopped);
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](const Candidate& x, const Candidate& y) {
                      return Better(x.score, y.score, target, short_cost);
@@ -442,6 +450,7 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     }
   }
   if (found) return plan;
+  FLASHCP_RETURN_IF_ERROR(options.stop.Check());
   // No repaired candidate is free of slivers within R. Where the trouble is
   // the cut points (a reduced zigzag fitted to the ranks' rooms by shifts
   // that ignore workload; a Whole-Doc head sized to a token deficit), moving

@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <new>
 #include <optional>
@@ -55,7 +56,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "coin/CbcEventHandler.hpp"
 #include "coin/CbcModel.hpp"
+#include "coin/ClpEventHandler.hpp"
 #include "coin/CoinError.hpp"
 #include "coin/CoinPackedMatrix.hpp"
 #include "coin/OsiClpSolverInterface.hpp"
@@ -343,13 +346,61 @@ struct CbcResult {
   double bound = -std::numeric_limits<double>::infinity();  // in mean workloads
 };
 
-// Runs CBC, silenced, with `start` as its first incumbent. No exception leaves.
+// Whether the call is stopped or its time is up (IlpOptions::seconds_left).
+// Both point at the caller's objects, which outlive the solve.
+struct StopOrTimeUp {
+  const StopToken* stop;
+  const std::function<double()>* seconds_left;
+  bool operator()() const {
+    return !stop->Check().ok() || (*seconds_left && (*seconds_left)() <= 0);
+  }
+};
+
+// Ends CBC's search at its next event (nodes, solutions) once StopOrTimeUp.
+// CBC keeps a clone.
+class CbcStop final : public CbcEventHandler {
+ public:
+  explicit CbcStop(StopOrTimeUp stopped) : stopped_(stopped) {}
+  CbcAction event(CbcEvent /*which*/) override {
+    return stopped_() ? CbcAction::stop : CbcAction::noAction;
+  }
+  CbcEventHandler* clone() const override { return new CbcStop(*this); }
+
+ private:
+  StopOrTimeUp stopped_;
+};
+
+// Ends an LP solve at its next simplex iteration once StopOrTimeUp: CBC's
+// first LP and the check of the incumbent are simplex runs of seconds on
+// large models, outside CBC's events and time limit. The stopped LP leaves
+// CBC without a solution of its own; PlanIlp then keeps the incumbent.
+class ClpStop final : public ClpEventHandler {
+ public:
+  explicit ClpStop(StopOrTimeUp stopped) : stopped_(stopped) {}
+  int event(Event which) override { return which == endOfIteration && stopped_() ? 0 : -1; }
+  ClpEventHandler* clone() const override { return new ClpStop(*this); }
+
+ private:
+  StopOrTimeUp stopped_;
+};
+
+// Runs CBC, silenced, with `start` as its first incumbent, for at most
+// options.time_limit_seconds (less what options.seconds_left says is left).
+// No exception leaves.
 absl::StatusOr<CbcResult> SolveWithCbc(const Model& m, const std::vector<double>* start,
-                                       double start_obj, double time_limit_seconds) {
+                                       double start_obj, const IlpOptions& options,
+                                       const StopToken& stop) {
+  double time_limit_seconds = options.time_limit_seconds;
+  if (options.seconds_left) {
+    time_limit_seconds = std::max(0.0, std::min(time_limit_seconds, options.seconds_left()));
+  }
   try {
     OsiClpSolverInterface solver;
     solver.messageHandler()->setLogLevel(0);
     solver.setHintParam(OsiDoReducePrint, true, OsiHintTry);
+    const StopOrTimeUp stopped{&stop, &options.seconds_left};
+    const ClpStop lp_stop(stopped);
+    solver.getModelPtr()->passInEventHandler(&lp_stop);  // cloned, also into CBC's copy
     const CoinPackedMatrix matrix(false, m.row_idx.data(), m.col_idx.data(), m.elems.data(),
                                   static_cast<CoinBigIndex>(m.elems.size()));
     solver.loadProblem(matrix, m.col_lb.data(), m.col_ub.data(), m.obj.data(), m.row_lb.data(),
@@ -373,6 +424,8 @@ absl::StatusOr<CbcResult> SolveWithCbc(const Model& m, const std::vector<double>
     model.setAllowableFractionGap(1e-9);
     model.setCutoffIncrement(kCutoffIncrement);
     model.setNumberThreads(0);
+    const CbcStop search_stop(stopped);
+    model.passInEventHandler(&search_stop);
 
     model.initialSolve();
     if (model.solver()->isProvenPrimalInfeasible()) {
@@ -437,7 +490,8 @@ absl::StatusOr<double> IlpObjective(const Plan& plan, double comm_weight) {
   return max_work + comm_weight * static_cast<double>(max_nonlast);
 }
 
-absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, PlanInfo* info) {
+absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
+                             const StopToken& stop, PlanInfo* info) {
   if (!(options.granularity >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ilp.granularity: must be >= 0 tokens (0 picks ceil(C / 16N)), got ",
@@ -498,7 +552,10 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, Plan
   std::vector<std::pair<double, Plan>> others;
   for (Strategy s : kAllStrategies) {
     if (s == Strategy::kIlp || s == Strategy::kRing || s == Strategy::kLlama3) continue;
-    absl::StatusOr<Plan> p = MakePlan(s, batch);
+    PlanOptions heuristic;
+    heuristic.stop = stop;
+    absl::StatusOr<Plan> p = MakePlan(s, batch, heuristic);
+    FLASHCP_RETURN_IF_ERROR(stop.Check());
     if (!p.ok()) continue;  // e.g. a strategy not implemented yet
     FLASHCP_ASSIGN_OR_RETURN(const double obj, IlpObjective(*p, weight));
     others.emplace_back(obj, *std::move(p));
@@ -535,10 +592,12 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, Plan
       start_sol = SolutionOf(model, *owners);
     }
   }
+  FLASHCP_RETURN_IF_ERROR(stop.Check());
   FLASHCP_ASSIGN_OR_RETURN(
       const CbcResult solved,
-      SolveWithCbc(model, start_sol.empty() ? nullptr : &start_sol, best_obj / mean_work,
-                   options.time_limit_seconds));
+      SolveWithCbc(model, start_sol.empty() ? nullptr : &start_sol, best_obj / mean_work, options,
+                   stop));
+  FLASHCP_RETURN_IF_ERROR(stop.Check());
   // CBC's proof covers the returned plan when CBC's solution is no worse than
   // the incumbent it was given (equal up to summation order when it is that
   // incumbent relabeled).

@@ -24,8 +24,11 @@ Plan PlanPerDoc(const Batch& batch);  // also the Ring-Attn zigzag sharding
 Plan PlanRing(const Batch& batch);
 Plan PlanWholeDoc(const Batch& batch);
 Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
-Plan PlanFlashCp(const Batch& batch, const PlanOptions& options);
-absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, PlanInfo* info);
+// Both return options.stop's status once it says stop (PlanIlp: also
+// IlpOptions::seconds_left ends CBC early, with the best plan so far).
+absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options);
+absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
+                             const StopToken& stop, PlanInfo* info);
 
 }  // namespace flashcp::core::internal
 

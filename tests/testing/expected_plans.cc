@@ -34,4 +34,24 @@ void ExpectRingPlanFor53(const v1::PlanResponse& r) {
   EXPECT_GE(r.metrics().planning_seconds(), 0.0);
 }
 
+v1::PlanRequest PlanRequestOf(uint64_t id, const std::vector<int64_t>& docs, int32_t cp,
+                              const std::string& strategy) {
+  v1::PlanRequest r;
+  r.set_batch_id(id);
+  for (int64_t d : docs) r.add_doc_lens(d);
+  r.set_cp_size(cp);
+  r.set_strategy(strategy);
+  return r;
+}
+
+std::vector<int64_t> SlowIlpBatch() {
+  std::vector<int64_t> docs;
+  uint64_t x = 5;
+  for (int i = 0; i < 100; ++i) {
+    x = x * 6364136223846793005u + 1442695040888963407u;
+    docs.push_back(static_cast<int64_t>(1 + (x >> 33) % 2000));
+  }
+  return docs;
+}
+
 }  // namespace flashcp::tests::testing
