@@ -249,5 +249,28 @@ TEST(PlannerAbuseTest, InvalidUtf8LogsAreRateLimited) {
   EXPECT_EQ(lines, 10) << *output;
 }
 
+TEST(PlannerAbuseTest, BadBoundFlagsExitOneNamingTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--handshake_timeout", "0"}, "--handshake_timeout: must be at least 1ms"},
+      {{"--max_connection_idle", "-1s"}, "--max_connection_idle: must be in [0, 365d], got -1s"},
+      {{"--grpc_max_threads", "1"}, "--grpc_max_threads: must be at least 2, got 1"},
+      {{"--listener_stall_checks", "0"}, "--listener_stall_checks: must be at least 1, got 0"},
+      {{"--metrics_threads", "0"}, "--metrics_threads: must be in [1, 256], got 0"},
+      {{"--metrics_request_timeout", "0"},
+       "--metrics_request_timeout: must be in [1ms, 10m], got 0"},
+  };
+  for (const auto& [flags, message] : cases) {
+    std::vector<std::string> argv = {FLASHCP_PLANNER_BIN, "--listen", "127.0.0.1:0", "--metrics",
+                                     "127.0.0.1:0"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    absl::StatusOr<tests::testing::CommandResult> r =
+        tests::testing::RunCommand(argv, "", Deadline());
+    ASSERT_THAT(r, IsOk());
+    EXPECT_EQ(r->exit_code, 1) << flags[0];
+    EXPECT_THAT(r->output, HasSubstr(absl::StrCat("] flashcp-planner: INVALID_ARGUMENT: ", message,
+                                                  "\n")));
+  }
+}
+
 }  // namespace
 }  // namespace flashcp
