@@ -2,12 +2,12 @@
 
 #include <sys/resource.h>
 
-#include <cerrno>
-#include <csignal>
-#include <cstring>
-#include <cstdio>
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -19,11 +19,11 @@
 #include "core/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "planner_service/log_limiter.h"
 #include "planner_service/metrics.h"
 #include "planner_service/signals.h"
-#include "grpcpp/resource_quota.h"
 #include "prometheus/exposer.h"
 
 namespace flashcp::planner_service {
