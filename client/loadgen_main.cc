@@ -8,7 +8,9 @@
 // Batches: --batches distinct Pile-like 128K batches at N = 8 by default,
 // sent round robin. Output: a text report, or with --json one JSON object
 // {"mode","requests","errors","duration_s","qps","p50_ms","p90_ms","p99_ms",
-//  "p999_ms","max_ms","concurrency","inflight","error_codes":{...}}.
+//  "p999_ms","max_ms","concurrency","inflight","error_codes":{...},
+//  "first_errors":[{"code","message"},...]}: errors counted by code, and the
+// first kFirstErrors of them (in the order they happened) with their messages.
 // Exit status 0 when no request failed, 1 otherwise, 2 for a bad flag.
 #include <algorithm>
 #include <atomic>
@@ -33,6 +35,7 @@
 #include "client/pipelined_planner.h"
 #include "core/cli.h"
 #include "core/datasets.h"
+#include "core/plan_json.h"
 
 namespace fc = flashcp::client;
 namespace core = flashcp::core;
@@ -67,6 +70,9 @@ Flags:
 )";
 
 using Clock = std::chrono::steady_clock;
+
+// Errors reported with their messages; the rest are only counted by code.
+constexpr size_t kFirstErrors = 5;
 
 struct Options {
   std::string server;
@@ -139,10 +145,23 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args, bool*
   return o;
 }
 
+// An error as it happened: when, and the status.
+struct SeenError {
+  Clock::time_point at;
+  absl::Status status;
+};
+
 // Latencies and error codes of one thread.
 struct ThreadStats {
   std::vector<double> latency_ms;  // successful requests
   std::map<std::string, int64_t> errors;  // by code name
+  std::vector<SeenError> first_errors;    // this thread's first kFirstErrors
+
+  // Counts `n` failed requests with `status`.
+  void AddError(const absl::Status& status, int64_t n = 1) {
+    errors[absl::StatusCodeToString(status.code())] += n;
+    if (first_errors.size() < kFirstErrors) first_errors.push_back({Clock::now(), status});
+  }
 };
 
 // Hands out request slots until the count or the time is up.
@@ -171,7 +190,7 @@ void UnaryWorker(fc::PlannerClient& client, const std::vector<fc::v1::PlanReques
     if (r.ok()) {
       stats.latency_ms.push_back(ms);
     } else {
-      ++stats.errors[absl::StatusCodeToString(r.status().code())];
+      stats.AddError(r.status());
     }
   }
 }
@@ -191,7 +210,7 @@ void StreamWorker(fc::PlannerClient& client, const std::vector<fc::v1::PlanReque
     if (r.ok()) {
       stats.latency_ms.push_back(ms);
     } else {
-      ++stats.errors[absl::StatusCodeToString(r.status().code())];
+      stats.AddError(r.status());
     }
   };
   const absl::Duration stream_deadline = absl::Seconds(o.duration_s) + absl::Seconds(60);
@@ -200,28 +219,34 @@ void StreamWorker(fc::PlannerClient& client, const std::vector<fc::v1::PlanReque
       std::ref(sink));
   if (!status.ok()) {
     // Items sent but never answered count as errors with the stream's code.
-    stats.errors[absl::StatusCodeToString(status.code())] +=
-        std::max<int64_t>(1, static_cast<int64_t>(sent.size()));
+    stats.AddError(status, std::max<int64_t>(1, static_cast<int64_t>(sent.size())));
     std::cerr << kPrefix << "stream failed: " << status.ToString() << "\n";
   }
 }
 
 std::string Json(const Options& o, int64_t requests, int64_t errors, double seconds,
-                 const std::vector<double>& lat, const std::map<std::string, int64_t>& codes) {
+                 const std::vector<double>& lat, const std::map<std::string, int64_t>& codes,
+                 const std::vector<SeenError>& first_errors) {
   std::string codes_json;
   for (const auto& [code, n] : codes) {
     absl::StrAppend(&codes_json, codes_json.empty() ? "" : ",", "\"", code, "\":", n);
+  }
+  std::string first_json;
+  for (const SeenError& e : first_errors) {
+    absl::StrAppend(&first_json, first_json.empty() ? "" : ",", "{\"code\":\"",
+                    absl::StatusCodeToString(e.status.code()),
+                    "\",\"message\":", core::JsonString(e.status.message()), "}");
   }
   return absl::StrFormat(
       "{\"mode\":\"%s\",\"requests\":%d,\"errors\":%d,\"duration_s\":%.3f,\"qps\":%.1f,"
       "\"p50_ms\":%.4f,\"p90_ms\":%.4f,\"p99_ms\":%.4f,\"p999_ms\":%.4f,\"max_ms\":%.4f,"
       "\"concurrency\":%d,\"inflight\":%d,\"cp_size\":%d,\"context\":%d,\"dataset\":\"%s\","
-      "\"strategy\":\"%s\",\"error_codes\":{%s}}",
+      "\"strategy\":\"%s\",\"error_codes\":{%s},\"first_errors\":[%s]}",
       o.stream ? "stream" : "unary", requests, errors, seconds,
       seconds > 0 ? static_cast<double>(requests) / seconds : 0.0, core::Percentile(lat, 0.5),
       core::Percentile(lat, 0.9), core::Percentile(lat, 0.99), core::Percentile(lat, 0.999),
       core::Percentile(lat, 1.0), o.concurrency, o.stream ? o.inflight : 1, o.cp_size, o.context,
-      core::DatasetName(o.dataset), o.strategy, codes_json);
+      core::DatasetName(o.dataset), o.strategy, codes_json, first_json);
 }
 
 int Run(const Options& o) {
@@ -278,6 +303,7 @@ int Run(const Options& o) {
 
   std::vector<double> lat;
   std::map<std::string, int64_t> codes;
+  std::vector<SeenError> first_errors;
   int64_t errors = 0;
   for (const ThreadStats& s : stats) {
     lat.insert(lat.end(), s.latency_ms.begin(), s.latency_ms.end());
@@ -285,10 +311,14 @@ int Run(const Options& o) {
       codes[code] += n;
       errors += n;
     }
+    first_errors.insert(first_errors.end(), s.first_errors.begin(), s.first_errors.end());
   }
+  std::stable_sort(first_errors.begin(), first_errors.end(),
+                   [](const SeenError& a, const SeenError& b) { return a.at < b.at; });
+  if (first_errors.size() > kFirstErrors) first_errors.resize(kFirstErrors);
   const int64_t requests_done = static_cast<int64_t>(lat.size()) + errors;
   if (o.json) {
-    std::cout << Json(o, requests_done, errors, seconds, lat, codes) << std::endl;
+    std::cout << Json(o, requests_done, errors, seconds, lat, codes, first_errors) << std::endl;
   } else {
     std::cout << absl::StrFormat(
         "%s: %d requests (%d errors) in %.2f s: %.1f per second\n"
@@ -298,6 +328,11 @@ int Run(const Options& o) {
         core::Percentile(lat, 0.5), core::Percentile(lat, 0.9), core::Percentile(lat, 0.99),
         core::Percentile(lat, 0.999), core::Percentile(lat, 1.0));
     for (const auto& [code, n] : codes) std::cout << "  " << code << ": " << n << "\n";
+    if (!first_errors.empty()) std::cout << "first errors:\n";
+    for (const SeenError& e : first_errors) {
+      std::cout << "  " << absl::StatusCodeToString(e.status.code()) << ": "
+                << e.status.message() << "\n";
+    }
   }
   return errors == 0 ? 0 : 1;
 }

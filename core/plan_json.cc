@@ -174,4 +174,10 @@ std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics, absl::strin
   return out;
 }
 
+std::string JsonString(absl::string_view s) {
+  std::string out;
+  AppendString(out, s);
+  return out;
+}
+
 }  // namespace flashcp::core

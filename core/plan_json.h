@@ -29,6 +29,10 @@ absl::StatusOr<std::vector<int64_t>> ParseBatchLine(absl::string_view line);
 std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics, absl::string_view strategy,
                        absl::string_view extra = "");
 
+// `s` as a JSON string literal, quotes included; control characters escaped,
+// other bytes (UTF-8 included) copied.
+std::string JsonString(absl::string_view s);
+
 }  // namespace flashcp::core
 
 #endif  // FLASHCP_CORE_PLAN_JSON_H_

@@ -64,6 +64,11 @@ TEST(ParseBatchLineTest, RejectsWithTheTokenPosition) {
   }
 }
 
+TEST(JsonStringTest, QuotesAndEscapesControlCharacters) {
+  EXPECT_EQ(JsonString("a\"b\\c\nd\te\x01\xc3\xa9"), "\"a\\\"b\\\\c\\nd\\te\\u0001\xc3\xa9\"");
+  EXPECT_EQ(JsonString(""), "\"\"");
+}
+
 TEST(PlanToJsonTest, HandWorkedRingPlan) {
   // docs [5, 3], N = 2, Ring: rank 0 holds doc 0 [0, 4); rank 1 doc 0 [4, 5)
   // and doc 1 [0, 3). Workload (2p + s + 1) s / 2: rank 0 (0+4+1)*4/2 = 10;

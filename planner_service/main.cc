@@ -59,6 +59,23 @@ ABSL_FLAG(int32_t, rendezvous_max_forming_per_peer,
           flashcp::planner_service::kDefaultMaxFormingGroupsPerPeer,
           "rendezvous groups one peer (mTLS identity, else IP address) created that never had all "
           "their ranks; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(absl::Duration, handshake_timeout, absl::Seconds(10),
+          "a connection that has not completed its HTTP/2 (and TLS) handshake in this is closed");
+ABSL_FLAG(absl::Duration, max_connection_idle, absl::Minutes(5),
+          "a connection with no call for this long is closed (GOAWAY); 0 never");
+ABSL_FLAG(absl::Duration, max_connection_age, absl::ZeroDuration(),
+          "a connection is closed (GOAWAY) after this long; 0 never");
+ABSL_FLAG(absl::Duration, max_connection_age_grace, absl::Minutes(1),
+          "after --max_connection_age, how long its calls may take before it is cut");
+ABSL_FLAG(int32_t, grpc_max_threads, 2048,
+          "threads gRPC may make for synchronous handlers (health, reflection)");
+ABSL_FLAG(absl::Duration, listener_check_interval, absl::Seconds(1),
+          "how often the listener's accept queue is checked; 0 disables the check");
+ABSL_FLAG(int32_t, listener_stall_checks, 5,
+          "checks in a row with connections left unaccepted before health says NOT_SERVING");
+ABSL_FLAG(int32_t, metrics_threads, 8, "connections the /metrics server serves at once");
+ABSL_FLAG(absl::Duration, metrics_request_timeout, absl::Seconds(2),
+          "a /metrics connection that has not sent its request in this is closed");
 ABSL_FLAG(bool, testing_hold_planning, false,
           "tests only: plan nothing until SIGUSR1 (makes queue-full and deadline tests "
           "deterministic)");
@@ -99,6 +116,15 @@ int main(int argc, char** argv) {
   o.rendezvous_idle_timeout = absl::GetFlag(FLAGS_rendezvous_idle_timeout);
   o.rendezvous_max_waiters = absl::GetFlag(FLAGS_rendezvous_max_waiters);
   o.rendezvous_max_forming_per_peer = absl::GetFlag(FLAGS_rendezvous_max_forming_per_peer);
+  o.handshake_timeout = absl::GetFlag(FLAGS_handshake_timeout);
+  o.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle);
+  o.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  o.max_connection_age_grace = absl::GetFlag(FLAGS_max_connection_age_grace);
+  o.grpc_max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
+  o.listener_check_interval = absl::GetFlag(FLAGS_listener_check_interval);
+  o.listener_stall_checks = absl::GetFlag(FLAGS_listener_stall_checks);
+  o.metrics_http = {absl::GetFlag(FLAGS_metrics_threads),
+                    absl::GetFlag(FLAGS_metrics_request_timeout)};
   o.testing_hold_planning = absl::GetFlag(FLAGS_testing_hold_planning);
   o.version = FLASHCP_VERSION;
   const absl::Status status = fps::RunPlanner(o, std::make_shared<prometheus::Registry>());

@@ -1,11 +1,16 @@
 #include "planner_service/server.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <csignal>
 #include <cstdio>
-#include <exception>
+#include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -14,7 +19,9 @@
 #include "core/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
+#include "planner_service/log_limiter.h"
 #include "planner_service/metrics.h"
 #include "planner_service/signals.h"
 #include "prometheus/exposer.h"
@@ -123,6 +130,28 @@ absl::Status ValidateOptions(const ServerOptions& o) {
   if (o.drain_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_timeout: must not be negative");
   }
+  for (const auto& [flag, d] : {std::pair{"--handshake_timeout", o.handshake_timeout},
+                                {"--max_connection_idle", o.max_connection_idle},
+                                {"--max_connection_age", o.max_connection_age},
+                                {"--max_connection_age_grace", o.max_connection_age_grace},
+                                {"--listener_check_interval", o.listener_check_interval}}) {
+    if (d < absl::ZeroDuration() || d > absl::Hours(24 * 365)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": must be in [0, 365d], got ", absl::FormatDuration(d)));
+    }
+  }
+  if (o.handshake_timeout < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError("--handshake_timeout: must be at least 1ms");
+  }
+  if (o.grpc_max_threads < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grpc_max_threads: must be at least 2, got ", o.grpc_max_threads));
+  }
+  if (o.listener_stall_checks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listener_stall_checks: must be at least 1, got ", o.listener_stall_checks));
+  }
+  FLASHCP_RETURN_IF_ERROR(metrics_endpoint::ValidateEndpointOptions(o.metrics_http));
   if (o.rendezvous_max_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--rendezvous_max_bytes: must be at least 1, got ", o.rendezvous_max_bytes));
@@ -171,6 +200,31 @@ std::string ListeningLine(absl::string_view grpc_address, absl::string_view metr
   return absl::StrCat("LISTENING grpc=", grpc_address,
                       " metrics=", metrics_address.empty() ? "-" : metrics_address);
 }
+
+absl::StatusOr<int64_t> RaiseFdLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    return absl::InternalError(absl::StrCat("getrlimit(RLIMIT_NOFILE): ", std::strerror(errno)));
+  }
+  if (limit.rlim_cur != limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+      return absl::InternalError(
+          absl::StrCat("setrlimit(RLIMIT_NOFILE): ", std::strerror(errno)));
+    }
+  }
+  return static_cast<int64_t>(limit.rlim_cur);
+}
+
+namespace {
+
+// A duration as a gRPC channel argument in ms; 0 (off) as INT_MAX, gRPC's "never".
+int ChannelArgMs(absl::Duration d) {
+  if (d == absl::ZeroDuration()) return INT_MAX;
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT_MAX));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const ServerOptions& options,
                                                                     ServiceObserver* observer,
@@ -225,6 +279,17 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const Server
       options.rendezvous_max_waiters, options.rendezvous_max_forming_per_peer});
   builder.RegisterService(s->rendezvous_->service());
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(options));
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             ChannelArgMs(options.handshake_timeout));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             ChannelArgMs(options.max_connection_idle));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                             ChannelArgMs(options.max_connection_age));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                             ChannelArgMs(options.max_connection_age_grace));
+  grpc::ResourceQuota quota("flashcp-planner");
+  quota.SetMaxThreads(options.grpc_max_threads);
+  builder.SetResourceQuota(quota);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || port == 0) {
     s->pool_->Shutdown();
@@ -236,10 +301,34 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const Server
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);
+  if (options.listener_check_interval > absl::ZeroDuration()) {
+    FLASHCP_ASSIGN_OR_RETURN(s->accept_queue_, AcceptQueue::Find(port));
+    PlannerServer* server = s.get();
+    s->watchdog_ = std::make_unique<ListenerWatchdog>(
+        [server] { return server->accept_queue_->Length(); },
+        ListenerWatchdog::Options{options.listener_check_interval, options.listener_stall_checks},
+        &s->watchdog_clock_, [server](bool accepting) { server->OnListenerVerdict(accepting); });
+  }
   return s;
 }
 
 PlannerServer::~PlannerServer() { Shutdown(); }
+
+void PlannerServer::OnListenerVerdict(bool accepting) {
+  absl::MutexLock lock(&health_mu_);
+  if (draining_) return;
+  if (accepting) {
+    FLASHCP_LOG(INFO) << "listener on " << address_ << " accepts again; health SERVING";
+  } else {
+    FLASHCP_LOG(ERROR) << "listener on " << address_ << " has left connections unaccepted for "
+                       << options_.listener_stall_checks << " checks "
+                       << absl::FormatDuration(options_.listener_check_interval)
+                       << " apart (gRPC stops accepting after an accept error such as EMFILE); "
+                          "health NOT_SERVING: restart this planner";
+  }
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus(accepting);
+}
 
 void PlannerServer::Shutdown() {
   if (shut_down_) return;
@@ -247,6 +336,11 @@ void PlannerServer::Shutdown() {
   if (server_ != nullptr) {
     // NOT_SERVING first, so that health watchers and load balancers see the
     // drain; then gRPC refuses new calls and waits for the in-flight ones.
+    if (watchdog_ != nullptr) watchdog_->Stop();
+    {
+      absl::MutexLock lock(&health_mu_);
+      draining_ = true;
+    }
     server_->GetHealthCheckService()->SetServingStatus(false);
     rendezvous_->Shutdown();  // waiting rendezvous calls end now with UNAVAILABLE
     pool_->Release();  // held jobs (test hook) must run for the drain to end
@@ -267,21 +361,21 @@ absl::Status RunPlanner(const ServerOptions& options,
   std::string metrics_address;
   if (!options.metrics.empty()) {
     FLASHCP_ASSIGN_OR_RETURN(const auto host_port, SplitHostPort(options.metrics, "--metrics"));
-    try {  // civetweb reports a failed bind by throwing; turn it into a Status here
-      exposer = std::make_unique<prometheus::Exposer>(options.metrics, /*num_threads=*/2);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("--metrics: cannot listen on ", options.metrics, ": ", e.what()));
-    }
-    const std::vector<int> ports = exposer->GetListeningPorts();
-    if (ports.empty()) {
-      return absl::UnavailableError(absl::StrCat("--metrics: cannot listen on ", options.metrics));
-    }
+    FLASHCP_ASSIGN_OR_RETURN(exposer,
+                             metrics_endpoint::StartExposer(options.metrics, options.metrics_http));
     exposer->RegisterCollectable(registry);
-    metrics_address = absl::StrCat(host_port.first, ":", ports.front());
+    metrics_address = absl::StrCat(host_port.first, ":", exposer->GetListeningPorts().front());
   }
 
+  FLASHCP_ASSIGN_OR_RETURN(const int64_t fd_limit, RaiseFdLimit());
   const RealClock clock;
+  // Any client can make protobuf log (a string field with invalid UTF-8 logs
+  // one ERROR line per message): kProtobufLogLines per kProtobufLogWindow.
+  LogLimiter protobuf_log_limiter(kProtobufLogLines, kProtobufLogWindow, &clock);
+  RouteProtobufLogs(&protobuf_log_limiter);
+  struct Unroute {  // before the limiter goes, on every return
+    ~Unroute() { RouteProtobufLogs(nullptr); }
+  } unroute;
   PrometheusMetrics metrics(*registry, options.version);
   FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<PlannerServer> server,
                            PlannerServer::Start(options, &metrics, &clock));
@@ -290,7 +384,7 @@ absl::Status RunPlanner(const ServerOptions& options,
   std::fprintf(stdout, "%s\n", line.c_str());
   std::fflush(stdout);
   FLASHCP_LOG(INFO) << "flashcp-planner " << options.version << ": " << line << " threads "
-                    << options.threads << " queue " << options.queue_size;
+                    << options.threads << " queue " << options.queue_size << " fd limit " << fd_limit;
 
   for (;;) {
     FLASHCP_ASSIGN_OR_RETURN(const int sig, signals.Wait());

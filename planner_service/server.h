@@ -15,8 +15,10 @@
 #include "absl/time/time.h"
 #include "core/types.h"
 #include "grpcpp/grpcpp.h"
+#include "planner_service/metrics_endpoint/metrics_endpoint.h"
 #include "planner_service/clock.h"
 #include "planner_service/held_bytes.h"
+#include "planner_service/listener_watchdog.h"
 #include "planner_service/observer.h"
 #include "planner_service/plan_batch.h"
 #include "planner_service/planning_pool.h"
@@ -55,6 +57,19 @@ struct ServerOptions {
   int64_t rendezvous_max_waiters = kDefaultMaxWaiters;  // waiting calls at once (>= 1)
   // Groups one peer created that never had all ranks (>= 1).
   int32_t rendezvous_max_forming_per_peer = kDefaultMaxFormingGroupsPerPeer;
+  // Connections (docs/deploy.md, "Connections"). gRPC 1.51 has no bound on
+  // their number; the fd limit is the bound, and these reap the idle ones.
+  absl::Duration handshake_timeout = absl::Seconds(10);     // TCP open, no HTTP/2 (TLS) yet
+  absl::Duration max_connection_idle = absl::Minutes(5);    // no call for this long: GOAWAY
+  absl::Duration max_connection_age = absl::ZeroDuration(); // 0: unbounded
+  absl::Duration max_connection_age_grace = absl::Minutes(1);  // calls may finish, then closed
+  int grpc_max_threads = 2048;  // threads gRPC may make for synchronous handlers
+  // Health says NOT_SERVING once the listener has left connections unaccepted
+  // for listener_stall_checks checks in a row, listener_check_interval apart
+  // (0 disables the check); see listener_watchdog.h.
+  absl::Duration listener_check_interval = absl::Seconds(1);
+  int listener_stall_checks = 5;
+  metrics_endpoint::EndpointOptions metrics_http;  // the /metrics server's bounds
   bool testing_hold_planning = false;    // test hook: plan nothing until SIGUSR1
   std::string version;                   // build version, for GetServerInfo and build_info
 };
@@ -75,11 +90,21 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view addr
 //   LISTENING grpc=HOST:PORT metrics=HOST:PORT    (metrics=- when disabled)
 std::string ListeningLine(absl::string_view grpc_address, absl::string_view metrics_address);
 
+// protobuf's log lines (clients cause them) the planner writes: at most
+// kProtobufLogLines per kProtobufLogWindow, then a count of those dropped.
+inline constexpr int kProtobufLogLines = 10;
+inline constexpr absl::Duration kProtobufLogWindow = absl::Minutes(1);
+
+// Raises this process's soft RLIMIT_NOFILE to its hard limit (every accepted
+// connection holds an fd); the new soft limit. Internal with errno's text.
+absl::StatusOr<int64_t> RaiseFdLimit();
+
 // A running gRPC server: the planning pool, the service, health and reflection.
 class PlannerServer {
  public:
   // Binds and starts serving; health reports SERVING for "" and
-  // "flashcp.v1.Planner". `observer` and `clock` must outlive the server.
+  // "flashcp.v1.Planner" (NOT_SERVING while the listener watchdog sees a
+  // stalled listener). `observer` and `clock` must outlive the server.
   static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(const ServerOptions& options,
                                                              ServiceObserver* observer,
                                                              const Clock* clock);
@@ -102,6 +127,8 @@ class PlannerServer {
 
  private:
   PlannerServer() = default;
+  // The watchdog's verdict, into health (unless draining).
+  void OnListenerVerdict(bool accepting);
 
   ServerOptions options_;
   std::string address_;
@@ -111,6 +138,11 @@ class PlannerServer {
   std::unique_ptr<PlannerService> service_;
   std::unique_ptr<RendezvousHost> rendezvous_;  // flashcp.v1.Rendezvous, for worker groups
   std::unique_ptr<grpc::Server> server_;
+  RealClock watchdog_clock_;
+  std::unique_ptr<AcceptQueue> accept_queue_;
+  std::unique_ptr<ListenerWatchdog> watchdog_;
+  absl::Mutex health_mu_;  // orders the watchdog's health updates against the drain's
+  bool draining_ ABSL_GUARDED_BY(health_mu_) = false;
   bool shut_down_ = false;
 };
 

@@ -414,5 +414,35 @@ TEST(FlashcpLoadgenTest, DurationBoundsTheRun) {
   EXPECT_LT(JsonNumber(run.out, "duration_s"), 5);
 }
 
+// Errors are counted by code and the first few are printed with their
+// messages, in the text report and in the JSON object.
+TEST(FlashcpLoadgenTest, ReportsTheFirstErrorsWithCodesAndMessages) {
+  auto planner = StartPlanner({"--max_cp_size", "4"});
+  ASSERT_NE(planner, nullptr);
+  const std::string message = "cp_size: 8 ranks, above this server's limit of 4";
+  const ToolRun json = RunTool({FLASHCP_LOADGEN_BIN, "--server", planner->grpc_address(),
+                                "--duration", "30", "--max-requests", "7", "--cp", "8",
+                                "--strategy", "ring", "--json"});
+  EXPECT_EQ(json.exit_code, 1) << json.err;
+  EXPECT_EQ(JsonNumber(json.out, "requests"), 7);
+  EXPECT_EQ(JsonNumber(json.out, "errors"), 7);
+  std::string first;
+  for (int i = 0; i < 5; ++i) {
+    absl::StrAppend(&first, i == 0 ? "" : ",", "{\"code\":\"RESOURCE_EXHAUSTED\",\"message\":\"",
+                    message, "\"}");
+  }
+  EXPECT_THAT(json.out, HasSubstr(absl::StrCat("\"error_codes\":{\"RESOURCE_EXHAUSTED\":7},"
+                                               "\"first_errors\":[", first, "]}\n")));
+
+  const ToolRun text = RunTool({FLASHCP_LOADGEN_BIN, "--server", planner->grpc_address(),
+                                "--duration", "30", "--max-requests", "2", "--cp", "8",
+                                "--strategy", "ring"});
+  EXPECT_EQ(text.exit_code, 1) << text.err;
+  EXPECT_THAT(text.out, HasSubstr(absl::StrCat("  RESOURCE_EXHAUSTED: 2\nfirst errors:\n"
+                                               "  RESOURCE_EXHAUSTED: ", message, "\n"
+                                               "  RESOURCE_EXHAUSTED: ", message, "\n")));
+  EXPECT_THAT(planner->Terminate(), IsOk());
+}
+
 }  // namespace
 }  // namespace flashcp::client

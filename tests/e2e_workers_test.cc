@@ -34,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "proto/convert.h"
 #include "tests/testing/http.h"
+#include "tests/testing/idle_connections.h"
 #include "tests/testing/metrics_text.h"
 #include "tests/testing/planner_process.h"
 #include "tests/testing/ports.h"
@@ -499,6 +500,28 @@ TEST(E2eWorkersTest, LateAndDuplicateRanksGiveClearErrors) {
                 HasSubstr("DEADLINE_EXCEEDED: rendezvous AwaitMembers: group \"late\": ranks "));
     EXPECT_THAT(ws[i].output, HasSubstr("3 of 4 have not joined"));
   }
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
+// Issue 12 item 11, the worker's side: its /metrics had one civetweb thread,
+// so one silent TCP connection stopped every scrape for 30 s. A rank waiting
+// for its group serves /metrics; three silent connections leave a thread
+// (--metrics_threads 4 by default) for the scrape.
+TEST(E2eWorkersTest, IdleConnectionsDoNotStopTheWorkersScrape) {
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  auto w = StartWorker(0, "idle-metrics", (*planner)->grpc_address(), {"--timeout_s", "20"});
+  ASSERT_THAT(w.status(), IsOk());
+  tests::testing::IdleConnections idle;
+  ASSERT_THAT(idle.Open(w->metrics, 3, In(absl::Seconds(30))), IsOk());
+  auto scrape = tests::testing::HttpGet(w->metrics, "/metrics", In(absl::Seconds(10)));
+  ASSERT_THAT(scrape.status(), IsOk());
+  EXPECT_EQ(scrape->status, 200);
+  EXPECT_THAT(scrape->body, HasSubstr("flashcp_worker_build_info{"));
+  idle.CloseAll();
+  auto code = w->Finish(In(absl::Seconds(60)));
+  ASSERT_THAT(code.status(), IsOk());
+  EXPECT_EQ(*code, 1) << w->output;  // rank 1 never came
   EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
 }
 

@@ -21,7 +21,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -41,6 +40,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "grpcpp/grpcpp.h"
+#include "planner_service/metrics_endpoint/metrics_endpoint.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "worker/daemon.h"
@@ -65,6 +65,9 @@ ABSL_FLAG(int32_t, world_size, 1, "ranks in the CP group (N)");
 ABSL_FLAG(std::string, group, "g0", "CP group name, [A-Za-z0-9._-]{1,64}");
 ABSL_FLAG(std::string, planner, "127.0.0.1:50051", "planner gRPC address HOST:PORT");
 ABSL_FLAG(std::string, metrics, "127.0.0.1:0", "Prometheus /metrics HOST:PORT; port 0 picks one");
+ABSL_FLAG(int32_t, metrics_threads, 4, "connections the /metrics server serves at once");
+ABSL_FLAG(absl::Duration, metrics_request_timeout, absl::Seconds(2),
+          "a /metrics connection that has not sent its request in this is closed");
 ABSL_FLAG(std::string, control, "127.0.0.1:0",
           "flashcp.v1.WorkerControl HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda:K (a build with CUDA; K the device index)");
@@ -195,18 +198,12 @@ int main(int argc, char** argv) {
   if (!channel_options.ok()) return Fail(channel_options.status());
 
   auto registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<prometheus::Exposer> exposer;
-  try {  // civetweb reports a failed bind by throwing
-    exposer = std::make_unique<prometheus::Exposer>(absl::GetFlag(FLAGS_metrics), 1);
-  } catch (const std::exception& e) {
-    return Fail(absl::UnavailableError(
-        absl::StrCat("--metrics: cannot listen on ", absl::GetFlag(FLAGS_metrics), ": ", e.what())));
-  }
-  if (exposer->GetListeningPorts().empty()) {
-    return Fail(absl::UnavailableError(
-        absl::StrCat("--metrics: cannot listen on ", absl::GetFlag(FLAGS_metrics))));
-  }
-  exposer->RegisterCollectable(registry);
+  absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
+      flashcp::planner_service::metrics_endpoint::StartExposer(absl::GetFlag(FLAGS_metrics),
+                                              {absl::GetFlag(FLAGS_metrics_threads),
+                                               absl::GetFlag(FLAGS_metrics_request_timeout)});
+  if (!exposer.ok()) return Fail(exposer.status());
+  (*exposer)->RegisterCollectable(registry);
   fw::WorkerMetrics metrics(*registry, FLASHCP_VERSION);
 
   // The worker's only channel to the planner: the rendezvous store and the
@@ -247,7 +244,7 @@ int main(int argc, char** argv) {
   };
   std::fprintf(stdout, "WORKER rank=%d control=%s:%d metrics=%s:%d\n", o.rank,
                host(absl::GetFlag(FLAGS_control)).c_str(), control_port,
-               host(absl::GetFlag(FLAGS_metrics)).c_str(), exposer->GetListeningPorts().front());
+               host(absl::GetFlag(FLAGS_metrics)).c_str(), (*exposer)->GetListeningPorts().front());
   std::fflush(stdout);
 
   std::thread waiter([&] {

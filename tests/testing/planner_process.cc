@@ -29,11 +29,11 @@ absl::StatusOr<ListeningAddresses> ParseListeningLine(absl::string_view line) {
 
 absl::StatusOr<std::unique_ptr<PlannerProcess>> PlannerProcess::Start(
     const std::string& binary, const std::vector<std::string>& extra_args,
-    absl::Duration timeout) {
+    absl::Duration timeout, const Subprocess::Options& options) {
   std::vector<std::string> argv = {binary, "--listen", "127.0.0.1:0", "--metrics",
                                    "127.0.0.1:0"};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Start(argv);
+  absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Start(argv, options);
   if (!process.ok()) return process.status();
   std::unique_ptr<PlannerProcess> p(new PlannerProcess());
   p->process_ = *std::move(process);

@@ -31,10 +31,11 @@ class PlannerProcess {
  public:
   // Runs `binary --listen 127.0.0.1:0 --metrics 127.0.0.1:0 <extra_args>` and
   // waits up to `timeout` for its LISTENING line (other stdout lines are
-  // skipped; stderr goes to the test's log). An error if it exits first.
+  // skipped; stderr goes to the test's log, or with options.merge_stderr
+  // into stdout, for process().ReadAll). An error if it exits first.
   static absl::StatusOr<std::unique_ptr<PlannerProcess>> Start(
       const std::string& binary, const std::vector<std::string>& extra_args = {},
-      absl::Duration timeout = absl::Seconds(60));
+      absl::Duration timeout = absl::Seconds(60), const Subprocess::Options& options = {});
 
   const std::string& grpc_address() const { return addresses_.grpc; }
   const std::string& metrics_address() const { return addresses_.metrics; }

@@ -107,12 +107,14 @@ class Client:
     def request(doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
                 target_imbalance: float = 0.0, heads: int = 0, head_dim: int = 0,
                 dtype_bytes: int = 0, include_layout: bool = False,
-                batch_id: int = 0) -> planner_pb2.PlanRequest:
-        """A PlanRequest; zero values mean the server's defaults (planner.proto)."""
+                batch_id: int = 0, min_shard_tokens: int = 0) -> planner_pb2.PlanRequest:
+        """A PlanRequest; zero values mean the server's defaults (planner.proto).
+        min_shard_tokens: flashcp's minimum cut shard, tokens; -1 turns it off."""
         return planner_pb2.PlanRequest(
             batch_id=batch_id, doc_lens=[int(n) for n in doc_lens], cp_size=cp_size,
             strategy=strategy, target_imbalance=target_imbalance, heads=heads,
-            head_dim=head_dim, dtype_bytes=dtype_bytes, include_layout=include_layout)
+            head_dim=head_dim, dtype_bytes=dtype_bytes, include_layout=include_layout,
+            min_shard_tokens=min_shard_tokens)
 
     def plan(self, doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
              timeout: Optional[float] = None, **fields: Any) -> planner_pb2.PlanResponse:

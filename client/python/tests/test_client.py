@@ -63,6 +63,24 @@ def test_errors_carry_the_exact_code(client):
     assert "doc_lens" in err.value.details()
 
 
+def test_min_shard_tokens_reaches_the_planner(client):
+    # flashcp at cp 4: by default (128) the 42-token document stays whole on
+    # rank 0; with the rule off (-1) it is cut into four shards of 10-11.
+    batch = [42, 7233, 6337, 1768]
+    default = client.plan(batch, cp_size=4, strategy="flashcp")
+    assert [s for s in shards(default) if s[0] == 0] == [(0, 0, 42, 0)]
+    off = client.plan(batch, cp_size=4, strategy="flashcp", min_shard_tokens=-1)
+    assert [s for s in shards(off) if s[0] == 0] == [
+        (0, 32, 10, 0), (0, 22, 10, 1), (0, 0, 11, 2), (0, 11, 11, 3)]
+    assert Client.request(batch, 4, min_shard_tokens=300).min_shard_tokens == 300
+
+    with pytest.raises(grpc.RpcError) as err:
+        client.plan(batch, cp_size=4, strategy="flashcp", min_shard_tokens=-2)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details() == ("min_shard_tokens: must be -1 (off), 0 (the default 128) "
+                                   "or a token count in [1, 2^40], got -2")
+
+
 def test_list_strategies_and_server_info(client):
     names = {s.name for s in client.list_strategies()}
     assert {"ring", "llama3", "flashcp"} <= names

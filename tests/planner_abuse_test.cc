@@ -1,0 +1,276 @@
+// flashcp-planner under abuse (issue 12 items 2, 11 and 14), against the real
+// binary on port 0: the fd limit raised at start, silent and idle connections
+// closed, a dead listener reported by health, /metrics served while silent
+// connections are held, and log lines that clients cause rate-limited. Every
+// wait has a deadline.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <dirent.h>
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/testing/status_matchers.h"
+#include "flashcp/v1/planner.grpc.pb.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "proto/grpc_status.h"
+#include "tests/testing/grpc_probes.h"
+#include "tests/testing/idle_connections.h"
+#include "tests/testing/planner_process.h"
+#include "tests/testing/subprocess.h"
+
+namespace flashcp {
+namespace {
+
+using ::flashcp::core::testing::IsOk;
+using ::flashcp::core::testing::StatusIs;
+using ::flashcp::tests::testing::HealthStatus;
+using ::flashcp::tests::testing::HealthWatch;
+using ::flashcp::tests::testing::IdleConnections;
+using ::flashcp::tests::testing::PlannerProcess;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);  // generous: the CI box is shared
+
+absl::Time Deadline() { return absl::Now() + kTimeout; }
+
+std::unique_ptr<PlannerProcess> Start(const std::vector<std::string>& args) {
+  absl::StatusOr<std::unique_ptr<PlannerProcess>> p =
+      PlannerProcess::Start(FLASHCP_PLANNER_BIN, args, kTimeout);
+  EXPECT_THAT(p, IsOk());
+  return p.ok() ? *std::move(p) : nullptr;
+}
+
+// A channel with a connection of its own: gRPC otherwise shares one
+// connection between channels to the same target.
+std::shared_ptr<grpc::Channel> OwnChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+absl::Status Plan53(std::shared_ptr<grpc::Channel> channel, absl::Duration timeout) {
+  v1::PlanRequest r;
+  r.add_doc_lens(5);
+  r.add_doc_lens(3);
+  r.set_cp_size(2);
+  r.set_strategy("ring");
+  v1::PlanResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return proto::FromGrpcStatus(v1::Planner::NewStub(channel)->Plan(&context, r, &response));
+}
+
+// "Max open files  SOFT  HARD  files" of /proc/PID/limits.
+std::pair<std::string, std::string> OpenFilesLimit(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/limits"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Max open files", 0) != 0) continue;
+    std::istringstream fields(line.substr(14));
+    std::string soft, hard;
+    fields >> soft >> hard;
+    return {soft, hard};
+  }
+  return {"?", "?"};
+}
+
+int OpenFds(pid_t pid) {
+  DIR* dir = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (const dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+  closedir(dir);
+  return n;
+}
+
+TEST(PlannerAbuseTest, RaisesItsSoftFdLimitToTheHardLimitAtStart) {
+  rlimit mine{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &mine), 0);
+  if (mine.rlim_max <= 64) GTEST_SKIP() << "hard RLIMIT_NOFILE is only " << mine.rlim_max;
+  // The child inherits a soft limit of 64; the test's own is restored at once.
+  rlimit low = mine;
+  low.rlim_cur = 64;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::unique_ptr<PlannerProcess> p = Start({});
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &mine), 0);
+  ASSERT_NE(p, nullptr);
+  const std::string hard =
+      mine.rlim_max == RLIM_INFINITY ? "unlimited" : absl::StrCat(mine.rlim_max);
+  EXPECT_EQ(OpenFilesLimit(p->process().pid()), std::make_pair(hard, hard));
+  EXPECT_THAT(p->Terminate(), IsOk());
+}
+
+// A TCP connection that never speaks HTTP/2 is closed after
+// --handshake_timeout (gRPC's default is 120 s).
+TEST(PlannerAbuseTest, SilentConnectionsAreClosedAfterTheHandshakeTimeout) {
+  std::unique_ptr<PlannerProcess> p = Start({"--handshake_timeout", "300ms"});
+  ASSERT_NE(p, nullptr);
+  IdleConnections idle;
+  ASSERT_THAT(idle.Open(p->grpc_address(), 5, Deadline()), IsOk());
+  EXPECT_EQ(idle.AwaitClosedByPeer(absl::Now() + absl::Seconds(20)), 5);
+  EXPECT_THAT(p->Terminate(), IsOk());
+}
+
+// A connection with no call for --max_connection_idle gets a GOAWAY: the
+// client's channel goes back to IDLE.
+TEST(PlannerAbuseTest, IdleConnectionsAreClosedAfterMaxConnectionIdle) {
+  std::unique_ptr<PlannerProcess> p = Start({"--max_connection_idle", "300ms"});
+  ASSERT_NE(p, nullptr);
+  std::shared_ptr<grpc::Channel> channel = OwnChannel(p->grpc_address());
+  ASSERT_THAT(Plan53(channel, kTimeout), IsOk());
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  grpc_connectivity_state state = channel->GetState(false);
+  while (state != GRPC_CHANNEL_IDLE && absl::Now() < deadline) {
+    channel->WaitForStateChange(state, absl::ToChronoTime(deadline));
+    state = channel->GetState(false);
+  }
+  EXPECT_EQ(state, GRPC_CHANNEL_IDLE);
+  ASSERT_THAT(Plan53(channel, kTimeout), IsOk());  // and it reconnects
+  EXPECT_THAT(p->Terminate(), IsOk());
+}
+
+// Issue 12 item 2: after one accept4() EMFILE, gRPC 1.51's listener accepts
+// nothing ever again. The planner's fd limit is lowered (prlimit on the
+// child) to a few above what it holds, then more silent connections than that
+// arrive: new clients are never served, calls on existing connections are,
+// and health (watched over an existing connection) says NOT_SERVING.
+TEST(PlannerAbuseTest, AListenerKilledByEmfileMakesHealthNotServing) {
+  std::unique_ptr<PlannerProcess> p =
+      Start({"--listener_check_interval", "100ms", "--listener_stall_checks", "3",
+             "--handshake_timeout", "10m"});
+  ASSERT_NE(p, nullptr);
+  std::shared_ptr<grpc::Channel> existing = OwnChannel(p->grpc_address());
+  ASSERT_THAT(Plan53(existing, kTimeout), IsOk());
+  absl::StatusOr<std::unique_ptr<HealthWatch>> watch = HealthWatch::Start(existing, "", Deadline());
+  ASSERT_THAT(watch, IsOk());
+  EXPECT_EQ((*watch)->Next(Deadline()).value_or(HealthStatus::kUnknown), HealthStatus::kServing);
+
+  const pid_t pid = p->process().pid();
+  const int held = OpenFds(pid);
+  ASSERT_GT(held, 0);
+  const rlimit low{static_cast<rlim_t>(held + 16), static_cast<rlim_t>(held + 16)};
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &low, nullptr), 0);
+  IdleConnections idle;
+  ASSERT_THAT(idle.Open(p->grpc_address(), 32, Deadline()), IsOk());
+
+  EXPECT_EQ((*watch)->Next(Deadline()).value_or(HealthStatus::kUnknown), HealthStatus::kNotServing);
+  EXPECT_THAT(Plan53(OwnChannel(p->grpc_address()), absl::Seconds(2)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  // Freeing the fds does not bring 1.51's listener back; health stays so.
+  idle.CloseAll();
+  EXPECT_THAT(Plan53(existing, kTimeout), IsOk());
+  EXPECT_THAT(Plan53(OwnChannel(p->grpc_address()), absl::Seconds(2)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(tests::testing::CheckHealth(existing, "", Deadline()).value_or(HealthStatus::kUnknown),
+            HealthStatus::kNotServing);
+  watch->reset();
+  EXPECT_THAT(p->Terminate(), IsOk());
+}
+
+// Issue 12 item 11: prometheus-cpp's default Exposer has two threads, so two
+// silent TCP connections held every scrape for civetweb's 30 s timeout.
+TEST(PlannerAbuseTest, TwoSilentConnectionsDoNotStopAScrape) {
+  std::unique_ptr<PlannerProcess> p = Start({});
+  ASSERT_NE(p, nullptr);
+  IdleConnections idle;
+  ASSERT_THAT(idle.Open(p->metrics_address(), 2, Deadline()), IsOk());
+  absl::StatusOr<std::string> body = p->ScrapeMetrics(absl::Seconds(10));
+  ASSERT_THAT(body, IsOk());
+  EXPECT_THAT(*body, HasSubstr("flashcp_planner_build_info{"));
+  EXPECT_THAT(p->Terminate(), IsOk());
+}
+
+// A unary Plan call whose request is `bytes` as they are; its status.
+absl::Status RawPlan(std::shared_ptr<grpc::Channel> channel, const std::string& bytes) {
+  grpc::GenericStub stub(std::move(channel));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(Deadline()));
+  grpc::CompletionQueue cq;
+  grpc::Slice slice(bytes);
+  const grpc::ByteBuffer request(&slice, 1);
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      stub.PrepareUnaryCall(&context, "/flashcp.v1.Planner/Plan", request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  int tag = 0;
+  call->Finish(&response, &status, &tag);
+  void* got = nullptr;
+  bool ok = false;
+  if (!cq.Next(&got, &ok)) return absl::InternalError("completion queue shut down");
+  cq.Shutdown();
+  while (cq.Next(&got, &ok)) {
+  }
+  return proto::FromGrpcStatus(status);
+}
+
+// Issue 12 item 14: protobuf logs an ERROR line for each message with invalid
+// UTF-8 in a string field (10,000 requests, 10,000 lines). The planner lets
+// kProtobufLogLines (10) through per minute; 50 such requests in less than a
+// minute write exactly 10.
+TEST(PlannerAbuseTest, InvalidUtf8LogsAreRateLimited) {
+  absl::StatusOr<std::unique_ptr<PlannerProcess>> p = PlannerProcess::Start(
+      FLASHCP_PLANNER_BIN, {}, kTimeout, tests::testing::Subprocess::Options{.merge_stderr = true});
+  ASSERT_THAT(p, IsOk());
+  v1::PlanRequest valid;
+  valid.add_doc_lens(5);
+  valid.add_doc_lens(3);
+  valid.set_cp_size(2);
+  // strategy (field 4, length-delimited) = "\xff\xfe": not UTF-8.
+  const std::string bytes = valid.SerializeAsString() + std::string("\x22\x02\xff\xfe", 4);
+  std::shared_ptr<grpc::Channel> channel = (*p)->NewChannel();
+  constexpr int kRequests = 50;
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_FALSE(RawPlan(channel, bytes).ok()) << i;
+  }
+  ASSERT_THAT(Plan53(channel, kTimeout), IsOk());  // still serving
+  EXPECT_THAT((*p)->Terminate(), IsOk());
+  absl::StatusOr<std::string> output = (*p)->process().ReadAll(Deadline());
+  ASSERT_THAT(output, IsOk());
+  int lines = 0;
+  for (absl::string_view line : absl::StrSplit(*output, '\n')) {
+    if (!absl::StrContains(line, "contains invalid UTF-8 data")) continue;
+    ++lines;
+    EXPECT_THAT(std::string(line),
+                HasSubstr("] protobuf: String field 'flashcp.v1.PlanRequest.strategy' contains "
+                          "invalid UTF-8 data when parsing a protocol buffer."));
+  }
+  EXPECT_EQ(lines, 10) << *output;
+}
+
+TEST(PlannerAbuseTest, BadBoundFlagsExitOneNamingTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--handshake_timeout", "0"}, "--handshake_timeout: must be at least 1ms"},
+      {{"--max_connection_idle", "-1s"}, "--max_connection_idle: must be in [0, 365d], got -1s"},
+      {{"--grpc_max_threads", "1"}, "--grpc_max_threads: must be at least 2, got 1"},
+      {{"--listener_stall_checks", "0"}, "--listener_stall_checks: must be at least 1, got 0"},
+      {{"--metrics_threads", "0"}, "--metrics_threads: must be in [1, 256], got 0"},
+      {{"--metrics_request_timeout", "0"},
+       "--metrics_request_timeout: must be in [1ms, 10m], got 0"},
+  };
+  for (const auto& [flags, message] : cases) {
+    std::vector<std::string> argv = {FLASHCP_PLANNER_BIN, "--listen", "127.0.0.1:0", "--metrics",
+                                     "127.0.0.1:0"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    absl::StatusOr<tests::testing::CommandResult> r =
+        tests::testing::RunCommand(argv, "", Deadline());
+    ASSERT_THAT(r, IsOk());
+    EXPECT_EQ(r->exit_code, 1) << flags[0];
+    EXPECT_THAT(r->output, HasSubstr(absl::StrCat("] flashcp-planner: INVALID_ARGUMENT: ", message,
+                                                  "\n")));
+  }
+}
+
+}  // namespace
+}  // namespace flashcp
