@@ -17,7 +17,8 @@
 //   oversized   unary requests just above --max_message_bytes
 //   malformed   unary requests of bytes that are not a PlanRequest
 //   utf8        unary requests with invalid UTF-8 in `strategy`
-//   rdv_repeat  Rendezvous.Get naming one 256 KiB value --rdv_repeats times
+//   rdv_repeat  a member's Rendezvous.Gets naming one 256 KiB value --rdv_repeats
+//               times, and Gets of 16 distinct 256 KiB values (4 MiB)
 //   ilp         unary ilp plans of 100 documents
 //   streams     --streams PlanStreams, each keeping 64 items in flight
 //
@@ -314,9 +315,13 @@ class Abuse {
     stats->Add(CodeName(stream->Finish()));
   }
 
+  // A member's Gets that name one 256 KiB value --rdv_repeats times, and
+  // Gets of 16 distinct 256 KiB values (4 MiB, over the per-Get bound).
   void RendezvousRepeat(PartStats* stats) {
     auto stub = v1::Rendezvous::NewStub(OwnChannel(address_));
     const std::string group = "soak-rdv";
+    constexpr int kKeys = 16;
+    std::string token;
     {
       grpc::ClientContext c;
       v1::JoinRequest j;
@@ -326,25 +331,33 @@ class Abuse {
       j.set_incarnation(1);
       v1::JoinResponse jr;
       stats->Add(absl::StrCat("join ", CodeName(stub->Join(&c, j, &jr))));
+      token = jr.token();
     }
-    {
+    for (int k = 0; k < kKeys; ++k) {
       grpc::ClientContext c;
       v1::SetRequest s;
       s.set_group(group);
-      s.set_key("k");
+      s.set_token(token);
+      s.set_key(absl::StrCat("k", k));
       s.set_value(std::string(256 << 10, 'v'));
       v1::SetResponse sr;
       stats->Add(absl::StrCat("set ", CodeName(stub->Set(&c, s, &sr))));
     }
-    v1::GetRequest g;
-    g.set_group(group);
-    for (int i = 0; i < absl::GetFlag(FLAGS_rdv_repeats); ++i) g.add_keys("k");
-    g.set_timeout_ms(1000);
-    while (!stop_.load()) {
+    v1::GetRequest repeated;
+    repeated.set_group(group);
+    repeated.set_token(token);
+    for (int i = 0; i < absl::GetFlag(FLAGS_rdv_repeats); ++i) repeated.add_keys("k0");
+    repeated.set_timeout_ms(1000);
+    v1::GetRequest all = repeated;
+    all.clear_keys();
+    for (int k = 0; k < kKeys; ++k) all.add_keys(absl::StrCat("k", k));
+    for (uint64_t n = 0; !stop_.load(); ++n) {
       grpc::ClientContext c;
       c.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
       v1::GetResponse gr;
-      stats->Add(CodeName(stub->Get(&c, g, &gr)));
+      const bool rep = n % 2 == 0;
+      stats->Add(absl::StrCat(rep ? "repeated " : "4 MiB ",
+                              CodeName(stub->Get(&c, rep ? repeated : all, &gr))));
     }
   }
 
