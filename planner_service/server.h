@@ -36,14 +36,7 @@ struct ServerOptions {
   std::string tls_key;
   std::string tls_client_ca;             // mTLS: clients must present a cert it signed
   absl::Duration drain_timeout = absl::Seconds(30);  // then in-flight calls are cancelled
-  // Entry bytes (key + value + kEntryOverheadBytes each) all rendezvous
-  // groups may hold together (>= 1).
-  int64_t rendezvous_max_bytes = kDefaultMaxTotalValueBytes;
-  // A rendezvous group no member called for this long is dropped (> 0).
-  absl::Duration rendezvous_idle_timeout = kDefaultIdleTimeout;
-  int64_t rendezvous_max_waiters = kDefaultMaxWaiters;  // waiting calls at once (>= 1)
-  // Groups one peer created that never had all ranks (>= 1).
-  int32_t rendezvous_max_forming_per_peer = kDefaultMaxFormingGroupsPerPeer;
+  RendezvousOptions rendezvous;          // the --rendezvous_* flags (ValidateRendezvousOptions)
   bool testing_hold_planning = false;    // test hook: plan nothing until SIGUSR1
   std::string version;                   // build version, for GetServerInfo and build_info
 };
