@@ -34,7 +34,7 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM, how long in-flight calls may take before they are cancelled");
 ABSL_FLAG(int64_t, rendezvous_max_bytes, flashcp::planner_service::kDefaultMaxTotalValueBytes,
           "bytes all rendezvous groups may hold together, an entry counting key + value + 256 "
-          "and a member 512; above: RESOURCE_EXHAUSTED");
+          "and a member 1024; above: RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, rendezvous_idle_timeout, flashcp::planner_service::kDefaultIdleTimeout,
           "a rendezvous group that no member called (and none waits in) for this long is dropped "
           "(at least 1s)");

@@ -3,6 +3,7 @@
 #include <dirent.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -126,6 +127,42 @@ TEST(RandomTokenTest, Is128BitsOfHex) {
   EXPECT_EQ(a.size(), 32u);
   EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos) << a;
   EXPECT_NE(a, b);
+}
+
+// Every option names its planner flag; the review of issue 12 found a 1 ns
+// --rendezvous_idle_timeout accepted (groups would expire between calls).
+TEST(ValidateRendezvousOptionsTest, NamesTheFlag) {
+  EXPECT_THAT(ValidateRendezvousOptions({}), IsOk());
+  struct Case {
+    std::function<void(RendezvousOptions&)> set;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](RendezvousOptions& o) { o.max_total_bytes = 0; },
+       "--rendezvous_max_bytes: must be at least 1, got 0"},
+      {[](RendezvousOptions& o) { o.idle_timeout = absl::Nanoseconds(1); },
+       "--rendezvous_idle_timeout: must be at least 1s, got 1ns"},
+      {[](RendezvousOptions& o) { o.idle_timeout = absl::ZeroDuration(); },
+       "--rendezvous_idle_timeout: must be at least 1s, got 0"},
+      {[](RendezvousOptions& o) { o.max_waiters = 0; },
+       "--rendezvous_max_waiters: must be at least 1, got 0"},
+      {[](RendezvousOptions& o) { o.max_waiters_per_peer = -1; },
+       "--rendezvous_max_waiters_per_peer: must be at least 1, got -1"},
+      {[](RendezvousOptions& o) { o.max_waiter_bytes = 0; },
+       "--rendezvous_max_waiter_bytes: must be at least 1, got 0"},
+      {[](RendezvousOptions& o) { o.max_answer_bytes = 0; },
+       "--rendezvous_max_answer_bytes: must be at least 1, got 0"},
+      {[](RendezvousOptions& o) { o.max_groups_per_peer = 0; },
+       "--rendezvous_max_groups_per_peer: must be at least 1, got 0"},
+  };
+  for (const Case& c : cases) {
+    RendezvousOptions o;
+    c.set(o);
+    EXPECT_EQ(ValidateRendezvousOptions(o), absl::InvalidArgumentError(c.message));
+  }
+  RendezvousOptions o;
+  o.idle_timeout = kMinIdleTimeout;
+  EXPECT_THAT(ValidateRendezvousOptions(o), IsOk());
 }
 
 TEST(RendezvousStateTest, JoinCodes) {
@@ -259,18 +296,18 @@ TEST(RendezvousStateTest, GetRefusesRepeatedKeysAndBoundsTheResponseBytes) {
 TEST(RendezvousStateTest, EntryBytesCountKeyValueAndOverheadAcrossGroups) {
   RendezvousOptions o;
   // Two members, two empty-valued entries and 10 bytes.
-  o.max_total_bytes = 2 * kMemberOverheadBytes + 2 * (1 + kEntryOverheadBytes) + 10;  // 1548
+  o.max_total_bytes = 2 * kMemberOverheadBytes + 2 * (1 + kEntryOverheadBytes) + 10;  // 2572
   Fixture f(o);
   RendezvousState& s = f.s;
-  const std::string a = f.Join("a", 0, 1, 1);            // 512
-  const std::string b = f.Join("b", 0, 1, 1);            // 1024
-  ASSERT_THAT(s.Set(kLocal, "a", a, "k", ""), IsOk());   // 1281
-  ASSERT_THAT(s.Set(kLocal, "b", b, "k", ""), IsOk());   // 1538
+  const std::string a = f.Join("a", 0, 1, 1);            // 1024
+  const std::string b = f.Join("b", 0, 1, 1);            // 2048
+  ASSERT_THAT(s.Set(kLocal, "a", a, "k", ""), IsOk());   // 2305
+  ASSERT_THAT(s.Set(kLocal, "b", b, "k", ""), IsOk());   // 2562
   const absl::Status full = absl::ResourceExhaustedError(
-      "group \"b\": the entries and members of all groups would exceed 1548 bytes "
-      "(--rendezvous_max_bytes; an entry counts key + value + 256 bytes, a member 512)");
+      "group \"b\": the entries and members of all groups would exceed 2572 bytes "
+      "(--rendezvous_max_bytes; an entry counts key + value + 256 bytes, a member 1024)");
   EXPECT_EQ(s.Set(kLocal, "b", b, "x", ""), full);
-  ASSERT_THAT(s.Set(kLocal, "b", b, "k", "0123456789"), IsOk());  // exactly 1548
+  ASSERT_THAT(s.Set(kLocal, "b", b, "k", "0123456789"), IsOk());  // exactly 2572
   EXPECT_THAT(s.Set(kLocal, "a", a, "k", "0"), StatusIs(absl::StatusCode::kResourceExhausted));
   // A group that goes (its last member leaves) gives its bytes back.
   ASSERT_THAT(s.Leave(kLocal, "a", a, 0, 1), IsOk());
@@ -278,7 +315,7 @@ TEST(RendezvousStateTest, EntryBytesCountKeyValueAndOverheadAcrossGroups) {
   // So does an aborted group that a new incarnation re-forms.
   ASSERT_THAT(s.Abort(kLocal, "b", b, 0, "x"), IsOk());
   const std::string b2 = f.Join("b", 0, 1, 2);
-  EXPECT_THAT(s.Set(kLocal, "b", b2, "k", std::string(1548 - 512 - 257, 'v')), IsOk());
+  EXPECT_THAT(s.Set(kLocal, "b", b2, "k", std::string(2572 - 1024 - 257, 'v')), IsOk());
 }
 
 // Review of issue 12: members were not charged (60 groups of 1,024 members
@@ -293,14 +330,14 @@ TEST(RendezvousStateTest, MembersAreChargedToTheirGroupsBytes) {
   f.Join("g", 1, 4, 1);
   f.Join("g", 2, 4, 1);
   const absl::Status full = absl::ResourceExhaustedError(
-      "group \"g\": the entries and members of all groups would exceed 1536 bytes "
-      "(--rendezvous_max_bytes; an entry counts key + value + 256 bytes, a member 512)");
+      "group \"g\": the entries and members of all groups would exceed 3072 bytes "
+      "(--rendezvous_max_bytes; an entry counts key + value + 256 bytes, a member 1024)");
   EXPECT_EQ(s.Join(kLocal, "g", 3, 4, 1).status(), full);
   EXPECT_EQ(s.Join(kLocal, "h", 0, 1, 1).status(),
             absl::ResourceExhaustedError(
-                "group \"h\": the entries and members of all groups would exceed 1536 bytes "
+                "group \"h\": the entries and members of all groups would exceed 3072 bytes "
                 "(--rendezvous_max_bytes; an entry counts key + value + 256 bytes, a member "
-                "512)"));
+                "1024)"));
   EXPECT_EQ(s.group_count(), 1u);  // the refused Join left no memberless group
   ASSERT_THAT(s.Leave(kLocal, "g", t0, 0, 1), IsOk());
   EXPECT_THAT(s.Join(kLocal, "g", 3, 4, 1).status(), IsOk());
@@ -319,7 +356,7 @@ TEST(RendezvousStateTest, AGroupsEntryBytesCountKeysAndOverhead) {
   EXPECT_EQ(f.s.Set(kLocal, "g", t, "last", mib),
             absl::ResourceExhaustedError("group \"g\": entries and members would exceed "
                                          "268435456 bytes (an entry counts key + value + 256 "
-                                         "bytes, a member 512)"));
+                                         "bytes, a member 1024)"));
 }
 
 TEST(RendezvousStateTest, AbortWakesWaitersAndNewIncarnationResets) {

@@ -23,8 +23,8 @@ inline constexpr size_t kMaxKeysPerGroup = 16384;
 // values cannot pin memory uncounted.
 inline constexpr int64_t kEntryOverheadBytes = 256;
 // What one member of a group is charged (its token, twice, and two map
-// nodes, with allocator slack): 1,024 members are 512 KiB.
-inline constexpr int64_t kMemberOverheadBytes = 512;
+// nodes, with allocator slack): 1,024 members are 1 MiB.
+inline constexpr int64_t kMemberOverheadBytes = 1024;
 // A group's entries and members, charged key + value + kEntryOverheadBytes
 // per entry and kMemberOverheadBytes per member.
 inline constexpr int64_t kMaxBytesPerGroup = int64_t{256} << 20;
