@@ -49,16 +49,26 @@ ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients need
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM, how long in-flight calls may take before they are cancelled");
 ABSL_FLAG(int64_t, rendezvous_max_bytes, flashcp::planner_service::kDefaultMaxTotalValueBytes,
-          "bytes all rendezvous groups may hold together, an entry counting key + value + 256; "
-          "above: RESOURCE_EXHAUSTED");
+          "bytes all rendezvous groups may hold together, an entry counting key + value + 256 "
+          "and a member 1024; above: RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, rendezvous_idle_timeout, flashcp::planner_service::kDefaultIdleTimeout,
-          "a rendezvous group that no member called (and none waits in) for this long is dropped");
+          "a rendezvous group that no member called (and none waits in) for this long is dropped "
+          "(at least 1s)");
 ABSL_FLAG(int64_t, rendezvous_max_waiters, flashcp::planner_service::kDefaultMaxWaiters,
           "rendezvous AwaitMembers/Get calls waiting at once; above: RESOURCE_EXHAUSTED");
-ABSL_FLAG(int32_t, rendezvous_max_forming_per_peer,
-          flashcp::planner_service::kDefaultMaxFormingGroupsPerPeer,
-          "rendezvous groups one peer (mTLS identity, else IP address) created that never had all "
-          "their ranks; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, rendezvous_max_waiters_per_peer,
+          flashcp::planner_service::kDefaultMaxWaitersPerPeer,
+          "rendezvous calls one peer (mTLS identity, else IP address) has waiting at once; above: "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, rendezvous_max_waiter_bytes, flashcp::planner_service::kDefaultMaxWaiterBytes,
+          "bytes all waiting rendezvous calls may hold, a Get counting 512 + 2 x key + 128 per "
+          "key; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, rendezvous_max_answer_bytes, flashcp::planner_service::kDefaultMaxAnswerBytes,
+          "value bytes of rendezvous Get answers being sent at once; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, rendezvous_max_groups_per_peer,
+          flashcp::planner_service::kDefaultMaxGroupsPerPeer,
+          "rendezvous groups one peer (mTLS identity, else IP address) created that still exist, "
+          "formed or not; above: RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, handshake_timeout, absl::Seconds(10),
           "a connection that has not completed its HTTP/2 (and TLS) handshake in this is closed");
 ABSL_FLAG(absl::Duration, max_connection_idle, absl::Minutes(5),
@@ -112,10 +122,13 @@ int main(int argc, char** argv) {
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
-  o.rendezvous_max_bytes = absl::GetFlag(FLAGS_rendezvous_max_bytes);
-  o.rendezvous_idle_timeout = absl::GetFlag(FLAGS_rendezvous_idle_timeout);
-  o.rendezvous_max_waiters = absl::GetFlag(FLAGS_rendezvous_max_waiters);
-  o.rendezvous_max_forming_per_peer = absl::GetFlag(FLAGS_rendezvous_max_forming_per_peer);
+  o.rendezvous.max_total_bytes = absl::GetFlag(FLAGS_rendezvous_max_bytes);
+  o.rendezvous.idle_timeout = absl::GetFlag(FLAGS_rendezvous_idle_timeout);
+  o.rendezvous.max_waiters = absl::GetFlag(FLAGS_rendezvous_max_waiters);
+  o.rendezvous.max_waiters_per_peer = absl::GetFlag(FLAGS_rendezvous_max_waiters_per_peer);
+  o.rendezvous.max_waiter_bytes = absl::GetFlag(FLAGS_rendezvous_max_waiter_bytes);
+  o.rendezvous.max_answer_bytes = absl::GetFlag(FLAGS_rendezvous_max_answer_bytes);
+  o.rendezvous.max_groups_per_peer = absl::GetFlag(FLAGS_rendezvous_max_groups_per_peer);
   o.handshake_timeout = absl::GetFlag(FLAGS_handshake_timeout);
   o.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle);
   o.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/echo.h"
 #include "core/status_macros.h"
 #include "proto/grpc_status.h"
 
@@ -45,6 +46,16 @@ absl::Time WaitDeadline(const grpc::CallbackServerContext& context, const core::
 }
 
 std::string Quoted(absl::string_view s) { return absl::StrCat("\"", s, "\""); }
+
+// "a, b, c", naming at most kMaxNamedInError items, then " and N more".
+template <typename T, typename Name>
+std::string NameSome(const std::vector<T>& items, Name name) {
+  std::string out;
+  const size_t named = std::min(items.size(), kMaxNamedInError);
+  for (size_t i = 0; i < named; ++i) absl::StrAppend(&out, i == 0 ? "" : ", ", name(items[i]));
+  if (items.size() > named) absl::StrAppend(&out, " and ", items.size() - named, " more");
+  return out;
+}
 
 absl::Status ShuttingDown() {
   return absl::UnavailableError("rendezvous: the planner is shutting down");
@@ -85,6 +96,9 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
  public:
   explicit WaitReactor(RendezvousState* state) : state_(state) {}
   void Started(RendezvousState::WaitId id) { id_.store(id); }
+  // Keeps an answer's charge (RendezvousState::Values) until gRPC is done
+  // sending it; call before Finish.
+  void Hold(std::shared_ptr<const void> charge) { charge_ = std::move(charge); }
   void OnCancel() override {
     const RendezvousState::WaitId id = id_.load();
     if (id != 0) state_->Cancel(id);
@@ -94,6 +108,7 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
  private:
   RendezvousState* const state_;
   std::atomic<RendezvousState::WaitId> id_{0};
+  std::shared_ptr<const void> charge_;
 };
 
 grpc::ServerUnaryReactor* Finished(grpc::CallbackServerContext* context,
@@ -141,6 +156,34 @@ absl::Status ValidateGroupName(absl::string_view group) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateRendezvousOptions(const RendezvousOptions& o) {
+  const auto at_least_one = [](absl::string_view flag, int64_t value) -> absl::Status {
+    if (value >= 1) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": must be at least 1, got ", value));
+  };
+  FLASHCP_RETURN_IF_ERROR(at_least_one("--rendezvous_max_bytes", o.max_total_bytes));
+  if (o.idle_timeout < kMinIdleTimeout) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rendezvous_idle_timeout: must be at least ",
+                     absl::FormatDuration(kMinIdleTimeout), ", got ",
+                     absl::FormatDuration(o.idle_timeout)));
+  }
+  FLASHCP_RETURN_IF_ERROR(at_least_one("--rendezvous_max_waiters", o.max_waiters));
+  FLASHCP_RETURN_IF_ERROR(
+      at_least_one("--rendezvous_max_waiters_per_peer", o.max_waiters_per_peer));
+  FLASHCP_RETURN_IF_ERROR(at_least_one("--rendezvous_max_waiter_bytes", o.max_waiter_bytes));
+  FLASHCP_RETURN_IF_ERROR(at_least_one("--rendezvous_max_answer_bytes", o.max_answer_bytes));
+  return at_least_one("--rendezvous_max_groups_per_peer", o.max_groups_per_peer);
+}
+
+int64_t WaiterBytes(const std::vector<std::string>& keys) {
+  int64_t bytes = kWaiterOverheadBytes;
+  for (const std::string& key : keys) {
+    bytes += 2 * static_cast<int64_t>(key.size()) + kWaitKeyOverheadBytes;
+  }
+  return bytes;
+}
+
 RendezvousState::RendezvousState(RendezvousOptions options, const core::WaitClock* clock,
                                  TokenSource tokens)
     : options_(options), clock_(clock), tokens_(std::move(tokens)) {}
@@ -168,6 +211,35 @@ absl::StatusOr<RendezvousState::GroupMap::iterator> RendezvousState::FindMember(
   return it;
 }
 
+void RendezvousState::AddUsage(const std::string& peer, int32_t groups, int64_t waiters) {
+  PeerUsage& u = peers_[peer];
+  u.groups += groups;
+  u.waiters += waiters;
+  if (u.groups <= 0 && u.waiters <= 0) peers_.erase(peer);
+}
+
+void RendezvousState::ReleaseCreator(Group& g) {
+  if (g.creator.empty()) return;
+  AddUsage(g.creator, -1, 0);
+  g.creator.clear();
+}
+
+absl::Status RendezvousState::RoomForMember(absl::string_view name, int64_t group_bytes) const {
+  if (group_bytes + kMemberOverheadBytes > kMaxBytesPerGroup) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "group ", Quoted(name), ": entries and members would exceed ", kMaxBytesPerGroup,
+        " bytes (an entry counts key + value + ", kEntryOverheadBytes, " bytes, a member ",
+        kMemberOverheadBytes, ")"));
+  }
+  if (total_bytes_ + kMemberOverheadBytes > options_.max_total_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "group ", Quoted(name), ": the entries and members of all groups would exceed ",
+        options_.max_total_bytes, " bytes (--rendezvous_max_bytes; an entry counts key + value + ",
+        kEntryOverheadBytes, " bytes, a member ", kMemberOverheadBytes, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& caller,
                                                               absl::string_view group_name,
                                                               int32_t rank, int32_t world_size,
@@ -185,19 +257,6 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
                                                    ") for group ", Quoted(group_name), ", got ",
                                                    rank));
   };
-  const auto forming_bound = [&]() -> absl::Status {
-    const auto f = forming_per_peer_.find(caller.peer);
-    if (f != forming_per_peer_.end() && f->second >= options_.max_forming_groups_per_peer) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "group ", Quoted(group_name), ": peer ", Quoted(caller.peer), " already has ",
-          f->second, " groups that never had all their ranks (--rendezvous_max_forming_per_peer)"));
-    }
-    return absl::OkStatus();
-  };
-  const auto charge = [&](Group& g) {
-    g.forming_peer = caller.peer;
-    ++forming_per_peer_[caller.peer];
-  };
   Ready ready;
   absl::StatusOr<Joined> result;
   {
@@ -212,11 +271,18 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
         return absl::ResourceExhaustedError(
             absl::StrCat("group ", Quoted(group_name), ": already ", kMaxGroups, " groups"));
       }
-      if (world_size > 1) FLASHCP_RETURN_IF_ERROR(forming_bound());  // else formed at once
+      const auto u = peers_.find(caller.peer);
+      if (u != peers_.end() && u->second.groups >= options_.max_groups_per_peer) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "group ", Quoted(group_name), ": peer ", Quoted(caller.peer), " already created ",
+            u->second.groups, " groups that still exist (--rendezvous_max_groups_per_peer)"));
+      }
+      FLASHCP_RETURN_IF_ERROR(RoomForMember(group_name, 0));
       it = groups_.emplace(std::string(group_name), Group{}).first;
       it->second.world_size = world_size;
       it->second.identity = caller.identity;
-      charge(it->second);
+      it->second.creator = caller.peer;
+      AddUsage(caller.peer, 1, 0);
     }
     Group& g = it->second;
     if (g.identity != caller.identity) return BoundToAnother(group_name, caller);
@@ -227,18 +293,14 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
             absl::StrCat("group ", Quoted(group_name), " aborted: ", g.abort_reason));
       }
       if (rank < 0 || rank >= world_size) return bad_rank(world_size);
-      if (world_size > 1 && g.forming_peer != caller.peer) {
-        FLASHCP_RETURN_IF_ERROR(forming_bound());
-      }
       // A new incarnation re-forms the failed group (it has no waiters: the
-      // abort finished them).
-      Uncharge(g);
+      // abort finished them); it still counts for its creator.
       total_bytes_ -= g.bytes;
-      const std::string identity = g.identity;
-      g = Group{};
-      g.world_size = world_size;
-      g.identity = identity;
-      charge(g);
+      Group fresh;
+      fresh.world_size = world_size;
+      fresh.identity = std::move(g.identity);
+      fresh.creator = std::move(g.creator);
+      g = std::move(fresh);
     }
     if (world_size != g.world_size) {
       return absl::FailedPreconditionError(
@@ -272,16 +334,21 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
       g.rank_of_token[member.token] = rank;
       result = Joined{g.world_size, member.token};
     } else {
+      if (absl::Status room = RoomForMember(group_name, g.bytes); !room.ok()) {
+        if (g.members.empty()) EraseGroup(it, absl::OkStatus(), ready);  // no waiters
+        return room;
+      }
+      g.bytes += kMemberOverheadBytes;
+      total_bytes_ += kMemberOverheadBytes;
       g.last_call = now;
       Member& member = g.members[rank];
       member = Member{incarnation, tokens_()};
       g.rank_of_token[member.token] = rank;
       result = Joined{g.world_size, member.token};
-      if (static_cast<int32_t>(g.members.size()) == g.world_size && !g.formed) {
+      if (static_cast<int32_t>(g.members.size()) == g.world_size) {
         g.formed = true;
-        Uncharge(g);
+        WakeMemberWaiters(it, ready);
       }
-      Wake(it, ready);
     }
   }
   for (auto& r : ready) r();
@@ -296,77 +363,154 @@ void RendezvousState::Fail(Waiter& w, absl::Status status, Ready& ready) {
   }
 }
 
-bool RendezvousState::Answer(const Group& g, const std::string& name, Waiter& w, Ready& ready,
-                             bool timed_out) {
-  const auto fail = [&](absl::Status s) {
-    Fail(w, s, ready);
-    return true;
-  };
-  if (g.aborted) return fail(absl::AbortedError(absl::StrCat("group ", Quoted(name), " aborted: ",
-                                                             g.abort_reason)));
+void RendezvousState::Answer(const Group& g, const std::string& name, Waiter& w, Ready& ready) {
   if (!w.is_get()) {
-    if (static_cast<int32_t>(g.members.size()) == g.world_size) {
-      std::vector<int32_t> ranks;
-      ranks.reserve(g.members.size());
-      for (const auto& [rank, member] : g.members) ranks.push_back(rank);
-      ready.push_back([done = std::move(w.members_done), r = std::move(ranks)]() mutable {
-        done(std::move(r));
-      });
-      return true;
-    }
-    if (!timed_out) return false;
+    std::vector<int32_t> ranks;
+    ranks.reserve(g.members.size());
+    for (const auto& [rank, member] : g.members) ranks.push_back(rank);
+    ready.push_back([done = std::move(w.members_done), r = std::move(ranks)]() mutable {
+      done(std::move(r));
+    });
+    return;
+  }
+  int64_t bytes = 0;
+  for (const Value& v : w.values) bytes += static_cast<int64_t>(v->size());
+  if (bytes > kMaxGetResponseBytes) {
+    return Fail(w,
+                absl::ResourceExhaustedError(absl::StrCat(
+                    "group ", Quoted(name), ": the values of the ", w.values.size(),
+                    " keys are ", bytes, " bytes; a Get returns at most ", kMaxGetResponseBytes,
+                    " (ask for fewer keys)")),
+                ready);
+  }
+  // Only this thread adds (under mu_); answers being released only lower it.
+  const int64_t in_flight = answer_bytes_->load();
+  if (in_flight + bytes > options_.max_answer_bytes) {
+    return Fail(w,
+                absl::ResourceExhaustedError(absl::StrCat(
+                    "group ", Quoted(name), ": answers being sent hold ", in_flight,
+                    " bytes; this one's ", bytes, " would pass ", options_.max_answer_bytes,
+                    " (--rendezvous_max_answer_bytes; retry later)")),
+                ready);
+  }
+  answer_bytes_->fetch_add(bytes);
+  Values values{std::move(w.values),
+                std::shared_ptr<const void>(nullptr, [counter = answer_bytes_, bytes](const void*) {
+                  counter->fetch_sub(bytes);
+                })};
+  ready.push_back([done = std::move(w.values_done), v = std::move(values)]() mutable {
+    done(std::move(v));
+  });
+}
+
+void RendezvousState::TimeOut(const Group& g, const std::string& name, Waiter& w,
+                              Ready& ready) {
+  if (!w.is_get()) {
     std::vector<int32_t> missing;
     for (int32_t r = 0; r < g.world_size; ++r) {
       if (!g.members.contains(r)) missing.push_back(r);
     }
-    return fail(absl::DeadlineExceededError(
-        absl::StrCat("group ", Quoted(name), ": ranks ", absl::StrJoin(missing, ", "), " of ",
-                     g.world_size, " have not joined")));
+    return Fail(w,
+                absl::DeadlineExceededError(absl::StrCat(
+                    "group ", Quoted(name), ": ranks ",
+                    NameSome(missing, [](int32_t r) { return absl::StrCat(r); }), " of ",
+                    g.world_size, " have not joined")),
+                ready);
   }
-  // Sizes first: nothing is copied for an answer over the bound.
-  int64_t bytes = 0;
-  std::vector<std::string> missing;
-  for (const std::string& key : w.keys) {
-    const auto it = g.kv.find(key);
-    if (it == g.kv.end()) {
-      missing.push_back(Quoted(key));
-    } else {
-      bytes += static_cast<int64_t>(it->second.size());
+  std::vector<absl::string_view> missing;
+  if (!w.keys.empty()) {  // not registered
+    for (size_t i = 0; i < w.keys.size(); ++i) {
+      if (w.values[i] == nullptr) missing.push_back(w.keys[i]);
+    }
+  } else {
+    for (const auto& [entry, slot] : w.waiting) {
+      if (w.values[slot] == nullptr) missing.push_back(entry->first);
     }
   }
-  if (!missing.empty()) {
-    if (!timed_out) return false;
-    return fail(absl::DeadlineExceededError(absl::StrCat(
-        "group ", Quoted(name), ": keys ", absl::StrJoin(missing, ", "), " not set")));
+  Fail(w,
+       absl::DeadlineExceededError(absl::StrCat("group ", Quoted(name), ": keys ",
+                                                NameSome(missing, core::Echo), " not set")),
+       ready);
+}
+
+absl::Status RendezvousState::RoomToWait(const std::string& name, const Waiter& w) const {
+  if (static_cast<int64_t>(waiters_.size()) >= options_.max_waiters) {
+    return absl::ResourceExhaustedError(absl::StrCat("group ", Quoted(name), ": already ",
+                                                     waiters_.size(),
+                                                     " calls waiting (--rendezvous_max_waiters)"));
   }
-  if (bytes > kMaxGetResponseBytes) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat(
-        "group ", Quoted(name), ": the values of the ", w.keys.size(), " keys are ", bytes,
-        " bytes; a Get returns at most ", kMaxGetResponseBytes, " (ask for fewer keys)")));
+  const auto u = peers_.find(w.peer);
+  if (u != peers_.end() && u->second.waiters >= options_.max_waiters_per_peer) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "group ", Quoted(name), ": peer ", Quoted(w.peer), " already has ", u->second.waiters,
+        " calls waiting (--rendezvous_max_waiters_per_peer)"));
   }
-  std::vector<std::string> values;
-  values.reserve(w.keys.size());
-  for (const std::string& key : w.keys) values.push_back(g.kv.find(key)->second);
-  ready.push_back([done = std::move(w.values_done), v = std::move(values)]() mutable {
-    done(std::move(v));
-  });
-  return true;
+  if (waiter_bytes_ + w.charged > options_.max_waiter_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "group ", Quoted(name), ": waiting calls hold ", waiter_bytes_, " bytes; this one's ",
+        w.charged, " would pass ", options_.max_waiter_bytes,
+        " (--rendezvous_max_waiter_bytes; a Get counts ", kWaiterOverheadBytes,
+        " + 2 x key + ", kWaitKeyOverheadBytes, " per key)"));
+  }
+  return absl::OkStatus();
 }
 
 RendezvousState::WaitId RendezvousState::Register(GroupMap::iterator it, Waiter w, Ready& ready) {
   Group& g = it->second;
-  if (Answer(g, it->first, w, ready, /*timed_out=*/w.deadline <= clock_->Now())) return 0;
-  if (static_cast<int64_t>(waiters_.size()) >= options_.max_waiters) {
-    const absl::Status s = absl::ResourceExhaustedError(
-        absl::StrCat("group ", Quoted(it->first), ": already ", waiters_.size(),
-                     " calls waiting (--rendezvous_max_waiters)"));
-    Fail(w, s, ready);
+  if (g.aborted) {
+    Fail(w, absl::AbortedError(absl::StrCat("group ", Quoted(it->first), " aborted: ",
+                                            g.abort_reason)),
+         ready);
+    return 0;
+  }
+  bool complete = false;
+  if (w.is_get()) {
+    w.values.resize(w.keys.size());
+    for (size_t i = 0; i < w.keys.size(); ++i) {
+      const auto kv = g.kv.find(w.keys[i]);
+      if (kv != g.kv.end()) {
+        w.values[i] = kv->second;
+      } else {
+        ++w.missing;
+      }
+    }
+    complete = w.missing == 0;
+  } else {
+    complete = static_cast<int32_t>(g.members.size()) == g.world_size;
+  }
+  if (complete) {
+    Answer(g, it->first, w, ready);
+    return 0;
+  }
+  if (w.deadline <= clock_->Now()) {
+    TimeOut(g, it->first, w, ready);
+    return 0;
+  }
+  if (absl::Status room = RoomToWait(it->first, w); !room.ok()) {
+    Fail(w, std::move(room), ready);
     return 0;
   }
   const WaitId id = next_wait_id_++;
+  if (w.is_get()) {
+    // The missing keys move into the group's index; the waiter keeps its
+    // index entries (stable std::map iterators) to leave it and to name them.
+    w.waiting.reserve(w.missing);
+    for (size_t i = 0; i < w.keys.size(); ++i) {
+      if (w.values[i] != nullptr) continue;
+      const auto entry = g.waiting_on.try_emplace(std::move(w.keys[i])).first;
+      entry->second.emplace(id, static_cast<uint32_t>(i));
+      w.waiting.emplace_back(entry, static_cast<uint32_t>(i));
+    }
+    w.keys.clear();
+    w.keys.shrink_to_fit();
+  } else {
+    g.member_waiters.insert(id);
+  }
   if (deadlines_.empty() || w.deadline < deadlines_.begin()->first) timer_kick_ = true;
   deadlines_.emplace(w.deadline, id);
   g.waiters.insert(id);
+  waiter_bytes_ += w.charged;
+  AddUsage(w.peer, 0, 1);
   waiters_.emplace(id, std::move(w));
   return id;
 }
@@ -374,22 +518,56 @@ RendezvousState::WaitId RendezvousState::Register(GroupMap::iterator it, Waiter 
 void RendezvousState::EraseWaiter(WaitId id) {
   const auto it = waiters_.find(id);
   if (it == waiters_.end()) return;
-  deadlines_.erase({it->second.deadline, id});
-  const auto g = groups_.find(it->second.group);
-  if (g != groups_.end()) g->second.waiters.erase(id);
+  Waiter& w = it->second;
+  deadlines_.erase({w.deadline, id});
+  const auto g = groups_.find(w.group);
+  if (g != groups_.end()) {
+    g->second.waiters.erase(id);
+    g->second.member_waiters.erase(id);
+    // With nothing missing every entry went when its key was set (and an
+    // answer may have taken `values`).
+    for (size_t i = 0; w.missing > 0 && i < w.waiting.size(); ++i) {
+      const auto& [entry, slot] = w.waiting[i];
+      if (w.values[slot] != nullptr) continue;  // the entry went when its key was set
+      entry->second.erase(id);
+      if (entry->second.empty()) g->second.waiting_on.erase(entry);
+    }
+  }
+  waiter_bytes_ -= w.charged;
+  AddUsage(w.peer, 0, -1);
   waiters_.erase(it);
 }
 
-void RendezvousState::Wake(GroupMap::iterator it, Ready& ready) {
+void RendezvousState::WakeMemberWaiters(GroupMap::iterator it, Ready& ready) {
   Group& g = it->second;
-  const std::vector<WaitId> ids(g.waiters.begin(), g.waiters.end());
+  const std::vector<WaitId> ids(g.member_waiters.begin(), g.member_waiters.end());
   for (const WaitId id : ids) {
     ++waiter_checks_;
-    if (Answer(g, it->first, waiters_.at(id), ready, /*timed_out=*/false)) {
-      EraseWaiter(id);
-      g.last_call = clock_->Now();
-    }
+    Answer(g, it->first, waiters_.at(id), ready);
+    EraseWaiter(id);
   }
+  if (!ids.empty()) g.last_call = clock_->Now();
+}
+
+void RendezvousState::WakeKeyWaiters(GroupMap::iterator it, absl::string_view key,
+                                     const Value& value, Ready& ready) {
+  Group& g = it->second;
+  const auto entry = g.waiting_on.find(key);
+  if (entry == g.waiting_on.end()) return;
+  std::vector<WaitId> complete;
+  for (const auto& [id, slot] : entry->second) {
+    ++waiter_checks_;
+    Waiter& w = waiters_.at(id);
+    w.values[slot] = value;
+    if (--w.missing == 0) complete.push_back(id);
+  }
+  g.waiting_on.erase(entry);  // its waiters' slots are filled: none refers to it now
+  std::sort(complete.begin(), complete.end());  // in the order they came (max_answer_bytes)
+  for (const WaitId id : complete) {
+    Answer(g, it->first, waiters_.at(id), ready);
+    EraseWaiter(id);
+  }
+  if (!complete.empty()) g.last_call = clock_->Now();
 }
 
 void RendezvousState::FailWaiters(Group& g, const absl::Status& status, Ready& ready,
@@ -403,18 +581,11 @@ void RendezvousState::FailWaiters(Group& g, const absl::Status& status, Ready& r
   }
 }
 
-void RendezvousState::Uncharge(Group& g) {
-  if (g.forming_peer.empty()) return;
-  const auto f = forming_per_peer_.find(g.forming_peer);
-  if (f != forming_per_peer_.end() && --f->second <= 0) forming_per_peer_.erase(f);
-  g.forming_peer.clear();
-}
-
 void RendezvousState::EraseGroup(GroupMap::iterator it, const absl::Status& status,
                                  Ready& ready) {
   FailWaiters(it->second, status, ready);
   total_bytes_ -= it->second.bytes;
-  Uncharge(it->second);
+  ReleaseCreator(it->second);
   groups_.erase(it);
 }
 
@@ -437,6 +608,8 @@ RendezvousState::WaitId RendezvousState::StartWait(const Caller& caller, absl::S
     int32_t rank = 0;
     absl::StatusOr<GroupMap::iterator> it = FindMember(caller, w.group, w.token, &rank);
     if (it.ok()) {
+      w.peer = caller.peer;
+      w.charged = WaiterBytes(w.keys);
       id = Register(*it, std::move(w), ready);
     } else {
       valid = it.status();
@@ -451,15 +624,18 @@ RendezvousState::WaitId RendezvousState::AwaitMembers(const Caller& caller,
                                                       absl::string_view group_name,
                                                       absl::string_view token,
                                                       absl::Time deadline, MembersDone done) {
-  return StartWait(caller, ValidateGroupName(group_name),
-                   Waiter{std::string(group_name), std::string(token), {}, deadline,
-                          std::move(done), nullptr});
+  Waiter w;
+  w.group = std::string(group_name);
+  w.token = std::string(token);
+  w.deadline = deadline;
+  w.members_done = std::move(done);
+  return StartWait(caller, ValidateGroupName(group_name), std::move(w));
 }
 
 RendezvousState::WaitId RendezvousState::Get(const Caller& caller, absl::string_view group_name,
                                              absl::string_view token,
-                                             const std::vector<std::string>& keys,
-                                             absl::Time deadline, ValuesDone done) {
+                                             std::vector<std::string> keys, absl::Time deadline,
+                                             ValuesDone done) {
   const auto validate = [&]() -> absl::Status {
     FLASHCP_RETURN_IF_ERROR(ValidateGroupName(group_name));
     if (keys.empty() || keys.size() > kMaxKeysPerGet) {
@@ -474,14 +650,19 @@ RendezvousState::WaitId RendezvousState::Get(const Caller& caller, absl::string_
       FLASHCP_RETURN_IF_ERROR(ValidateKey(key));
       if (!seen.insert(key).second) {
         return absl::InvalidArgumentError(
-            absl::StrCat("keys: ", Quoted(key), " is named more than once"));
+            absl::StrCat("keys: ", core::Echo(key), " is named more than once"));
       }
     }
     return absl::OkStatus();
   };
-  return StartWait(caller, validate(),
-                   Waiter{std::string(group_name), std::string(token), keys, deadline, nullptr,
-                          std::move(done)});
+  absl::Status valid = validate();
+  Waiter w;
+  w.group = std::string(group_name);
+  w.token = std::string(token);
+  w.deadline = deadline;
+  w.keys = std::move(keys);
+  w.values_done = std::move(done);
+  return StartWait(caller, std::move(valid), std::move(w));
 }
 
 void RendezvousState::Cancel(WaitId id) {
@@ -505,6 +686,8 @@ absl::Status RendezvousState::Set(const Caller& caller, absl::string_view group_
     return absl::ResourceExhaustedError(absl::StrCat("value: at most ", kMaxValueBytes,
                                                      " bytes, got ", value.size()));
   }
+  // Copied before the lock is taken.
+  const Value stored = std::make_shared<const std::string>(value);
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
@@ -517,7 +700,7 @@ absl::Status RendezvousState::Set(const Caller& caller, absl::string_view group_
           absl::StrCat("group ", Quoted(group_name), " aborted: ", g.abort_reason));
     }
     const auto it = g.kv.find(key);
-    const int64_t old_bytes = it == g.kv.end() ? 0 : EntryBytes(key, it->second);
+    const int64_t old_bytes = it == g.kv.end() ? 0 : EntryBytes(key, *it->second);
     if (it == g.kv.end() && g.kv.size() >= kMaxKeysPerGroup) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "group ", Quoted(group_name), ": already ", kMaxKeysPerGroup, " keys"));
@@ -525,19 +708,24 @@ absl::Status RendezvousState::Set(const Caller& caller, absl::string_view group_
     const int64_t growth = EntryBytes(key, value) - old_bytes;
     if (g.bytes + growth > kMaxBytesPerGroup) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "group ", Quoted(group_name), ": entries would exceed ", kMaxBytesPerGroup,
-          " bytes (an entry counts key + value + ", kEntryOverheadBytes, " bytes)"));
+          "group ", Quoted(group_name), ": entries and members would exceed ", kMaxBytesPerGroup,
+          " bytes (an entry counts key + value + ", kEntryOverheadBytes, " bytes, a member ",
+          kMemberOverheadBytes, ")"));
     }
     if (total_bytes_ + growth > options_.max_total_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "group ", Quoted(group_name), ": the entries of all groups would exceed ",
+          "group ", Quoted(group_name), ": the entries and members of all groups would exceed ",
           options_.max_total_bytes, " bytes (--rendezvous_max_bytes; an entry counts key + value + ",
-          kEntryOverheadBytes, " bytes)"));
+          kEntryOverheadBytes, " bytes, a member ", kMemberOverheadBytes, ")"));
     }
     g.bytes += growth;
     total_bytes_ += growth;
-    g.kv[std::string(key)] = std::string(value);
-    Wake(git, ready);
+    if (it == g.kv.end()) {
+      g.kv.emplace(std::string(key), stored);
+    } else {
+      it->second = stored;
+    }
+    WakeKeyWaiters(git, key, stored, ready);
   }
   for (auto& r : ready) r();
   return absl::OkStatus();
@@ -566,7 +754,10 @@ absl::Status RendezvousState::Abort(const Caller& caller, absl::string_view grou
     if (!g.aborted) {
       g.aborted = true;
       g.abort_reason = absl::StrCat("rank ", rank, ": ", reason);
-      Wake(it, ready);
+      FailWaiters(g,
+                  absl::AbortedError(absl::StrCat("group ", Quoted(group_name), " aborted: ",
+                                                  g.abort_reason)),
+                  ready);
     }
   }
   for (auto& r : ready) r();
@@ -597,11 +788,10 @@ absl::Status RendezvousState::Leave(const Caller& caller, absl::string_view grou
                 ready, m->second.token);
     g.rank_of_token.erase(m->second.token);
     g.members.erase(m);
-    if (g.members.empty()) {
-      EraseGroup(it, absl::OkStatus(), ready);  // its waiters were the member's
-    } else {
-      Wake(it, ready);
-    }
+    g.bytes -= kMemberOverheadBytes;
+    total_bytes_ -= kMemberOverheadBytes;
+    // Fewer members answer no wait; the group goes with its last member.
+    if (g.members.empty()) EraseGroup(it, absl::OkStatus(), ready);  // its waiters were the member's
   }
   for (auto& r : ready) r();
   return absl::OkStatus();
@@ -617,7 +807,7 @@ void RendezvousState::ExpireDue() {
       Waiter& w = waiters_.at(id);
       const auto g = groups_.find(w.group);
       ++waiter_checks_;
-      Answer(g->second, g->first, w, ready, /*timed_out=*/true);
+      TimeOut(g->second, g->first, w, ready);
       EraseWaiter(id);
       g->second.last_call = now;  // the waiting member was calling until now
     }
@@ -650,12 +840,15 @@ void RendezvousState::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     shut_down_ = true;
-    for (auto& [id, w] : waiters_) {
-      Fail(w, ShuttingDown(), ready);
+    const std::vector<WaitId> ids = [&] {
+      std::vector<WaitId> v;
+      for (const auto& [id, w] : waiters_) v.push_back(id);
+      return v;
+    }();
+    for (const WaitId id : ids) {
+      Fail(waiters_.at(id), ShuttingDown(), ready);
+      EraseWaiter(id);
     }
-    waiters_.clear();
-    deadlines_.clear();
-    for (auto& [name, g] : groups_) g.waiters.clear();
   }
   for (auto& r : ready) r();
 }
@@ -673,6 +866,12 @@ size_t RendezvousState::waiter_count() const {
 uint64_t RendezvousState::waiter_checks() const {
   absl::MutexLock lock(&mu_);
   return waiter_checks_;
+}
+
+std::optional<absl::Time> RendezvousState::next_deadline() const {
+  absl::MutexLock lock(&mu_);
+  if (deadlines_.empty()) return std::nullopt;
+  return deadlines_.begin()->first;
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext* context,
@@ -717,14 +916,16 @@ grpc::ServerUnaryReactor* RendezvousService::Get(grpc::CallbackServerContext* co
   if (absl::Status s = ValidateTimeoutMs(request->timeout_ms()); !s.ok()) {
     return Finished(context, s);
   }
-  const std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   auto* reactor = new WaitReactor(state_);
   reactor->Started(state_->Get(
-      CallerOf(*context), request->group(), request->token(), keys,
+      CallerOf(*context), request->group(), request->token(),
+      std::vector<std::string>(request->keys().begin(), request->keys().end()),
       WaitDeadline(*context, *clock_, request->timeout_ms()),
-      [reactor, response](absl::StatusOr<std::vector<std::string>> values) {
+      [reactor, response](absl::StatusOr<RendezvousState::Values> values) {
         if (values.ok()) {
-          for (std::string& v : *values) response->add_values(std::move(v));
+          // The one copy of the values, outside the state's lock.
+          for (const RendezvousState::Value& v : values->values) response->add_values(*v);
+          reactor->Hold(std::move(values->charge));
         }
         reactor->Finish(proto::ToGrpcStatus(values.status()));
       }));

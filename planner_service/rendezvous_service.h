@@ -4,15 +4,22 @@
 //
 // RendezvousState holds every group behind one absl::Mutex. Its waits
 // (AwaitMembers, Get) hold no thread: a wait that cannot be answered at once
-// is registered on its group's waiter list with a callback, and is finished
-// by the next change to that group that answers it (only that group's
-// waiters are re-checked), by the group's abort, by Shutdown, by Cancel, or
-// by its deadline. Deadlines and idle groups are handled by ExpireDue(),
+// is registered with a callback and finished by the change that answers it,
+// by the group's abort, by Shutdown, by Cancel, or by its deadline. A Get
+// waiter is indexed by each key it still misses (the group's key -> waiters
+// map, and a count of missing keys per waiter), so a Set touches only the
+// waiters of its key; an AwaitMembers waiter is answered when its group
+// becomes complete. Deadlines and idle groups are handled by ExpireDue(),
 // which one timer thread (RunTimer, started by RendezvousHost) calls; tests
 // with a ManualClock call it themselves. One thread rather than a grpc::Alarm
 // per wait: one wakeup source for all deadlines, no per-wait allocation in
 // gRPC's completion machinery, no Alarm/cancel races, and the same code
 // runs under a fake clock in tests.
+//
+// Values are held as shared immutable strings: an answer shares them (no
+// copy under the lock); the service copies them into the response outside
+// it. The bytes of answers being sent are bounded (options.max_answer_bytes,
+// released when the call is done).
 //
 // Trust (docs/deploy.md, "Trust and limits"): Join issues each member a
 // random token (injected TokenSource); every other call must present a live
@@ -20,24 +27,32 @@
 // client identity of the Join that created it. A group that no member has
 // called for options.idle_timeout is dropped. A peer (its mTLS identity, else
 // its address without the port: best effort, a NAT or proxy merges peers)
-// may have at most options.max_forming_groups_per_peer groups that have never
-// been complete. While a group has never been complete a new incarnation of
-// a rank replaces the old member, so a stray pre-join cannot hold a rank.
+// may have at most options.max_groups_per_peer groups it created that still
+// exist, formed or not, and options.max_waiters_per_peer waits. While a group
+// has never been complete a new incarnation of a rank replaces the old
+// member, so a stray pre-join cannot hold a rank.
 //
 // Bounds: a group name is [A-Za-z0-9._-]{1,64}; world_size is 1..kMaxWorldSize;
 // keys are 1..256 bytes, values at most 1 MiB; an entry is charged key + value
-// + kEntryOverheadBytes; a group holds at most kMaxKeysPerGroup keys and
-// kMaxBytesPerGroup charged bytes, the state at most kMaxGroups groups,
-// options.max_total_bytes charged bytes over all groups and
-// options.max_waiters waits; a Get names 1..kMaxKeysPerGet distinct keys whose
-// values total at most kMaxGetResponseBytes; timeouts are 0..kMaxTimeout.
-// Oversize gets RESOURCE_EXHAUSTED, malformed INVALID_ARGUMENT.
+// + kEntryOverheadBytes and a member kMemberOverheadBytes to its group's bytes;
+// a group holds at most kMaxKeysPerGroup keys and kMaxBytesPerGroup charged
+// bytes, the state at most kMaxGroups groups, options.max_total_bytes charged
+// bytes over all groups, options.max_waiters waits charged at most
+// options.max_waiter_bytes together (WaiterBytes); a Get names
+// 1..kMaxKeysPerGet distinct keys whose values total at most
+// kMaxGetResponseBytes; timeouts are 0..kMaxTimeout. Oversize gets
+// RESOURCE_EXHAUSTED naming the bound (and its flag), malformed
+// INVALID_ARGUMENT. Errors name at most kMaxNamedInError missing keys or
+// ranks (each key cut by core::Echo) and count the rest.
 #ifndef FLASHCP_PLANNER_SERVICE_RENDEZVOUS_SERVICE_H_
 #define FLASHCP_PLANNER_SERVICE_RENDEZVOUS_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -71,21 +86,51 @@ using proto::rendezvous::kMaxReasonBytes;
 using proto::rendezvous::kMaxTimeout;
 using proto::rendezvous::kMaxValueBytes;
 using proto::rendezvous::kMaxWorldSize;
-// All groups' charged entry bytes together (--rendezvous_max_bytes).
+using proto::rendezvous::kMemberOverheadBytes;
+// All groups' charged entry and member bytes together (--rendezvous_max_bytes).
 inline constexpr int64_t kDefaultMaxTotalValueBytes = int64_t{1} << 30;
 // --rendezvous_idle_timeout: a group no member called for this long is dropped.
 inline constexpr absl::Duration kDefaultIdleTimeout = absl::Minutes(15);
+// The shortest --rendezvous_idle_timeout: below it a group could expire
+// between a worker's Join and its next call.
+inline constexpr absl::Duration kMinIdleTimeout = absl::Seconds(1);
 // --rendezvous_max_waiters: AwaitMembers and Get calls waiting at once.
 inline constexpr int64_t kDefaultMaxWaiters = 8192;
-// --rendezvous_max_forming_per_peer: groups one peer created that were never complete.
-inline constexpr int32_t kDefaultMaxFormingGroupsPerPeer = 64;
+// --rendezvous_max_waiters_per_peer: calls one peer has waiting at once
+// (kMaxWorldSize: every rank of the largest group on one host may wait).
+inline constexpr int64_t kDefaultMaxWaitersPerPeer = 1024;
+// --rendezvous_max_waiter_bytes: all waiting calls' WaiterBytes together.
+inline constexpr int64_t kDefaultMaxWaiterBytes = int64_t{256} << 20;
+// --rendezvous_max_answer_bytes: the value bytes of Get answers being sent.
+inline constexpr int64_t kDefaultMaxAnswerBytes = int64_t{256} << 20;
+// --rendezvous_max_groups_per_peer: groups one peer created that still exist.
+inline constexpr int32_t kDefaultMaxGroupsPerPeer = 64;
+// What a waiting call is charged (WaiterBytes): its record, and per key its
+// index entry (map node, waiter set) beyond the key's bytes.
+inline constexpr int64_t kWaiterOverheadBytes = 512;
+inline constexpr int64_t kWaitKeyOverheadBytes = 128;
+// Missing keys or ranks an error names before "and N more".
+inline constexpr size_t kMaxNamedInError = 8;
 
 struct RendezvousOptions {
-  int64_t max_total_bytes = kDefaultMaxTotalValueBytes;  // >= 1
-  absl::Duration idle_timeout = kDefaultIdleTimeout;     // > 0
-  int64_t max_waiters = kDefaultMaxWaiters;              // >= 1
-  int32_t max_forming_groups_per_peer = kDefaultMaxFormingGroupsPerPeer;  // >= 1
+  int64_t max_total_bytes = kDefaultMaxTotalValueBytes;     // >= 1
+  absl::Duration idle_timeout = kDefaultIdleTimeout;        // >= kMinIdleTimeout
+  int64_t max_waiters = kDefaultMaxWaiters;                 // >= 1
+  int64_t max_waiters_per_peer = kDefaultMaxWaitersPerPeer;  // >= 1
+  int64_t max_waiter_bytes = kDefaultMaxWaiterBytes;        // >= 1
+  int64_t max_answer_bytes = kDefaultMaxAnswerBytes;        // >= 1
+  int32_t max_groups_per_peer = kDefaultMaxGroupsPerPeer;   // >= 1
 };
+
+// InvalidArgument naming the planner flag of the first option out of range.
+absl::Status ValidateRendezvousOptions(const RendezvousOptions& options);
+
+// What a Get wait for `keys` is charged against max_waiter_bytes: the keys
+// are held twice while it waits (the request's copy and the group's
+// key -> waiters index), so kWaiterOverheadBytes + the sum over keys of
+// 2 x key + kWaitKeyOverheadBytes; at most 512 + 4096 x (512 + 128) bytes
+// (2.5 MiB). An AwaitMembers wait: kWaiterOverheadBytes.
+int64_t WaiterBytes(const std::vector<std::string>& keys);
 
 // Who calls, as far as the transport tells (RendezvousService fills it).
 struct Caller {
@@ -100,7 +145,8 @@ std::string PeerKey(absl::string_view grpc_peer, absl::string_view identity);
 
 // A new unguessable member token per call.
 using TokenSource = std::function<std::string()>;
-// 128 bits from std::random_device (the OS's entropy on Linux), as 32 hex digits.
+// 128 bits from std::random_device, as 32 hex digits. (libstdc++ on x86-64
+// Linux draws them from RDRAND/RDSEED or the kernel, not from a seeded engine.)
 std::string RandomToken();
 
 // InvalidArgument naming the field unless `group` is [A-Za-z0-9._-]{1,64}.
@@ -125,20 +171,30 @@ class RendezvousState {
   // A registered wait; 0 when the wait was answered before the call returned.
   using WaitId = uint64_t;
   using MembersDone = std::function<void(absl::StatusOr<std::vector<int32_t>>)>;
-  using ValuesDone = std::function<void(absl::StatusOr<std::vector<std::string>>)>;
+  using Value = std::shared_ptr<const std::string>;  // never null; shared, not copied
+  struct Values {
+    std::vector<Value> values;  // in the order of the keys
+    // Holds the values' bytes against max_answer_bytes until destroyed: keep
+    // it until the answer is sent.
+    std::shared_ptr<const void> charge;
+  };
+  using ValuesDone = std::function<void(absl::StatusOr<Values>)>;
 
   // Calls `done` exactly once, on this thread or later on the thread that
   // answers it (never under the state's lock), with the ranks (ascending) once
   // world_size ranks have joined; NOT_FOUND for an unknown group;
   // DEADLINE_EXCEEDED naming the missing ranks at `deadline`; ABORTED with the
-  // reason once the group is aborted; RESOURCE_EXHAUSTED beyond max_waiters.
+  // reason once the group is aborted; RESOURCE_EXHAUSTED beyond max_waiters,
+  // max_waiters_per_peer or max_waiter_bytes.
   WaitId AwaitMembers(const Caller& caller, absl::string_view group, absl::string_view token,
                       absl::Time deadline, MembersDone done);
 
   // Like AwaitMembers, for the values of `keys` in order (a deadline not in
-  // the future: no wait); DEADLINE_EXCEEDED naming the missing keys.
+  // the future: no wait); DEADLINE_EXCEEDED naming the missing keys;
+  // RESOURCE_EXHAUSTED when the values pass kMaxGetResponseBytes or the
+  // answers being sent would pass max_answer_bytes.
   WaitId Get(const Caller& caller, absl::string_view group, absl::string_view token,
-             const std::vector<std::string>& keys, absl::Time deadline, ValuesDone done);
+             std::vector<std::string> keys, absl::Time deadline, ValuesDone done);
 
   // Finishes wait `id` with CANCELLED unless it is already finished.
   void Cancel(WaitId id);
@@ -169,67 +225,104 @@ class RendezvousState {
 
   size_t group_count() const;
   size_t waiter_count() const;
-  // How often a registered wait's condition was evaluated (the test of
-  // per-group wakeups counts these).
+  // How many registered waits a change touched (the tests of wakeups count these).
   uint64_t waiter_checks() const;
+  // The earliest deadline of a registered wait, if any.
+  std::optional<absl::Time> next_deadline() const;
+  // The value bytes of answers not yet released (Values::charge).
+  int64_t answer_bytes() const { return answer_bytes_->load(); }
 
  private:
   struct Member {
     uint64_t incarnation = 0;
     std::string token;
   };
+  // A Get waiter's missing keys: key -> (waiter, its slot in the waiter's values).
+  using KeyWaiters = absl::flat_hash_map<WaitId, uint32_t>;
+  using KeyIndex = std::map<std::string, KeyWaiters, std::less<>>;
   struct Group {
     int32_t world_size = 0;
     std::map<int32_t, Member> members;
     std::map<std::string, int32_t, std::less<>> rank_of_token;
-    std::map<std::string, std::string, std::less<>> kv;
-    int64_t bytes = 0;  // charged: key + value + kEntryOverheadBytes per entry
+    std::map<std::string, Value, std::less<>> kv;
+    // Charged: key + value + kEntryOverheadBytes per entry, kMemberOverheadBytes per member.
+    int64_t bytes = 0;
     bool aborted = false;
     std::string abort_reason;
     std::string identity;  // the creator's mTLS identity; empty: not bound
     bool formed = false;   // all ranks were members once
-    std::string forming_peer;  // the peer charged while !formed
+    std::string creator;   // the peer this group counts for (max_groups_per_peer)
     absl::Time last_call;
-    std::set<WaitId> waiters;
+    std::set<WaitId> waiters;         // all of them
+    std::set<WaitId> member_waiters;  // AwaitMembers'
+    KeyIndex waiting_on;              // Get waiters by missing key
   };
   struct Waiter {
     std::string group;
     std::string token;
-    std::vector<std::string> keys;  // a Get's
+    std::string peer;
     absl::Time deadline;
+    int64_t charged = 0;             // WaiterBytes, while registered
+    std::vector<std::string> keys;   // a Get's, until registered (then in waiting_on)
+    std::vector<Value> values;       // a Get's: values[i] is keys[i]'s (null: missing)
+    // The index entries of the keys missing at registration, ascending slot;
+    // an entry is valid while its slot's value is null.
+    std::vector<std::pair<KeyIndex::iterator, uint32_t>> waiting;
+    size_t missing = 0;              // null values
     MembersDone members_done;  // exactly one of the two is set until the answer takes it
     ValuesDone values_done;
     bool is_get() const { return values_done != nullptr; }
+  };
+  struct PeerUsage {
+    int32_t groups = 0;   // groups it created that exist
+    int64_t waiters = 0;  // its waiting calls
   };
   using GroupMap = std::map<std::string, Group, std::less<>>;
   // Callbacks to run once the lock is released.
   using Ready = std::vector<std::function<void()>>;
 
   // The group a member's `token` is valid for, after the shutdown, identity
-  // and abort checks; marks the group called.
+  // and token checks (not the abort check: each caller decides what an
+  // aborted group means for it); marks the group called.
   absl::StatusOr<GroupMap::iterator> FindMember(const Caller& caller, absl::string_view group,
                                                 absl::string_view token, int32_t* rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues `status` as `w`'s answer.
   static void Fail(Waiter& w, absl::Status status, Ready& ready);
-  // Queues `w`'s answer on `ready` and returns true if it has one now (with
-  // `timed_out`, what is missing is the answer); false while it must wait.
-  bool Answer(const Group& g, const std::string& name, Waiter& w, Ready& ready,
-              bool timed_out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the answer of `w`, whose condition holds now (all ranks joined,
+  // or every value present).
+  void Answer(const Group& g, const std::string& name, Waiter& w, Ready& ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues DEADLINE_EXCEEDED naming what `w` still misses.
+  static void TimeOut(const Group& g, const std::string& name, Waiter& w, Ready& ready);
   // Registers `w` on its group (FindMember, Register) if `valid` is OK;
   // otherwise, or if FindMember refuses, finishes it with the refusal.
   WaitId StartWait(const Caller& caller, absl::Status valid, Waiter w) ABSL_LOCKS_EXCLUDED(mu_);
   WaitId Register(GroupMap::iterator it, Waiter w, Ready& ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Re-checks the group's waiters only.
-  void Wake(GroupMap::iterator it, Ready& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bounds on waiting calls; OK if `w` may wait.
+  absl::Status RoomToWait(const std::string& name, const Waiter& w) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers the group's AwaitMembers waiters (it is complete).
+  void WakeMemberWaiters(GroupMap::iterator it, Ready& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives `value` of `key` to the Get waiters missing it; answers those it completes.
+  void WakeKeyWaiters(GroupMap::iterator it, absl::string_view key, const Value& value,
+                      Ready& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finishes every waiter of the group (or those of `token`) with `status`.
   void FailWaiters(Group& g, const absl::Status& status, Ready& ready,
                    absl::string_view token = {}) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseWaiter(WaitId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseGroup(GroupMap::iterator it, const absl::Status& status, Ready& ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Uncharge(Group& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the group's charge on its creator's max_groups_per_peer.
+  void ReleaseCreator(Group& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `delta` to `peer`'s usage and forgets a peer with none left.
+  void AddUsage(const std::string& peer, int32_t groups, int64_t waiters)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED unless one more member fits the group's (bytes
+  // `group_bytes`) and all groups' byte bounds.
+  absl::Status RoomForMember(absl::string_view name, int64_t group_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireIdle(absl::Time now, Ready& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TimerShouldWake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return timer_kick_ || shut_down_;
@@ -238,16 +331,21 @@ class RendezvousState {
   const RendezvousOptions options_;
   const core::WaitClock* const clock_;
   const TokenSource tokens_;
+  // Shared with the Values::charge of answers, which may outlive a call but
+  // not need the lock.
+  const std::shared_ptr<std::atomic<int64_t>> answer_bytes_ =
+      std::make_shared<std::atomic<int64_t>>(0);
   mutable absl::Mutex mu_;
   GroupMap groups_ ABSL_GUARDED_BY(mu_);
   std::map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<absl::Time, WaitId>> deadlines_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, int32_t> forming_per_peer_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, PeerUsage> peers_ ABSL_GUARDED_BY(mu_);
   WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t waiter_checks_ ABSL_GUARDED_BY(mu_) = 0;
   bool timer_kick_ ABSL_GUARDED_BY(mu_) = false;  // an earlier deadline was registered
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum of groups_' bytes
+  int64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // sum of groups_' bytes
+  int64_t waiter_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum of waiters_' charged
 };
 
 // The gRPC adapter on the callback API: validates, clamps waits to

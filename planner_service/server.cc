@@ -152,23 +152,7 @@ absl::Status ValidateOptions(const ServerOptions& o) {
         "--listener_stall_checks: must be at least 1, got ", o.listener_stall_checks));
   }
   FLASHCP_RETURN_IF_ERROR(metrics_endpoint::ValidateEndpointOptions(o.metrics_http));
-  if (o.rendezvous_max_bytes < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--rendezvous_max_bytes: must be at least 1, got ", o.rendezvous_max_bytes));
-  }
-  if (o.rendezvous_idle_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--rendezvous_idle_timeout: must be positive");
-  }
-  if (o.rendezvous_max_waiters < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--rendezvous_max_waiters: must be at least 1, got ", o.rendezvous_max_waiters));
-  }
-  if (o.rendezvous_max_forming_per_peer < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--rendezvous_max_forming_per_peer: must be at least 1, got ",
-                     o.rendezvous_max_forming_per_peer));
-  }
-  return absl::OkStatus();
+  return ValidateRendezvousOptions(o.rendezvous);
 }
 
 int MaxMessageBytes(const ServerOptions& o) {
@@ -274,9 +258,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const Server
   int port = 0;
   builder.AddListeningPort(options.listen, credentials, &port);
   builder.RegisterService(s->service_.get());
-  s->rendezvous_ = std::make_unique<RendezvousHost>(RendezvousOptions{
-      options.rendezvous_max_bytes, options.rendezvous_idle_timeout,
-      options.rendezvous_max_waiters, options.rendezvous_max_forming_per_peer});
+  s->rendezvous_ = std::make_unique<RendezvousHost>(options.rendezvous);
   builder.RegisterService(s->rendezvous_->service());
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(options));
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,

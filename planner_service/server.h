@@ -49,14 +49,7 @@ struct ServerOptions {
   std::string tls_key;
   std::string tls_client_ca;             // mTLS: clients must present a cert it signed
   absl::Duration drain_timeout = absl::Seconds(30);  // then in-flight calls are cancelled
-  // Entry bytes (key + value + kEntryOverheadBytes each) all rendezvous
-  // groups may hold together (>= 1).
-  int64_t rendezvous_max_bytes = kDefaultMaxTotalValueBytes;
-  // A rendezvous group no member called for this long is dropped (> 0).
-  absl::Duration rendezvous_idle_timeout = kDefaultIdleTimeout;
-  int64_t rendezvous_max_waiters = kDefaultMaxWaiters;  // waiting calls at once (>= 1)
-  // Groups one peer created that never had all ranks (>= 1).
-  int32_t rendezvous_max_forming_per_peer = kDefaultMaxFormingGroupsPerPeer;
+  RendezvousOptions rendezvous;          // the --rendezvous_* flags (ValidateRendezvousOptions)
   // Connections (docs/deploy.md, "Connections"). gRPC 1.51 has no bound on
   // their number; the fd limit is the bound, and these reap the idle ones.
   absl::Duration handshake_timeout = absl::Seconds(10);     // TCP open, no HTTP/2 (TLS) yet

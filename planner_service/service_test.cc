@@ -190,21 +190,13 @@ TEST(ServerOptionsTest, BadOptionsNameTheFlag) {
   o.tls_cert = "cert.pem";
   EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError("--tls_cert, --tls_key: set both or neither"));
   o = ServerOptions{};
-  o.rendezvous_max_bytes = 0;
+  o.rendezvous.max_total_bytes = 0;
   EXPECT_EQ(ValidateOptions(o),
             absl::InvalidArgumentError("--rendezvous_max_bytes: must be at least 1, got 0"));
-  o = ServerOptions{};
-  o.rendezvous_idle_timeout = absl::ZeroDuration();
-  EXPECT_EQ(ValidateOptions(o),
-            absl::InvalidArgumentError("--rendezvous_idle_timeout: must be positive"));
-  o = ServerOptions{};
-  o.rendezvous_max_waiters = 0;
-  EXPECT_EQ(ValidateOptions(o),
-            absl::InvalidArgumentError("--rendezvous_max_waiters: must be at least 1, got 0"));
-  o = ServerOptions{};
-  o.rendezvous_max_forming_per_peer = 0;
+  o = ServerOptions{};  // the rest of the --rendezvous_* flags: rendezvous_service_test.cc
+  o.rendezvous.idle_timeout = absl::Milliseconds(999);
   EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError(
-                                    "--rendezvous_max_forming_per_peer: must be at least 1, got 0"));
+                                    "--rendezvous_idle_timeout: must be at least 1s, got 999ms"));
   o = ServerOptions{};
   o.queue_per_client = 300;
   EXPECT_EQ(ValidateOptions(o),

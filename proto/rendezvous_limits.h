@@ -22,7 +22,11 @@ inline constexpr size_t kMaxKeysPerGroup = 16384;
 // map node and two strings' headers, with allocator slack), so that empty
 // values cannot pin memory uncounted.
 inline constexpr int64_t kEntryOverheadBytes = 256;
-// A group's entries, charged key + value + kEntryOverheadBytes each.
+// What one member of a group is charged (its token, twice, and two map
+// nodes, with allocator slack): 1,024 members are 1 MiB.
+inline constexpr int64_t kMemberOverheadBytes = 1024;
+// A group's entries and members, charged key + value + kEntryOverheadBytes
+// per entry and kMemberOverheadBytes per member.
 inline constexpr int64_t kMaxBytesPerGroup = int64_t{256} << 20;
 inline constexpr size_t kMaxGroups = 4096;
 inline constexpr size_t kMaxKeysPerGet = 4096;     // distinct keys

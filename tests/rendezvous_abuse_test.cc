@@ -1,5 +1,10 @@
 // The real flashcp-planner on loopback under rendezvous abuse (issue 12):
 // it must answer with a clear code and keep serving, never abort.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -9,7 +14,10 @@
 
 #include "core/testing/status_matchers.h"
 #include "flashcp/v1/rendezvous.grpc.pb.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "grpcpp/create_channel_posix.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/rendezvous_limits.h"
@@ -102,20 +110,20 @@ grpc::Status JoinTwoFormingGroups(v1::Rendezvous::Stub& stub) {
   return grpc::Status::OK;
 }
 
-// The per-peer bound on groups that never formed counts a plaintext client
+// The per-peer bound on groups counts a plaintext client
 // by its IP address and an mTLS client by its certificate's identity, which
 // the service reads from gRPC's AuthContext (and binds its groups to).
 TEST(RendezvousAbuseTest, APeerIsItsAddressOrItsMutualTlsIdentity) {
   {
     auto planner = tests::testing::PlannerProcess::Start(
-        FLASHCP_PLANNER_BIN, {"--threads", "1", "--rendezvous_max_forming_per_peer", "1"});
+        FLASHCP_PLANNER_BIN, {"--threads", "1", "--rendezvous_max_groups_per_peer", "1"});
     ASSERT_THAT(planner.status(), IsOk());
     const auto stub = v1::Rendezvous::NewStub((*planner)->NewChannel());
     const grpc::Status s = JoinTwoFormingGroups(*stub);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
     EXPECT_EQ(s.error_message(),
-              "group \"second\": peer \"ipv4:127.0.0.1\" already has 1 groups that never had "
-              "all their ranks (--rendezvous_max_forming_per_peer)");
+              "group \"second\": peer \"ipv4:127.0.0.1\" already created 1 groups that still "
+              "exist (--rendezvous_max_groups_per_peer)");
     EXPECT_EQ((*planner)->Terminate(absl::Seconds(60)).value(), 0);
   }
   auto tls = tests::testing::GenerateTlsFiles(::testing::TempDir(),
@@ -123,7 +131,7 @@ TEST(RendezvousAbuseTest, APeerIsItsAddressOrItsMutualTlsIdentity) {
   ASSERT_THAT(tls.status(), IsOk());
   auto planner = tests::testing::PlannerProcess::Start(
       FLASHCP_PLANNER_BIN,
-      {"--threads", "1", "--rendezvous_max_forming_per_peer", "1", "--tls_cert", tls->server_cert,
+      {"--threads", "1", "--rendezvous_max_groups_per_peer", "1", "--tls_cert", tls->server_cert,
        "--tls_key", tls->server_key, "--tls_client_ca", tls->ca_cert});
   ASSERT_THAT(planner.status(), IsOk());
   grpc::SslCredentialsOptions ssl;
@@ -137,10 +145,109 @@ TEST(RendezvousAbuseTest, APeerIsItsAddressOrItsMutualTlsIdentity) {
   const grpc::Status s = JoinTwoFormingGroups(*stub);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(s.error_message(),
-            "group \"second\": peer \"identity:flashcp test client\" already has 1 groups that "
-            "never had all their ranks (--rendezvous_max_forming_per_peer)");
+            "group \"second\": peer \"identity:flashcp test client\" already created 1 groups "
+            "that still exist (--rendezvous_max_groups_per_peer)");
   EXPECT_EQ((*planner)->Terminate(absl::Seconds(60)).value(), 0);
   std::filesystem::remove_all(tls->dir);
+}
+
+// A channel whose one connection comes from `source` (another loopback
+// address, so the planner sees another peer); null if the socket fails.
+std::shared_ptr<grpc::Channel> ChannelFrom(const char* source, const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+    return nullptr;
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return nullptr;
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  inet_pton(AF_INET, source, &from.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &to.sin_addr);
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&from), sizeof(from)) != 0 ||
+      connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) != 0) {
+    close(fd);
+    return nullptr;
+  }
+  return grpc::CreateInsecureChannelFromFd(address, fd);  // owns fd
+}
+
+grpc::Status JoinAlone(v1::Rendezvous::Stub& stub, const std::string& group,
+                       std::string* token = nullptr) {
+  grpc::ClientContext c;
+  c.set_deadline(In(30));
+  v1::JoinRequest join;
+  join.set_group(group);
+  join.set_rank(0);
+  join.set_world_size(1);
+  join.set_incarnation(1);
+  v1::JoinResponse joined;
+  const grpc::Status s = stub.Join(&c, join, &joined);
+  if (token != nullptr) *token = joined.token();
+  return s;
+}
+
+// Review of issue 12 item 8: one peer filled all 4,096 group slots with
+// world_size 1 groups (formed at once, so the per-peer bound never counted
+// them). Every group a peer created counts while it exists.
+TEST(RendezvousAbuseTest, OnePeerCannotTakeEveryGroupSlot) {
+  auto planner = tests::testing::PlannerProcess::Start(
+      FLASHCP_PLANNER_BIN, {"--threads", "1", "--rendezvous_max_groups_per_peer", "3"});
+  ASSERT_THAT(planner.status(), IsOk());
+  const auto stub = v1::Rendezvous::NewStub((*planner)->NewChannel());
+  for (int i = 0; i < 3; ++i) {
+    const grpc::Status s = JoinAlone(*stub, absl::StrCat("g", i));
+    ASSERT_TRUE(s.ok()) << i << " " << s.error_message();
+  }
+  const grpc::Status refused = JoinAlone(*stub, "g3");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(refused.error_message(),
+            "group \"g3\": peer \"ipv4:127.0.0.1\" already created 3 groups that still exist "
+            "(--rendezvous_max_groups_per_peer)");
+  // Another peer (another loopback source address) still gets a group.
+  const std::shared_ptr<grpc::Channel> other = ChannelFrom("127.0.0.2", (*planner)->grpc_address());
+  ASSERT_NE(other, nullptr);
+  const auto other_stub = v1::Rendezvous::NewStub(other);
+  const grpc::Status joined = JoinAlone(*other_stub, "real-job");
+  EXPECT_TRUE(joined.ok()) << joined.error_message();
+  EXPECT_EQ((*planner)->Terminate(absl::Seconds(60)).value(), 0);
+}
+
+// Review of issue 12: a Get's DEADLINE_EXCEEDED named every missing key;
+// past about 8 KB of names gRPC's metadata limit turned it into
+// RESOURCE_EXHAUSTED ("received initial metadata size exceeds limit").
+TEST(RendezvousAbuseTest, ADeadlineNamesAFewMissingKeysAndCountsTheRest) {
+  auto planner = tests::testing::PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  const auto stub = v1::Rendezvous::NewStub((*planner)->NewChannel());
+  std::string token;
+  ASSERT_TRUE(JoinAlone(*stub, "m", &token).ok());
+  grpc::ClientContext c;
+  c.set_deadline(In(60));
+  v1::GetRequest get;
+  get.set_group("m");
+  for (size_t i = 0; i < proto::rendezvous::kMaxKeysPerGet; ++i) {
+    std::string key(proto::rendezvous::kMaxKeyBytes, 'k');
+    const std::string n = absl::StrCat(i);
+    key.replace(0, n.size(), n);
+    get.add_keys(key);
+  }
+  get.set_timeout_ms(0);
+  get.set_token(token);
+  v1::GetResponse out;
+  const grpc::Status s = stub->Get(&c, get, &out);
+  std::string named;
+  for (int i = 0; i < 8; ++i) {
+    absl::StrAppend(&named, i == 0 ? "" : ", ", "\"", get.keys(i).substr(0, 64),
+                    "\"... (256 bytes)");
+  }
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(s.error_message(), absl::StrCat("group \"m\": keys ", named, " and 4088 more not set"));
+  EXPECT_EQ((*planner)->Terminate(absl::Seconds(60)).value(), 0);
 }
 
 }  // namespace
