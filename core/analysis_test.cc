@@ -54,8 +54,17 @@ TEST(AnalyzePlanTest, HandWorkedHeadTail) {
   // receives them and returns gradients: 2 * 2 * 2 = 8 bytes each way.
   EXPECT_THAT(targeted.sent, ElementsAre(8, 8));
   EXPECT_THAT(targeted.received, ElementsAre(8, 8));
-  EXPECT_EQ(targeted.bottleneck, 8);
-  EXPECT_DOUBLE_EQ(m->targeted_saving, 0.75);
+  // One phase: rank 1 sends 2 tokens, rank 0 receives 2 (8 bytes); both
+  // phases 16, against full KV's 4 tokens a phase.
+  EXPECT_THAT(targeted.phase.sent_tokens, ElementsAre(0, 2));
+  EXPECT_THAT(targeted.phase.received_tokens, ElementsAre(2, 0));
+  EXPECT_EQ(targeted.phase.bottleneck_tokens, 2);
+  EXPECT_EQ(targeted.phase.bottleneck_bytes, 8);
+  EXPECT_EQ(targeted.bottleneck, 16);
+  EXPECT_EQ(full.phase.bottleneck_tokens, 4);
+  EXPECT_EQ(full.phase.bottleneck_bytes, 16);
+  EXPECT_EQ(gather.phase.bottleneck_tokens, 2);
+  EXPECT_DOUBLE_EQ(m->targeted_saving, 0.5);
   EXPECT_THAT(m->rank_segments, ElementsAre(1, 2));
   EXPECT_EQ(m->cut_docs, 1);
   EXPECT_EQ(m->min_cut_shard_len, 2);
@@ -82,10 +91,37 @@ TEST(AnalyzePlanTest, TargetedSendsOnlyToRanksThatNeedIt) {
   absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 1});
   ASSERT_THAT(m, IsOk());
   EXPECT_THAT(m->bytes[2].sent, ElementsAre(12, 12, 12));
+  EXPECT_THAT(m->bytes[2].phase.sent_tokens, ElementsAre(6, 3, 0));
+  EXPECT_THAT(m->bytes[2].phase.received_tokens, ElementsAre(0, 3, 6));
+  EXPECT_EQ(m->bytes[2].phase.max_sent_tokens, 6);
+  EXPECT_EQ(m->bytes[2].phase.max_received_tokens, 6);
+  EXPECT_EQ(m->bytes[2].bottleneck, 24);  // 2 phases * 2 (K, V) * 6 tokens
   // All-gather pads to the largest buffer (3) and sends to 2 peers: 4*3*2.
   EXPECT_EQ(m->bytes[1].bottleneck, 24);
   EXPECT_EQ(m->bytes[0].bottleneck, 24);  // 4 * 3 * 2: all tokens are non-last except r2's
   EXPECT_THAT(m->rank_workload, ElementsAre(6.0, 15.0, 24.0));
+}
+
+// SPEC "Targeted exchange, per phase": one 16-token document at N = 2 as
+// per_doc. Forward, rank 0 receives [4, 12) (8 tokens) and sends [0, 4) (4);
+// rank 1 receives 4 and sends 8: the phase's bottleneck is 8 tokens, as much
+// as full KV moves (C/N = 8), so the targeted saving is 0. Adding rank 0's
+// forward receives to its backward sends reported 6 tokens' worth.
+TEST(AnalyzePlanTest, TargetedBottleneckIsPerPhase) {
+  Plan plan{2, {16}, 0, {{0, 0, 4, 0}, {0, 12, 4, 0}, {0, 4, 8, 1}}};
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 2});
+  ASSERT_THAT(m, IsOk());
+  const SchemeBytes& t = m->bytes[static_cast<int>(CommScheme::kTargeted)];
+  EXPECT_THAT(t.phase.sent_tokens, ElementsAre(4, 8));
+  EXPECT_THAT(t.phase.received_tokens, ElementsAre(8, 4));
+  EXPECT_EQ(t.phase.max_sent_tokens, 8);
+  EXPECT_EQ(t.phase.max_received_tokens, 8);
+  EXPECT_EQ(t.phase.bottleneck_tokens, 8);
+  EXPECT_EQ(t.phase.bottleneck_bytes, 32);  // 8 tokens * 2 (K, V) * 2 bytes
+  EXPECT_EQ(t.phase.max_sent_bytes, 32);
+  EXPECT_EQ(t.bottleneck, 64);              // both phases
+  EXPECT_THAT(t.sent, ElementsAre(48, 48)); // (4 + 8) * 2 * 2 each, over both phases
+  EXPECT_DOUBLE_EQ(m->targeted_saving, 0.0);
 }
 
 TEST(AnalyzePlanTest, RejectsBadShape) {

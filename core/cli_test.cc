@@ -138,12 +138,16 @@ TEST(SummaryAccumulatorTest, MeansPercentilesAndShortestCut) {
   a.targeted_saving = 0.75;
   a.cut_docs = 2;
   a.min_cut_shard_len = 7;
+  a.tokens_per_rank = 8;
+  a.bytes[static_cast<int>(CommScheme::kAllGather)].phase.bottleneck_tokens = 12;  // 1.5 C/N
+  a.bytes[static_cast<int>(CommScheme::kTargeted)].phase.bottleneck_tokens = 4;    // 0.5 C/N
   PlanMetrics b = a;
   b.imbalance = 1.5;
   b.comm_saving = 0.25;
   b.targeted_saving = 0.25;
   b.cut_docs = 1;
   b.min_cut_shard_len = 3;
+  b.bytes[static_cast<int>(CommScheme::kTargeted)].phase.bottleneck_tokens = 10;  // 1.25 C/N
   PlanMetrics c = a;
   c.min_cut_shard_len = 0;  // no cut document: does not lower the minimum
   acc.Add(a, 1.0);
@@ -156,15 +160,17 @@ TEST(SummaryAccumulatorTest, MeansPercentilesAndShortestCut) {
   EXPECT_DOUBLE_EQ(s.imbalance_p95, 1.5);
   EXPECT_DOUBLE_EQ(s.allgather_saving_mean, 1.25 / 3);
   EXPECT_DOUBLE_EQ(s.targeted_saving_mean, 1.75 / 3);
+  EXPECT_DOUBLE_EQ(s.allgather_phase_mean, 1.5);
+  EXPECT_DOUBLE_EQ(s.targeted_phase_mean, 2.25 / 3);
   EXPECT_DOUBLE_EQ(s.cut_docs_mean, 5.0 / 3);
   EXPECT_EQ(s.min_cut_shard_len, 3);
   EXPECT_DOUBLE_EQ(s.plan_ms_mean, 2.0);
   EXPECT_DOUBLE_EQ(s.plan_ms_p99, 3.0);
   EXPECT_EQ(FormatSummaryTable({s}),
-            "strategy       batches imb_mean  imb_p95   save_ag  save_tgt cut_docs   min_cut"
-            "   ms_mean    ms_p99\n"
-            "ring                 3   1.1667   1.5000     41.7%     58.3%      1.7         3"
-            "     2.000     3.000\n");
+            "strategy       batches imb_mean  imb_p95   save_ag  save_tgt phase_ag phase_tg "
+            "cut_docs   min_cut   ms_mean    ms_p99\n"
+            "ring                 3   1.1667   1.5000     41.7%     58.3%    1.500    0.750      "
+            "1.7         3     2.000     3.000\n");
 }
 
 TEST(RunCliTest, StreamsJsonInInputOrderAndNamesBadLines) {

@@ -21,6 +21,16 @@ void SchemeBytesToProto(core::CommScheme scheme, const core::SchemeBytes& bytes,
   out->mutable_sent_bytes()->Add(bytes.sent.begin(), bytes.sent.end());
   out->mutable_received_bytes()->Add(bytes.received.begin(), bytes.received.end());
   out->set_bottleneck_bytes(bytes.bottleneck);
+  const core::PhaseTraffic& phase = bytes.phase;
+  out->mutable_phase_sent_tokens()->Add(phase.sent_tokens.begin(), phase.sent_tokens.end());
+  out->mutable_phase_received_tokens()->Add(phase.received_tokens.begin(),
+                                            phase.received_tokens.end());
+  out->set_phase_max_sent_tokens(phase.max_sent_tokens);
+  out->set_phase_max_received_tokens(phase.max_received_tokens);
+  out->set_phase_bottleneck_tokens(phase.bottleneck_tokens);
+  out->set_phase_max_sent_bytes(phase.max_sent_bytes);
+  out->set_phase_max_received_bytes(phase.max_received_bytes);
+  out->set_phase_bottleneck_bytes(phase.bottleneck_bytes);
 }
 
 void MetricsToProto(const core::PlanMetrics& m, double planning_seconds, v1::PlanMetrics* out) {
@@ -188,6 +198,13 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
                                          b.sent_bytes_size(), cp_size));
     FLASHCP_RETURN_IF_ERROR(CheckPerRank(absl::StrCat("bytes[", i, "].received_bytes"),
                                          b.received_bytes_size(), cp_size));
+    // The per-phase lists are absent from servers older than them.
+    if (b.phase_sent_tokens_size() != 0 || b.phase_received_tokens_size() != 0) {
+      FLASHCP_RETURN_IF_ERROR(CheckPerRank(absl::StrCat("bytes[", i, "].phase_sent_tokens"),
+                                           b.phase_sent_tokens_size(), cp_size));
+      FLASHCP_RETURN_IF_ERROR(CheckPerRank(absl::StrCat("bytes[", i, "].phase_received_tokens"),
+                                           b.phase_received_tokens_size(), cp_size));
+    }
   }
   PlanResult out;
   out.batch_id = response.batch_id();
@@ -220,6 +237,16 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
     cb.sent.assign(b.sent_bytes().begin(), b.sent_bytes().end());
     cb.received.assign(b.received_bytes().begin(), b.received_bytes().end());
     cb.bottleneck = b.bottleneck_bytes();
+    core::PhaseTraffic& phase = cb.phase;
+    phase.sent_tokens.assign(b.phase_sent_tokens().begin(), b.phase_sent_tokens().end());
+    phase.received_tokens.assign(b.phase_received_tokens().begin(),
+                                 b.phase_received_tokens().end());
+    phase.max_sent_tokens = b.phase_max_sent_tokens();
+    phase.max_received_tokens = b.phase_max_received_tokens();
+    phase.bottleneck_tokens = b.phase_bottleneck_tokens();
+    phase.max_sent_bytes = b.phase_max_sent_bytes();
+    phase.max_received_bytes = b.phase_max_received_bytes();
+    phase.bottleneck_bytes = b.phase_bottleneck_bytes();
   }
   cm.rank_segments.assign(m.rank_segments().begin(), m.rank_segments().end());
   cm.cut_docs = m.cut_docs();

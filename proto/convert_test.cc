@@ -226,7 +226,7 @@ TEST(ResponseToProtoTest, RingPlanHandWorked) {
   const v1::PlanMetrics& m = p.metrics();
   EXPECT_DOUBLE_EQ(m.imbalance_ratio(), 11.0 / 10.5);
   EXPECT_EQ(m.comm_saving_ratio(), 0.0);
-  EXPECT_EQ(m.targeted_saving_ratio(), 0.5);
+  EXPECT_EQ(m.targeted_saving_ratio(), 0.0);
   EXPECT_EQ(m.tokens_per_rank(), 4);
   EXPECT_THAT(m.rank_tokens(), ElementsAre(4, 4));
   EXPECT_THAT(m.rank_workload(), ElementsAre(10.0, 11.0));
@@ -236,7 +236,8 @@ TEST(ResponseToProtoTest, RingPlanHandWorked) {
   EXPECT_EQ(m.min_cut_shard_len(), 1);
   EXPECT_EQ(m.planning_seconds(), 0.25);
   // H*D*dtype = 32*128*2 = 8192 bytes per token. full_kv and allgather:
-  // 4 * 4 tokens * (N-1) * 8192; targeted: 2 * 8192 * 4 tokens each way.
+  // 4 * 4 tokens * (N-1) * 8192; targeted: 2 * 8192 * 4 tokens each way,
+  // one phase's bottleneck 4 tokens (65536 bytes), both phases 131072.
   ASSERT_EQ(m.bytes_size(), 3);
   EXPECT_EQ(m.bytes(0).scheme(), "full_kv");
   EXPECT_THAT(m.bytes(0).sent_bytes(), ElementsAre(131072, 131072));
@@ -247,7 +248,16 @@ TEST(ResponseToProtoTest, RingPlanHandWorked) {
   EXPECT_EQ(m.bytes(2).scheme(), "targeted");
   EXPECT_THAT(m.bytes(2).sent_bytes(), ElementsAre(65536, 65536));
   EXPECT_THAT(m.bytes(2).received_bytes(), ElementsAre(65536, 65536));
-  EXPECT_EQ(m.bytes(2).bottleneck_bytes(), 65536);
+  EXPECT_EQ(m.bytes(2).bottleneck_bytes(), 131072);
+  EXPECT_THAT(m.bytes(2).phase_sent_tokens(), ElementsAre(4, 0));
+  EXPECT_THAT(m.bytes(2).phase_received_tokens(), ElementsAre(0, 4));
+  EXPECT_EQ(m.bytes(2).phase_max_sent_tokens(), 4);
+  EXPECT_EQ(m.bytes(2).phase_max_received_tokens(), 4);
+  EXPECT_EQ(m.bytes(2).phase_bottleneck_tokens(), 4);
+  EXPECT_EQ(m.bytes(2).phase_max_sent_bytes(), 65536);
+  EXPECT_EQ(m.bytes(2).phase_max_received_bytes(), 65536);
+  EXPECT_EQ(m.bytes(2).phase_bottleneck_bytes(), 65536);
+  EXPECT_EQ(m.bytes(0).phase_bottleneck_tokens(), 4);
   EXPECT_EQ(p.layout_size(), 0);
 }
 
@@ -305,6 +315,16 @@ TEST(ResponseFromProtoTest, RoundTripsPlanAndMetrics) {
     EXPECT_EQ(m.bytes[s].sent, ring.metrics.bytes[s].sent) << s;
     EXPECT_EQ(m.bytes[s].received, ring.metrics.bytes[s].received) << s;
     EXPECT_EQ(m.bytes[s].bottleneck, ring.metrics.bytes[s].bottleneck) << s;
+    const core::PhaseTraffic& got = m.bytes[s].phase;
+    const core::PhaseTraffic& want = ring.metrics.bytes[s].phase;
+    EXPECT_EQ(got.sent_tokens, want.sent_tokens) << s;
+    EXPECT_EQ(got.received_tokens, want.received_tokens) << s;
+    EXPECT_EQ(got.max_sent_tokens, want.max_sent_tokens) << s;
+    EXPECT_EQ(got.max_received_tokens, want.max_received_tokens) << s;
+    EXPECT_EQ(got.bottleneck_tokens, want.bottleneck_tokens) << s;
+    EXPECT_EQ(got.max_sent_bytes, want.max_sent_bytes) << s;
+    EXPECT_EQ(got.max_received_bytes, want.max_received_bytes) << s;
+    EXPECT_EQ(got.bottleneck_bytes, want.bottleneck_bytes) << s;
   }
   EXPECT_EQ(m.rank_segments, ring.metrics.rank_segments);
   EXPECT_EQ(m.cut_docs, 1);
@@ -321,7 +341,7 @@ TEST(ResponseFromProtoTest, UnknownSchemesAreSkipped) {
   extra->set_bottleneck_bytes(1);
   absl::StatusOr<PlanResult> back = ResponseFromProto(p);
   ASSERT_THAT(back, IsOk());
-  EXPECT_EQ(back->metrics.bytes[2].bottleneck, 65536);
+  EXPECT_EQ(back->metrics.bytes[2].bottleneck, 131072);
 }
 
 TEST(ResponseFromProtoTest, PerRankListsMustHaveCpSizeEntries) {
