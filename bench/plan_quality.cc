@@ -1,8 +1,11 @@
-// The planner quality table (issue 2, "Benchmarks"): for every strategy x
-// data set x N in {4, 8} at a 128K context, the mean and p95 imbalance, the
-// mean comm saving of the allgather and targeted schemes, cut documents and
-// the shortest cut shard (its 5th percentile and median over batches, and the
-// cut shards below the minimum-shard rule's 128 tokens); then the ILP beside
+// The planner quality tables (issues 2 and 13, "Benchmarks"): per data set
+// and cell (context, N; by default N = 4, 8, 16 at 128K and 32, 64 at 1M),
+// for every strategy: the mean and p95 imbalance, the mean saving of the
+// compacted all-gather and of the targeted exchange against full KV, each
+// scheme's one-phase bottleneck (SPEC "Targeted exchange, per phase") in C/N
+// tokens and the targeted one against magi's, cut documents and the shortest
+// cut shard (its 5th percentile and median over batches, and the cut shards
+// below the minimum-shard rule's 128 tokens), plan time; then the ILP beside
 // the heuristics over a few batches per cell, by default in the paper's
 // Table 2 setting (Pile, N = 4) at a context the ILP proves more of (16K);
 // `--ilp-datasets pile,wlbllm --ilp-cps 4,8 --ilp-context 131072` gives issue
@@ -10,14 +13,17 @@
 // progress and notes on stderr. The data sets' assumptions are printed with
 // the figures.
 //
-//   build/bin/plan_quality [--batches K] [--seed S] [--ilp-batches K] [--ilp-time-limit S]
+//   build/bin/plan_quality [--batches K] [--seed S] [--cells C:N,C:N...] [--datasets D,D...]
+//                          [--ilp-batches K] [--ilp-time-limit S]
 //                          [--ilp-granularity G] [--ilp-context C] [--ilp-comm-weight W]
 //                          [--ilp-datasets D,D...] [--ilp-cps N,N...] [--min-shard-tokens M]
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -45,6 +51,9 @@ struct Args {
   std::vector<Dataset> ilp_datasets = {Dataset::kPile};
   std::vector<int32_t> ilp_cps = {4};
   int64_t min_shard_tokens = PlanOptions{}.min_shard_tokens;
+  std::vector<std::pair<int64_t, int32_t>> cells = {
+      {kContext, 4}, {kContext, 8}, {kContext, 16}, {int64_t{1} << 20, 32}, {int64_t{1} << 20, 64}};
+  std::vector<Dataset> datasets = {std::begin(kAllDatasets), std::end(kAllDatasets)};
 };
 
 // Cut shards below this count as short in the table (the default minimum).
@@ -90,6 +99,26 @@ bool ParseArgs(int argc, char** argv, Args& a) {
         int32_t n = 0;
         ok = ok && absl::SimpleAtoi(text, &n) && n >= 1 && n <= 64;
         a.ilp_cps.push_back(n);
+      }
+    } else if (flag == "--cells") {
+      a.cells.clear();
+      ok = true;
+      for (absl::string_view cell : absl::StrSplit(v, ',')) {
+        std::vector<absl::string_view> parts = absl::StrSplit(cell, ':');
+        int64_t context = 0;
+        int32_t n = 0;
+        ok = ok && parts.size() == 2 && absl::SimpleAtoi(parts[0], &context) &&
+             absl::SimpleAtoi(parts[1], &n) && context >= 1 && context <= (int64_t{1} << 24) &&
+             n >= 1 && n <= 1024 && n <= context;
+        a.cells.emplace_back(context, n);
+      }
+    } else if (flag == "--datasets") {
+      a.datasets.clear();
+      ok = true;
+      for (absl::string_view name : absl::StrSplit(v, ',')) {
+        absl::StatusOr<Dataset> d = ParseDataset(name);
+        ok = ok && d.ok();
+        if (d.ok()) a.datasets.push_back(*d);
       }
     } else if (flag == "--min-shard-tokens") {
       ok = absl::SimpleAtoi(v, &a.min_shard_tokens) && a.min_shard_tokens >= 0 &&
@@ -180,13 +209,18 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
   return true;
 }
 
-void PrintRow(const std::string& prefix, const Row& r) {
+// `magi_phase`: magi's mean targeted phase bottleneck in the same cell (0:
+// not measured, the ratio column shows "-").
+void PrintRow(const std::string& prefix, const Row& r, double magi_phase) {
   const StrategySummary& s = r.summary;
-  std::printf("| %s%s | %.4f | %.4f | %.1f%% | %.1f%% | %.1f | %lld / %lld / %lld | %lld (%lld) | "
-              "%.3f | %.3f |\n",
+  const std::string vs_magi =
+      magi_phase > 0 ? absl::StrFormat("%.2fx", s.targeted_phase_mean / magi_phase) : "-";
+  std::printf("| %s%s | %.4f | %.4f | %.1f%% | %.1f%% | %.3f | %.3f | %s | %.1f | "
+              "%lld / %lld / %lld | %lld (%lld) | %.3f | %.3f |\n",
               prefix.c_str(), std::string(StrategyName(s.strategy)).c_str(), s.imbalance_mean,
               s.imbalance_p95, 100 * s.allgather_saving_mean, 100 * s.targeted_saving_mean,
-              s.cut_docs_mean, static_cast<long long>(s.min_cut_shard_len),
+              s.allgather_phase_mean, s.targeted_phase_mean, vs_magi.c_str(), s.cut_docs_mean,
+              static_cast<long long>(s.min_cut_shard_len),
               static_cast<long long>(Percentile(r.min_cut, 0.05)),
               static_cast<long long>(Percentile(r.min_cut, 0.5)),
               static_cast<long long>(r.short_shards), static_cast<long long>(r.short_batches),
@@ -213,28 +247,41 @@ int Main(int argc, char** argv) {
     if (s != Strategy::kIlp) heuristics.push_back(s);
   }
   if (args.batches > 0) {
-    std::printf("## Quality: %lld batches of %lld tokens per data set (seed %llu), target "
-                "imbalance %g, flashcp min shard %lld tokens, H = 32, D = 128, bf16\n\n",
-                static_cast<long long>(args.batches), static_cast<long long>(kContext),
-                static_cast<unsigned long long>(args.seed), defaults.target_imbalance,
-                static_cast<long long>(defaults.min_shard_tokens));
-    for (Dataset d : kAllDatasets) {
+    std::printf("## Quality: %lld batches per data set and cell (seed %llu), target imbalance %g, "
+                "flashcp min shard %lld tokens, H = 32, D = 128, bf16\n\n",
+                static_cast<long long>(args.batches), static_cast<unsigned long long>(args.seed),
+                defaults.target_imbalance, static_cast<long long>(defaults.min_shard_tokens));
+    for (Dataset d : args.datasets) {
       std::printf("- %s: %s\n", std::string(DatasetName(d)).c_str(),
                   std::string(DatasetAssumptions(d)).c_str());
     }
-    std::printf("\n| data set | N | strategy | imb mean | imb p95 | save allgather | "
-                "save targeted | cut docs | min cut shard (min / p5 / p50) | "
-                "cut shards < 128 (batches) | plan ms mean | plan ms p99 |\n"
-                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    for (Dataset d : kAllDatasets) {
-      for (int32_t n : {4, 8}) {
-        const std::vector<Batch> batches = Draw(d, args.batches, args.seed, n);
-        const std::string label = absl::StrFormat("%s N=%d", DatasetName(d), n);
+    std::printf(
+        "\nsave allgather / save targeted: 1 - one phase's bottleneck / full KV's, for the "
+        "compacted all-gather (Eq. 5) and the targeted exchange applied to each strategy's "
+        "sharding; llama3 and per_doc rows therefore show what those exchanges would save on "
+        "Llama3's and Per-Doc's sharding, not what Llama3 CP and Per-Doc CP move (they "
+        "all-gather full KV: saving 0). phase allgather / phase targeted: one phase's "
+        "bottleneck, max over ranks of max(send, receive) tokens, in units of C/N (full KV: "
+        "N - 1); x magi: the targeted one over magi's, means over batches.\n");
+    for (const auto& [context, n] : args.cells) {
+      for (Dataset d : args.datasets) {
+        const std::vector<Batch> batches = Draw(d, args.batches, args.seed, n, context);
+        const std::string label = absl::StrFormat("%s C=%d N=%d", DatasetName(d), context, n);
         std::vector<Row> rows;
         if (!Evaluate(batches, heuristics, defaults, label, rows)) return 1;
+        double magi_phase = 0;
         for (const Row& r : rows) {
-          PrintRow(absl::StrFormat("%s | %d | ", DatasetName(d), n), r);
+          if (r.summary.strategy == Strategy::kMagi) magi_phase = r.summary.targeted_phase_mean;
         }
+        std::printf("\n### %s, C = %lld, N = %d\n\n| strategy | imb mean | imb p95 | "
+                    "save allgather | save targeted | phase allgather (C/N) | "
+                    "phase targeted (C/N) | targeted x magi | cut docs | "
+                    "min cut shard (min / p5 / p50) | cut shards < 128 (batches) | "
+                    "plan ms mean | plan ms p99 |\n"
+                    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
+                    "--- |\n",
+                    std::string(DatasetName(d)).c_str(), static_cast<long long>(context), n);
+        for (const Row& r : rows) PrintRow("", r, magi_phase);
         std::fflush(stdout);
       }
     }
@@ -273,13 +320,14 @@ int Main(int argc, char** argv) {
                     ilp_options, label, rows)) {
         return 1;
       }
-      std::printf("| strategy | imb mean | imb p95 | save allgather | save targeted | cut docs | "
+      std::printf("| strategy | imb mean | imb p95 | save allgather | save targeted | "
+                  "phase allgather (C/N) | phase targeted (C/N) | targeted x magi | cut docs | "
                   "min cut shard (min / p5 / p50) | cut shards < 128 (batches) | plan ms mean | "
                   "plan ms p99 |\n"
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
       bool have_ilp = false;
       for (const Row& r : rows) {
-        PrintRow("", r);
+        PrintRow("", r, 0);
         if (r.summary.strategy == Strategy::kIlp) {
           have_ilp = true;
           std::printf("\nILP: %lld of %lld batches proven optimal; mean relative MIP gap %.4f\n",

@@ -79,7 +79,7 @@ absl::StatusOr<std::vector<Strategy>> ParseStrategyList(absl::string_view value,
       return FlagError("strategy",
                        absl::StrCat("unknown strategy ", Quoted(name),
                                     " (all, llama3, per_doc, ring, zigzag, whole_doc, "
-                                    "flashcp_paper, flashcp, ilp, or a comma-separated list)"));
+                                    "flashcp_paper, flashcp, ilp, magi, or a comma-separated list)"));
     }
     if (std::find(out.begin(), out.end(), *s) == out.end()) out.push_back(*s);
   }
@@ -262,7 +262,7 @@ Batches come from exactly one of:
 Flags:
   --cp N               ranks in the CP group (default 8)
   --strategy NAME      llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper,
-                       flashcp, ilp, a comma-separated list, or all (every one but
+                       flashcp, ilp, magi, a comma-separated list, or all (every one but
                        ilp, which is slow). Default flashcp; all with --summary
   --target-imbalance R target imbalance ratio for flashcp and flashcp_paper (default 1.02)
   --min-shard-tokens M flashcp's minimum cut shard, tokens. Best effort, below the

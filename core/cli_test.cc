@@ -60,7 +60,8 @@ TEST(ParseCliArgsTest, SummaryDefaultsToAllButIlp) {
   ASSERT_THAT(o, IsOk());
   EXPECT_THAT(o->strategies,
               ElementsAre(Strategy::kLlama3, Strategy::kPerDoc, Strategy::kRing, Strategy::kZigzag,
-                          Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp));
+                          Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp,
+                          Strategy::kMagi));
   EXPECT_TRUE(o->skip_unimplemented);
 }
 
@@ -86,7 +87,7 @@ TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
       {{"--cp", "8x"}, "--cp: must be an integer in [1, 65536], got \"8x\""},
       {{"--strategy", "best"},
        "--strategy: unknown strategy \"best\" (all, llama3, per_doc, ring, zigzag, whole_doc, "
-       "flashcp_paper, flashcp, ilp, or a comma-separated list)"},
+       "flashcp_paper, flashcp, ilp, magi, or a comma-separated list)"},
       {{"--target-imbalance", "0.9"}, "--target-imbalance: must be a number in [1, 1e+06], got \"0.9\""},
       {{"--target-imbalance", "nan"}, "--target-imbalance: must be a number in [1, 1e+06], got \"nan\""},
       {{"--min-shard-tokens", "-1"},

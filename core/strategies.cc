@@ -26,6 +26,8 @@ absl::string_view StrategyName(Strategy strategy) {
       return "flashcp";
     case Strategy::kIlp:
       return "ilp";
+    case Strategy::kMagi:
+      return "magi";
   }
   return "unknown";
 }
@@ -36,7 +38,7 @@ absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "strategy: unknown strategy \"", name,
-      "\" (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, flashcp, ilp)"));
+      "\" (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, flashcp, ilp, magi)"));
 }
 
 absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanOptions& options,
@@ -66,6 +68,8 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
       return internal::PlanFlashCp(batch, options);
     case Strategy::kIlp:
       return internal::PlanIlp(batch, options.ilp, info);
+    case Strategy::kMagi:
+      return internal::PlanMagi(batch);
   }
   return absl::InvalidArgumentError("strategy: unknown strategy");
 }

@@ -21,13 +21,17 @@ enum class Strategy {
   kFlashCpPaper = 5, // Algorithm 1 as the paper states it
   kFlashCp = 6,      // our planner (docs/planner.md); the default
   kIlp = 7,          // exact MILP at a fixed granularity (CBC), small batches only
+  kMagi = 8,         // MagiAttention's default dispatch: equal chunks by min-heap on causal area
 };
-inline constexpr int kNumStrategies = 8;
+inline constexpr int kNumStrategies = 9;
+// In enum order: kAllStrategies[i] == Strategy(i).
 inline constexpr std::array<Strategy, kNumStrategies> kAllStrategies = {
     Strategy::kLlama3,   Strategy::kPerDoc,       Strategy::kRing,    Strategy::kZigzag,
-    Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp, Strategy::kIlp};
+    Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp, Strategy::kIlp,
+    Strategy::kMagi};
 
-// "llama3", "per_doc", "ring", "zigzag", "whole_doc", "flashcp_paper", "flashcp", "ilp".
+// "llama3", "per_doc", "ring", "zigzag", "whole_doc", "flashcp_paper", "flashcp", "ilp",
+// "magi".
 absl::string_view StrategyName(Strategy strategy);
 absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);
 

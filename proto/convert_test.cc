@@ -139,7 +139,7 @@ TEST(RequestFromProtoTest, EveryBadFieldIsNamedWithItsCode) {
       {"unknown strategy", [](v1::PlanRequest& r) { r.set_strategy("magic"); },
        absl::StatusCode::kInvalidArgument,
        "strategy: unknown strategy \"magic\" (llama3, per_doc, ring, zigzag, whole_doc, "
-       "flashcp_paper, flashcp, ilp)"},
+       "flashcp_paper, flashcp, ilp, magi)"},
       {"target_imbalance below 1", [](v1::PlanRequest& r) { r.set_target_imbalance(0.5); },
        absl::StatusCode::kInvalidArgument,
        "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got 0.5"},

@@ -497,7 +497,11 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, Plan
   }
   std::vector<std::pair<double, Plan>> others;
   for (Strategy s : kAllStrategies) {
-    if (s == Strategy::kIlp || s == Strategy::kRing || s == Strategy::kLlama3) continue;
+    // magi is a comparison baseline, not a seed: the ILP's model stays as it was.
+    if (s == Strategy::kIlp || s == Strategy::kRing || s == Strategy::kLlama3 ||
+        s == Strategy::kMagi) {
+      continue;
+    }
     absl::StatusOr<Plan> p = MakePlan(s, batch);
     if (!p.ok()) continue;  // e.g. a strategy not implemented yet
     FLASHCP_ASSIGN_OR_RETURN(const double obj, IlpObjective(*p, weight));

@@ -16,12 +16,22 @@ namespace flashcp::core::internal {
 // order, touching pieces of one document on one rank merged, padding set.
 Plan FinishPlan(const Batch& batch, std::vector<Shard> pieces);
 
+// Cuts the packed sequence into consecutive chunks of `sizes` tokens (summing
+// to the batch's tokens), chunk k going to `owners[k]`, and intersects them
+// with document boundaries: raw pieces for FinishPlan.
+std::vector<Shard> CutPacked(const Batch& batch, const std::vector<int64_t>& sizes,
+                             const std::vector<int32_t>& owners);
+
 // The canonical per-rank real-token targets, RankRealTokens for every rank.
 std::vector<int64_t> RankTargets(const Batch& batch);
 
 Plan PlanLlama3(const Batch& batch);
 Plan PlanPerDoc(const Batch& batch);  // also the Ring-Attn zigzag sharding
 Plan PlanRing(const Batch& batch);
+Plan PlanMagi(const Batch& batch);    // MagiAttention's default dispatch (magi.cc)
+// Tokens per chunk PlanMagi uses: MagiAttention's ceil(C / 8N), lowered to
+// the largest divisor of C/N at most that so every rank gets whole chunks.
+int64_t MagiChunkTokens(int64_t total, int32_t n);
 Plan PlanWholeDoc(const Batch& batch);
 Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
 Plan PlanFlashCp(const Batch& batch, const PlanOptions& options);
