@@ -378,6 +378,10 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
       m.bytes[static_cast<int>(CommScheme::kTargeted)].phase.bottleneck_tokens;
   m.targeted_saving =
       full == 0 ? 1.0 : 1.0 - static_cast<double>(targeted) / static_cast<double>(full);
+  m.cheaper_scheme =
+      targeted < m.bytes[static_cast<int>(CommScheme::kAllGather)].phase.bottleneck_tokens
+          ? CommScheme::kTargeted
+          : CommScheme::kAllGather;
   return m;
 }
 

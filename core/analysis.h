@@ -136,6 +136,10 @@ struct PlanMetrics {
   std::vector<int32_t> rank_segments;   // attention segments (shards) per rank
   int64_t cut_docs = 0;                 // documents split into more than one shard
   int64_t min_cut_shard_len = 0;        // shortest shard of a cut document; 0 if none
+  // The sharding-aware exchange that moves less in one phase (its
+  // phase.bottleneck_tokens; the all-gather on a tie, one collective):
+  // kAllGather or kTargeted, never kFullKv (it never moves less than kAllGather).
+  CommScheme cheaper_scheme = CommScheme::kAllGather;
 };
 
 // PlanMetrics' bytes[kTargeted].phase.bottleneck_tokens without the rest, for

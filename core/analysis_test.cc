@@ -124,6 +124,22 @@ TEST(AnalyzePlanTest, TargetedBottleneckIsPerPhase) {
   EXPECT_DOUBLE_EQ(m->targeted_saving, 0.0);
 }
 
+// docs [6, 2, 4] on 3 ranks: rank 1 sends doc 0's 2-token head to rank 0,
+// the tail's owner. The all-gather moves max nonlast (2) x (N - 1) = 4
+// tokens a phase, the targeted exchange 2: the targeted one is cheaper. In
+// the hand-worked plans above the two tie, and the all-gather is named.
+TEST(AnalyzePlanTest, CheaperSchemeIsTheOneThatMovesLess) {
+  Plan plan{3, {6, 2, 4}, 0, {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}, {2, 0, 4, 2}}};
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 1});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_EQ(m->bytes[static_cast<int>(CommScheme::kAllGather)].phase.bottleneck_tokens, 4);
+  EXPECT_EQ(m->bytes[static_cast<int>(CommScheme::kTargeted)].phase.bottleneck_tokens, 2);
+  EXPECT_EQ(m->cheaper_scheme, CommScheme::kTargeted);
+  absl::StatusOr<PlanMetrics> tie = AnalyzePlan(HeadTailPlan(), ModelShape{1, 1, 1});
+  ASSERT_THAT(tie, IsOk());
+  EXPECT_EQ(tie->cheaper_scheme, CommScheme::kAllGather);
+}
+
 TEST(AnalyzePlanTest, RejectsBadShape) {
   EXPECT_THAT(AnalyzePlan(HeadTailPlan(), ModelShape{0, 128, 2}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("heads")));

@@ -49,6 +49,7 @@ void MetricsToProto(const core::PlanMetrics& m, double planning_seconds, v1::Pla
     SchemeBytesToProto(scheme, m.bytes[static_cast<int>(scheme)], out->add_bytes());
   }
   out->set_planning_seconds(planning_seconds);
+  out->set_cheaper_scheme(std::string(core::CommSchemeName(m.cheaper_scheme)));
 }
 
 void LayoutToProto(const core::CommLayout& layout,
@@ -249,6 +250,11 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
     phase.bottleneck_bytes = b.phase_bottleneck_bytes();
   }
   cm.rank_segments.assign(m.rank_segments().begin(), m.rank_segments().end());
+  // Absent from older servers (and a scheme newer than this build): the default.
+  if (absl::StatusOr<core::CommScheme> cheaper = core::ParseCommScheme(m.cheaper_scheme());
+      cheaper.ok()) {
+    cm.cheaper_scheme = *cheaper;
+  }
   cm.cut_docs = m.cut_docs();
   cm.min_cut_shard_len = m.min_cut_shard_len();
   out.planning_seconds = m.planning_seconds();

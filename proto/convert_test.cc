@@ -258,6 +258,7 @@ TEST(ResponseToProtoTest, RingPlanHandWorked) {
   EXPECT_EQ(m.bytes(2).phase_max_received_bytes(), 65536);
   EXPECT_EQ(m.bytes(2).phase_bottleneck_bytes(), 65536);
   EXPECT_EQ(m.bytes(0).phase_bottleneck_tokens(), 4);
+  EXPECT_EQ(m.cheaper_scheme(), "allgather");  // 4 tokens a phase either way: the tie
   EXPECT_EQ(p.layout_size(), 0);
 }
 
@@ -327,6 +328,7 @@ TEST(ResponseFromProtoTest, RoundTripsPlanAndMetrics) {
     EXPECT_EQ(got.bottleneck_bytes, want.bottleneck_bytes) << s;
   }
   EXPECT_EQ(m.rank_segments, ring.metrics.rank_segments);
+  EXPECT_EQ(m.cheaper_scheme, ring.metrics.cheaper_scheme);
   EXPECT_EQ(m.cut_docs, 1);
   EXPECT_EQ(m.min_cut_shard_len, 1);
   EXPECT_THAT(core::ValidatePlan(back->plan), IsOk());

@@ -34,7 +34,11 @@ Plan PlanMagi(const Batch& batch);    // MagiAttention's default dispatch (magi.
 int64_t MagiChunkTokens(int64_t total, int32_t n);
 Plan PlanWholeDoc(const Batch& batch);
 Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
+// flashcp (flashcp_targeted.cc): PlanFlashCpCompacted's plan, or a grouped
+// one where that moves less (docs/planner.md, "Least KV moved").
 Plan PlanFlashCp(const Batch& batch, const PlanOptions& options);
+// flashcp's candidate search (flashcp.cc), scored on the compacted all-gather.
+Plan PlanFlashCpCompacted(const Batch& batch, const PlanOptions& options);
 absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options, PlanInfo* info);
 
 }  // namespace flashcp::core::internal
