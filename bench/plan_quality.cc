@@ -3,7 +3,8 @@
 // for every strategy: the mean and p95 imbalance, the mean saving of the
 // compacted all-gather and of the targeted exchange against full KV, each
 // scheme's one-phase bottleneck (SPEC "Targeted exchange, per phase") in C/N
-// tokens and the targeted one against magi's, cut documents and the shortest
+// tokens and the targeted one against magi's, the targeted bytes within and
+// across nodes (8 ranks a node by default), cut documents and the shortest
 // cut shard (its 5th percentile and median over batches, and the cut shards
 // below the minimum-shard rule's 128 tokens), plan time; then the ILP beside
 // the heuristics over a few batches per cell, by default in the paper's
@@ -14,6 +15,7 @@
 // the figures.
 //
 //   build/bin/plan_quality [--batches K] [--seed S] [--cells C:N,C:N...] [--datasets D,D...]
+//                          [--ranks-per-node R]
 //                          [--ilp-batches K] [--ilp-time-limit S]
 //                          [--ilp-granularity G] [--ilp-context C] [--ilp-comm-weight W]
 //                          [--ilp-datasets D,D...] [--ilp-cps N,N...] [--min-shard-tokens M]
@@ -54,6 +56,7 @@ struct Args {
   std::vector<std::pair<int64_t, int32_t>> cells = {
       {kContext, 4}, {kContext, 8}, {kContext, 16}, {int64_t{1} << 20, 32}, {int64_t{1} << 20, 64}};
   std::vector<Dataset> datasets = {std::begin(kAllDatasets), std::end(kAllDatasets)};
+  int32_t ranks_per_node = 8;  // 8 GPUs a node
 };
 
 // Cut shards below this count as short in the table (the default minimum).
@@ -120,6 +123,9 @@ bool ParseArgs(int argc, char** argv, Args& a) {
         ok = ok && d.ok();
         if (d.ok()) a.datasets.push_back(*d);
       }
+    } else if (flag == "--ranks-per-node") {
+      ok = absl::SimpleAtoi(v, &a.ranks_per_node) && a.ranks_per_node >= 0 &&
+           a.ranks_per_node <= 65536;
     } else if (flag == "--min-shard-tokens") {
       ok = absl::SimpleAtoi(v, &a.min_shard_tokens) && a.min_shard_tokens >= 0 &&
            a.min_shard_tokens <= 1'000'000;
@@ -142,6 +148,8 @@ struct Row {
   std::vector<int64_t> min_cut;  // per batch with a cut document: its shortest cut shard
   int64_t short_shards = 0;      // cut shards shorter than kShortShard, all batches
   int64_t short_batches = 0;     // batches with at least one
+  double intra_mib = 0;          // targeted, one phase, all ranks: mean over batches
+  double inter_mib = 0;
 };
 
 // Nearest-rank percentile of a sorted vector; 0 if empty.
@@ -178,7 +186,7 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
                      std::string(plan.status().message()).c_str());
         return false;
       }
-      absl::StatusOr<PlanMetrics> m = AnalyzePlan(*plan, ModelShape{});
+      absl::StatusOr<PlanMetrics> m = AnalyzePlan(*plan, ModelShape{}, options.ranks_per_node);
       if (!m.ok()) {
         std::fprintf(stderr, "plan_quality: %s batch %zu: %s: %s\n", label.c_str(), k,
                      std::string(StrategyName(s)).c_str(),
@@ -195,13 +203,21 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
       }
       row.short_shards += short_here;
       row.short_batches += short_here > 0 ? 1 : 0;
+      const PhaseTraffic& tp = m->bytes[static_cast<int>(CommScheme::kTargeted)].phase;
+      row.intra_mib += static_cast<double>(tp.intra_node_bytes) / (1 << 20);
+      row.inter_mib += static_cast<double>(tp.inter_node_bytes) / (1 << 20);
       row.ilp_gap_mean += info.ilp_gap;
       row.ilp_optimal += info.ilp_optimal ? 1 : 0;
     }
     if (skipped) continue;
     row.summary = acc.Finish();
     std::sort(row.min_cut.begin(), row.min_cut.end());
-    if (row.summary.batches > 0) row.ilp_gap_mean /= static_cast<double>(row.summary.batches);
+    if (row.summary.batches > 0) {
+      const double b = static_cast<double>(row.summary.batches);
+      row.ilp_gap_mean /= b;
+      row.intra_mib /= b;
+      row.inter_mib /= b;
+    }
     rows.push_back(row);
     std::fprintf(stderr, "plan_quality: %s: %s done\n", label.c_str(),
                  std::string(StrategyName(s)).c_str());
@@ -215,11 +231,12 @@ void PrintRow(const std::string& prefix, const Row& r, double magi_phase) {
   const StrategySummary& s = r.summary;
   const std::string vs_magi =
       magi_phase > 0 ? absl::StrFormat("%.2fx", s.targeted_phase_mean / magi_phase) : "-";
-  std::printf("| %s%s | %.4f | %.4f | %.1f%% | %.1f%% | %.3f | %.3f | %s | %.1f | "
+  std::printf("| %s%s | %.4f | %.4f | %.1f%% | %.1f%% | %.3f | %.3f | %s | %.0f / %.0f | %.1f | "
               "%lld / %lld / %lld | %lld (%lld) | %.3f | %.3f |\n",
               prefix.c_str(), std::string(StrategyName(s.strategy)).c_str(), s.imbalance_mean,
               s.imbalance_p95, 100 * s.allgather_saving_mean, 100 * s.targeted_saving_mean,
-              s.allgather_phase_mean, s.targeted_phase_mean, vs_magi.c_str(), s.cut_docs_mean,
+              s.allgather_phase_mean, s.targeted_phase_mean, vs_magi.c_str(), r.intra_mib,
+              r.inter_mib, s.cut_docs_mean,
               static_cast<long long>(s.min_cut_shard_len),
               static_cast<long long>(Percentile(r.min_cut, 0.05)),
               static_cast<long long>(Percentile(r.min_cut, 0.5)),
@@ -241,6 +258,7 @@ int Main(int argc, char** argv) {
   if (!ParseArgs(argc, argv, args)) return 2;
   PlanOptions defaults;
   defaults.min_shard_tokens = args.min_shard_tokens;
+  defaults.ranks_per_node = args.ranks_per_node;
 
   std::vector<Strategy> heuristics;
   for (Strategy s : kAllStrategies) {
@@ -262,7 +280,9 @@ int Main(int argc, char** argv) {
         "Llama3's and Per-Doc's sharding, not what Llama3 CP and Per-Doc CP move (they "
         "all-gather full KV: saving 0). phase allgather / phase targeted: one phase's "
         "bottleneck, max over ranks of max(send, receive) tokens, in units of C/N (full KV: "
-        "N - 1); x magi: the targeted one over magi's, means over batches.\n");
+        "N - 1); x magi: the targeted one over magi's, means over batches. targeted intra / "
+        "inter MiB: one phase's targeted bytes summed over ranks, within and across nodes of "
+        "%d ranks (--ranks-per-node), mean per batch.\n", args.ranks_per_node);
     for (const auto& [context, n] : args.cells) {
       for (Dataset d : args.datasets) {
         const std::vector<Batch> batches = Draw(d, args.batches, args.seed, n, context);
@@ -275,11 +295,11 @@ int Main(int argc, char** argv) {
         }
         std::printf("\n### %s, C = %lld, N = %d\n\n| strategy | imb mean | imb p95 | "
                     "save allgather | save targeted | phase allgather (C/N) | "
-                    "phase targeted (C/N) | targeted x magi | cut docs | "
+                    "phase targeted (C/N) | targeted x magi | targeted intra / inter MiB | cut docs | "
                     "min cut shard (min / p5 / p50) | cut shards < 128 (batches) | "
                     "plan ms mean | plan ms p99 |\n"
                     "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-                    "--- |\n",
+                    "--- | --- |\n",
                     std::string(DatasetName(d)).c_str(), static_cast<long long>(context), n);
         for (const Row& r : rows) PrintRow("", r, magi_phase);
         std::fflush(stdout);
@@ -321,10 +341,11 @@ int Main(int argc, char** argv) {
         return 1;
       }
       std::printf("| strategy | imb mean | imb p95 | save allgather | save targeted | "
-                  "phase allgather (C/N) | phase targeted (C/N) | targeted x magi | cut docs | "
-                  "min cut shard (min / p5 / p50) | cut shards < 128 (batches) | plan ms mean | "
-                  "plan ms p99 |\n"
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+                  "phase allgather (C/N) | phase targeted (C/N) | targeted x magi | "
+                  "targeted intra / inter MiB | cut docs | min cut shard (min / p5 / p50) | "
+                  "cut shards < 128 (batches) | plan ms mean | plan ms p99 |\n"
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
+                  "--- |\n");
       bool have_ilp = false;
       for (const Row& r : rows) {
         PrintRow("", r, 0);

@@ -74,9 +74,15 @@ absl::Status FillSchemeBytes(const std::vector<int64_t>& phase_sent,
 
 // One phase's targeted tokens per rank (SPEC "Targeted exchange, per
 // phase"), from a valid plan's shards grouped by document.
+// With `inter` set, also the tokens sent to ranks on other nodes (node of
+// rank r: r / ranks_per_node; ranks_per_node 0: one node), summed over ranks.
 void TargetedPhase(const Plan& plan, const DocIndex& index, std::vector<int64_t>& fwd_sent,
-                   std::vector<int64_t>& fwd_recv) {
+                   std::vector<int64_t>& fwd_recv, int32_t ranks_per_node = 0,
+                   int64_t* inter = nullptr) {
   const int32_t n = plan.cp_size;
+  const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
+  std::vector<int32_t> node_distinct((n + per_node - 1) / per_node, 0);
+  if (inter != nullptr) *inter = 0;
   // Forward KV tokens each rank sends and receives under kTargeted, counted
   // in O(pieces) per document: rank d receives every piece before its own last
   // piece of the document that it does not own itself.
@@ -114,6 +120,22 @@ void TargetedPhase(const Plan& plan, const DocIndex& index, std::vector<int64_t>
       const bool owner_later = last_pos[s.rank] > k;
       fwd_sent[s.rank] += s.len * (distinct_after[k] - (owner_later ? 1 : 0));
       if (k < last_pos[s.rank]) own_before[s.rank] += s.len;
+    }
+    if (inter != nullptr) {
+      // Piece k goes to the distinct owners of later pieces but itself; of
+      // those, the ones outside its node: walk back, counting owners per node.
+      for (int32_t k = count - 1; k >= 0; --k) {
+        const Shard& s = plan.shards[index.shards[b + k]];
+        const int32_t node = s.rank / per_node;
+        const int32_t later_total = distinct_after[k];
+        const int32_t later_here = node_distinct[node];
+        const bool owner_later = last_pos[s.rank] > k;
+        // The owner's own later piece counts in both; the rest of its node's are intra.
+        *inter += s.len * ((later_total - (owner_later ? 1 : 0)) -
+                           (later_here - (owner_later ? 1 : 0)));
+        if (last_pos[s.rank] == k) ++node_distinct[node];
+      }
+      for (int32_t r : touched) node_distinct[r / per_node] = 0;
     }
     for (int32_t r : touched) {
       fwd_recv[r] += prefix_tokens[last_pos[r]] - own_before[r];
@@ -309,6 +331,14 @@ absl::StatusOr<CommLayout> BuildCommLayout(const Plan& plan) {
   return layout;
 }
 
+absl::Status ValidateRanksPerNode(int32_t ranks_per_node) {
+  if (ranks_per_node < 0 || ranks_per_node > kMaxCpSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ranks_per_node: must be in [0, ", kMaxCpSize, "] (0: one node), got ", ranks_per_node));
+  }
+  return absl::OkStatus();
+}
+
 int64_t TargetedPhaseBottleneck(const Plan& plan) {
   std::vector<int64_t> sent, recv;
   TargetedPhase(plan, IndexByDoc(plan), sent, recv);
@@ -317,8 +347,10 @@ int64_t TargetedPhaseBottleneck(const Plan& plan) {
   return bottleneck;
 }
 
-absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape) {
+absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape,
+                                        int32_t ranks_per_node) {
   FLASHCP_RETURN_IF_ERROR(ValidateModelShape(shape));
+  FLASHCP_RETURN_IF_ERROR(ValidateRanksPerNode(ranks_per_node));
   FLASHCP_RETURN_IF_ERROR(ValidatePlan(plan));
   const int32_t n = plan.cp_size;
   const int64_t total = TotalTokens(plan.doc_lens);
@@ -340,7 +372,8 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
     }
   }
   std::vector<int64_t> fwd_sent, fwd_recv;
-  TargetedPhase(plan, index, fwd_sent, fwd_recv);
+  int64_t targeted_inter = 0;
+  TargetedPhase(plan, index, fwd_sent, fwd_recv, ranks_per_node, &targeted_inter);
   std::vector<uint8_t> is_last(plan.shards.size(), 0);
   for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
     is_last[index.shards[index.begin[d + 1] - 1]] = 1;
@@ -373,6 +406,35 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
                                           m.bytes[static_cast<int>(CommScheme::kAllGather)]));
   FLASHCP_RETURN_IF_ERROR(FillSchemeBytes(fwd_sent, fwd_recv, per_token, "targeted",
                                           m.bytes[static_cast<int>(CommScheme::kTargeted)]));
+  // Intra- and inter-node bytes of one phase: an all-gather sends every
+  // rank's buffer to each peer, so per rank r (N - 1) copies, those to ranks
+  // outside r's node inter-node.
+  const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
+  int64_t inter_pairs = 0;  // ordered (sender, receiver) pairs on different nodes
+  for (int32_t r = 0; r < n; ++r) {
+    const int32_t node_begin = r / per_node * per_node;
+    inter_pairs += n - (std::min(n, node_begin + per_node) - node_begin);
+  }
+  const absl::int128 all_pairs = absl::int128(n) * (n - 1);
+  const auto split = [&](SchemeBytes& b, absl::int128 inter_tokens,
+                         absl::int128 total_tokens) -> absl::Status {
+    FLASHCP_ASSIGN_OR_RETURN(b.phase.inter_node_bytes,
+                             CheckedBytes(2 * per_token * inter_tokens, "inter-node"));
+    FLASHCP_ASSIGN_OR_RETURN(b.phase.intra_node_bytes,
+                             CheckedBytes(2 * per_token * (total_tokens - inter_tokens),
+                                          "intra-node"));
+    return absl::OkStatus();
+  };
+  FLASHCP_RETURN_IF_ERROR(split(m.bytes[static_cast<int>(CommScheme::kFullKv)],
+                                absl::int128(m.tokens_per_rank) * inter_pairs,
+                                absl::int128(m.tokens_per_rank) * all_pairs));
+  FLASHCP_RETURN_IF_ERROR(split(m.bytes[static_cast<int>(CommScheme::kAllGather)],
+                                absl::int128(m.max_nonlast_tokens) * inter_pairs,
+                                absl::int128(m.max_nonlast_tokens) * all_pairs));
+  absl::int128 targeted_total = 0;
+  for (int64_t t : fwd_sent) targeted_total += t;
+  FLASHCP_RETURN_IF_ERROR(split(m.bytes[static_cast<int>(CommScheme::kTargeted)],
+                                targeted_inter, targeted_total));
   const int64_t full = m.bytes[static_cast<int>(CommScheme::kFullKv)].phase.bottleneck_tokens;
   const int64_t targeted =
       m.bytes[static_cast<int>(CommScheme::kTargeted)].phase.bottleneck_tokens;

@@ -105,6 +105,10 @@ struct PhaseTraffic {
   int64_t max_sent_bytes = 0;
   int64_t max_received_bytes = 0;
   int64_t bottleneck_bytes = 0;
+  // Bytes sent in the phase, summed over ranks, between ranks on one node and
+  // on different nodes (AnalyzePlan's ranks_per_node; 0: all inter-node 0).
+  int64_t intra_node_bytes = 0;
+  int64_t inter_node_bytes = 0;
 };
 
 // Bytes one rank moves per transformer layer, forward plus backward, under one
@@ -147,9 +151,15 @@ struct PlanMetrics {
 // not checked). O(shards log shards).
 int64_t TargetedPhaseBottleneck(const Plan& plan);
 
-// Validates the plan and the shape, then computes every metric. OutOfRange if
-// a byte count overflows int64.
-absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape);
+// InvalidArgument naming the field unless 0 <= ranks_per_node <= kMaxCpSize.
+// Rank r is on node r / ranks_per_node (the last node may be smaller); 0: all
+// ranks on one node.
+absl::Status ValidateRanksPerNode(int32_t ranks_per_node);
+
+// Validates the plan, the shape and ranks_per_node, then computes every
+// metric. OutOfRange if a byte count overflows int64.
+absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape,
+                                        int32_t ranks_per_node = 0);
 
 }  // namespace flashcp::core
 

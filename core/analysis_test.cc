@@ -140,6 +140,36 @@ TEST(AnalyzePlanTest, CheaperSchemeIsTheOneThatMovesLess) {
   EXPECT_EQ(tie->cheaper_scheme, CommScheme::kAllGather);
 }
 
+// One 9-token document on 3 ranks, [0,3) r0, [3,6) r1, [6,9) r2, with 2
+// ranks per node (nodes {0, 1} and {2}). Forward, r0 sends 3 tokens to r1
+// (intra) and 3 to r2 (inter), r1 sends 3 to r2 (inter): 3 intra, 6 inter
+// tokens; 2 bytes each (K and V at 1 byte). The all-gathers send each
+// rank's buffer to 2 peers: pairs (0,1), (1,0) intra, the other 4 inter.
+TEST(AnalyzePlanTest, IntraAndInterNodeBytes) {
+  Plan plan{3, {9}, 0, {{0, 0, 3, 0}, {0, 3, 3, 1}, {0, 6, 3, 2}}};
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 1}, 2);
+  ASSERT_THAT(m, IsOk());
+  const PhaseTraffic& t = m->bytes[static_cast<int>(CommScheme::kTargeted)].phase;
+  EXPECT_EQ(t.intra_node_bytes, 6);
+  EXPECT_EQ(t.inter_node_bytes, 12);
+  const PhaseTraffic& full = m->bytes[static_cast<int>(CommScheme::kFullKv)].phase;
+  EXPECT_EQ(full.intra_node_bytes, 2 * 3 * 2);  // 2 pairs x C/N = 3 tokens x 2 bytes
+  EXPECT_EQ(full.inter_node_bytes, 4 * 3 * 2);
+  const PhaseTraffic& gather = m->bytes[static_cast<int>(CommScheme::kAllGather)].phase;
+  EXPECT_EQ(gather.intra_node_bytes, 2 * 3 * 2);  // max nonlast 3
+  EXPECT_EQ(gather.inter_node_bytes, 4 * 3 * 2);
+  // One node (0, or as many ranks as N): nothing inter-node.
+  for (int32_t rpn : {0, 3, 8}) {
+    absl::StatusOr<PlanMetrics> one = AnalyzePlan(plan, ModelShape{1, 1, 1}, rpn);
+    ASSERT_THAT(one, IsOk());
+    EXPECT_EQ(one->bytes[static_cast<int>(CommScheme::kTargeted)].phase.intra_node_bytes, 18);
+    EXPECT_EQ(one->bytes[static_cast<int>(CommScheme::kTargeted)].phase.inter_node_bytes, 0);
+    EXPECT_EQ(one->bytes[static_cast<int>(CommScheme::kFullKv)].phase.inter_node_bytes, 0);
+  }
+  EXPECT_THAT(AnalyzePlan(plan, ModelShape{1, 1, 1}, -1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ranks_per_node")));
+}
+
 TEST(AnalyzePlanTest, RejectsBadShape) {
   EXPECT_THAT(AnalyzePlan(HeadTailPlan(), ModelShape{0, 128, 2}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("heads")));

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/analysis.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
 
@@ -52,6 +53,7 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
     return absl::InvalidArgumentError(absl::StrCat(
         "min_shard_tokens: must be in [0, 2^40], got ", options.min_shard_tokens));
   }
+  FLASHCP_RETURN_IF_ERROR(ValidateRanksPerNode(options.ranks_per_node));
   switch (strategy) {
     case Strategy::kLlama3:
       return internal::PlanLlama3(batch);

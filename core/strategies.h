@@ -59,6 +59,10 @@ struct PlanOptions {
   // 128 = one query tile of the attention kernels (64-128 rows); 0 or 1
   // turns the rule off. 0 <= min_shard_tokens <= 2^40.
   int64_t min_shard_tokens = 128;
+  // Topology: rank r is on node r / ranks_per_node (0: all N on one node).
+  // flashcp's grouped cuts keep a document within one node where a node has
+  // the ranks for it; other strategies ignore it. 0 <= ranks_per_node <= 65536.
+  int32_t ranks_per_node = 0;
   IlpOptions ilp;
 };
 

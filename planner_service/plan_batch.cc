@@ -13,7 +13,7 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
   const absl::Time start = clock.Now();
   FLASHCP_ASSIGN_OR_RETURN(const core::Plan plan,
                            core::MakePlan(input.strategy, input.batch, input.options));
-  FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics metrics, core::AnalyzePlan(plan, input.shape));
+  FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics metrics, core::AnalyzePlan(plan, input.shape, input.options.ranks_per_node));
   std::optional<core::CommLayout> layout;
   if (input.include_layout) {
     FLASHCP_ASSIGN_OR_RETURN(layout, core::BuildCommLayout(plan));

@@ -31,6 +31,8 @@ void SchemeBytesToProto(core::CommScheme scheme, const core::SchemeBytes& bytes,
   out->set_phase_max_sent_bytes(phase.max_sent_bytes);
   out->set_phase_max_received_bytes(phase.max_received_bytes);
   out->set_phase_bottleneck_bytes(phase.bottleneck_bytes);
+  out->set_phase_intra_node_bytes(phase.intra_node_bytes);
+  out->set_phase_inter_node_bytes(phase.inter_node_bytes);
 }
 
 void MetricsToProto(const core::PlanMetrics& m, double planning_seconds, v1::PlanMetrics* out) {
@@ -105,6 +107,8 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
                      ") or a token count in [1, 2^40], got ", m));
   }
   in.options.min_shard_tokens = m == 0 ? kDefaultMinShardTokens : m == kMinShardTokensOff ? 0 : m;
+  in.options.ranks_per_node = request.ranks_per_node();
+  FLASHCP_RETURN_IF_ERROR(core::ValidateRanksPerNode(in.options.ranks_per_node));
 
   in.shape.heads = request.heads() == 0 ? kDefaultHeads : request.heads();
   in.shape.head_dim = request.head_dim() == 0 ? kDefaultHeadDim : request.head_dim();
@@ -126,6 +130,7 @@ v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
   request.set_target_imbalance(options.target_imbalance);
   request.set_min_shard_tokens(options.min_shard_tokens == 0 ? kMinShardTokensOff
                                                               : options.min_shard_tokens);
+  request.set_ranks_per_node(options.ranks_per_node);
   request.set_heads(shape.heads);
   request.set_head_dim(shape.head_dim);
   request.set_dtype_bytes(shape.dtype_bytes);
@@ -248,6 +253,8 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
     phase.max_sent_bytes = b.phase_max_sent_bytes();
     phase.max_received_bytes = b.phase_max_received_bytes();
     phase.bottleneck_bytes = b.phase_bottleneck_bytes();
+    phase.intra_node_bytes = b.phase_intra_node_bytes();
+    phase.inter_node_bytes = b.phase_inter_node_bytes();
   }
   cm.rank_segments.assign(m.rank_segments().begin(), m.rank_segments().end());
   // Absent from older servers (and a scheme newer than this build): the default.

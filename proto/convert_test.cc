@@ -37,6 +37,7 @@ TEST(RequestFromProtoTest, ZeroFieldsTakeTheProtoDefaults) {
   EXPECT_EQ(in->strategy, core::Strategy::kFlashCp);
   EXPECT_EQ(in->options.target_imbalance, 1.02);
   EXPECT_EQ(in->options.min_shard_tokens, 128);
+  EXPECT_EQ(in->options.ranks_per_node, 0);
   EXPECT_EQ(in->shape.heads, 32);
   EXPECT_EQ(in->shape.head_dim, 128);
   EXPECT_EQ(in->shape.dtype_bytes, 2);
@@ -48,6 +49,7 @@ TEST(RequestFromProtoTest, ExplicitFieldsAreKept) {
   r.set_strategy("ring");
   r.set_target_imbalance(1.5);
   r.set_min_shard_tokens(64);
+  r.set_ranks_per_node(8);
   r.set_heads(8);
   r.set_head_dim(64);
   r.set_dtype_bytes(4);
@@ -57,6 +59,7 @@ TEST(RequestFromProtoTest, ExplicitFieldsAreKept) {
   EXPECT_EQ(in->strategy, core::Strategy::kRing);
   EXPECT_EQ(in->options.target_imbalance, 1.5);
   EXPECT_EQ(in->options.min_shard_tokens, 64);
+  EXPECT_EQ(in->options.ranks_per_node, 8);
   EXPECT_EQ(in->shape.heads, 8);
   EXPECT_EQ(in->shape.head_dim, 64);
   EXPECT_EQ(in->shape.dtype_bytes, 4);
@@ -68,6 +71,7 @@ TEST(RequestFromProtoTest, RequestToProtoRoundTrips) {
   core::PlanOptions options;
   options.target_imbalance = 1.1;
   options.min_shard_tokens = 300;
+  options.ranks_per_node = 2;
   const v1::PlanRequest r = RequestToProto(
       99, batch, core::Strategy::kZigzag, options, core::ModelShape{16, 64, 1}, true);
   EXPECT_EQ(r.strategy(), "zigzag");
@@ -79,6 +83,7 @@ TEST(RequestFromProtoTest, RequestToProtoRoundTrips) {
   EXPECT_EQ(in->strategy, core::Strategy::kZigzag);
   EXPECT_EQ(in->options.target_imbalance, 1.1);
   EXPECT_EQ(in->options.min_shard_tokens, 300);
+  EXPECT_EQ(in->options.ranks_per_node, 2);
   EXPECT_EQ(in->shape.heads, 16);
   EXPECT_EQ(in->shape.head_dim, 64);
   EXPECT_EQ(in->shape.dtype_bytes, 1);
@@ -150,6 +155,12 @@ TEST(RequestFromProtoTest, EveryBadFieldIsNamedWithItsCode) {
        [](v1::PlanRequest& r) { r.set_target_imbalance(std::nan("")); },
        absl::StatusCode::kInvalidArgument,
        "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got nan"},
+      {"ranks_per_node negative", [](v1::PlanRequest& r) { r.set_ranks_per_node(-1); },
+       absl::StatusCode::kInvalidArgument,
+       "ranks_per_node: must be in [0, 65536] (0: one node), got -1"},
+      {"ranks_per_node above 65536", [](v1::PlanRequest& r) { r.set_ranks_per_node(65537); },
+       absl::StatusCode::kInvalidArgument,
+       "ranks_per_node: must be in [0, 65536] (0: one node), got 65537"},
       {"min_shard_tokens below -1", [](v1::PlanRequest& r) { r.set_min_shard_tokens(-2); },
        absl::StatusCode::kInvalidArgument,
        "min_shard_tokens: must be -1 (off), 0 (the default 128) or a token count in [1, 2^40], "

@@ -51,11 +51,13 @@ Exchange Measure(const Plan& plan, const PlanScore& score) {
 // where some group cannot be found or its zigzag chunks would be shorter
 // than `m`.
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
-                   double rho, int64_t m, std::vector<Shard>& out) {
+                   double rho, int64_t m, int32_t ranks_per_node, std::vector<Shard>& out) {
   const int32_t n = batch.cp_size;
+  const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
   std::vector<int64_t> room = RankTargets(batch);
   std::vector<double> workload(n, 0.0);
-  std::vector<int32_t> ranks(n), group;
+  std::vector<int32_t> ranks(n), group, node_order;
+  std::vector<std::vector<int32_t>> by_node((n + per_node - 1) / per_node);
   size_t k = 0;
   for (; k < order.size(); ++k) {
     const int32_t d = order[k];
@@ -78,9 +80,31 @@ bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double
       // keep it within group_bound (groups of earlier documents included).
       const int64_t share = 2 * ((len + 2 * c - 1) / (2 * c));
       const double add = whole / c;
+      const auto fits = [&](int32_t r) {
+        return room[r] >= share && workload[r] + add <= group_bound;
+      };
+      // Within one node where one has c such ranks: the node of the
+      // least-loaded rank that has them (its c least loaded), else any.
       group.clear();
+      if (c <= per_node && per_node < n) {
+        for (std::vector<int32_t>& list : by_node) list.clear();
+        node_order.clear();
+        for (int32_t r : ranks) {
+          if (!fits(r)) continue;
+          std::vector<int32_t>& list = by_node[r / per_node];
+          if (list.empty()) node_order.push_back(r / per_node);
+          list.push_back(r);
+        }
+        for (int32_t node : node_order) {
+          if (static_cast<int32_t>(by_node[node].size()) >= c) {
+            group.assign(by_node[node].begin(), by_node[node].begin() + c);
+            break;
+          }
+        }
+        if (static_cast<int32_t>(group.size()) == c) break;
+      }
       for (int32_t r : ranks) {
-        if (room[r] >= share && workload[r] + add <= group_bound) group.push_back(r);
+        if (fits(r)) group.push_back(r);
         if (static_cast<int32_t>(group.size()) == c) break;
       }
       if (static_cast<int32_t>(group.size()) == c) break;
@@ -132,7 +156,7 @@ Plan PlanFlashCp(const Batch& batch, const PlanOptions& options) {
     for (double scale : kScales) {
       pieces.clear();
       if (!GroupedPieces(batch, order, bound * target * mean_work, scale * median_density, m,
-                         pieces)) {
+                         options.ranks_per_node, pieces)) {
         break;  // the same groups fail at every scale
       }
       if (m > 1) pieces = RepairShortShards(batch, std::move(pieces), m, target * mean_work);
