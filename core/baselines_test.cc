@@ -104,9 +104,31 @@ TEST(MagiTest, ChunkIsCeilOfCOver8NOrTheLargestDivisorOfCOverNBelowIt) {
   EXPECT_EQ(internal::MagiChunkTokens(131072, 8), 2048);
   EXPECT_EQ(internal::MagiChunkTokens(1 << 20, 64), 2048);
   EXPECT_EQ(internal::MagiChunkTokens(96, 4), 3);    // C/N = 24, ceil(96 / 32) = 3
-  EXPECT_EQ(internal::MagiChunkTokens(100, 4), 1);   // C/N = 25: divisors 1, 5, 25; 4 fits none
+  EXPECT_EQ(internal::MagiChunkTokens(100, 4), 0);   // C/N = 25: divisor 1 < 4 / 2: near-equal
   EXPECT_EQ(internal::MagiChunkTokens(120, 4), 3);   // C/N = 30, ceil(120 / 32) = 4: 3
   EXPECT_EQ(internal::MagiChunkTokens(7, 2), 1);
+}
+
+// C/N = 1009, a prime: no divisor near ceil(1009 / 8) = 127, so 8 near-equal
+// chunks a rank (126 or 127 tokens), not 1009 one-token chunks.
+TEST(MagiTest, PrimeTokensPerRankGetsNearEqualChunks) {
+  absl::StatusOr<Plan> plan = MakePlan(Strategy::kMagi, Batch{{2018}, 2});
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_THAT(ValidatePlan(*plan), IsOk());
+  EXPECT_LE(plan->shards.size(), 16u);
+  for (const Shard& s : plan->shards) EXPECT_GE(s.len, 126) << s.start;
+}
+
+// Small prime and near-prime C/N with padding: every rank still gets exactly
+// its target (ValidatePlan) however the near-equal chunks fall.
+TEST(MagiTest, NearEqualChunksAlwaysMeetTheTargets) {
+  for (int64_t total = 17; total < 400; ++total) {
+    for (int32_t n : {1, 2, 3, 5, 8}) {
+      absl::StatusOr<Plan> plan = MakePlan(Strategy::kMagi, Batch{{total / 3, total - total / 3}, n});
+      ASSERT_THAT(plan, IsOk()) << total << " " << n;
+      EXPECT_THAT(ValidatePlan(*plan), IsOk()) << total << " " << n;
+    }
+  }
 }
 
 TEST(StrategyNameTest, RoundTripsAndRejectsUnknown) {

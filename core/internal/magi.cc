@@ -8,7 +8,12 @@
 // magi_attention/api/magi_attn_interface.py); MagiAttention pads the sequence
 // to a multiple of chunk x N, which a plan cannot (it pads fewer than N
 // tokens), so where C/N is not a multiple of ceil(C / 8N) the chunk is the
-// largest divisor of C/N below it. Written from the description, not copied.
+// largest divisor of C/N below it, if that is at least half of it; else (a
+// C/N with no such divisor, e.g. a prime: chunks of 1 token would make a plan
+// of C shards) the padded sequence is cut into K = ceil((C/N) / chunk) x N
+// near-equal chunks (lengths differing by one) and each rank's last chunk
+// takes up the difference to its token target after the heap has dealt
+// them. Written from the description, not copied.
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -16,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/numeric/int128.h"
 #include "core/analysis.h"
 #include "core/internal/strategies_internal.h"
 
@@ -23,28 +29,37 @@ namespace flashcp::core::internal {
 
 int64_t MagiChunkTokens(int64_t total, int32_t n) {
   const int64_t per_rank = TokensPerRank(total, n);
-  const int64_t padded = per_rank * n;
-  int64_t chunk = std::max<int64_t>(1, (padded + 8 * int64_t{n} - 1) / (8 * int64_t{n}));
+  const int64_t want = (per_rank + 7) / 8;  // ceil(C / 8N) of the padded sequence
+  int64_t chunk = std::max<int64_t>(1, want);
   while (per_rank % chunk != 0) --chunk;
-  return chunk;
+  return 2 * chunk >= want ? chunk : 0;
 }
 
 Plan PlanMagi(const Batch& batch) {
   const int32_t n = batch.cp_size;
   const int64_t total = TotalTokens(batch.doc_lens);
-  const int64_t chunk = MagiChunkTokens(total, n);
   const int64_t per_rank = TokensPerRank(total, n);
-  const int64_t chunks = per_rank * n / chunk;
-  const int64_t limit = per_rank / chunk;  // ceil(chunks / N) = chunks / N: whole chunks
+  const int64_t exact = MagiChunkTokens(total, n);
+  // Chunks per rank, and chunk k's range [bound[k], bound[k+1]) of the
+  // padded sequence (near-equal where no divisor fits).
+  const int64_t want = (per_rank + 7) / 8;
+  const int64_t limit = exact > 0 ? per_rank / exact : (per_rank + want - 1) / want;
+  const int64_t chunks = limit * n;
+  const int64_t padded = per_rank * n;
+  std::vector<int64_t> bound(chunks + 1);
+  for (int64_t k = 0; k <= chunks; ++k) {
+    bound[k] = exact > 0 ? k * exact
+                         : static_cast<int64_t>(absl::int128(k) * padded / chunks);
+  }
 
-  // Causal area of each chunk of the padded sequence; the padding (the last
-  // PaddingTokens tokens) attends to nothing.
+  // Causal area of each chunk; the padding (the last PaddingTokens tokens)
+  // attends to nothing.
   std::vector<double> area(chunks, 0.0);
   {
     int32_t doc = 0;
     int64_t doc_pos = 0;
     for (int64_t k = 0; k < chunks; ++k) {
-      int64_t left = chunk;
+      int64_t left = bound[k + 1] - bound[k];
       while (left > 0 && doc < static_cast<int32_t>(batch.doc_lens.size())) {
         const int64_t take = std::min(left, batch.doc_lens[doc] - doc_pos);
         area[k] += ShardWorkload(doc_pos, take);
@@ -83,14 +98,34 @@ Plan PlanMagi(const Batch& batch) {
     heap.push({top.first + area[k], top.second});
   }
 
-  // Real tokens per chunk: a rank that holds a padding token (the last
-  // PaddingTokens ranks, one each) gives it up from its last chunk, so every
-  // rank holds exactly RankRealTokens.
-  std::vector<int64_t> sizes(chunks, chunk);
+  // Real tokens per chunk: each rank's last chunk takes up the difference
+  // between its chunks' tokens and its target (RankRealTokens: one padding
+  // token fewer on the last PaddingTokens ranks; near-equal chunks off by up
+  // to one token each), so every rank holds exactly its target.
+  std::vector<int64_t> sizes(chunks);
+  std::vector<int64_t> held(n, 0);
+  for (int64_t k = 0; k < chunks; ++k) {
+    sizes[k] = bound[k + 1] - bound[k];
+    held[owner[k]] += sizes[k];
+  }
   const std::vector<int64_t> targets = RankTargets(batch);
   std::vector<int64_t> last_chunk(n, -1);
   for (int64_t k = 0; k < chunks; ++k) last_chunk[owner[k]] = k;
-  for (int32_t r = 0; r < n; ++r) sizes[last_chunk[r]] -= per_rank - targets[r];
+  for (int32_t r = 0; r < n; ++r) {
+    if (targets[r] >= held[r]) {
+      sizes[last_chunk[r]] += targets[r] - held[r];
+      continue;
+    }
+    // Too many: off the rank's chunks from its last back (a short chunk may
+    // empty; CutPacked skips it).
+    int64_t excess = held[r] - targets[r];
+    for (int64_t k = last_chunk[r]; k >= 0 && excess > 0; --k) {
+      if (owner[k] != r) continue;
+      const int64_t take = std::min(excess, sizes[k]);
+      sizes[k] -= take;
+      excess -= take;
+    }
+  }
   return FinishPlan(batch, CutPacked(batch, sizes, owner));
 }
 

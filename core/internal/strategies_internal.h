@@ -30,7 +30,9 @@ Plan PlanPerDoc(const Batch& batch);  // also the Ring-Attn zigzag sharding
 Plan PlanRing(const Batch& batch);
 Plan PlanMagi(const Batch& batch);    // MagiAttention's default dispatch (magi.cc)
 // Tokens per chunk PlanMagi uses: MagiAttention's ceil(C / 8N), lowered to
-// the largest divisor of C/N at most that so every rank gets whole chunks.
+// the largest divisor of C/N at most that so every rank gets whole chunks;
+// 0 where that divisor is below half of ceil(C / 8N) (PlanMagi then cuts
+// near-equal chunks, magi.cc).
 int64_t MagiChunkTokens(int64_t total, int32_t n);
 Plan PlanWholeDoc(const Batch& batch);
 Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
