@@ -294,16 +294,19 @@ TEST(PlanPropertyTest, RandomBatches) {
               static_cast<long long>(g_min_shard.unneeded_long_docs),
               static_cast<long long>(g_min_shard.missing_r));
   EXPECT_EQ(g_min_shard.needed_plans, 3234);
-  EXPECT_EQ(g_min_shard.excused_plans, 85);
+  // With flashcp's grouped plans (flashcp_targeted.cc) these fell: excused
+  // 85 -> 84, not shown needed 423 -> 421 plans (7,810 -> 7,807 slivers of
+  // short documents), missing R 2,888 -> 2,887.
+  EXPECT_EQ(g_min_shard.excused_plans, 84);
   // The workload bound shows 358 of the 968 plans that met R with slivers
   // not shown needed by C/N < m (22,287 / 106,194 slivers) to need them;
   // of the other 610 (8,334 / 59,741), the fallback's re-cut (RecutPieces)
   // freed 187 of slivers.
   EXPECT_EQ(g_min_shard.bound_plans, 358);
-  EXPECT_EQ(g_min_shard.unneeded_plans, 423);
-  EXPECT_EQ(g_min_shard.unneeded_short_docs, 7810);
+  EXPECT_EQ(g_min_shard.unneeded_plans, 421);
+  EXPECT_EQ(g_min_shard.unneeded_short_docs, 7807);
   EXPECT_EQ(g_min_shard.unneeded_long_docs, 54185);
-  EXPECT_EQ(g_min_shard.missing_r, 2888);
+  EXPECT_EQ(g_min_shard.missing_r, 2887);
 }
 
 TEST(PlanPropertyTest, EdgeShapes) {
