@@ -1,8 +1,12 @@
-// The planner quality table (issue 2, "Benchmarks"): for every strategy x
-// data set x N in {4, 8} at a 128K context, the mean and p95 imbalance, the
-// mean comm saving of the allgather and targeted schemes, cut documents and
-// the shortest cut shard (its 5th percentile and median over batches, and the
-// cut shards below the minimum-shard rule's 128 tokens); then the ILP beside
+// The planner quality tables (issues 2 and 13, "Benchmarks"): per data set
+// and cell (context, N; by default N = 4, 8, 16 at 128K and 32, 64 at 1M),
+// for every strategy: the mean and p95 imbalance, the mean saving of the
+// compacted all-gather and of the targeted exchange against full KV, each
+// scheme's one-phase bottleneck (SPEC "Targeted exchange, per phase") in C/N
+// tokens and the targeted one against magi's, the targeted bytes within and
+// across nodes (8 ranks a node by default), cut documents and the shortest
+// cut shard (its 5th percentile and median over batches, and the cut shards
+// below the minimum-shard rule's 128 tokens), plan time; then the ILP beside
 // the heuristics over a few batches per cell, by default in the paper's
 // Table 2 setting (Pile, N = 4) at a context the ILP proves more of (16K);
 // `--ilp-datasets pile,wlbllm --ilp-cps 4,8 --ilp-context 131072` gives issue
@@ -10,14 +14,18 @@
 // progress and notes on stderr. The data sets' assumptions are printed with
 // the figures.
 //
-//   build/bin/plan_quality [--batches K] [--seed S] [--ilp-batches K] [--ilp-time-limit S]
+//   build/bin/plan_quality [--batches K] [--seed S] [--cells C:N,C:N...] [--datasets D,D...]
+//                          [--ranks-per-node R]
+//                          [--ilp-batches K] [--ilp-time-limit S]
 //                          [--ilp-granularity G] [--ilp-context C] [--ilp-comm-weight W]
 //                          [--ilp-datasets D,D...] [--ilp-cps N,N...] [--min-shard-tokens M]
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -45,6 +53,10 @@ struct Args {
   std::vector<Dataset> ilp_datasets = {Dataset::kPile};
   std::vector<int32_t> ilp_cps = {4};
   int64_t min_shard_tokens = PlanOptions{}.min_shard_tokens;
+  std::vector<std::pair<int64_t, int32_t>> cells = {
+      {kContext, 4}, {kContext, 8}, {kContext, 16}, {int64_t{1} << 20, 32}, {int64_t{1} << 20, 64}};
+  std::vector<Dataset> datasets = {std::begin(kAllDatasets), std::end(kAllDatasets)};
+  int32_t ranks_per_node = 8;  // 8 GPUs a node
 };
 
 // Cut shards below this count as short in the table (the default minimum).
@@ -91,6 +103,29 @@ bool ParseArgs(int argc, char** argv, Args& a) {
         ok = ok && absl::SimpleAtoi(text, &n) && n >= 1 && n <= 64;
         a.ilp_cps.push_back(n);
       }
+    } else if (flag == "--cells") {
+      a.cells.clear();
+      ok = true;
+      for (absl::string_view cell : absl::StrSplit(v, ',')) {
+        std::vector<absl::string_view> parts = absl::StrSplit(cell, ':');
+        int64_t context = 0;
+        int32_t n = 0;
+        ok = ok && parts.size() == 2 && absl::SimpleAtoi(parts[0], &context) &&
+             absl::SimpleAtoi(parts[1], &n) && context >= 1 && context <= (int64_t{1} << 24) &&
+             n >= 1 && n <= 1024 && n <= context;
+        a.cells.emplace_back(context, n);
+      }
+    } else if (flag == "--datasets") {
+      a.datasets.clear();
+      ok = true;
+      for (absl::string_view name : absl::StrSplit(v, ',')) {
+        absl::StatusOr<Dataset> d = ParseDataset(name);
+        ok = ok && d.ok();
+        if (d.ok()) a.datasets.push_back(*d);
+      }
+    } else if (flag == "--ranks-per-node") {
+      ok = absl::SimpleAtoi(v, &a.ranks_per_node) && a.ranks_per_node >= 0 &&
+           a.ranks_per_node <= 65536;
     } else if (flag == "--min-shard-tokens") {
       ok = absl::SimpleAtoi(v, &a.min_shard_tokens) && a.min_shard_tokens >= 0 &&
            a.min_shard_tokens <= 1'000'000;
@@ -113,6 +148,8 @@ struct Row {
   std::vector<int64_t> min_cut;  // per batch with a cut document: its shortest cut shard
   int64_t short_shards = 0;      // cut shards shorter than kShortShard, all batches
   int64_t short_batches = 0;     // batches with at least one
+  double intra_mib = 0;          // targeted, one phase, all ranks: mean over batches
+  double inter_mib = 0;
 };
 
 // Nearest-rank percentile of a sorted vector; 0 if empty.
@@ -149,7 +186,7 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
                      std::string(plan.status().message()).c_str());
         return false;
       }
-      absl::StatusOr<PlanMetrics> m = AnalyzePlan(*plan, ModelShape{});
+      absl::StatusOr<PlanMetrics> m = AnalyzePlan(*plan, ModelShape{}, options.ranks_per_node);
       if (!m.ok()) {
         std::fprintf(stderr, "plan_quality: %s batch %zu: %s: %s\n", label.c_str(), k,
                      std::string(StrategyName(s)).c_str(),
@@ -166,13 +203,21 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
       }
       row.short_shards += short_here;
       row.short_batches += short_here > 0 ? 1 : 0;
+      const PhaseTraffic& tp = m->bytes[static_cast<int>(CommScheme::kTargeted)].phase;
+      row.intra_mib += static_cast<double>(tp.intra_node_bytes) / (1 << 20);
+      row.inter_mib += static_cast<double>(tp.inter_node_bytes) / (1 << 20);
       row.ilp_gap_mean += info.ilp_gap;
       row.ilp_optimal += info.ilp_optimal ? 1 : 0;
     }
     if (skipped) continue;
     row.summary = acc.Finish();
     std::sort(row.min_cut.begin(), row.min_cut.end());
-    if (row.summary.batches > 0) row.ilp_gap_mean /= static_cast<double>(row.summary.batches);
+    if (row.summary.batches > 0) {
+      const double b = static_cast<double>(row.summary.batches);
+      row.ilp_gap_mean /= b;
+      row.intra_mib /= b;
+      row.inter_mib /= b;
+    }
     rows.push_back(row);
     std::fprintf(stderr, "plan_quality: %s: %s done\n", label.c_str(),
                  std::string(StrategyName(s)).c_str());
@@ -180,13 +225,19 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
   return true;
 }
 
-void PrintRow(const std::string& prefix, const Row& r) {
+// `magi_phase`: magi's mean targeted phase bottleneck in the same cell (0:
+// not measured, the ratio column shows "-").
+void PrintRow(const std::string& prefix, const Row& r, double magi_phase) {
   const StrategySummary& s = r.summary;
-  std::printf("| %s%s | %.4f | %.4f | %.1f%% | %.1f%% | %.1f | %lld / %lld / %lld | %lld (%lld) | "
-              "%.3f | %.3f |\n",
+  const std::string vs_magi =
+      magi_phase > 0 ? absl::StrFormat("%.2fx", s.targeted_phase_mean / magi_phase) : "-";
+  std::printf("| %s%s | %.4f | %.4f | %.1f%% | %.1f%% | %.3f | %.3f | %s | %.0f / %.0f | %.1f | "
+              "%lld / %lld / %lld | %lld (%lld) | %.3f | %.3f |\n",
               prefix.c_str(), std::string(StrategyName(s.strategy)).c_str(), s.imbalance_mean,
               s.imbalance_p95, 100 * s.allgather_saving_mean, 100 * s.targeted_saving_mean,
-              s.cut_docs_mean, static_cast<long long>(s.min_cut_shard_len),
+              s.allgather_phase_mean, s.targeted_phase_mean, vs_magi.c_str(), r.intra_mib,
+              r.inter_mib, s.cut_docs_mean,
+              static_cast<long long>(s.min_cut_shard_len),
               static_cast<long long>(Percentile(r.min_cut, 0.05)),
               static_cast<long long>(Percentile(r.min_cut, 0.5)),
               static_cast<long long>(r.short_shards), static_cast<long long>(r.short_batches),
@@ -207,34 +258,50 @@ int Main(int argc, char** argv) {
   if (!ParseArgs(argc, argv, args)) return 2;
   PlanOptions defaults;
   defaults.min_shard_tokens = args.min_shard_tokens;
+  defaults.ranks_per_node = args.ranks_per_node;
 
   std::vector<Strategy> heuristics;
   for (Strategy s : kAllStrategies) {
     if (s != Strategy::kIlp) heuristics.push_back(s);
   }
   if (args.batches > 0) {
-    std::printf("## Quality: %lld batches of %lld tokens per data set (seed %llu), target "
-                "imbalance %g, flashcp min shard %lld tokens, H = 32, D = 128, bf16\n\n",
-                static_cast<long long>(args.batches), static_cast<long long>(kContext),
-                static_cast<unsigned long long>(args.seed), defaults.target_imbalance,
-                static_cast<long long>(defaults.min_shard_tokens));
-    for (Dataset d : kAllDatasets) {
+    std::printf("## Quality: %lld batches per data set and cell (seed %llu), target imbalance %g, "
+                "flashcp min shard %lld tokens, H = 32, D = 128, bf16\n\n",
+                static_cast<long long>(args.batches), static_cast<unsigned long long>(args.seed),
+                defaults.target_imbalance, static_cast<long long>(defaults.min_shard_tokens));
+    for (Dataset d : args.datasets) {
       std::printf("- %s: %s\n", std::string(DatasetName(d)).c_str(),
                   std::string(DatasetAssumptions(d)).c_str());
     }
-    std::printf("\n| data set | N | strategy | imb mean | imb p95 | save allgather | "
-                "save targeted | cut docs | min cut shard (min / p5 / p50) | "
-                "cut shards < 128 (batches) | plan ms mean | plan ms p99 |\n"
-                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    for (Dataset d : kAllDatasets) {
-      for (int32_t n : {4, 8}) {
-        const std::vector<Batch> batches = Draw(d, args.batches, args.seed, n);
-        const std::string label = absl::StrFormat("%s N=%d", DatasetName(d), n);
+    std::printf(
+        "\nsave allgather / save targeted: 1 - one phase's bottleneck / full KV's, for the "
+        "compacted all-gather (Eq. 5) and the targeted exchange applied to each strategy's "
+        "sharding; llama3 and per_doc rows therefore show what those exchanges would save on "
+        "Llama3's and Per-Doc's sharding, not what Llama3 CP and Per-Doc CP move (they "
+        "all-gather full KV: saving 0). phase allgather / phase targeted: one phase's "
+        "bottleneck, max over ranks of max(send, receive) tokens, in units of C/N (full KV: "
+        "N - 1); x magi: the targeted one over magi's, means over batches. targeted intra / "
+        "inter MiB: one phase's targeted bytes summed over ranks, within and across nodes of "
+        "%d ranks (--ranks-per-node), mean per batch.\n", args.ranks_per_node);
+    for (const auto& [context, n] : args.cells) {
+      for (Dataset d : args.datasets) {
+        const std::vector<Batch> batches = Draw(d, args.batches, args.seed, n, context);
+        const std::string label = absl::StrFormat("%s C=%d N=%d", DatasetName(d), context, n);
         std::vector<Row> rows;
         if (!Evaluate(batches, heuristics, defaults, label, rows)) return 1;
+        double magi_phase = 0;
         for (const Row& r : rows) {
-          PrintRow(absl::StrFormat("%s | %d | ", DatasetName(d), n), r);
+          if (r.summary.strategy == Strategy::kMagi) magi_phase = r.summary.targeted_phase_mean;
         }
+        std::printf("\n### %s, C = %lld, N = %d\n\n| strategy | imb mean | imb p95 | "
+                    "save allgather | save targeted | phase allgather (C/N) | "
+                    "phase targeted (C/N) | targeted x magi | targeted intra / inter MiB | cut docs | "
+                    "min cut shard (min / p5 / p50) | cut shards < 128 (batches) | "
+                    "plan ms mean | plan ms p99 |\n"
+                    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
+                    "--- | --- |\n",
+                    std::string(DatasetName(d)).c_str(), static_cast<long long>(context), n);
+        for (const Row& r : rows) PrintRow("", r, magi_phase);
         std::fflush(stdout);
       }
     }
@@ -273,13 +340,15 @@ int Main(int argc, char** argv) {
                     ilp_options, label, rows)) {
         return 1;
       }
-      std::printf("| strategy | imb mean | imb p95 | save allgather | save targeted | cut docs | "
-                  "min cut shard (min / p5 / p50) | cut shards < 128 (batches) | plan ms mean | "
-                  "plan ms p99 |\n"
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      std::printf("| strategy | imb mean | imb p95 | save allgather | save targeted | "
+                  "phase allgather (C/N) | phase targeted (C/N) | targeted x magi | "
+                  "targeted intra / inter MiB | cut docs | min cut shard (min / p5 / p50) | "
+                  "cut shards < 128 (batches) | plan ms mean | plan ms p99 |\n"
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
+                  "--- |\n");
       bool have_ilp = false;
       for (const Row& r : rows) {
-        PrintRow("", r);
+        PrintRow("", r, 0);
         if (r.summary.strategy == Strategy::kIlp) {
           have_ilp = true;
           std::printf("\nILP: %lld of %lld batches proven optimal; mean relative MIP gap %.4f\n",

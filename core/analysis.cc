@@ -43,6 +43,108 @@ absl::StatusOr<int64_t> CheckedBytes(absl::int128 value, absl::string_view what)
   return static_cast<int64_t>(value);
 }
 
+// Fills `out` from one phase's tokens per rank (forward; backward mirrors
+// it): a rank sends in both phases what it sends forward plus what it
+// received forward (the gradients go back), and receives symmetrically.
+absl::Status FillSchemeBytes(const std::vector<int64_t>& phase_sent,
+                             const std::vector<int64_t>& phase_received,
+                             absl::int128 per_token, absl::string_view what, SchemeBytes& out) {
+  const size_t n = phase_sent.size();
+  PhaseTraffic& p = out.phase;
+  p.sent_tokens = phase_sent;
+  p.received_tokens = phase_received;
+  out.sent.resize(n);
+  out.received.resize(n);
+  for (size_t r = 0; r < n; ++r) {
+    p.max_sent_tokens = std::max(p.max_sent_tokens, phase_sent[r]);
+    p.max_received_tokens = std::max(p.max_received_tokens, phase_received[r]);
+    FLASHCP_ASSIGN_OR_RETURN(
+        out.sent[r],
+        CheckedBytes(2 * per_token * (absl::int128(phase_sent[r]) + phase_received[r]), what));
+    out.received[r] = out.sent[r];
+  }
+  p.bottleneck_tokens = std::max(p.max_sent_tokens, p.max_received_tokens);
+  const absl::int128 kv = 2 * per_token;  // K and V (or dK and dV) per token
+  FLASHCP_ASSIGN_OR_RETURN(p.max_sent_bytes, CheckedBytes(kv * p.max_sent_tokens, what));
+  FLASHCP_ASSIGN_OR_RETURN(p.max_received_bytes, CheckedBytes(kv * p.max_received_tokens, what));
+  FLASHCP_ASSIGN_OR_RETURN(p.bottleneck_bytes, CheckedBytes(kv * p.bottleneck_tokens, what));
+  FLASHCP_ASSIGN_OR_RETURN(out.bottleneck, CheckedBytes(2 * kv * p.bottleneck_tokens, what));
+  return absl::OkStatus();
+}
+
+// One phase's targeted tokens per rank (SPEC "Targeted exchange, per
+// phase"), from a valid plan's shards grouped by document.
+// With `inter` set, also the tokens sent to ranks on other nodes (node of
+// rank r: r / ranks_per_node; ranks_per_node 0: one node), summed over ranks.
+void TargetedPhase(const Plan& plan, const DocIndex& index, std::vector<int64_t>& fwd_sent,
+                   std::vector<int64_t>& fwd_recv, int32_t ranks_per_node = 0,
+                   int64_t* inter = nullptr) {
+  const int32_t n = plan.cp_size;
+  const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
+  std::vector<int32_t> node_distinct((n + per_node - 1) / per_node, 0);
+  if (inter != nullptr) *inter = 0;
+  // Forward KV tokens each rank sends and receives under kTargeted, counted
+  // in O(pieces) per document: rank d receives every piece before its own last
+  // piece of the document that it does not own itself.
+  fwd_sent.assign(n, 0);
+  fwd_recv.assign(n, 0);
+  std::vector<int32_t> last_pos(n, -1);
+  std::vector<int32_t> touched;
+  std::vector<int64_t> prefix_tokens;  // tokens of pieces [0, k)
+  std::vector<int64_t> own_before;     // per rank: its tokens among the pieces seen so far
+  own_before.assign(n, 0);
+  std::vector<int32_t> distinct_after;
+  for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
+    const int32_t b = index.begin[d], e = index.begin[d + 1], count = e - b;
+    if (count <= 1 || n == 1) continue;
+    touched.clear();
+    for (int32_t k = 0; k < count; ++k) {
+      const int32_t r = plan.shards[index.shards[b + k]].rank;
+      if (last_pos[r] < 0) touched.push_back(r);
+      last_pos[r] = k;
+    }
+    // distinct_after[k]: distinct owners of pieces k+1..count-1.
+    distinct_after.assign(count, 0);
+    int32_t distinct = 0;
+    for (int32_t k = count - 1; k >= 0; --k) {
+      distinct_after[k] = distinct;
+      if (last_pos[plan.shards[index.shards[b + k]].rank] == k) ++distinct;
+    }
+    // Received by r: tokens of pieces before last_pos[r], minus r's own among them.
+    prefix_tokens.assign(count + 1, 0);
+    for (int32_t k = 0; k < count; ++k) {
+      prefix_tokens[k + 1] = prefix_tokens[k] + plan.shards[index.shards[b + k]].len;
+    }
+    for (int32_t k = 0; k < count; ++k) {
+      const Shard& s = plan.shards[index.shards[b + k]];
+      const bool owner_later = last_pos[s.rank] > k;
+      fwd_sent[s.rank] += s.len * (distinct_after[k] - (owner_later ? 1 : 0));
+      if (k < last_pos[s.rank]) own_before[s.rank] += s.len;
+    }
+    if (inter != nullptr) {
+      // Piece k goes to the distinct owners of later pieces but itself; of
+      // those, the ones outside its node: walk back, counting owners per node.
+      for (int32_t k = count - 1; k >= 0; --k) {
+        const Shard& s = plan.shards[index.shards[b + k]];
+        const int32_t node = s.rank / per_node;
+        const int32_t later_total = distinct_after[k];
+        const int32_t later_here = node_distinct[node];
+        const bool owner_later = last_pos[s.rank] > k;
+        // The owner's own later piece counts in both; the rest of its node's are intra.
+        *inter += s.len * ((later_total - (owner_later ? 1 : 0)) -
+                           (later_here - (owner_later ? 1 : 0)));
+        if (last_pos[s.rank] == k) ++node_distinct[node];
+      }
+      for (int32_t r : touched) node_distinct[r / per_node] = 0;
+    }
+    for (int32_t r : touched) {
+      fwd_recv[r] += prefix_tokens[last_pos[r]] - own_before[r];
+      own_before[r] = 0;
+      last_pos[r] = -1;
+    }
+  }
+}
+
 }  // namespace
 
 absl::string_view CommSchemeName(CommScheme scheme) {
@@ -229,8 +331,26 @@ absl::StatusOr<CommLayout> BuildCommLayout(const Plan& plan) {
   return layout;
 }
 
-absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape) {
+absl::Status ValidateRanksPerNode(int32_t ranks_per_node) {
+  if (ranks_per_node < 0 || ranks_per_node > kMaxCpSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ranks_per_node: must be in [0, ", kMaxCpSize, "] (0: one node), got ", ranks_per_node));
+  }
+  return absl::OkStatus();
+}
+
+int64_t TargetedPhaseBottleneck(const Plan& plan) {
+  std::vector<int64_t> sent, recv;
+  TargetedPhase(plan, IndexByDoc(plan), sent, recv);
+  int64_t bottleneck = 0;
+  for (size_t r = 0; r < sent.size(); ++r) bottleneck = std::max({bottleneck, sent[r], recv[r]});
+  return bottleneck;
+}
+
+absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape,
+                                        int32_t ranks_per_node) {
   FLASHCP_RETURN_IF_ERROR(ValidateModelShape(shape));
+  FLASHCP_RETURN_IF_ERROR(ValidateRanksPerNode(ranks_per_node));
   FLASHCP_RETURN_IF_ERROR(ValidatePlan(plan));
   const int32_t n = plan.cp_size;
   const int64_t total = TotalTokens(plan.doc_lens);
@@ -243,56 +363,17 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
   m.rank_segments.assign(n, 0);
 
   const DocIndex index = IndexByDoc(plan);
-  // Forward KV tokens each rank sends and receives under kTargeted, counted
-  // in O(pieces) per document: rank d receives every piece before its own last
-  // piece of the document that it does not own itself.
-  std::vector<int64_t> fwd_sent(n, 0), fwd_recv(n, 0);
-  std::vector<int32_t> last_pos(n, -1);
-  std::vector<int32_t> touched;
-  std::vector<int64_t> prefix_tokens;  // tokens of pieces [0, k)
-  std::vector<int64_t> own_before;     // per rank: its tokens among the pieces seen so far
-  own_before.assign(n, 0);
-  std::vector<int32_t> distinct_after;
   for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
-    const int32_t b = index.begin[d], e = index.begin[d + 1], count = e - b;
-    if (count > 1) {
-      ++m.cut_docs;
-      for (int32_t k = b; k < e; ++k) {
-        const int64_t len = plan.shards[index.shards[k]].len;
-        if (m.min_cut_shard_len == 0 || len < m.min_cut_shard_len) m.min_cut_shard_len = len;
-      }
-    }
-    if (count <= 1 || n == 1) continue;
-    touched.clear();
-    for (int32_t k = 0; k < count; ++k) {
-      const int32_t r = plan.shards[index.shards[b + k]].rank;
-      if (last_pos[r] < 0) touched.push_back(r);
-      last_pos[r] = k;
-    }
-    // distinct_after[k]: distinct owners of pieces k+1..count-1.
-    distinct_after.assign(count, 0);
-    int32_t distinct = 0;
-    for (int32_t k = count - 1; k >= 0; --k) {
-      distinct_after[k] = distinct;
-      if (last_pos[plan.shards[index.shards[b + k]].rank] == k) ++distinct;
-    }
-    // Received by r: tokens of pieces before last_pos[r], minus r's own among them.
-    prefix_tokens.assign(count + 1, 0);
-    for (int32_t k = 0; k < count; ++k) {
-      prefix_tokens[k + 1] = prefix_tokens[k] + plan.shards[index.shards[b + k]].len;
-    }
-    for (int32_t k = 0; k < count; ++k) {
-      const Shard& s = plan.shards[index.shards[b + k]];
-      const bool owner_later = last_pos[s.rank] > k;
-      fwd_sent[s.rank] += s.len * (distinct_after[k] - (owner_later ? 1 : 0));
-      if (k < last_pos[s.rank]) own_before[s.rank] += s.len;
-    }
-    for (int32_t r : touched) {
-      fwd_recv[r] += prefix_tokens[last_pos[r]] - own_before[r];
-      own_before[r] = 0;
-      last_pos[r] = -1;
+    if (index.begin[d + 1] - index.begin[d] <= 1) continue;
+    ++m.cut_docs;
+    for (int32_t k = index.begin[d]; k < index.begin[d + 1]; ++k) {
+      const int64_t len = plan.shards[index.shards[k]].len;
+      if (m.min_cut_shard_len == 0 || len < m.min_cut_shard_len) m.min_cut_shard_len = len;
     }
   }
+  std::vector<int64_t> fwd_sent, fwd_recv;
+  int64_t targeted_inter = 0;
+  TargetedPhase(plan, index, fwd_sent, fwd_recv, ranks_per_node, &targeted_inter);
   std::vector<uint8_t> is_last(plan.shards.size(), 0);
   for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
     is_last[index.shards[index.begin[d + 1] - 1]] = 1;
@@ -316,35 +397,53 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
                             static_cast<double>(m.tokens_per_rank);
 
   const absl::int128 per_token = absl::int128(shape.heads) * shape.head_dim * shape.dtype_bytes;
-  const absl::int128 peers = n - 1;
-  FLASHCP_ASSIGN_OR_RETURN(const int64_t full,
-                           CheckedBytes(4 * per_token * m.tokens_per_rank * peers, "full_kv"));
-  FLASHCP_ASSIGN_OR_RETURN(
-      const int64_t gathered,
-      CheckedBytes(4 * per_token * m.max_nonlast_tokens * peers, "allgather"));
-  auto& full_bytes = m.bytes[static_cast<int>(CommScheme::kFullKv)];
-  auto& gather_bytes = m.bytes[static_cast<int>(CommScheme::kAllGather)];
-  auto& targeted_bytes = m.bytes[static_cast<int>(CommScheme::kTargeted)];
-  full_bytes.sent.assign(n, full);
-  full_bytes.received.assign(n, full);
-  full_bytes.bottleneck = full;
-  gather_bytes.sent.assign(n, gathered);
-  gather_bytes.received.assign(n, gathered);
-  gather_bytes.bottleneck = gathered;
-  targeted_bytes.sent.resize(n);
-  targeted_bytes.received.resize(n);
+  const int64_t peers = n - 1;
+  std::vector<int64_t> full_tokens(n, m.tokens_per_rank * peers);
+  std::vector<int64_t> gather_tokens(n, m.max_nonlast_tokens * peers);
+  FLASHCP_RETURN_IF_ERROR(FillSchemeBytes(full_tokens, full_tokens, per_token, "full_kv",
+                                          m.bytes[static_cast<int>(CommScheme::kFullKv)]));
+  FLASHCP_RETURN_IF_ERROR(FillSchemeBytes(gather_tokens, gather_tokens, per_token, "allgather",
+                                          m.bytes[static_cast<int>(CommScheme::kAllGather)]));
+  FLASHCP_RETURN_IF_ERROR(FillSchemeBytes(fwd_sent, fwd_recv, per_token, "targeted",
+                                          m.bytes[static_cast<int>(CommScheme::kTargeted)]));
+  // Intra- and inter-node bytes of one phase: an all-gather sends every
+  // rank's buffer to each peer, so per rank r (N - 1) copies, those to ranks
+  // outside r's node inter-node.
+  const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
+  int64_t inter_pairs = 0;  // ordered (sender, receiver) pairs on different nodes
   for (int32_t r = 0; r < n; ++r) {
-    // Forward K,V out plus backward dK,dV of what r received, and symmetrically.
-    FLASHCP_ASSIGN_OR_RETURN(
-        const int64_t moved,
-        CheckedBytes(2 * per_token * (absl::int128(fwd_sent[r]) + fwd_recv[r]), "targeted"));
-    targeted_bytes.sent[r] = moved;
-    targeted_bytes.received[r] = moved;
-    targeted_bytes.bottleneck = std::max(targeted_bytes.bottleneck, moved);
+    const int32_t node_begin = r / per_node * per_node;
+    inter_pairs += n - (std::min(n, node_begin + per_node) - node_begin);
   }
+  const absl::int128 all_pairs = absl::int128(n) * (n - 1);
+  const auto split = [&](SchemeBytes& b, absl::int128 inter_tokens,
+                         absl::int128 total_tokens) -> absl::Status {
+    FLASHCP_ASSIGN_OR_RETURN(b.phase.inter_node_bytes,
+                             CheckedBytes(2 * per_token * inter_tokens, "inter-node"));
+    FLASHCP_ASSIGN_OR_RETURN(b.phase.intra_node_bytes,
+                             CheckedBytes(2 * per_token * (total_tokens - inter_tokens),
+                                          "intra-node"));
+    return absl::OkStatus();
+  };
+  FLASHCP_RETURN_IF_ERROR(split(m.bytes[static_cast<int>(CommScheme::kFullKv)],
+                                absl::int128(m.tokens_per_rank) * inter_pairs,
+                                absl::int128(m.tokens_per_rank) * all_pairs));
+  FLASHCP_RETURN_IF_ERROR(split(m.bytes[static_cast<int>(CommScheme::kAllGather)],
+                                absl::int128(m.max_nonlast_tokens) * inter_pairs,
+                                absl::int128(m.max_nonlast_tokens) * all_pairs));
+  absl::int128 targeted_total = 0;
+  for (int64_t t : fwd_sent) targeted_total += t;
+  FLASHCP_RETURN_IF_ERROR(split(m.bytes[static_cast<int>(CommScheme::kTargeted)],
+                                targeted_inter, targeted_total));
+  const int64_t full = m.bytes[static_cast<int>(CommScheme::kFullKv)].phase.bottleneck_tokens;
+  const int64_t targeted =
+      m.bytes[static_cast<int>(CommScheme::kTargeted)].phase.bottleneck_tokens;
   m.targeted_saving =
-      full == 0 ? 1.0
-                : 1.0 - static_cast<double>(targeted_bytes.bottleneck) / static_cast<double>(full);
+      full == 0 ? 1.0 : 1.0 - static_cast<double>(targeted) / static_cast<double>(full);
+  m.cheaper_scheme =
+      targeted < m.bytes[static_cast<int>(CommScheme::kAllGather)].phase.bottleneck_tokens
+          ? CommScheme::kTargeted
+          : CommScheme::kAllGather;
   return m;
 }
 

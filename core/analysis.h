@@ -86,17 +86,44 @@ struct CommLayout {
 // Builds the layout; the plan must be valid (ValidatePlan), else InvalidArgument.
 absl::StatusOr<CommLayout> BuildCommLayout(const Plan& plan);
 
-// Bytes one rank moves per transformer layer, forward plus backward (K and V
-// forward, dK and dV backward), under one scheme. Logical payload bytes: what
-// the rank's collectives carry for it, independent of the collective's algorithm.
-//  - kFullKv:    sent = received = 4 * (C/N) * (N-1) * H * D * dtype      (Eq. 4)
-//  - kAllGather: sent = received = 4 * max_j nonlast_j * (N-1) * H*D*dtype (Eq. 5)
-//  - kTargeted:  sent_r = 2*H*D*dtype * (KV tokens r sends forward + tokens whose
-//                gradients r returns backward), received symmetrically.
+// What one phase moves under one scheme (SPEC "Targeted exchange, per
+// phase"): forward sends K and V; backward returns dK and dV the same way,
+// so both phases move the same tokens. Tokens count each token once per
+// receiving rank; bytes = tokens * 2 * H * D * dtype (K and V, or dK and dV).
+//  - kFullKv:    every rank sends and receives (C/N) * (N-1) tokens;
+//  - kAllGather: every rank sends and receives max_j nonlast_j * (N-1) tokens;
+//  - kTargeted:  rank r receives, per document, the remote tokens of the prefix
+//                its furthest shard attends to, each once; it sends each of its
+//                tokens once to every other rank whose furthest shard of that
+//                document starts after it.
+struct PhaseTraffic {
+  std::vector<int64_t> sent_tokens;      // per rank
+  std::vector<int64_t> received_tokens;  // per rank
+  int64_t max_sent_tokens = 0;
+  int64_t max_received_tokens = 0;
+  int64_t bottleneck_tokens = 0;         // max over ranks of max(sent, received)
+  int64_t max_sent_bytes = 0;
+  int64_t max_received_bytes = 0;
+  int64_t bottleneck_bytes = 0;
+  // Bytes sent in the phase, summed over ranks, between ranks on one node and
+  // on different nodes (AnalyzePlan's ranks_per_node; 0: all inter-node 0).
+  int64_t intra_node_bytes = 0;
+  int64_t inter_node_bytes = 0;
+};
+
+// Bytes one rank moves per transformer layer, forward plus backward, under one
+// scheme: logical payload bytes, what the rank's collectives carry for it,
+// independent of the collective's algorithm. sent_r = 2*H*D*dtype * (tokens r
+// sends forward + tokens whose gradients r returns backward), received
+// symmetrically (Eq. 4 and Eq. 5 for the all-gathers).
 struct SchemeBytes {
   std::vector<int64_t> sent;      // per rank
   std::vector<int64_t> received;  // per rank
-  int64_t bottleneck = 0;         // max over ranks of max(sent, received)
+  // Both phases' bottlenecks: 2 * phase.bottleneck_bytes. Not max(sent,
+  // received), which adds a rank's forward receives to its backward sends and
+  // so hides a phase's busiest direction.
+  int64_t bottleneck = 0;
+  PhaseTraffic phase;             // one phase
 };
 
 struct PlanMetrics {
@@ -108,16 +135,31 @@ struct PlanMetrics {
   std::vector<int64_t> rank_nonlast_tokens;
   int64_t max_nonlast_tokens = 0;
   double comm_saving = 0.0;             // 1 - max nonlast / (C/N): allgather vs full_kv
-  double targeted_saving = 0.0;         // 1 - targeted bottleneck / full_kv bottleneck
+  double targeted_saving = 0.0;         // 1 - targeted / full_kv phase bottleneck
   std::array<SchemeBytes, kNumCommSchemes> bytes;  // indexed by CommScheme
   std::vector<int32_t> rank_segments;   // attention segments (shards) per rank
   int64_t cut_docs = 0;                 // documents split into more than one shard
   int64_t min_cut_shard_len = 0;        // shortest shard of a cut document; 0 if none
+  // The sharding-aware exchange that moves less in one phase (its
+  // phase.bottleneck_tokens; the all-gather on a tie, one collective):
+  // kAllGather or kTargeted, never kFullKv (it never moves less than kAllGather).
+  CommScheme cheaper_scheme = CommScheme::kAllGather;
 };
 
-// Validates the plan and the shape, then computes every metric. OutOfRange if
-// a byte count overflows int64.
-absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape);
+// PlanMetrics' bytes[kTargeted].phase.bottleneck_tokens without the rest, for
+// planners scoring their candidates: the plan must be valid (ValidatePlan;
+// not checked). O(shards log shards).
+int64_t TargetedPhaseBottleneck(const Plan& plan);
+
+// InvalidArgument naming the field unless 0 <= ranks_per_node <= kMaxCpSize.
+// Rank r is on node r / ranks_per_node (the last node may be smaller); 0: all
+// ranks on one node.
+absl::Status ValidateRanksPerNode(int32_t ranks_per_node);
+
+// Validates the plan, the shape and ranks_per_node, then computes every
+// metric. OutOfRange if a byte count overflows int64.
+absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape,
+                                        int32_t ranks_per_node = 0);
 
 }  // namespace flashcp::core
 

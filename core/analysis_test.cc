@@ -54,8 +54,17 @@ TEST(AnalyzePlanTest, HandWorkedHeadTail) {
   // receives them and returns gradients: 2 * 2 * 2 = 8 bytes each way.
   EXPECT_THAT(targeted.sent, ElementsAre(8, 8));
   EXPECT_THAT(targeted.received, ElementsAre(8, 8));
-  EXPECT_EQ(targeted.bottleneck, 8);
-  EXPECT_DOUBLE_EQ(m->targeted_saving, 0.75);
+  // One phase: rank 1 sends 2 tokens, rank 0 receives 2 (8 bytes); both
+  // phases 16, against full KV's 4 tokens a phase.
+  EXPECT_THAT(targeted.phase.sent_tokens, ElementsAre(0, 2));
+  EXPECT_THAT(targeted.phase.received_tokens, ElementsAre(2, 0));
+  EXPECT_EQ(targeted.phase.bottleneck_tokens, 2);
+  EXPECT_EQ(targeted.phase.bottleneck_bytes, 8);
+  EXPECT_EQ(targeted.bottleneck, 16);
+  EXPECT_EQ(full.phase.bottleneck_tokens, 4);
+  EXPECT_EQ(full.phase.bottleneck_bytes, 16);
+  EXPECT_EQ(gather.phase.bottleneck_tokens, 2);
+  EXPECT_DOUBLE_EQ(m->targeted_saving, 0.5);
   EXPECT_THAT(m->rank_segments, ElementsAre(1, 2));
   EXPECT_EQ(m->cut_docs, 1);
   EXPECT_EQ(m->min_cut_shard_len, 2);
@@ -82,10 +91,83 @@ TEST(AnalyzePlanTest, TargetedSendsOnlyToRanksThatNeedIt) {
   absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 1});
   ASSERT_THAT(m, IsOk());
   EXPECT_THAT(m->bytes[2].sent, ElementsAre(12, 12, 12));
+  EXPECT_THAT(m->bytes[2].phase.sent_tokens, ElementsAre(6, 3, 0));
+  EXPECT_THAT(m->bytes[2].phase.received_tokens, ElementsAre(0, 3, 6));
+  EXPECT_EQ(m->bytes[2].phase.max_sent_tokens, 6);
+  EXPECT_EQ(m->bytes[2].phase.max_received_tokens, 6);
+  EXPECT_EQ(m->bytes[2].bottleneck, 24);  // 2 phases * 2 (K, V) * 6 tokens
   // All-gather pads to the largest buffer (3) and sends to 2 peers: 4*3*2.
   EXPECT_EQ(m->bytes[1].bottleneck, 24);
   EXPECT_EQ(m->bytes[0].bottleneck, 24);  // 4 * 3 * 2: all tokens are non-last except r2's
   EXPECT_THAT(m->rank_workload, ElementsAre(6.0, 15.0, 24.0));
+}
+
+// SPEC "Targeted exchange, per phase": one 16-token document at N = 2 as
+// per_doc. Forward, rank 0 receives [4, 12) (8 tokens) and sends [0, 4) (4);
+// rank 1 receives 4 and sends 8: the phase's bottleneck is 8 tokens, as much
+// as full KV moves (C/N = 8), so the targeted saving is 0. Adding rank 0's
+// forward receives to its backward sends reported 6 tokens' worth.
+TEST(AnalyzePlanTest, TargetedBottleneckIsPerPhase) {
+  Plan plan{2, {16}, 0, {{0, 0, 4, 0}, {0, 12, 4, 0}, {0, 4, 8, 1}}};
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 2});
+  ASSERT_THAT(m, IsOk());
+  const SchemeBytes& t = m->bytes[static_cast<int>(CommScheme::kTargeted)];
+  EXPECT_THAT(t.phase.sent_tokens, ElementsAre(4, 8));
+  EXPECT_THAT(t.phase.received_tokens, ElementsAre(8, 4));
+  EXPECT_EQ(t.phase.max_sent_tokens, 8);
+  EXPECT_EQ(t.phase.max_received_tokens, 8);
+  EXPECT_EQ(t.phase.bottleneck_tokens, 8);
+  EXPECT_EQ(t.phase.bottleneck_bytes, 32);  // 8 tokens * 2 (K, V) * 2 bytes
+  EXPECT_EQ(t.phase.max_sent_bytes, 32);
+  EXPECT_EQ(t.bottleneck, 64);              // both phases
+  EXPECT_THAT(t.sent, ElementsAre(48, 48)); // (4 + 8) * 2 * 2 each, over both phases
+  EXPECT_DOUBLE_EQ(m->targeted_saving, 0.0);
+}
+
+// docs [6, 2, 4] on 3 ranks: rank 1 sends doc 0's 2-token head to rank 0,
+// the tail's owner. The all-gather moves max nonlast (2) x (N - 1) = 4
+// tokens a phase, the targeted exchange 2: the targeted one is cheaper. In
+// the hand-worked plans above the two tie, and the all-gather is named.
+TEST(AnalyzePlanTest, CheaperSchemeIsTheOneThatMovesLess) {
+  Plan plan{3, {6, 2, 4}, 0, {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}, {2, 0, 4, 2}}};
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 1});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_EQ(m->bytes[static_cast<int>(CommScheme::kAllGather)].phase.bottleneck_tokens, 4);
+  EXPECT_EQ(m->bytes[static_cast<int>(CommScheme::kTargeted)].phase.bottleneck_tokens, 2);
+  EXPECT_EQ(m->cheaper_scheme, CommScheme::kTargeted);
+  absl::StatusOr<PlanMetrics> tie = AnalyzePlan(HeadTailPlan(), ModelShape{1, 1, 1});
+  ASSERT_THAT(tie, IsOk());
+  EXPECT_EQ(tie->cheaper_scheme, CommScheme::kAllGather);
+}
+
+// One 9-token document on 3 ranks, [0,3) r0, [3,6) r1, [6,9) r2, with 2
+// ranks per node (nodes {0, 1} and {2}). Forward, r0 sends 3 tokens to r1
+// (intra) and 3 to r2 (inter), r1 sends 3 to r2 (inter): 3 intra, 6 inter
+// tokens; 2 bytes each (K and V at 1 byte). The all-gathers send each
+// rank's buffer to 2 peers: pairs (0,1), (1,0) intra, the other 4 inter.
+TEST(AnalyzePlanTest, IntraAndInterNodeBytes) {
+  Plan plan{3, {9}, 0, {{0, 0, 3, 0}, {0, 3, 3, 1}, {0, 6, 3, 2}}};
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 1}, 2);
+  ASSERT_THAT(m, IsOk());
+  const PhaseTraffic& t = m->bytes[static_cast<int>(CommScheme::kTargeted)].phase;
+  EXPECT_EQ(t.intra_node_bytes, 6);
+  EXPECT_EQ(t.inter_node_bytes, 12);
+  const PhaseTraffic& full = m->bytes[static_cast<int>(CommScheme::kFullKv)].phase;
+  EXPECT_EQ(full.intra_node_bytes, 2 * 3 * 2);  // 2 pairs x C/N = 3 tokens x 2 bytes
+  EXPECT_EQ(full.inter_node_bytes, 4 * 3 * 2);
+  const PhaseTraffic& gather = m->bytes[static_cast<int>(CommScheme::kAllGather)].phase;
+  EXPECT_EQ(gather.intra_node_bytes, 2 * 3 * 2);  // max nonlast 3
+  EXPECT_EQ(gather.inter_node_bytes, 4 * 3 * 2);
+  // One node (0, or as many ranks as N): nothing inter-node.
+  for (int32_t rpn : {0, 3, 8}) {
+    absl::StatusOr<PlanMetrics> one = AnalyzePlan(plan, ModelShape{1, 1, 1}, rpn);
+    ASSERT_THAT(one, IsOk());
+    EXPECT_EQ(one->bytes[static_cast<int>(CommScheme::kTargeted)].phase.intra_node_bytes, 18);
+    EXPECT_EQ(one->bytes[static_cast<int>(CommScheme::kTargeted)].phase.inter_node_bytes, 0);
+    EXPECT_EQ(one->bytes[static_cast<int>(CommScheme::kFullKv)].phase.inter_node_bytes, 0);
+  }
+  EXPECT_THAT(AnalyzePlan(plan, ModelShape{1, 1, 1}, -1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ranks_per_node")));
 }
 
 TEST(AnalyzePlanTest, RejectsBadShape) {

@@ -1,5 +1,6 @@
 #include "core/analysis.h"
 #include "core/strategies.h"
+#include "core/internal/strategies_internal.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -65,6 +66,69 @@ TEST(PerDocTest, PerfectBalanceOnDivisibleDocuments) {
   ASSERT_THAT(m, IsOk());
   EXPECT_THAT(m->rank_workload, ElementsAre(18.0, 18.0));
   EXPECT_DOUBLE_EQ(m->imbalance, 1.0);
+}
+
+// magi, worked by hand. docs [16], N = 2: chunk ceil(16 / 16) = 1 token, 8
+// per rank; token i's causal area is i + 1. Largest first to the least-loaded
+// rank (ties to the lower rank): 16 r0, 15 r1, 14 r1, 13 r0, 12 r0, 11 r1,
+// 10 r1, 9 r0, 8 r0, 7 r1, 6 r1, 5 r0, 4 r0, 3 r1, 2 r1, 1 r0: 68 pairs each.
+TEST(MagiTest, OneDocumentInOneTokenChunks) {
+  EXPECT_THAT(PlanShards(Strategy::kMagi, Batch{{16}, 2}),
+              ElementsAre(Shard{0, 0, 1, 0}, Shard{0, 3, 2, 0}, Shard{0, 7, 2, 0},
+                          Shard{0, 11, 2, 0}, Shard{0, 15, 1, 0}, Shard{0, 1, 2, 1},
+                          Shard{0, 5, 2, 1}, Shard{0, 9, 2, 1}, Shard{0, 13, 2, 1}));
+}
+
+// docs [4, 12], N = 2: areas 1..4 (doc 0) and 1..12 (doc 1); equal areas go
+// later chunk first. 12..5 as above fill both ranks to 34 with four chunks
+// each; then 4 (doc 1) r0, 4 (doc 0) r1, 3 r0, 3 r1, 2 r0, 2 r1, 1 (doc 1)
+// r0, and doc 0's first token to r1, r0 being full: 44 pairs each.
+TEST(MagiTest, TiesGoToTheLaterChunkAndTheLowerRank) {
+  EXPECT_THAT(PlanShards(Strategy::kMagi, Batch{{4, 12}, 2}),
+              ElementsAre(Shard{1, 0, 5, 0}, Shard{1, 7, 2, 0}, Shard{1, 11, 1, 0},
+                          Shard{0, 0, 4, 1}, Shard{1, 5, 2, 1}, Shard{1, 9, 2, 1}));
+}
+
+// docs [7], N = 2: C/N = 4, one padding token (area 0) in chunk 7. Areas
+// 7..1 then 0: r0 gets chunks 6, 3, 2 and the padding chunk 7, r1 chunks 5,
+// 4, 1, 0. Rank 1 holds the padding token, so its last chunk (5) gives up
+// its token and the chunks after it shift down by one: r0 [2, 4) and [5, 7),
+// r1 [0, 2) and [4, 5).
+TEST(MagiTest, PaddingComesOffThePaddedRanksLastChunk) {
+  EXPECT_THAT(PlanShards(Strategy::kMagi, Batch{{7}, 2}),
+              ElementsAre(Shard{0, 2, 2, 0}, Shard{0, 5, 2, 0}, Shard{0, 0, 2, 1},
+                          Shard{0, 4, 1, 1}));
+}
+
+TEST(MagiTest, ChunkIsCeilOfCOver8NOrTheLargestDivisorOfCOverNBelowIt) {
+  EXPECT_EQ(internal::MagiChunkTokens(131072, 8), 2048);
+  EXPECT_EQ(internal::MagiChunkTokens(1 << 20, 64), 2048);
+  EXPECT_EQ(internal::MagiChunkTokens(96, 4), 3);    // C/N = 24, ceil(96 / 32) = 3
+  EXPECT_EQ(internal::MagiChunkTokens(100, 4), 0);   // C/N = 25: divisor 1 < 4 / 2: near-equal
+  EXPECT_EQ(internal::MagiChunkTokens(120, 4), 3);   // C/N = 30, ceil(120 / 32) = 4: 3
+  EXPECT_EQ(internal::MagiChunkTokens(7, 2), 1);
+}
+
+// C/N = 1009, a prime: no divisor near ceil(1009 / 8) = 127, so 8 near-equal
+// chunks a rank (126 or 127 tokens), not 1009 one-token chunks.
+TEST(MagiTest, PrimeTokensPerRankGetsNearEqualChunks) {
+  absl::StatusOr<Plan> plan = MakePlan(Strategy::kMagi, Batch{{2018}, 2});
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_THAT(ValidatePlan(*plan), IsOk());
+  EXPECT_LE(plan->shards.size(), 16u);
+  for (const Shard& s : plan->shards) EXPECT_GE(s.len, 126) << s.start;
+}
+
+// Small prime and near-prime C/N with padding: every rank still gets exactly
+// its target (ValidatePlan) however the near-equal chunks fall.
+TEST(MagiTest, NearEqualChunksAlwaysMeetTheTargets) {
+  for (int64_t total = 17; total < 400; ++total) {
+    for (int32_t n : {1, 2, 3, 5, 8}) {
+      absl::StatusOr<Plan> plan = MakePlan(Strategy::kMagi, Batch{{total / 3, total - total / 3}, n});
+      ASSERT_THAT(plan, IsOk()) << total << " " << n;
+      EXPECT_THAT(ValidatePlan(*plan), IsOk()) << total << " " << n;
+    }
+  }
 }
 
 TEST(StrategyNameTest, RoundTripsAndRejectsUnknown) {

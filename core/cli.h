@@ -69,6 +69,10 @@ struct StrategySummary {
   double imbalance_p95 = 0;
   double allgather_saving_mean = 0;  // mean of PlanMetrics::comm_saving, a fraction
   double targeted_saving_mean = 0;   // mean of PlanMetrics::targeted_saving, a fraction
+  // Mean one-phase bottleneck (SPEC "Targeted exchange, per phase") in units
+  // of C/N tokens, per scheme; full_kv's is N - 1.
+  double allgather_phase_mean = 0;
+  double targeted_phase_mean = 0;
   double cut_docs_mean = 0;
   int64_t min_cut_shard_len = 0;     // shortest cut shard over all batches; 0 if none
   double plan_ms_mean = 0;           // MakePlan wall time, milliseconds
@@ -88,6 +92,8 @@ class SummaryAccumulator {
   std::vector<double> plan_ms_;
   double allgather_saving_sum_ = 0;
   double targeted_saving_sum_ = 0;
+  double allgather_phase_sum_ = 0;
+  double targeted_phase_sum_ = 0;
   int64_t cut_docs_sum_ = 0;
   int64_t min_cut_shard_len_ = 0;
 };

@@ -60,7 +60,8 @@ TEST(ParseCliArgsTest, SummaryDefaultsToAllButIlp) {
   ASSERT_THAT(o, IsOk());
   EXPECT_THAT(o->strategies,
               ElementsAre(Strategy::kLlama3, Strategy::kPerDoc, Strategy::kRing, Strategy::kZigzag,
-                          Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp));
+                          Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp,
+                          Strategy::kMagi));
   EXPECT_TRUE(o->skip_unimplemented);
 }
 
@@ -86,7 +87,7 @@ TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
       {{"--cp", "8x"}, "--cp: must be an integer in [1, 65536], got \"8x\""},
       {{"--strategy", "best"},
        "--strategy: unknown strategy \"best\" (all, llama3, per_doc, ring, zigzag, whole_doc, "
-       "flashcp_paper, flashcp, ilp, or a comma-separated list)"},
+       "flashcp_paper, flashcp, ilp, magi, or a comma-separated list)"},
       {{"--target-imbalance", "0.9"}, "--target-imbalance: must be a number in [1, 1e+06], got \"0.9\""},
       {{"--target-imbalance", "nan"}, "--target-imbalance: must be a number in [1, 1e+06], got \"nan\""},
       {{"--min-shard-tokens", "-1"},
@@ -138,12 +139,16 @@ TEST(SummaryAccumulatorTest, MeansPercentilesAndShortestCut) {
   a.targeted_saving = 0.75;
   a.cut_docs = 2;
   a.min_cut_shard_len = 7;
+  a.tokens_per_rank = 8;
+  a.bytes[static_cast<int>(CommScheme::kAllGather)].phase.bottleneck_tokens = 12;  // 1.5 C/N
+  a.bytes[static_cast<int>(CommScheme::kTargeted)].phase.bottleneck_tokens = 4;    // 0.5 C/N
   PlanMetrics b = a;
   b.imbalance = 1.5;
   b.comm_saving = 0.25;
   b.targeted_saving = 0.25;
   b.cut_docs = 1;
   b.min_cut_shard_len = 3;
+  b.bytes[static_cast<int>(CommScheme::kTargeted)].phase.bottleneck_tokens = 10;  // 1.25 C/N
   PlanMetrics c = a;
   c.min_cut_shard_len = 0;  // no cut document: does not lower the minimum
   acc.Add(a, 1.0);
@@ -156,15 +161,17 @@ TEST(SummaryAccumulatorTest, MeansPercentilesAndShortestCut) {
   EXPECT_DOUBLE_EQ(s.imbalance_p95, 1.5);
   EXPECT_DOUBLE_EQ(s.allgather_saving_mean, 1.25 / 3);
   EXPECT_DOUBLE_EQ(s.targeted_saving_mean, 1.75 / 3);
+  EXPECT_DOUBLE_EQ(s.allgather_phase_mean, 1.5);
+  EXPECT_DOUBLE_EQ(s.targeted_phase_mean, 2.25 / 3);
   EXPECT_DOUBLE_EQ(s.cut_docs_mean, 5.0 / 3);
   EXPECT_EQ(s.min_cut_shard_len, 3);
   EXPECT_DOUBLE_EQ(s.plan_ms_mean, 2.0);
   EXPECT_DOUBLE_EQ(s.plan_ms_p99, 3.0);
   EXPECT_EQ(FormatSummaryTable({s}),
-            "strategy       batches imb_mean  imb_p95   save_ag  save_tgt cut_docs   min_cut"
-            "   ms_mean    ms_p99\n"
-            "ring                 3   1.1667   1.5000     41.7%     58.3%      1.7         3"
-            "     2.000     3.000\n");
+            "strategy       batches imb_mean  imb_p95   save_ag  save_tgt phase_ag phase_tg "
+            "cut_docs   min_cut   ms_mean    ms_p99\n"
+            "ring                 3   1.1667   1.5000     41.7%     58.3%    1.500    0.750      "
+            "1.7         3     2.000     3.000\n");
 }
 
 TEST(RunCliTest, StreamsJsonInInputOrderAndNamesBadLines) {

@@ -1,5 +1,6 @@
 // FlashCP, our planner: hand-worked small cases, its building blocks, and a
 // quality regression on the data-set generators against the paper's heuristic.
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
@@ -578,6 +579,41 @@ TEST(FlashCpQualityTest, BeatsPaperHeuristicOnGeneratedBatches) {
       }
     }
   }
+}
+
+// flashcp against its compacted search alone (flashcp_targeted.cc): on every
+// batch the plan meets the target and moves no more under either the
+// all-gather or its cheaper exchange; on some it moves strictly less.
+TEST(FlashCpTargetedTest, GroupedPlansMoveLessAndNeverMoreAllGather) {
+  int strictly_less = 0;
+  for (Dataset d : kAllDatasets) {
+    absl::StatusOr<std::vector<std::vector<int64_t>>> batches = SampleBatches(d, 131072, 8, 1);
+    ASSERT_THAT(batches, IsOk());
+    for (const std::vector<int64_t>& docs : *batches) {
+      const Batch batch{docs, 4};
+      const PlanOptions options;
+      absl::StatusOr<Plan> compacted_or = internal::PlanFlashCpCompacted(batch, options);
+      ASSERT_THAT(compacted_or, IsOk());
+      const Plan& compacted = *compacted_or;
+      absl::StatusOr<Plan> plan = MakePlan(Strategy::kFlashCp, batch, options);
+      ASSERT_THAT(plan, IsOk());
+      absl::StatusOr<PlanMetrics> a = AnalyzePlan(compacted, ModelShape{});
+      absl::StatusOr<PlanMetrics> b = AnalyzePlan(*plan, ModelShape{});
+      ASSERT_THAT(a, IsOk());
+      ASSERT_THAT(b, IsOk());
+      const auto phase = [](const PlanMetrics& m, CommScheme s) {
+        return m.bytes[static_cast<int>(s)].phase.bottleneck_tokens;
+      };
+      const auto cheaper = [&](const PlanMetrics& m) {
+        return std::min(phase(m, CommScheme::kAllGather), phase(m, CommScheme::kTargeted));
+      };
+      EXPECT_LE(b->imbalance, options.target_imbalance);
+      EXPECT_LE(phase(*b, CommScheme::kAllGather), phase(*a, CommScheme::kAllGather));
+      EXPECT_LE(cheaper(*b), cheaper(*a));
+      if (cheaper(*b) < cheaper(*a)) ++strictly_less;
+    }
+  }
+  EXPECT_EQ(strictly_less, 7);  // of 24 batches at N = 4
 }
 
 }  // namespace

@@ -77,8 +77,9 @@ TEST(PlanToJsonTest, HandWorkedRingPlan) {
   // all-gather saves nothing. With H = D = dtype = 1: full_kv = allgather =
   // 4 * 4 * (N-1) = 16 bytes. Targeted: rank 0 sends doc 0's 4 head tokens'
   // K and V to rank 1 (2 * 4 = 8 bytes) and rank 1 returns their dK and dV
-  // (8 bytes), so each rank sends 8 and receives 8: bottleneck 8, saving
-  // 1 - 8/16 = 0.5. One document is cut; its shortest shard is 1 token.
+  // (8 bytes): each phase's bottleneck is 4 tokens, as full KV's, so 16 bytes
+  // over both phases and saving 0. One document is cut; its shortest shard is
+  // 1 token.
   Plan plan;
   plan.cp_size = 2;
   plan.doc_lens = {5, 3};
@@ -92,9 +93,9 @@ TEST(PlanToJsonTest, HandWorkedRingPlan) {
             "{\"doc\":0,\"start\":4,\"len\":1,\"rank\":1},"
             "{\"doc\":1,\"start\":0,\"len\":3,\"rank\":1}],"
             "\"metrics\":{\"imbalance\":1.0476190476190477,\"comm_saving\":0,"
-            "\"targeted_saving\":0.5,\"cut_docs\":1,\"min_cut_shard_len\":1,"
+            "\"targeted_saving\":0,\"cut_docs\":1,\"min_cut_shard_len\":1,"
             "\"tokens_per_rank\":4,\"rank_workload\":[10,11],\"rank_nonlast_tokens\":[4,0],"
-            "\"bytes_full_kv\":16,\"bytes_allgather\":16,\"bytes_targeted\":8},"
+            "\"bytes_full_kv\":16,\"bytes_allgather\":16,\"bytes_targeted\":16},"
             "\"strategy\":\"ring\"}");
 }
 

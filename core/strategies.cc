@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/analysis.h"
 #include "core/echo.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
@@ -28,6 +29,8 @@ absl::string_view StrategyName(Strategy strategy) {
       return "flashcp";
     case Strategy::kIlp:
       return "ilp";
+    case Strategy::kMagi:
+      return "magi";
   }
   return "unknown";
 }
@@ -38,7 +41,7 @@ absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "strategy: unknown strategy ", Echo(name),
-      " (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, flashcp, ilp)"));
+      " (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, flashcp, ilp, magi)"));
 }
 
 namespace {
@@ -61,6 +64,8 @@ absl::StatusOr<Plan> PlanWith(Strategy strategy, const Batch& batch, const PlanO
       return internal::PlanFlashCp(batch, options);
     case Strategy::kIlp:
       return internal::PlanIlp(batch, options.ilp, options.stop, info);
+    case Strategy::kMagi:
+      return internal::PlanMagi(batch);
   }
   return absl::InvalidArgumentError("strategy: unknown strategy");
 }
@@ -78,6 +83,7 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
     return absl::InvalidArgumentError(absl::StrCat(
         "min_shard_tokens: must be in [0, 2^40], got ", options.min_shard_tokens));
   }
+  FLASHCP_RETURN_IF_ERROR(ValidateRanksPerNode(options.ranks_per_node));
   FLASHCP_RETURN_IF_ERROR(options.stop.Check());
   absl::StatusOr<Plan> plan = PlanWith(strategy, batch, options, info);
   // A stop that came while a short planner ran: the caller no longer wants it.
@@ -98,6 +104,11 @@ int64_t MaxPlanShards(Strategy strategy, const Batch& batch) {
       break;
     case Strategy::kLlama3:
       bound = n + 2 * ranks - 1;
+      break;
+    case Strategy::kMagi:
+      // At most 16 chunks a rank (the chunk is at least half of ceil(C/8N));
+      // each chunk boundary splits at most one document.
+      bound = n + 16 * ranks - 1;
       break;
     case Strategy::kPerDoc:
     case Strategy::kZigzag:

@@ -23,13 +23,17 @@ enum class Strategy {
   kFlashCpPaper = 5, // Algorithm 1 as the paper states it
   kFlashCp = 6,      // our planner (docs/planner.md); the default
   kIlp = 7,          // exact MILP at a fixed granularity (CBC), small batches only
+  kMagi = 8,         // MagiAttention's default dispatch: equal chunks by min-heap on causal area
 };
-inline constexpr int kNumStrategies = 8;
+inline constexpr int kNumStrategies = 9;
+// In enum order: kAllStrategies[i] == Strategy(i).
 inline constexpr std::array<Strategy, kNumStrategies> kAllStrategies = {
     Strategy::kLlama3,   Strategy::kPerDoc,       Strategy::kRing,    Strategy::kZigzag,
-    Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp, Strategy::kIlp};
+    Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp, Strategy::kIlp,
+    Strategy::kMagi};
 
-// "llama3", "per_doc", "ring", "zigzag", "whole_doc", "flashcp_paper", "flashcp", "ilp".
+// "llama3", "per_doc", "ring", "zigzag", "whole_doc", "flashcp_paper", "flashcp", "ilp",
+// "magi".
 absl::string_view StrategyName(Strategy strategy);
 absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);
 
@@ -79,6 +83,10 @@ struct PlanOptions {
   // 128 = one query tile of the attention kernels (64-128 rows); 0 or 1
   // turns the rule off. 0 <= min_shard_tokens <= 2^40.
   int64_t min_shard_tokens = 128;
+  // Topology: rank r is on node r / ranks_per_node (0: all N on one node).
+  // flashcp's grouped cuts keep a document within one node where a node has
+  // the ranks for it; other strategies ignore it. 0 <= ranks_per_node <= 65536.
+  int32_t ranks_per_node = 0;
   IlpOptions ilp;
   StopToken stop;  // never stops by default
 };

@@ -36,7 +36,8 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
   FLASHCP_ASSIGN_OR_RETURN(const core::Plan plan,
                            core::MakePlan(input.strategy, input.batch, input.options));
   FLASHCP_RETURN_IF_ERROR(input.options.stop.Check());
-  FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics metrics, core::AnalyzePlan(plan, input.shape));
+  FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics metrics,
+                           core::AnalyzePlan(plan, input.shape, input.options.ranks_per_node));
   std::optional<core::CommLayout> layout;
   if (input.include_layout) {
     FLASHCP_RETURN_IF_ERROR(input.options.stop.Check());

@@ -595,6 +595,9 @@ absl::string_view StrategyDescription(core::Strategy s) {
              "target_imbalance";
     case core::Strategy::kIlp:
       return "Exact MILP at a fixed granularity (CBC); small batches only";
+    case core::Strategy::kMagi:
+      return "MagiAttention's default dispatch: the packed sequence in chunks of ceil(C / 8N), "
+             "dealt by a min-heap on causal area, equal chunks per rank";
   }
   return "";
 }

@@ -21,6 +21,18 @@ void SchemeBytesToProto(core::CommScheme scheme, const core::SchemeBytes& bytes,
   out->mutable_sent_bytes()->Add(bytes.sent.begin(), bytes.sent.end());
   out->mutable_received_bytes()->Add(bytes.received.begin(), bytes.received.end());
   out->set_bottleneck_bytes(bytes.bottleneck);
+  const core::PhaseTraffic& phase = bytes.phase;
+  out->mutable_phase_sent_tokens()->Add(phase.sent_tokens.begin(), phase.sent_tokens.end());
+  out->mutable_phase_received_tokens()->Add(phase.received_tokens.begin(),
+                                            phase.received_tokens.end());
+  out->set_phase_max_sent_tokens(phase.max_sent_tokens);
+  out->set_phase_max_received_tokens(phase.max_received_tokens);
+  out->set_phase_bottleneck_tokens(phase.bottleneck_tokens);
+  out->set_phase_max_sent_bytes(phase.max_sent_bytes);
+  out->set_phase_max_received_bytes(phase.max_received_bytes);
+  out->set_phase_bottleneck_bytes(phase.bottleneck_bytes);
+  out->set_phase_intra_node_bytes(phase.intra_node_bytes);
+  out->set_phase_inter_node_bytes(phase.inter_node_bytes);
 }
 
 void MetricsToProto(const core::PlanMetrics& m, double planning_seconds, v1::PlanMetrics* out) {
@@ -39,6 +51,7 @@ void MetricsToProto(const core::PlanMetrics& m, double planning_seconds, v1::Pla
     SchemeBytesToProto(scheme, m.bytes[static_cast<int>(scheme)], out->add_bytes());
   }
   out->set_planning_seconds(planning_seconds);
+  out->set_cheaper_scheme(std::string(core::CommSchemeName(m.cheaper_scheme)));
 }
 
 void LayoutToProto(const core::CommLayout& layout,
@@ -94,6 +107,8 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
                      ") or a token count in [1, 2^40], got ", m));
   }
   in.options.min_shard_tokens = m == 0 ? kDefaultMinShardTokens : m == kMinShardTokensOff ? 0 : m;
+  in.options.ranks_per_node = request.ranks_per_node();
+  FLASHCP_RETURN_IF_ERROR(core::ValidateRanksPerNode(in.options.ranks_per_node));
 
   in.shape.heads = request.heads() == 0 ? kDefaultHeads : request.heads();
   in.shape.head_dim = request.head_dim() == 0 ? kDefaultHeadDim : request.head_dim();
@@ -115,6 +130,7 @@ v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
   request.set_target_imbalance(options.target_imbalance);
   request.set_min_shard_tokens(options.min_shard_tokens == 0 ? kMinShardTokensOff
                                                               : options.min_shard_tokens);
+  request.set_ranks_per_node(options.ranks_per_node);
   request.set_heads(shape.heads);
   request.set_head_dim(shape.head_dim);
   request.set_dtype_bytes(shape.dtype_bytes);
@@ -263,6 +279,13 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
                                          b.sent_bytes_size(), cp_size));
     FLASHCP_RETURN_IF_ERROR(CheckPerRank(absl::StrCat("bytes[", i, "].received_bytes"),
                                          b.received_bytes_size(), cp_size));
+    // The per-phase lists are absent from servers older than them.
+    if (b.phase_sent_tokens_size() != 0 || b.phase_received_tokens_size() != 0) {
+      FLASHCP_RETURN_IF_ERROR(CheckPerRank(absl::StrCat("bytes[", i, "].phase_sent_tokens"),
+                                           b.phase_sent_tokens_size(), cp_size));
+      FLASHCP_RETURN_IF_ERROR(CheckPerRank(absl::StrCat("bytes[", i, "].phase_received_tokens"),
+                                           b.phase_received_tokens_size(), cp_size));
+    }
   }
   PlanResult out;
   out.batch_id = response.batch_id();
@@ -295,8 +318,25 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
     cb.sent.assign(b.sent_bytes().begin(), b.sent_bytes().end());
     cb.received.assign(b.received_bytes().begin(), b.received_bytes().end());
     cb.bottleneck = b.bottleneck_bytes();
+    core::PhaseTraffic& phase = cb.phase;
+    phase.sent_tokens.assign(b.phase_sent_tokens().begin(), b.phase_sent_tokens().end());
+    phase.received_tokens.assign(b.phase_received_tokens().begin(),
+                                 b.phase_received_tokens().end());
+    phase.max_sent_tokens = b.phase_max_sent_tokens();
+    phase.max_received_tokens = b.phase_max_received_tokens();
+    phase.bottleneck_tokens = b.phase_bottleneck_tokens();
+    phase.max_sent_bytes = b.phase_max_sent_bytes();
+    phase.max_received_bytes = b.phase_max_received_bytes();
+    phase.bottleneck_bytes = b.phase_bottleneck_bytes();
+    phase.intra_node_bytes = b.phase_intra_node_bytes();
+    phase.inter_node_bytes = b.phase_inter_node_bytes();
   }
   cm.rank_segments.assign(m.rank_segments().begin(), m.rank_segments().end());
+  // Absent from older servers (and a scheme newer than this build): the default.
+  if (absl::StatusOr<core::CommScheme> cheaper = core::ParseCommScheme(m.cheaper_scheme());
+      cheaper.ok()) {
+    cm.cheaper_scheme = *cheaper;
+  }
   cm.cut_docs = m.cut_docs();
   cm.min_cut_shard_len = m.min_cut_shard_len();
   out.planning_seconds = m.planning_seconds();

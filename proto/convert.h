@@ -41,8 +41,8 @@ struct PlanInput {
 // `limits` (core::ValidateBatch: InvalidArgument naming doc_lens / doc_lens[i]
 // / cp_size, ResourceExhausted above the limits), then strategy,
 // target_imbalance (finite and >= 1 once defaulted), min_shard_tokens (-1:
-// off, core 0; 0: kDefaultMinShardTokens; else in [1, 2^40]), heads,
-// head_dim and dtype_bytes; every error is InvalidArgument unless noted and its message
+// off, core 0; 0: kDefaultMinShardTokens; else in [1, 2^40]), ranks_per_node
+// (0: one node; else <= 65536), heads, head_dim and dtype_bytes; every error is InvalidArgument unless noted and its message
 // starts with the field's name.
 absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
                                            const core::BatchLimits& limits);

@@ -39,6 +39,7 @@ TEST(RequestFromProtoTest, ZeroFieldsTakeTheProtoDefaults) {
   EXPECT_EQ(in->strategy, core::Strategy::kFlashCp);
   EXPECT_EQ(in->options.target_imbalance, 1.02);
   EXPECT_EQ(in->options.min_shard_tokens, 128);
+  EXPECT_EQ(in->options.ranks_per_node, 0);
   EXPECT_EQ(in->shape.heads, 32);
   EXPECT_EQ(in->shape.head_dim, 128);
   EXPECT_EQ(in->shape.dtype_bytes, 2);
@@ -50,6 +51,7 @@ TEST(RequestFromProtoTest, ExplicitFieldsAreKept) {
   r.set_strategy("ring");
   r.set_target_imbalance(1.5);
   r.set_min_shard_tokens(64);
+  r.set_ranks_per_node(8);
   r.set_heads(8);
   r.set_head_dim(64);
   r.set_dtype_bytes(4);
@@ -59,6 +61,7 @@ TEST(RequestFromProtoTest, ExplicitFieldsAreKept) {
   EXPECT_EQ(in->strategy, core::Strategy::kRing);
   EXPECT_EQ(in->options.target_imbalance, 1.5);
   EXPECT_EQ(in->options.min_shard_tokens, 64);
+  EXPECT_EQ(in->options.ranks_per_node, 8);
   EXPECT_EQ(in->shape.heads, 8);
   EXPECT_EQ(in->shape.head_dim, 64);
   EXPECT_EQ(in->shape.dtype_bytes, 4);
@@ -70,6 +73,7 @@ TEST(RequestFromProtoTest, RequestToProtoRoundTrips) {
   core::PlanOptions options;
   options.target_imbalance = 1.1;
   options.min_shard_tokens = 300;
+  options.ranks_per_node = 2;
   const v1::PlanRequest r = RequestToProto(
       99, batch, core::Strategy::kZigzag, options, core::ModelShape{16, 64, 1}, true);
   EXPECT_EQ(r.strategy(), "zigzag");
@@ -81,6 +85,7 @@ TEST(RequestFromProtoTest, RequestToProtoRoundTrips) {
   EXPECT_EQ(in->strategy, core::Strategy::kZigzag);
   EXPECT_EQ(in->options.target_imbalance, 1.1);
   EXPECT_EQ(in->options.min_shard_tokens, 300);
+  EXPECT_EQ(in->options.ranks_per_node, 2);
   EXPECT_EQ(in->shape.heads, 16);
   EXPECT_EQ(in->shape.head_dim, 64);
   EXPECT_EQ(in->shape.dtype_bytes, 1);
@@ -141,7 +146,7 @@ TEST(RequestFromProtoTest, EveryBadFieldIsNamedWithItsCode) {
       {"unknown strategy", [](v1::PlanRequest& r) { r.set_strategy("magic"); },
        absl::StatusCode::kInvalidArgument,
        "strategy: unknown strategy \"magic\" (llama3, per_doc, ring, zigzag, whole_doc, "
-       "flashcp_paper, flashcp, ilp)"},
+       "flashcp_paper, flashcp, ilp, magi)"},
       {"target_imbalance below 1", [](v1::PlanRequest& r) { r.set_target_imbalance(0.5); },
        absl::StatusCode::kInvalidArgument,
        "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got 0.5"},
@@ -152,6 +157,12 @@ TEST(RequestFromProtoTest, EveryBadFieldIsNamedWithItsCode) {
        [](v1::PlanRequest& r) { r.set_target_imbalance(std::nan("")); },
        absl::StatusCode::kInvalidArgument,
        "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got nan"},
+      {"ranks_per_node negative", [](v1::PlanRequest& r) { r.set_ranks_per_node(-1); },
+       absl::StatusCode::kInvalidArgument,
+       "ranks_per_node: must be in [0, 65536] (0: one node), got -1"},
+      {"ranks_per_node above 65536", [](v1::PlanRequest& r) { r.set_ranks_per_node(65537); },
+       absl::StatusCode::kInvalidArgument,
+       "ranks_per_node: must be in [0, 65536] (0: one node), got 65537"},
       {"min_shard_tokens below -1", [](v1::PlanRequest& r) { r.set_min_shard_tokens(-2); },
        absl::StatusCode::kInvalidArgument,
        "min_shard_tokens: must be -1 (off), 0 (the default 128) or a token count in [1, 2^40], "
@@ -228,7 +239,7 @@ TEST(ResponseToProtoTest, RingPlanHandWorked) {
   const v1::PlanMetrics& m = p.metrics();
   EXPECT_DOUBLE_EQ(m.imbalance_ratio(), 11.0 / 10.5);
   EXPECT_EQ(m.comm_saving_ratio(), 0.0);
-  EXPECT_EQ(m.targeted_saving_ratio(), 0.5);
+  EXPECT_EQ(m.targeted_saving_ratio(), 0.0);
   EXPECT_EQ(m.tokens_per_rank(), 4);
   EXPECT_THAT(m.rank_tokens(), ElementsAre(4, 4));
   EXPECT_THAT(m.rank_workload(), ElementsAre(10.0, 11.0));
@@ -238,7 +249,8 @@ TEST(ResponseToProtoTest, RingPlanHandWorked) {
   EXPECT_EQ(m.min_cut_shard_len(), 1);
   EXPECT_EQ(m.planning_seconds(), 0.25);
   // H*D*dtype = 32*128*2 = 8192 bytes per token. full_kv and allgather:
-  // 4 * 4 tokens * (N-1) * 8192; targeted: 2 * 8192 * 4 tokens each way.
+  // 4 * 4 tokens * (N-1) * 8192; targeted: 2 * 8192 * 4 tokens each way,
+  // one phase's bottleneck 4 tokens (65536 bytes), both phases 131072.
   ASSERT_EQ(m.bytes_size(), 3);
   EXPECT_EQ(m.bytes(0).scheme(), "full_kv");
   EXPECT_THAT(m.bytes(0).sent_bytes(), ElementsAre(131072, 131072));
@@ -249,7 +261,17 @@ TEST(ResponseToProtoTest, RingPlanHandWorked) {
   EXPECT_EQ(m.bytes(2).scheme(), "targeted");
   EXPECT_THAT(m.bytes(2).sent_bytes(), ElementsAre(65536, 65536));
   EXPECT_THAT(m.bytes(2).received_bytes(), ElementsAre(65536, 65536));
-  EXPECT_EQ(m.bytes(2).bottleneck_bytes(), 65536);
+  EXPECT_EQ(m.bytes(2).bottleneck_bytes(), 131072);
+  EXPECT_THAT(m.bytes(2).phase_sent_tokens(), ElementsAre(4, 0));
+  EXPECT_THAT(m.bytes(2).phase_received_tokens(), ElementsAre(0, 4));
+  EXPECT_EQ(m.bytes(2).phase_max_sent_tokens(), 4);
+  EXPECT_EQ(m.bytes(2).phase_max_received_tokens(), 4);
+  EXPECT_EQ(m.bytes(2).phase_bottleneck_tokens(), 4);
+  EXPECT_EQ(m.bytes(2).phase_max_sent_bytes(), 65536);
+  EXPECT_EQ(m.bytes(2).phase_max_received_bytes(), 65536);
+  EXPECT_EQ(m.bytes(2).phase_bottleneck_bytes(), 65536);
+  EXPECT_EQ(m.bytes(0).phase_bottleneck_tokens(), 4);
+  EXPECT_EQ(m.cheaper_scheme(), "allgather");  // 4 tokens a phase either way: the tie
   EXPECT_EQ(p.layout_size(), 0);
 }
 
@@ -307,8 +329,19 @@ TEST(ResponseFromProtoTest, RoundTripsPlanAndMetrics) {
     EXPECT_EQ(m.bytes[s].sent, ring.metrics.bytes[s].sent) << s;
     EXPECT_EQ(m.bytes[s].received, ring.metrics.bytes[s].received) << s;
     EXPECT_EQ(m.bytes[s].bottleneck, ring.metrics.bytes[s].bottleneck) << s;
+    const core::PhaseTraffic& got = m.bytes[s].phase;
+    const core::PhaseTraffic& want = ring.metrics.bytes[s].phase;
+    EXPECT_EQ(got.sent_tokens, want.sent_tokens) << s;
+    EXPECT_EQ(got.received_tokens, want.received_tokens) << s;
+    EXPECT_EQ(got.max_sent_tokens, want.max_sent_tokens) << s;
+    EXPECT_EQ(got.max_received_tokens, want.max_received_tokens) << s;
+    EXPECT_EQ(got.bottleneck_tokens, want.bottleneck_tokens) << s;
+    EXPECT_EQ(got.max_sent_bytes, want.max_sent_bytes) << s;
+    EXPECT_EQ(got.max_received_bytes, want.max_received_bytes) << s;
+    EXPECT_EQ(got.bottleneck_bytes, want.bottleneck_bytes) << s;
   }
   EXPECT_EQ(m.rank_segments, ring.metrics.rank_segments);
+  EXPECT_EQ(m.cheaper_scheme, ring.metrics.cheaper_scheme);
   EXPECT_EQ(m.cut_docs, 1);
   EXPECT_EQ(m.min_cut_shard_len, 1);
   EXPECT_THAT(core::ValidatePlan(back->plan), IsOk());
@@ -323,7 +356,7 @@ TEST(ResponseFromProtoTest, UnknownSchemesAreSkipped) {
   extra->set_bottleneck_bytes(1);
   absl::StatusOr<PlanResult> back = ResponseFromProto(p);
   ASSERT_THAT(back, IsOk());
-  EXPECT_EQ(back->metrics.bytes[2].bottleneck, 65536);
+  EXPECT_EQ(back->metrics.bytes[2].bottleneck, 131072);
 }
 
 TEST(ResponseFromProtoTest, PerRankListsMustHaveCpSizeEntries) {

@@ -58,16 +58,17 @@ Result RunPlan(const std::string& args, const std::string& stdin_text = "") {
 // Non-last tokens: rank 0 4 (doc 0's head), rank 1 none; the max equals C/N,
 // so the compacted all-gather saves nothing: full_kv = allgather =
 // 4 * 4 * (N - 1) = 16 bytes. Targeted: rank 0 sends 4 tokens of K, V forward
-// (8 bytes) and gets their dK, dV back (8 bytes): bottleneck 8, saving 0.5.
+// (8 bytes) and gets their dK, dV back (8 bytes): each phase's bottleneck is
+// 4 tokens, as full KV's, so 16 bytes over both phases and saving 0.
 constexpr char kRingJson[] =
     "{\"cp_size\":2,\"docs\":[5,3],\"padding\":0,\"shards\":["
     "{\"doc\":0,\"start\":0,\"len\":4,\"rank\":0},"
     "{\"doc\":0,\"start\":4,\"len\":1,\"rank\":1},"
     "{\"doc\":1,\"start\":0,\"len\":3,\"rank\":1}],"
     "\"metrics\":{\"imbalance\":1.0476190476190477,\"comm_saving\":0,"
-    "\"targeted_saving\":0.5,\"cut_docs\":1,\"min_cut_shard_len\":1,"
+    "\"targeted_saving\":0,\"cut_docs\":1,\"min_cut_shard_len\":1,"
     "\"tokens_per_rank\":4,\"rank_workload\":[10,11],\"rank_nonlast_tokens\":[4,0],"
-    "\"bytes_full_kv\":16,\"bytes_allgather\":16,\"bytes_targeted\":8},"
+    "\"bytes_full_kv\":16,\"bytes_allgather\":16,\"bytes_targeted\":16},"
     "\"strategy\":\"ring\"";
 
 constexpr char kShape[] = "--heads 1 --head-dim 1 --dtype-bytes 1";
@@ -91,9 +92,9 @@ TEST(FlashcpPlanCliTest, StdinBatchesInInputOrder) {
                 "{\"doc\":0,\"start\":4,\"len\":3,\"rank\":1}],"
                 // 10 and (8 + 3 + 1) 3 / 2 = 18: imbalance 18 / 14.
                 "\"metrics\":{\"imbalance\":1.2857142857142858,\"comm_saving\":0,"
-                "\"targeted_saving\":0.5,\"cut_docs\":1,\"min_cut_shard_len\":3,"
+                "\"targeted_saving\":0,\"cut_docs\":1,\"min_cut_shard_len\":3,"
                 "\"tokens_per_rank\":4,\"rank_workload\":[10,18],\"rank_nonlast_tokens\":[4,0],"
-                "\"bytes_full_kv\":16,\"bytes_allgather\":16,\"bytes_targeted\":8},"
+                "\"bytes_full_kv\":16,\"bytes_allgather\":16,\"bytes_targeted\":16},"
                 "\"strategy\":\"ring\",\"batch\":1}\n");
 }
 

@@ -145,7 +145,7 @@ TEST(PlannerServiceTest, ListStrategiesAndServerInfo) {
       EXPECT_FALSE(s.description().empty()) << s.name();
     }
     EXPECT_THAT(names, ElementsAre("llama3", "per_doc", "ring", "zigzag", "whole_doc",
-                                   "flashcp_paper", "flashcp", "ilp"));
+                                   "flashcp_paper", "flashcp", "ilp", "magi"));
     EXPECT_THAT(defaults, ElementsAre("flashcp"));
   }
   {
@@ -243,7 +243,7 @@ TEST(PlannerServiceTest, EveryBadInputGetsItsCodeAndTheServerKeepsServing) {
       {"unknown strategy", with([](v1::PlanRequest& r) { r.set_strategy("nope"); }),
        absl::StatusCode::kInvalidArgument,
        "strategy: unknown strategy \"nope\" (llama3, per_doc, ring, zigzag, whole_doc, "
-       "flashcp_paper, flashcp, ilp)"},
+       "flashcp_paper, flashcp, ilp, magi)"},
       {"target_imbalance < 1", with([](v1::PlanRequest& r) { r.set_target_imbalance(0.9); }),
        absl::StatusCode::kInvalidArgument,
        "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got 0.9"},
@@ -536,10 +536,11 @@ TEST(PlannerServiceTest, MetricsMoveAfterRequestsAndPassPromtool) {
   EXPECT_THAT(FindSample(m, "flashcp_planner_plan_comm_saving_ratio_count",
                          {{"strategy", "ring"}, {"scheme", "allgather"}}),
               IsOkAndHolds(3.0));
-  // ring's targeted saving is exactly 0.5 for this batch.
+  // ring's targeted saving is exactly 0 for this batch: one phase moves 4
+  // tokens (rank 0 sends, rank 1 receives), as full KV does (C/N = 4).
   EXPECT_THAT(FindSample(m, "flashcp_planner_plan_comm_saving_ratio_sum",
                          {{"strategy", "ring"}, {"scheme", "targeted"}}),
-              IsOkAndHolds(1.5));
+              IsOkAndHolds(0.0));
   EXPECT_THAT(FindSample(m, "flashcp_planner_inflight_requests"), IsOkAndHolds(0.0));
   EXPECT_THAT(FindSample(m, "flashcp_planner_queue_depth"), IsOkAndHolds(0.0));
 

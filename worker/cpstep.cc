@@ -216,6 +216,7 @@ absl::StatusOr<RankResult> RunRank(const core::Plan& plan, int32_t rank, const S
   const absl::Time start = absl::Now();
   FLASHCP_RETURN_IF_ERROR(step.Forward(comm, pool, q, k, v, absl::MakeSpan(res.o),
                                        absl::MakeSpan(res.lse)));
+  const CommStats after_forward = comm.stats();
   FLASHCP_RETURN_IF_ERROR(step.Backward(comm, pool, dout, absl::MakeSpan(res.dq),
                                         absl::MakeSpan(res.dk), absl::MakeSpan(res.dv)));
   FLASHCP_RETURN_IF_ERROR(comm.Barrier());
@@ -223,6 +224,8 @@ absl::StatusOr<RankResult> RunRank(const core::Plan& plan, int32_t rank, const S
   const CommStats after = comm.stats();
   res.stats.bytes_sent = after.bytes_sent - before.bytes_sent;
   res.stats.bytes_received = after.bytes_received - before.bytes_received;
+  res.forward_stats.bytes_sent = after_forward.bytes_sent - before.bytes_sent;
+  res.forward_stats.bytes_received = after_forward.bytes_received - before.bytes_received;
   return res;
 }
 

@@ -51,7 +51,8 @@ struct StepConfig {
 // communication counts and the wall time of its forward+backward.
 struct RankResult {
   std::vector<float> o, lse, dq, dk, dv;
-  CommStats stats;
+  CommStats stats;          // Forward and Backward
+  CommStats forward_stats;  // Forward alone (one phase: K and V out)
   double seconds = 0.0;
 };
 

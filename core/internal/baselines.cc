@@ -5,10 +5,7 @@
 #include "core/internal/strategies_internal.h"
 
 namespace flashcp::core::internal {
-namespace {
 
-// Cuts the packed sequence into consecutive chunks of `sizes` tokens, chunk k
-// going to `owners[k]`, and intersects them with document boundaries.
 std::vector<Shard> CutPacked(const Batch& batch, const std::vector<int64_t>& sizes,
                              const std::vector<int32_t>& owners) {
   std::vector<Shard> pieces;
@@ -29,8 +26,6 @@ std::vector<Shard> CutPacked(const Batch& batch, const std::vector<int64_t>& siz
   }
   return pieces;
 }
-
-}  // namespace
 
 std::vector<int64_t> RankTargets(const Batch& batch) {
   const int64_t total = TotalTokens(batch.doc_lens);

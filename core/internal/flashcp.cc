@@ -83,7 +83,7 @@ bool HasShortCut(const Plan& plan, int64_t m) { return CountShortCuts(plan, m) >
 
 }  // namespace
 
-absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options) {
+absl::StatusOr<Plan> PlanFlashCpCompacted(const Batch& batch, const PlanOptions& options) {
   const double target = options.target_imbalance;
   const int64_t m = options.min_shard_tokens;
   const int32_t n = batch.cp_size;

@@ -551,7 +551,11 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
   }
   std::vector<std::pair<double, Plan>> others;
   for (Strategy s : kAllStrategies) {
-    if (s == Strategy::kIlp || s == Strategy::kRing || s == Strategy::kLlama3) continue;
+    // magi is a comparison baseline, not a seed: the ILP's model stays as it was.
+    if (s == Strategy::kIlp || s == Strategy::kRing || s == Strategy::kLlama3 ||
+        s == Strategy::kMagi) {
+      continue;
+    }
     PlanOptions heuristic;
     heuristic.stop = stop;
     absl::StatusOr<Plan> p = MakePlan(s, batch, heuristic);

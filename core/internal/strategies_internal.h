@@ -16,17 +16,34 @@ namespace flashcp::core::internal {
 // order, touching pieces of one document on one rank merged, padding set.
 Plan FinishPlan(const Batch& batch, std::vector<Shard> pieces);
 
+// Cuts the packed sequence into consecutive chunks of `sizes` tokens (summing
+// to the batch's tokens), chunk k going to `owners[k]`, and intersects them
+// with document boundaries: raw pieces for FinishPlan.
+std::vector<Shard> CutPacked(const Batch& batch, const std::vector<int64_t>& sizes,
+                             const std::vector<int32_t>& owners);
+
 // The canonical per-rank real-token targets, RankRealTokens for every rank.
 std::vector<int64_t> RankTargets(const Batch& batch);
 
 Plan PlanLlama3(const Batch& batch);
 Plan PlanPerDoc(const Batch& batch);  // also the Ring-Attn zigzag sharding
 Plan PlanRing(const Batch& batch);
+Plan PlanMagi(const Batch& batch);    // MagiAttention's default dispatch (magi.cc)
+// Tokens per chunk PlanMagi uses: MagiAttention's ceil(C / 8N), lowered to
+// the largest divisor of C/N at most that so every rank gets whole chunks;
+// 0 where that divisor is below half of ceil(C / 8N) (PlanMagi then cuts
+// near-equal chunks, magi.cc).
+int64_t MagiChunkTokens(int64_t total, int32_t n);
 Plan PlanWholeDoc(const Batch& batch);
 Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
-// Both return options.stop's status once it says stop (PlanIlp: also
-// IlpOptions::seconds_left ends CBC early, with the best plan so far).
+// flashcp (flashcp_targeted.cc): PlanFlashCpCompacted's plan, or a grouped
+// one where that moves less (docs/planner.md, "Least KV moved").
+// Both flashcp planners and PlanIlp return options.stop's status once it says
+// stop (PlanIlp: also IlpOptions::seconds_left ends CBC early, with the best
+// plan so far).
 absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options);
+// flashcp's candidate search (flashcp.cc), scored on the compacted all-gather.
+absl::StatusOr<Plan> PlanFlashCpCompacted(const Batch& batch, const PlanOptions& options);
 absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
                              const StopToken& stop, PlanInfo* info);
 
