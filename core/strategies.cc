@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/analysis.h"
 #include "core/echo.h"
 #include "core/internal/strategies_internal.h"
@@ -39,9 +41,10 @@ absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
   for (Strategy s : kAllStrategies) {
     if (StrategyName(s) == name) return s;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "strategy: unknown strategy ", Echo(name),
-      " (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, flashcp, ilp, magi)"));
+  std::vector<absl::string_view> names;
+  for (Strategy s : kAllStrategies) names.push_back(StrategyName(s));
+  return absl::InvalidArgumentError(absl::StrCat("strategy: unknown strategy ", Echo(name), " (",
+                                                 absl::StrJoin(names, ", "), ")"));
 }
 
 namespace {

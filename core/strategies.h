@@ -112,7 +112,9 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch,
 // P = sum_d min(len_d, 2N) (every document in at most 2N pieces):
 //   ring: n + N - 1; llama3: n + 2N - 1 (each chunk boundary cuts one
 //   document once); per_doc, zigzag: P; whole_doc: n + N - 1 (one cut per
-//   rank boundary); flashcp, flashcp_paper, ilp: P + N (Per-Doc pieces of
+//   rank boundary); magi: n + 16N - 1 (at most 16 chunks a rank, each
+//   boundary cutting one document once); flashcp, flashcp_paper, ilp: P + N
+//   (Per-Doc pieces of
 //   some documents, Whole-Doc for the rest; the ILP returns one of the
 //   others' plans or one at a coarser grid); every one at most C.
 // `batch` must pass ValidateBatch.

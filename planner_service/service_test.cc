@@ -433,7 +433,7 @@ TEST(RawMessagesTest, HugeFieldsAreEchoedShortAndOversizedRequestsRefusedUnparse
             absl::InvalidArgumentError(absl::StrCat(
                 "strategy: unknown strategy \"", std::string(64, 's'),
                 "\"... (8192 bytes) (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, "
-                "flashcp, ilp)")));
+                "flashcp, ilp, magi)")));
   // 327,772 bytes at the default limits (proto/convert_test.cc); 400,000 here.
   r = PlanRequestOf(2, {5, 3}, 2, std::string(400'000, 's'));
   EXPECT_EQ(UnaryPlan(*stub, r, &response),

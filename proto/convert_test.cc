@@ -403,7 +403,7 @@ TEST(RequestFromProtoTest, AHugeStrategyIsEchoedTruncated) {
             absl::InvalidArgumentError(
                 "strategy: unknown strategy \"" + std::string(64, 'x') +
                 "\"... (1048576 bytes) (llama3, per_doc, ring, zigzag, whole_doc, "
-                "flashcp_paper, flashcp, ilp)"));
+                "flashcp_paper, flashcp, ilp, magi)"));
   r.set_strategy("\xff\n");
   EXPECT_EQ(RequestFromProto(r, core::BatchLimits{}).status().message().substr(0, 35),
             "strategy: unknown strategy \"\\xff\\n\"");
