@@ -1,7 +1,7 @@
 """attention(): the CP attention step as autograd ops.
 
 Forward: pack the K|V rows this rank sends (the native layout's pack_rows),
-exchange them (targeted: point-to-point with exactly the ranks that need
+exchange them (targeted: isend/irecv with exactly the ranks that need
 them; allgather / full_kv: one all_gather_into_tensor of equal blocks),
 stage every prefixed shard's keys [prefix pieces, own rows] (stage_src),
 then the CPU kernels attend each shard to its prefix plus itself. Backward,
@@ -18,7 +18,17 @@ import torch.distributed as dist
 from flashcp.torch._context import CpContext, ExchangeError
 
 
-def _wait_all(works, what: str, ctx: CpContext) -> None:
+def _p2p(ctx: CpContext, send, recv, what: str) -> None:
+    """send/recv: lists of (group rank, tensor). Starts every isend and
+    irecv, then waits on each; a failure (at start or wait, each bounded by
+    the group's timeout) raises ExchangeError naming that peer."""
+    works = []
+    for op, items in ((dist.isend, send), (dist.irecv, recv)):
+        for peer, t in items:
+            try:
+                works.append((peer, op(t, ctx.global_ranks[peer], ctx.group)))
+            except RuntimeError as e:
+                raise ExchangeError(f"rank {ctx.rank}: {what} with rank {peer} failed: {e}") from e
     for peer, work in works:
         try:
             work.wait()
@@ -26,33 +36,29 @@ def _wait_all(works, what: str, ctx: CpContext) -> None:
             raise ExchangeError(f"rank {ctx.rank}: {what} with rank {peer} failed: {e}") from e
 
 
-def _p2p(ctx: CpContext, send, recv, what: str) -> None:
-    """send/recv: lists of (group rank, tensor); one batch of isend/irecv.
-    Every wait is bounded by the group's timeout and names its peer."""
-    ops = [dist.P2POp(dist.isend, t, ctx.global_ranks[p], ctx.group) for p, t in send]
-    ops += [dist.P2POp(dist.irecv, t, ctx.global_ranks[p], ctx.group) for p, t in recv]
-    if not ops:
-        return
-    try:
-        works = dist.batch_isend_irecv(ops)
-    except RuntimeError as e:
-        raise ExchangeError(f"rank {ctx.rank}: {what}: starting the transfers failed: {e}") from e
-    peers = [p for p, _ in send] + [p for p, _ in recv]
-    _wait_all(list(zip(peers, works)), what, ctx)
+_PROBE_TAG = 0x5CF1  # the failure probe's messages, apart from the exchange's (tag 0)
 
 
 def _gather_failed(ctx: CpContext, what: str, e: Exception) -> ExchangeError:
-    # A collective does not say which peer failed; a monitored barrier
-    # (gloo) names the ranks that do not answer within the group's timeout.
-    detail = ""
-    try:
-        dist.monitored_barrier(ctx.group, wait_all_ranks=True)
-    except RuntimeError as b:
-        detail = f"; monitored barrier: {b}"
-    except Exception:  # not gloo, or the group is gone: nothing more to say
-        pass
-    return ExchangeError(f"rank {ctx.rank}: {what} over the group of {ctx.size} failed: "
-                         f"{e}{detail}")
+    # A failed collective does not say which peer failed (gloo names an
+    # address). Probe every peer point to point (one element each way, every
+    # wait bounded by the group's timeout): the peers whose transfer fails
+    # are named. Ranks that failed the same collective probe each other too.
+    failed = []
+    one = torch.zeros(1)
+    peers = [p for p in range(ctx.size) if p != ctx.rank]
+    for p in peers:
+        try:
+            send = dist.isend(one, ctx.global_ranks[p], ctx.group, tag=_PROBE_TAG)
+            recv = dist.irecv(torch.zeros(1), ctx.global_ranks[p], ctx.group, tag=_PROBE_TAG)
+            send.wait()
+            recv.wait()
+        except RuntimeError:
+            failed.append(p)
+    named = (f"; no answer from rank{'s' if len(failed) > 1 else ''} "
+             f"{', '.join(map(str, failed))}") if failed else ""
+    return ExchangeError(f"rank {ctx.rank}: {what} over the group of {ctx.size} failed"
+                         f"{named}: {e}")
 
 
 class _Exchange(torch.autograd.Function):
