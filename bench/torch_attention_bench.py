@@ -3,8 +3,9 @@
 (worker::CpAttentionStep over its Gloo communicator) on the same plans, the
 same inputs and the same processes: N ranks as processes, each running both
 paths alternately, forward + backward between barriers; the slowest rank's
-time per step, median and minimum over --repeats (on a loaded machine the
-minimum is the cleaner figure).
+time per step, median and minimum over --repeats, and the process CPU
+time (the slowest rank's, median): on a loaded machine wall time is mostly
+scheduling, CPU time leaves that out.
 
     .prefix/venv/bin/python bench/torch_attention_bench.py \
         --plan-bin build/bin/flashcp-plan --cps 2,4 --tokens-per-rank 16384
@@ -53,21 +54,25 @@ def _rank(rank, n, d, plan, scheme, heads, head_dim, repeats, threads, out):
     def torch_step():
         ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
         dist.barrier()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         ft.attention(ql, kl, vl, ctx, scheme=scheme).backward(dout)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     def engine_step():
         eng.barrier()
-        return eng.step(buf(q), buf(k), buf(v), buf(dout), buf(o), buf(lse), buf(dq), buf(dk),
+        c0 = time.process_time()
+        wall = eng.step(buf(q), buf(k), buf(v), buf(dout), buf(o), buf(lse), buf(dq), buf(dk),
                         buf(dv))
+        return wall, time.process_time() - c0
 
     torch_step()  # warm-up: caches (layout, kernels), first allocations
     engine_step()
-    times = {"torch": [], "engine": []}
+    times = {"torch": [], "engine": [], "torch_cpu": [], "engine_cpu": []}
     for _ in range(repeats):
-        times["torch"].append(torch_step())
-        times["engine"].append(engine_step())
+        for key, fn in (("torch", torch_step), ("engine", engine_step)):
+            wall, cpu = fn()
+            times[key].append(wall)
+            times[key + "_cpu"].append(cpu)
     # The slowest rank's time per repeat.
     slow = {}
     for key, ts in times.items():
@@ -94,8 +99,9 @@ def main():
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     print("| N | tokens/rank | strategy | scheme | imbalance | attention() s median / min | "
-          "engine s median / min | overhead median / min |")
-    print("|---|---|---|---|---|---|---|---|")
+          "engine s median / min | overhead median / min | CPU s attention() / engine | "
+          "CPU overhead |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for n in map(int, args.cps.split(",")):
         c = n * args.tokens_per_rank
         plan = subprocess.run([args.plan_bin, "--dataset", "pile", "--context", str(c),
@@ -118,9 +124,11 @@ def main():
                     p.join()
             t, e = statistics.median(slow["torch"]), statistics.median(slow["engine"])
             tm, em = min(slow["torch"]), min(slow["engine"])
+            tc, ec = statistics.median(slow["torch_cpu"]), statistics.median(slow["engine_cpu"])
             print(f"| {n} | {args.tokens_per_rank} | {args.strategy} | {scheme} | "
                   f"{imbalance:.3f} | {t:.3f} / {tm:.3f} | {e:.3f} / {em:.3f} | "
-                  f"{100 * (t / e - 1):+.1f}% / {100 * (tm / em - 1):+.1f}% |", flush=True)
+                  f"{100 * (t / e - 1):+.1f}% / {100 * (tm / em - 1):+.1f}% | "
+                  f"{tc:.3f} / {ec:.3f} | {100 * (tc / ec - 1):+.1f}% |", flush=True)
     return 0
 
 
