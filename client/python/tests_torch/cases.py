@@ -182,3 +182,24 @@ def dies_case(rank, n, spec):
     except Exception as e:
         return (type(e).__name__, str(e), time.monotonic() - t)
     return ("no error", "", time.monotonic() - t)
+
+
+def subgroup_case(rank, n, spec):
+    """CP groups inside a larger world (DP x CP): ranks {0, 1} and {2, 3}
+    each run the plan on their own group; errors as attention_case's."""
+    import torch.distributed as dist
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group = groups[rank // 2]
+    lens = spec["doc_lens"]
+    ctx = ft.CpContext(spec["plan"], rank % 2, group, doc_lens=lens)
+    q, k, v, dout = global_inputs(sum(lens), 4, 2, 16, 5 + rank // 2)  # different data per group
+    want = [ft.dispatch(t, ctx) for t in reference(q, k, v, dout, lens)]
+    out = {}
+    for scheme in ("targeted", "allgather"):
+        ql, kl, vl = (ft.dispatch(t, ctx).requires_grad_() for t in (q, k, v))
+        o = ft.attention(ql, kl, vl, ctx, scheme=scheme)
+        o.backward(ft.dispatch(dout, ctx))
+        out[scheme] = [float((a - b).abs().max()) for a, b in
+                       zip([o.detach(), ql.grad, kl.grad, vl.grad], want)]
+    out["undispatch"] = torch.equal(ft.undispatch(ft.dispatch(q, ctx), ctx), q)
+    return out

@@ -71,3 +71,13 @@ def test_bf16_inputs_return_bf16_close_to_the_reference():
         for scheme, errs in rank["bf16"].items():
             # bf16 inputs and outputs (8 bits of mantissa), fp32 inside.
             assert max(errs) <= 0.1, (scheme, errs)
+
+
+def test_cp_groups_inside_a_larger_world():
+    lens = BATCHES[1]
+    plan = flashcp.plan_view(flashcp.plan(lens, 2, "flashcp", min_shard_tokens=8))
+    for rank, res in enumerate(harness.run(cases.subgroup_case, 4, dict(doc_lens=lens,
+                                                                         plan=plan))):
+        assert res.pop("undispatch") is True
+        for scheme, errs in res.items():
+            assert max(errs) <= TOL, (rank, scheme, errs)
