@@ -130,7 +130,10 @@ def train_reference(batches, seed):
 def train_cp(rank, n, group, batches, seed, planner, address):
     """One rank of CP training; returns (losses, seconds, plan metrics)."""
     model, opt = make_model(seed)
-    client = flashcp.Client(address) if planner == "service" else None
+    # A 5 s connect timeout: flashcp_client's default min_reconnect_backoff_ms
+    # (100) is also gRPC's minimum connect timeout, short on a loaded machine.
+    client = (flashcp.Client(address, options=(("grpc.min_reconnect_backoff_ms", 5000),))
+              if planner == "service" else None)
     losses, metrics = [], []
     start = time.perf_counter()
     for lens, ids in batches:

@@ -34,6 +34,14 @@ def plan_bin(request):
     return _binary(request, "--plan-bin")
 
 
+# flashcp_client's channel options set grpc.min_reconnect_backoff_ms to 100,
+# which gRPC core also takes as the minimum connect timeout: on a loaded
+# machine a connection's handshake can take longer and the call fails
+# UNAVAILABLE ("timed out before receiving SETTINGS frame"). These tests give
+# the connection 5 s (the caller's options come first; gRPC takes the first).
+CLIENT_OPTIONS = (("grpc.min_reconnect_backoff_ms", 5000),)
+
+
 @pytest.fixture(scope="session")
 def planner_address(planner_bin):
     with flashcp.planner_process.start(planner_bin) as address:

@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 import flashcp
+from conftest import CLIENT_OPTIONS
 
 STRATEGIES = ["llama3", "per_doc", "ring", "zigzag", "whole_doc", "flashcp_paper", "flashcp"]
 
@@ -26,7 +27,7 @@ def _bytes_without_time(resp):
 
 @pytest.mark.parametrize("cp", [2, 4, 8])
 def test_in_process_plan_equals_service_and_cli_on_a_dataset(plan_bin, planner_address, cp):
-    client = flashcp.Client(planner_address)
+    client = flashcp.Client(planner_address, options=CLIENT_OPTIONS)
     lines = _dataset(plan_bin, cp)
     assert {line["strategy"] for line in lines} == set(STRATEGIES)
     for line in lines:
@@ -40,7 +41,7 @@ def test_in_process_plan_equals_service_and_cli_on_a_dataset(plan_bin, planner_a
 
 
 def test_in_process_options_and_ilp_match_the_service(planner_address):
-    client = flashcp.Client(planner_address)
+    client = flashcp.Client(planner_address, options=CLIENT_OPTIONS)
     for kwargs in ({"target_imbalance": 1.3}, {"heads": 8, "head_dim": 64, "dtype_bytes": 4}):
         remote = client.plan([300, 5, 1, 77, 1000], 4, "flashcp", **kwargs)
         local = flashcp.plan([300, 5, 1, 77, 1000], 4, "flashcp", **kwargs)
@@ -63,7 +64,7 @@ def test_in_process_options_and_ilp_match_the_service(planner_address):
 ])
 def test_in_process_errors_match_the_service(planner_address, args, field):
     with pytest.raises(grpc.RpcError) as remote:
-        flashcp.Client(planner_address).plan(*args)
+        flashcp.Client(planner_address, options=CLIENT_OPTIONS).plan(*args)
     with pytest.raises(flashcp.PlanError) as local:
         flashcp.plan(*args)
     assert local.value.code == remote.value.code().name == "INVALID_ARGUMENT"
@@ -81,3 +82,21 @@ def test_plan_view_rejects_what_is_not_a_plan():
     err.error.message = "doc_lens: empty"
     with pytest.raises(ValueError, match="carries an error .code 3.: doc_lens: empty"):
         flashcp.plan_view(err)
+
+
+def test_client_options_override_the_defaults():
+    # A listener that never speaks HTTP/2: the call fails when the connect
+    # attempt times out, which grpc.min_reconnect_backoff_ms sets (the
+    # Client's default 100 ms unless the caller's value comes first).
+    import socket
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        client = flashcp.Client(address, timeout=20, options=CLIENT_OPTIONS)
+        t = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            client.plan([5], 1)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - t >= 4.5
