@@ -8,6 +8,7 @@ gloo binds loopback only (GLOO_SOCKET_IFNAME=lo). Every wait has a deadline:
 a rank that does not report in time is killed and the run fails naming it.
 """
 import datetime
+import faulthandler
 import multiprocessing as mp
 import os
 import queue
@@ -27,8 +28,11 @@ def _context():
     return _CTX
 
 
-def _child(fn, rank, n, store_path, timeout_s, args, out):
+def _child(fn, rank, n, store_path, timeout_s, args, out, report_s):
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    # A rank still running shortly before the parent's deadline prints every
+    # thread's stack to stderr: where a stuck rank waits.
+    faulthandler.dump_traceback_later(report_s, exit=False)
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -59,7 +63,8 @@ def run(fn, n, *args, timeout_s=60.0, group_timeout_s=30.0, allow_errors=False):
     out = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="flashcp-dist-") as d:
         store = os.path.join(d, "store")
-        procs = [ctx.Process(target=_child, args=(fn, r, n, store, group_timeout_s, args, out),
+        procs = [ctx.Process(target=_child, args=(fn, r, n, store, group_timeout_s, args, out,
+                                   max(1.0, timeout_s - 5.0)),
                              daemon=True) for r in range(n)]
         for p in procs:
             p.start()
