@@ -29,6 +29,9 @@ import time
 
 def _rank(rank, n, d, plan, scheme, heads, head_dim, repeats, threads, out):
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    if os.environ.get("FLASHCP_BENCH_STACKS_AFTER_S"):  # where a stuck rank waits
+        import faulthandler
+        faulthandler.dump_traceback_later(float(os.environ["FLASHCP_BENCH_STACKS_AFTER_S"]))
     import torch
     import torch.distributed as dist
     import _flashcp_engine_bench
@@ -81,7 +84,12 @@ def _rank(rank, n, d, plan, scheme, heads, head_dim, repeats, threads, out):
         slow[key] = t.tolist()
     if rank == 0:
         out.put(slow)
-    dist.destroy_process_group()
+        out.close()
+        out.join_thread()  # the result is in the pipe
+    dist.barrier()
+    # Leave without destructors: a rank could hang at exit, in the teardown of
+    # its two gloo contexts (torch's and the engine's), after the others left.
+    os._exit(0)
 
 
 def main():
@@ -121,7 +129,9 @@ def main():
                     p.start()
                 slow = out.get(timeout=3600)
                 for p in procs:
-                    p.join()
+                    p.join(timeout=60)
+                    if p.is_alive():
+                        p.kill()
             t, e = statistics.median(slow["torch"]), statistics.median(slow["engine"])
             tm, em = min(slow["torch"]), min(slow["engine"])
             tc, ec = statistics.median(slow["torch_cpu"]), statistics.median(slow["engine_cpu"])
