@@ -44,11 +44,15 @@ def _child(fn, rank, n, store_path, timeout_s, args, out, report_s):
         out.put((rank, "ok", result))
     except BaseException as e:  # reported to the parent, which fails the test
         out.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-    finally:
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass
+    # Flush the result before the group's teardown: a teardown that blocks
+    # holding the GIL would otherwise keep the queue's feeder thread from
+    # sending it (the parent kills a rank that has reported but not exited).
+    out.close()
+    out.join_thread()
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
 
 
 class RankFailed(AssertionError):
@@ -89,7 +93,8 @@ def run(fn, n, *args, timeout_s=60.0, group_timeout_s=30.0, allow_errors=False):
                 results[rank] = (status, value)
         finally:
             for p in procs:
-                p.join(timeout=max(0.0, deadline - time.monotonic()) if len(results) == n else 0)
+                p.join(timeout=min(10.0, max(0.0, deadline - time.monotonic()))
+                       if len(results) == n else 0)
                 if p.is_alive():
                     p.kill()
                     p.join()
