@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Sets up the project-local Python environment .prefix/venv (never the system
 # Python): the exact pins of client/python/requirements.txt (grpcio,
-# grpcio-tools, protobuf, pytest, ...), then the flashcp_client package, whose
-# gRPC stubs grpcio-tools generates from proto/ while it installs.
+# grpcio-tools, protobuf, pytest, torch, pybind11, ...; torch is a 4.6 GB
+# download the first time), then the flashcp distribution (packages flashcp,
+# flashcp.torch, flashcp_client), whose gRPC stubs grpcio-tools generates from
+# proto/ while it installs. The native module (_flashcp_native) is CMake's
+# (client/python/native, scripts/build.sh).
 # Idempotent; re-run after the proto changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,10 +16,13 @@ if [[ ! -x $VENV/bin/python ]]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install -r client/python/requirements.txt
+# The distribution was named flashcp-client before it held flashcp too; the
+# old one's files overlap (flashcp_client/).
+"${PIP[@]}" uninstall -y flashcp-client 2>/dev/null || true
 # --no-build-isolation: build with the venv's pinned setuptools and
 # grpcio-tools (no second download); --no-deps: the pins above are the deps.
 "${PIP[@]}" install --no-build-isolation --no-deps --force-reinstall ./client/python
 # setuptools leaves its build tree beside the sources; it is not ours to keep.
-rm -rf client/python/build client/python/flashcp_client.egg-info
-"$VENV/bin/python" -c "import flashcp_client" >&2
-echo "setup-python: $VENV ready (flashcp_client installed)" >&2
+rm -rf client/python/build client/python/flashcp.egg-info client/python/flashcp_client.egg-info
+"$VENV/bin/python" -c "import flashcp, flashcp_client, torch" >&2
+echo "setup-python: $VENV ready (flashcp, flashcp_client, torch installed)" >&2

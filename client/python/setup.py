@@ -1,7 +1,10 @@
-"""Builds flashcp_client, generating its gRPC stubs from the repository's proto.
+"""Builds the flashcp distribution (packages flashcp, flashcp.torch and
+flashcp_client), generating flashcp_client's gRPC stubs from the proto.
 
-The proto is read from ../../proto (this file's place in the FlashCP tree) or
-from $FLASHCP_PROTO_DIR. grpc_tools.protoc writes planner_pb2.py and
+The proto is read from $FLASHCP_PROTO_DIR, else ./proto (an sdist carries a
+copy there: `python -m build --sdist` from the tree copies it in, so the
+sdist builds a wheel without the checkout), else ../../proto (this file's
+place in the FlashCP tree). grpc_tools.protoc writes planner_pb2.py and
 planner_pb2_grpc.py into flashcp_client/_gen/ inside the build tree only; the
 generated import line is rewritten to point into the package, so the stubs do
 not claim a top-level `flashcp` package.
@@ -11,13 +14,15 @@ import pathlib
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 HERE = pathlib.Path(__file__).resolve().parent
 PROTO = "flashcp/v1/planner.proto"
 
 
 def proto_dir() -> pathlib.Path:
-    root = pathlib.Path(os.environ.get("FLASHCP_PROTO_DIR", HERE.parent.parent / "proto"))
+    default = HERE / "proto" if (HERE / "proto" / PROTO).is_file() else HERE.parent.parent / "proto"
+    root = pathlib.Path(os.environ.get("FLASHCP_PROTO_DIR", default))
     if not (root / PROTO).is_file():
         raise RuntimeError(
             f"{root / PROTO} not found: build from the FlashCP source tree "
@@ -55,4 +60,14 @@ class BuildPyWithStubs(build_py):
         generate(pathlib.Path(self.build_lib) / "flashcp_client")
 
 
-setup(cmdclass={"build_py": BuildPyWithStubs})
+class SdistWithProto(sdist):
+    """Puts the proto into the sdist (proto/flashcp/v1/planner.proto)."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        dest = pathlib.Path(base_dir) / "proto" / PROTO
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes((proto_dir() / PROTO).read_bytes())
+
+
+setup(cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProto})

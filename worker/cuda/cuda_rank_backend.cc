@@ -9,7 +9,7 @@
 #include "core/status_macros.h"
 #include "worker/cuda/attention.h"
 #include "worker/cuda/comm_kernels.h"
-#include "worker/cuda/cp_layout.h"
+#include "worker/cp_layout.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/cudnn_attention.h"
 #include "worker/cuda/device_communicator.h"

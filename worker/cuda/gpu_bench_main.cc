@@ -36,7 +36,7 @@
 #include "worker/cuda/attention_kernels.h"
 #include "worker/cuda/comm_kernels.h"
 #include "worker/cuda/cp_check.h"
-#include "worker/cuda/cp_layout.h"
+#include "worker/cp_layout.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/cudnn_attention.h"
 

@@ -28,7 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/cuda/attention.h"
-#include "worker/cuda/cp_layout.h"
+#include "worker/cp_layout.h"
 #include "worker/cuda/device_communicator.h"
 #include "worker/cuda/device_memory.h"
 

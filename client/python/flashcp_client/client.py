@@ -51,7 +51,8 @@ class Client:
                  credentials: Optional[grpc.ChannelCredentials] = None):
         self._target = target
         self._timeout = timeout
-        self._options = list(_DEFAULT_CHANNEL_OPTIONS) + list(options)
+        # The caller's options first: gRPC takes a repeated argument's first value.
+        self._options = list(options) + list(_DEFAULT_CHANNEL_OPTIONS)
         self._credentials = credentials
         self._lock = threading.Lock()
         self._pid: Optional[int] = None

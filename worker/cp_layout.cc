@@ -1,4 +1,4 @@
-#include "worker/cuda/cp_layout.h"
+#include "worker/cp_layout.h"
 
 #include <algorithm>
 #include <map>
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 
-namespace flashcp::worker::cuda {
+namespace flashcp::worker {
 
 absl::StatusOr<GpuRankPlan> BuildGpuRankPlan(const core::Plan& plan,
                                              const core::CommLayout& layout, int32_t rank,
@@ -151,4 +151,4 @@ RowCounts ExchangedRows(const GpuRankPlan& p) {
   return c;
 }
 
-}  // namespace flashcp::worker::cuda
+}  // namespace flashcp::worker

@@ -1,16 +1,17 @@
-// One rank's part of a CP step on the GPU, as plain host data: which local
-// rows it packs and sends under a scheme, where every received row lands,
-// which shards attend without remote KV (whole: the first shard of their
-// document) and which need their prefix staged, and where the gradients of
-// staged rows go back. Pure (no CUDA calls); cp_layout_test.cc checks it
-// without a GPU, including that the bytes it moves equal core::AnalyzePlan's
-// prediction.
+// One rank's part of a CP step, as plain host data: which local rows it packs
+// and sends under a scheme, where every received row lands, which shards
+// attend without remote KV (whole: the first shard of their document) and
+// which need their prefix staged, and where the gradients of staged rows go
+// back. The one exchange layout of the GPU step (worker/cuda) and of the
+// PyTorch integration (client/python/flashcp/torch, through the native
+// module). Pure; cp_layout_test.cc checks it, including that the bytes it
+// moves equal core::AnalyzePlan's prediction.
 //
 // Rows: a "row" is one token's K and V of all KV heads. The exchange buffers
-// hold rows of 2 * heads_kv * head_dim bf16 ([K | V]); local tensors hold
+// hold rows of 2 * heads_kv * head_dim elements ([K | V]); local tensors hold
 // C/N rows (padding rows included, at the end, never attended).
-#ifndef FLASHCP_WORKER_CUDA_CP_LAYOUT_H_
-#define FLASHCP_WORKER_CUDA_CP_LAYOUT_H_
+#ifndef FLASHCP_WORKER_CP_LAYOUT_H_
+#define FLASHCP_WORKER_CP_LAYOUT_H_
 
 #include <cstdint>
 #include <vector>
@@ -19,7 +20,7 @@
 #include "core/analysis.h"
 #include "core/types.h"
 
-namespace flashcp::worker::cuda {
+namespace flashcp::worker {
 
 // Encoded source or destination of a row: >= 0 is a local row; < 0 is row
 // (-1 - code) of the receive buffer (forward) or of the return buffer
@@ -83,6 +84,6 @@ struct RowCounts {
 };
 RowCounts ExchangedRows(const GpuRankPlan& p);
 
-}  // namespace flashcp::worker::cuda
+}  // namespace flashcp::worker
 
-#endif  // FLASHCP_WORKER_CUDA_CP_LAYOUT_H_
+#endif  // FLASHCP_WORKER_CP_LAYOUT_H_

@@ -1,8 +1,8 @@
-// Host-only checks of the GPU rank plans (no device needed): simulating the
+// Checks of the rank plans (cp_layout.h): simulating the
 // exchange on token ids, every staged KV row is exactly the document token the
 // attention expects, every round scatters to distinct rows, and the rows moved
 // times the row size equal core::AnalyzePlan's predicted bytes.
-#include "worker/cuda/cp_layout.h"
+#include "worker/cp_layout.h"
 
 #include <cstdint>
 #include <set>
@@ -15,7 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace flashcp::worker::cuda {
+namespace flashcp::worker {
 namespace {
 
 using core::testing::IsOk;
@@ -158,4 +158,4 @@ TEST(CpLayoutTest, RejectsBadRank) {
 }
 
 }  // namespace
-}  // namespace flashcp::worker::cuda
+}  // namespace flashcp::worker

@@ -1,0 +1,16 @@
+"""FlashCP for Python: plans (remote or in process) and, in flashcp.torch,
+context-parallel attention inside a PyTorch training step.
+
+    import flashcp
+    plan = flashcp.plan([4096, 100, 30000], cp_size=4)            # in process (core/)
+    plan = flashcp.Client("127.0.0.1:50051").plan([4096, 100], 4)  # the planner service
+
+Both return a flashcp.v1 PlanResponse (planner_pb2); flashcp.torch.CpContext
+takes either, or flashcp-plan's JSON. flashcp_client (the gRPC client) is
+part of this distribution; `import flashcp_client` keeps working.
+"""
+from flashcp._plan import PlanError, PlanView, plan, plan_view
+from flashcp_client import Client, Prefetcher, planner_pb2, planner_pb2_grpc
+
+__all__ = ["Client", "PlanError", "PlanView", "Prefetcher", "plan", "plan_view", "planner_pb2",
+           "planner_pb2_grpc"]

@@ -1,0 +1,96 @@
+"""The in-process planner and the one plain view of a plan that the PyTorch
+integration reads, whatever the plan came from."""
+import dataclasses
+import json
+from typing import Any, Iterable, List, Optional, Tuple
+
+from flashcp._native import native
+from flashcp_client import Client, planner_pb2
+
+
+class PlanError(ValueError):
+    """A plan request the core rejects: `code` is the status code's name
+    (e.g. "INVALID_ARGUMENT"), the message names the field."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+def plan(doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
+         target_imbalance: float = 0.0, min_shard_tokens: Optional[int] = None,
+         heads: int = 0, head_dim: int = 0, dtype_bytes: int = 0,
+         include_layout: bool = False, batch_id: int = 0) -> planner_pb2.PlanResponse:
+    """Plans one batch in this process with the service's own code (request
+    validation, core::MakePlan, AnalyzePlan, the response conversion): the
+    PlanResponse equals the service's for the same request, byte for byte,
+    except metrics.planning_seconds (this process's time). Zero values mean
+    the defaults (planner.proto); min_shard_tokens None is the default 128,
+    -1 turns the rule off. Raises PlanError naming the field."""
+    req = Client.request(doc_lens, cp_size, strategy, target_imbalance=target_imbalance,
+                         heads=heads, head_dim=head_dim, dtype_bytes=dtype_bytes,
+                         include_layout=include_layout, batch_id=batch_id)
+    if min_shard_tokens is not None:
+        req.min_shard_tokens = int(min_shard_tokens)
+    try:
+        out = native().plan(req.SerializeToString())
+    except ValueError as e:
+        raise PlanError("INVALID_ARGUMENT", str(e)) from None
+    except RuntimeError as e:
+        code, _, message = str(e).partition(": ")
+        raise PlanError(code.upper().replace(" ", "_"), message) from None
+    return planner_pb2.PlanResponse.FromString(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanView:
+    """A plan as plain data (core::Plan's fields): shards as (doc, start,
+    len, rank), by rank ascending, in each rank's token order."""
+    cp_size: int
+    doc_lens: Tuple[int, ...]
+    padding: int
+    shards: Tuple[Tuple[int, int, int, int], ...]
+    strategy: str = ""
+    imbalance: float = 0.0        # metrics, where the plan carried them
+    comm_saving: float = 0.0
+    targeted_saving: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.doc_lens)
+
+
+def plan_view(p: Any) -> PlanView:
+    """A PlanView from a PlanResponse (the service or flashcp.plan), a
+    flashcp-plan JSON line (str, bytes or the parsed dict) or a PlanView.
+    ValueError for anything else or a
+    response that carries an error."""
+    if isinstance(p, PlanView):
+        return p
+    if isinstance(p, planner_pb2.PlanResponse):
+        if p.HasField("error"):
+            raise ValueError(f"plan: the response carries an error (code {p.error.code}): "
+                             f"{p.error.message}")
+        return PlanView(cp_size=p.cp_size, doc_lens=tuple(p.doc_lens), padding=p.padding,
+                        shards=tuple((s.doc, s.start, s.len, s.rank) for s in p.shards),
+                        strategy=p.strategy,
+                        imbalance=p.metrics.imbalance_ratio,
+                        comm_saving=p.metrics.comm_saving_ratio,
+                        targeted_saving=p.metrics.targeted_saving_ratio)
+    if isinstance(p, (str, bytes)):
+        p = json.loads(p)
+    if isinstance(p, dict):
+        try:
+            m = p.get("metrics", {})
+            return PlanView(cp_size=int(p["cp_size"]), doc_lens=tuple(int(x) for x in p["docs"]),
+                            padding=int(p["padding"]),
+                            shards=tuple((int(s["doc"]), int(s["start"]), int(s["len"]),
+                                          int(s["rank"])) for s in p["shards"]),
+                            strategy=str(p.get("strategy", "")),
+                            imbalance=float(m.get("imbalance", 0.0)),
+                            comm_saving=float(m.get("comm_saving", 0.0)),
+                            targeted_saving=float(m.get("targeted_saving", 0.0)))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"plan: not a flashcp-plan JSON object (missing or bad {e})") from None
+    raise ValueError(f"plan: expected a PlanResponse, flashcp-plan JSON or PlanView, got "
+                     f"{type(p).__name__}")

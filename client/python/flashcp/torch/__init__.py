@@ -1,0 +1,21 @@
+"""Context parallelism with FlashCP plans inside a PyTorch training step.
+
+    ctx = flashcp.torch.CpContext(plan, rank, group)   # plan: PlanResponse / JSON
+    ids = flashcp.torch.dispatch(input_ids, ctx)       # [C] -> this rank's [C/N]
+    labels = ctx.labels(input_ids)                     # next tokens, -100 at doc ends
+    pos = ctx.position_ids                             # positions within documents
+    ...
+    o = flashcp.torch.attention(q, k, v, ctx)          # [C/N, Hq, D], autograd op
+    ...
+    full = flashcp.torch.undispatch(x_local, ctx)      # every rank: [total, ...]
+
+The exchange layout is the C++ one (worker/cp_layout.h, the GPU step's),
+through the native module; the exchange runs on the caller's process group
+with torch.distributed collectives; the local attention on CPU is the
+project's kernels (worker/attention_cpu.h), fp32 (bf16 inputs are computed
+in fp32 and returned in bf16).
+"""
+from flashcp.torch._attention import attention
+from flashcp.torch._context import CpContext, ExchangeError, dispatch, undispatch
+
+__all__ = ["CpContext", "ExchangeError", "attention", "dispatch", "undispatch"]

@@ -1,0 +1,204 @@
+"""CpContext: one rank's view of a plan, and dispatch / undispatch."""
+import datetime
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from flashcp._native import native
+from flashcp._plan import PlanView, plan_view
+
+SCHEMES = ("targeted", "allgather", "full_kv")
+
+
+class ExchangeError(RuntimeError):
+    """A collective of the CP exchange failed (a peer died or timed out); the
+    message names this rank, the step and the peer where it is known."""
+
+
+def _int64(data: bytes) -> torch.Tensor:
+    if not data:
+        return torch.empty(0, dtype=torch.int64)
+    return torch.frombuffer(bytearray(data), dtype=torch.int64)
+
+
+class SchemeLayout:
+    """The native layout of one rank under one scheme (worker/cp_layout.h's
+    GpuRankPlan), with its row lists as index tensors: pack_index (local
+    rows to send, in message order; a gather block's padding rows point at
+    row C/N, which the caller makes a zero row; `pads` says whether any do)
+    and stage_index (rows of cat([local K|V rows, received rows]) staged for
+    the prefixed shards)."""
+
+    def __init__(self, lay, rows: int):
+        self.native = lay
+        self.gather = lay.gather
+        self.block_rows = lay.block_rows
+        self.recv_rows = lay.recv_rows
+        self.sends = lay.sends  # (peer, first row, rows) in the pack buffer, peer ascending
+        self.recvs = lay.recvs  # (peer, first row, rows) in the receive buffer
+        raw = _int64(lay.pack_rows)
+        no_row = raw == torch.iinfo(torch.int64).min
+        self.pads = bool(no_row.any())
+        self.pack_index = torch.where(no_row, torch.full_like(raw, rows), raw)
+        st = _int64(lay.stage_src)  # >= 0: local row; < 0: received row -1 - x
+        self.stage_index = torch.where(st >= 0, st, rows + (-1 - st))
+
+
+class CpContext:
+    """One rank of a CP group running a plan.
+
+    plan: a PlanResponse (flashcp.plan or the service), flashcp-plan's JSON
+    (str or dict) or a PlanView. rank: this process's rank in `group`, which
+    must have exactly plan.cp_size ranks (None: the default group). doc_lens,
+    if given, must be the plan's documents (a plan for another batch is an
+    error here, not a wrong answer later). threads: CPU kernel threads
+    (default torch.get_num_threads()).
+
+    Attributes for the model: position_ids [C/N] (int64, position of each
+    local token within its document; 0 on the padding row), cu_seqlens_q and
+    cu_seqlens_k (int32, the local shards in local order: query lengths and
+    key lengths = prefix + own), max_seqlen_q, max_seqlen_k, local_rows
+    (C/N), real_rows (this rank's real tokens), total_tokens (real tokens of
+    the batch), padding.
+    """
+
+    def __init__(self, plan: Any, rank: int, group: Optional[Any] = None, *,
+                 doc_lens: Optional[Sequence[int]] = None, threads: Optional[int] = None):
+        self.plan: PlanView = plan_view(plan)
+        n = self.plan.cp_size
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("CpContext: torch.distributed is not initialized "
+                             "(init_process_group first)")
+        self.group = group if group is not None else dist.group.WORLD
+        size = dist.get_world_size(self.group)
+        if size != n:
+            raise ValueError(f"CpContext: the group has {size} ranks but the plan is for "
+                             f"cp_size {n}")
+        if not isinstance(rank, int) or not 0 <= rank < n:
+            raise ValueError(f"CpContext: rank {rank!r} outside [0, {n})")
+        mine = dist.get_rank(self.group)
+        if mine != rank:
+            raise ValueError(f"CpContext: rank {rank} given, but this process is rank {mine} "
+                             "of the group")
+        if doc_lens is not None and tuple(int(x) for x in doc_lens) != self.plan.doc_lens:
+            raise ValueError(f"CpContext: the plan is for documents {_short(self.plan.doc_lens)}, "
+                             f"the batch has {_short(doc_lens)}")
+        self.rank = rank
+        self.size = n
+        self.threads = int(threads) if threads else torch.get_num_threads()
+        self.global_ranks = [dist.get_global_rank(self.group, r) if self.group is not
+                             dist.group.WORLD else r for r in range(n)]
+        self._layouts: Dict[str, Any] = {}
+        self._kernels: Dict[Tuple, Any] = {}
+        lay = native().RankLayout(list(self.plan.doc_lens), n, self.plan.padding,
+                                  list(self.plan.shards), rank, "targeted")  # core::ValidatePlan
+        self.local_rows = lay.local_rows
+        self.total_tokens = lay.total_tokens
+        self.padding = self.plan.padding
+        self.global_rows = _int64(lay.global_rows(rank))
+        self.all_global_rows = torch.cat([_int64(lay.global_rows(r)) for r in range(n)])
+        segs = lay.segments()  # (first local row, start in document, len, doc)
+        self.real_rows = sum(s[2] for s in segs)
+        self.position_ids = _int64(lay.positions())
+        q = [0]
+        k = [0]
+        for _, start, length, _ in segs:
+            q.append(q[-1] + length)
+            k.append(k[-1] + start + length)
+        self.cu_seqlens_q = torch.tensor(q, dtype=torch.int32)
+        self.cu_seqlens_k = torch.tensor(k, dtype=torch.int32)
+        self.max_seqlen_q = max((s[2] for s in segs), default=0)
+        self.max_seqlen_k = max((s[1] + s[2] for s in segs), default=0)
+        # Global rows whose next token is in the same document.
+        ends = torch.tensor(self.plan.doc_lens, dtype=torch.int64).cumsum(0) - 1
+        self._last_of_doc = torch.zeros(self.total_tokens, dtype=torch.bool)
+        self._last_of_doc[ends] = True
+
+    # -- the layout (C++) ------------------------------------------------------
+    def layout(self, scheme: str) -> SchemeLayout:
+        """This rank's layout under `scheme` (cached)."""
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme: {scheme!r}; expected one of {', '.join(SCHEMES)}")
+        lay = self._layouts.get(scheme)
+        if lay is None:
+            lay = SchemeLayout(native().RankLayout(list(self.plan.doc_lens), self.size,
+                                                   self.plan.padding, list(self.plan.shards),
+                                                   self.rank, scheme), self.local_rows)
+            self._layouts[scheme] = lay
+        return lay
+
+    def kernel(self, scheme: str, heads: int, head_dim: int, scale: float):
+        """The native CPU attention of this rank's shards (cached)."""
+        key = (scheme, heads, head_dim, float(scale))
+        k = self._kernels.get(key)
+        if k is None:
+            k = native().CpuAttention(self.layout(scheme).native, heads, head_dim,
+                                      float(scale), self.threads)
+            self._kernels[key] = k
+        return k
+
+    # -- helpers for the model ---------------------------------------------------
+    def labels(self, input_ids: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+        """This rank's next-token labels [C/N] from the global input_ids
+        ([total] or [total + padding]): the next token of the same document,
+        ignore_index at each document's last token and on the padding row."""
+        ids = self._check_global(input_ids, "input_ids")[: self.total_tokens]
+        nxt = torch.full_like(ids, ignore_index)
+        nxt[:-1] = ids[1:]
+        nxt[self._last_of_doc.to(ids.device)] = ignore_index
+        return dispatch(nxt, self, pad_value=ignore_index)
+
+    def _check_global(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        c = self.total_tokens + self.padding
+        if x.dim() < 1 or x.shape[0] not in (self.total_tokens, c):
+            raise ValueError(f"{name}: {tuple(x.shape)}; the plan is for {self.total_tokens} "
+                             f"tokens (+{self.padding} padding): the first dimension must be "
+                             f"{self.total_tokens} or {c}")
+        return x
+
+
+def dispatch(x: torch.Tensor, ctx: CpContext, *, pad_value: Any = 0) -> torch.Tensor:
+    """This rank's rows [C/N, ...] of a packed global tensor, in the plan's
+    local order. x: [total, ...] (the padding row, if this rank has one, is
+    pad_value) or [total + padding, ...] (padding rows taken from x).
+    Differentiable (an index_select)."""
+    x = ctx._check_global(x, "x")
+    rows = ctx.global_rows.to(x.device)
+    if x.shape[0] == ctx.total_tokens and ctx.padding:
+        pad = torch.full((ctx.padding,) + tuple(x.shape[1:]), pad_value, dtype=x.dtype,
+                         device=x.device)
+        x = torch.cat([x, pad])
+    return x.index_select(0, rows)
+
+
+def undispatch(x_local: torch.Tensor, ctx: CpContext) -> torch.Tensor:
+    """The inverse of dispatch, on every rank: [C/N, ...] from each rank ->
+    [total, ...] in the global order, padding dropped. A collective on
+    ctx.group (all ranks call it); not differentiable (for evaluation and
+    logging)."""
+    if not isinstance(x_local, torch.Tensor):
+        raise TypeError(f"x_local: expected a torch.Tensor, got {type(x_local).__name__}")
+    if x_local.dim() < 1 or x_local.shape[0] != ctx.local_rows:
+        raise ValueError(f"x_local: {tuple(x_local.shape)}; expected {ctx.local_rows} rows "
+                         "(C/N) first")
+    x = x_local.detach().contiguous()
+    gathered = torch.empty((ctx.size * ctx.local_rows,) + tuple(x.shape[1:]), dtype=x.dtype,
+                           device=x.device)
+    try:
+        dist.all_gather_into_tensor(gathered, x, group=ctx.group)
+    except RuntimeError as e:
+        raise ExchangeError(f"rank {ctx.rank}: undispatch all-gather over the group of "
+                            f"{ctx.size} failed: {e}") from e
+    rows = ctx.all_global_rows.to(x.device)
+    real = rows < ctx.total_tokens
+    out = torch.empty((ctx.total_tokens,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    out[rows[real]] = gathered[real]
+    return out
+
+
+def _short(v: Sequence[int], n: int = 8) -> str:
+    v = list(v)
+    return str(v) if len(v) <= n else f"[{', '.join(map(str, v[:n]))}, ... ({len(v)} documents)]"

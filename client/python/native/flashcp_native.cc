@@ -1,0 +1,343 @@
+// _flashcp_native: the Python package's binding to the C++ core (pybind11).
+// Thin adapters only: planning is planner_service::PlanBatch (what the
+// service runs), the exchange layout is worker::BuildGpuRankPlan (the GPU
+// step's layout, from core::BuildCommLayout), the attention is the CPU
+// kernels of worker/attention_cpu.h. Tensors cross as (address, element
+// count) pairs that the Python side takes from contiguous CPU torch tensors;
+// every count is checked here against what the layout needs before a kernel
+// touches memory. Errors: ValueError for InvalidArgument, RuntimeError
+// naming the status code otherwise.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/analysis.h"
+#include "core/types.h"
+#include "flashcp/v1/planner.pb.h"
+#include "planner_service/clock.h"
+#include "planner_service/observer.h"
+#include "planner_service/plan_batch.h"
+#include "proto/convert.h"
+#include "worker/attention_cpu.h"
+#include "worker/cp_layout.h"
+#include "worker/thread_pool.h"
+
+namespace py = pybind11;
+
+namespace flashcp::python {
+namespace {
+
+[[noreturn]] void Raise(const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kInvalidArgument) {
+    throw py::value_error(std::string(status.message()));
+  }
+  throw std::runtime_error(absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
+                                        status.message()));
+}
+
+template <typename T>
+T ValueOrRaise(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *std::move(v);
+}
+
+// A serialized flashcp.v1.PlanRequest in, a serialized PlanResponse out: the
+// service's own validation (proto::RequestFromProto, the service's default
+// limits) and planning step (PlanBatch), in process.
+py::bytes Plan(const std::string& request_bytes) {
+  v1::PlanRequest request;
+  if (!request.ParseFromString(request_bytes)) {
+    Raise(absl::InvalidArgumentError("request: not a serialized flashcp.v1.PlanRequest"));
+  }
+  proto::PlanInput input = ValueOrRaise(proto::RequestFromProto(request, core::BatchLimits{}));
+  planner_service::NullObserver observer;
+  const planner_service::RealClock clock;  // metrics.planning_seconds, as the service reports it
+  std::string out;
+  {
+    py::gil_scoped_release release;  // planning may take a while (ilp: seconds)
+    absl::StatusOr<v1::PlanResponse> response =
+        planner_service::PlanBatch(input, clock, observer);
+    if (!response.ok()) {
+      py::gil_scoped_acquire acquire;
+      Raise(response.status());
+    }
+    out = response->SerializeAsString();
+  }
+  return py::bytes(out);
+}
+
+py::bytes Int64Bytes(const std::vector<int64_t>& v) {
+  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+}
+
+using ShardTuple = std::tuple<int32_t, int64_t, int64_t, int32_t>;  // doc, start, len, rank
+using Segment = std::tuple<int32_t, int64_t, int64_t>;              // peer, first, rows
+
+core::Plan MakePlan(const std::vector<int64_t>& doc_lens, int32_t cp_size, int64_t padding,
+                    const std::vector<ShardTuple>& shards) {
+  core::Plan plan;
+  plan.cp_size = cp_size;
+  plan.doc_lens = doc_lens;
+  plan.padding = padding;
+  plan.shards.reserve(shards.size());
+  for (const auto& [doc, start, len, rank] : shards) {
+    plan.shards.push_back(core::Shard{doc, start, len, rank});
+  }
+  return plan;
+}
+
+// One rank's view of a plan: the exchange layout (worker::GpuRankPlan) and
+// where every local row comes from in the packed global batch.
+class RankLayout {
+ public:
+  RankLayout(const std::vector<int64_t>& doc_lens, int32_t cp_size, int64_t padding,
+             const std::vector<ShardTuple>& shards, int32_t rank, const std::string& scheme) {
+    plan_ = MakePlan(doc_lens, cp_size, padding, shards);
+    Check(core::ValidatePlan(plan_));
+    const core::CommScheme s = ValueOrRaise(core::ParseCommScheme(scheme));
+    layout_ = ValueOrRaise(core::BuildCommLayout(plan_));
+    rank_plan_ = ValueOrRaise(worker::BuildGpuRankPlan(plan_, layout_, rank, s));
+    total_ = core::TotalTokens(plan_.doc_lens);
+    doc_first_.assign(plan_.doc_lens.size(), 0);
+    for (size_t d = 1; d < plan_.doc_lens.size(); ++d) {
+      doc_first_[d] = doc_first_[d - 1] + plan_.doc_lens[d - 1];
+    }
+  }
+
+  const worker::GpuRankPlan& rank_plan() const { return rank_plan_; }
+  int32_t rank() const { return rank_plan_.rank; }
+  int32_t size() const { return rank_plan_.size; }
+  int64_t local_rows() const { return rank_plan_.local_rows; }
+  int64_t total_tokens() const { return total_; }
+
+  // Per local row of rank `r`: its token's index in the packed global batch
+  // [total real tokens, then the `padding` padding tokens]; the padding row of
+  // a rank (the last row of each of the last `padding` ranks) is
+  // total + (r - (N - padding)).
+  std::vector<int64_t> GlobalRows(int32_t r) const {
+    CheckRank(r);
+    std::vector<int64_t> rows(rank_plan_.local_rows, -1);
+    const core::RankLayout& rl = layout_.ranks[r];
+    for (size_t i = 0; i < rl.shards.size(); ++i) {
+      const core::Shard& s = plan_.shards[rl.shards[i]];
+      for (int64_t t = 0; t < s.len; ++t) rows[rl.shard_offset[i] + t] = doc_first_[s.doc] + s.start + t;
+    }
+    const int32_t n = plan_.cp_size;
+    if (r >= n - plan_.padding) rows.back() = total_ + (r - (n - plan_.padding));
+    return rows;
+  }
+
+  // Per local row of this rank: the token's position within its document
+  // (0 for a padding row).
+  std::vector<int64_t> Positions() const {
+    std::vector<int64_t> pos(rank_plan_.local_rows, 0);
+    for (const Segment3& s : Segments()) {
+      for (int64_t t = 0; t < std::get<2>(s); ++t) pos[std::get<0>(s) + t] = std::get<1>(s) + t;
+    }
+    return pos;
+  }
+
+  // This rank's shards in local order: (first local row, start in document, len, doc).
+  using Segment3 = std::tuple<int64_t, int64_t, int64_t, int32_t>;
+  std::vector<Segment3> Segments() const {
+    std::vector<Segment3> out;
+    const core::RankLayout& rl = layout_.ranks[rank_plan_.rank];
+    for (size_t i = 0; i < rl.shards.size(); ++i) {
+      const core::Shard& s = plan_.shards[rl.shards[i]];
+      out.emplace_back(rl.shard_offset[i], s.start, s.len, s.doc);
+    }
+    return out;
+  }
+
+  static std::vector<Segment> Segs(const std::vector<worker::RowSegment>& v) {
+    std::vector<Segment> out;
+    for (const worker::RowSegment& s : v) out.emplace_back(s.peer, s.first, s.rows);
+    return out;
+  }
+
+ private:
+  static void Check(const absl::Status& s) {
+    if (!s.ok()) Raise(s);
+  }
+  void CheckRank(int32_t r) const {
+    if (r < 0 || r >= plan_.cp_size) {
+      Raise(absl::InvalidArgumentError(absl::StrCat("rank ", r, " outside [0, ", plan_.cp_size, ")")));
+    }
+  }
+
+  core::Plan plan_;
+  core::CommLayout layout_;
+  worker::GpuRankPlan rank_plan_;
+  int64_t total_ = 0;
+  std::vector<int64_t> doc_first_;
+};
+
+// (address, element count) of a contiguous float32 buffer.
+using Buf = std::pair<uintptr_t, int64_t>;
+
+// Document-masked attention of one rank's shards on the CPU kernels, in the
+// layout's two groups: whole shards (keys = their own local rows of k, v) and
+// prefixed shards (keys = their staged rows [prefix pieces, own rows] in the
+// stage buffers, consecutive in layout order). Q and KV heads are equal here
+// (the Python side repeats KV heads for GQA before staging).
+class CpuAttention {
+ public:
+  CpuAttention(const RankLayout& layout, int32_t heads, int32_t head_dim, float scale, int threads)
+      : pool_(std::make_unique<worker::ThreadPool>(threads)) {
+    shape_ = worker::AttentionShape{heads, head_dim, scale};
+    if (heads < 1 || head_dim < 1 || !(scale > 0.0f)) {
+      Raise(absl::InvalidArgumentError(absl::StrCat("shape: heads ", heads, ", head_dim ", head_dim,
+                                                    ", scale ", scale, " (each must be positive)")));
+    }
+    const worker::GpuRankPlan& p = layout.rank_plan();
+    rows_ = p.local_rows;
+    stage_rows_ = static_cast<int64_t>(p.stage_src.size());
+    for (size_t i = 0; i < p.whole_start.size(); ++i) {
+      whole_.push_back({p.whole_start[i], p.whole_len[i]});
+    }
+    int64_t at = 0;
+    for (size_t i = 0; i < p.prefix_q_start.size(); ++i) {
+      prefix_.push_back({p.prefix_q_start[i], p.prefix_q_len[i], p.prefix_kv_len[i], at});
+      at += p.prefix_kv_len[i];
+    }
+  }
+
+  int64_t stage_rows() const { return stage_rows_; }
+
+  void Forward(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse) {
+    CheckRows("q", q, rows_);
+    CheckRows("k", k, rows_);
+    CheckRows("v", v, rows_);
+    CheckRows("k_stage", ks, stage_rows_);
+    CheckRows("v_stage", vs, stage_rows_);
+    CheckRows("o", o, rows_);
+    CheckCount("lse", lse, rows_ * shape_.heads);
+    const std::vector<worker::DocAttention> docs = Docs(k, v, ks, vs, {}, {}, {}, {});
+    absl::Status st;
+    {
+      py::gil_scoped_release release;
+      st = worker::AttentionForwardCpu(shape_, docs, rows_, F(q), F(o), F(lse), *pool_);
+    }
+    if (!st.ok()) Raise(st);
+  }
+
+  // dk, dv ([local rows]) receive the whole shards' key gradients; dks, dvs
+  // ([stage rows]) the staged keys'. Every output is overwritten where the
+  // layout names it; the caller zero-fills (rows no shard names stay as given).
+  void Backward(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse, Buf dout, Buf dq, Buf dk,
+                Buf dv, Buf dks, Buf dvs) {
+    CheckRows("q", q, rows_);
+    CheckRows("k", k, rows_);
+    CheckRows("v", v, rows_);
+    CheckRows("k_stage", ks, stage_rows_);
+    CheckRows("v_stage", vs, stage_rows_);
+    CheckRows("o", o, rows_);
+    CheckCount("lse", lse, rows_ * shape_.heads);
+    CheckRows("dout", dout, rows_);
+    CheckRows("dq", dq, rows_);
+    CheckRows("dk", dk, rows_);
+    CheckRows("dv", dv, rows_);
+    CheckRows("dk_stage", dks, stage_rows_);
+    CheckRows("dv_stage", dvs, stage_rows_);
+    const std::vector<worker::DocAttention> docs = Docs(k, v, ks, vs, dk, dv, dks, dvs);
+    absl::Status st;
+    {
+      py::gil_scoped_release release;
+      st = worker::AttentionBackwardCpu(shape_, docs, rows_, F(q), F(o), F(lse), F(dout), F(dq),
+                                        *pool_);
+    }
+    if (!st.ok()) Raise(st);
+  }
+
+ private:
+  struct Whole {
+    int64_t row, len;
+  };
+  struct Prefixed {
+    int64_t q_row, q_len, kv_len, stage_row;
+  };
+
+  static float* F(Buf b) { return reinterpret_cast<float*>(b.first); }
+  int64_t RowFloats() const { return int64_t{shape_.heads} * shape_.head_dim; }
+  void CheckCount(const char* name, Buf b, int64_t want) const {
+    if (b.second != want || (want > 0 && b.first == 0)) {
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat(name, ": ", b.second, " elements, expected ", want)));
+    }
+  }
+  void CheckRows(const char* name, Buf b, int64_t rows) const {
+    CheckCount(name, b, rows * RowFloats());
+  }
+
+  std::vector<worker::DocAttention> Docs(Buf k, Buf v, Buf ks, Buf vs, Buf dk, Buf dv, Buf dks,
+                                         Buf dvs) const {
+    const int64_t e = RowFloats();
+    auto at = [e](Buf b, int64_t row) { return b.first ? F(b) + row * e : nullptr; };
+    std::vector<worker::DocAttention> docs;
+    docs.reserve(whole_.size() + prefix_.size());
+    for (const Whole& w : whole_) {
+      docs.push_back(worker::DocAttention{at(k, w.row), at(v, w.row), w.len, {{w.row, 0, w.len}},
+                                          at(dk, w.row), at(dv, w.row)});
+    }
+    for (const Prefixed& p : prefix_) {
+      docs.push_back(worker::DocAttention{at(ks, p.stage_row), at(vs, p.stage_row), p.kv_len,
+                                          {{p.q_row, p.kv_len - p.q_len, p.q_len}},
+                                          at(dks, p.stage_row), at(dvs, p.stage_row)});
+    }
+    return docs;
+  }
+
+  worker::AttentionShape shape_;
+  std::unique_ptr<worker::ThreadPool> pool_;
+  int64_t rows_ = 0, stage_rows_ = 0;
+  std::vector<Whole> whole_;
+  std::vector<Prefixed> prefix_;
+};
+
+}  // namespace
+}  // namespace flashcp::python
+
+PYBIND11_MODULE(_flashcp_native, m) {
+  using flashcp::python::CpuAttention;
+  using flashcp::python::Int64Bytes;
+  using flashcp::python::RankLayout;
+  m.doc() = "FlashCP's C++ core for the flashcp Python package (planner, layout, CPU attention)";
+  m.def("plan", &flashcp::python::Plan, py::arg("request"),
+        "Serialized flashcp.v1.PlanRequest -> serialized PlanResponse (the service's PlanBatch)");
+  py::class_<RankLayout>(m, "RankLayout")
+      .def(py::init<const std::vector<int64_t>&, int32_t, int64_t,
+                    const std::vector<flashcp::python::ShardTuple>&, int32_t, const std::string&>(),
+           py::arg("doc_lens"), py::arg("cp_size"), py::arg("padding"), py::arg("shards"),
+           py::arg("rank"), py::arg("scheme"))
+      .def_property_readonly("rank", &RankLayout::rank)
+      .def_property_readonly("size", &RankLayout::size)
+      .def_property_readonly("local_rows", &RankLayout::local_rows)
+      .def_property_readonly("total_tokens", &RankLayout::total_tokens)
+      .def_property_readonly("gather", [](const RankLayout& l) { return l.rank_plan().gather; })
+      .def_property_readonly("block_rows", [](const RankLayout& l) { return l.rank_plan().block_rows; })
+      .def_property_readonly("recv_rows", [](const RankLayout& l) { return l.rank_plan().recv_rows; })
+      .def_property_readonly("pack_rows",
+                             [](const RankLayout& l) { return Int64Bytes(l.rank_plan().pack_rows); })
+      .def_property_readonly("stage_src",
+                             [](const RankLayout& l) { return Int64Bytes(l.rank_plan().stage_src); })
+      .def_property_readonly("sends", [](const RankLayout& l) { return RankLayout::Segs(l.rank_plan().sends); })
+      .def_property_readonly("recvs", [](const RankLayout& l) { return RankLayout::Segs(l.rank_plan().recvs); })
+      .def("global_rows", [](const RankLayout& l, int32_t r) { return Int64Bytes(l.GlobalRows(r)); },
+           py::arg("rank"))
+      .def("positions", [](const RankLayout& l) { return Int64Bytes(l.Positions()); })
+      .def("segments", &RankLayout::Segments);
+  py::class_<CpuAttention>(m, "CpuAttention")
+      .def(py::init<const RankLayout&, int32_t, int32_t, float, int>(), py::arg("layout"),
+           py::arg("heads"), py::arg("head_dim"), py::arg("scale"), py::arg("threads"))
+      .def_property_readonly("stage_rows", &CpuAttention::stage_rows)
+      .def("forward", &CpuAttention::Forward)
+      .def("backward", &CpuAttention::Backward);
+}

@@ -1,0 +1,205 @@
+"""What each rank runs in the multi-process tests (harness.run)."""
+import math
+
+import torch
+import torch.nn.functional as F
+
+import flashcp
+import flashcp.torch as ft
+
+
+def global_inputs(total, hq, hkv, d, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(total, hq, d, generator=g).to(dtype)
+    k = torch.randn(total, hkv, d, generator=g).to(dtype)
+    v = torch.randn(total, hkv, d, generator=g).to(dtype)
+    dout = torch.randn(total, hq, d, generator=g).to(dtype)
+    return q, k, v, dout
+
+
+def doc_mask(doc_lens):
+    """[total, total] bool: query t sees key j iff same document and j <= t."""
+    doc = torch.repeat_interleave(torch.arange(len(doc_lens)), torch.tensor(doc_lens))
+    idx = torch.arange(len(doc))
+    return (doc[:, None] == doc[None, :]) & (idx[None, :] <= idx[:, None])
+
+
+def reference(q, k, v, dout, doc_lens, scale=None):
+    """Dense attention with the document mask (torch SDPA) and its grads, fp32."""
+    q, k, v = (t.detach().float().requires_grad_() for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1), kk.transpose(0, 1), vv.transpose(0, 1),
+                                       attn_mask=doc_mask(doc_lens), scale=scale).transpose(0, 1)
+    o.backward(dout.float())
+    return o.detach(), q.grad, k.grad, v.grad
+
+
+def attention_case(rank, n, spec):
+    """One plan, both schemes: max abs errors of O, dQ, dK, dV on this rank
+    (padding rows included: their outputs and gradients must be 0)."""
+    doc_lens, strategy = spec["doc_lens"], spec["strategy"]
+    hq, hkv, d = spec.get("hq", 2), spec.get("hkv", 2), spec.get("d", 16)
+    dtype = getattr(torch, spec.get("dtype", "float32"))
+    plan = spec.get("plan") or flashcp.plan(doc_lens, n, strategy,
+                                            min_shard_tokens=spec.get("min_shard", -1))
+    ctx = ft.CpContext(plan, rank, doc_lens=doc_lens)
+    total = sum(doc_lens)
+    q, k, v, dout = global_inputs(total, hq, hkv, d, spec.get("seed", 1), dtype)
+    ref = spec.get("want") or reference(q, k, v, dout, doc_lens)
+    want = [ft.dispatch(t, ctx) for t in ref]
+    out = {}
+    for scheme in spec.get("schemes", ("targeted", "allgather")):
+        ql, kl, vl = (ft.dispatch(t, ctx).requires_grad_() for t in (q, k, v))
+        o = ft.attention(ql, kl, vl, ctx, scheme=scheme)
+        assert o.dtype == dtype and o.shape == ql.shape
+        o.backward(ft.dispatch(dout, ctx))
+        got = [o.detach(), ql.grad, kl.grad, vl.grad]
+        out[scheme] = [float((a.float() - b).abs().max()) for a, b in zip(got, want)]
+    return out
+
+
+def attention_cases(rank, n, specs):
+    return {key: attention_case(rank, n, spec) for key, spec in specs.items()}
+
+
+def with_reference(spec):
+    """spec plus "want": the dense reference, computed once by the caller
+    instead of on every rank."""
+    dtype = getattr(torch, spec.get("dtype", "float32"))
+    inputs = global_inputs(sum(spec["doc_lens"]), spec.get("hq", 2), spec.get("hkv", 2),
+                           spec.get("d", 16), spec.get("seed", 1), dtype)
+    return dict(spec, want=reference(*inputs, spec["doc_lens"]))
+
+
+def dispatch_case(rank, n, spec):
+    """dispatch / undispatch / labels / positions / cu_seqlens on this rank."""
+    lens = spec["doc_lens"]
+    ctx = ft.CpContext(spec["plan"], rank, doc_lens=lens)
+    total = sum(lens)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(total, 3, 2, generator=g)
+    xp = torch.cat([x, torch.full((ctx.padding, 3, 2), 5.0)])
+    ids = torch.randint(0, 1000, (total,), generator=g)
+    local = ft.dispatch(x, ctx)
+    local_p = ft.dispatch(xp, ctx)
+    pos = torch.cat([torch.arange(n_) for n_ in lens])
+    nxt = torch.full((total,), -100)
+    ends = torch.tensor(lens).cumsum(0) - 1
+    nxt[:-1] = ids[1:]
+    nxt[ends] = -100
+    segs = ctx.cu_seqlens_q.tolist()
+    return dict(
+        rows=local.shape[0], local_rows=ctx.local_rows, real_rows=ctx.real_rows,
+        round_trip=torch.equal(ft.undispatch(local, ctx), x),
+        round_trip_padded=torch.equal(ft.undispatch(local_p, ctx), x),
+        pad_rows_zero=bool((local[ctx.real_rows:] == 0).all()),
+        pad_rows_taken=bool((local_p[ctx.real_rows:] == 5.0).all()),
+        ids_round_trip=torch.equal(ft.undispatch(ft.dispatch(ids, ctx), ctx), ids),
+        positions=torch.equal(ctx.position_ids[:ctx.real_rows],
+                              ft.dispatch(pos, ctx)[:ctx.real_rows]),
+        labels=torch.equal(ctx.labels(ids), ft.dispatch(nxt, ctx, pad_value=-100)),
+        cu_q_last=segs[-1], cu_k=ctx.cu_seqlens_k.tolist(), cu_q=segs,
+        max_q=ctx.max_seqlen_q, max_k=ctx.max_seqlen_k,
+        grad_flows=_dispatch_grad(x, ctx))
+
+
+def _dispatch_grad(x, ctx):
+    xg = x.clone().requires_grad_()
+    ft.dispatch(xg, ctx).sum().backward()
+    # Each real token lands on exactly one rank: its gradient here is 1 iff local.
+    mine = torch.zeros(x.shape[0], dtype=torch.bool)
+    mine[ctx.global_rows[ctx.global_rows < ctx.total_tokens]] = True
+    return bool((xg.grad[mine] == 1).all() and (xg.grad[~mine] == 0).all())
+
+
+def _raises(fn):
+    try:
+        fn()
+    except Exception as e:  # the test compares type and message
+        return (type(e).__name__, str(e))
+    return None
+
+
+def errors_case(rank, n, spec):
+    """Every bad input, on a live group of n: (exception type, message) each,
+    raised before any collective (the call returns, no rank waits)."""
+    lens = spec["doc_lens"]
+    plan = spec["plan"]
+    ctx = ft.CpContext(plan, rank)
+    rows = ctx.local_rows
+    q = torch.randn(rows, 4, 16)
+    k = torch.randn(rows, 2, 16)
+    out = {
+        "group_size": _raises(lambda: ft.CpContext(spec["plan3"], rank)),
+        "rank": _raises(lambda: ft.CpContext(plan, 1 - rank)),
+        "rank_range": _raises(lambda: ft.CpContext(plan, n)),
+        "other_docs": _raises(lambda: ft.CpContext(plan, rank, doc_lens=lens[:-1] + [lens[-1] + 1])),
+        "dispatch_rows": _raises(lambda: ft.dispatch(torch.zeros(sum(lens) + 7), ctx)),
+        "undispatch_rows": _raises(lambda: ft.undispatch(torch.zeros(rows + 1), ctx)),
+        "q_rows": _raises(lambda: ft.attention(q[:-1], k[:-1], k[:-1], ctx)),
+        "q_dims": _raises(lambda: ft.attention(q.view(rows, 64), k, k, ctx)),
+        "k_rows": _raises(lambda: ft.attention(q, k[:-1], k, ctx)),
+        "dtype": _raises(lambda: ft.attention(q.double(), k.double(), k.double(), ctx)),
+        "mixed_dtype": _raises(lambda: ft.attention(q, k.bfloat16(), k, ctx)),
+        "device": _raises(lambda: ft.attention(q, k.to("meta"), k, ctx)),
+        "q_device": _raises(lambda: ft.attention(q.to("meta"), k.to("meta"), k.to("meta"), ctx)),
+        "non_contiguous": _raises(lambda: ft.attention(
+            torch.randn(4, rows, 16).transpose(0, 1), k, k, ctx)),
+        "gqa": _raises(lambda: ft.attention(torch.randn(rows, 3, 16), k, k, ctx)),
+        "head_dim": _raises(lambda: ft.attention(q, torch.randn(rows, 2, 8),
+                                                 torch.randn(rows, 2, 8), ctx)),
+        "kv_shapes": _raises(lambda: ft.attention(q, k, torch.randn(rows, 1, 16), ctx)),
+        "scheme": _raises(lambda: ft.attention(q, k, k, ctx, scheme="ring")),
+        "scale": _raises(lambda: ft.attention(q, k, k, ctx, softmax_scale=-1.0)),
+        "ctx": _raises(lambda: ft.attention(q, k, k, object())),
+        "bad_plan": _raises(lambda: ft.CpContext(spec["bad_plan"], rank)),
+    }
+    # The group still works after all of that.
+    o = ft.attention(q, k, k, ctx)
+    out["still_works"] = tuple(o.shape)
+    return out
+
+
+def dies_case(rank, n, spec):
+    """Rank spec["victim"] exits after the forward; the others run the
+    backward and must fail, naming it, within the group's timeout."""
+    import os
+    import time
+    ctx = ft.CpContext(spec["plan"], rank)
+    rows = ctx.local_rows
+    q, k, v = (torch.randn(rows, 2, 16, requires_grad=True) for _ in range(3))
+    o = ft.attention(q, k, v, ctx, scheme=spec["scheme"])
+    if rank == spec["victim"]:
+        os._exit(17)
+    t = time.monotonic()
+    try:
+        o.sum().backward()
+        for _ in range(3):  # the next steps' forward, if the backward happened not to need it
+            ft.attention(q.detach(), k.detach(), v.detach(), ctx, scheme=spec["scheme"])
+    except ft.ExchangeError as e:
+        return ("ExchangeError", str(e), time.monotonic() - t)
+    except Exception as e:
+        return (type(e).__name__, str(e), time.monotonic() - t)
+    return ("no error", "", time.monotonic() - t)
+
+
+def subgroup_case(rank, n, spec):
+    """CP groups inside a larger world (DP x CP): ranks {0, 1} and {2, 3}
+    each run the plan on their own group; errors as attention_case's."""
+    import torch.distributed as dist
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group = groups[rank // 2]
+    lens = spec["doc_lens"]
+    ctx = ft.CpContext(spec["plan"], rank % 2, group, doc_lens=lens)
+    q, k, v, dout = global_inputs(sum(lens), 4, 2, 16, 5 + rank // 2)  # different data per group
+    want = [ft.dispatch(t, ctx) for t in reference(q, k, v, dout, lens)]
+    out = {}
+    for scheme in ("targeted", "allgather"):
+        ql, kl, vl = (ft.dispatch(t, ctx).requires_grad_() for t in (q, k, v))
+        o = ft.attention(ql, kl, vl, ctx, scheme=scheme)
+        o.backward(ft.dispatch(dout, ctx))
+        out[scheme] = [float((a - b).abs().max()) for a, b in
+                       zip([o.detach(), ql.grad, kl.grad, vl.grad], want)]
+    out["undispatch"] = torch.equal(ft.undispatch(ft.dispatch(q, ctx), ctx), q)
+    return out

@@ -1,0 +1,102 @@
+"""flashcp.plan (in process) against the real service and flashcp-plan."""
+import json
+import subprocess
+
+import grpc
+import pytest
+
+import flashcp
+from conftest import CLIENT_OPTIONS
+
+STRATEGIES = ["llama3", "per_doc", "ring", "zigzag", "whole_doc", "flashcp_paper", "flashcp"]
+
+
+def _dataset(plan_bin, cp):
+    """Batches of the pile data set (core/datasets.h), as flashcp-plan samples them."""
+    out = subprocess.run([plan_bin, "--dataset", "pile", "--context", "16384", "--batches", "3",
+                          "--cp", str(cp), "--strategy", "all"], capture_output=True,
+                         timeout=120, check=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def _bytes_without_time(resp):
+    resp = type(resp).FromString(resp.SerializeToString())
+    resp.metrics.planning_seconds = 0.0
+    return resp.SerializeToString(deterministic=True)
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_in_process_plan_equals_service_and_cli_on_a_dataset(plan_bin, planner_address, cp):
+    client = flashcp.Client(planner_address, options=CLIENT_OPTIONS)
+    lines = _dataset(plan_bin, cp)
+    assert {line["strategy"] for line in lines} == set(STRATEGIES)
+    for line in lines:
+        for layout in (False, True):
+            remote = client.plan(line["docs"], cp, line["strategy"], include_layout=layout)
+            local = flashcp.plan(line["docs"], cp, line["strategy"], include_layout=layout)
+            assert local.metrics.planning_seconds > 0
+            assert _bytes_without_time(local) == _bytes_without_time(remote)
+        view = flashcp.plan_view(local)
+        assert view == flashcp.plan_view(line), line["strategy"]
+
+
+def test_in_process_options_and_ilp_match_the_service(planner_address):
+    client = flashcp.Client(planner_address, options=CLIENT_OPTIONS)
+    for kwargs in ({"target_imbalance": 1.3}, {"heads": 8, "head_dim": 64, "dtype_bytes": 4}):
+        remote = client.plan([300, 5, 1, 77, 1000], 4, "flashcp", **kwargs)
+        local = flashcp.plan([300, 5, 1, 77, 1000], 4, "flashcp", **kwargs)
+        assert _bytes_without_time(local) == _bytes_without_time(remote)
+    req = flashcp.Client.request([500, 40, 3], 2, "flashcp")
+    req.min_shard_tokens = -1
+    remote = client._get_stub().Plan(req, timeout=30)
+    assert _bytes_without_time(flashcp.plan([500, 40, 3], 2, "flashcp", min_shard_tokens=-1)) \
+        == _bytes_without_time(remote)
+    remote = client.plan([64, 32, 16], 2, "ilp")
+    assert flashcp.plan_view(flashcp.plan([64, 32, 16], 2, "ilp")).shards == \
+        flashcp.plan_view(remote).shards
+
+
+@pytest.mark.parametrize("args, field", [
+    (([], 2), "doc_lens"),
+    (([5, 0], 2), "doc_lens[1]"),
+    (([1], 2), "cp_size"),
+    (([5, 5], 2, "nope"), "strategy"),
+])
+def test_in_process_errors_match_the_service(planner_address, args, field):
+    with pytest.raises(grpc.RpcError) as remote:
+        flashcp.Client(planner_address, options=CLIENT_OPTIONS).plan(*args)
+    with pytest.raises(flashcp.PlanError) as local:
+        flashcp.plan(*args)
+    assert local.value.code == remote.value.code().name == "INVALID_ARGUMENT"
+    assert str(local.value) == f"INVALID_ARGUMENT: {remote.value.details()}"
+    assert remote.value.details().startswith(field)
+
+
+def test_plan_view_rejects_what_is_not_a_plan():
+    with pytest.raises(ValueError, match="expected a PlanResponse"):
+        flashcp.plan_view(42)
+    with pytest.raises(ValueError, match="missing or bad 'shards'"):
+        flashcp.plan_view({"cp_size": 2, "docs": [3], "padding": 1})
+    err = flashcp.planner_pb2.PlanResponse()
+    err.error.code = 3
+    err.error.message = "doc_lens: empty"
+    with pytest.raises(ValueError, match="carries an error .code 3.: doc_lens: empty"):
+        flashcp.plan_view(err)
+
+
+def test_client_options_override_the_defaults():
+    # A listener that never speaks HTTP/2: the call fails when the connect
+    # attempt times out, which grpc.min_reconnect_backoff_ms sets (the
+    # Client's default 100 ms unless the caller's value comes first).
+    import socket
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        client = flashcp.Client(address, timeout=20, options=CLIENT_OPTIONS)
+        t = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            client.plan([5], 1)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - t >= 4.5
