@@ -44,5 +44,6 @@ CLIENT_OPTIONS = (("grpc.min_reconnect_backoff_ms", 5000),)
 
 @pytest.fixture(scope="session")
 def planner_address(planner_bin):
-    with flashcp.planner_process.start(planner_bin) as address:
+    # --allow_ilp: test_plan compares the in-process ILP with the service's.
+    with flashcp.planner_process.start(planner_bin, ["--allow_ilp"]) as address:
         yield address

@@ -8,7 +8,8 @@ import pytest
 import flashcp
 from conftest import CLIENT_OPTIONS
 
-STRATEGIES = ["llama3", "per_doc", "ring", "zigzag", "whole_doc", "flashcp_paper", "flashcp"]
+STRATEGIES = ["llama3", "per_doc", "ring", "zigzag", "whole_doc", "flashcp_paper", "flashcp",
+              "magi"]
 
 
 def _dataset(plan_bin, cp):
