@@ -74,6 +74,7 @@ if [[ -n ${FLASHCP_GPU_BIN:-} ]]; then
 elif [[ -f .prefix/cudnn-frontend/include/cudnn_frontend.h ]] &&
    run_stage configure 60 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
      -DFLASHCP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHCP_WERROR=OFF \
+     -DFLASHCP_PYTHON="$(command -v python3)" \
      -DCMAKE_LIBRARY_PATH="${PYLIBS//:/;}" > "$OUT/configure.log" 2>&1 &&
    run_stage build 240 cmake --build "$BUILD_DIR" -j "$(nproc)" --target flashcp-gpu-bench \
      worker_cuda_attention_test worker_cuda_communicator_test worker_cuda_cp_step_test; then
@@ -129,6 +130,28 @@ run_gtest() {
 }
 run_gtest worker_cuda_communicator_test 90
 run_gtest worker_cuda_rank_backend_test 90
+# flashcp.torch's CUDA path (client/python/tests_torch/test_cuda.py: the
+# native module's cuDNN shard attention and attention() on one rank, against
+# the CPU path), on the image's python3 and PyTorch: only with a build here
+# (the carried build has no native module) and where python3 has pybind11,
+# pytest and what `import flashcp` needs (grpcio and flashcp_client's
+# generated stubs, which pip's build of client/python writes). Its output goes
+# to gtests.log (the device tool returns 8 files).
+if [[ $BIN == "$BUILD_DIR/bin" ]] && PYTHONPATH="$ROOT/client/python" \
+     python3 -c 'import pybind11, pytest, flashcp' 2>/dev/null; then
+  if run_stage build-native 180 cmake --build "$BUILD_DIR" -j "$(nproc)" --target _flashcp_native \
+       >> "$OUT/gtests.log" 2>&1; then
+    LD_LIBRARY_PATH=$PY_LD_LIBRARY_PATH PYTHONPATH="$ROOT/client/python:$BUILD_DIR/python" \
+      run_stage torch_cuda 180 python3 -m pytest -p no:cacheprovider -q -m gpu -rs \
+      "$ROOT/client/python/tests_torch/test_cuda.py" >> "$OUT/gtests.log" 2>&1 ||
+      { FAILED=1; tail -30 "$OUT/gtests.log"; }
+  else
+    FAILED=1
+    tail -30 "$OUT/gtests.log"
+  fi
+else
+  say "torch_cuda: skipped (needs a build here and python3 with pybind11, pytest, flashcp importable)"
+fi
 
 # ---- 3. Kernel timing, ours and PyTorch's on the same shapes ------------------
 run_stage kernels 100 "$BENCH" --mode=kernels --heads=32 --json_out="$RESULTS" \

@@ -2,11 +2,12 @@
 // Thin adapters only: planning is planner_service::PlanBatch (what the
 // service runs), the exchange layout is worker::BuildGpuRankPlan (the GPU
 // step's layout, from core::BuildCommLayout), the attention is the CPU
-// kernels of worker/attention_cpu.h. Tensors cross as (address, element
-// count) pairs that the Python side takes from contiguous CPU torch tensors;
-// every count is checked here against what the layout needs before a kernel
-// touches memory. Errors: ValueError for InvalidArgument, RuntimeError
-// naming the status code otherwise.
+// kernels of worker/attention_cpu.h, or on CUDA tensors the project's cuDNN
+// path (cuda_backend.h). Tensors cross as (address, element count) pairs that
+// the Python side takes from contiguous torch tensors; every count is checked
+// here against what the layout needs before a kernel touches memory. Errors:
+// ValueError for InvalidArgument, NotImplementedError for Unimplemented (a
+// build without CUDA), RuntimeError naming the status code otherwise.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -19,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/python/native/cuda_backend.h"
 #include "core/analysis.h"
 #include "core/types.h"
 #include "flashcp/v1/planner.pb.h"
@@ -38,6 +40,10 @@ namespace {
 [[noreturn]] void Raise(const absl::Status& status) {
   if (status.code() == absl::StatusCode::kInvalidArgument) {
     throw py::value_error(std::string(status.message()));
+  }
+  if (status.code() == absl::StatusCode::kUnimplemented) {
+    PyErr_SetString(PyExc_NotImplementedError, std::string(status.message()).c_str());
+    throw py::error_already_set();
   }
   throw std::runtime_error(absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
                                         status.message()));
@@ -302,6 +308,89 @@ class CpuAttention {
   std::vector<Prefixed> prefix_;
 };
 
+// One rank's shard attention on the CUDA path (cuda_backend.h): bf16 device
+// buffers, the layout's two shard groups as in CpuAttention, KV heads as they
+// are (cuDNN's GQA), the caller's stream per call.
+class CudaAttention {
+ public:
+  CudaAttention(const RankLayout& layout, int32_t heads_q, int32_t heads_kv, int32_t head_dim,
+                float scale, uintptr_t stream) {
+    const worker::GpuRankPlan& p = layout.rank_plan();
+    rows_ = p.local_rows;
+    stage_rows_ = static_cast<int64_t>(p.stage_src.size());
+    q_row_ = int64_t{heads_q} * head_dim;
+    kv_row_ = int64_t{heads_kv} * head_dim;
+    heads_q_ = heads_q;
+    absl::StatusOr<std::unique_ptr<CudaShardAttention>> a;
+    {
+      py::gil_scoped_release release;
+      a = MakeCudaShardAttention(p, heads_q, heads_kv, head_dim, scale, stream);
+    }
+    impl_ = ValueOrRaise(std::move(a));
+  }
+
+  int64_t stage_rows() const { return stage_rows_; }
+  std::string fallback_reason() const { return impl_->fallback_reason(); }
+
+  void Forward(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse, uintptr_t stream) {
+    CudaShardBuffers b;
+    b.q = Q("q", q);
+    b.k = Kv("k", k, rows_);
+    b.v = Kv("v", v, rows_);
+    b.k_stage = Kv("k_stage", ks, stage_rows_);
+    b.v_stage = Kv("v_stage", vs, stage_rows_);
+    b.out = Q("o", o);
+    b.lse = Check("lse", lse, rows_ * heads_q_);
+    Run([&] { return impl_->Forward(b, stream); });
+  }
+
+  // As CpuAttention::Backward: the caller zero-fills dk, dv, dk_stage, dv_stage.
+  void Backward(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse, Buf dout, Buf dq, Buf dk,
+                Buf dv, Buf dks, Buf dvs, uintptr_t stream) {
+    CudaShardBuffers b;
+    b.q = Q("q", q);
+    b.k = Kv("k", k, rows_);
+    b.v = Kv("v", v, rows_);
+    b.k_stage = Kv("k_stage", ks, stage_rows_);
+    b.v_stage = Kv("v_stage", vs, stage_rows_);
+    b.out = Q("o", o);
+    b.lse = Check("lse", lse, rows_ * heads_q_);
+    b.dout = Q("dout", dout);
+    b.dq = Q("dq", dq);
+    b.dk = Kv("dk", dk, rows_);
+    b.dv = Kv("dv", dv, rows_);
+    b.dk_stage = Kv("dk_stage", dks, stage_rows_);
+    b.dv_stage = Kv("dv_stage", dvs, stage_rows_);
+    Run([&] { return impl_->Backward(b, stream); });
+  }
+
+ private:
+  template <typename F>
+  static void Run(F&& call) {
+    absl::Status st;
+    {
+      py::gil_scoped_release release;  // a graph's first call builds it (cuDNN: up to seconds)
+      st = call();
+    }
+    if (!st.ok()) Raise(st);
+  }
+  static uintptr_t Check(const char* name, Buf b, int64_t want) {
+    if (b.second != want || (want > 0 && b.first == 0)) {
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat(name, ": ", b.second, " elements, expected ", want)));
+    }
+    return b.first;
+  }
+  uintptr_t Q(const char* name, Buf b) const { return Check(name, b, rows_ * q_row_); }
+  uintptr_t Kv(const char* name, Buf b, int64_t rows) const {
+    return Check(name, b, rows * kv_row_);
+  }
+
+  std::unique_ptr<CudaShardAttention> impl_;
+  int64_t rows_ = 0, stage_rows_ = 0, q_row_ = 0, kv_row_ = 0;
+  int32_t heads_q_ = 0;
+};
+
 }  // namespace
 }  // namespace flashcp::python
 
@@ -340,4 +429,14 @@ PYBIND11_MODULE(_flashcp_native, m) {
       .def_property_readonly("stage_rows", &CpuAttention::stage_rows)
       .def("forward", &CpuAttention::Forward)
       .def("backward", &CpuAttention::Backward);
+  using flashcp::python::CudaAttention;
+  m.attr("cuda_built") = flashcp::python::CudaBackendBuilt();
+  py::class_<CudaAttention>(m, "CudaAttention")
+      .def(py::init<const RankLayout&, int32_t, int32_t, int32_t, float, uintptr_t>(),
+           py::arg("layout"), py::arg("heads_q"), py::arg("heads_kv"), py::arg("head_dim"),
+           py::arg("scale"), py::arg("stream"))
+      .def_property_readonly("stage_rows", &CudaAttention::stage_rows)
+      .def_property_readonly("fallback_reason", &CudaAttention::fallback_reason)
+      .def("forward", &CudaAttention::Forward)
+      .def("backward", &CudaAttention::Backward);
 }

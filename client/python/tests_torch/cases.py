@@ -203,3 +203,26 @@ def subgroup_case(rank, n, spec):
                        zip([o.detach(), ql.grad, kl.grad, vl.grad], want)]
     out["undispatch"] = torch.equal(ft.undispatch(ft.dispatch(q, ctx), ctx), q)
     return out
+
+
+def cuda_attention_case(rank, n, spec):
+    """attention() on cuda:0 (bf16, the cuDNN path) against the CPU path in
+    fp32 on the same bf16 values, one scheme: max abs errors of O, dQ, dK,
+    dV and the reference's max abs of each; plus what fp32 CUDA inputs raise."""
+    doc_lens = spec["doc_lens"]
+    hq, hkv, d = spec["hq"], spec["hkv"], spec["d"]
+    plan = flashcp.plan(doc_lens, n, spec["strategy"], min_shard_tokens=spec.get("min_shard", -1))
+    ctx = ft.CpContext(plan, rank, doc_lens=doc_lens)
+    q, k, v, dout = (ft.dispatch(t, ctx) for t in
+                     global_inputs(sum(doc_lens), hq, hkv, d, spec.get("seed", 1), torch.bfloat16))
+    runs = {}
+    for dev, dtype in (("cpu", torch.float32), ("cuda", torch.bfloat16)):
+        ql, kl, vl = (t.to(dev, dtype).requires_grad_() for t in (q, k, v))
+        o = ft.attention(ql, kl, vl, ctx, scheme=spec["scheme"])
+        o.backward(dout.to(dev, dtype))
+        runs[dev] = [t.detach().float().cpu() for t in (o, ql.grad, kl.grad, vl.grad)]
+    err = [float((a - b).abs().max()) for a, b in zip(runs["cuda"], runs["cpu"])]
+    ref = [float(b.abs().max()) for b in runs["cpu"]]
+    qc = q.float().cuda()
+    return {"err": err, "ref": ref,
+            "fp32": _raises(lambda: ft.attention(qc, k.float().cuda(), v.float().cuda(), ctx))}

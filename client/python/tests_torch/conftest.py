@@ -10,6 +10,10 @@ import flashcp.planner_process
 sys.path.insert(0, os.path.dirname(__file__))  # harness, cases: importable by the ranks
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
+
+
 def pytest_addoption(parser):
     parser.addoption("--planner-bin", default=os.environ.get("FLASHCP_PLANNER_BIN", ""),
                      help="path to the flashcp-planner binary")

@@ -44,9 +44,7 @@ def test_bad_inputs_raise_precise_errors_without_collectives():
                                    "torch.bfloat16"),
             "mixed_dtype": ("TypeError", "k: dtype torch.bfloat16 but q is torch.float32"),
             "device": ("ValueError", "k: on meta but q is on cpu"),
-            "q_device": ("NotImplementedError", "q: on meta; the CUDA path (the project's cuDNN "
-                         "kernels through the binding) is not built yet: attention runs on CPU "
-                         "tensors"),
+            "q_device": ("ValueError", "q: on meta; expected a CPU or CUDA tensor"),
             "non_contiguous": ("ValueError", f"q: not contiguous (strides (16, {rows * 16}, 1)); "
                                              "call .contiguous()"),
             "gqa": ("ValueError", "heads: q has 3, k and v 2; q's must be a multiple (GQA)"),

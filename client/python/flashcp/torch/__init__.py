@@ -13,7 +13,8 @@ The exchange layout is the C++ one (worker/cp_layout.h, the GPU step's),
 through the native module; the exchange runs on the caller's process group
 with torch.distributed collectives; the local attention on CPU is the
 project's kernels (worker/attention_cpu.h), fp32 (bf16 inputs are computed
-in fp32 and returned in bf16).
+in fp32 and returned in bf16); on CUDA it is the project's cuDNN path
+(worker/cuda/shard_attention.h), bf16 only.
 """
 from flashcp.torch._attention import attention
 from flashcp.torch._context import CpContext, ExchangeError, dispatch, undispatch

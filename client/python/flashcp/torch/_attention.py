@@ -4,7 +4,9 @@ Forward: pack the K|V rows this rank sends (the native layout's pack_rows),
 exchange them (targeted: isend/irecv with exactly the ranks that need
 them; allgather / full_kv: one all_gather_into_tensor of equal blocks),
 stage every prefixed shard's keys [prefix pieces, own rows] (stage_src),
-then the CPU kernels attend each shard to its prefix plus itself. Backward,
+then the kernels attend each shard to its prefix plus itself: on CPU the
+project's CPU kernels (fp32), on CUDA the project's cuDNN path (bf16,
+worker/cuda/shard_attention.h through the binding's CUDA hook). Backward,
 through autograd: the kernels' dQ, dK, dV; the staging's gradients
 index-added back onto local rows and the receive buffer; the receive
 buffer's gradients returned to their owners by the mirror exchange.
@@ -131,6 +133,35 @@ class _LocalAttention(torch.autograd.Function):
         return dq, dk, dv, dks, dvs, None
 
 
+class _CudaLocalAttention(torch.autograd.Function):
+    """The cuDNN path over the same two shard groups: bf16 CUDA tensors,
+    contiguous, KV heads as they are (GQA inside cuDNN), on the current
+    stream of q's device."""
+
+    @staticmethod
+    def forward(fctx, q, k, v, ks, vs, kernel):
+        with torch.cuda.device(q.device):
+            o = torch.zeros_like(q)
+            lse = torch.zeros(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+            kernel.forward(_buf(q), _buf(k), _buf(v), _buf(ks), _buf(vs), _buf(o), _buf(lse),
+                           torch.cuda.current_stream(q.device).cuda_stream)
+        fctx.kernel = kernel
+        fctx.save_for_backward(q, k, v, ks, vs, o, lse)
+        return o
+
+    @staticmethod
+    def backward(fctx, dout):
+        q, k, v, ks, vs, o, lse = fctx.saved_tensors
+        with torch.cuda.device(q.device):
+            dout = dout.to(q.dtype).contiguous()
+            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+            dks, dvs = torch.zeros_like(ks), torch.zeros_like(vs)
+            fctx.kernel.backward(_buf(q), _buf(k), _buf(v), _buf(ks), _buf(vs), _buf(o),
+                                 _buf(lse), _buf(dout), _buf(dq), _buf(dk), _buf(dv), _buf(dks),
+                                 _buf(dvs), torch.cuda.current_stream(q.device).cuda_stream)
+        return dq, dk, dv, dks, dvs, None
+
+
 def _buf(t: torch.Tensor):
     return (t.data_ptr(), t.numel())
 
@@ -159,8 +190,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     """Document-masked causal attention of this rank's tokens over the plan.
 
     q [C/N, Hq, D], k and v [C/N, Hkv, D] (Hq a multiple of Hkv: GQA),
-    float32 or bfloat16, contiguous, on the CPU; returns [C/N, Hq, D] in q's
-    dtype (the padding row's output is 0). scheme: "targeted" (only the KV
+    contiguous; on the CPU float32 or bfloat16 (computed in float32), on a
+    CUDA device bfloat16 only (cuDNN; float32 CUDA tensors are refused, not
+    converted); returns [C/N, Hq, D] in q's dtype (the padding row's output
+    is 0). scheme: "targeted" (only the KV
     some rank needs, point to point), "allgather" (compacted non-last
     shards, all-gathered) or "full_kv" (the baseline). softmax_scale:
     default 1/sqrt(D). Every rank of ctx.group calls it, forward and backward.
@@ -179,24 +212,36 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
         raise ValueError(f"k: head_dim {k.shape[2]} but q's is {d}")
     if hq % hkv:
         raise ValueError(f"heads: q has {hq}, k and v {hkv}; q's must be a multiple (GQA)")
-    if q.device.type != "cpu":
-        raise NotImplementedError(
-            f"q: on {q.device}; the CUDA path (the project's cuDNN kernels through the "
-            "binding) is not built yet: attention runs on CPU tensors")
+    if q.device.type == "cuda":
+        if q.dtype != torch.bfloat16:
+            raise TypeError(
+                f"q: dtype {q.dtype} on {q.device}; the CUDA path computes in bfloat16 "
+                "(cuDNN) and does not convert: pass bfloat16 tensors (q.bfloat16()), or CPU "
+                "tensors for float32")
+    elif q.device.type != "cpu":
+        raise ValueError(f"q: on {q.device}; expected a CPU or CUDA tensor")
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if not scale > 0 or not math.isfinite(scale):
         raise ValueError(f"softmax_scale: {softmax_scale!r}; must be positive and finite")
     lay = ctx.layout(scheme)
-    kernel = ctx.kernel(scheme, hq, d, scale)
+    on_cuda = q.device.type == "cuda"
+    if on_cuda:
+        with torch.cuda.device(q.device):
+            kernel = ctx.cuda_kernel(scheme, hq, hkv, d, scale, q.device)
+    else:
+        kernel = ctx.kernel(scheme, hq, d, scale)
     dtype = q.dtype
+    pack_index, stage_index = lay.indices(q.device)
 
     # [K | V] per row, as the layout counts rows (one row: all KV heads).
     kv = torch.cat([k, v], dim=1)
     src = torch.cat([kv, kv.new_zeros((1,) + tuple(kv.shape[1:]))]) if lay.pads else kv
-    pack = src.index_select(0, lay.pack_index)
+    pack = src.index_select(0, pack_index)
     recv = _Exchange.apply(pack, ctx, lay)
-    stage = torch.cat([kv, recv]).index_select(0, lay.stage_index)
+    stage = torch.cat([kv, recv]).index_select(0, stage_index)
     ks, vs = stage[:, :hkv], stage[:, hkv:]
+    if on_cuda:
+        return _CudaLocalAttention.apply(q, k, v, ks.contiguous(), vs.contiguous(), kernel)
     kl, vl = k, v
     if hq != hkv:
         g = hq // hkv

@@ -43,6 +43,18 @@ class SchemeLayout:
         self.pack_index = torch.where(no_row, torch.full_like(raw, rows), raw)
         st = _int64(lay.stage_src)  # >= 0: local row; < 0: received row -1 - x
         self.stage_index = torch.where(st >= 0, st, rows + (-1 - st))
+        self._on: Dict[Any, Tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def indices(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(pack_index, stage_index) on `device` (the CPU tensors on CPU;
+        copies made once per CUDA device)."""
+        if device.type == "cpu":
+            return self.pack_index, self.stage_index
+        got = self._on.get(device)
+        if got is None:
+            got = (self.pack_index.to(device), self.stage_index.to(device))
+            self._on[device] = got
+        return got
 
 
 class CpContext:
@@ -135,6 +147,18 @@ class CpContext:
         if k is None:
             k = native().CpuAttention(self.layout(scheme).native, heads, head_dim,
                                       float(scale), self.threads)
+            self._kernels[key] = k
+        return k
+
+    def cuda_kernel(self, scheme: str, heads_q: int, heads_kv: int, head_dim: int,
+                    scale: float, device: torch.device):
+        """The native CUDA attention (cuDNN, bf16) of this rank's shards on
+        `device` (cached; call with `device` current)."""
+        key = ("cuda", device, scheme, heads_q, heads_kv, head_dim, float(scale))
+        k = self._kernels.get(key)
+        if k is None:
+            k = native().CudaAttention(self.layout(scheme).native, heads_q, heads_kv, head_dim,
+                                       float(scale), torch.cuda.current_stream(device).cuda_stream)
             self._kernels[key] = k
         return k
 

@@ -1,0 +1,16 @@
+// The CUDA hook of a build without the CUDA backend (no nvcc, FLASHCP_CUDA=OFF
+// or no cuDNN frontend): every call says so.
+#include "client/python/native/cuda_backend.h"
+
+namespace flashcp::python {
+
+bool CudaBackendBuilt() { return false; }
+
+absl::StatusOr<std::unique_ptr<CudaShardAttention>> MakeCudaShardAttention(
+    const worker::GpuRankPlan&, int32_t, int32_t, int32_t, float, uintptr_t) {
+  return absl::UnimplementedError(
+      "this flashcp build has no CUDA backend (CMake found no nvcc or cuDNN frontend, or "
+      "FLASHCP_CUDA=OFF): rebuild with CUDA, or pass CPU tensors");
+}
+
+}  // namespace flashcp::python

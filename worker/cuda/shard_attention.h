@@ -1,0 +1,100 @@
+// One rank's CP shard attention on cuDNN, over caller-owned device buffers:
+// the host API the flashcp Python binding calls (client/python/native). The
+// header names no CUDA type (pointers and the stream cross as void*) so that
+// a binding compiled without CUDA headers can hold the declarations; only
+// builds with the CUDA backend (FLASHCP_HAVE_CUDA) compile and link it.
+//
+// The shards are a worker::GpuRankPlan's two groups: whole shards (queries
+// and keys at the same local rows of q / k, v) and prefixed shards (queries
+// at local rows of q, keys staged contiguously per shard in k_stage, v_stage:
+// [document prefix, own rows], in layout order), as attention.h's varlen
+// batches with the bottom-right causal mask. Layouts (row-major, bf16 unless
+// noted; heads_q a multiple of heads_kv, GQA native):
+//   q, out, dout, dq        [q_rows, heads_q, head_dim]
+//   k, v, dk, dv            [q_rows, heads_kv, head_dim]
+//   k_stage, v_stage, dk_stage, dv_stage  [stage_rows, heads_kv, head_dim]
+//   lse                     [q_rows, heads_q] fp32 (natural log, scaled scores)
+// Rows no shard names (a padding row) are left as the caller gave them.
+#ifndef FLASHCP_WORKER_CUDA_SHARD_ATTENTION_H_
+#define FLASHCP_WORKER_CUDA_SHARD_ATTENTION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace flashcp::worker::cuda {
+
+struct ShardAttentionSpec {
+  int32_t heads_q = 0;
+  int32_t heads_kv = 0;
+  int32_t head_dim = 0;
+  float scale = 0.0f;      // softmax scale, > 0
+  int64_t q_rows = 0;      // local rows (C/N)
+  int64_t stage_rows = 0;  // rows of the staged KV (sum of prefix_kv_len)
+  std::vector<int64_t> whole_start;
+  std::vector<int32_t> whole_len;
+  std::vector<int64_t> prefix_q_start;
+  std::vector<int32_t> prefix_q_len;
+  std::vector<int32_t> prefix_kv_len;
+};
+
+struct ShardForwardBuffers {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* k_stage = nullptr;
+  const void* v_stage = nullptr;
+  void* out = nullptr;
+  void* lse = nullptr;
+};
+
+struct ShardBackwardBuffers {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* k_stage = nullptr;
+  const void* v_stage = nullptr;
+  const void* out = nullptr;
+  const void* dout = nullptr;
+  const void* lse = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;        // whole shards' key gradients
+  void* dv = nullptr;
+  void* dk_stage = nullptr;  // prefixed shards' staged-key gradients
+  void* dv_stage = nullptr;
+};
+
+class ShardAttention {
+ public:
+  // On the calling thread's current CUDA device. InvalidArgument for a bad
+  // shape or shard list (a shard outside q_rows or stage_rows, overlapping
+  // shards); FailedPrecondition where no device or cuDNN handle is usable.
+  // `stream` (a cudaStream_t) carries the uploads of the shard tables, which
+  // Create waits for.
+  static absl::StatusOr<std::unique_ptr<ShardAttention>> Create(const ShardAttentionSpec& spec,
+                                                                void* stream);
+  ~ShardAttention();
+
+  // Asynchronous on `stream` (a cudaStream_t); the buffers must stay alive
+  // until the stream passes them.
+  absl::Status Forward(const ShardForwardBuffers& b, void* stream);
+  absl::Status Backward(const ShardBackwardBuffers& b, void* stream);
+
+  // Empty while every call ran on cuDNN; else why cuDNN's graph was rejected
+  // and the plain kernels ran instead (cudnn_attention.h).
+  std::string fallback_reason() const;
+
+  class Impl;
+
+ private:
+  explicit ShardAttention(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flashcp::worker::cuda
+
+#endif  // FLASHCP_WORKER_CUDA_SHARD_ATTENTION_H_
