@@ -152,24 +152,9 @@ std::string CodeName(const grpc::Status& s) {
 
 // A unary call of `bytes` as they are to `method`.
 grpc::Status RawUnary(grpc::GenericStub& stub, const std::string& method, const std::string& bytes) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-  grpc::CompletionQueue cq;
   grpc::Slice slice(bytes);
-  const grpc::ByteBuffer request(&slice, 1);
-  auto call = stub.PrepareUnaryCall(&context, method, request, &cq);
-  call->StartCall();
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  int tag = 0;
-  call->Finish(&response, &status, &tag);
-  void* got = nullptr;
-  bool ok = false;
-  cq.Next(&got, &ok);
-  cq.Shutdown();
-  while (cq.Next(&got, &ok)) {
-  }
-  return status;
+  return tt::RawUnaryCall(stub, method, grpc::ByteBuffer(&slice, 1),
+                          absl::Now() + absl::Seconds(30));
 }
 
 // A channel with its own connection (gRPC shares one between channels to a

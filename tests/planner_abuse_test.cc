@@ -194,25 +194,9 @@ TEST(PlannerAbuseTest, TwoSilentConnectionsDoNotStopAScrape) {
 // A unary Plan call whose request is `bytes` as they are; its status.
 absl::Status RawPlan(std::shared_ptr<grpc::Channel> channel, const std::string& bytes) {
   grpc::GenericStub stub(std::move(channel));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(Deadline()));
-  grpc::CompletionQueue cq;
   grpc::Slice slice(bytes);
-  const grpc::ByteBuffer request(&slice, 1);
-  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
-      stub.PrepareUnaryCall(&context, "/flashcp.v1.Planner/Plan", request, &cq);
-  call->StartCall();
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  int tag = 0;
-  call->Finish(&response, &status, &tag);
-  void* got = nullptr;
-  bool ok = false;
-  if (!cq.Next(&got, &ok)) return absl::InternalError("completion queue shut down");
-  cq.Shutdown();
-  while (cq.Next(&got, &ok)) {
-  }
-  return proto::FromGrpcStatus(status);
+  return proto::FromGrpcStatus(tests::testing::RawUnaryCall(
+      stub, "/flashcp.v1.Planner/Plan", grpc::ByteBuffer(&slice, 1), Deadline()));
 }
 
 // Issue 12 item 14: protobuf logs an ERROR line for each message with invalid

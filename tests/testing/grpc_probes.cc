@@ -67,6 +67,31 @@ absl::StatusOr<HealthStatus> ParseHealth(const grpc::ByteBuffer& buffer) {
 
 }  // namespace
 
+grpc::Status RawUnaryCall(grpc::GenericStub& stub, const std::string& method,
+                          const grpc::ByteBuffer& request, absl::Time deadline,
+                          grpc::ByteBuffer* response) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      stub.PrepareUnaryCall(&context, method, request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer answer;
+  grpc::Status status;
+  int tag = 0;
+  call->Finish(&answer, &status, &tag);
+  void* got = nullptr;
+  bool ok = false;
+  if (!cq.Next(&got, &ok)) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "completion queue shut down");
+  }
+  cq.Shutdown();
+  while (cq.Next(&got, &ok)) {
+  }
+  if (response != nullptr) *response = std::move(answer);
+  return status;
+}
+
 const char* HealthStatusName(HealthStatus s) {
   switch (s) {
     case HealthStatus::kUnknown:
@@ -84,24 +109,10 @@ const char* HealthStatusName(HealthStatus s) {
 absl::StatusOr<HealthStatus> CheckHealth(std::shared_ptr<grpc::Channel> channel, const std::string& service,
                                          absl::Time deadline) {
   grpc::GenericStub stub(std::move(channel));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
-  grpc::CompletionQueue cq;
   // HealthCheckRequest { string service = 1; }
   const grpc::ByteBuffer request = ToBuffer(service.empty() ? "" : LengthDelimited(1, service));
-  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
-      stub.PrepareUnaryCall(&context, kHealthCheck, request, &cq);
-  call->StartCall();
   grpc::ByteBuffer response;
-  grpc::Status status;
-  int tag = 0;
-  call->Finish(&response, &status, &tag);
-  void* got = nullptr;
-  bool ok = false;
-  if (!cq.Next(&got, &ok)) return absl::InternalError("completion queue shut down");
-  cq.Shutdown();
-  while (cq.Next(&got, &ok)) {
-  }
+  const grpc::Status status = RawUnaryCall(stub, kHealthCheck, request, deadline, &response);
   if (!status.ok()) return proto::FromGrpcStatus(status);
   return ParseHealth(response);
 }

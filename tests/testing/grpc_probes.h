@@ -17,6 +17,13 @@
 
 namespace flashcp::tests::testing {
 
+// A unary call of `request` as it is (no serialization) to `method`
+// ("/package.Service/Method"), waiting until `deadline`; the call's status,
+// and the answer's bytes in `response` when it is non-null.
+grpc::Status RawUnaryCall(grpc::GenericStub& stub, const std::string& method,
+                          const grpc::ByteBuffer& request, absl::Time deadline,
+                          grpc::ByteBuffer* response = nullptr);
+
 // grpc.health.v1.HealthCheckResponse.ServingStatus.
 enum class HealthStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
 const char* HealthStatusName(HealthStatus s);

@@ -4,13 +4,12 @@ TLS tests, openssl makes a CA, a localhost server certificate, a client
 certificate and an unrelated CA at test time (as tests/testing/tls_certs.cc
 does for the C++ tests)."""
 import os
-import select
-import signal
 import subprocess
-import time
 from types import SimpleNamespace
 
 import pytest
+
+import flashcp.planner_process
 
 STARTUP_TIMEOUT_S = 60.0
 
@@ -20,43 +19,14 @@ def pytest_addoption(parser):
                      help="path to the flashcp-planner binary")
 
 
-def _read_listening_line(proc: subprocess.Popen, deadline: float) -> str:
-    buf = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        chunk = os.read(proc.stdout.fileno(), 4096)
-        if not chunk:
-            raise RuntimeError(f"flashcp-planner exited before listening (code {proc.wait()})")
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            if line.startswith(b"LISTENING "):
-                return line.decode()
-    raise RuntimeError("flashcp-planner did not print its LISTENING line in time")
-
-
 def _run_planner(request, extra_args):
     """Yields the grpc HOST:PORT of a planner started with extra_args."""
     binary = request.config.getoption("--planner-bin")
     if not binary or not os.access(binary, os.X_OK):
         pytest.fail(f"--planner-bin {binary!r} is not an executable flashcp-planner")
-    proc = subprocess.Popen([binary, "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
-                             *extra_args],
-                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    try:
-        line = _read_listening_line(proc, time.monotonic() + STARTUP_TIMEOUT_S)
-        # LISTENING grpc=HOST:PORT metrics=HOST:PORT
-        fields = dict(part.split("=", 1) for part in line.split()[1:])
-        yield fields["grpc"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with flashcp.planner_process.start(binary, extra_args,
+                                       startup_timeout=STARTUP_TIMEOUT_S) as address:
+        yield address
 
 
 @pytest.fixture(scope="session")
