@@ -269,6 +269,9 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const Server
                              ChannelArgMs(options.max_connection_age));
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
                              ChannelArgMs(options.max_connection_age_grace));
+  // gRPC sets SO_REUSEPORT by default: a second planner on a port in use
+  // would start and take half its connections (splitting rendezvous groups).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   grpc::ResourceQuota quota("flashcp-planner");
   quota.SetMaxThreads(options.grpc_max_threads);
   builder.SetResourceQuota(quota);

@@ -471,6 +471,20 @@ TEST(PlannerServiceTest, AStrayPositionalArgumentIsRefused) {
                              "flashcp-planner: unexpected argument \"50051\"; every option is a --flag"));
 }
 
+// gRPC's default SO_REUSEPORT let a second planner start on a port in use and
+// share its connections (issue 15); it must refuse to start instead.
+TEST(PlannerServiceTest, ASecondPlannerOnAPortInUseRefusesToStart) {
+  std::unique_ptr<PlannerProcess> first = StartPlanner();
+  const std::string address = first->grpc_address();
+  absl::StatusOr<tests::testing::CommandResult> r = tests::testing::RunCommand(
+      {FLASHCP_PLANNER_BIN, "--listen", address, "--metrics", ""}, "", Deadline());
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->exit_code, 1);
+  EXPECT_THAT(r->output, ::testing::HasSubstr(absl::StrCat(
+                             "--listen: cannot listen on ", address, " (address in use?)")));
+  EXPECT_THAT(first->Terminate(), IsOkAndHolds(0));
+}
+
 TEST(PlannerServiceTest, ReflectionListsThePlanner) {
   std::unique_ptr<PlannerProcess> p = StartPlanner();
   ASSERT_NE(p, nullptr);
