@@ -224,14 +224,15 @@ void RendezvousState::ReleaseCreator(Group& g) {
   g.creator.clear();
 }
 
-absl::Status RendezvousState::RoomForMember(absl::string_view name, int64_t group_bytes) const {
-  if (group_bytes + kMemberOverheadBytes > kMaxBytesPerGroup) {
+absl::Status RendezvousState::RoomFor(absl::string_view name, int64_t group_bytes,
+                                      int64_t growth) const {
+  if (group_bytes + growth > kMaxBytesPerGroup) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "group ", Quoted(name), ": entries and members would exceed ", kMaxBytesPerGroup,
         " bytes (an entry counts key + value + ", kEntryOverheadBytes, " bytes, a member ",
         kMemberOverheadBytes, ")"));
   }
-  if (total_bytes_ + kMemberOverheadBytes > options_.max_total_bytes) {
+  if (total_bytes_ + growth > options_.max_total_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "group ", Quoted(name), ": the entries and members of all groups would exceed ",
         options_.max_total_bytes, " bytes (--rendezvous_max_bytes; an entry counts key + value + ",
@@ -277,7 +278,7 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
             "group ", Quoted(group_name), ": peer ", Quoted(caller.peer), " already created ",
             u->second.groups, " groups that still exist (--rendezvous_max_groups_per_peer)"));
       }
-      FLASHCP_RETURN_IF_ERROR(RoomForMember(group_name, 0));
+      FLASHCP_RETURN_IF_ERROR(RoomFor(group_name, 0, kMemberOverheadBytes));
       it = groups_.emplace(std::string(group_name), Group{}).first;
       it->second.world_size = world_size;
       it->second.identity = caller.identity;
@@ -334,7 +335,7 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
       g.rank_of_token[member.token] = rank;
       result = Joined{g.world_size, member.token};
     } else {
-      if (absl::Status room = RoomForMember(group_name, g.bytes); !room.ok()) {
+      if (absl::Status room = RoomFor(group_name, g.bytes, kMemberOverheadBytes); !room.ok()) {
         if (g.members.empty()) EraseGroup(it, absl::OkStatus(), ready);  // no waiters
         return room;
       }
@@ -706,18 +707,7 @@ absl::Status RendezvousState::Set(const Caller& caller, absl::string_view group_
           "group ", Quoted(group_name), ": already ", kMaxKeysPerGroup, " keys"));
     }
     const int64_t growth = EntryBytes(key, value) - old_bytes;
-    if (g.bytes + growth > kMaxBytesPerGroup) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "group ", Quoted(group_name), ": entries and members would exceed ", kMaxBytesPerGroup,
-          " bytes (an entry counts key + value + ", kEntryOverheadBytes, " bytes, a member ",
-          kMemberOverheadBytes, ")"));
-    }
-    if (total_bytes_ + growth > options_.max_total_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "group ", Quoted(group_name), ": the entries and members of all groups would exceed ",
-          options_.max_total_bytes, " bytes (--rendezvous_max_bytes; an entry counts key + value + ",
-          kEntryOverheadBytes, " bytes, a member ", kMemberOverheadBytes, ")"));
-    }
+    FLASHCP_RETURN_IF_ERROR(RoomFor(group_name, g.bytes, growth));
     g.bytes += growth;
     total_bytes_ += growth;
     if (it == g.kv.end()) {

@@ -319,9 +319,10 @@ class RendezvousState {
   // Adds `delta` to `peer`'s usage and forgets a peer with none left.
   void AddUsage(const std::string& peer, int32_t groups, int64_t waiters)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RESOURCE_EXHAUSTED unless one more member fits the group's (bytes
-  // `group_bytes`) and all groups' byte bounds.
-  absl::Status RoomForMember(absl::string_view name, int64_t group_bytes) const
+  // RESOURCE_EXHAUSTED unless `growth` more charged bytes (a member, or an
+  // entry's change) fit the group's (bytes `group_bytes`) and all groups'
+  // byte bounds.
+  absl::Status RoomFor(absl::string_view name, int64_t group_bytes, int64_t growth) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireIdle(absl::Time now, Ready& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TimerShouldWake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
