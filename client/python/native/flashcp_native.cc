@@ -333,28 +333,14 @@ class CudaAttention {
   std::string fallback_reason() const { return impl_->fallback_reason(); }
 
   void Forward(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse, uintptr_t stream) {
-    CudaShardBuffers b;
-    b.q = Q("q", q);
-    b.k = Kv("k", k, rows_);
-    b.v = Kv("v", v, rows_);
-    b.k_stage = Kv("k_stage", ks, stage_rows_);
-    b.v_stage = Kv("v_stage", vs, stage_rows_);
-    b.out = Q("o", o);
-    b.lse = Check("lse", lse, rows_ * heads_q_);
+    const CudaShardBuffers b = Inputs(q, k, v, ks, vs, o, lse);
     Run([&] { return impl_->Forward(b, stream); });
   }
 
   // As CpuAttention::Backward: the caller zero-fills dk, dv, dk_stage, dv_stage.
   void Backward(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse, Buf dout, Buf dq, Buf dk,
                 Buf dv, Buf dks, Buf dvs, uintptr_t stream) {
-    CudaShardBuffers b;
-    b.q = Q("q", q);
-    b.k = Kv("k", k, rows_);
-    b.v = Kv("v", v, rows_);
-    b.k_stage = Kv("k_stage", ks, stage_rows_);
-    b.v_stage = Kv("v_stage", vs, stage_rows_);
-    b.out = Q("o", o);
-    b.lse = Check("lse", lse, rows_ * heads_q_);
+    CudaShardBuffers b = Inputs(q, k, v, ks, vs, o, lse);
     b.dout = Q("dout", dout);
     b.dq = Q("dq", dq);
     b.dk = Kv("dk", dk, rows_);
@@ -365,6 +351,18 @@ class CudaAttention {
   }
 
  private:
+  // Forward's buffers (also Backward's inputs), each checked for its size.
+  CudaShardBuffers Inputs(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse) const {
+    CudaShardBuffers b;
+    b.q = Q("q", q);
+    b.k = Kv("k", k, rows_);
+    b.v = Kv("v", v, rows_);
+    b.k_stage = Kv("k_stage", ks, stage_rows_);
+    b.v_stage = Kv("v_stage", vs, stage_rows_);
+    b.out = Q("o", o);
+    b.lse = Check("lse", lse, rows_ * heads_q_);
+    return b;
+  }
   template <typename F>
   static void Run(F&& call) {
     absl::Status st;
