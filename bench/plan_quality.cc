@@ -302,6 +302,21 @@ int Main(int argc, char** argv) {
                     "--- | --- |\n",
                     std::string(DatasetName(d)).c_str(), static_cast<long long>(context), n);
         for (const Row& r : rows) PrintRow("", r, magi_phase);
+        // What no plan within the target imbalance moves less than, per batch.
+        double bound = 0;
+        for (const Batch& b : batches) {
+          double work = 0;
+          for (int64_t len : b.doc_lens) work += ShardWorkload(0, len);
+          const int64_t per_rank = TokensPerRank(TotalTokens(b.doc_lens), n);
+          bound += static_cast<double>(TargetedPhaseLowerBound(
+                       b, defaults.target_imbalance * work / n)) /
+                   static_cast<double>(per_rank);
+        }
+        bound /= static_cast<double>(std::max<size_t>(1, batches.size()));
+        std::printf("\nlower bound on the targeted phase bottleneck of any plan within imbalance "
+                    "%g (TargetedPhaseLowerBound): %.3f C/N mean, %s magi's\n",
+                    defaults.target_imbalance, bound,
+                    magi_phase > 0 ? absl::StrFormat("%.2fx", bound / magi_phase).c_str() : "-");
         std::fflush(stdout);
       }
     }

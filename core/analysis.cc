@@ -347,6 +347,37 @@ int64_t TargetedPhaseBottleneck(const Plan& plan) {
   return bottleneck;
 }
 
+int64_t TargetedPhaseLowerBound(const Batch& batch, double max_workload) {
+  const int64_t total = TotalTokens(batch.doc_lens);
+  const int64_t floor_tokens = total / batch.cp_size;
+  const int64_t ceil_tokens = TokensPerRank(total, batch.cp_size);
+  int64_t bound = 0;
+  for (int64_t len : batch.doc_lens) {
+    if (len <= 1) continue;
+    // Pairs of the rank holding the last token when it holds a of the
+    // document's tokens: non-decreasing in a >= 1.
+    const auto pairs = [&](int64_t a) {
+      return ShardWorkload(0, a - 1) + static_cast<double>(len) +
+             static_cast<double>(std::max<int64_t>(0, floor_tokens - a));
+    };
+    int64_t lo = 1, hi = std::min(len, ceil_tokens);  // the answer in [lo, hi] once lo fits
+    if (pairs(lo) > max_workload) {
+      bound = std::max(bound, len - 1);
+      continue;
+    }
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (pairs(mid) <= max_workload) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    bound = std::max(bound, len - lo);
+  }
+  return bound;
+}
+
 absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape,
                                         int32_t ranks_per_node) {
   FLASHCP_RETURN_IF_ERROR(ValidateModelShape(shape));

@@ -151,6 +151,18 @@ struct PlanMetrics {
 // not checked). O(shards log shards).
 int64_t TargetedPhaseBottleneck(const Plan& plan);
 
+// A lower bound on the targeted exchange's phase bottleneck (SPEC "Targeted
+// exchange, per phase", tokens) of every plan of `batch` whose ranks each
+// keep at most `max_workload` pairs: the rank holding a document's last
+// token receives every token of the document it does not hold, and it holds
+// at most a of them, where a <= min(L, ceil(total / N)) and the cheapest a
+// tokens with the last one, W(0, a - 1) + L pairs, plus its other
+// floor(total / N) - a tokens at one pair each, fit max_workload. The
+// maximum over documents of L - a. Where even a = 1 does not fit, L - 1 (no
+// plan meets the bound). Send sides and documents sharing a rank are not
+// counted, so real plans can need more; the bound is what no plan beats.
+int64_t TargetedPhaseLowerBound(const Batch& batch, double max_workload);
+
 // InvalidArgument naming the field unless 0 <= ranks_per_node <= kMaxCpSize.
 // Rank r is on node r / ranks_per_node (the last node may be smaller); 0: all
 // ranks on one node.

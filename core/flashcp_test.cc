@@ -7,6 +7,7 @@
 
 #include "core/analysis.h"
 #include "core/datasets.h"
+#include "core/internal/flashcp_roles.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 #include "core/strategies.h"
@@ -613,7 +614,91 @@ TEST(FlashCpTargetedTest, GroupedPlansMoveLessAndNeverMoreAllGather) {
       if (cheaper(*b) < cheaper(*a)) ++strictly_less;
     }
   }
-  EXPECT_EQ(strictly_less, 7);  // of 24 batches at N = 4
+  // Of 24 batches at N = 4: 7 by grouped plans alone, 11 with role swaps.
+  EXPECT_EQ(strictly_less, 11);
+}
+
+// SPEC's example (one 16-token document, N = 2; C/N = 8, mean workload 68):
+// the rank holding the last token holds at most 8 of it, so it receives at
+// least 8, as per_doc does. With less workload allowed, fewer tokens fit
+// beside the last one: W(0, a - 1) + 16 + (8 - a) <= 30 holds up to a = 5
+// (29 pairs; a = 6 needs 33), so 11; below 23 pairs (a = 1) no plan fits: 15.
+TEST(TargetedPhaseLowerBoundTest, LastTokenRankReceivesTheRest) {
+  const Batch batch{{16}, 2};
+  EXPECT_EQ(TargetedPhaseLowerBound(batch, 68.0), 8);
+  EXPECT_EQ(TargetedPhaseLowerBound(batch, 30.0), 11);
+  EXPECT_EQ(TargetedPhaseLowerBound(batch, 29.0), 11);
+  EXPECT_EQ(TargetedPhaseLowerBound(batch, 28.9), 12);
+  EXPECT_EQ(TargetedPhaseLowerBound(batch, 22.0), 15);
+  // Documents kept whole by every plan (a = L fits) need nothing.
+  EXPECT_EQ(TargetedPhaseLowerBound(Batch{{4, 4}, 2}, 10.0), 0);
+}
+
+// No plan beats the bound: every strategy's plan on the data sets, at the
+// plan's own maximum rank workload.
+TEST(TargetedPhaseLowerBoundTest, NoPlanBeatsIt) {
+  int64_t positive = 0;
+  for (Dataset d : kAllDatasets) {
+    for (int32_t n : {4, 8, 16}) {
+      absl::StatusOr<std::vector<std::vector<int64_t>>> batches = SampleBatches(d, 131072, 4, 3);
+      ASSERT_THAT(batches, IsOk());
+      for (const std::vector<int64_t>& docs : *batches) {
+        const Batch batch{docs, n};
+        for (Strategy s : kAllStrategies) {
+          if (s == Strategy::kIlp) continue;
+          absl::StatusOr<Plan> plan = MakePlan(s, batch, PlanOptions{});
+          ASSERT_THAT(plan, IsOk());
+          absl::StatusOr<PlanMetrics> m = AnalyzePlan(*plan, ModelShape{});
+          ASSERT_THAT(m, IsOk());
+          const double max_w = *std::max_element(m->rank_workload.begin(), m->rank_workload.end());
+          const int64_t bound = TargetedPhaseLowerBound(batch, max_w);
+          EXPECT_GE(m->bytes[static_cast<int>(CommScheme::kTargeted)].phase.bottleneck_tokens, bound)
+              << StrategyName(s) << " " << DatasetName(d) << " N=" << n;
+          positive += bound > 0 ? 1 : 0;
+        }
+      }
+    }
+  }
+  EXPECT_GT(positive, 0);
+}
+
+// Two 12-token documents cut alike over N = 3 ranks (4 tokens each, rank r
+// holding [4r, 4r + 4) of both): rank 0 sends 16 (each head to 2 ranks),
+// rank 2 receives 16. Dealing out doc 0's roles again (longest first, ties
+// by index; the role receiving most over sending to the rank receiving
+// least over sending so far) reverses doc 0: every rank then sends and
+// receives 8, and each holds 52 pairs (was 20 / 52 / 84). No swap after
+// that lowers 8.
+TEST(SwapRolesForTargetedTest, TwoAlikeCutsSpreadOverTheirRanks) {
+  const Batch batch{{12, 12}, 3};
+  const Plan plan = internal::FinishPlan(
+      batch, {Shard{0, 0, 4, 0}, Shard{0, 4, 4, 1}, Shard{0, 8, 4, 2}, Shard{1, 0, 4, 0},
+              Shard{1, 4, 4, 1}, Shard{1, 8, 4, 2}});
+  ASSERT_EQ(TargetedPhaseBottleneck(plan), 16);
+  const Plan swapped = internal::SwapRolesForTargeted(batch, plan, 0.0, 12);
+  EXPECT_EQ(swapped.shards,
+            (std::vector<Shard>{Shard{0, 8, 4, 0}, Shard{1, 0, 4, 0}, Shard{0, 4, 4, 1},
+                                Shard{1, 4, 4, 1}, Shard{0, 0, 4, 2}, Shard{1, 8, 4, 2}}));
+  EXPECT_EQ(TargetedPhaseBottleneck(swapped), 8);
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(swapped, ModelShape{});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_THAT(m->rank_workload, ElementsAre(52.0, 52.0, 52.0));
+  // The spread is not a swap: with max_swaps = 0 it alone reaches 8.
+  EXPECT_EQ(TargetedPhaseBottleneck(internal::SwapRolesForTargeted(batch, plan, 0.0, 0)), 8);
+}
+
+// Roles of unequal tokens never swap (each rank keeps its tokens), and a
+// swap that gains nothing is not made: doc 0 (8 tokens) cut 4 / 4 over
+// ranks 0 and 1, doc 1 (12) cut 4 / 8 over ranks 1 and 0, doc 2 (4) whole
+// on rank 1. Each rank sends 4 and receives 4; swapping doc 0's equal roles
+// would make rank 0 receive 8: the plan comes back.
+TEST(SwapRolesForTargetedTest, UnequalRolesStay) {
+  const Batch batch{{8, 12, 4}, 2};
+  const Plan plan = internal::FinishPlan(
+      batch, {Shard{0, 0, 4, 0}, Shard{0, 4, 4, 1}, Shard{1, 0, 4, 1}, Shard{1, 4, 8, 0},
+              Shard{2, 0, 4, 1}});
+  const Plan swapped = internal::SwapRolesForTargeted(batch, plan, 1e9, 8);
+  EXPECT_EQ(swapped.shards, plan.shards);
 }
 
 }  // namespace

@@ -19,6 +19,9 @@
 // the all-gather: where the all-gather is the exchange to use, it does not
 // get worse. Where no grouped plan balances (most batches at N >= 16 here:
 // docs/benchmarks.md), the compacted plan stands.
+// Last, the winner's roles are swapped (flashcp_roles.h): which of a cut
+// document's ranks holds which of its pieces, so that the heads and tails
+// of different documents land on different ranks.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "core/analysis.h"
+#include "core/internal/flashcp_roles.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
@@ -145,14 +149,20 @@ absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options)
 
   PlanScore best_score = ScorePlan(best);
   if (best_score.cut_docs == 0) return best;  // nothing is exchanged to begin with
+  // Role swaps: at most kSwapsPerRank x N per plan (each O(roles of the
+  // bottleneck rank x ranks of their documents)).
+  constexpr int32_t kSwapsPerRank = 1;
+  const int32_t max_swaps = kSwapsPerRank * n;
   Exchange best_exchange = Measure(best, best_score);
   const Exchange compacted = best_exchange;
+  const Plan compacted_plan = best;
   // Group bounds as fractions of R * mean (a smaller bound: larger groups,
   // better balance, more to move) and the Whole-Doc rho scales of the
   // compacted planner.
   static constexpr double kBounds[] = {1.0, 0.85, 0.7, 0.55};
   static constexpr double kScales[] = {0.0, 0.5, 1.0, 2.0};
   std::vector<Shard> pieces;
+  bool grouped = false;  // a grouped plan replaced the compacted one
   for (double bound : kBounds) {
     for (double scale : kScales) {
       FLASHCP_RETURN_IF_ERROR(options.stop.Check());
@@ -176,10 +186,23 @@ absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options)
         best = std::move(plan);
         best_score = score;
         best_exchange = exchange;
+        grouped = true;
       }
     }
   }
-  return best;
+  // The winner's roles swapped; where a grouped plan won, the compacted
+  // one's too, and the one moving less under its cheaper exchange (then
+  // under the all-gather) is kept.
+  Plan swapped = SwapRolesForTargeted(batch, best, target * mean_work, max_swaps);
+  if (grouped) {
+    Plan other = SwapRolesForTargeted(batch, compacted_plan, target * mean_work, max_swaps);
+    const Exchange a = Measure(swapped, ScorePlan(swapped));
+    const Exchange b = Measure(other, ScorePlan(other));
+    if (b.cheaper() < a.cheaper() || (b.cheaper() == a.cheaper() && b.allgather < a.allgather)) {
+      return other;
+    }
+  }
+  return swapped;
 }
 
 }  // namespace flashcp::core::internal
