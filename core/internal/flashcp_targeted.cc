@@ -15,9 +15,11 @@
 //    rank p takes chunks p and 2c-1-p, so the head and the tail share a rank
 //    (the one that needs the longest prefix needs no head from elsewhere).
 // A grouped plan replaces the compacted one only where it meets the target,
-// adds no sliver, moves less under its cheaper exchange and no more under
-// the all-gather: where the all-gather is the exchange to use, it does not
-// get worse. Where no grouped plan balances (most batches at N >= 16 here:
+// adds no sliver, moves less under its cheaper exchange and, at N <= 8, no
+// more under the all-gather: where the all-gather is the exchange to use,
+// it does not get worse. Beyond 8 ranks the all-gather is not held to the
+// compacted plan's (the plan's cheaper_scheme says which exchange to run).
+// Where no grouped plan balances (most batches at N >= 16 here:
 // docs/benchmarks.md), the compacted plan stands.
 // Last, the winner's roles are swapped (flashcp_roles.h): which of a cut
 // document's ranks holds which of its pieces, so that the heads and tails
@@ -178,11 +180,10 @@ absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options)
       if (score.imbalance > target) continue;
       if (m > 1 && score.min_cut_len != 0 && score.min_cut_len < m) continue;
       const Exchange exchange = Measure(plan, score);
-      // Less moved under the cheaper exchange, and never more under the
-      // all-gather than the compacted plan: where the all-gather is the
-      // exchange to use, it does not get worse.
+      // Less moved under the cheaper exchange, and (N <= 8) never more
+      // under the all-gather than the compacted plan.
       if (exchange.cheaper() < best_exchange.cheaper() &&
-          exchange.allgather <= compacted.allgather) {
+          (n > 8 || exchange.allgather <= compacted.allgather)) {
         best = std::move(plan);
         best_score = score;
         best_exchange = exchange;
