@@ -701,5 +701,48 @@ TEST(SwapRolesForTargetedTest, UnequalRolesStay) {
   EXPECT_EQ(swapped.shards, plan.shards);
 }
 
+// Rank 0 holds docs 0 and 1 (4 tokens each, 20 pairs), rank 1 docs 2..5
+// (3, 1, 2, 2 tokens, 13 pairs). Doc 0 for docs 2 and 3 (3 + 1 tokens)
+// moves 3 x 1 = 3 pairs: 17 / 16, within 17, no document cut (docs 4 and 5
+// for doc 0 would move 4, also 17 at the peak, found later: not taken).
+TEST(BalanceByWholeExchangesTest, OneForTwoWholeDocuments) {
+  const Batch batch{{4, 4, 3, 1, 2, 2}, 2};
+  const Plan plan = internal::FinishPlan(
+      batch, {Shard{0, 0, 4, 0}, Shard{1, 0, 4, 0}, Shard{2, 0, 3, 1}, Shard{3, 0, 1, 1},
+              Shard{4, 0, 2, 1}, Shard{5, 0, 2, 1}});
+  const Plan out = internal::BalanceByWholeExchanges(batch, plan, 17.0, 4, 8, 1);
+  EXPECT_EQ(out.shards,
+            (std::vector<Shard>{Shard{1, 0, 4, 0}, Shard{2, 0, 3, 0}, Shard{3, 0, 1, 0},
+                                Shard{0, 0, 4, 1}, Shard{4, 0, 2, 1}, Shard{5, 0, 2, 1}}));
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(out, ModelShape{});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_THAT(m->rank_workload, ElementsAre(17.0, 16.0));
+  // Already within the bound: nothing moves.
+  EXPECT_EQ(internal::BalanceByWholeExchanges(batch, plan, 20.0, 4, 8, 1).shards, plan.shards);
+}
+
+// Rank 0: docs 0 and 1 (5 and 3 tokens, 21 pairs); rank 1: docs 2, 3, 4
+// (4, 1, 3 tokens, 17 pairs); bound 19. No whole z matches; doc 1 for doc
+// 3 and the 2-token head of a longer whole document moves 1 x 2 = 2 pairs:
+// 19 / 19. With min_shard 1 that is doc 4 (3 tokens, the shortest with >= 3);
+// with min_shard 2, doc 2 (4 tokens, so its tail keeps 2).
+TEST(BalanceByWholeExchangesTest, OneForOneAndAHead) {
+  const Batch batch{{5, 3, 4, 1, 3}, 2};
+  const Plan plan = internal::FinishPlan(
+      batch, {Shard{0, 0, 5, 0}, Shard{1, 0, 3, 0}, Shard{2, 0, 4, 1}, Shard{3, 0, 1, 1},
+              Shard{4, 0, 3, 1}});
+  const Plan out = internal::BalanceByWholeExchanges(batch, plan, 19.0, 4, 8, 1);
+  EXPECT_EQ(out.shards,
+            (std::vector<Shard>{Shard{0, 0, 5, 0}, Shard{3, 0, 1, 0}, Shard{4, 0, 2, 0},
+                                Shard{1, 0, 3, 1}, Shard{2, 0, 4, 1}, Shard{4, 2, 1, 1}}));
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(out, ModelShape{});
+  ASSERT_THAT(m, IsOk());
+  EXPECT_THAT(m->rank_workload, ElementsAre(19.0, 19.0));
+  const Plan out2 = internal::BalanceByWholeExchanges(batch, plan, 19.0, 4, 8, 2);
+  EXPECT_EQ(out2.shards,
+            (std::vector<Shard>{Shard{0, 0, 5, 0}, Shard{2, 0, 2, 0}, Shard{3, 0, 1, 0},
+                                Shard{1, 0, 3, 1}, Shard{2, 2, 2, 1}, Shard{4, 0, 3, 1}}));
+}
+
 }  // namespace
 }  // namespace flashcp::core

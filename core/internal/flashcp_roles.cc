@@ -240,4 +240,118 @@ Plan SwapRolesForTargeted(const Batch& batch, const Plan& plan, double max_workl
   return FinishPlan(batch, std::move(pieces));
 }
 
+Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_workload,
+                             int32_t partners, int32_t max_moves, int64_t min_shard) {
+  const int32_t n = plan.cp_size;
+  const int64_t m = std::max<int64_t>(1, min_shard);
+  std::vector<Shard> pieces = plan.shards;
+  std::vector<double> workload(n, 0.0);
+  // Per rank, its whole documents' shards (indices into pieces).
+  std::vector<std::vector<int32_t>> whole(n);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Shard& s = pieces[i];
+    workload[s.rank] += RangeWorkload(s.start, s.len);
+    if (s.len == batch.doc_lens[s.doc]) whole[s.rank].push_back(static_cast<int32_t>(i));
+  }
+  bool changed = false;
+  std::vector<int32_t> ranks(n);
+  std::vector<int32_t> by_len;  // B's whole shards by length, for the z look-up
+  for (int32_t move = 0; move < max_moves; ++move) {
+    const int32_t a = static_cast<int32_t>(
+        std::max_element(workload.begin(), workload.end()) - workload.begin());
+    if (workload[a] <= max_workload) break;
+    std::iota(ranks.begin(), ranks.end(), 0);
+    std::stable_sort(ranks.begin(), ranks.end(),
+                     [&](int32_t x, int32_t y) { return workload[x] < workload[y]; });
+    // The best exchange: peak, then tokens it adds to the targeted exchange.
+    double best_peak = workload[a];
+    int64_t best_cost = 0;
+    int32_t best_b = -1, best_x = -1, best_y = -1, best_z = -1;
+    int64_t best_head = 0;  // 0: z moves whole; else z's head of this many tokens moves
+    const auto offer = [&](double shift, int64_t cost, int32_t b, int32_t x, int32_t y,
+                           int32_t z, int64_t head) {
+      const double peak = std::max(workload[a] - shift, workload[b] + shift);
+      if (peak >= workload[a]) return;
+      // One that brings A within max_workload first, the fewest tokens cut
+      // among those; else the least peak.
+      const bool fits = peak <= max_workload;
+      const bool best_fits = best_b >= 0 && best_peak <= max_workload;
+      bool take;
+      if (fits != best_fits) {
+        take = fits;
+      } else if (fits) {
+        take = cost < best_cost || (cost == best_cost && peak < best_peak);
+      } else {
+        take = peak < best_peak || (peak == best_peak && cost < best_cost);
+      }
+      if (take) {
+        best_peak = peak;
+        best_cost = cost;
+        best_b = b;
+        best_x = x;
+        best_y = y;
+        best_z = z;
+        best_head = head;
+      }
+    };
+    for (int32_t p = 0; p < std::min(partners, n); ++p) {
+      const int32_t b = ranks[p];
+      if (b == a) continue;
+      by_len = whole[b];
+      std::stable_sort(by_len.begin(), by_len.end(),
+                       [&](int32_t x, int32_t y) { return pieces[x].len < pieces[y].len; });
+      for (int32_t x : whole[a]) {
+        const int64_t lx = pieces[x].len;
+        for (int32_t y : whole[b]) {
+          const int64_t ly = pieces[y].len;
+          if (ly >= lx) continue;
+          const int64_t lz = lx - ly;
+          // x for y and a whole z of lz tokens: len(y) len(z) pairs, no KV.
+          auto it = std::lower_bound(by_len.begin(), by_len.end(), lz,
+                                     [&](int32_t s, int64_t len) { return pieces[s].len < len; });
+          while (it != by_len.end() && pieces[*it].len == lz && *it == y) ++it;
+          if (it != by_len.end() && pieces[*it].len == lz) {
+            offer(static_cast<double>(ly) * static_cast<double>(lz), 0, b, x, y, *it, 0);
+          }
+          // x for y and the lz-token head of a longer whole z (>= m tokens
+          // each side): len(y) lz pairs, lz tokens more to move.
+          if (lz < m) continue;
+          auto longer = std::lower_bound(
+              by_len.begin(), by_len.end(), lz + m,
+              [&](int32_t s, int64_t len) { return pieces[s].len < len; });
+          while (longer != by_len.end() && *longer == y) ++longer;
+          if (longer != by_len.end()) {
+            offer(static_cast<double>(ly) * static_cast<double>(lz), lz, b, x, y, *longer, lz);
+          }
+        }
+      }
+    }
+    if (best_b < 0) break;
+    const double shift = best_head == 0 ? static_cast<double>(pieces[best_y].len) *
+                                              static_cast<double>(pieces[best_z].len)
+                                        : static_cast<double>(pieces[best_y].len) *
+                                              static_cast<double>(best_head);
+    workload[a] -= shift;
+    workload[best_b] += shift;
+    pieces[best_x].rank = best_b;
+    pieces[best_y].rank = a;
+    std::replace(whole[a].begin(), whole[a].end(), best_x, best_y);
+    std::replace(whole[best_b].begin(), whole[best_b].end(), best_y, best_x);
+    whole[best_b].erase(std::find(whole[best_b].begin(), whole[best_b].end(), best_z));
+    if (best_head == 0) {
+      pieces[best_z].rank = a;
+      whole[a].push_back(best_z);
+    } else {
+      Shard& z = pieces[best_z];
+      pieces.push_back(Shard{z.doc, 0, best_head, a});
+      Shard& tail = pieces[best_z];  // push_back may have moved it
+      tail.start = best_head;
+      tail.len -= best_head;
+    }
+    changed = true;
+  }
+  if (!changed) return plan;
+  return FinishPlan(batch, std::move(pieces));
+}
+
 }  // namespace flashcp::core::internal

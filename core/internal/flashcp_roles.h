@@ -33,6 +33,22 @@ namespace flashcp::core::internal {
 Plan SwapRolesForTargeted(const Batch& batch, const Plan& plan, double max_workload,
                           int32_t max_swaps);
 
+// Lowers the heaviest rank's workload by exchanges of whole documents that
+// keep every rank's tokens: the heaviest rank A hands a lighter rank B one
+// whole document x and takes back a shorter whole y and len(x) - len(y)
+// more tokens of B's: either a whole z of exactly that length, which moves
+// W(x) - W(y) - W(z) = len(y) len(z) pairs from A to B and no KV, or the
+// head of that length of a longer whole z (both of z's pieces >= min_shard
+// tokens), which moves len(y) len(head) pairs and cuts z (its head's KV
+// then goes from A to B). Each step takes, over the `partners` lightest
+// ranks, the exchange leaving the larger of the two ranks' workloads least
+// (ties: fewer tokens cut, then the lighter partner, then x, y, z in plan
+// order), only if that is below A's; stops when A is at or under
+// `max_workload`, when no exchange lowers A, or after max_moves steps.
+// Documents already cut are not touched. `plan` must be valid.
+Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_workload,
+                             int32_t partners, int32_t max_moves, int64_t min_shard);
+
 }  // namespace flashcp::core::internal
 
 #endif  // FLASHCP_CORE_INTERNAL_FLASHCP_ROLES_H_

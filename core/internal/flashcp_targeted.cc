@@ -163,6 +163,12 @@ absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options)
   // compacted planner.
   static constexpr double kBounds[] = {1.0, 0.85, 0.7, 0.55};
   static constexpr double kScales[] = {0.0, 0.5, 1.0, 2.0};
+  constexpr int32_t kPartners = 4;  // lightest ranks a balancing exchange tries
+  constexpr double kBalanceReach = 1.05;  // imbalance / R a candidate is balanced from
+  // Balancing moves per plan (each call up to 2N): 16 calls at N = 16, 4 at 64.
+  constexpr int32_t kBalanceMoves = 512;
+  const int32_t max_balanced = std::max<int32_t>(1, kBalanceMoves / (2 * n));
+  int32_t balanced = 0;
   std::vector<Shard> pieces;
   bool grouped = false;  // a grouped plan replaced the compacted one
   for (double bound : kBounds) {
@@ -176,19 +182,35 @@ absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options)
       if (m > 1) pieces = RepairShortShards(batch, std::move(pieces), m, target * mean_work);
       Plan plan = FinishPlan(batch, std::move(pieces));
       pieces = {};
-      const PlanScore score = ScorePlan(plan);
-      if (score.imbalance > target) continue;
-      if (m > 1 && score.min_cut_len != 0 && score.min_cut_len < m) continue;
-      const Exchange exchange = Measure(plan, score);
+      PlanScore score = ScorePlan(plan);
+      // Over the target: balanced below beyond 8 ranks if within reach.
+      if (score.imbalance > (n > 8 ? kBalanceReach : 1.0) * target) continue;
+      Exchange exchange = Measure(plan, score);
       // Less moved under the cheaper exchange, and (N <= 8) never more
       // under the all-gather than the compacted plan.
-      if (exchange.cheaper() < best_exchange.cheaper() &&
-          (n > 8 || exchange.allgather <= compacted.allgather)) {
-        best = std::move(plan);
-        best_score = score;
-        best_exchange = exchange;
-        grouped = true;
+      const auto moves_less = [&](const Exchange& e) {
+        return e.cheaper() < best_exchange.cheaper() &&
+               (n > 8 || e.allgather <= compacted.allgather);
+      };
+      if (!moves_less(exchange)) continue;
+      if (score.imbalance > target) {
+        // A little over the target: balancing exchanges (flashcp_roles.h),
+        // which add only the heads they cut. Beyond 8 ranks only, within
+        // kBalanceMoves moves (each O(partners x whole documents per
+        // rank^2)): the planning-time budget.
+        if (balanced == max_balanced) continue;
+        ++balanced;
+        plan = BalanceByWholeExchanges(batch, plan, target * mean_work, kPartners, 2 * n, m);
+        score = ScorePlan(plan);
+        if (score.imbalance > target) continue;
+        exchange = Measure(plan, score);
+        if (!moves_less(exchange)) continue;
       }
+      if (m > 1 && score.min_cut_len != 0 && score.min_cut_len < m) continue;
+      best = std::move(plan);
+      best_score = score;
+      best_exchange = exchange;
+      grouped = true;
     }
   }
   // The winner's roles swapped; where a grouped plan won, the compacted
