@@ -1,6 +1,8 @@
-// flashcp's role swaps (docs/planner.md, "Least KV moved"): a repair of a
-// plan's targeted exchange that keeps every piece where it is in its
-// document and only changes which of the document's ranks holds it.
+// flashcp's repairs of a finished plan (docs/planner.md, "Least KV moved"),
+// each keeping every rank's tokens: role swaps, which lower the targeted
+// exchange by changing which of a cut document's ranks holds which of its
+// pieces, and balancing exchanges of whole documents, which lower the
+// heaviest rank's workload.
 #ifndef FLASHCP_CORE_INTERNAL_FLASHCP_ROLES_H_
 #define FLASHCP_CORE_INTERNAL_FLASHCP_ROLES_H_
 

@@ -19,8 +19,9 @@
 // more under the all-gather: where the all-gather is the exchange to use,
 // it does not get worse. Beyond 8 ranks the all-gather is not held to the
 // compacted plan's (the plan's cheaper_scheme says which exchange to run).
-// Where no grouped plan balances (most batches at N >= 16 here:
-// docs/benchmarks.md), the compacted plan stands.
+// Beyond 8 ranks a grouped candidate within 1.05 R that would move less is
+// first balanced by exchanges of whole documents (flashcp_roles.h). Where
+// no grouped plan balances, the compacted plan stands.
 // Last, the winner's roles are swapped (flashcp_roles.h): which of a cut
 // document's ranks holds which of its pieces, so that the heads and tails
 // of different documents land on different ranks.

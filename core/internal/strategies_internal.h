@@ -37,7 +37,8 @@ int64_t MagiChunkTokens(int64_t total, int32_t n);
 Plan PlanWholeDoc(const Batch& batch);
 Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
 // flashcp (flashcp_targeted.cc): PlanFlashCpCompacted's plan, or a grouped
-// one where that moves less (docs/planner.md, "Least KV moved").
+// one where that moves less, its roles then swapped (flashcp_roles.h;
+// docs/planner.md, "Least KV moved").
 // Both flashcp planners and PlanIlp return options.stop's status once it says
 // stop (PlanIlp: also IlpOptions::seconds_left ends CBC early, with the best
 // plan so far).
