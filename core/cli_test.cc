@@ -271,5 +271,16 @@ TEST(RunCliTest, SvgUnwritablePathIsAnError) {
   EXPECT_EQ(err.str(), "flashcp-plan: --svg: cannot open \"/nonexistent/flashcp/plan.svg\"\n");
 }
 
+TEST(RunCliTest, SvgWithNoBatchIsAnError) {
+  const std::string path = ::testing::TempDir() + "/cli_test_empty.svg";
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--quiet", "--svg", path});
+  ASSERT_THAT(o, IsOk());
+  std::istringstream in("# only a comment\n");
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), kExitBadInput);
+  EXPECT_EQ(err.str(), "flashcp-plan: --svg: no batch to draw\n");
+  EXPECT_EQ(out.str(), "");
+}
+
 }  // namespace
 }  // namespace flashcp::core
