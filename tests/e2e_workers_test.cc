@@ -8,6 +8,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -249,7 +250,10 @@ std::vector<std::string> DashboardQueries() {
        "import json,sys\n"
        "d=json.load(open(sys.argv[1]))\n"
        "for p in d['panels']:\n"
-       "  for t in p.get('targets',[]): print(t['expr'].replace('\\n',' '))\n",
+       "  for t in p.get('targets',[]):\n"
+       "    e=t['expr'].replace('\\n',' ')\n"
+       "    for v in ('namespace','group','strategy','cp_size'): e=e.replace('$'+v,'.*')\n"
+       "    print(e)\n",
        absl::StrCat(kSource, "/deploy/grafana/flashcp.json")},
       "", In(absl::Seconds(30)));
   if (!r.ok() || r->exit_code != 0) return {};
@@ -384,6 +388,44 @@ TEST(E2eWorkersTest, RunThroughPrometheusRulesDashboardAndCommSaving) {
                            near, settle)
                   .status(),
               IsOk());
+  // Per group: the bytes sent are the plans' prediction for the same steps;
+  // all 4 ranks answer; the rendezvous formed one group of 4 (4 joins); plan
+  // series carry cp_size and worker series device.
+  const auto exactly = [](double want) { return [want](double v) { return v == want; }; };
+  EXPECT_THAT(p.AwaitValue("flashcp:worker_bytes_vs_predicted:ratio{group=\"e2e\"}", exactly(1),
+                           settle)
+                  .status(),
+              IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp:worker_ranks_up:count{group=\"e2e\"}", exactly(kRanks),
+                           settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp:worker_world_size:max{group=\"e2e\"}", exactly(kRanks),
+                           settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp_planner_rendezvous_events_total{event=\"join\"}",
+                           exactly(kRanks), settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp_planner_rendezvous_events_total{event=\"formed\"}",
+                           exactly(1), settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp_planner_rendezvous_events_total{event=\"abort\"}",
+                           exactly(0), settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp_planner_rendezvous_members", exactly(kRanks), settle).status(),
+              IsOk());
+  EXPECT_THAT(p.AwaitValue(absl::StrCat("sum(flashcp_planner_plan_imbalance_ratio_count{cp_size=\"",
+                                        kRanks, "\"})"),
+                           exactly(2 * kSteps), settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("count(flashcp_worker_attention_seconds_total{device=\"cpu\","
+                           "strategy=\"flashcp\"})", exactly(kRanks), settle).status(), IsOk());
+  // Measured and predicted imbalance of the same steps, from the counters.
+  // The measured one depends on the machine; both exist and are >= 1.
+  const auto at_least_one = [](double v) { return v >= 1.0; };
+  auto measured = p.AwaitValue("flashcp:worker_measured_imbalance:ratio{group=\"e2e\"}",
+                               at_least_one, settle);
+  auto predicted = p.AwaitValue("flashcp:worker_predicted_imbalance:ratio{group=\"e2e\"}",
+                                at_least_one, settle);
+  EXPECT_THAT(measured.status(), IsOk());
+  EXPECT_THAT(predicted.status(), IsOk());
+  if (measured.ok() && predicted.ok()) {
+    std::printf("measured imbalance %.4f, predicted %.4f (flashcp, N = %d, C = %ld)\n", *measured,
+                *predicted, kRanks, static_cast<long>(kContext));
+  }
   // Bytes sent per step are the plan analysis's, exactly (raw counters, no rate).
   auto sent = p.Query("sum(flashcp_worker_bytes_sent_total) / sum(flashcp_worker_full_kv_bytes_total)");
   ASSERT_THAT(sent.status(), IsOk());
@@ -403,6 +445,13 @@ TEST(E2eWorkersTest, RunThroughPrometheusRulesDashboardAndCommSaving) {
   }
   EXPECT_THAT(ws[0].output, HasSubstr("RUN {\"strategy\":\"flashcp\",\"scheme\":\"allgather\","
                                       "\"steps\":12,"));
+  // Every rank left: the rendezvous holds no member and no group.
+  EXPECT_THAT(p.AwaitValue("flashcp_planner_rendezvous_members", exactly(0), In(absl::Seconds(30)))
+                  .status(),
+              IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp_planner_rendezvous_groups", exactly(0), In(absl::Seconds(30)))
+                  .status(),
+              IsOk());
   EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
 }
 
