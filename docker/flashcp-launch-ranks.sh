@@ -18,7 +18,8 @@
 #   FLASHCP_WORKER           worker binary                                 (default flashcp-worker)
 #   FLASHCP_STOP_GRACE_SECONDS  after a rank fails, ranks still running this long after
 #                            SIGTERM get SIGKILL                           (default 60)
-# Arguments after the options are passed to every worker unchanged (--strategy, --steps, ...).
+# Each rank gets --local_rank k (its metrics' local_rank label); arguments after the options are
+# passed to every worker unchanged (--strategy, --steps, ...).
 #
 # Supervision: SIGTERM/SIGINT are forwarded to every rank (each finishes its step in flight).
 # When any rank exits non-zero, the others get SIGTERM and the launcher exits with that rank's

@@ -69,7 +69,8 @@ absl::StatusOr<Worker> StartWorker(int rank, const std::string& group, const std
                                    "--planner",    planner,
                                    "--context",    absl::StrCat(kContext),
                                    "--heads",      absl::StrCat(kHeads),
-                                   "--head_dim",   absl::StrCat(kHeadDim)};
+                                   "--head_dim",   absl::StrCat(kHeadDim),
+                                   "--local_rank", absl::StrCat(rank)};
   args.insert(args.end(), extra.begin(), extra.end());
   return Worker::Start(FLASHCP_WORKER_BIN, args, In(absl::Seconds(60)));
 }
@@ -413,6 +414,11 @@ TEST(E2eWorkersTest, RunThroughPrometheusRulesDashboardAndCommSaving) {
                            exactly(2 * kSteps), settle).status(), IsOk());
   EXPECT_THAT(p.AwaitValue("count(flashcp_worker_attention_seconds_total{device=\"cpu\","
                            "strategy=\"flashcp\"})", exactly(kRanks), settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("count(flashcp_worker_world_size{local_rank=\"3\",rank=\"3\"})",
+                           exactly(1), settle).status(), IsOk());
+  auto gpu = p.Query("flashcp_worker_world_size{gpu!=\"\"}");  // CPU ranks have no GPU
+  ASSERT_THAT(gpu.status(), IsOk());
+  EXPECT_TRUE(gpu->empty());
   // Measured and predicted imbalance of the same steps, from the counters.
   // The measured one depends on the machine; both exist and are >= 1.
   const auto at_least_one = [](double v) { return v >= 1.0; };
@@ -512,7 +518,7 @@ TEST(E2eWorkersTest, PlannerRestartMidRunWorkersReconnectAndFinish) {
   ASSERT_THAT(m.status(), IsOk());
   auto planned = tests::testing::FindSample(
       *m, "flashcp_planner_plan_comm_saving_ratio_count",
-      {{"strategy", "flashcp"}, {"scheme", "allgather"}});
+      {{"strategy", "flashcp"}, {"scheme", "allgather"}, {"cp_size", absl::StrCat(kRanks)}});
   ASSERT_THAT(planned.status(), IsOk());
   EXPECT_GE(*planned, 1);  // the restarted planner served the rest of the run
   EXPECT_THAT((*again)->Terminate(), core::testing::IsOk());
@@ -595,6 +601,19 @@ TEST(E2eWorkersTest, StrayPositionalArgumentIsRefused) {
     EXPECT_EQ(r->exit_code, 2) << c.word;
     EXPECT_EQ(r->output, absl::StrCat("flashcp-worker: unexpected argument \"", c.word,
                                       "\"; every option is a --flag\n"));
+  }
+}
+
+TEST(E2eWorkersTest, LocalRankOutOfRangeIsRefused) {
+  for (const int local_rank : {-2, 4096}) {
+    auto r = tests::testing::RunCommand({FLASHCP_WORKER_BIN, "--local_rank",
+                                         absl::StrCat(local_rank), "--planner", "127.0.0.1:1"},
+                                        "", In(absl::Seconds(30)));
+    ASSERT_THAT(r.status(), IsOk());
+    EXPECT_EQ(r->exit_code, 1) << local_rank;
+    EXPECT_THAT(r->output, HasSubstr(absl::StrCat(
+                               "INVALID_ARGUMENT: --local_rank: must be in [-1, 4095], got ",
+                               local_rank)));
   }
 }
 

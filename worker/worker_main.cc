@@ -197,6 +197,11 @@ int main(int argc, char** argv) {
   std::random_device entropy;
   o.incarnation = (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(getpid());
   if (absl::Status s = fw::ValidateDaemonOptions(o); !s.ok()) return Fail(s);
+  const int32_t local_rank = absl::GetFlag(FLAGS_local_rank);
+  if (local_rank < -1 || local_rank > 4095) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--local_rank: must be in [-1, 4095], got ", local_rank)));
+  }
   const absl::StatusOr<fc::ChannelOptions> channel_options = PlannerChannelOptions();
   if (!channel_options.ok()) return Fail(channel_options.status());
 
@@ -207,11 +212,6 @@ int main(int argc, char** argv) {
                                                absl::GetFlag(FLAGS_metrics_request_timeout)});
   if (!exposer.ok()) return Fail(exposer.status());
   (*exposer)->RegisterCollectable(registry);
-  const int32_t local_rank = absl::GetFlag(FLAGS_local_rank);
-  if (local_rank < -1 || local_rank > 4095) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--local_rank: must be in [-1, 4095], got ", local_rank)));
-  }
   fw::WorkerMetrics metrics(
       *registry, FLASHCP_VERSION,
       fw::LabelsForDevice(o.device, local_rank < 0 ? "" : absl::StrCat(local_rank)));
