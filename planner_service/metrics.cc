@@ -175,7 +175,8 @@ void PrometheusMetrics::OnPlanned(core::Strategy strategy, double planning_secon
       .Observe(planning_seconds);
   imbalance_.Add({{"strategy", s}, {"cp_size", n}}, ImbalanceBuckets()).Observe(metrics.imbalance);
   const double per_rank = static_cast<double>(std::max<int64_t>(1, metrics.tokens_per_rank));
-  for (const core::CommScheme scheme : {core::CommScheme::kAllGather, core::CommScheme::kTargeted}) {
+  for (const core::CommScheme scheme :
+       {core::CommScheme::kAllGather, core::CommScheme::kTargeted}) {
     const std::string name(core::CommSchemeName(scheme));
     comm_saving_.Add({{"strategy", s}, {"scheme", name}, {"cp_size", n}}, SavingBuckets())
         .Observe(scheme == core::CommScheme::kAllGather ? metrics.comm_saving

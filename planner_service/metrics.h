@@ -1,7 +1,8 @@
 // Prometheus metrics for the planner service: a ServiceObserver and
 // RendezvousObserver that records into a registry made by main (STYLE item 9).
 // Names are a stable interface: deploy/prometheus rules and the Grafana
-// dashboards use them verbatim (docs/deploy.md, "Metrics", says what each means).
+// dashboards use them verbatim (docs/deploy.md, "Metrics and labels", says what
+// each means).
 //   flashcp_planner_requests_total{method,code}                         counter
 //   flashcp_planner_request_duration_seconds{method}                    histogram
 //   flashcp_planner_planning_duration_seconds{strategy,cp_size}         histogram

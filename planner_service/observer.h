@@ -54,7 +54,8 @@ class RendezvousObserver {
   };
   virtual ~RendezvousObserver() = default;
   virtual void OnRendezvousEvent(Event event) = 0;
-  // Groups and members after every change that alters either.
+  // The groups and members held, after each Join, Leave and expiry (which
+  // may leave both as they were).
   virtual void OnRendezvousSize(int64_t groups, int64_t members) = 0;
 };
 

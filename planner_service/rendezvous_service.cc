@@ -184,16 +184,12 @@ int64_t WaiterBytes(const std::vector<std::string>& keys) {
   return bytes;
 }
 
-namespace {
-NullRendezvousObserver null_rendezvous_observer;
-}  // namespace
-
 RendezvousState::RendezvousState(RendezvousOptions options, const core::WaitClock* clock,
                                  TokenSource tokens, RendezvousObserver* observer)
     : options_(options),
       clock_(clock),
       tokens_(std::move(tokens)),
-      observer_(observer != nullptr ? observer : &null_rendezvous_observer) {}
+      observer_(observer != nullptr ? observer : &null_observer_) {}
 
 void RendezvousState::ReportSize() {
   observer_->OnRendezvousSize(static_cast<int64_t>(groups_.size()), members_);

@@ -337,7 +337,8 @@ class RendezvousState {
   const RendezvousOptions options_;
   const core::WaitClock* const clock_;
   const TokenSource tokens_;
-  RendezvousObserver* const observer_;  // never null
+  NullRendezvousObserver null_observer_;  // observer_ when none is given
+  RendezvousObserver* const observer_;    // never null
   // Shared with the Values::charge of answers, which may outlive a call but
   // not need the lock.
   const std::shared_ptr<std::atomic<int64_t>> answer_bytes_ =

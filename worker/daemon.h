@@ -93,20 +93,21 @@ struct StepRecord {
 // Labels every series of one worker process carries (constant labels).
 struct WorkerLabels {
   // "cpu" or "cuda": what the duration series measure differs (docs/deploy.md,
-  // "Metrics"), so every series says which.
+  // "Metrics and labels"), so every series says which.
   std::string device = "cpu";
   std::string gpu;         // CUDA device index ("0"), as dcgm-exporter's gpu label; empty: none
   std::string local_rank;  // the rank's index on its host; empty: none
 };
 
-// The device kind ("cpu", "cuda") and GPU index ("", "K") of a --device value
-// that ValidateDaemonOptions accepted.
+// The WorkerLabels of a --device value that ValidateDaemonOptions accepted
+// (device "cpu" or "cuda", gpu "" or "K") and of `local_rank` ("": none).
 WorkerLabels LabelsForDevice(const std::string& device, const std::string& local_rank);
 
 // The worker's Prometheus series (names are deploy/'s contract; base units;
-// docs/deploy.md, "Metrics", says what each means). Every series carries the
-// WorkerLabels; histograms and counters carry strategy and scheme, the two
-// gauges strategy; group and rank come from the scrape target's labels.
+// docs/deploy.md, "Metrics and labels", says what each means). Every series
+// carries the WorkerLabels; histograms and counters carry strategy and scheme,
+// the two last-step gauges strategy; group and rank come from the scrape
+// target's labels.
 class WorkerMetrics {
  public:
   WorkerMetrics(prometheus::Registry& registry, const std::string& version,
