@@ -14,11 +14,12 @@
 #   FLASHCP_GROUP            CP group name                                 (default flashcp)
 #   FLASHCP_PLANNER          planner address HOST:PORT                     (required)
 #   FLASHCP_METRICS_HOST     metrics bind host                             (default 0.0.0.0)
-#   FLASHCP_METRICS_BASE_PORT  local rank k serves metrics on base + k     (default 9400)
+#   FLASHCP_METRICS_BASE_PORT  local rank k serves metrics on base + k     (default 9470)
 #   FLASHCP_WORKER           worker binary                                 (default flashcp-worker)
 #   FLASHCP_STOP_GRACE_SECONDS  after a rank fails, ranks still running this long after
 #                            SIGTERM get SIGKILL                           (default 60)
-# Arguments after the options are passed to every worker unchanged (--strategy, --steps, ...).
+# Each rank gets --local_rank k (its metrics' local_rank label); arguments after the options are
+# passed to every worker unchanged (--strategy, --steps, ...).
 #
 # Supervision: SIGTERM/SIGINT are forwarded to every rank (each finishes its step in flight).
 # When any rank exits non-zero, the others get SIGTERM and the launcher exits with that rank's
@@ -36,7 +37,7 @@ device=${FLASHCP_DEVICE:-cuda}
 group=${FLASHCP_GROUP:-flashcp}
 planner=${FLASHCP_PLANNER:?FLASHCP_PLANNER (planner HOST:PORT) is required}
 metrics_host=${FLASHCP_METRICS_HOST:-0.0.0.0}
-metrics_base=${FLASHCP_METRICS_BASE_PORT:-9400}
+metrics_base=${FLASHCP_METRICS_BASE_PORT:-9470}
 worker=${FLASHCP_WORKER:-flashcp-worker}
 grace=${FLASHCP_STOP_GRACE_SECONDS:-60}
 
@@ -75,7 +76,7 @@ for ((k = 0; k < per_node; k++)); do
   rank=$((node_rank * per_node + k))
   if [[ $device == cuda ]]; then dev="cuda:$k"; else dev=cpu; fi
   "$worker" --rank "$rank" --world_size "$world" --group "$group" --planner "$planner" \
-    --metrics "$metrics_host:$((metrics_base + k))" --device "$dev" "$@" &
+    --metrics "$metrics_host:$((metrics_base + k))" --device "$dev" --local_rank "$k" "$@" &
   pids+=($!)
   rank_of[$!]=$rank
   echo "flashcp-launch-ranks: started rank $rank/$world (local $k, device $dev, pid $!)" >&2

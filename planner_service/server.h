@@ -97,10 +97,11 @@ class PlannerServer {
  public:
   // Binds and starts serving; health reports SERVING for "" and
   // "flashcp.v1.Planner" (NOT_SERVING while the listener watchdog sees a
-  // stalled listener). `observer` and `clock` must outlive the server.
-  static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(const ServerOptions& options,
-                                                             ServiceObserver* observer,
-                                                             const Clock* clock);
+  // stalled listener). `observer`, `clock` and `rendezvous_observer` (null:
+  // none) must outlive the server.
+  static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(
+      const ServerOptions& options, ServiceObserver* observer, const Clock* clock,
+      RendezvousObserver* rendezvous_observer = nullptr);
   ~PlannerServer();  // Shutdown()
 
   // HOST:PORT with the bound port.

@@ -31,12 +31,12 @@ STUB
 chmod +x "$tmp/stub"
 export STUB_LOG=$tmp/log FLASHCP_WORKER=$tmp/stub FLASHCP_PLANNER=planner:50051
 
-# 1. Pod 1 of 2 with 4 GPUs: ranks 4..7, cuda:0..3, metrics 9400..9403; args passed through.
+# 1. Pod 1 of 2 with 4 GPUs: ranks 4..7, cuda:0..3, metrics 9470..9473; args passed through.
 : > "$tmp/log"
 FLASHCP_NODES=2 FLASHCP_RANKS_PER_NODE=4 HOSTNAME=flashcp-worker-1 FLASHCP_GROUP=g7 \
   bash "$launch" --strategy flashcp --steps 3 2>/dev/null || fail "launcher exited $? with healthy ranks"
 for k in 0 1 2 3; do
-  want="--rank $((4 + k)) --world_size 8 --group g7 --planner planner:50051 --metrics 0.0.0.0:$((9400 + k)) --device cuda:$k --strategy flashcp --steps 3"
+  want="--rank $((4 + k)) --world_size 8 --group g7 --planner planner:50051 --metrics 0.0.0.0:$((9470 + k)) --device cuda:$k --local_rank $k --strategy flashcp --steps 3"
   grep -qxF -- "$want" "$tmp/log" || fail "no worker started as: $want"$'\n'"$(cat "$tmp/log")"
 done
 [[ $(wc -l < "$tmp/log") -eq 4 ]] || fail "expected 4 workers: $(cat "$tmp/log")"
@@ -45,7 +45,7 @@ done
 : > "$tmp/log"
 FLASHCP_NODES=3 FLASHCP_RANKS_PER_NODE=2 FLASHCP_NODE_RANK=2 FLASHCP_DEVICE=cpu \
   bash "$launch" 2>/dev/null || fail "cpu launch failed"
-grep -q -- "--rank 5 --world_size 6 .* --device cpu$" "$tmp/log" || fail "cpu rank 5: $(cat "$tmp/log")"
+grep -q -- "--rank 5 --world_size 6 .* --device cpu --local_rank 1$" "$tmp/log" || fail "cpu rank 5: $(cat "$tmp/log")"
 
 # 3. A failing rank stops the others and its status is the launcher's.
 : > "$tmp/log"
