@@ -57,6 +57,23 @@ std::vector<double> DurationBuckets() {
   return b;
 }
 
+// Aborts the rendezvous group with `failure` and returns it, adding the
+// group's first failure when another rank's abort was first: a survivor that
+// lost a peer which had itself failed (its socket closed, or its timeout ran
+// out first) would otherwise name the peer, not the rank that caused it.
+absl::Status AbortGroup(RendezvousClient& rdv, const absl::Status& failure) {
+  if (!rdv.Abort(std::string(failure.message())).ok()) return failure;  // unreachable: as is
+  // Every call on an aborted group answers ABORTED with its first reason.
+  const absl::StatusOr<std::vector<std::string>> probe =
+      rdv.Get({"flashcp.first_failure"}, absl::ZeroDuration());
+  if (probe.status().code() != absl::StatusCode::kAborted ||
+      absl::StrContains(probe.status().message(), absl::StrCat("aborted: rank ", rdv.rank(), ": "))) {
+    return failure;
+  }
+  return absl::Status(failure.code(), absl::StrCat(failure.message(), "; first failure in the group: ",
+                                                   probe.status().message()));
+}
+
 }  // namespace
 
 // ---- options -----------------------------------------------------------------
@@ -494,7 +511,7 @@ absl::Status WorkerDaemon::Run() {
                       << options_.group << " formed";
     SetState(v1::WorkerStatus::IDLE);
     s = Loop(**comm);
-    if (!s.ok()) (void)rdv.Abort(std::string(s.message()));  // the service prefixes "rank R: "
+    if (!s.ok()) s = AbortGroup(rdv, s);  // the service prefixes the reason with "rank R: "
     (void)rdv.Leave();
   }
   absl::MutexLock lock(&mu_);
