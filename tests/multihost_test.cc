@@ -1,15 +1,16 @@
-// CP groups across hosts: the planning service, the rendezvous and every rank
-// each in a network namespace of its own (tests/testing/netns.h: a bridge, veth pairs, one
-// address per host), so a rank reaches its peers and the planner only over
-// the "network", as pods on different nodes do (deploy/k8s's layout: planning
-// replicas, a rendezvous of its own, --gloo_host = the pod IP). 2- and 4-rank CPU groups of
-// the real flashcp-worker (Gloo over TCP, --gloo_host = the rank's own
-// address) run steps to the end; then a group loses one host's link mid-run
-// and every other rank must fail within a bound, naming the peer it lost (the
-// lost rank, for at least one of them). The
-// old default (--gloo_host 127.0.0.1) must not form a group across hosts.
-// Skipped, saying why, without root or iproute2 (CI has both). Every wait
-// is on a line or an exit, with a deadline.
+// CP groups across hosts: the planning service, the rendezvous and every
+// rank each in a network namespace of its own (tests/testing/netns.h: a
+// bridge, veth pairs, one address per host), so a rank reaches its peers and
+// the services only over the "network", as pods on different nodes do
+// (deploy/k8s's layout: planning replicas, a rendezvous of its own,
+// --gloo_host = the pod IP). 2- and 4-rank CPU groups of the real
+// flashcp-worker (Gloo over TCP, --gloo_host = the rank's own address) run
+// their steps; the container launcher, one per host as pods, forms a group
+// with the pod IP; the old default (--gloo_host 127.0.0.1) cannot form one.
+// Then a group loses one host's link mid-run and every other rank must fail
+// within a bound, naming the peer it lost (the lost rank, for at least one of
+// them). Skipped, saying why, without root or iproute2 (CI has both). Every
+// wait is on a line or an exit, with a deadline.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -142,6 +143,49 @@ TEST_P(MultiHostTest, GroupAcrossHostsRunsItsSteps) {
     EXPECT_EQ(*code, 0) << "rank " << r << ": " << ws[r].output;
   }
   EXPECT_THAT(ws[0].output, HasSubstr(absl::StrCat("\"steps\":", kSteps, ",")));
+}
+
+// The container entrypoint as the StatefulSet runs it: one launcher per "pod"
+// (host), 2 ranks each, the pod's address as FLASHCP_GLOO_HOST (the downward
+// API's status.podIP in deploy/k8s), the planner and rendezvous by address.
+// Its fixed ports (control 50061 + k, metrics 9400 + k) are each namespace's
+// own, as a pod's are.
+TEST_P(MultiHostTest, LauncherPodsFormAGroupWithThePodIp) {
+  constexpr int kPerPod = 2;
+  const int pods = Ranks() / kPerPod;
+  std::vector<std::unique_ptr<Subprocess>> launchers;
+  for (int pod = 0; pod < pods; ++pod) {
+    const int host = kFirstRankHost + pod;
+    auto p = Subprocess::Start(
+        lab_->Exec(host, {"/usr/bin/env",
+                          absl::StrCat("FLASHCP_NODES=", pods),
+                          absl::StrCat("FLASHCP_RANKS_PER_NODE=", kPerPod),
+                          absl::StrCat("FLASHCP_NODE_RANK=", pod),
+                          "FLASHCP_DEVICE=cpu",
+                          "FLASHCP_GROUP=pods",
+                          "FLASHCP_PLANNER=" + planner_address_,
+                          "FLASHCP_RENDEZVOUS=" + rendezvous_address_,
+                          "FLASHCP_GLOO_HOST=" + NetnsLab::Address(host),
+                          absl::StrCat("FLASHCP_WORKER=", FLASHCP_WORKER_BIN),
+                          "/bin/bash", FLASHCP_LAUNCHER,
+                          "--context", "2048", "--heads", "1", "--head_dim", "16",
+                          "--steps", "3", "--timeout_s", "30"}),
+        {.pipe_stdin = false, .merge_stderr = true});
+    ASSERT_THAT(p, IsOk());
+    launchers.push_back(*std::move(p));
+  }
+  for (int pod = 0; pod < pods; ++pod) {
+    absl::StatusOr<std::string> out = launchers[pod]->ReadAll(In(kTimeout));
+    ASSERT_THAT(out, IsOk()) << "pod " << pod;
+    absl::StatusOr<int> code = launchers[pod]->Wait(In(kTimeout));
+    ASSERT_THAT(code, IsOk()) << "pod " << pod;
+    EXPECT_EQ(*code, 0) << "pod " << pod << ": " << *out;
+    EXPECT_THAT(*out, HasSubstr(absl::StrCat("gloo host ", NetnsLab::Address(kFirstRankHost + pod),
+                                             ", rendezvous ", rendezvous_address_)));
+    if (pod == 0) {
+      EXPECT_THAT(*out, HasSubstr("\"steps\":3,")) << *out;  // the driver's RUN line
+    }
+  }
 }
 
 TEST_P(MultiHostTest, LoopbackGlooHostCannotFormAGroupAcrossHosts) {
