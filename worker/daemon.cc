@@ -57,24 +57,24 @@ std::vector<double> DurationBuckets() {
   return b;
 }
 
-// Aborts the rendezvous group with `failure` and returns it, adding the
-// group's first failure when another rank's abort was first: a survivor that
-// lost a peer which had itself failed (its socket closed, or its timeout ran
-// out first) would otherwise name the peer, not the rank that caused it.
+}  // namespace
+
+// ---- group failure -------------------------------------------------------------
+
 absl::Status AbortGroup(RendezvousClient& rdv, const absl::Status& failure) {
   if (!rdv.Abort(std::string(failure.message())).ok()) return failure;  // unreachable: as is
   // Every call on an aborted group answers ABORTED with its first reason.
   const absl::StatusOr<std::vector<std::string>> probe =
       rdv.Get({"flashcp.first_failure"}, absl::ZeroDuration());
+  const std::string mine = absl::StrCat("aborted: rank ", rdv.rank(), ": ");
   if (probe.status().code() != absl::StatusCode::kAborted ||
-      absl::StrContains(probe.status().message(), absl::StrCat("aborted: rank ", rdv.rank(), ": "))) {
+      absl::StrContains(probe.status().message(), mine)) {
     return failure;
   }
-  return absl::Status(failure.code(), absl::StrCat(failure.message(), "; first failure in the group: ",
+  return absl::Status(failure.code(), absl::StrCat(failure.message(),
+                                                   "; first failure in the group: ",
                                                    probe.status().message()));
 }
-
-}  // namespace
 
 // ---- options -----------------------------------------------------------------
 
