@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "core/echo.h"
 #include "core/plan_json.h"
+#include "core/plan_svg.h"
 #include "core/types.h"
 
 namespace flashcp::core {
@@ -225,6 +226,20 @@ std::string SummaryHeader(const CliOptions& o) {
   return h;
 }
 
+// --svg: the first batch's panels, side by side, written to `path`.
+absl::Status WriteSvg(const std::string& path, const std::vector<PlanPanel>& panels,
+                      int64_t batches) {
+  if (batches == 0) return absl::InvalidArgumentError("--svg: no batch to draw");
+  absl::StatusOr<std::string> svg = PlansToSvg(panels);
+  if (!svg.ok()) return absl::InternalError(absl::StrCat("--svg: ", svg.status().message()));
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  if (!file) return absl::PermissionDeniedError(absl::StrCat("--svg: cannot open ", Echo(path)));
+  file << *svg;
+  file.close();
+  if (!file) return absl::DataLossError(absl::StrCat("--svg: error writing ", Echo(path)));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::string_view DatasetAssumptions(Dataset dataset) {
@@ -276,6 +291,9 @@ Flags:
   --dtype-bytes B      bytes per element: 1, 2 or 4 (default 2)
   --ilp-granularity G  ILP block size in tokens (0: C / (16 N), the default)
   --ilp-time-limit S   ILP time limit in seconds per batch (default 10)
+  --svg FILE           also draw the first batch's plans as SVG, one panel per strategy
+                       side by side: a row per rank, shards coloured by document, the
+                       shards whose KV moves (targeted exchange) hatched, workloads
   --quiet              no progress lines on stderr
   --help               this text
 
@@ -318,7 +336,7 @@ absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args) {
     static const char* const kValueFlags[] = {
         "cp",    "strategy", "target-imbalance", "dataset",     "context",         "batches",
         "seed",  "heads",    "head-dim",         "dtype-bytes", "docs",            "input",
-        "ilp-granularity", "ilp-time-limit", "min-shard-tokens"};
+        "ilp-granularity", "ilp-time-limit", "min-shard-tokens", "svg"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), name) == std::end(kValueFlags)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", Echo(arg)));
     }
@@ -387,6 +405,9 @@ absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args) {
     } else if (name == "input") {
       if (value.empty()) return FlagError(name, "missing file name");
       o.input_path = value;
+    } else if (name == "svg") {
+      if (value.empty()) return FlagError(name, "missing file name");
+      o.svg_path = value;
     } else if (name == "ilp-granularity") {
       absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 0, kMaxTokens);
       if (!v.ok()) return v.status();
@@ -529,6 +550,7 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
   int64_t done = 0;
   std::vector<int64_t> docs;
   std::string where;
+  std::vector<PlanPanel> svg_panels;
   while (true) {
     absl::StatusOr<bool> more = source.Next(docs, where);
     if (!more.ok()) {
@@ -565,6 +587,9 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
             << metrics.status().message() << "\n";
         return kExitBadInput;
       }
+      if (!options.svg_path.empty() && done == 0) {
+        svg_panels.push_back({std::string(StrategyName(strategy)), *plan});
+      }
       if (options.summary) {
         acc[static_cast<size_t>(strategy)].Add(*metrics, ms);
       } else {
@@ -594,6 +619,13 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
     for (Strategy s : active) rows.push_back(acc[static_cast<size_t>(s)].Finish());
     out << SummaryHeader(options) << FormatSummaryTable(rows);
     if (done == 0) err << kPrefix << "note: no batches in the input\n";
+  }
+  if (!options.svg_path.empty()) {
+    if (absl::Status s = WriteSvg(options.svg_path, svg_panels, done); !s.ok()) {
+      err << kPrefix << s.message() << "\n";
+      return kExitBadInput;
+    }
+    if (done > 1) err << kPrefix << "note: --svg drew batch 0 of " << done << "\n";
   }
   out.flush();
   if (!out) {

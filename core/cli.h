@@ -46,6 +46,9 @@ struct CliOptions {
   uint64_t seed = 1;
 
   bool summary = false;
+  // --svg FILE: the first batch's plans drawn side by side (core/plan_svg.h),
+  // one panel per strategy, written to FILE; empty: no drawing.
+  std::string svg_path;
   bool progress = true;  // a progress line on stderr every second; --quiet turns it off
   bool help = false;
 };

@@ -1,9 +1,14 @@
 #include "core/cli.h"
 
+#include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "core/plan_svg.h"
+#include "core/strategies.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -106,6 +111,8 @@ TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
       {{"--dtype-bytes", "3"}, "--dtype-bytes: must be 1, 2 or 4, got \"3\""},
       {{"--docs", "5,,3"}, "--docs: token 1: empty (two commas in a row, or a leading comma)"},
       {{"--summary=yes"}, "--summary: takes no value"},
+      {{"--svg="}, "--svg: missing file name"},
+      {{"--svg"}, "--svg: missing value"},
       {{"--bogus"}, "unknown flag \"--bogus\""},
       {{"-x"}, "unknown flag \"-x\""},
       {{"5", "x"}, "document lengths (arguments): token 1: \"x\" is not a positive integer"},
@@ -223,6 +230,56 @@ TEST(RunCliTest, SummaryOfDataSetBatches) {
                                    "drawn from wlbllm (seed 1)"));
   EXPECT_THAT(out.str(), HasSubstr("\nllama3               4 "));
   EXPECT_THAT(out.str(), HasSubstr("\nring                 4 "));
+}
+
+// --svg draws the first batch's plans, one panel per strategy in the order
+// asked, exactly as PlansToSvg draws them; the JSON lines still come out.
+TEST(RunCliTest, SvgDrawsTheFirstBatchSideBySide) {
+  const std::string path = ::testing::TempDir() + "/cli_test_plan.svg";
+  absl::StatusOr<CliOptions> o = ParseCliArgs(
+      {"--cp", "2", "--strategy", "per_doc,flashcp", "--quiet", "--svg", path});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->svg_path, path);
+  std::istringstream in("9,5,2\n4 4\n");
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), kExitOk);
+  EXPECT_EQ(err.str(), "flashcp-plan: note: --svg drew batch 0 of 2\n");
+  const std::string text = out.str();
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 4);
+
+  const Batch batch{{9, 5, 2}, 2};
+  std::vector<PlanPanel> panels;
+  for (Strategy s : {Strategy::kPerDoc, Strategy::kFlashCp}) {
+    absl::StatusOr<Plan> plan = MakePlan(s, batch);
+    ASSERT_THAT(plan, IsOk());
+    panels.push_back({std::string(StrategyName(s)), *plan});
+  }
+  absl::StatusOr<std::string> want = PlansToSvg(panels);
+  ASSERT_THAT(want, IsOk());
+  std::ifstream file(path, std::ios::binary);
+  const std::string got((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, *want);
+}
+
+TEST(RunCliTest, SvgUnwritablePathIsAnError) {
+  absl::StatusOr<CliOptions> o =
+      ParseCliArgs({"--cp", "2", "--quiet", "--svg", "/nonexistent/flashcp/plan.svg", "8", "8"});
+  ASSERT_THAT(o, IsOk());
+  std::istringstream in;
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), kExitBadInput);
+  EXPECT_EQ(err.str(), "flashcp-plan: --svg: cannot open \"/nonexistent/flashcp/plan.svg\"\n");
+}
+
+TEST(RunCliTest, SvgWithNoBatchIsAnError) {
+  const std::string path = ::testing::TempDir() + "/cli_test_empty.svg";
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--quiet", "--svg", path});
+  ASSERT_THAT(o, IsOk());
+  std::istringstream in("# only a comment\n");
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), kExitBadInput);
+  EXPECT_EQ(err.str(), "flashcp-plan: --svg: no batch to draw\n");
+  EXPECT_EQ(out.str(), "");
 }
 
 }  // namespace

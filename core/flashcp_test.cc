@@ -434,7 +434,7 @@ TEST(FlashCpTest, WlbLlmSliverGrowsByANewHead) {
 // Batches of the data-set generators (128K, seed 1, 200 per cell, R 1.02,
 // the default 128-token minimum) with a cut shard < 128: none. (WLB-LLM N = 8
 // batch 148 kept three until the repair could cut a new head; it is now
-// sliver-free at imbalance 1.0133, docs/planner.md.)
+// sliver-free at imbalance 1.0133.)
 TEST(FlashCpQualityTest, NoShortCutShardsOnGeneratedBatches) {
   for (Dataset ds : {Dataset::kWlbLlm, Dataset::kPile, Dataset::kRedPajama}) {
     absl::StatusOr<std::vector<std::vector<int64_t>>> batches = SampleBatches(ds, 131072, 200, 1);
@@ -535,7 +535,7 @@ TEST(FlashCpTest, RejectsNegativeMinShard) {
   EXPECT_THAT(std::string(plan.status().message()), ::testing::HasSubstr("min_shard_tokens"));
 }
 
-// Quality regression on the generators (docs/planner.md has the full table):
+// Quality regression on the generators (docs/benchmarks.md, "Plan quality"):
 // at R = 1.02 flashcp meets the imbalance goals and communicates less than
 // the paper's heuristic under the allgather scheme with the minimum-shard
 // rule off; with the default rule (128 tokens) it may give up a little on

@@ -22,13 +22,14 @@
 #   FLASHCP_CONTROL_HOST     WorkerControl (and gRPC health) bind host     (default 0.0.0.0)
 #   FLASHCP_CONTROL_BASE_PORT  local rank k serves WorkerControl on base + k (default 50061)
 #   FLASHCP_METRICS_HOST     metrics bind host                             (default 0.0.0.0)
-#   FLASHCP_METRICS_BASE_PORT  local rank k serves metrics on base + k     (default 9400)
+#   FLASHCP_METRICS_BASE_PORT  local rank k serves metrics on base + k     (default 9470)
 #   FLASHCP_WORKER           worker binary                                 (default flashcp-worker)
 #   FLASHCP_STOP_GRACE_SECONDS  after a rank fails, ranks still running this long after
 #                            SIGTERM get SIGKILL                           (default 60)
-# Arguments after the options are passed to every worker unchanged (--strategy, --steps, ...).
-# The environment reaches every rank as it is: NCCL's own settings (NCCL_SOCKET_IFNAME,
-# NCCL_IB_HCA, ...; docs/deploy.md, "Across nodes") go to NCCL unchanged, and are logged.
+# Each rank gets --local_rank k (its metrics' local_rank label); arguments after the options are
+# passed to every worker unchanged (--strategy, --steps, ...). The environment reaches every
+# rank as it is: NCCL's own settings (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...; docs/deploy.md,
+# "Across nodes") go to NCCL unchanged, and are logged.
 #
 # Supervision: SIGTERM/SIGINT are forwarded to every rank (each finishes its step in flight).
 # When any rank exits non-zero, the others get SIGTERM and the launcher exits with that rank's
@@ -46,7 +47,7 @@ device=${FLASHCP_DEVICE:-cuda}
 group=${FLASHCP_GROUP:-flashcp}
 planner=${FLASHCP_PLANNER:?FLASHCP_PLANNER (planner HOST:PORT) is required}
 metrics_host=${FLASHCP_METRICS_HOST:-0.0.0.0}
-metrics_base=${FLASHCP_METRICS_BASE_PORT:-9400}
+metrics_base=${FLASHCP_METRICS_BASE_PORT:-9470}
 rendezvous=${FLASHCP_RENDEZVOUS:-$planner}
 control_host=${FLASHCP_CONTROL_HOST:-0.0.0.0}
 control_base=${FLASHCP_CONTROL_BASE_PORT:-50061}
@@ -101,7 +102,7 @@ for ((k = 0; k < per_node; k++)); do
   "$worker" --rank "$rank" --world_size "$world" --group "$group" --planner "$planner" \
     --rendezvous "$rendezvous" --gloo_host "$gloo_host" \
     --control "$control_host:$((control_base + k))" \
-    --metrics "$metrics_host:$((metrics_base + k))" --device "$dev" "$@" &
+    --metrics "$metrics_host:$((metrics_base + k))" --device "$dev" --local_rank "$k" "$@" &
   pids+=($!)
   rank_of[$!]=$rank
   echo "flashcp-launch-ranks: started rank $rank/$world (local $k, device $dev, pid $!)" >&2

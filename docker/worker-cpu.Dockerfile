@@ -33,6 +33,6 @@ COPY --from=build /out/bin/ /usr/local/bin/
 RUN ! ldd /usr/local/bin/flashcp-worker | grep 'not found'
 USER 10001:10001
 ENV FLASHCP_DEVICE=cpu
-# Local rank k serves metrics on 9400 + k.
-EXPOSE 9400
+# Local rank k serves metrics on 9470 + k.
+EXPOSE 9470
 ENTRYPOINT ["flashcp-launch-ranks"]

@@ -1,5 +1,8 @@
 #include "planner_service/metrics.h"
 
+#include <algorithm>
+#include <string>
+
 #include "core/analysis.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -28,6 +31,24 @@ const prometheus::Histogram::BucketBoundaries& PrometheusMetrics::SavingBuckets(
   return *b;
 }
 
+const prometheus::Histogram::BucketBoundaries& PrometheusMetrics::PhaseBuckets() {
+  // Fine below 1 (sharding-aware plans at small N), then doubling to full KV at N = 256.
+  static const auto* b = new prometheus::Histogram::BucketBoundaries{
+      0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0, 1.5, 2, 3, 4, 8, 16, 32, 64, 128, 256};
+  return *b;
+}
+
+absl::string_view PrometheusMetrics::EventName(Event event) {
+  switch (event) {
+    case Event::kJoin: return "join";
+    case Event::kFormed: return "formed";
+    case Event::kAbort: return "abort";
+    case Event::kReform: return "reform";
+    case Event::kExpired: return "expired";
+  }
+  return "unknown";
+}
+
 PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry, absl::string_view version)
     : requests_(prometheus::BuildCounter()
                     .Name("flashcp_planner_requests_total")
@@ -53,6 +74,12 @@ PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry, absl::strin
                        .Help("Planning jobs waiting for a planning thread")
                        .Register(registry)
                        .Add({})),
+      queue_capacity_(prometheus::BuildGauge()
+                          .Name("flashcp_planner_queue_capacity")
+                          .Help("Planning jobs the queue holds before refusing with "
+                                "RESOURCE_EXHAUSTED (--queue_size)")
+                          .Register(registry)
+                          .Add({})),
       stream_held_bytes_(prometheus::BuildGauge()
                              .Name("flashcp_planner_stream_held_bytes")
                              .Help("Response bytes PlanStreams hold unread by their clients, "
@@ -63,13 +90,43 @@ PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry, absl::strin
       imbalance_(prometheus::BuildHistogram()
                      .Name("flashcp_planner_plan_imbalance_ratio")
                      .Help("Predicted imbalance (max / mean attention workload) of the plans "
-                           "served, by strategy")
+                           "served, by strategy and cp_size")
                      .Register(registry)),
       comm_saving_(prometheus::BuildHistogram()
                        .Name("flashcp_planner_plan_comm_saving_ratio")
-                       .Help("Predicted communication saving against a full-KV all-gather of "
-                             "the plans served, by strategy and scheme")
-                       .Register(registry)) {
+                       .Help("Predicted saving of the plans served against a full-KV "
+                             "all-gather, by strategy, cp_size and scheme: allgather, 1 - max "
+                             "non-last tokens / (C/N); targeted, 1 - its phase bottleneck / "
+                             "the full-KV phase bottleneck")
+                       .Register(registry)),
+      phase_bottleneck_(prometheus::BuildHistogram()
+                            .Name("flashcp_planner_plan_phase_bottleneck_ratio")
+                            .Help("Predicted tokens the busiest rank sends (direction=send) or "
+                                  "receives (direction=receive) in one phase, over C/N, by "
+                                  "strategy, scheme (allgather, targeted) and cp_size; full KV "
+                                  "is N - 1")
+                            .Register(registry)),
+      rendezvous_groups_(prometheus::BuildGauge()
+                             .Name("flashcp_planner_rendezvous_groups")
+                             .Help("Rendezvous groups held (forming, formed or aborted)")
+                             .Register(registry)
+                             .Add({})),
+      rendezvous_members_(prometheus::BuildGauge()
+                              .Name("flashcp_planner_rendezvous_members")
+                              .Help("Members of all rendezvous groups")
+                              .Register(registry)
+                              .Add({})),
+      rendezvous_events_(prometheus::BuildCounter()
+                             .Name("flashcp_planner_rendezvous_events_total")
+                             .Help("Rendezvous events: join (a member joined or replaced one), "
+                                   "formed (a group became complete the first time), abort, "
+                                   "reform (an aborted group restarted by a new incarnation), "
+                                   "expired (an idle group dropped)")
+                             .Register(registry)) {
+  for (const Event e : {Event::kJoin, Event::kFormed, Event::kAbort, Event::kReform,
+                        Event::kExpired}) {
+    rendezvous_events_.Add({{"event", std::string(EventName(e))}});  // at 0 from the start
+  }
   prometheus::BuildGauge()
       .Name("flashcp_planner_build_info")
       .Help("Always 1; the version label names the planner's build")
@@ -92,6 +149,19 @@ void PrometheusMetrics::OnQueueDepth(int64_t depth) {
   queue_depth_.Set(static_cast<double>(depth));
 }
 
+void PrometheusMetrics::SetQueueCapacity(int64_t jobs) {
+  queue_capacity_.Set(static_cast<double>(jobs));
+}
+
+void PrometheusMetrics::OnRendezvousEvent(Event event) {
+  rendezvous_events_.Add({{"event", std::string(EventName(event))}}).Increment();
+}
+
+void PrometheusMetrics::OnRendezvousSize(int64_t groups, int64_t members) {
+  rendezvous_groups_.Set(static_cast<double>(groups));
+  rendezvous_members_.Set(static_cast<double>(members));
+}
+
 void PrometheusMetrics::OnStreamHeldBytes(int64_t bytes) {
   stream_held_bytes_.Set(static_cast<double>(bytes));
 }
@@ -99,18 +169,28 @@ void PrometheusMetrics::OnStreamHeldBytes(int64_t bytes) {
 void PrometheusMetrics::OnPlanned(core::Strategy strategy, double planning_seconds,
                                   const core::PlanMetrics& metrics) {
   const std::string s(core::StrategyName(strategy));
-  planning_duration_.Add({{"strategy", s}}, LatencyBuckets()).Observe(planning_seconds);
-  imbalance_.Add({{"strategy", s}}, ImbalanceBuckets()).Observe(metrics.imbalance);
-  comm_saving_
-      .Add({{"strategy", s}, {"scheme", std::string(core::CommSchemeName(
-                                            core::CommScheme::kAllGather))}},
-           SavingBuckets())
-      .Observe(metrics.comm_saving);
-  comm_saving_
-      .Add({{"strategy", s},
-            {"scheme", std::string(core::CommSchemeName(core::CommScheme::kTargeted))}},
-           SavingBuckets())
-      .Observe(metrics.targeted_saving);
+  // One workload per rank: its count is the plan's cp_size.
+  const std::string n = std::to_string(metrics.rank_workload.size());
+  planning_duration_.Add({{"strategy", s}, {"cp_size", n}}, LatencyBuckets())
+      .Observe(planning_seconds);
+  imbalance_.Add({{"strategy", s}, {"cp_size", n}}, ImbalanceBuckets()).Observe(metrics.imbalance);
+  const double per_rank = static_cast<double>(std::max<int64_t>(1, metrics.tokens_per_rank));
+  for (const core::CommScheme scheme :
+       {core::CommScheme::kAllGather, core::CommScheme::kTargeted}) {
+    const std::string name(core::CommSchemeName(scheme));
+    comm_saving_.Add({{"strategy", s}, {"scheme", name}, {"cp_size", n}}, SavingBuckets())
+        .Observe(scheme == core::CommScheme::kAllGather ? metrics.comm_saving
+                                                        : metrics.targeted_saving);
+    const core::PhaseTraffic& phase = metrics.bytes[static_cast<int>(scheme)].phase;
+    phase_bottleneck_
+        .Add({{"strategy", s}, {"scheme", name}, {"cp_size", n}, {"direction", "send"}},
+             PhaseBuckets())
+        .Observe(static_cast<double>(phase.max_sent_tokens) / per_rank);
+    phase_bottleneck_
+        .Add({{"strategy", s}, {"scheme", name}, {"cp_size", n}, {"direction", "receive"}},
+             PhaseBuckets())
+        .Observe(static_cast<double>(phase.max_received_tokens) / per_rank);
+  }
 }
 
 }  // namespace flashcp::planner_service

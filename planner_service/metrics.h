@@ -1,15 +1,25 @@
-// Prometheus metrics for the planner service: a ServiceObserver that records
-// into a registry made by main (STYLE item 9). Names are a stable interface:
-// deploy/prometheus rules and the Grafana dashboards use them verbatim.
-//   flashcp_planner_requests_total{method,code}                 counter
-//   flashcp_planner_request_duration_seconds{method}            histogram
-//   flashcp_planner_planning_duration_seconds{strategy}         histogram
-//   flashcp_planner_inflight_requests                           gauge
-//   flashcp_planner_queue_depth                                 gauge
-//   flashcp_planner_plan_imbalance_ratio{strategy}              histogram
-//   flashcp_planner_plan_comm_saving_ratio{strategy,scheme}     histogram
-//   flashcp_planner_build_info{version}                         gauge, always 1
-// A PlanStream item counts as one request of method "PlanStream".
+// Prometheus metrics for the planner service: a ServiceObserver and
+// RendezvousObserver that records into a registry made by main (STYLE item 9).
+// Names are a stable interface: deploy/prometheus rules and the Grafana
+// dashboards use them verbatim (docs/deploy.md, "Metrics and labels", says what
+// each means).
+//   flashcp_planner_requests_total{method,code}                         counter
+//   flashcp_planner_request_duration_seconds{method}                    histogram
+//   flashcp_planner_planning_duration_seconds{strategy,cp_size}         histogram
+//   flashcp_planner_inflight_requests                                   gauge
+//   flashcp_planner_queue_depth                                         gauge
+//   flashcp_planner_queue_capacity                                      gauge
+//   flashcp_planner_stream_held_bytes                                   gauge
+//   flashcp_planner_plan_imbalance_ratio{strategy,cp_size}              histogram
+//   flashcp_planner_plan_comm_saving_ratio{strategy,scheme,cp_size}     histogram
+//   flashcp_planner_plan_phase_bottleneck_ratio{strategy,scheme,cp_size,direction}
+//                                                                       histogram
+//   flashcp_planner_rendezvous_groups                                   gauge
+//   flashcp_planner_rendezvous_members                                  gauge
+//   flashcp_planner_rendezvous_events_total{event}                      counter
+//   flashcp_planner_build_info{version}                                 gauge, always 1
+// A PlanStream item counts as one request of method "PlanStream". cp_size is
+// the plan's N, so plans for 8 and 32 ranks are never averaged together.
 #ifndef FLASHCP_PLANNER_SERVICE_METRICS_H_
 #define FLASHCP_PLANNER_SERVICE_METRICS_H_
 
@@ -25,10 +35,13 @@
 
 namespace flashcp::planner_service {
 
-class PrometheusMetrics final : public ServiceObserver {
+class PrometheusMetrics final : public ServiceObserver, public RendezvousObserver {
  public:
   // Registers every family in `registry`, which must outlive this object.
   PrometheusMetrics(prometheus::Registry& registry, absl::string_view version);
+
+  // The planning pool's queue bound (--queue_size), for the saturation alert.
+  void SetQueueCapacity(int64_t jobs);
 
   void OnRequestDone(absl::string_view method, absl::StatusCode code, double seconds) override;
   void OnInflightChange(int delta) override;
@@ -36,11 +49,17 @@ class PrometheusMetrics final : public ServiceObserver {
   void OnStreamHeldBytes(int64_t bytes) override;
   void OnPlanned(core::Strategy strategy, double planning_seconds,
                  const core::PlanMetrics& metrics) override;
+  void OnRendezvousEvent(Event event) override;
+  void OnRendezvousSize(int64_t groups, int64_t members) override;
 
   // Bucket upper bounds, exposed for tests.
   static const prometheus::Histogram::BucketBoundaries& LatencyBuckets();    // seconds
   static const prometheus::Histogram::BucketBoundaries& ImbalanceBuckets();  // ratio >= 1
   static const prometheus::Histogram::BucketBoundaries& SavingBuckets();     // ratio in [0, 1]
+  // A phase's busiest rank's tokens over C/N: 0 (nothing moves) to N - 1 (full KV).
+  static const prometheus::Histogram::BucketBoundaries& PhaseBuckets();
+  // The event label's value ("join", "formed", "abort", "reform", "expired").
+  static absl::string_view EventName(Event event);
 
  private:
   prometheus::Family<prometheus::Counter>& requests_;
@@ -48,9 +67,14 @@ class PrometheusMetrics final : public ServiceObserver {
   prometheus::Family<prometheus::Histogram>& planning_duration_;
   prometheus::Gauge& inflight_;
   prometheus::Gauge& queue_depth_;
+  prometheus::Gauge& queue_capacity_;
   prometheus::Gauge& stream_held_bytes_;
   prometheus::Family<prometheus::Histogram>& imbalance_;
   prometheus::Family<prometheus::Histogram>& comm_saving_;
+  prometheus::Family<prometheus::Histogram>& phase_bottleneck_;
+  prometheus::Gauge& rendezvous_groups_;
+  prometheus::Gauge& rendezvous_members_;
+  prometheus::Family<prometheus::Counter>& rendezvous_events_;
 };
 
 }  // namespace flashcp::planner_service

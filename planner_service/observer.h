@@ -40,6 +40,32 @@ class ServiceObserver {
                          const core::PlanMetrics& metrics) = 0;
 };
 
+// What the planner's Rendezvous (rendezvous_service.h) reports as groups form
+// and fail. Called under the rendezvous state's lock: implementations must not
+// call back into it.
+class RendezvousObserver {
+ public:
+  enum class Event {
+    kJoin,     // a member joined (a new rank, or a new incarnation replacing one)
+    kFormed,   // a group's world_size ranks were members for the first time
+    kAbort,    // a group was aborted (the first report; later ones are no event)
+    kReform,   // a new incarnation joined an aborted group and started it afresh
+    kExpired,  // an idle group was dropped (no member call for the idle timeout)
+  };
+  virtual ~RendezvousObserver() = default;
+  virtual void OnRendezvousEvent(Event event) = 0;
+  // The groups and members held, after each Join, Leave and expiry (which
+  // may leave both as they were).
+  virtual void OnRendezvousSize(int64_t groups, int64_t members) = 0;
+};
+
+// Reports nothing.
+class NullRendezvousObserver final : public RendezvousObserver {
+ public:
+  void OnRendezvousEvent(Event) override {}
+  void OnRendezvousSize(int64_t, int64_t) override {}
+};
+
 // Reports nothing.
 class NullObserver final : public ServiceObserver {
  public:

@@ -185,8 +185,15 @@ int64_t WaiterBytes(const std::vector<std::string>& keys) {
 }
 
 RendezvousState::RendezvousState(RendezvousOptions options, const core::WaitClock* clock,
-                                 TokenSource tokens)
-    : options_(options), clock_(clock), tokens_(std::move(tokens)) {}
+                                 TokenSource tokens, RendezvousObserver* observer)
+    : options_(options),
+      clock_(clock),
+      tokens_(std::move(tokens)),
+      observer_(observer != nullptr ? observer : &null_observer_) {}
+
+void RendezvousState::ReportSize() {
+  observer_->OnRendezvousSize(static_cast<int64_t>(groups_.size()), members_);
+}
 
 absl::StatusOr<RendezvousState::GroupMap::iterator> RendezvousState::FindMember(
     const Caller& caller, absl::string_view group_name, absl::string_view token, int32_t* rank) {
@@ -297,6 +304,8 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
       // A new incarnation re-forms the failed group (it has no waiters: the
       // abort finished them); it still counts for its creator.
       total_bytes_ -= g.bytes;
+      members_ -= static_cast<int64_t>(g.members.size());
+      observer_->OnRendezvousEvent(RendezvousObserver::Event::kReform);
       Group fresh;
       fresh.world_size = world_size;
       fresh.identity = std::move(g.identity);
@@ -334,6 +343,7 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
       member = Member{incarnation, tokens_()};
       g.rank_of_token[member.token] = rank;
       result = Joined{g.world_size, member.token};
+      observer_->OnRendezvousEvent(RendezvousObserver::Event::kJoin);
     } else {
       if (absl::Status room = RoomFor(group_name, g.bytes, kMemberOverheadBytes); !room.ok()) {
         if (g.members.empty()) EraseGroup(it, absl::OkStatus(), ready);  // no waiters
@@ -346,11 +356,15 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
       member = Member{incarnation, tokens_()};
       g.rank_of_token[member.token] = rank;
       result = Joined{g.world_size, member.token};
+      members_ += 1;
+      observer_->OnRendezvousEvent(RendezvousObserver::Event::kJoin);
       if (static_cast<int32_t>(g.members.size()) == g.world_size) {
         g.formed = true;
+        observer_->OnRendezvousEvent(RendezvousObserver::Event::kFormed);
         WakeMemberWaiters(it, ready);
       }
     }
+    ReportSize();
   }
   for (auto& r : ready) r();
   return result;
@@ -586,18 +600,22 @@ void RendezvousState::EraseGroup(GroupMap::iterator it, const absl::Status& stat
                                  Ready& ready) {
   FailWaiters(it->second, status, ready);
   total_bytes_ -= it->second.bytes;
+  members_ -= static_cast<int64_t>(it->second.members.size());
   ReleaseCreator(it->second);
   groups_.erase(it);
 }
 
 void RendezvousState::ExpireIdle(absl::Time now, Ready& ready) {
+  const size_t before = groups_.size();
   for (auto it = groups_.begin(); it != groups_.end();) {
     const auto next = std::next(it);
     if (it->second.waiters.empty() && now - it->second.last_call >= options_.idle_timeout) {
       EraseGroup(it, absl::OkStatus(), ready);  // no waiters: the status reaches no one
+      observer_->OnRendezvousEvent(RendezvousObserver::Event::kExpired);
     }
     it = next;
   }
+  if (groups_.size() != before) ReportSize();
 }
 
 RendezvousState::WaitId RendezvousState::StartWait(const Caller& caller, absl::Status valid,
@@ -744,6 +762,7 @@ absl::Status RendezvousState::Abort(const Caller& caller, absl::string_view grou
     if (!g.aborted) {
       g.aborted = true;
       g.abort_reason = absl::StrCat("rank ", rank, ": ", reason);
+      observer_->OnRendezvousEvent(RendezvousObserver::Event::kAbort);
       FailWaiters(g,
                   absl::AbortedError(absl::StrCat("group ", Quoted(group_name), " aborted: ",
                                                   g.abort_reason)),
@@ -778,10 +797,12 @@ absl::Status RendezvousState::Leave(const Caller& caller, absl::string_view grou
                 ready, m->second.token);
     g.rank_of_token.erase(m->second.token);
     g.members.erase(m);
+    members_ -= 1;
     g.bytes -= kMemberOverheadBytes;
     total_bytes_ -= kMemberOverheadBytes;
     // Fewer members answer no wait; the group goes with its last member.
     if (g.members.empty()) EraseGroup(it, absl::OkStatus(), ready);  // its waiters were the member's
+    ReportSize();
   }
   for (auto& r : ready) r();
   return absl::OkStatus();
@@ -937,8 +958,8 @@ grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* 
 }
 
 RendezvousHost::RendezvousHost(RendezvousOptions options, const core::WaitClock* clock,
-                               TokenSource tokens)
-    : state_(options, clock != nullptr ? clock : &real_clock_, std::move(tokens)),
+                               TokenSource tokens, RendezvousObserver* observer)
+    : state_(options, clock != nullptr ? clock : &real_clock_, std::move(tokens), observer),
       service_(&state_, clock != nullptr ? clock : &real_clock_),
       timer_([this] { state_.RunTimer(); }) {}
 

@@ -69,6 +69,7 @@
 #include "core/clock.h"
 #include "flashcp/v1/rendezvous.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "planner_service/observer.h"
 #include "proto/rendezvous_limits.h"
 
 namespace flashcp::planner_service {
@@ -154,9 +155,11 @@ absl::Status ValidateGroupName(absl::string_view group);
 
 class RendezvousState {
  public:
-  // `clock` (must outlive the state) gives "now" for deadlines and idleness.
+  // `clock` (must outlive the state) gives "now" for deadlines and idleness;
+  // `observer` (null: none; must outlive the state) hears of joins, formations,
+  // aborts, re-forms, expiries and the group and member counts.
   RendezvousState(RendezvousOptions options, const core::WaitClock* clock,
-                  TokenSource tokens = RandomToken);
+                  TokenSource tokens = RandomToken, RendezvousObserver* observer = nullptr);
   RendezvousState(const RendezvousState&) = delete;
   RendezvousState& operator=(const RendezvousState&) = delete;
 
@@ -325,6 +328,8 @@ class RendezvousState {
   absl::Status RoomFor(absl::string_view name, int64_t group_bytes, int64_t growth) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireIdle(absl::Time now, Ready& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the observer the group and member counts.
+  void ReportSize() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TimerShouldWake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return timer_kick_ || shut_down_;
   }
@@ -332,6 +337,8 @@ class RendezvousState {
   const RendezvousOptions options_;
   const core::WaitClock* const clock_;
   const TokenSource tokens_;
+  NullRendezvousObserver null_observer_;  // observer_ when none is given
+  RendezvousObserver* const observer_;    // never null
   // Shared with the Values::charge of answers, which may outlive a call but
   // not need the lock.
   const std::shared_ptr<std::atomic<int64_t>> answer_bytes_ =
@@ -347,6 +354,7 @@ class RendezvousState {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   int64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // sum of groups_' bytes
   int64_t waiter_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum of waiters_' charged
+  int64_t members_ ABSL_GUARDED_BY(mu_) = 0;       // sum of groups_' members.size()
 };
 
 // The gRPC adapter on the callback API: validates, clamps waits to
@@ -384,9 +392,10 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
 // registers.
 class RendezvousHost {
  public:
-  // `clock` (default: the real one) must outlive the host.
+  // `clock` (default: the real one) and `observer` (null: none) must outlive the host.
   explicit RendezvousHost(RendezvousOptions options = {}, const core::WaitClock* clock = nullptr,
-                          TokenSource tokens = RandomToken);
+                          TokenSource tokens = RandomToken,
+                          RendezvousObserver* observer = nullptr);
   ~RendezvousHost();  // Shutdown()
   RendezvousHost(const RendezvousHost&) = delete;
   RendezvousHost& operator=(const RendezvousHost&) = delete;

@@ -972,5 +972,41 @@ TEST_F(RendezvousServiceTest, ACancelledWaitIsDropped) {
   EXPECT_EQ(host().state().waiter_count(), 0u);
 }
 
+
+// What the observer heard, in order: events by name, sizes as "size G/M".
+class RecordingRendezvousObserver final : public RendezvousObserver {
+ public:
+  void OnRendezvousEvent(Event e) override {
+    static const char* const kNames[] = {"join", "formed", "abort", "reform", "expired"};
+    log.push_back(kNames[static_cast<int>(e)]);
+  }
+  void OnRendezvousSize(int64_t groups, int64_t members) override {
+    log.push_back(absl::StrCat("size ", groups, "/", members));
+  }
+  std::vector<std::string> log;
+};
+
+TEST(RendezvousStateTest, ObserverHearsJoinsFormationsAbortsReformsAndExpiries) {
+  core::ManualClock clock{absl::FromUnixSeconds(1'000'000)};
+  RecordingRendezvousObserver observer;
+  RendezvousOptions o;
+  o.idle_timeout = absl::Seconds(10);
+  RendezvousState s(o, &clock, CountingTokens(), &observer);
+  ASSERT_THAT(s.Join(kLocal, "g", 0, 2, 1).status(), IsOk());  // t1
+  ASSERT_THAT(s.Join(kLocal, "g", 1, 2, 2).status(), IsOk());  // t2: formed
+  ASSERT_THAT(s.Join(kLocal, "g", 1, 2, 2).status(), IsOk());  // a retry: nothing
+  ASSERT_THAT(s.Abort(kLocal, "g", "t1", 0, "peer died"), IsOk());
+  ASSERT_THAT(s.Abort(kLocal, "g", "t2", 1, "again"), IsOk());  // not a second abort
+  ASSERT_THAT(s.Join(kLocal, "g", 0, 2, 3).status(), IsOk());  // t3: re-forms the group
+  ASSERT_THAT(s.Leave(kLocal, "g", "t3", 0, 3), IsOk());        // the last member: group gone
+  ASSERT_THAT(s.Join(kLocal, "h", 0, 1, 4).status(), IsOk());  // t4: formed at once
+  clock.Advance(absl::Seconds(10));
+  s.ExpireDue();
+  EXPECT_EQ(observer.log,
+            (std::vector<std::string>{"join", "size 1/1", "join", "formed", "size 1/2", "abort",
+                                      "reform", "join", "size 1/1", "size 0/0", "join", "formed",
+                                      "size 1/1", "expired", "size 0/0"}));
+  EXPECT_EQ(s.group_count(), 0u);
+}
 }  // namespace
 }  // namespace flashcp::planner_service

@@ -222,9 +222,9 @@ int ChannelArgMs(absl::Duration d) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const ServerOptions& options,
-                                                                    ServiceObserver* observer,
-                                                                    const Clock* clock) {
+absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
+    const ServerOptions& options, ServiceObserver* observer, const Clock* clock,
+    RendezvousObserver* rendezvous_observer) {
   FLASHCP_RETURN_IF_ERROR(ValidateOptions(options));
   FLASHCP_ASSIGN_OR_RETURN(const auto host_port, SplitHostPort(options.listen, "--listen"));
   FLASHCP_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
@@ -270,7 +270,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const Server
   int port = 0;
   builder.AddListeningPort(options.listen, credentials, &port);
   if (ServesPlanning(options.serve)) builder.RegisterService(s->service_.get());
-  s->rendezvous_ = std::make_unique<RendezvousHost>(options.rendezvous);
+  s->rendezvous_ = std::make_unique<RendezvousHost>(options.rendezvous, /*clock=*/nullptr,
+                                                    RandomToken, rendezvous_observer);
   if (ServesRendezvous(options.serve)) builder.RegisterService(s->rendezvous_->service());
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(options));
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
@@ -375,8 +376,9 @@ absl::Status RunPlanner(const ServerOptions& options,
     ~Unroute() { RouteProtobufLogs(nullptr); }
   } unroute;
   PrometheusMetrics metrics(*registry, options.version);
+  metrics.SetQueueCapacity(options.queue_size);
   FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<PlannerServer> server,
-                           PlannerServer::Start(options, &metrics, &clock));
+                           PlannerServer::Start(options, &metrics, &clock, &metrics));
 
   const std::string line = ListeningLine(server->address(), metrics_address);
   std::fprintf(stdout, "%s\n", line.c_str());

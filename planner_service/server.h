@@ -106,10 +106,12 @@ class PlannerServer {
   // Binds and starts serving the services of options.serve; health reports
   // SERVING for "" and the name of each service served ("flashcp.v1.Planner",
   // "flashcp.v1.Rendezvous"; NOT_SERVING while the listener watchdog sees a
-  // stalled listener). A service not served answers UNIMPLEMENTED. `observer` and `clock` must outlive the server.
-  static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(const ServerOptions& options,
-                                                             ServiceObserver* observer,
-                                                             const Clock* clock);
+  // stalled listener). A service not served answers UNIMPLEMENTED.
+  // `observer`, `clock` and `rendezvous_observer` (null: none) must outlive
+  // the server.
+  static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(
+      const ServerOptions& options, ServiceObserver* observer, const Clock* clock,
+      RendezvousObserver* rendezvous_observer = nullptr);
   ~PlannerServer();  // Shutdown()
 
   // HOST:PORT with the bound port.

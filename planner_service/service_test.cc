@@ -20,9 +20,12 @@
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "planner_service/metrics.h"
 #include "planner_service/plan_batch.h"
 #include "planner_service/server.h"
 #include "proto/convert.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 #include "proto/grpc_status.h"
 #include "tests/testing/expected_plans.h"
 
@@ -34,6 +37,7 @@ using ::flashcp::core::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::flashcp::tests::testing::PlanRequestOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Every Now() returns the previous value plus 1 ms: each reading is a tick, so
 // durations count the clock readings between two points exactly.
@@ -668,6 +672,72 @@ TEST(FairAdmissionTest, GreedyStreamsDoNotStarveAUnaryClient) {
   for (int64_t d : observer.depths) max_depth = std::max(max_depth, d);
   EXPECT_LE(max_depth, 16);  // the bound held, streams included
   EXPECT_GE(max_depth, 12);  // and the streams were greedy: their whole share taken
+}
+
+
+// The planner's series as /metrics serves them (labels sorted by name).
+std::string Scrape(prometheus::Registry& registry) {
+  return prometheus::TextSerializer().Serialize(registry.Collect());
+}
+
+TEST(PrometheusMetricsTest, PlanQualityCarriesCpSizeAndEachSchemesPhaseBottleneck) {
+  prometheus::Registry registry;
+  PrometheusMetrics m(registry, "test");
+  core::PlanMetrics pm;
+  pm.rank_workload = {1, 1, 1, 1};  // N = 4
+  pm.tokens_per_rank = 100;
+  pm.imbalance = 1.25;
+  pm.comm_saving = 0.5;
+  pm.targeted_saving = 0.75;
+  pm.bytes[static_cast<int>(core::CommScheme::kAllGather)].phase.max_sent_tokens = 150;
+  pm.bytes[static_cast<int>(core::CommScheme::kAllGather)].phase.max_received_tokens = 150;
+  pm.bytes[static_cast<int>(core::CommScheme::kTargeted)].phase.max_sent_tokens = 50;
+  pm.bytes[static_cast<int>(core::CommScheme::kTargeted)].phase.max_received_tokens = 75;
+  m.OnPlanned(core::Strategy::kFlashCp, 0.5, pm);
+  pm.rank_workload.resize(8);  // the same plan quality at N = 8 is another series
+  m.OnPlanned(core::Strategy::kFlashCp, 0.5, pm);
+  const std::string text = Scrape(registry);
+  for (const char* line : {
+           "flashcp_planner_planning_duration_seconds_sum{cp_size=\"4\",strategy=\"flashcp\"} 0.5",
+           "flashcp_planner_plan_imbalance_ratio_sum{cp_size=\"4\",strategy=\"flashcp\"} 1.25",
+           "flashcp_planner_plan_imbalance_ratio_sum{cp_size=\"8\",strategy=\"flashcp\"} 1.25",
+           "flashcp_planner_plan_comm_saving_ratio_sum{cp_size=\"4\",scheme=\"allgather\","
+           "strategy=\"flashcp\"} 0.5",
+           "flashcp_planner_plan_comm_saving_ratio_sum{cp_size=\"4\",scheme=\"targeted\","
+           "strategy=\"flashcp\"} 0.75",
+           "flashcp_planner_plan_phase_bottleneck_ratio_sum{cp_size=\"4\",direction=\"send\","
+           "scheme=\"allgather\",strategy=\"flashcp\"} 1.5",
+           "flashcp_planner_plan_phase_bottleneck_ratio_sum{cp_size=\"4\",direction=\"send\","
+           "scheme=\"targeted\",strategy=\"flashcp\"} 0.5",
+           "flashcp_planner_plan_phase_bottleneck_ratio_sum{cp_size=\"4\",direction=\"receive\","
+           "scheme=\"targeted\",strategy=\"flashcp\"} 0.75",
+       }) {
+    EXPECT_THAT(text, HasSubstr(std::string(line) + "\n")) << line;
+  }
+  EXPECT_THAT(text, Not(HasSubstr("scheme=\"full_kv\"")));
+}
+
+TEST(PrometheusMetricsTest, RendezvousAndQueueSeries) {
+  prometheus::Registry registry;
+  PrometheusMetrics m(registry, "test");
+  // Every event's series exists at 0 before the first event.
+  std::string text = Scrape(registry);
+  for (const char* e : {"join", "formed", "abort", "reform", "expired"}) {
+    EXPECT_THAT(text, HasSubstr(absl::StrCat("flashcp_planner_rendezvous_events_total{event=\"", e,
+                                             "\"} 0\n")));
+  }
+  m.OnRendezvousEvent(RendezvousObserver::Event::kJoin);
+  m.OnRendezvousEvent(RendezvousObserver::Event::kJoin);
+  m.OnRendezvousEvent(RendezvousObserver::Event::kAbort);
+  m.OnRendezvousSize(3, 7);
+  m.SetQueueCapacity(64);
+  text = Scrape(registry);
+  EXPECT_THAT(text, HasSubstr("flashcp_planner_rendezvous_events_total{event=\"join\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("flashcp_planner_rendezvous_events_total{event=\"abort\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("flashcp_planner_rendezvous_events_total{event=\"reform\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("flashcp_planner_rendezvous_groups 3\n"));
+  EXPECT_THAT(text, HasSubstr("flashcp_planner_rendezvous_members 7\n"));
+  EXPECT_THAT(text, HasSubstr("flashcp_planner_queue_capacity 64\n"));
 }
 
 }  // namespace

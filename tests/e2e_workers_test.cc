@@ -8,6 +8,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -69,7 +70,8 @@ absl::StatusOr<Worker> StartWorker(int rank, const std::string& group, const std
                                    "--planner",    planner,
                                    "--context",    absl::StrCat(kContext),
                                    "--heads",      absl::StrCat(kHeads),
-                                   "--head_dim",   absl::StrCat(kHeadDim)};
+                                   "--head_dim",   absl::StrCat(kHeadDim),
+                                   "--local_rank", absl::StrCat(rank)};
   args.insert(args.end(), extra.begin(), extra.end());
   return Worker::Start(FLASHCP_WORKER_BIN, args, In(absl::Seconds(60)));
 }
@@ -250,7 +252,10 @@ std::vector<std::string> DashboardQueries() {
        "import json,sys\n"
        "d=json.load(open(sys.argv[1]))\n"
        "for p in d['panels']:\n"
-       "  for t in p.get('targets',[]): print(t['expr'].replace('\\n',' '))\n",
+       "  for t in p.get('targets',[]):\n"
+       "    e=t['expr'].replace('\\n',' ')\n"
+       "    for v in ('namespace','group','strategy','cp_size'): e=e.replace('$'+v,'.*')\n"
+       "    print(e)\n",
        absl::StrCat(kSource, "/deploy/grafana/flashcp.json")},
       "", In(absl::Seconds(30)));
   if (!r.ok() || r->exit_code != 0) return {};
@@ -385,6 +390,49 @@ TEST(E2eWorkersTest, RunThroughPrometheusRulesDashboardAndCommSaving) {
                            near, settle)
                   .status(),
               IsOk());
+  // Per group: the bytes sent are the plans' prediction for the same steps;
+  // all 4 ranks answer; the rendezvous formed one group of 4 (4 joins); plan
+  // series carry cp_size and worker series device.
+  const auto exactly = [](double want) { return [want](double v) { return v == want; }; };
+  EXPECT_THAT(p.AwaitValue("flashcp:worker_bytes_vs_predicted:ratio{group=\"e2e\"}", exactly(1),
+                           settle)
+                  .status(),
+              IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp:worker_ranks_up:count{group=\"e2e\"}", exactly(kRanks),
+                           settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp:worker_world_size:max{group=\"e2e\"}", exactly(kRanks),
+                           settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp_planner_rendezvous_events_total{event=\"join\"}",
+                           exactly(kRanks), settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp_planner_rendezvous_events_total{event=\"formed\"}",
+                           exactly(1), settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp_planner_rendezvous_events_total{event=\"abort\"}",
+                           exactly(0), settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp_planner_rendezvous_members", exactly(kRanks), settle).status(),
+              IsOk());
+  EXPECT_THAT(p.AwaitValue(absl::StrCat("sum(flashcp_planner_plan_imbalance_ratio_count{cp_size=\"",
+                                        kRanks, "\"})"),
+                           exactly(2 * kSteps), settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("count(flashcp_worker_attention_seconds_total{device=\"cpu\","
+                           "strategy=\"flashcp\"})", exactly(kRanks), settle).status(), IsOk());
+  EXPECT_THAT(p.AwaitValue("count(flashcp_worker_world_size{local_rank=\"3\",rank=\"3\"})",
+                           exactly(1), settle).status(), IsOk());
+  auto gpu = p.Query("flashcp_worker_world_size{gpu!=\"\"}");  // CPU ranks have no GPU
+  ASSERT_THAT(gpu.status(), IsOk());
+  EXPECT_TRUE(gpu->empty());
+  // Measured and predicted imbalance of the same steps, from the counters.
+  // The measured one depends on the machine; both exist and are >= 1.
+  const auto at_least_one = [](double v) { return v >= 1.0; };
+  auto measured = p.AwaitValue("flashcp:worker_measured_imbalance:ratio{group=\"e2e\"}",
+                               at_least_one, settle);
+  auto predicted = p.AwaitValue("flashcp:worker_predicted_imbalance:ratio{group=\"e2e\"}",
+                                at_least_one, settle);
+  EXPECT_THAT(measured.status(), IsOk());
+  EXPECT_THAT(predicted.status(), IsOk());
+  if (measured.ok() && predicted.ok()) {
+    std::printf("measured imbalance %.4f, predicted %.4f (flashcp, N = %d, C = %ld)\n", *measured,
+                *predicted, kRanks, static_cast<long>(kContext));
+  }
   // Bytes sent per step are the plan analysis's, exactly (raw counters, no rate).
   auto sent = p.Query("sum(flashcp_worker_bytes_sent_total) / sum(flashcp_worker_full_kv_bytes_total)");
   ASSERT_THAT(sent.status(), IsOk());
@@ -404,6 +452,13 @@ TEST(E2eWorkersTest, RunThroughPrometheusRulesDashboardAndCommSaving) {
   }
   EXPECT_THAT(ws[0].output, HasSubstr("RUN {\"strategy\":\"flashcp\",\"scheme\":\"allgather\","
                                       "\"steps\":12,"));
+  // Every rank left: the rendezvous holds no member and no group.
+  EXPECT_THAT(p.AwaitValue("flashcp_planner_rendezvous_members", exactly(0), In(absl::Seconds(30)))
+                  .status(),
+              IsOk());
+  EXPECT_THAT(p.AwaitValue("flashcp_planner_rendezvous_groups", exactly(0), In(absl::Seconds(30)))
+                  .status(),
+              IsOk());
   EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
 }
 
@@ -464,7 +519,7 @@ TEST(E2eWorkersTest, PlannerRestartMidRunWorkersReconnectAndFinish) {
   ASSERT_THAT(m.status(), IsOk());
   auto planned = tests::testing::FindSample(
       *m, "flashcp_planner_plan_comm_saving_ratio_count",
-      {{"strategy", "flashcp"}, {"scheme", "allgather"}});
+      {{"strategy", "flashcp"}, {"scheme", "allgather"}, {"cp_size", absl::StrCat(kRanks)}});
   ASSERT_THAT(planned.status(), IsOk());
   EXPECT_GE(*planned, 1);  // the restarted planner served the rest of the run
   EXPECT_THAT((*again)->Terminate(), core::testing::IsOk());
@@ -580,6 +635,19 @@ TEST(E2eWorkersTest, StrayPositionalArgumentIsRefused) {
     EXPECT_EQ(r->exit_code, 2) << c.word;
     EXPECT_EQ(r->output, absl::StrCat("flashcp-worker: unexpected argument \"", c.word,
                                       "\"; every option is a --flag\n"));
+  }
+}
+
+TEST(E2eWorkersTest, LocalRankOutOfRangeIsRefused) {
+  for (const int local_rank : {-2, 4096}) {
+    auto r = tests::testing::RunCommand({FLASHCP_WORKER_BIN, "--local_rank",
+                                         absl::StrCat(local_rank), "--planner", "127.0.0.1:1"},
+                                        "", In(absl::Seconds(30)));
+    ASSERT_THAT(r.status(), IsOk());
+    EXPECT_EQ(r->exit_code, 1) << local_rank;
+    EXPECT_THAT(r->output, HasSubstr(absl::StrCat(
+                               "INVALID_ARGUMENT: --local_rank: must be in [-1, 4095], got ",
+                               local_rank)));
   }
 }
 

@@ -148,7 +148,7 @@ TEST_P(MultiHostTest, GroupAcrossHostsRunsItsSteps) {
 // The container entrypoint as the StatefulSet runs it: one launcher per "pod"
 // (host), 2 ranks each, the pod's address as FLASHCP_GLOO_HOST (the downward
 // API's status.podIP in deploy/k8s), the planner and rendezvous by address.
-// Its fixed ports (control 50061 + k, metrics 9400 + k) are each namespace's
+// Its fixed ports (control 50061 + k, metrics 9470 + k) are each namespace's
 // own, as a pod's are.
 TEST_P(MultiHostTest, LauncherPodsFormAGroupWithThePodIp) {
   constexpr int kPerPod = 2;

@@ -336,7 +336,7 @@ TEST(PlannerServiceTest, DeadlineExceededDropsTheQueuedJob) {
   ExpectRingPlanFor53(response);
   // The dropped job was never planned: one plan in total.
   ASSERT_THAT(WaitForSample(*p, "flashcp_planner_planning_duration_seconds_count",
-                            {{"strategy", "ring"}}, 1),
+                            {{"cp_size", "2"}, {"strategy", "ring"}}, 1),
               IsOk());
   EXPECT_THAT(p->Terminate(), IsOkAndHolds(0));
 }
@@ -589,25 +589,25 @@ TEST(PlannerServiceTest, MetricsMoveAfterRequestsAndPassPromtool) {
   EXPECT_THAT(FindSample(m, "flashcp_planner_request_duration_seconds_count", {{"method", "Plan"}}),
               IsOkAndHolds(4.0));
   EXPECT_THAT(FindSample(m, "flashcp_planner_planning_duration_seconds_count",
-                         {{"strategy", "ring"}}),
+                         {{"cp_size", "2"}, {"strategy", "ring"}}),
               IsOkAndHolds(3.0));
   EXPECT_THAT(FindSample(m, "flashcp_planner_planning_duration_seconds_count",
-                         {{"strategy", "llama3"}}),
+                         {{"cp_size", "2"}, {"strategy", "llama3"}}),
               IsOkAndHolds(1.0));
   // imbalance 11/10.5 = 1.0476: in the 1.05 bucket, not the 1.03 one.
   EXPECT_THAT(FindSample(m, "flashcp_planner_plan_imbalance_ratio_bucket",
-                         {{"strategy", "ring"}, {"le", "1.03"}}),
+                         {{"cp_size", "2"}, {"strategy", "ring"}, {"le", "1.03"}}),
               IsOkAndHolds(0.0));
   EXPECT_THAT(FindSample(m, "flashcp_planner_plan_imbalance_ratio_bucket",
-                         {{"strategy", "ring"}, {"le", "1.05"}}),
+                         {{"cp_size", "2"}, {"strategy", "ring"}, {"le", "1.05"}}),
               IsOkAndHolds(3.0));
   EXPECT_THAT(FindSample(m, "flashcp_planner_plan_comm_saving_ratio_count",
-                         {{"strategy", "ring"}, {"scheme", "allgather"}}),
+                         {{"cp_size", "2"}, {"strategy", "ring"}, {"scheme", "allgather"}}),
               IsOkAndHolds(3.0));
   // ring's targeted saving is exactly 0 for this batch: one phase moves 4
   // tokens (rank 0 sends, rank 1 receives), as full KV does (C/N = 4).
   EXPECT_THAT(FindSample(m, "flashcp_planner_plan_comm_saving_ratio_sum",
-                         {{"strategy", "ring"}, {"scheme", "targeted"}}),
+                         {{"cp_size", "2"}, {"strategy", "ring"}, {"scheme", "targeted"}}),
               IsOkAndHolds(0.0));
   EXPECT_THAT(FindSample(m, "flashcp_planner_inflight_requests"), IsOkAndHolds(0.0));
   EXPECT_THAT(FindSample(m, "flashcp_planner_queue_depth"), IsOkAndHolds(0.0));

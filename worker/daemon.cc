@@ -123,68 +123,137 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
 
 // ---- metrics -----------------------------------------------------------------
 
-WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& version)
+namespace {
+
+// The WorkerLabels as Prometheus constant labels; empty values are left out.
+prometheus::Labels ConstLabels(const WorkerLabels& l) {
+  prometheus::Labels out = {{"device", l.device}};
+  if (!l.gpu.empty()) out["gpu"] = l.gpu;
+  if (!l.local_rank.empty()) out["local_rank"] = l.local_rank;
+  return out;
+}
+
+}  // namespace
+
+WorkerLabels LabelsForDevice(const std::string& device, const std::string& local_rank) {
+  WorkerLabels l;
+  l.local_rank = local_rank;
+  const absl::StatusOr<int32_t> index = ParseDevice(device);
+  if (index.ok() && *index >= 0) {
+    l.device = "cuda";
+    l.gpu = absl::StrCat(*index);
+  }
+  return l;
+}
+
+WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& version,
+                             const WorkerLabels& labels)
     : step_(prometheus::BuildHistogram()
                 .Name("flashcp_worker_step_duration_seconds")
                 .Help("Wall time of a training step (plan wait, attention forward and backward, "
                       "reporting), by strategy and scheme")
+                .Labels(ConstLabels(labels))
                 .Register(registry)),
       forward_(prometheus::BuildHistogram()
                    .Name("flashcp_worker_attention_forward_duration_seconds")
-                   .Help("Attention forward pass per step: CPU, its collectives included; CUDA, device time of the attention kernels only")
+                   .Help("Attention forward pass per step: device=cpu, wall time with its "
+                         "collectives; device=cuda, device time of the attention kernels only")
+                   .Labels(ConstLabels(labels))
                    .Register(registry)),
       backward_(prometheus::BuildHistogram()
                     .Name("flashcp_worker_attention_backward_duration_seconds")
-                    .Help("Attention backward pass per step: CPU, its collectives included; CUDA, device time of the attention kernels only")
+                    .Help("Attention backward pass per step: device=cpu, wall time with its "
+                          "collectives; device=cuda, device time of the attention kernels only")
+                    .Labels(ConstLabels(labels))
                     .Register(registry)),
       comm_(prometheus::BuildHistogram()
                 .Name("flashcp_worker_comm_duration_seconds")
                 .Help("Time inside KV and gradient collectives per step (waiting for peers "
                       "included)")
+                .Labels(ConstLabels(labels))
                 .Register(registry)),
       plan_wait_(prometheus::BuildHistogram()
                      .Name("flashcp_worker_plan_wait_duration_seconds")
                      .Help("Time a step waited for its plan")
+                     .Labels(ConstLabels(labels))
                      .Register(registry)),
       bytes_sent_(prometheus::BuildCounter()
                       .Name("flashcp_worker_bytes_sent_total")
                       .Help("KV and gradient payload bytes this rank sent")
+                      .Labels(ConstLabels(labels))
                       .Register(registry)),
       bytes_received_(prometheus::BuildCounter()
                           .Name("flashcp_worker_bytes_received_total")
                           .Help("KV and gradient payload bytes this rank received")
+                          .Labels(ConstLabels(labels))
                           .Register(registry)),
       full_kv_(prometheus::BuildCounter()
                    .Name("flashcp_worker_full_kv_bytes_total")
                    .Help("Bytes this rank would have sent under a full-KV all-gather for the "
                          "same steps")
+                   .Labels(ConstLabels(labels))
                    .Register(registry)),
       steps_(prometheus::BuildCounter()
                  .Name("flashcp_worker_steps_total")
                  .Help("Training steps completed")
+                 .Labels(ConstLabels(labels))
                  .Register(registry)),
+      attention_(prometheus::BuildCounter()
+                     .Name("flashcp_worker_attention_seconds_total")
+                     .Help("Attention compute seconds of this rank, what its group's measured "
+                           "imbalance compares: device=cpu, forward + backward minus time in "
+                           "collectives; device=cuda, device time of the attention kernels")
+                     .Labels(ConstLabels(labels))
+                     .Register(registry)),
+      predicted_sent_(prometheus::BuildCounter()
+                          .Name("flashcp_worker_predicted_bytes_sent_total")
+                          .Help("Bytes the plans predicted this rank sends under the scheme run, "
+                                "for the same steps as flashcp_worker_bytes_sent_total")
+                          .Labels(ConstLabels(labels))
+                          .Register(registry)),
+      predicted_workload_(prometheus::BuildCounter()
+                              .Name("flashcp_worker_predicted_workload_pairs_total")
+                              .Help("Attention (query, key) pairs the plans gave this rank "
+                                    "(SPEC Eq. 3), for the same steps as "
+                                    "flashcp_worker_attention_seconds_total")
+                              .Labels(ConstLabels(labels))
+                              .Register(registry)),
       time_ratio_(prometheus::BuildGauge()
                       .Name("flashcp_worker_attention_time_ratio")
                       .Help("This rank's attention compute time over its group's mean, last step")
+                      .Labels(ConstLabels(labels))
                       .Register(registry)),
       predicted_imbalance_(prometheus::BuildGauge()
                                .Name("flashcp_worker_predicted_imbalance_ratio")
                                .Help("The planner's imbalance ratio (max/mean workload) of the "
                                      "plan of the last step")
-                               .Register(registry)) {
+                               .Labels(ConstLabels(labels))
+                               .Register(registry)),
+      world_size_(prometheus::BuildGauge()
+                      .Name("flashcp_worker_world_size")
+                      .Help("Ranks in this rank's CP group (--world_size)")
+                      .Labels(ConstLabels(labels))
+                      .Register(registry)
+                      .Add({})) {
   prometheus::BuildGauge()
       .Name("flashcp_worker_build_info")
       .Help("flashcp-worker build; always 1")
+      .Labels(ConstLabels(labels))
       .Register(registry)
       .Add({{"version", version}})
       .Set(1);
 }
 
+void WorkerMetrics::SetWorldSize(int32_t ranks) { world_size_.Set(ranks); }
+
 void WorkerMetrics::Prepare(const std::string& strategy, const std::string& scheme) {
   const prometheus::Labels l = {{"strategy", strategy}, {"scheme", scheme}};
   const auto buckets = DurationBuckets();
   for (auto* h : {&step_, &forward_, &backward_, &comm_, &plan_wait_}) h->Add(l, buckets);
-  for (auto* c : {&bytes_sent_, &bytes_received_, &full_kv_, &steps_}) c->Add(l);
+  for (auto* c : {&bytes_sent_, &bytes_received_, &full_kv_, &steps_, &attention_,
+                  &predicted_sent_, &predicted_workload_}) {
+    c->Add(l);
+  }
 }
 
 void WorkerMetrics::Record(const std::string& strategy, const std::string& scheme,
@@ -200,6 +269,9 @@ void WorkerMetrics::Record(const std::string& strategy, const std::string& schem
   bytes_received_.Add(l).Increment(static_cast<double>(r.bytes_received));
   full_kv_.Add(l).Increment(static_cast<double>(r.full_kv_bytes_sent));
   steps_.Add(l).Increment();
+  attention_.Add(l).Increment(r.attention_seconds);
+  predicted_sent_.Add(l).Increment(static_cast<double>(r.predicted_bytes_sent));
+  predicted_workload_.Add(l).Increment(r.predicted_workload);
   time_ratio_.Add({{"strategy", strategy}}).Set(r.attention_time_ratio);
   predicted_imbalance_.Add({{"strategy", strategy}}).Set(r.predicted_imbalance);
 }
@@ -572,7 +644,13 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
     }
   }
   r.full_kv_bytes_sent = full.sent.empty() ? 0 : full.sent[comm.rank()];
+  r.predicted_bytes_sent = predicted.sent.empty() ? 0 : predicted.sent[comm.rank()];
   r.predicted_imbalance = plan.metrics.imbalance;
+  // ResponseFromProto checks rank_workload has cp_size entries (or none).
+  r.predicted_workload = plan.metrics.rank_workload.empty()
+                             ? 0.0
+                             : plan.metrics.rank_workload[comm.rank()];
+  r.attention_seconds = m.attention_seconds;
   if (!predicted.sent.empty() && predicted.sent[comm.rank()] != r.bytes_sent) {
     FLASHCP_LOG(WARNING) << "rank " << comm.rank() << " batch " << batch << ": sent "
                          << r.bytes_sent << " bytes, the plan predicts "

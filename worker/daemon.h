@@ -90,17 +90,39 @@ absl::Status AbortGroup(RendezvousClient& rdv, const absl::Status& failure);
 struct StepRecord {
   double step_seconds = 0, plan_wait_seconds = 0, forward_seconds = 0, backward_seconds = 0,
          comm_seconds = 0;
+  double attention_seconds = 0;  // StepMeasurement::attention_seconds (what the group compares)
   int64_t bytes_sent = 0, bytes_received = 0, full_kv_bytes_sent = 0;
+  int64_t predicted_bytes_sent = 0;  // the plan's sent bytes for this rank under the scheme
+  double predicted_workload = 0;     // the plan's attention (query, key) pairs on this rank
   double attention_time_ratio = 1.0;  // this rank's attention compute time / group mean
   double predicted_imbalance = 1.0;   // the plan's (planner's) imbalance ratio
 };
 
-// The worker's Prometheus series (names are deploy/'s contract; base units).
-// Histograms and counters carry strategy and scheme; the two gauges strategy;
-// group and rank come from the scrape target's labels.
+// Labels every series of one worker process carries (constant labels).
+struct WorkerLabels {
+  // "cpu" or "cuda": what the duration series measure differs (docs/deploy.md,
+  // "Metrics and labels"), so every series says which.
+  std::string device = "cpu";
+  std::string gpu;         // CUDA device index ("0"), as dcgm-exporter's gpu label; empty: none
+  std::string local_rank;  // the rank's index on its host; empty: none
+};
+
+// The WorkerLabels of a --device value that ValidateDaemonOptions accepted
+// (device "cpu" or "cuda", gpu "" or "K") and of `local_rank` ("": none).
+WorkerLabels LabelsForDevice(const std::string& device, const std::string& local_rank);
+
+// The worker's Prometheus series (names are deploy/'s contract; base units;
+// docs/deploy.md, "Metrics and labels", says what each means). Every series
+// carries the WorkerLabels; histograms and counters carry strategy and scheme,
+// the two last-step gauges strategy; group and rank come from the scrape
+// target's labels.
 class WorkerMetrics {
  public:
-  WorkerMetrics(prometheus::Registry& registry, const std::string& version);
+  WorkerMetrics(prometheus::Registry& registry, const std::string& version,
+                const WorkerLabels& labels = {});
+  // Ranks in this rank's group (--world_size): what the missing-rank alert
+  // compares the group's live targets with.
+  void SetWorldSize(int32_t ranks);
   // Creates the run's series at zero, so that the first scrape sees 0.
   void Prepare(const std::string& strategy, const std::string& scheme);
   void Record(const std::string& strategy, const std::string& scheme, const StepRecord& r);
@@ -115,8 +137,12 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& bytes_received_;
   prometheus::Family<prometheus::Counter>& full_kv_;
   prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Counter>& attention_;
+  prometheus::Family<prometheus::Counter>& predicted_sent_;
+  prometheus::Family<prometheus::Counter>& predicted_workload_;
   prometheus::Family<prometheus::Gauge>& time_ratio_;
   prometheus::Family<prometheus::Gauge>& predicted_imbalance_;
+  prometheus::Gauge& world_size_;
 };
 
 // The driver's supply of plans: one thread runs PlanStream (client/

@@ -3,6 +3,7 @@
 // the summary line.
 #include "worker/daemon.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -503,6 +504,17 @@ std::pair<double, int64_t> Histogram(prometheus::Registry& registry, const std::
   return {-1, -1};
 }
 
+// Sum over a counter family's series, or -1 if it has none.
+double CounterSum(prometheus::Registry& registry, const std::string& name) {
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name != name || f.metric.empty()) continue;
+    double sum = 0;
+    for (const prometheus::ClientMetric& m : f.metric) sum += m.counter.value;
+    return sum;
+  }
+  return -1;
+}
+
 TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
   // A one-rank group (Gloo over loopback through the in-process rendezvous),
   // a planner whose first plan takes 2 s of the clock, and an engine with
@@ -541,6 +553,20 @@ TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
             std::make_pair(3 * 0.5, int64_t{3}));
   EXPECT_EQ(Histogram(registry, "flashcp_worker_comm_duration_seconds"),
             std::make_pair(3 * 0.125, int64_t{3}));
+  // Attention seconds: forward + backward - comm per step (the engine's own
+  // attention_seconds), summed; the plans' pairs for this one rank are all
+  // the batches' pairs, s (s + 1) / 2 per document.
+  EXPECT_EQ(CounterSum(registry, "flashcp_worker_attention_seconds_total"), 3 * 0.625);
+  double pairs = 0;
+  for (int64_t batch = 0; batch < 3; ++batch) {
+    const absl::StatusOr<std::vector<int64_t>> lens =
+        core::SampleBatch(o.dataset, o.context, o.seed, batch);
+    ASSERT_THAT(lens.status(), IsOk());
+    for (const int64_t d : *lens) pairs += static_cast<double>(d * (d + 1) / 2);
+  }
+  EXPECT_EQ(CounterSum(registry, "flashcp_worker_predicted_workload_pairs_total"), pairs);
+  // One rank sends nothing, and the plans predict nothing.
+  EXPECT_EQ(CounterSum(registry, "flashcp_worker_predicted_bytes_sent_total"), 0);
   const v1::WorkerStatus s = daemon.Status();
   EXPECT_EQ(s.steps_done(), 3);
   EXPECT_EQ(s.last_step_seconds(), 0.75);
@@ -598,6 +624,30 @@ TEST(ValidateDaemonOptionsTest, Table) {
     EXPECT_EQ(s.code(), c.code) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
   }
+}
+
+TEST(WorkerMetricsTest, EverySeriesCarriesDeviceGpuAndLocalRank) {
+  prometheus::Registry registry;
+  WorkerMetrics metrics(registry, "test", LabelsForDevice("cuda:3", "1"));
+  metrics.SetWorldSize(8);
+  metrics.Prepare("flashcp", "targeted");
+  metrics.Record("flashcp", "targeted", StepRecord{});  // the two last-step gauges too
+  const std::vector<prometheus::MetricFamily> families = registry.Collect();
+  // 5 histograms, 7 counters, 3 gauges and build_info.
+  ASSERT_EQ(families.size(), 16u);
+  for (const prometheus::MetricFamily& f : families) {
+    for (const prometheus::ClientMetric& m : f.metric) {
+      std::map<std::string, std::string> labels;
+      for (const prometheus::ClientMetric::Label& l : m.label) labels[l.name] = l.value;
+      EXPECT_EQ(labels["device"], "cuda") << f.name;
+      EXPECT_EQ(labels["gpu"], "3") << f.name;
+      EXPECT_EQ(labels["local_rank"], "1") << f.name;
+    }
+  }
+  const WorkerLabels cpu = LabelsForDevice("cpu", "");
+  EXPECT_EQ(cpu.device, "cpu");
+  EXPECT_EQ(cpu.gpu, "");
+  EXPECT_EQ(cpu.local_rank, "");
 }
 
 TEST(WorkerDaemonTest, RunWithoutABackendIsRefused) {

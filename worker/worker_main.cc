@@ -90,6 +90,9 @@ ABSL_FLAG(int32_t, timeout_s, 30, "bound on group formation and on every collect
 ABSL_FLAG(int32_t, threads, 1, "attention kernel threads of this rank");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the batches and of Q, K, V");
 ABSL_FLAG(bool, linger, false, "after a run, keep serving (metrics, control) until SIGTERM");
+ABSL_FLAG(int32_t, local_rank, -1,
+          "this rank's index on its host, exported as the local_rank label of every metric "
+          "(the launcher sets it); -1: no label");
 ABSL_FLAG(std::string, gloo_host, "127.0.0.1",
           "address this rank's Gloo TCP transport listens on (the pod IP across nodes)");
 // The planner connection's TLS, spelled and checked as flashcp-client's
@@ -200,6 +203,11 @@ int main(int argc, char** argv) {
   std::random_device entropy;
   o.incarnation = (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(getpid());
   if (absl::Status s = fw::ValidateDaemonOptions(o); !s.ok()) return Fail(s);
+  const int32_t local_rank = absl::GetFlag(FLAGS_local_rank);
+  if (local_rank < -1 || local_rank > 4095) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--local_rank: must be in [-1, 4095], got ", local_rank)));
+  }
   const absl::StatusOr<fc::ChannelOptions> channel_options = PlannerChannelOptions();
   if (!channel_options.ok()) return Fail(channel_options.status());
 
@@ -210,7 +218,10 @@ int main(int argc, char** argv) {
                                                absl::GetFlag(FLAGS_metrics_request_timeout)});
   if (!exposer.ok()) return Fail(exposer.status());
   (*exposer)->RegisterCollectable(registry);
-  fw::WorkerMetrics metrics(*registry, FLASHCP_VERSION);
+  fw::WorkerMetrics metrics(
+      *registry, FLASHCP_VERSION,
+      fw::LabelsForDevice(o.device, local_rank < 0 ? "" : absl::StrCat(local_rank)));
+  metrics.SetWorldSize(o.world_size);
 
   // The plans' channel, and the rendezvous store's: the same one unless
   // --rendezvous names a service of its own; both TLS when the flags ask.

@@ -139,7 +139,7 @@ void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,
 // `pieces` (merged) and `room` and returns true; else leaves both as they
 // were. Bounded: at most 4N + 16 moves, each up to log2(overflow) chain
 // searches, each O(N + pieces) with the boundary graph rebuilt after every
-// move (docs/planner.md, "Complexity", has its measured cost).
+// move (docs/planner.md, "Complexity").
 bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>& pieces,
                        std::vector<int64_t>& room);
 

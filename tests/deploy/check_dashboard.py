@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """deploy/grafana/flashcp.json: valid JSON; a Prometheus data-source variable that every panel
-and query uses; every query is valid PromQL (promtool parses each one as a recording rule) and
-names only metrics from known_metrics.txt or recording rules from deploy/prometheus/rules; and
-no query uses Grafana variables, so an end-to-end test can run each one as is against
-Prometheus. Standard library only."""
+and query uses; the filter variables namespace, group, strategy and cp_size, each with "All"
+as the regex .*; every query is valid PromQL (promtool parses each one as a recording rule,
+variables replaced by .*, as Grafana's All does) and names only metrics from known_metrics.txt
+or recording rules from deploy/prometheus/rules; queries use no other variable and every
+variable only inside a =~ matcher, so an end-to-end test can run each one with All. Every
+saving panel names its scheme ({{scheme}} in each legend); there is a per-rank heatmap.
+Standard library only."""
 import json
 import pathlib
 import re
@@ -29,7 +32,15 @@ sum min max avg group stddev stdvar count count_values bottomk topk quantile""".
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
             "or", "unless", "offset", "inf", "nan"}
 
+FILTERS = ("namespace", "group", "strategy", "cp_size")
 failures = []
+
+
+def with_all(expr):
+    """The query as Grafana runs it with every filter variable at All (.*)."""
+    for v in FILTERS:
+        expr = expr.replace("${" + v + "}", ".*").replace("$" + v, ".*")
+    return expr
 
 
 def fail(msg):
@@ -90,8 +101,12 @@ def main():
     ds = variables.get("datasource")
     if not ds or ds.get("type") != "datasource" or ds.get("query") != "prometheus":
         fail("dashboard needs a 'datasource' variable of type datasource, query prometheus")
-    if set(variables) != {"datasource"}:
-        fail(f"only the datasource variable is allowed (queries must run as is): {sorted(variables)}")
+    if set(variables) != {"datasource", *FILTERS}:
+        fail(f"variables must be datasource and {', '.join(FILTERS)}: {sorted(variables)}")
+    for v in FILTERS:
+        var = variables.get(v, {})
+        if var.get("type") != "query" or not var.get("includeAll") or var.get("allValue") != ".*":
+            fail(f"variable {v!r}: want a query variable with includeAll and allValue '.*'")
 
     names, rules = known_names()
     exprs = []
@@ -119,8 +134,14 @@ def main():
                 continue
             if t.get("datasource", {}).get("uid") not in (None, "${datasource}", "$datasource"):
                 fail(f"{where}: datasource is not ${{datasource}}")
+            for m in re.finditer(r'(\w+)\s*(=~|!~|!=|=)\s*"\$\{?(\w+)\}?"', expr):
+                if m.group(3) not in FILTERS or m.group(2) != "=~" or m.group(1) != m.group(3):
+                    fail(f"{where}: variable ${m.group(3)} must filter its own label with =~: {expr}")
+            expr = with_all(expr)
             if "$" in expr:
-                fail(f"{where}: uses a Grafana variable: {expr}")
+                fail(f"{where}: uses a Grafana variable other than {FILTERS}: {expr}")
+            if "saving" in title.lower() and "{{scheme}}" not in t.get("legendFormat", ""):
+                fail(f"{where}: a saving series must name its scheme in the legend")
             used = metric_names(expr)
             if not used:
                 fail(f"{where}: selects no metric: {expr}")
@@ -128,6 +149,9 @@ def main():
                 if n not in names and n not in rules:
                     fail(f"{where}: unknown metric or rule {n!r} in {expr}")
             exprs.append((where, expr))
+
+    if not any(p.get("type") == "heatmap" and "rank" in json.dumps(p.get("targets")) for p in panels):
+        fail("no per-rank heatmap panel")
 
     # Syntax: promtool parses every expression as a recording rule.
     promtool = shutil.which("promtool")

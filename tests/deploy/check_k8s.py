@@ -126,7 +126,7 @@ def check_overlay(name, objs, device, ranks_per_node, nodes, gpus):
           f"{where}: read-only workers need a writable /tmp")
     check(spec.get("podManagementPolicy") == "Parallel", f"{where}: workers must start in parallel")
     mports = sorted(p["containerPort"] for p in c.get("ports", []) if p["name"].startswith("metrics-r"))
-    check(mports == [9400 + k for k in range(ranks_per_node)], f"{where}: worker metrics ports {mports}")
+    check(mports == [9470 + k for k in range(ranks_per_node)], f"{where}: worker metrics ports {mports}")
     shm = [v for v in pod.get("volumes", []) if v.get("emptyDir", {}).get("medium") == "Memory"]
     mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
     check(shm and mounts.get("/dev/shm") == shm[0]["name"], f"{where}: /dev/shm is not a memory emptyDir")

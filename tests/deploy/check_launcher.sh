@@ -35,7 +35,7 @@ chmod +x "$tmp/stub"
 export STUB_LOG=$tmp/log FLASHCP_WORKER=$tmp/stub FLASHCP_PLANNER=planner:50051
 
 # 1. Pod 1 of 2 with 4 GPUs: ranks 4..7, cuda:0..3, the pod IP as --gloo_host, the
-# rendezvous, control 50061..50064, metrics 9400..9403; args passed through; NCCL's settings in
+# rendezvous, control 50061..50064, metrics 9470..9473; args passed through; NCCL's settings in
 # every rank's environment. (10.1.2.3 is only an argument: the stub contacts nothing.)
 : > "$tmp/log"
 FLASHCP_NODES=2 FLASHCP_RANKS_PER_NODE=4 HOSTNAME=flashcp-worker-1 FLASHCP_GROUP=g7 \
@@ -43,7 +43,7 @@ FLASHCP_NODES=2 FLASHCP_RANKS_PER_NODE=4 HOSTNAME=flashcp-worker-1 FLASHCP_GROUP
   NCCL_IB_HCA=mlx5_0,mlx5_1 bash "$launch" --strategy flashcp --steps 3 2>"$tmp/err" ||
   fail "launcher exited $? with healthy ranks"
 for k in 0 1 2 3; do
-  want="--rank $((4 + k)) --world_size 8 --group g7 --planner planner:50051 --rendezvous rdv:50052 --gloo_host 10.1.2.3 --control 0.0.0.0:$((50061 + k)) --metrics 0.0.0.0:$((9400 + k)) --device cuda:$k --strategy flashcp --steps 3"
+  want="--rank $((4 + k)) --world_size 8 --group g7 --planner planner:50051 --rendezvous rdv:50052 --gloo_host 10.1.2.3 --control 0.0.0.0:$((50061 + k)) --metrics 0.0.0.0:$((9470 + k)) --device cuda:$k --local_rank $k --strategy flashcp --steps 3"
   grep -qxF -- "$want" "$tmp/log" || fail "no worker started as: $want"$'\n'"$(cat "$tmp/log")"
   grep -qxF -- "env $((4 + k)) NCCL_IB_HCA=mlx5_0,mlx5_1" "$tmp/log" &&
     grep -qxF -- "env $((4 + k)) NCCL_SOCKET_IFNAME=eth0" "$tmp/log" ||
@@ -57,14 +57,14 @@ grep -qF "gloo host 10.1.2.3, rendezvous rdv:50052, NCCL_IB_HCA=mlx5_0,mlx5_1 NC
 : > "$tmp/log"
 FLASHCP_NODES=1 FLASHCP_RANKS_PER_NODE=1 FLASHCP_NODE_RANK=0 FLASHCP_DEVICE=cpu \
   bash "$launch" 2>/dev/null || fail "single-node launch failed"
-grep -qxF -- "--rank 0 --world_size 1 --group flashcp --planner planner:50051 --rendezvous planner:50051 --gloo_host 127.0.0.1 --control 0.0.0.0:50061 --metrics 0.0.0.0:9400 --device cpu" \
+grep -qxF -- "--rank 0 --world_size 1 --group flashcp --planner planner:50051 --rendezvous planner:50051 --gloo_host 127.0.0.1 --control 0.0.0.0:50061 --metrics 0.0.0.0:9470 --device cpu --local_rank 0" \
   "$tmp/log" || fail "single node: $(cat "$tmp/log")"
 
 # 2. CPU device and an explicit node rank.
 : > "$tmp/log"
 FLASHCP_NODES=3 FLASHCP_RANKS_PER_NODE=2 FLASHCP_NODE_RANK=2 FLASHCP_DEVICE=cpu \
   FLASHCP_GLOO_HOST=10.1.2.4 bash "$launch" 2>/dev/null || fail "cpu launch failed"
-grep -q -- "--rank 5 --world_size 6 .* --device cpu$" "$tmp/log" || fail "cpu rank 5: $(cat "$tmp/log")"
+grep -q -- "--rank 5 --world_size 6 .* --device cpu --local_rank 1$" "$tmp/log" || fail "cpu rank 5: $(cat "$tmp/log")"
 
 # 3. A failing rank stops the others and its status is the launcher's.
 : > "$tmp/log"

@@ -2,8 +2,9 @@
 """A real Prometheus (Debian's) scrapes synthetic planner and worker exporters on loopback,
 using the config render-local.sh writes and the shipped rules; then every recording rule and
 every dashboard query must return data through the HTTP API, every rule must be healthy, and
-the measured comm saving must equal the predicted one (both 0.3 here) and the measured
-imbalance 1.1/1.0. This checks deploy/ against the metric contract, independently of the C++;
+the measured comm saving must equal the predicted one (both 0.3 here), the measured
+imbalance be 1.1/1.0 on plans predicting 1.0, and the group have all its ranks up. Dashboard
+queries run with every variable at All (.*). This checks deploy/ against the metric contract, independently of the C++;
 the end-to-end test does the same with the real binaries. Ports: all picked by the OS."""
 import http.server
 import json
@@ -25,7 +26,8 @@ STEPS_PER_S = 10
 
 
 def exposition(kind, rank):
-    n = int((time.monotonic() - START) * STEPS_PER_S)
+    t = (time.monotonic() - START) * STEPS_PER_S  # steps so far, as a real number
+    n = int(t)
     out = []
 
     def hist(name, labels, mean):
@@ -38,22 +40,36 @@ def exposition(kind, rank):
     if kind == "planner":
         out.append(f'flashcp_planner_requests_total{{method="Plan",code="OK"}} {n}')
         hist("flashcp_planner_request_duration_seconds", {"method": "Plan"}, 0.002)
-        hist("flashcp_planner_planning_duration_seconds", {"strategy": "flashcp"}, 0.001)
-        out += ["flashcp_planner_inflight_requests 1", "flashcp_planner_queue_depth 0"]
-        hist("flashcp_planner_plan_imbalance_ratio", {"strategy": "flashcp"}, 1.1)
-        hist("flashcp_planner_plan_comm_saving_ratio", {"strategy": "flashcp", "scheme": "allgather"}, 0.3)
+        hist("flashcp_planner_planning_duration_seconds", {"strategy": "flashcp", "cp_size": "2"}, 0.001)
+        out += ["flashcp_planner_inflight_requests 1", "flashcp_planner_queue_depth 0",
+                "flashcp_planner_queue_capacity 256", "flashcp_planner_rendezvous_groups 1",
+                "flashcp_planner_rendezvous_members 2"]
+        hist("flashcp_planner_plan_imbalance_ratio", {"strategy": "flashcp", "cp_size": "2"}, 1.1)
+        for scheme in ("allgather", "targeted"):
+            hist("flashcp_planner_plan_comm_saving_ratio",
+                 {"strategy": "flashcp", "scheme": scheme, "cp_size": "2"}, 0.3)
+            for direction in ("send", "receive"):
+                hist("flashcp_planner_plan_phase_bottleneck_ratio",
+                     {"strategy": "flashcp", "scheme": scheme, "cp_size": "2", "direction": direction}, 0.7)
+        for event in ("join", "formed", "abort", "reform", "expired"):
+            out.append(f'flashcp_planner_rendezvous_events_total{{event="{event}"}} {n if event == "join" else 0}')
         out.append('flashcp_planner_build_info{version="test"} 1')
     else:
         lab = {"strategy": "flashcp", "scheme": "allgather"}
         for phase, mean in (("step", 0.1), ("attention_forward", 0.02), ("attention_backward", 0.05),
                             ("comm", 0.01), ("plan_wait", 0.0005)):
             hist(f"flashcp_worker_{phase}_duration_seconds", lab, mean)
-        for name, per_step in (("bytes_sent", 700), ("bytes_received", 700), ("full_kv_bytes", 1000)):
-            out.append(f'flashcp_worker_{name}_total{{strategy="flashcp",scheme="allgather"}} {n * per_step}')
-        out.append(f'flashcp_worker_steps_total{{strategy="flashcp",scheme="allgather"}} {n}')
-        out.append(f'flashcp_worker_attention_time_ratio{{strategy="flashcp"}} {1.1 if rank == 0 else 0.9}')
-        out.append('flashcp_worker_predicted_imbalance_ratio{strategy="flashcp"} 1.1')
-        out.append('flashcp_worker_build_info{version="test"} 1')
+        for name, per_step in (("bytes_sent", 700), ("bytes_received", 700), ("full_kv_bytes", 1000),
+                               ("predicted_bytes_sent", 700), ("predicted_workload_pairs", 5000),
+                               ("attention_seconds", 0.011 if rank == 0 else 0.009)):
+            # Linear in time, not in whole steps: the ranks are scraped at different moments,
+            # and rates of different targets must still compare exactly.
+            out.append(f'flashcp_worker_{name}_total{{device="cpu",strategy="flashcp",scheme="allgather"}} {t * per_step}')
+        out.append(f'flashcp_worker_steps_total{{device="cpu",strategy="flashcp",scheme="allgather"}} {n}')
+        out.append(f'flashcp_worker_attention_time_ratio{{device="cpu",strategy="flashcp"}} {1.1 if rank == 0 else 0.9}')
+        out.append('flashcp_worker_predicted_imbalance_ratio{device="cpu",strategy="flashcp"} 1.0')
+        out.append('flashcp_worker_world_size{device="cpu"} 2')
+        out.append('flashcp_worker_build_info{device="cpu",version="test"} 1')
     return ("\n".join(out) + "\n").encode()
 
 
@@ -74,6 +90,13 @@ def serve(kind, rank):
     srv.kind, srv.rank = kind, rank
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return f"127.0.0.1:{srv.server_address[1]}"
+
+
+def with_all(expr):
+    """A dashboard query as Grafana runs it with every filter variable at All."""
+    for v in ("namespace", "group", "strategy", "cp_size"):
+        expr = expr.replace("${" + v + "}", ".*").replace("$" + v, ".*")
+    return expr
 
 
 def free_port():
@@ -98,7 +121,7 @@ def main():
     rules = sorted(set(re.findall(r"^\s*- record:\s*(\S+)\s*$",
                                   "".join(p.read_text() for p in (ROOT / "deploy/prometheus/rules").glob("*.yml")), re.M)))
     dash = json.loads((ROOT / "deploy/grafana/flashcp.json").read_text())
-    panels = [q["expr"] for p in dash["panels"] for q in p.get("targets", [])]
+    panels = [with_all(q["expr"]) for p in dash["panels"] for q in p.get("targets", [])]
     with tempfile.TemporaryDirectory() as tmp:
         args = [str(ROOT / "deploy/prometheus/render-local.sh"), f"{tmp}/p", "--interval", "1s", "--planner", planner]
         for r, w in enumerate(workers):
@@ -135,12 +158,29 @@ def main():
                     for rule in g["rules"]:
                         if rule.get("health") != "ok":
                             failures.append(f"rule {rule['name']} health {rule.get('health')}: {rule.get('lastError')}")
-                for expr, want in (("flashcp:worker_comm_saving:ratio", 0.3),
-                                   ("flashcp:planner_predicted_comm_saving:ratio_avg", 0.3),
-                                   ("flashcp:worker_measured_imbalance:ratio", 1.1)):
-                    got = [float(s["value"][1]) for s in query(base, expr)]
-                    if len(got) != 1 or abs(got[0] - want) > 1e-9:
-                        failures.append(f"{expr} = {got}, want [{want}]")
+                # Ratios within one target's series are exact; ratios across targets compare
+                # rates whose 5m windows are not yet full and whose scrapes fall at different
+                # moments, so they converge as the run goes on: poll until within 2%.
+                checks = [("flashcp:worker_comm_saving:ratio", 0.3, 1e-9),
+                          ("flashcp:worker_predicted_comm_saving:ratio", 0.3, 1e-9),
+                          ("flashcp:worker_bytes_vs_predicted:ratio", 1.0, 1e-9),
+                          ('flashcp:planner_predicted_comm_saving:ratio_avg{scheme="allgather"}', 0.3, 1e-9),
+                          ("flashcp:worker_measured_imbalance:ratio", 1.1, 0.02),
+                          ("flashcp:worker_predicted_imbalance:ratio", 1.0, 0.02),
+                          ("flashcp:worker_imbalance_vs_predicted:ratio", 1.1, 0.02),
+                          ("flashcp:worker_ranks_up:count", 2, 0),
+                          ("flashcp:worker_world_size:max", 2, 0)]
+                deadline = time.monotonic() + 90
+                while True:
+                    bad = []
+                    for expr, want, tol in checks:
+                        got = [float(s["value"][1]) for s in query(base, expr)]
+                        if len(got) != 1 or abs(got[0] - want) > tol:
+                            bad.append(f"{expr} = {got}, want [{want}] within {tol}")
+                    if not bad or time.monotonic() > deadline:
+                        break
+                    time.sleep(1)
+                failures += bad
         finally:
             proc.terminate()
             proc.wait(timeout=30)
