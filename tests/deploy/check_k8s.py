@@ -93,6 +93,15 @@ def check_overlay(name, objs, device, ranks_per_node, nodes, gpus):
     check_grpc_probes(where, "rendezvous", rc, 50051)
     check(rpod.get("securityContext", {}).get("runAsNonRoot") is True, f"{where}: rendezvous not non-root")
     rsvc = objs.get(("Service", "flashcp-rendezvous"), {})
+    # One ServiceMonitor scrapes both as job="flashcp-planner" (the rules' and alerts' job).
+    sm = objs.get(("ServiceMonitor", "flashcp-planner"), {}).get("spec", {})
+    sel = sm.get("selector", {}).get("matchLabels", {})
+    for s in (svc, rsvc):
+        labels = s.get("metadata", {}).get("labels", {})
+        check(sel and all(labels.get(k) == v for k, v in sel.items()) and
+              labels.get(sm.get("jobLabel")) == "flashcp-planner",
+              f"{where}: ServiceMonitor does not scrape {s.get('metadata', {}).get('name')} "
+              f"as job flashcp-planner")
     check(any(p.get("name") == "grpc" and p.get("port") == 50051
               for p in rsvc.get("spec", {}).get("ports", [])),
           f"{where}: no flashcp-rendezvous Service on 50051")
