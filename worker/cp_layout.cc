@@ -1,17 +1,103 @@
 #include "worker/cp_layout.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 
 namespace flashcp::worker {
+namespace {
 
-absl::StatusOr<GpuRankPlan> BuildGpuRankPlan(const core::Plan& plan,
-                                             const core::CommLayout& layout, int32_t rank,
-                                             core::CommScheme scheme) {
+struct Inputs {
+  const core::Plan& plan;
+  const core::CommLayout& layout;
+  int32_t rank;
+  const std::vector<int64_t>& shard_row;  // per plan shard: first local row on its owner
+};
+
+// A scheme's part of the layout: p.pack_rows (plus block_rows under
+// kAllGather, sends, recvs and recv_rows under kSendRecv), and recv_row[s],
+// the first receive row of every remote shard s this rank can stage (-1: not
+// received).
+using PackFn = absl::Status (*)(const Inputs& in, CpRankLayout& p, std::vector<int64_t>& recv_row);
+
+struct SchemeEntry {
+  core::CommScheme scheme;
+  Collective collective;
+  PackFn pack;
+};
+
+void AppendRows(const Inputs& in, int32_t shard, int64_t len, std::vector<int64_t>& rows) {
+  for (int64_t t = 0; t < len; ++t) rows.push_back(in.shard_row[shard] + t);
+}
+
+// Every rank's whole local memory, all-gathered (Eq. 4).
+absl::Status PackFullKv(const Inputs& in, CpRankLayout& p, std::vector<int64_t>& recv_row) {
+  p.block_rows = p.local_rows;
+  for (int64_t t = 0; t < p.local_rows; ++t) p.pack_rows.push_back(t);
+  for (size_t s = 0; s < in.plan.shards.size(); ++s) {
+    const int32_t owner = in.plan.shards[s].rank;
+    if (owner != in.rank) recv_row[s] = owner * p.block_rows + in.shard_row[s];
+  }
+  return absl::OkStatus();
+}
+
+// Every rank's compacted non-last shards (RankLayout::send), all-gathered in
+// blocks padded to the largest (Eq. 5).
+absl::Status PackCompacted(const Inputs& in, CpRankLayout& p, std::vector<int64_t>& recv_row) {
+  for (const core::RankLayout& r : in.layout.ranks)
+    p.block_rows = std::max(p.block_rows, r.send_tokens);
+  for (const core::SendRange& s : in.layout.ranks[in.rank].send) AppendRows(in, s.shard, s.len, p.pack_rows);
+  p.pack_rows.resize(p.block_rows, kNoRow);
+  for (int32_t r = 0; r < p.size; ++r) {
+    if (r == in.rank) continue;
+    for (const core::SendRange& s : in.layout.ranks[r].send) recv_row[s.shard] = r * p.block_rows + s.offset;
+  }
+  return absl::OkStatus();
+}
+
+// Each compacted range only to the ranks that stage it (RankLayout::targeted).
+absl::Status PackTargeted(const Inputs& in, CpRankLayout& p, std::vector<int64_t>& recv_row) {
+  const core::RankLayout& me = in.layout.ranks[in.rank];
+  for (const core::TargetedSend& t : me.targeted) {
+    RowSegment seg{t.dest, static_cast<int64_t>(p.pack_rows.size()), 0};
+    for (int32_t si : t.send_indices) AppendRows(in, me.send[si].shard, me.send[si].len, p.pack_rows);
+    seg.rows = static_cast<int64_t>(p.pack_rows.size()) - seg.first;
+    if (seg.rows != t.tokens)
+      return absl::InternalError(absl::StrCat("targeted send to ", t.dest, ": ", seg.rows,
+                                              " rows but the layout says ", t.tokens));
+    p.sends.push_back(seg);
+  }
+  for (int32_t r = 0; r < p.size; ++r) {
+    if (r == in.rank) continue;
+    for (const core::TargetedSend& t : in.layout.ranks[r].targeted) {
+      if (t.dest != in.rank) continue;
+      p.recvs.push_back(RowSegment{r, p.recv_rows, t.tokens});
+      for (int32_t si : t.send_indices) {
+        const core::SendRange& s = in.layout.ranks[r].send[si];
+        recv_row[s.shard] = p.recv_rows;
+        p.recv_rows += s.len;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The schemes; core::kAllCommSchemes has one entry each (static_assert below).
+constexpr SchemeEntry kSchemes[] = {
+    {core::CommScheme::kFullKv, Collective::kAllGather, PackFullKv},
+    {core::CommScheme::kAllGather, Collective::kAllGather, PackCompacted},
+    {core::CommScheme::kTargeted, Collective::kSendRecv, PackTargeted},
+};
+static_assert(std::size(kSchemes) == core::kNumCommSchemes, "one table entry per CommScheme");
+
+}  // namespace
+
+absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
+                                               const core::CommLayout& layout, int32_t rank,
+                                               core::CommScheme scheme) {
   FLASHCP_RETURN_IF_ERROR(core::ValidatePlan(plan));
   const int32_t n = plan.cp_size;
   if (rank < 0 || rank >= n)
@@ -19,78 +105,40 @@ absl::StatusOr<GpuRankPlan> BuildGpuRankPlan(const core::Plan& plan,
   if (static_cast<int32_t>(layout.ranks.size()) != n)
     return absl::InvalidArgumentError(
         absl::StrCat("layout has ", layout.ranks.size(), " ranks, plan ", n));
-  GpuRankPlan p;
+  const SchemeEntry* entry = nullptr;
+  for (const SchemeEntry& e : kSchemes)
+    if (e.scheme == scheme) entry = &e;
+  if (entry == nullptr)
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheme: unknown communication scheme ", static_cast<int>(scheme)));
+  CpRankLayout p;
   p.rank = rank;
   p.size = n;
   p.scheme = scheme;
+  p.collective = entry->collective;
   p.local_rows = core::TokensPerRank(core::TotalTokens(plan.doc_lens), n);
 
-  // Local row of every shard on its owner.
   std::vector<int64_t> shard_row(plan.shards.size(), -1);
   for (const core::RankLayout& r : layout.ranks)
     for (size_t i = 0; i < r.shards.size(); ++i) shard_row[r.shards[i]] = r.shard_offset[i];
-
-  // Where each (owner, send_index) range starts in this rank's receive buffer.
-  std::map<std::pair<int32_t, int32_t>, int64_t> recv_at;
-  const core::RankLayout& me = layout.ranks[rank];
-  auto local_rows_of = [&](const core::SendRange& s) {
-    std::vector<int64_t> rows(s.len);
-    for (int64_t t = 0; t < s.len; ++t) rows[t] = shard_row[s.shard] + t;
-    return rows;
-  };
-  switch (scheme) {
-    case core::CommScheme::kFullKv:
-      p.gather = true;
-      p.block_rows = p.local_rows;
-      for (int64_t t = 0; t < p.local_rows; ++t) p.pack_rows.push_back(t);
-      break;
-    case core::CommScheme::kAllGather: {
-      p.gather = true;
-      for (const core::RankLayout& r : layout.ranks) p.block_rows = std::max(p.block_rows, r.send_tokens);
-      for (const core::SendRange& s : me.send) {
-        std::vector<int64_t> rows = local_rows_of(s);
-        p.pack_rows.insert(p.pack_rows.end(), rows.begin(), rows.end());
-      }
-      p.pack_rows.resize(p.block_rows, kNoRow);
-      for (int32_t r = 0; r < n; ++r)
-        for (size_t i = 0; i < layout.ranks[r].send.size(); ++i)
-          recv_at[{r, static_cast<int32_t>(i)}] = r * p.block_rows + layout.ranks[r].send[i].offset;
-      break;
-    }
-    case core::CommScheme::kTargeted: {
-      p.gather = false;
-      for (const core::TargetedSend& t : me.targeted) {
-        RowSegment seg{t.dest, static_cast<int64_t>(p.pack_rows.size()), 0};
-        for (int32_t si : t.send_indices) {
-          std::vector<int64_t> rows = local_rows_of(me.send[si]);
-          p.pack_rows.insert(p.pack_rows.end(), rows.begin(), rows.end());
-        }
-        seg.rows = static_cast<int64_t>(p.pack_rows.size()) - seg.first;
-        if (seg.rows != t.tokens)
-          return absl::InternalError(absl::StrCat("targeted send to ", t.dest, ": ", seg.rows,
-                                                  " rows but the layout says ", t.tokens));
-        p.sends.push_back(seg);
-      }
-      for (int32_t r = 0; r < n; ++r) {
-        if (r == rank) continue;
-        for (const core::TargetedSend& t : layout.ranks[r].targeted) {
-          if (t.dest != rank) continue;
-          RowSegment seg{r, p.recv_rows, t.tokens};
-          int64_t at = p.recv_rows;
-          for (int32_t si : t.send_indices) {
-            recv_at[{r, si}] = at;
-            at += layout.ranks[r].send[si].len;
-          }
-          p.recvs.push_back(seg);
-          p.recv_rows += t.tokens;
-        }
-      }
-      break;
+  std::vector<int64_t> recv_row(plan.shards.size(), -1);
+  FLASHCP_RETURN_IF_ERROR(entry->pack(Inputs{plan, layout, rank, shard_row}, p, recv_row));
+  if (p.collective == Collective::kAllGather) {
+    // Every peer gets the whole pack buffer; its block lands at peer * block_rows.
+    p.recv_rows = int64_t{n} * p.block_rows;
+    for (int32_t peer = 0; peer < n && p.block_rows > 0; ++peer) {
+      if (peer == rank) continue;
+      p.sends.push_back(RowSegment{peer, 0, p.block_rows});
+      p.recvs.push_back(RowSegment{peer, peer * p.block_rows, p.block_rows});
     }
   }
-  if (p.gather) p.recv_rows = int64_t{n} * p.block_rows;
+  for (const RowSegment& s : p.sends) {
+    p.back_first.push_back(p.back_rows);
+    p.back_rows += s.rows;
+  }
 
   // Attention batches and the staging of prefixes.
+  const core::RankLayout& me = layout.ranks[rank];
   std::map<int32_t, int32_t> prefix_shards_of_doc;  // doc -> local prefix shards so far
   for (size_t i = 0; i < me.shards.size(); ++i) {
     const core::Shard& sh = plan.shards[me.shards[i]];
@@ -107,20 +155,17 @@ absl::StatusOr<GpuRankPlan> BuildGpuRankPlan(const core::Plan& plan,
     int64_t prefix = 0;
     for (int32_t k = 0; k < pos; ++k) {
       const core::DocPiece& piece = layout.docs[sh.doc][k];
-      const core::Shard& ps = plan.shards[piece.shard];
+      const int64_t len = plan.shards[piece.shard].len;
       if (piece.rank == rank) {
-        for (int64_t t = 0; t < ps.len; ++t) p.stage_src.push_back(shard_row[piece.shard] + t);
-      } else if (scheme == core::CommScheme::kFullKv) {
-        const int64_t at = int64_t{piece.rank} * p.block_rows + shard_row[piece.shard];
-        for (int64_t t = 0; t < ps.len; ++t) p.stage_src.push_back(RemoteRow(at + t));
+        for (int64_t t = 0; t < len; ++t) p.stage_src.push_back(shard_row[piece.shard] + t);
       } else {
-        auto it = recv_at.find({piece.rank, piece.send_index});
-        if (it == recv_at.end())
+        const int64_t at = recv_row[piece.shard];
+        if (at < 0)
           return absl::InternalError(absl::StrCat("rank ", rank, ": prefix piece shard ", piece.shard,
                                                   " of rank ", piece.rank, " is never received"));
-        for (int64_t t = 0; t < ps.len; ++t) p.stage_src.push_back(RemoteRow(it->second + t));
+        for (int64_t t = 0; t < len; ++t) p.stage_src.push_back(RemoteRow(at + t));
       }
-      prefix += ps.len;
+      prefix += len;
     }
     if (prefix != sh.start)
       return absl::InternalError(absl::StrCat("shard ", me.shards[i], ": prefix pieces hold ", prefix,
@@ -135,20 +180,12 @@ absl::StatusOr<GpuRankPlan> BuildGpuRankPlan(const core::Plan& plan,
   return p;
 }
 
-RowCounts ExchangedRows(const GpuRankPlan& p) {
-  RowCounts c;
-  if (p.gather) {
-    // Forward all-gather plus the backward return of the same blocks.
-    c.sent = 2 * p.block_rows * (p.size - 1);
-    c.received = c.sent;
-  } else {
-    int64_t out = 0, in = 0;
-    for (const RowSegment& s : p.sends) out += s.rows;
-    for (const RowSegment& s : p.recvs) in += s.rows;
-    c.sent = out + in;      // KV forward, gradients of received rows backward
-    c.received = in + out;  // and the mirror
-  }
-  return c;
+RowCounts ExchangedRows(const CpRankLayout& p) {
+  int64_t out = 0, in = 0;
+  for (const RowSegment& s : p.sends) out += s.rows;
+  for (const RowSegment& s : p.recvs) in += s.rows;
+  // KV forward, and the gradients of what was received back to its owners.
+  return RowCounts{out + in, in + out};
 }
 
 }  // namespace flashcp::worker

@@ -2,10 +2,16 @@
 // and sends under a scheme, where every received row lands, which shards
 // attend without remote KV (whole: the first shard of their document) and
 // which need their prefix staged, and where the gradients of staged rows go
-// back. The one exchange layout of the GPU step (worker/cuda) and of the
-// PyTorch integration (client/python/flashcp/torch, through the native
-// module). Pure; cp_layout_test.cc checks it, including that the bytes it
-// moves equal core::AnalyzePlan's prediction.
+// back. The one exchange layout of the CPU engine (engine.h), the GPU step
+// (worker/cuda/gpu_cp_step.h) and the PyTorch integration
+// (client/python/flashcp/torch, through the native module). Pure;
+// cp_layout_test.cc checks it, including that the bytes it moves equal
+// core::AnalyzePlan's prediction.
+//
+// Schemes are entries of one table (cp_layout.cc): a scheme says which rows
+// a rank packs, where each remote shard lands in the receive buffer, and the
+// collective that moves them. Everything else (staging, the gradients'
+// return) is derived from that once, here, for every scheme.
 //
 // Rows: a "row" is one token's K and V of all KV heads. The exchange buffers
 // hold rows of 2 * heads_kv * head_dim elements ([K | V]); local tensors hold
@@ -23,10 +29,16 @@
 namespace flashcp::worker {
 
 // Encoded source or destination of a row: >= 0 is a local row; < 0 is row
-// (-1 - code) of the receive buffer (forward) or of the return buffer
-// (backward, same layout). kNoRow marks a padding row of a send block.
+// (-1 - code) of the receive buffer (forward) or of its gradient (backward,
+// same layout). kNoRow marks a padding row of a send block.
 inline constexpr int64_t kNoRow = INT64_MIN;
 inline int64_t RemoteRow(int64_t recv_row) { return -1 - recv_row; }
+
+// How the forward exchange travels. Both carry exactly `sends` and `recvs`
+// (the communicator counts them alike); kAllGather is one all-gather of equal
+// blocks (every send is the whole pack buffer, the receive buffer is
+// [size][block_rows] with this rank's own block copied in).
+enum class Collective { kAllGather, kSendRecv };
 
 struct RowSegment {
   int32_t peer = 0;
@@ -34,25 +46,32 @@ struct RowSegment {
   int64_t rows = 0;
 };
 
-struct GpuRankPlan {
+struct CpRankLayout {
   int32_t rank = 0;
   int32_t size = 1;
   core::CommScheme scheme = core::CommScheme::kAllGather;
+  Collective collective = Collective::kAllGather;
   int64_t local_rows = 0;  // C/N
 
   // Forward exchange. The pack buffer's row i is local row pack_rows[i]
   // (kNoRow: zeros, padding of an all-gather block).
   std::vector<int64_t> pack_rows;
-  // full_kv and allgather: one all-gather of equal blocks of block_rows rows;
-  // the receive buffer is [size][block_rows] (this rank's block included).
-  bool gather = true;
+  // kAllGather: every rank's block has block_rows rows (pack_rows.size());
+  // 0 under kSendRecv.
   int64_t block_rows = 0;
-  // targeted: the pack buffer is the concatenation of `sends` (dest
-  // ascending); the receive buffer the concatenation of `recvs` (source
-  // ascending). Gather schemes leave both empty.
+  // Messages, peer ascending, never to or from self: sends[i] is pack rows
+  // [first, first + rows) to peer; recvs[i] lands at receive rows
+  // [first, first + rows) from peer. recv_rows: the receive buffer's rows.
   std::vector<RowSegment> sends;
   std::vector<RowSegment> recvs;
   int64_t recv_rows = 0;
+  // Backward, every scheme point to point: the gradients of receive rows
+  // recvs[i] go back to recvs[i].peer; from sends[i].peer come the gradients
+  // of the pack rows sends[i] carried, into rows [back_first[i],
+  // back_first[i] + sends[i].rows) of a back buffer of back_rows rows; the
+  // owner adds them onto local rows pack_rows[sends[i].first + j].
+  std::vector<int64_t> back_first;
+  int64_t back_rows = 0;
 
   // Attention of shards with no prefix (KV = their own local rows).
   std::vector<int64_t> whole_start;
@@ -70,19 +89,29 @@ struct GpuRankPlan {
   std::vector<std::vector<int64_t>> stage_rounds;
 };
 
-// Builds rank `rank`'s plan; the plan must be valid (InvalidArgument otherwise).
-absl::StatusOr<GpuRankPlan> BuildGpuRankPlan(const core::Plan& plan,
-                                             const core::CommLayout& layout, int32_t rank,
-                                             core::CommScheme scheme);
+// Whether the step calls the communicator for its exchange (forward and
+// backward) at all. Every rank of the group gets the same answer, so the
+// group's sequence of operations stays aligned: false only for an all-gather
+// of empty blocks (nothing to send anywhere); a send/recv exchange is always
+// called, with empty lists where this rank has nothing.
+inline bool CallsExchange(const CpRankLayout& p) {
+  return p.collective == Collective::kSendRecv || p.block_rows > 0;
+}
+
+// Builds rank `rank`'s layout; the plan must be valid and `layout` its
+// core::BuildCommLayout (InvalidArgument otherwise).
+absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
+                                               const core::CommLayout& layout, int32_t rank,
+                                               core::CommScheme scheme);
 
 // Rows this rank sends and receives, forward plus backward (the backward
 // return mirrors the forward exchange), under the communicator's counting
-// (worker/communicator.h): multiply by 2 * heads_kv * head_dim * 2 bytes.
+// (worker/communicator.h): multiply by 2 * heads_kv * head_dim * dtype bytes.
 struct RowCounts {
   int64_t sent = 0;
   int64_t received = 0;
 };
-RowCounts ExchangedRows(const GpuRankPlan& p);
+RowCounts ExchangedRows(const CpRankLayout& p);
 
 }  // namespace flashcp::worker
 

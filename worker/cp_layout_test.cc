@@ -4,6 +4,7 @@
 // times the row size equal core::AnalyzePlan's predicted bytes.
 #include "worker/cp_layout.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <set>
 #include <utility>
@@ -68,35 +69,66 @@ TEST(CpLayoutTest, StagedRowsAreTheDocumentPrefixAndBytesMatchAnalysis) {
       for (core::CommScheme scheme : core::kAllCommSchemes) {
         SCOPED_TRACE(testing::Message() << core::StrategyName(strategy) << " "
                                         << core::CommSchemeName(scheme) << " n=" << c.n);
-        std::vector<GpuRankPlan> plans;
+        std::vector<CpRankLayout> plans;
         for (int32_t r = 0; r < c.n; ++r) {
-          auto p = BuildGpuRankPlan(*plan, *layout, r, scheme);
+          auto p = BuildCpRankLayout(*plan, *layout, r, scheme);
           ASSERT_THAT(p, IsOk());
           plans.push_back(*std::move(p));
         }
         std::vector<std::vector<Tok>> pack(c.n);
         for (int32_t r = 0; r < c.n; ++r)
           for (int64_t row : plans[r].pack_rows) pack[r].push_back(row == kNoRow ? kNone : ids[r][row]);
+        // The forward messages: each receive is exactly what its peer sends
+        // this rank; under an all-gather every send is the whole pack buffer.
+        std::vector<std::vector<Tok>> recvs(c.n);
         for (int32_t r = 0; r < c.n; ++r) {
-          const GpuRankPlan& p = plans[r];
-          std::vector<Tok> recv;
-          if (p.gather) {
-            for (int32_t s = 0; s < c.n; ++s) {
-              ASSERT_EQ(static_cast<int64_t>(pack[s].size()), p.block_rows);
-              recv.insert(recv.end(), pack[s].begin(), pack[s].end());
-            }
+          const CpRankLayout& p = plans[r];
+          recvs[r].assign(p.recv_rows, kNone);
+          if (p.collective == Collective::kAllGather) {
+            ASSERT_EQ(static_cast<int64_t>(p.pack_rows.size()), p.block_rows);
+            ASSERT_EQ(p.sends.size(), p.block_rows > 0 ? size_t(c.n - 1) : 0);
+            ASSERT_EQ(p.recv_rows, c.n * p.block_rows);
+            for (const RowSegment& seg : p.sends) EXPECT_EQ(seg.first, 0);
           } else {
-            for (const RowSegment& seg : p.recvs) {
-              bool found = false;
-              for (const RowSegment& out : plans[seg.peer].sends) {
-                if (out.peer != r) continue;
-                ASSERT_EQ(out.rows, seg.rows);
-                recv.insert(recv.end(), pack[seg.peer].begin() + out.first,
-                            pack[seg.peer].begin() + out.first + out.rows);
-                found = true;
-              }
-              ASSERT_TRUE(found);
+            EXPECT_EQ(p.block_rows, 0);
+          }
+          for (const RowSegment& seg : p.recvs) {
+            ASSERT_NE(seg.peer, r);
+            ASSERT_LE(seg.first + seg.rows, p.recv_rows);
+            int found = 0;
+            for (const RowSegment& out : plans[seg.peer].sends) {
+              if (out.peer != r) continue;
+              ASSERT_EQ(out.rows, seg.rows);
+              std::copy(pack[seg.peer].begin() + out.first,
+                        pack[seg.peer].begin() + out.first + out.rows,
+                        recvs[r].begin() + seg.first);
+              ++found;
             }
+            ASSERT_EQ(found, 1) << "from rank " << seg.peer;
+          }
+        }
+        for (int32_t r = 0; r < c.n; ++r) {
+          const CpRankLayout& p = plans[r];
+          const std::vector<Tok>& recv = recvs[r];
+          // Backward: each peer returns the gradients of the rows it received
+          // from this rank; row for row, they are of the pack row sent there.
+          ASSERT_EQ(p.back_first.size(), p.sends.size());
+          std::vector<Tok> back(p.back_rows, kNone);
+          for (size_t i = 0; i < p.sends.size(); ++i) {
+            const RowSegment& out = p.sends[i];
+            int found = 0;
+            for (const RowSegment& in : plans[out.peer].recvs) {
+              if (in.peer != r) continue;
+              ASSERT_EQ(in.rows, out.rows);
+              ASSERT_LE(p.back_first[i] + out.rows, p.back_rows);
+              std::copy(recvs[out.peer].begin() + in.first,
+                        recvs[out.peer].begin() + in.first + in.rows,
+                        back.begin() + p.back_first[i]);
+              ++found;
+            }
+            ASSERT_EQ(found, 1) << "back from rank " << out.peer;
+            for (int64_t j = 0; j < out.rows; ++j)
+              ASSERT_EQ(back[p.back_first[i] + j], pack[r][out.first + j]) << "back row " << j;
           }
           ASSERT_EQ(static_cast<int64_t>(recv.size()), p.recv_rows);
           // Every staged KV sequence is its document's tokens 0..kv_len-1,
@@ -153,7 +185,7 @@ TEST(CpLayoutTest, RejectsBadRank) {
   ASSERT_THAT(plan, IsOk());
   auto layout = core::BuildCommLayout(*plan);
   ASSERT_THAT(layout, IsOk());
-  EXPECT_THAT(BuildGpuRankPlan(*plan, *layout, 2, core::CommScheme::kTargeted),
+  EXPECT_THAT(BuildCpRankLayout(*plan, *layout, 2, core::CommScheme::kTargeted),
               StatusIs(absl::StatusCode::kInvalidArgument, testing::HasSubstr("rank 2")));
 }
 

@@ -7,13 +7,14 @@
 // its shards in plan order at RankLayout::shard_offset, then (on the last
 // `padding` ranks) one masked padding row, whose outputs and gradients are 0.
 //
-// Schemes (core::CommScheme; byte counts are core::AnalyzePlan's):
-//  - kFullKv: all-gather every rank's [K rows; V rows] (C/N rows each);
-//    backward reduce-scatters the dK, dV of all C/N rows the same way.
-//  - kAllGather: all-gather each rank's compacted buffer (RankLayout::send:
-//    its non-last shards), padded to the largest; reduce-scatter backward.
-//  - kTargeted: grouped send/recv of exactly RankLayout::targeted; backward
-//    sends the gradients of what each rank received back to its owner.
+// What travels, where it lands, how prefixes are staged and where gradients
+// return is the rank's CpRankLayout (cp_layout.h), the same the GPU step and
+// the PyTorch integration use; byte counts are core::AnalyzePlan's. The
+// forward exchange is one all-gather (full_kv, allgather) or grouped
+// send/recv (targeted), as the layout says; the backward return is grouped
+// send/recv under every scheme. Shards attend as the layout groups them:
+// whole shards on their own rows (zero-copy), prefixed shards on their
+// staged [prefix pieces, own rows].
 #ifndef FLASHCP_WORKER_ENGINE_H_
 #define FLASHCP_WORKER_ENGINE_H_
 
@@ -26,6 +27,7 @@
 #include "core/types.h"
 #include "worker/attention_cpu.h"
 #include "worker/communicator.h"
+#include "worker/cp_layout.h"
 #include "worker/thread_pool.h"
 
 namespace flashcp::worker {
@@ -55,45 +57,22 @@ class CpAttentionStep {
                         absl::Span<float> dq, absl::Span<float> dk, absl::Span<float> dv);
 
  private:
-  // Where a remote piece's rows sit in the receive buffer (and, mirrored, in
-  // the gradient buffer): K at k_offset, V at v_offset (floats), `len` rows.
-  struct RemoteRows {
-    int64_t k_offset = 0, v_offset = 0;
-  };
-  // A document this rank holds a shard of.
-  struct LocalDoc {
-    int32_t doc = 0;
-    int32_t last_pos = 0;     // position of this rank's last piece of the document
-    int64_t kv_len = 0;       // keys [0, kv_len): pieces 0..last_pos
-    int64_t ctx_offset = -1;  // row offset in ctx_ buffers; -1: zero-copy (piece 0 only)
-    std::vector<QueryRange> queries;
-  };
-
   CpAttentionStep() = default;
   int64_t RowFloats() const { return int64_t{shape_.heads} * shape_.head_dim; }
-  // Offsets, in floats, of a remote piece in recv_ (shard index `s`, owner `src`).
-  RemoteRows Locate(int32_t shard) const;
   absl::Status CheckComm(const Communicator& comm) const;
-  absl::Status ExchangeForward(Communicator& comm, absl::Span<const float> k,
-                               absl::Span<const float> v);
-  absl::Status ExchangeBackward(Communicator& comm, absl::Span<float> dk, absl::Span<float> dv);
+  // The kernels' documents: whole shards on k, v (gradients into dk, dv),
+  // prefixed shards on stage_k_, stage_v_ (gradients into stage_dk,
+  // stage_dv); every gradient span empty for the forward.
   std::vector<DocAttention> Docs(absl::Span<const float> k, absl::Span<const float> v,
-                                 absl::Span<float> dk, absl::Span<float> dv);
+                                 absl::Span<float> dk, absl::Span<float> dv,
+                                 absl::Span<float> stage_dk, absl::Span<float> stage_dv) const;
 
   core::Plan plan_;
   core::CommLayout layout_;
+  CpRankLayout lay_;
   int32_t rank_ = 0;
   AttentionShape shape_;
-  core::CommScheme scheme_ = core::CommScheme::kFullKv;
   int64_t rows_ = 0, real_rows_ = 0;
-  int64_t max_send_ = 0;                 // max_j send_tokens (allgather block rows)
-  std::vector<int64_t> shard_row_;       // per plan shard: first row in its owner's memory
-  // kTargeted: per source rank, float offset of its message in recv_, and per
-  // (source, send index) the row of that range within the message.
-  std::vector<int64_t> msg_offset_, msg_rows_;
-  std::vector<std::vector<int64_t>> msg_row_of_send_;
-  std::vector<LocalDoc> docs_;
-  int64_t ctx_rows_ = 0;
 
   // Forward state kept for Backward.
   bool forward_done_ = false;
@@ -102,8 +81,8 @@ class CpAttentionStep {
   const float* lse_ = nullptr;
   const float* k_ = nullptr;
   const float* v_ = nullptr;
-  std::vector<float> recv_;          // received KV, layout per scheme (Locate)
-  std::vector<float> ctx_k_, ctx_v_; // copied document contexts
+  std::vector<float> recv_;            // [recv_rows][K | V], then its gradient
+  std::vector<float> stage_k_, stage_v_;  // [stage rows][H][D]: staged prefixes
 };
 
 }  // namespace flashcp::worker

@@ -1,10 +1,11 @@
 """Builds the flashcp distribution (packages flashcp, flashcp.torch and
 flashcp_client), generating flashcp_client's gRPC stubs from the proto.
 
-The proto is read from $FLASHCP_PROTO_DIR, else ./proto (an sdist carries a
-copy there: `python -m build --sdist` from the tree copies it in, so the
-sdist builds a wheel without the checkout), else ../../proto (this file's
-place in the FlashCP tree). grpc_tools.protoc writes planner_pb2.py and
+The proto is read from $FLASHCP_PROTO_DIR, else ../../proto (this file's place
+in the FlashCP tree: the canonical proto), else ./proto, the copy committed
+inside this folder (proto/flashcp/v1/planner.proto, kept byte-identical to the
+canonical one by tests/test_wheel.py), so that a copy of client/python alone,
+or its sdist, builds the wheel. grpc_tools.protoc writes planner_pb2.py and
 planner_pb2_grpc.py into flashcp_client/_gen/ inside the build tree only; the
 generated import line is rewritten to point into the package, so the stubs do
 not claim a top-level `flashcp` package.
@@ -21,12 +22,14 @@ PROTO = "flashcp/v1/planner.proto"
 
 
 def proto_dir() -> pathlib.Path:
-    default = HERE / "proto" if (HERE / "proto" / PROTO).is_file() else HERE.parent.parent / "proto"
+    tree = HERE.parent.parent / "proto"
+    default = tree if (tree / PROTO).is_file() else HERE / "proto"
     root = pathlib.Path(os.environ.get("FLASHCP_PROTO_DIR", default))
     if not (root / PROTO).is_file():
         raise RuntimeError(
             f"{root / PROTO} not found: build from the FlashCP source tree "
-            "(pip install ./client/python) or set FLASHCP_PROTO_DIR")
+            "(pip install ./client/python), from a copy of client/python with its proto/ "
+            "folder, or set FLASHCP_PROTO_DIR")
     return root
 
 

@@ -352,7 +352,7 @@ absl::StatusOr<CpCheck> RunCpCheck(const core::Plan& plan, const CpCheckOptions&
     } else {
       FLASHCP_ASSIGN_OR_RETURN(attention, PlainAttention::Create(shape));
     }
-    FLASHCP_ASSIGN_OR_RETURN(GpuRankPlan rp, BuildGpuRankPlan(plan, layout, r, options.scheme));
+    FLASHCP_ASSIGN_OR_RETURN(CpRankLayout rp, BuildCpRankLayout(plan, layout, r, options.scheme));
     FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> dq_in, UploadBf16(slice(q, r, hq * d), s));
     FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> dk_in, UploadBf16(slice(k, r, hkv * d), s));
     FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> dv_in, UploadBf16(slice(v, r, hkv * d), s));

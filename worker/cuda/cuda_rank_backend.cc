@@ -97,8 +97,8 @@ class CudaRankBackend final : public RankBackend {
     // The daemon's thread may not have this device current.
     FLASHCP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice(", device_, ")");
     FLASHCP_ASSIGN_OR_RETURN(const core::CommLayout layout, core::BuildCommLayout(plan));
-    FLASHCP_ASSIGN_OR_RETURN(GpuRankPlan rank_plan,
-                             BuildGpuRankPlan(plan, layout, rank_, scheme));
+    FLASHCP_ASSIGN_OR_RETURN(CpRankLayout rank_plan,
+                             BuildCpRankLayout(plan, layout, rank_, scheme));
     const size_t rows = static_cast<size_t>(rank_plan.local_rows);
     const size_t q_elems = rows * shape_.heads_q * shape_.head_dim;
     const size_t kv_elems = rows * shape_.heads_kv * shape_.head_dim;

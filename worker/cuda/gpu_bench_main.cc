@@ -414,7 +414,7 @@ absl::Status RunCp(uint64_t seed) {
           for (int32_t r = 0; r < n; ++r) {
             // Rank r's attention alone on the GPU: its whole-document batch
             // and its prefixed batch over staged KV, fwd + bwd each.
-            FLASHCP_ASSIGN_OR_RETURN(GpuRankPlan rp, BuildGpuRankPlan(plan, layout, r, core::CommScheme::kAllGather));
+            FLASHCP_ASSIGN_OR_RETURN(CpRankLayout rp, BuildCpRankLayout(plan, layout, r, core::CommScheme::kAllGather));
             double ms = 0;
             if (!rp.whole_len.empty()) {
               FLASHCP_ASSIGN_OR_RETURN(VarlenBatch wb, VarlenBatch::Create(rp.whole_start, rp.whole_len,

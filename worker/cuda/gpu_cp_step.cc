@@ -31,7 +31,7 @@ absl::Span<std::byte> Bytes(bf16* p, int64_t elems) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GpuCpRank>> GpuCpRank::Create(GpuRankPlan plan,
+absl::StatusOr<std::unique_ptr<GpuCpRank>> GpuCpRank::Create(CpRankLayout plan,
                                                              const AttentionShape& shape,
                                                              Attention& attention,
                                                              DeviceCommunicator& comm,
@@ -85,9 +85,7 @@ absl::Status GpuCpRank::Init() {
   const int64_t pack_rows = static_cast<int64_t>(plan_.pack_rows.size());
   const int64_t stage_rows = static_cast<int64_t>(plan_.stage_src.size());
   FLASHCP_ASSIGN_OR_RETURN(pack_, DeviceBuffer<bf16>::Allocate(pack_rows * row2));
-  // back_ mirrors the pack layout once per peer for the gather schemes.
-  const int64_t back_rows = plan_.gather ? plan_.recv_rows : pack_rows;
-  FLASHCP_ASSIGN_OR_RETURN(back_, DeviceBuffer<bf16>::Allocate(back_rows * row2));
+  FLASHCP_ASSIGN_OR_RETURN(back_, DeviceBuffer<bf16>::Allocate(plan_.back_rows * row2));
   FLASHCP_ASSIGN_OR_RETURN(recv_, DeviceBuffer<bf16>::Allocate(plan_.recv_rows * row2));
   FLASHCP_ASSIGN_OR_RETURN(ret_, DeviceBuffer<float>::Allocate(plan_.recv_rows * row2));
   FLASHCP_ASSIGN_OR_RETURN(ret_bf16_, DeviceBuffer<bf16>::Allocate(plan_.recv_rows * row2));
@@ -136,7 +134,9 @@ absl::Status GpuCpRank::Forward(const bf16* q, const bf16* k, const bf16* v, bf1
   if (whole_) FLASHCP_RETURN_IF_ERROR(attention_.Forward(*whole_, {q, k, v, o, lse}, compute_));
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_[1].get(), compute_), ctx, ": event");
   // 3. The exchange (blocks this thread until the data is on the device).
-  if (plan_.gather) {
+  if (!CallsExchange(plan_)) {
+    // Empty all-gather blocks on every rank: nothing travels.
+  } else if (plan_.collective == Collective::kAllGather) {
     std::vector<int64_t> counts(plan_.size, plan_.block_rows * row2 * int64_t{sizeof(bf16)});
     FLASHCP_RETURN_IF_ERROR(comm_.AllGatherV(Bytes(pack_.data(), pack_rows * row2),
                                              Bytes(recv_.data(), plan_.recv_rows * row2), counts));
@@ -207,36 +207,23 @@ absl::Status GpuCpRank::Backward(const bf16* dout, bf16* dq, bf16* dk, bf16* dv)
     FLASHCP_RETURN_IF_ERROR(LaunchAccumulateBf16(tmp_dk_.data(), kv_elems, acc_k_.data(), compute_));
     FLASHCP_RETURN_IF_ERROR(LaunchAccumulateBf16(tmp_dv_.data(), kv_elems, acc_v_.data(), compute_));
   }
-  // 3. Gradients travel back to their owners, mirroring the forward exchange.
+  // 3. Gradients travel back to their owners, mirroring the forward messages
+  // (cp_layout.h: every scheme point to point).
   std::vector<SendOp> sends;
   std::vector<RecvOp> recvs;
-  std::vector<std::pair<int64_t, int64_t>> back_segments;  // (first row in back_, first pack row)
-  if (plan_.gather) {
-    for (int32_t p = 0; p < plan_.size; ++p) {
-      if (p == plan_.rank) continue;
-      const int64_t first = p * plan_.block_rows;
-      sends.push_back({p, Bytes(ret_bf16_.data() + first * row2, plan_.block_rows * row2)});
-      recvs.push_back({p, Bytes(back_.data() + first * row2, plan_.block_rows * row2)});
-      back_segments.push_back({first, 0});
-    }
-  } else {
-    for (const RowSegment& s : plan_.recvs)
-      sends.push_back({s.peer, Bytes(ret_bf16_.data() + s.first * row2, s.rows * row2)});
-    for (const RowSegment& s : plan_.sends) {
-      recvs.push_back({s.peer, Bytes(back_.data() + s.first * row2, s.rows * row2)});
-      back_segments.push_back({s.first, s.first});
-    }
-  }
-  FLASHCP_RETURN_IF_ERROR(comm_.SendRecv(sends, recvs));
+  for (const RowSegment& s : plan_.recvs)
+    sends.push_back({s.peer, Bytes(ret_bf16_.data() + s.first * row2, s.rows * row2)});
+  for (size_t i = 0; i < plan_.sends.size(); ++i)
+    recvs.push_back({plan_.sends[i].peer,
+                     Bytes(back_.data() + plan_.back_first[i] * row2, plan_.sends[i].rows * row2)});
+  if (CallsExchange(plan_)) FLASHCP_RETURN_IF_ERROR(comm_.SendRecv(sends, recvs));
   // 4. Owners add what came back (fp32), one launch per peer: a row may come
-  // back from several peers (targeted) but only once per peer.
-  const int64_t seg_rows = plan_.gather ? plan_.block_rows : 0;
-  for (size_t i = 0; i < back_segments.size(); ++i) {
-    const int64_t rows = plan_.gather ? seg_rows : plan_.sends[i].rows;
-    FLASHCP_RETURN_IF_ERROR(LaunchAccumulateBackKv(back_.data() + back_segments[i].first * row2,
-                                                   d_pack_rows_.data() + back_segments[i].second,
-                                                   rows, width_, acc_k_.data(), acc_v_.data(),
-                                                   compute_));
+  // back from several peers but only once per peer.
+  for (size_t i = 0; i < plan_.sends.size(); ++i) {
+    const RowSegment& s = plan_.sends[i];
+    FLASHCP_RETURN_IF_ERROR(LaunchAccumulateBackKv(back_.data() + plan_.back_first[i] * row2,
+                                                   d_pack_rows_.data() + s.first, s.rows, width_,
+                                                   acc_k_.data(), acc_v_.data(), compute_));
   }
   FLASHCP_RETURN_IF_ERROR(LaunchFloatToBf16(acc_k_.data(), kv_elems, dk, compute_));
   return LaunchFloatToBf16(acc_v_.data(), kv_elems, dv, compute_);

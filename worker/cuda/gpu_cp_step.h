@@ -46,7 +46,7 @@ class GpuCpRank {
  public:
   // `attention` and `comm` must outlive the rank. Uploads the index arrays and
   // allocates the exchange and staging buffers (sizes from the plan).
-  static absl::StatusOr<std::unique_ptr<GpuCpRank>> Create(GpuRankPlan plan,
+  static absl::StatusOr<std::unique_ptr<GpuCpRank>> Create(CpRankLayout plan,
                                                            const AttentionShape& shape,
                                                            Attention& attention,
                                                            DeviceCommunicator& comm,
@@ -58,18 +58,18 @@ class GpuCpRank {
   // Waits for the compute stream; the times of the last Forward + Backward.
   absl::StatusOr<CpAttentionTimes> Times() const;
 
-  const GpuRankPlan& plan() const { return plan_; }
+  const CpRankLayout& plan() const { return plan_; }
   const VarlenBatch* whole_batch() const { return whole_ ? &*whole_ : nullptr; }
   const VarlenBatch* prefix_batch() const { return prefix_ ? &*prefix_ : nullptr; }
 
  private:
-  GpuCpRank(GpuRankPlan plan, const AttentionShape& shape, Attention& attention,
+  GpuCpRank(CpRankLayout plan, const AttentionShape& shape, Attention& attention,
             DeviceCommunicator& comm, cudaStream_t compute)
       : plan_(std::move(plan)), shape_(shape), attention_(attention), comm_(comm),
         compute_(compute) {}
   absl::Status Init();
 
-  GpuRankPlan plan_;
+  CpRankLayout plan_;
   AttentionShape shape_;
   Attention& attention_;
   DeviceCommunicator& comm_;

@@ -83,24 +83,26 @@ absl::StatusOr<std::unique_ptr<ShardAttention>> ShardAttention::Create(
   return std::unique_ptr<ShardAttention>(new ShardAttention(std::move(impl)));
 }
 
-absl::Status ShardAttention::Forward(const ShardForwardBuffers& b, void* stream) {
+absl::Status ShardAttention::Forward(const ShardForwardBuffers& b, void* stream,
+                                     uint32_t groups) {
   float* lse = static_cast<float*>(b.lse);
-  if (impl_->whole)
+  if (impl_->whole && (groups & kWholeShards))
     FLASHCP_RETURN_IF_ERROR(impl_->attention->Forward(
         *impl_->whole, {B(b.q), B(b.k), B(b.v), B(b.out), lse}, S(stream)));
-  if (impl_->prefix)
+  if (impl_->prefix && (groups & kPrefixedShards))
     FLASHCP_RETURN_IF_ERROR(impl_->attention->Forward(
         *impl_->prefix, {B(b.q), B(b.k_stage), B(b.v_stage), B(b.out), lse}, S(stream)));
   return CudaLaunchStatus("ShardAttention::Forward");
 }
 
-absl::Status ShardAttention::Backward(const ShardBackwardBuffers& b, void* stream) {
+absl::Status ShardAttention::Backward(const ShardBackwardBuffers& b, void* stream,
+                                      uint32_t groups) {
   const float* lse = static_cast<const float*>(b.lse);
-  if (impl_->whole)
+  if (impl_->whole && (groups & kWholeShards))
     FLASHCP_RETURN_IF_ERROR(impl_->attention->Backward(
         *impl_->whole,
         {B(b.q), B(b.k), B(b.v), B(b.out), B(b.dout), lse, B(b.dq), B(b.dk), B(b.dv)}, S(stream)));
-  if (impl_->prefix)
+  if (impl_->prefix && (groups & kPrefixedShards))
     FLASHCP_RETURN_IF_ERROR(impl_->attention->Backward(
         *impl_->prefix,
         {B(b.q), B(b.k_stage), B(b.v_stage), B(b.out), B(b.dout), lse, B(b.dq), B(b.dk_stage),

@@ -4,7 +4,7 @@
 // a binding compiled without CUDA headers can hold the declarations; only
 // builds with the CUDA backend (FLASHCP_HAVE_CUDA) compile and link it.
 //
-// The shards are a worker::GpuRankPlan's two groups: whole shards (queries
+// The shards are a worker::CpRankLayout's two groups: whole shards (queries
 // and keys at the same local rows of q / k, v) and prefixed shards (queries
 // at local rows of q, keys staged contiguously per shard in k_stage, v_stage:
 // [document prefix, own rows], in layout order), as attention.h's varlen
@@ -68,6 +68,13 @@ struct ShardBackwardBuffers {
   void* dv_stage = nullptr;
 };
 
+// The two shard groups, as bits: whole shards need no exchanged KV, so a
+// caller can run them while the exchange is in flight, and the prefixed ones
+// after it.
+inline constexpr uint32_t kWholeShards = 1;
+inline constexpr uint32_t kPrefixedShards = 2;
+inline constexpr uint32_t kAllShards = kWholeShards | kPrefixedShards;
+
 class ShardAttention {
  public:
   // On the calling thread's current CUDA device. InvalidArgument for a bad
@@ -80,9 +87,15 @@ class ShardAttention {
   ~ShardAttention();
 
   // Asynchronous on `stream` (a cudaStream_t); the buffers must stay alive
-  // until the stream passes them.
-  absl::Status Forward(const ShardForwardBuffers& b, void* stream);
-  absl::Status Backward(const ShardBackwardBuffers& b, void* stream);
+  // until the stream passes them. `groups` (bits above) says which shard
+  // groups run; a group that does not run reads and writes none of its own
+  // buffers (k, v, dk, dv: whole; k_stage, v_stage, dk_stage, dv_stage:
+  // prefixed), which may then be null. Calls for different groups write
+  // disjoint rows of out, lse and dq, so they may run on different streams
+  // at once.
+  absl::Status Forward(const ShardForwardBuffers& b, void* stream, uint32_t groups = kAllShards);
+  absl::Status Backward(const ShardBackwardBuffers& b, void* stream,
+                        uint32_t groups = kAllShards);
 
   // Empty while every call ran on cuDNN; else why cuDNN's graph was rejected
   // and the plain kernels ran instead (cudnn_attention.h).

@@ -25,12 +25,19 @@ struct CudaShardBuffers {
   uintptr_t dout = 0, dq = 0, dk = 0, dv = 0, dk_stage = 0, dv_stage = 0;
 };
 
+// Shard groups, as bits (worker/cuda/shard_attention.h's kWholeShards,
+// kPrefixedShards): which of the layout's two groups a call runs.
+inline constexpr uint32_t kCudaWholeShards = 1;
+inline constexpr uint32_t kCudaPrefixedShards = 2;
+
 class CudaShardAttention {
  public:
   virtual ~CudaShardAttention() = default;
-  // Asynchronous on `stream` (a cudaStream_t as an integer).
-  virtual absl::Status Forward(const CudaShardBuffers& b, uintptr_t stream) = 0;
-  virtual absl::Status Backward(const CudaShardBuffers& b, uintptr_t stream) = 0;
+  // Asynchronous on `stream` (a cudaStream_t as an integer); `groups` as
+  // ShardAttention::Forward's (a group that does not run touches none of its
+  // buffers).
+  virtual absl::Status Forward(const CudaShardBuffers& b, uintptr_t stream, uint32_t groups) = 0;
+  virtual absl::Status Backward(const CudaShardBuffers& b, uintptr_t stream, uint32_t groups) = 0;
   virtual std::string fallback_reason() const = 0;
 };
 
@@ -40,7 +47,7 @@ bool CudaBackendBuilt();
 // On the current CUDA device; Unimplemented in a build without the CUDA
 // backend, else ShardAttention::Create's errors.
 absl::StatusOr<std::unique_ptr<CudaShardAttention>> MakeCudaShardAttention(
-    const worker::GpuRankPlan& plan, int32_t heads_q, int32_t heads_kv, int32_t head_dim,
+    const worker::CpRankLayout& plan, int32_t heads_q, int32_t heads_kv, int32_t head_dim,
     float scale, uintptr_t stream);
 
 }  // namespace flashcp::python

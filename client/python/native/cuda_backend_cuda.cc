@@ -6,6 +6,9 @@
 #include "core/status_macros.h"
 #include "worker/cuda/shard_attention.h"
 
+static_assert(flashcp::python::kCudaWholeShards == flashcp::worker::cuda::kWholeShards);
+static_assert(flashcp::python::kCudaPrefixedShards == flashcp::worker::cuda::kPrefixedShards);
+
 namespace flashcp::python {
 namespace {
 
@@ -15,14 +18,14 @@ class Cudnn final : public CudaShardAttention {
  public:
   explicit Cudnn(std::unique_ptr<worker::cuda::ShardAttention> a) : a_(std::move(a)) {}
 
-  absl::Status Forward(const CudaShardBuffers& b, uintptr_t stream) override {
+  absl::Status Forward(const CudaShardBuffers& b, uintptr_t stream, uint32_t groups) override {
     return a_->Forward({P(b.q), P(b.k), P(b.v), P(b.k_stage), P(b.v_stage), P(b.out), P(b.lse)},
-                       P(stream));
+                       P(stream), groups);
   }
-  absl::Status Backward(const CudaShardBuffers& b, uintptr_t stream) override {
+  absl::Status Backward(const CudaShardBuffers& b, uintptr_t stream, uint32_t groups) override {
     return a_->Backward({P(b.q), P(b.k), P(b.v), P(b.k_stage), P(b.v_stage), P(b.out), P(b.dout),
                          P(b.lse), P(b.dq), P(b.dk), P(b.dv), P(b.dk_stage), P(b.dv_stage)},
-                        P(stream));
+                        P(stream), groups);
   }
   std::string fallback_reason() const override { return a_->fallback_reason(); }
 
@@ -35,7 +38,7 @@ class Cudnn final : public CudaShardAttention {
 bool CudaBackendBuilt() { return true; }
 
 absl::StatusOr<std::unique_ptr<CudaShardAttention>> MakeCudaShardAttention(
-    const worker::GpuRankPlan& plan, int32_t heads_q, int32_t heads_kv, int32_t head_dim,
+    const worker::CpRankLayout& plan, int32_t heads_q, int32_t heads_kv, int32_t head_dim,
     float scale, uintptr_t stream) {
   worker::cuda::ShardAttentionSpec spec;
   spec.heads_q = heads_q;

@@ -7,7 +7,7 @@ namespace flashcp::python {
 bool CudaBackendBuilt() { return false; }
 
 absl::StatusOr<std::unique_ptr<CudaShardAttention>> MakeCudaShardAttention(
-    const worker::GpuRankPlan&, int32_t, int32_t, int32_t, float, uintptr_t) {
+    const worker::CpRankLayout&, int32_t, int32_t, int32_t, float, uintptr_t) {
   return absl::UnimplementedError(
       "this flashcp build has no CUDA backend (CMake found no nvcc or cuDNN frontend, or "
       "FLASHCP_CUDA=OFF): rebuild with CUDA, or pass CPU tensors");

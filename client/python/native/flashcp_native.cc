@@ -1,7 +1,7 @@
 // _flashcp_native: the Python package's binding to the C++ core (pybind11).
 // Thin adapters only: planning is planner_service::PlanBatch (what the
-// service runs), the exchange layout is worker::BuildGpuRankPlan (the GPU
-// step's layout, from core::BuildCommLayout), the attention is the CPU
+// service runs), the exchange layout is worker::BuildCpRankLayout (the CPU
+// engine's and the GPU step's layout, from core::BuildCommLayout), the attention is the CPU
 // kernels of worker/attention_cpu.h, or on CUDA tensors the project's cuDNN
 // path (cuda_backend.h). Tensors cross as (address, element count) pairs that
 // the Python side takes from contiguous torch tensors; every count is checked
@@ -100,7 +100,7 @@ core::Plan MakePlan(const std::vector<int64_t>& doc_lens, int32_t cp_size, int64
   return plan;
 }
 
-// One rank's view of a plan: the exchange layout (worker::GpuRankPlan) and
+// One rank's view of a plan: the exchange layout (worker::CpRankLayout) and
 // where every local row comes from in the packed global batch.
 class RankLayout {
  public:
@@ -110,7 +110,7 @@ class RankLayout {
     Check(core::ValidatePlan(plan_));
     const core::CommScheme s = ValueOrRaise(core::ParseCommScheme(scheme));
     layout_ = ValueOrRaise(core::BuildCommLayout(plan_));
-    rank_plan_ = ValueOrRaise(worker::BuildGpuRankPlan(plan_, layout_, rank, s));
+    rank_plan_ = ValueOrRaise(worker::BuildCpRankLayout(plan_, layout_, rank, s));
     total_ = core::TotalTokens(plan_.doc_lens);
     doc_first_.assign(plan_.doc_lens.size(), 0);
     for (size_t d = 1; d < plan_.doc_lens.size(); ++d) {
@@ -118,7 +118,7 @@ class RankLayout {
     }
   }
 
-  const worker::GpuRankPlan& rank_plan() const { return rank_plan_; }
+  const worker::CpRankLayout& rank_plan() const { return rank_plan_; }
   int32_t rank() const { return rank_plan_.rank; }
   int32_t size() const { return rank_plan_.size; }
   int64_t local_rows() const { return rank_plan_.local_rows; }
@@ -181,7 +181,7 @@ class RankLayout {
 
   core::Plan plan_;
   core::CommLayout layout_;
-  worker::GpuRankPlan rank_plan_;
+  worker::CpRankLayout rank_plan_;
   int64_t total_ = 0;
   std::vector<int64_t> doc_first_;
 };
@@ -203,7 +203,7 @@ class CpuAttention {
       Raise(absl::InvalidArgumentError(absl::StrCat("shape: heads ", heads, ", head_dim ", head_dim,
                                                     ", scale ", scale, " (each must be positive)")));
     }
-    const worker::GpuRankPlan& p = layout.rank_plan();
+    const worker::CpRankLayout& p = layout.rank_plan();
     rows_ = p.local_rows;
     stage_rows_ = static_cast<int64_t>(p.stage_src.size());
     for (size_t i = 0; i < p.whole_start.size(); ++i) {
@@ -315,7 +315,7 @@ class CudaAttention {
  public:
   CudaAttention(const RankLayout& layout, int32_t heads_q, int32_t heads_kv, int32_t head_dim,
                 float scale, uintptr_t stream) {
-    const worker::GpuRankPlan& p = layout.rank_plan();
+    const worker::CpRankLayout& p = layout.rank_plan();
     rows_ = p.local_rows;
     stage_rows_ = static_cast<int64_t>(p.stage_src.size());
     q_row_ = int64_t{heads_q} * head_dim;
@@ -332,33 +332,38 @@ class CudaAttention {
   int64_t stage_rows() const { return stage_rows_; }
   std::string fallback_reason() const { return impl_->fallback_reason(); }
 
-  void Forward(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse, uintptr_t stream) {
-    const CudaShardBuffers b = Inputs(q, k, v, ks, vs, o, lse);
-    Run([&] { return impl_->Forward(b, stream); });
+  // groups: kCudaWholeShards | kCudaPrefixedShards (cuda_backend.h); the
+  // buffers of a group that does not run are not read (pass (0, 0)).
+  void Forward(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse, uintptr_t stream,
+               uint32_t groups) {
+    const CudaShardBuffers b = Inputs(q, k, v, ks, vs, o, lse, groups);
+    Run([&] { return impl_->Forward(b, stream, groups); });
   }
 
   // As CpuAttention::Backward: the caller zero-fills dk, dv, dk_stage, dv_stage.
   void Backward(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse, Buf dout, Buf dq, Buf dk,
-                Buf dv, Buf dks, Buf dvs, uintptr_t stream) {
-    CudaShardBuffers b = Inputs(q, k, v, ks, vs, o, lse);
+                Buf dv, Buf dks, Buf dvs, uintptr_t stream, uint32_t groups) {
+    CudaShardBuffers b = Inputs(q, k, v, ks, vs, o, lse, groups);
     b.dout = Q("dout", dout);
     b.dq = Q("dq", dq);
-    b.dk = Kv("dk", dk, rows_);
-    b.dv = Kv("dv", dv, rows_);
-    b.dk_stage = Kv("dk_stage", dks, stage_rows_);
-    b.dv_stage = Kv("dv_stage", dvs, stage_rows_);
-    Run([&] { return impl_->Backward(b, stream); });
+    std::tie(b.dk, b.dv) = KvPair(groups, kCudaWholeShards, "dk", dk, "dv", dv);
+    std::tie(b.dk_stage, b.dv_stage) =
+        KvPair(groups, kCudaPrefixedShards, "dk_stage", dks, "dv_stage", dvs);
+    Run([&] { return impl_->Backward(b, stream, groups); });
   }
 
  private:
   // Forward's buffers (also Backward's inputs), each checked for its size.
-  CudaShardBuffers Inputs(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse) const {
+  CudaShardBuffers Inputs(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse,
+                          uint32_t groups) const {
+    if (groups == 0 || (groups & ~(kCudaWholeShards | kCudaPrefixedShards)) != 0) {
+      Raise(absl::InvalidArgumentError(absl::StrCat("groups: ", groups, "; expected 1, 2 or 3")));
+    }
     CudaShardBuffers b;
     b.q = Q("q", q);
-    b.k = Kv("k", k, rows_);
-    b.v = Kv("v", v, rows_);
-    b.k_stage = Kv("k_stage", ks, stage_rows_);
-    b.v_stage = Kv("v_stage", vs, stage_rows_);
+    std::tie(b.k, b.v) = KvPair(groups, kCudaWholeShards, "k", k, "v", v);
+    std::tie(b.k_stage, b.v_stage) =
+        KvPair(groups, kCudaPrefixedShards, "k_stage", ks, "v_stage", vs);
     b.out = Q("o", o);
     b.lse = Check("lse", lse, rows_ * heads_q_);
     return b;
@@ -382,6 +387,14 @@ class CudaAttention {
   uintptr_t Q(const char* name, Buf b) const { return Check(name, b, rows_ * q_row_); }
   uintptr_t Kv(const char* name, Buf b, int64_t rows) const {
     return Check(name, b, rows * kv_row_);
+  }
+  // A group's two KV-shaped buffers (local rows for the whole shards, staged
+  // rows for the prefixed ones), checked where `group` runs; (0, 0) where not.
+  std::pair<uintptr_t, uintptr_t> KvPair(uint32_t groups, uint32_t group, const char* a_name,
+                                         Buf a, const char* b_name, Buf b) const {
+    if (!(groups & group)) return {0, 0};
+    const int64_t rows = group == kCudaWholeShards ? rows_ : stage_rows_;
+    return {Kv(a_name, a, rows), Kv(b_name, b, rows)};
   }
 
   std::unique_ptr<CudaShardAttention> impl_;
@@ -408,9 +421,15 @@ PYBIND11_MODULE(_flashcp_native, m) {
       .def_property_readonly("size", &RankLayout::size)
       .def_property_readonly("local_rows", &RankLayout::local_rows)
       .def_property_readonly("total_tokens", &RankLayout::total_tokens)
-      .def_property_readonly("gather", [](const RankLayout& l) { return l.rank_plan().gather; })
+      .def_property_readonly("all_gather", [](const RankLayout& l) {
+        return l.rank_plan().collective == flashcp::worker::Collective::kAllGather;
+      })
+      .def_property_readonly("calls_exchange",
+                             [](const RankLayout& l) { return flashcp::worker::CallsExchange(l.rank_plan()); })
       .def_property_readonly("block_rows", [](const RankLayout& l) { return l.rank_plan().block_rows; })
       .def_property_readonly("recv_rows", [](const RankLayout& l) { return l.rank_plan().recv_rows; })
+      .def_property_readonly("back_first", [](const RankLayout& l) { return l.rank_plan().back_first; })
+      .def_property_readonly("back_rows", [](const RankLayout& l) { return l.rank_plan().back_rows; })
       .def_property_readonly("pack_rows",
                              [](const RankLayout& l) { return Int64Bytes(l.rank_plan().pack_rows); })
       .def_property_readonly("stage_src",
@@ -437,4 +456,6 @@ PYBIND11_MODULE(_flashcp_native, m) {
       .def_property_readonly("fallback_reason", &CudaAttention::fallback_reason)
       .def("forward", &CudaAttention::Forward)
       .def("backward", &CudaAttention::Backward);
+  m.attr("CUDA_WHOLE_SHARDS") = flashcp::python::kCudaWholeShards;
+  m.attr("CUDA_PREFIXED_SHARDS") = flashcp::python::kCudaPrefixedShards;
 }

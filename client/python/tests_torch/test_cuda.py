@@ -62,11 +62,28 @@ def test_native_cuda_shards_match_the_cpu_kernels_on_every_rank():
         # CUDA: bf16, KV heads as they are.
         dx = {k: t.cuda() for k, t in x.items()}
         go, glse = torch.zeros_like(dx["q"]), torch.zeros(rows, hq, device="cuda")
-        cu.forward(*(buf(dx[k]) for k in ("q", "k", "v", "ks", "vs")), buf(go), buf(glse), stream)
+        both = mod.CUDA_WHOLE_SHARDS | mod.CUDA_PREFIXED_SHARDS
+        cu.forward(*(buf(dx[k]) for k in ("q", "k", "v", "ks", "vs")), buf(go), buf(glse), stream,
+                   both)
         gg = [torch.zeros_like(dx[k]) for k in ("q", "k", "v", "ks", "vs")]
         cu.backward(*(buf(dx[k]) for k in ("q", "k", "v", "ks", "vs")), buf(go), buf(glse),
-                    buf(dx["dout"]), *(buf(t) for t in gg), stream)
+                    buf(dx["dout"]), *(buf(t) for t in gg), stream, both)
         torch.cuda.synchronize()
+        # The groups one at a time, on two streams at once (as attention()
+        # runs them), into separate buffers: bitwise the same rows.
+        side = torch.cuda.Stream()
+        so = [torch.zeros_like(go) for _ in range(2)]
+        sl = [torch.zeros_like(glse) for _ in range(2)]
+        side.wait_stream(torch.cuda.current_stream())
+        cu.forward(buf(dx["q"]), buf(dx["k"]), buf(dx["v"]), (0, 0), (0, 0), buf(so[0]),
+                   buf(sl[0]), side.cuda_stream, mod.CUDA_WHOLE_SHARDS)
+        cu.forward(buf(dx["q"]), (0, 0), (0, 0), buf(dx["ks"]), buf(dx["vs"]), buf(so[1]),
+                   buf(sl[1]), stream, mod.CUDA_PREFIXED_SHARDS)
+        torch.cuda.synchronize()
+        whole = torch.cat([torch.arange(r0, r0 + n) for r0, start, n, _ in lay.segments()
+                           if start == 0] or [torch.empty(0, dtype=torch.int64)]).cuda()
+        merged = so[1].index_copy(0, whole, so[0].index_select(0, whole))
+        assert torch.equal(merged, go), f"rank {rank}: split groups' O differs"
         assert cu.fallback_reason == "", cu.fallback_reason  # cuDNN ran, not the plain kernels
         # GQA: the CPU's per-query-head key gradients summed per KV head.
         fold = lambda t: t.view(t.shape[0], hkv, hq // hkv, d).sum(2)  # noqa: E731
@@ -80,14 +97,21 @@ def test_native_cuda_shards_match_the_cpu_kernels_on_every_rank():
     assert prefixed > 0, "the plan has no prefixed shards: the test would not cover them"
 
 
+@pytest.mark.parametrize("n", [1, 2, 4])
 @pytest.mark.parametrize("scheme", ["targeted", "allgather"])
-def test_cuda_attention_matches_the_cpu_path_on_one_rank(scheme):
-    res = harness.run(cases.cuda_attention_case, 1, dict(doc_lens=DOCS, strategy="flashcp",
+def test_cuda_attention_matches_the_cpu_path(scheme, n):
+    # n > 1: every rank on cuda:0 over the harness's gloo group, so the
+    # exchange is host-staged (CpContext.host_staged); the whole shards'
+    # attention overlaps it on the side stream, the prefixed shards follow.
+    res = harness.run(cases.cuda_attention_case, n, dict(doc_lens=DOCS, strategy="flashcp",
                                                           hq=4, hkv=2, d=64, seed=3,
-                                                          scheme=scheme), timeout_s=180)
-    r = res[0]
-    for name, err, ref in zip(("o", "dq", "dk", "dv"), r["err"], r["ref"]):
-        assert _close(err, ref), f"{scheme} {name}: max abs error {err} (|ref| {ref})"
-    assert r["fp32"] == ("TypeError", "q: dtype torch.float32 on cuda:0; the CUDA path computes "
-                         "in bfloat16 (cuDNN) and does not convert: pass bfloat16 tensors "
-                         "(q.bfloat16()), or CPU tensors for float32")
+                                                          min_shard=8, scheme=scheme),
+                      timeout_s=300)
+    for rank in range(n):
+        r = res[rank]
+        for name, err, ref in zip(("o", "dq", "dk", "dv"), r["err"], r["ref"]):
+            assert _close(err, ref), f"{scheme} n={n} rank {rank} {name}: max abs error {err} " \
+                                     f"(|ref| {ref})"
+        assert r["fp32"] == ("TypeError", "q: dtype torch.float32 on cuda:0; the CUDA path "
+                             "computes in bfloat16 (cuDNN) and does not convert: pass bfloat16 "
+                             "tensors (q.bfloat16()), or CPU tensors for float32")

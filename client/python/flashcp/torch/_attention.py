@@ -4,12 +4,16 @@ Forward: pack the K|V rows this rank sends (the native layout's pack_rows),
 exchange them (targeted: isend/irecv with exactly the ranks that need
 them; allgather / full_kv: one all_gather_into_tensor of equal blocks),
 stage every prefixed shard's keys [prefix pieces, own rows] (stage_src),
-then the kernels attend each shard to its prefix plus itself: on CPU the
-project's CPU kernels (fp32), on CUDA the project's cuDNN path (bf16,
-worker/cuda/shard_attention.h through the binding's CUDA hook). Backward,
-through autograd: the kernels' dQ, dK, dV; the staging's gradients
-index-added back onto local rows and the receive buffer; the receive
-buffer's gradients returned to their owners by the mirror exchange.
+then the kernels attend each shard to its prefix plus itself. Backward:
+the kernels' dQ, dK, dV; the staging's gradients index-added back onto
+local rows and the receive buffer; the receive buffer's gradients returned
+to their owners point to point (the mirror of the forward messages).
+
+CPU: the project's CPU kernels (fp32), the steps composed of autograd ops.
+CUDA: the project's cuDNN path (bf16, worker/cuda/shard_attention.h through
+the binding's CUDA hook), the step as one autograd node that overlaps the
+whole shards' attention with the exchange on a side stream, as the GPU step
+does (_CudaCpAttention). The CUDA path has not run on a GPU yet.
 """
 import math
 from typing import Optional
@@ -17,6 +21,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from flashcp._native import native
 from flashcp.torch._context import CpContext, ExchangeError
 
 
@@ -63,50 +68,58 @@ def _gather_failed(ctx: CpContext, what: str, e: Exception) -> ExchangeError:
                          f"{named}: {e}")
 
 
+def _exchange_forward(pack: torch.Tensor, ctx: CpContext, lay) -> torch.Tensor:
+    """pack [P, W] -> the receive buffer [R, W]: exactly the layout's messages."""
+    if pack.is_cuda and ctx.host_staged:
+        return _exchange_forward(pack.cpu(), ctx, lay).to(pack.device)
+    w = tuple(pack.shape[1:])
+    recv = pack.new_zeros((lay.recv_rows,) + w)
+    if ctx.size == 1 or not lay.calls_exchange:
+        return recv  # nothing travels (one rank, or empty all-gather blocks)
+    if lay.all_gather:
+        try:
+            dist.all_gather_into_tensor(recv, pack.contiguous(), group=ctx.group)
+        except RuntimeError as e:
+            raise _gather_failed(ctx, "forward KV all-gather", e) from e
+    else:
+        send = [(p, pack[first:first + rows]) for p, first, rows in lay.sends]
+        rcv = [(p, recv[first:first + rows]) for p, first, rows in lay.recvs]
+        _p2p(ctx, send, rcv, "forward KV exchange")
+    return recv
+
+
+def _exchange_backward(grad_recv: torch.Tensor, ctx: CpContext, lay, pack_rows: int) -> torch.Tensor:
+    """The gradients of the receive buffer -> those of the pack buffer
+    [pack_rows, W]. Every scheme point to point (cp_layout.h): the gradients
+    of what came from each peer go back to it; what comes back for sends[i]
+    is added onto the pack rows it carried, peer by peer."""
+    if grad_recv.is_cuda and ctx.host_staged:
+        return _exchange_backward(grad_recv.cpu(), ctx, lay, pack_rows).to(grad_recv.device)
+    g = grad_recv.contiguous()
+    w = tuple(g.shape[1:])
+    grad_pack = g.new_zeros((pack_rows,) + w)
+    if ctx.size == 1 or not lay.calls_exchange:
+        return grad_pack
+    back = g.new_empty((lay.back_rows,) + w)
+    send = [(p, g[first:first + r]) for p, first, r in lay.recvs]
+    rcv = [(p, back[b:b + r]) for (p, _, r), b in zip(lay.sends, lay.back_first)]
+    _p2p(ctx, send, rcv, "backward dK/dV return")
+    for (_, first, r), b in zip(lay.sends, lay.back_first):
+        grad_pack[first:first + r] += back[b:b + r]
+    return grad_pack
+
+
 class _Exchange(torch.autograd.Function):
     """pack [P, W] -> recv [R, W] (forward KV), and the mirror backward."""
 
     @staticmethod
     def forward(fctx, pack, ctx: CpContext, lay):
-        fctx.ctx, fctx.lay = ctx, lay
-        w = pack.shape[1:]
-        recv = pack.new_zeros((lay.recv_rows,) + tuple(w))
-        if ctx.size == 1:
-            if lay.gather:
-                recv.copy_(pack)
-            return recv
-        if lay.gather:
-            try:
-                dist.all_gather_into_tensor(recv, pack.contiguous(), group=ctx.group)
-            except RuntimeError as e:
-                raise _gather_failed(ctx, "forward KV all-gather", e) from e
-        else:
-            send = [(p, pack[first:first + rows]) for p, first, rows in lay.sends]
-            rcv = [(p, recv[first:first + rows]) for p, first, rows in lay.recvs]
-            _p2p(ctx, send, rcv, "forward KV exchange")
-        return recv
+        fctx.ctx, fctx.lay, fctx.pack_rows = ctx, lay, pack.shape[0]
+        return _exchange_forward(pack, ctx, lay)
 
     @staticmethod
     def backward(fctx, grad_recv):
-        ctx, lay = fctx.ctx, fctx.lay
-        g = grad_recv.contiguous()
-        if ctx.size == 1:
-            return (g.clone() if lay.gather else g.new_zeros((0,) + tuple(g.shape[1:]))), None, None
-        if lay.gather:
-            # Block j of g holds this rank's gradients of rank j's KV: send it
-            # back to j (all-to-all), and sum what comes back in rank order.
-            out = torch.empty_like(g)
-            try:
-                dist.all_to_all_single(out, g, group=ctx.group)
-            except RuntimeError as e:
-                raise _gather_failed(ctx, "backward dK/dV return", e) from e
-            return out.view(ctx.size, lay.block_rows, *g.shape[1:]).sum(0), None, None
-        rows = sum(r for _, _, r in lay.sends)
-        grad_pack = g.new_zeros((rows,) + tuple(g.shape[1:]))
-        send = [(p, g[first:first + r]) for p, first, r in lay.recvs]
-        rcv = [(p, grad_pack[first:first + r]) for p, first, r in lay.sends]
-        _p2p(ctx, send, rcv, "backward dK/dV return")
-        return grad_pack, None, None
+        return _exchange_backward(grad_recv, fctx.ctx, fctx.lay, fctx.pack_rows), None, None
 
 
 class _LocalAttention(torch.autograd.Function):
@@ -133,33 +146,104 @@ class _LocalAttention(torch.autograd.Function):
         return dq, dk, dv, dks, dvs, None
 
 
-class _CudaLocalAttention(torch.autograd.Function):
-    """The cuDNN path over the same two shard groups: bf16 CUDA tensors,
-    contiguous, KV heads as they are (GQA inside cuDNN), on the current
-    stream of q's device."""
+_NONE = (0, 0)  # a buffer the native call does not read (a shard group that does not run)
+
+
+class _CudaCpAttention(torch.autograd.Function):
+    """The CUDA step as one autograd node, ordered as worker/cuda/gpu_cp_step.cc:
+    the whole shards (no remote KV) attend on a side stream while the KV
+    exchange runs on the current stream; then the prefixed shards attend on
+    their staged KV. Backward: the prefixed shards first (their staged
+    gradients are what travels), the whole shards on the side stream while
+    the gradients return; gradients summed in fp32, rounded to bf16 once.
+    bf16 CUDA tensors, contiguous, KV heads as they are (GQA inside cuDNN).
+    The two groups write their own o, lse, dq buffers; their rows are merged
+    by index (whole rows from the whole group), so neither depends on what
+    the other kernel leaves in rows it does not own."""
 
     @staticmethod
-    def forward(fctx, q, k, v, ks, vs, kernel):
+    def forward(fctx, q, k, v, ctx: CpContext, lay, kernel):
         with torch.cuda.device(q.device):
-            o = torch.zeros_like(q)
-            lse = torch.zeros(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
-            kernel.forward(_buf(q), _buf(k), _buf(v), _buf(ks), _buf(vs), _buf(o), _buf(lse),
-                           torch.cuda.current_stream(q.device).cuda_stream)
-        fctx.kernel = kernel
-        fctx.save_for_backward(q, k, v, ks, vs, o, lse)
-        return o
+            return _CudaCpAttention._forward(fctx, q, k, v, ctx, lay, kernel)
 
     @staticmethod
     def backward(fctx, dout):
-        q, k, v, ks, vs, o, lse = fctx.saved_tensors
-        with torch.cuda.device(q.device):
-            dout = dout.to(q.dtype).contiguous()
-            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-            dks, dvs = torch.zeros_like(ks), torch.zeros_like(vs)
-            fctx.kernel.backward(_buf(q), _buf(k), _buf(v), _buf(ks), _buf(vs), _buf(o),
-                                 _buf(lse), _buf(dout), _buf(dq), _buf(dk), _buf(dv), _buf(dks),
-                                 _buf(dvs), torch.cuda.current_stream(q.device).cuda_stream)
-        return dq, dk, dv, dks, dvs, None
+        with torch.cuda.device(dout.device):
+            return _CudaCpAttention._backward(fctx, dout)
+
+    @staticmethod
+    def _forward(fctx, q, k, v, ctx: CpContext, lay, kernel):
+        mod = native()
+        dev = q.device
+        cur = torch.cuda.current_stream(dev)
+        side = ctx.side_stream(dev)
+        rows, hq, hkv = q.shape[0], q.shape[1], k.shape[1]
+        pack_index, stage_index = lay.indices(dev)
+        whole_rows = lay.whole_rows_on(dev)
+        o_w, o_p = torch.zeros_like(q), torch.zeros_like(q)
+        lse_w = torch.zeros(rows, hq, dtype=torch.float32, device=dev)
+        lse_p = torch.zeros_like(lse_w)
+        side.wait_stream(cur)  # q, k, v and the zero-filled outputs
+        try:
+            # 1. Whole shards, on the side stream: they overlap the exchange.
+            kernel.forward(_buf(q), _buf(k), _buf(v), _NONE, _NONE, _buf(o_w), _buf(lse_w),
+                           side.cuda_stream, mod.CUDA_WHOLE_SHARDS)
+            # 2. The exchange and the staging, on the current stream.
+            kv = torch.cat([k, v], dim=1)
+            src = torch.cat([kv, kv.new_zeros((1,) + tuple(kv.shape[1:]))]) if lay.pads else kv
+            pack = src.index_select(0, pack_index)
+            recv = _exchange_forward(pack, ctx, lay)
+            stage = torch.cat([kv, recv]).index_select(0, stage_index)
+            ks, vs = stage[:, :hkv].contiguous(), stage[:, hkv:].contiguous()
+            # 3. Prefixed shards.
+            kernel.forward(_buf(q), _NONE, _NONE, _buf(ks), _buf(vs), _buf(o_p), _buf(lse_p),
+                           cur.cuda_stream, mod.CUDA_PREFIXED_SHARDS)
+        finally:
+            cur.wait_stream(side)  # nothing here is freed while the side stream uses it
+        fctx.ctx, fctx.lay, fctx.kernel, fctx.pack_rows = ctx, lay, kernel, pack.shape[0]
+        fctx.save_for_backward(q, k, v, ks, vs, o_w, lse_w, o_p, lse_p)
+        return o_p.index_copy(0, whole_rows, o_w.index_select(0, whole_rows))
+
+    @staticmethod
+    def _backward(fctx, dout):
+        mod = native()
+        q, k, v, ks, vs, o_w, lse_w, o_p, lse_p = fctx.saved_tensors
+        ctx, lay, kernel = fctx.ctx, fctx.lay, fctx.kernel
+        dev = q.device
+        cur = torch.cuda.current_stream(dev)
+        side = ctx.side_stream(dev)
+        rows, hkv = q.shape[0], k.shape[1]
+        pack_index, stage_index = lay.indices(dev)
+        whole_rows = lay.whole_rows_on(dev)
+        dout = dout.to(q.dtype).contiguous()
+        dq_p, dq_w = torch.zeros_like(q), torch.zeros_like(q)
+        dks, dvs = torch.zeros_like(ks), torch.zeros_like(vs)
+        dk_w, dv_w = torch.zeros_like(k), torch.zeros_like(v)
+        # 1. Prefixed shards: their staged gradients are what must travel.
+        kernel.backward(_buf(q), _NONE, _NONE, _buf(ks), _buf(vs), _buf(o_p), _buf(lse_p),
+                        _buf(dout), _buf(dq_p), _NONE, _NONE, _buf(dks), _buf(dvs),
+                        cur.cuda_stream, mod.CUDA_PREFIXED_SHARDS)
+        side.wait_stream(cur)  # dout and the zero-filled gradients
+        try:
+            # 2. Whole shards on the side stream, overlapping the return.
+            kernel.backward(_buf(q), _buf(k), _buf(v), _NONE, _NONE, _buf(o_w), _buf(lse_w),
+                            _buf(dout), _buf(dq_w), _buf(dk_w), _buf(dv_w), _NONE, _NONE,
+                            side.cuda_stream, mod.CUDA_WHOLE_SHARDS)
+            # 3. Staged rows' gradients onto local rows and the receive
+            # buffer (fp32), the receive buffer's back to its owners (bf16).
+            g = torch.zeros((rows + lay.recv_rows, 2 * hkv, q.shape[2]), dtype=torch.float32,
+                            device=dev)
+            g.index_add_(0, stage_index, torch.cat([dks, dvs], dim=1).float())
+            grad_pack = _exchange_backward(g[rows:].to(q.dtype), ctx, lay, fctx.pack_rows)
+            real = pack_index < rows  # the rest are an all-gather block's padding rows
+            g_local = g[:rows]
+            g_local.index_add_(0, pack_index[real], grad_pack[real].float())
+        finally:
+            cur.wait_stream(side)
+        g_local[:, :hkv].index_add_(0, whole_rows, dk_w.index_select(0, whole_rows).float())
+        g_local[:, hkv:].index_add_(0, whole_rows, dv_w.index_select(0, whole_rows).float())
+        dq = dq_p.index_copy(0, whole_rows, dq_w.index_select(0, whole_rows))
+        return dq, g_local[:, :hkv].to(q.dtype), g_local[:, hkv:].to(q.dtype), None, None, None
 
 
 def _buf(t: torch.Tensor):
@@ -230,6 +314,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
             kernel = ctx.cuda_kernel(scheme, hq, hkv, d, scale, q.device)
     else:
         kernel = ctx.kernel(scheme, hq, d, scale)
+    if on_cuda:
+        return _CudaCpAttention.apply(q, k, v, ctx, lay, kernel)
     dtype = q.dtype
     pack_index, stage_index = lay.indices(q.device)
 
@@ -240,8 +326,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     recv = _Exchange.apply(pack, ctx, lay)
     stage = torch.cat([kv, recv]).index_select(0, stage_index)
     ks, vs = stage[:, :hkv], stage[:, hkv:]
-    if on_cuda:
-        return _CudaLocalAttention.apply(q, k, v, ks.contiguous(), vs.contiguous(), kernel)
     kl, vl = k, v
     if hq != hkv:
         g = hq // hkv

@@ -24,7 +24,7 @@ def _int64(data: bytes) -> torch.Tensor:
 
 class SchemeLayout:
     """The native layout of one rank under one scheme (worker/cp_layout.h's
-    GpuRankPlan), with its row lists as index tensors: pack_index (local
+    CpRankLayout), with its row lists as index tensors: pack_index (local
     rows to send, in message order; a gather block's padding rows point at
     row C/N, which the caller makes a zero row; `pads` says whether any do)
     and stage_index (rows of cat([local K|V rows, received rows]) staged for
@@ -32,18 +32,30 @@ class SchemeLayout:
 
     def __init__(self, lay, rows: int):
         self.native = lay
-        self.gather = lay.gather
+        # Forward: one all_gather_into_tensor of equal blocks, or the point
+        # to point messages; either way exactly sends/recvs travel.
+        self.all_gather = lay.all_gather
+        self.calls_exchange = lay.calls_exchange  # the same on every rank
         self.block_rows = lay.block_rows
         self.recv_rows = lay.recv_rows
         self.sends = lay.sends  # (peer, first row, rows) in the pack buffer, peer ascending
         self.recvs = lay.recvs  # (peer, first row, rows) in the receive buffer
+        # Backward: the gradients of sends[i] come back into rows
+        # [back_first[i], + rows) of a buffer of back_rows rows.
+        self.back_first = lay.back_first
+        self.back_rows = lay.back_rows
         raw = _int64(lay.pack_rows)
         no_row = raw == torch.iinfo(torch.int64).min
         self.pads = bool(no_row.any())
         self.pack_index = torch.where(no_row, torch.full_like(raw, rows), raw)
         st = _int64(lay.stage_src)  # >= 0: local row; < 0: received row -1 - x
         self.stage_index = torch.where(st >= 0, st, rows + (-1 - st))
+        # Local rows of the whole shards (a document's first shard: no remote KV).
+        whole = [torch.arange(first, first + n) for first, start, n, _ in lay.segments()
+                 if start == 0]
+        self.whole_rows = torch.cat(whole) if whole else torch.empty(0, dtype=torch.int64)
         self._on: Dict[Any, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self._whole_on: Dict[Any, torch.Tensor] = {}
 
     def indices(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
         """(pack_index, stage_index) on `device` (the CPU tensors on CPU;
@@ -54,6 +66,14 @@ class SchemeLayout:
         if got is None:
             got = (self.pack_index.to(device), self.stage_index.to(device))
             self._on[device] = got
+        return got
+
+    def whole_rows_on(self, device: torch.device) -> torch.Tensor:
+        """whole_rows on `device` (copied once per device)."""
+        got = self._whole_on.get(device)
+        if got is None:
+            got = self.whole_rows.to(device)
+            self._whole_on[device] = got
         return got
 
 
@@ -103,6 +123,10 @@ class CpContext:
                              dist.group.WORLD else r for r in range(n)]
         self._layouts: Dict[str, Any] = {}
         self._kernels: Dict[Tuple, Any] = {}
+        self._side_streams: Dict[Any, Any] = {}  # CUDA device -> side stream
+        # gloo moves CPU tensors only: the exchange of CUDA tensors over a gloo
+        # group goes through host copies (NCCL takes them as they are).
+        self.host_staged = (n > 1 and dist.get_backend(self.group) == "gloo")
         lay = native().RankLayout(list(self.plan.doc_lens), n, self.plan.padding,
                                   list(self.plan.shards), rank, "targeted")  # core::ValidatePlan
         self.local_rows = lay.local_rows
@@ -161,6 +185,16 @@ class CpContext:
                                        float(scale), torch.cuda.current_stream(device).cuda_stream)
             self._kernels[key] = k
         return k
+
+    def side_stream(self, device: torch.device) -> "torch.cuda.Stream":
+        """The CUDA stream on `device` that the whole shards' attention runs
+        on while the exchange runs on the current stream (made once per
+        device)."""
+        s = self._side_streams.get(device)
+        if s is None:
+            s = torch.cuda.Stream(device=device)
+            self._side_streams[device] = s
+        return s
 
     # -- helpers for the model ---------------------------------------------------
     def labels(self, input_ids: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
