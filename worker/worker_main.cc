@@ -11,8 +11,9 @@
 // planner channel TLS, as flashcp-client's flags of the same names do; the
 // rendezvous store and the plans share that one channel, or with
 // --rendezvous (a rendezvous service of its own) use two, both TLS. The
-// control port also serves grpc.health.v1.Health (the pod's probes). The worker's own
-// endpoints (--control, --metrics) and the Gloo transport stay plaintext.
+// worker's own endpoints (--control, --metrics) and the Gloo transport stay
+// plaintext; the control port also serves grpc.health.v1.Health (the pod's
+// probes).
 //
 // --device cpu runs the CPU engine; --device cuda:K the CUDA backend
 // (worker/cuda/cuda_rank_backend.h), linked only into a build with CUDA
