@@ -13,13 +13,23 @@
 #   FLASHCP_DEVICE           cuda: rank k uses --device cuda:k; cpu: --device cpu (default cuda)
 #   FLASHCP_GROUP            CP group name                                 (default flashcp)
 #   FLASHCP_PLANNER          planner address HOST:PORT                     (required)
+#   FLASHCP_RENDEZVOUS       rendezvous address HOST:PORT (flashcp-planner --serve=rendezvous)
+#                                                                   (default: FLASHCP_PLANNER)
+#   FLASHCP_GLOO_HOST        this pod's address, every rank's --gloo_host: the address its Gloo
+#                            transport listens on and advertises to the other pods. Set it from
+#                            the downward API (status.podIP). Default 127.0.0.1 with one node;
+#                            required with more (a loopback address cannot span pods)
+#   FLASHCP_CONTROL_HOST     WorkerControl (and gRPC health) bind host     (default 0.0.0.0)
+#   FLASHCP_CONTROL_BASE_PORT  local rank k serves WorkerControl on base + k (default 50061)
 #   FLASHCP_METRICS_HOST     metrics bind host                             (default 0.0.0.0)
 #   FLASHCP_METRICS_BASE_PORT  local rank k serves metrics on base + k     (default 9470)
 #   FLASHCP_WORKER           worker binary                                 (default flashcp-worker)
 #   FLASHCP_STOP_GRACE_SECONDS  after a rank fails, ranks still running this long after
 #                            SIGTERM get SIGKILL                           (default 60)
 # Each rank gets --local_rank k (its metrics' local_rank label); arguments after the options are
-# passed to every worker unchanged (--strategy, --steps, ...).
+# passed to every worker unchanged (--strategy, --steps, ...). The environment reaches every
+# rank as it is: NCCL's own settings (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...; docs/deploy.md,
+# "Across nodes") go to NCCL unchanged, and are logged.
 #
 # Supervision: SIGTERM/SIGINT are forwarded to every rank (each finishes its step in flight).
 # When any rank exits non-zero, the others get SIGTERM and the launcher exits with that rank's
@@ -38,10 +48,14 @@ group=${FLASHCP_GROUP:-flashcp}
 planner=${FLASHCP_PLANNER:?FLASHCP_PLANNER (planner HOST:PORT) is required}
 metrics_host=${FLASHCP_METRICS_HOST:-0.0.0.0}
 metrics_base=${FLASHCP_METRICS_BASE_PORT:-9470}
+rendezvous=${FLASHCP_RENDEZVOUS:-$planner}
+control_host=${FLASHCP_CONTROL_HOST:-0.0.0.0}
+control_base=${FLASHCP_CONTROL_BASE_PORT:-50061}
+gloo_host=${FLASHCP_GLOO_HOST:-}
 worker=${FLASHCP_WORKER:-flashcp-worker}
 grace=${FLASHCP_STOP_GRACE_SECONDS:-60}
 
-for v in nodes per_node node_rank metrics_base grace; do
+for v in nodes per_node node_rank metrics_base control_base grace; do
   if ! [[ ${!v} =~ ^[0-9]+$ ]]; then
     echo "flashcp-launch-ranks: $v must be a non-negative integer, got '${!v}'" >&2
     exit 2
@@ -61,7 +75,17 @@ case $device in cuda | cpu) ;; *)
   ;;
 esac
 
+if [[ -z $gloo_host ]]; then
+  if ((nodes > 1)); then
+    echo "flashcp-launch-ranks: FLASHCP_GLOO_HOST (this pod's IP, e.g. from the downward API's" \
+      "status.podIP) is required for a group of $nodes nodes" >&2
+    exit 2
+  fi
+  gloo_host=127.0.0.1
+fi
 world=$((nodes * per_node))
+nccl=$(env | grep -E '^NCCL_' | sort | paste -sd ' ' - || true)
+echo "flashcp-launch-ranks: gloo host $gloo_host, rendezvous $rendezvous${nccl:+, $nccl}" >&2
 declare -A rank_of=()
 pids=()
 
@@ -76,6 +100,8 @@ for ((k = 0; k < per_node; k++)); do
   rank=$((node_rank * per_node + k))
   if [[ $device == cuda ]]; then dev="cuda:$k"; else dev=cpu; fi
   "$worker" --rank "$rank" --world_size "$world" --group "$group" --planner "$planner" \
+    --rendezvous "$rendezvous" --gloo_host "$gloo_host" \
+    --control "$control_host:$((control_base + k))" \
     --metrics "$metrics_host:$((metrics_base + k))" --device "$dev" --local_rank "$k" "$@" &
   pids+=($!)
   rank_of[$!]=$rank

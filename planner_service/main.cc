@@ -1,5 +1,6 @@
 // flashcp-planner: the FlashCP planning service. Serves flashcp.v1.Planner
-// until SIGTERM or SIGINT, then drains and exits 0. Prints one line,
+// and the workers' flashcp.v1.Rendezvous (or one of them, --serve) until
+// SIGTERM or SIGINT, then drains and exits 0. Prints one line,
 //   LISTENING grpc=HOST:PORT metrics=HOST:PORT
 // to stdout once bound; logs go to stderr.
 #include <cstdint>
@@ -17,6 +18,9 @@
 #include "prometheus/registry.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address HOST:PORT; port 0 picks one");
+ABSL_FLAG(std::string, serve, "all",
+          "services: all (Planner and Rendezvous), planning (Planner only: stateless, run as "
+          "many replicas as needed) or rendezvous (Rendezvous only: one replica)");
 ABSL_FLAG(std::string, metrics, "0.0.0.0:9464",
           "Prometheus /metrics address HOST:PORT; port 0 picks one; empty disables");
 ABSL_FLAG(int32_t, threads, 2, "planning threads");
@@ -103,6 +107,12 @@ int main(int argc, char** argv) {
   }
   fps::ServerOptions o;
   o.listen = absl::GetFlag(FLAGS_listen);
+  const absl::StatusOr<fps::ServeRole> serve = fps::ParseServeRole(absl::GetFlag(FLAGS_serve));
+  if (!serve.ok()) {
+    FLASHCP_LOG(ERROR) << "flashcp-planner: " << serve.status().ToString();
+    return 1;
+  }
+  o.serve = *serve;
   o.metrics = absl::GetFlag(FLAGS_metrics);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.queue_size = absl::GetFlag(FLAGS_queue_size);

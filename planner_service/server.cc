@@ -31,7 +31,11 @@
 namespace flashcp::planner_service {
 namespace {
 
-constexpr char kServiceName[] = "flashcp.v1.Planner";
+constexpr char kPlannerServiceName[] = "flashcp.v1.Planner";
+constexpr char kRendezvousServiceName[] = "flashcp.v1.Rendezvous";
+
+bool ServesPlanning(ServeRole r) { return r != ServeRole::kRendezvous; }
+bool ServesRendezvous(ServeRole r) { return r != ServeRole::kPlanning; }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
   std::ifstream in(path, std::ios::binary);
@@ -58,6 +62,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
 }
 
 }  // namespace
+
+absl::StatusOr<ServeRole> ParseServeRole(absl::string_view name) {
+  if (name == "all") return ServeRole::kAll;
+  if (name == "planning") return ServeRole::kPlanning;
+  if (name == "rendezvous") return ServeRole::kRendezvous;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--serve: want all, planning or rendezvous, got \"", name, "\""));
+}
 
 absl::Status ValidateOptions(const ServerOptions& o) {
   FLASHCP_RETURN_IF_ERROR(SplitHostPort(o.listen, "--listen").status());
@@ -257,10 +269,10 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, credentials, &port);
-  builder.RegisterService(s->service_.get());
+  if (ServesPlanning(options.serve)) builder.RegisterService(s->service_.get());
   s->rendezvous_ = std::make_unique<RendezvousHost>(options.rendezvous, /*clock=*/nullptr,
                                                     RandomToken, rendezvous_observer);
-  builder.RegisterService(s->rendezvous_->service());
+  if (ServesRendezvous(options.serve)) builder.RegisterService(s->rendezvous_->service());
   builder.SetMaxReceiveMessageSize(MaxMessageBytes(options));
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                              ChannelArgMs(options.handshake_timeout));
@@ -286,7 +298,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   s->address_ = absl::StrCat(host_port.first, ":", port);
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
   health->SetServingStatus(true);
-  health->SetServingStatus(kServiceName, true);
+  if (ServesPlanning(options.serve)) health->SetServingStatus(kPlannerServiceName, true);
+  if (ServesRendezvous(options.serve)) health->SetServingStatus(kRendezvousServiceName, true);
   if (options.listener_check_interval > absl::ZeroDuration()) {
     FLASHCP_ASSIGN_OR_RETURN(s->accept_queue_, AcceptQueue::Find(port));
     PlannerServer* server = s.get();

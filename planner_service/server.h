@@ -28,8 +28,16 @@
 
 namespace flashcp::planner_service {
 
+// What one planner process serves (--serve). Planning is stateless, so its
+// replicas scale behind one Service; the rendezvous holds the forming groups'
+// state in memory, so it runs as one replica of its own (docs/deploy.md).
+enum class ServeRole { kAll, kPlanning, kRendezvous };
+// "all", "planning" or "rendezvous"; InvalidArgument naming --serve otherwise.
+absl::StatusOr<ServeRole> ParseServeRole(absl::string_view name);
+
 struct ServerOptions {
   std::string listen = "0.0.0.0:50051";  // HOST:PORT; port 0 picks a free port
+  ServeRole serve = ServeRole::kAll;     // flashcp.v1.Planner, flashcp.v1.Rendezvous, or both
   std::string metrics = "0.0.0.0:9464";  // HOST:PORT for /metrics; empty disables
   int threads = 2;                       // planning threads
   int queue_size = 256;                  // planning jobs that may wait
@@ -95,10 +103,12 @@ absl::StatusOr<int64_t> RaiseFdLimit();
 // A running gRPC server: the planning pool, the service, health and reflection.
 class PlannerServer {
  public:
-  // Binds and starts serving; health reports SERVING for "" and
-  // "flashcp.v1.Planner" (NOT_SERVING while the listener watchdog sees a
-  // stalled listener). `observer`, `clock` and `rendezvous_observer` (null:
-  // none) must outlive the server.
+  // Binds and starts serving the services of options.serve; health reports
+  // SERVING for "" and the name of each service served ("flashcp.v1.Planner",
+  // "flashcp.v1.Rendezvous"; NOT_SERVING while the listener watchdog sees a
+  // stalled listener). A service not served answers UNIMPLEMENTED.
+  // `observer`, `clock` and `rendezvous_observer` (null: none) must outlive
+  // the server.
   static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(
       const ServerOptions& options, ServiceObserver* observer, const Clock* clock,
       RendezvousObserver* rendezvous_observer = nullptr);

@@ -15,6 +15,7 @@ PACKAGES=(
   python3 python3-venv python3-pip python3-yaml
   curl jq
   openssl
+  iproute2   # ip netns: the multi-host test (tests/multihost_test.cc)
 )
 
 missing=()

@@ -34,6 +34,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
+#include "tests/testing/grpc_probes.h"
 #include "tests/testing/http.h"
 #include "tests/testing/idle_connections.h"
 #include "tests/testing/metrics_text.h"
@@ -583,6 +584,39 @@ TEST(E2eWorkersTest, IdleConnectionsDoNotStopTheWorkersScrape) {
 // A stray word (a rank typed without its flag, a command a container runtime
 // appended) is refused before anything starts, exactly as flashcp-planner
 // refuses it, instead of the rank running on defaults.
+// The pod's probes call grpc.health.v1 on the control port (deploy/k8s): it
+// answers SERVING while the worker serves and turns NOT_SERVING as it ends.
+TEST(E2eWorkersTest, ControlPortServesGrpcHealth) {
+  using tests::testing::HealthStatus;
+  const absl::Duration timeout = absl::Seconds(60);
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  absl::StatusOr<Worker> w = StartWorker(0, "health", (*planner)->grpc_address(),
+                                         {"--world_size", "1", "--steps", "0"});
+  ASSERT_THAT(w.status(), IsOk());
+  auto channel = grpc::CreateChannel(w->control, grpc::InsecureChannelCredentials());
+  for (const std::string service : {"", "flashcp.v1.WorkerControl"}) {
+    absl::StatusOr<HealthStatus> h = tests::testing::CheckHealth(channel, service, In(timeout));
+    ASSERT_THAT(h.status(), IsOk()) << service;
+    EXPECT_EQ(*h, HealthStatus::kServing) << service;
+  }
+  EXPECT_EQ(tests::testing::CheckHealth(channel, "flashcp.v1.Planner", In(timeout)).status().code(),
+            absl::StatusCode::kNotFound);
+  auto watch = tests::testing::HealthWatch::Start(channel, "", In(timeout));
+  ASSERT_THAT(watch.status(), IsOk());
+  absl::StatusOr<HealthStatus> first = (*watch)->Next(In(timeout));
+  ASSERT_THAT(first.status(), IsOk());
+  EXPECT_EQ(*first, HealthStatus::kServing);
+  ASSERT_THAT(w->process->Signal(SIGTERM), IsOk());
+  absl::StatusOr<HealthStatus> last = (*watch)->Next(In(timeout));
+  ASSERT_THAT(last.status(), IsOk());
+  EXPECT_EQ(*last, HealthStatus::kNotServing);
+  absl::StatusOr<int> code = w->Finish(In(timeout));
+  ASSERT_THAT(code.status(), IsOk());
+  EXPECT_EQ(*code, 0) << w->output;
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
 TEST(E2eWorkersTest, StrayPositionalArgumentIsRefused) {
   struct Case {
     std::vector<std::string> args;

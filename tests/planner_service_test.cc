@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "core/testing/status_matchers.h"
 #include "flashcp/v1/planner.grpc.pb.h"
+#include "flashcp/v1/rendezvous.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/grpc_status.h"
@@ -483,6 +484,59 @@ TEST(PlannerServiceTest, ASecondPlannerOnAPortInUseRefusesToStart) {
   EXPECT_THAT(r->output, ::testing::HasSubstr(absl::StrCat(
                              "--listen: cannot listen on ", address, " (address in use?)")));
   EXPECT_THAT(first->Terminate(), IsOkAndHolds(0));
+}
+
+// --serve splits the stateless planning (replicas behind a Service) from the
+// rendezvous (one replica): each role serves, and reports healthy, only its
+// own service; the other answers UNIMPLEMENTED.
+TEST(PlannerServiceTest, ServeRoleServesOnlyItsService) {
+  struct Case {
+    std::string serve;
+    bool planning, rendezvous;
+  };
+  for (const Case& c : {Case{"all", true, true}, Case{"planning", true, false},
+                        Case{"rendezvous", false, true}}) {
+    SCOPED_TRACE(c.serve);
+    std::unique_ptr<PlannerProcess> p = StartPlanner({"--serve", c.serve});
+    ASSERT_NE(p, nullptr);
+    auto planner = v1::Planner::NewStub(p->NewChannel());
+    v1::PlanResponse response;
+    const absl::Status plan = Plan(*planner, Request(1, {5, 3}, 2), &response);
+    EXPECT_EQ(plan.code(), c.planning ? absl::StatusCode::kOk : absl::StatusCode::kUnimplemented)
+        << plan;
+    auto rendezvous = v1::Rendezvous::NewStub(p->NewChannel());
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(Deadline()));
+    v1::JoinRequest join;
+    join.set_group("g");
+    join.set_rank(0);
+    join.set_world_size(1);
+    join.set_incarnation(1);
+    v1::JoinResponse joined;
+    const absl::Status rdv = proto::FromGrpcStatus(rendezvous->Join(&context, join, &joined));
+    EXPECT_EQ(rdv.code(), c.rendezvous ? absl::StatusCode::kOk : absl::StatusCode::kUnimplemented)
+        << rdv;
+    EXPECT_THAT(tests::testing::CheckHealth(p->NewChannel(), "", Deadline()),
+                IsOkAndHolds(HealthStatus::kServing));
+    for (const auto& [service, served] :
+         {std::pair<std::string, bool>{"flashcp.v1.Planner", c.planning},
+          {"flashcp.v1.Rendezvous", c.rendezvous}}) {
+      absl::StatusOr<HealthStatus> h = tests::testing::CheckHealth(p->NewChannel(), service,
+                                                                   Deadline());
+      if (served) {
+        EXPECT_THAT(h, IsOkAndHolds(HealthStatus::kServing)) << service;
+      } else {
+        EXPECT_EQ(h.status().code(), absl::StatusCode::kNotFound) << service;
+      }
+    }
+    EXPECT_THAT(p->Terminate(), IsOkAndHolds(0));
+  }
+  absl::StatusOr<tests::testing::CommandResult> r = tests::testing::RunCommand(
+      {FLASHCP_PLANNER_BIN, "--listen", "127.0.0.1:0", "--serve", "store"}, "", Deadline());
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->exit_code, 1);
+  EXPECT_THAT(r->output,
+              HasSubstr("--serve: want all, planning or rendezvous, got \"store\""));
 }
 
 TEST(PlannerServiceTest, ReflectionListsThePlanner) {

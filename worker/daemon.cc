@@ -59,6 +59,23 @@ std::vector<double> DurationBuckets() {
 
 }  // namespace
 
+// ---- group failure -------------------------------------------------------------
+
+absl::Status AbortGroup(RendezvousClient& rdv, const absl::Status& failure) {
+  if (!rdv.Abort(std::string(failure.message())).ok()) return failure;  // unreachable: as is
+  // Every call on an aborted group answers ABORTED with its first reason.
+  const absl::StatusOr<std::vector<std::string>> probe =
+      rdv.Get({"flashcp.first_failure"}, absl::ZeroDuration());
+  const std::string mine = absl::StrCat("aborted: rank ", rdv.rank(), ": ");
+  if (probe.status().code() != absl::StatusCode::kAborted ||
+      absl::StrContains(probe.status().message(), mine)) {
+    return failure;
+  }
+  return absl::Status(failure.code(), absl::StrCat(failure.message(),
+                                                   "; first failure in the group: ",
+                                                   probe.status().message()));
+}
+
 // ---- options -----------------------------------------------------------------
 
 absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
@@ -566,7 +583,7 @@ absl::Status WorkerDaemon::Run() {
                       << options_.group << " formed";
     SetState(v1::WorkerStatus::IDLE);
     s = Loop(**comm);
-    if (!s.ok()) (void)rdv.Abort(std::string(s.message()));  // the service prefixes "rank R: "
+    if (!s.ok()) s = AbortGroup(rdv, s);  // the service prefixes the reason with "rank R: "
     (void)rdv.Leave();
   }
   absl::MutexLock lock(&mu_);

@@ -78,6 +78,14 @@ struct DaemonOptions {
 // backend's to say (MakeRankBackend).
 absl::Status ValidateDaemonOptions(const DaemonOptions& options);
 
+// Aborts the rendezvous group with `failure` (the service prefixes the reason
+// with "rank R: ") and returns `failure`, its message extended with the
+// group's first failure when another rank's abort came first: a survivor
+// that lost a peer which had itself failed (its socket closed, or its
+// timeout ran out first) would otherwise name only the peer, not the rank
+// that caused it. `failure` as it is when the abort cannot be sent.
+absl::Status AbortGroup(RendezvousClient& rdv, const absl::Status& failure);
+
 // What one step measured on this rank (seconds, bytes).
 struct StepRecord {
   double step_seconds = 0, plan_wait_seconds = 0, forward_seconds = 0, backward_seconds = 0,

@@ -130,6 +130,23 @@ TEST_F(RendezvousFixture, ExactCodesThroughTheClient) {
                                          HasSubstr("aborted: rank 1: peer died")));
 }
 
+// A survivor that lost a peer which had itself failed names the group's
+// first failure too; the first to fail, or a rank that cannot abort, reports
+// its own failure as it is.
+TEST_F(RendezvousFixture, AbortGroupAddsTheGroupsFirstFailure) {
+  RendezvousClient a(stub_, "cut", 0, 1), b(stub_, "cut", 1, 2);
+  ASSERT_THAT(a.Join(2).status(), IsOk());
+  ASSERT_THAT(b.Join(2).status(), IsOk());
+  const absl::Status lost = absl::DeadlineExceededError("recv of 16 bytes from rank 3: timed out");
+  EXPECT_EQ(AbortGroup(b, lost), lost);
+  EXPECT_EQ(AbortGroup(a, absl::UnavailableError("recv of 16 bytes from rank 1: closed")),
+            absl::UnavailableError("recv of 16 bytes from rank 1: closed; first failure in the "
+                                   "group: rendezvous Get: group \"cut\" aborted: rank 1: recv "
+                                   "of 16 bytes from rank 3: timed out"));
+  RendezvousClient never_joined(stub_, "cut", 1, 3);
+  EXPECT_EQ(AbortGroup(never_joined, lost), lost);
+}
+
 TEST_F(RendezvousFixture, WaitsLongerThanTheServerLimitAreClampedNotRefused) {
   // Gloo may ask its store for a longer wait than the planner serves (1 h).
   RendezvousClient a(stub_, "g", 0, 1);

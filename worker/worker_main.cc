@@ -9,8 +9,11 @@
 //
 // --tls_ca (with --tls_cert/--tls_key for mTLS, --tls_server_name) makes the
 // planner channel TLS, as flashcp-client's flags of the same names do; the
-// rendezvous store and the plans share that one channel. The worker's own
-// endpoints (--control, --metrics) and the Gloo transport stay plaintext.
+// rendezvous store and the plans share that one channel, or with
+// --rendezvous (a rendezvous service of its own) use two, both TLS. The
+// worker's own endpoints (--control, --metrics) and the Gloo transport stay
+// plaintext; the control port also serves grpc.health.v1.Health (the pod's
+// probes).
 //
 // --device cpu runs the CPU engine; --device cuda:K the CUDA backend
 // (worker/cuda/cuda_rank_backend.h), linked only into a build with CUDA
@@ -40,6 +43,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "planner_service/metrics_endpoint/metrics_endpoint.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
@@ -64,6 +68,9 @@ ABSL_FLAG(int32_t, rank, 0, "this process's rank in the group, 0 is the driver")
 ABSL_FLAG(int32_t, world_size, 1, "ranks in the CP group (N)");
 ABSL_FLAG(std::string, group, "g0", "CP group name, [A-Za-z0-9._-]{1,64}");
 ABSL_FLAG(std::string, planner, "127.0.0.1:50051", "planner gRPC address HOST:PORT");
+ABSL_FLAG(std::string, rendezvous, "",
+          "address HOST:PORT of the flashcp.v1.Rendezvous that forms the group (a "
+          "flashcp-planner --serve=rendezvous); empty: the --planner");
 ABSL_FLAG(std::string, metrics, "127.0.0.1:0", "Prometheus /metrics HOST:PORT; port 0 picks one");
 ABSL_FLAG(int32_t, metrics_threads, 4, "connections the /metrics server serves at once");
 ABSL_FLAG(absl::Duration, metrics_request_timeout, absl::Seconds(2),
@@ -217,11 +224,14 @@ int main(int argc, char** argv) {
       fw::LabelsForDevice(o.device, local_rank < 0 ? "" : absl::StrCat(local_rank)));
   metrics.SetWorldSize(o.world_size);
 
-  // The worker's only channel to the planner: the rendezvous store and the
-  // plans both go over it, so both are TLS when the flags ask for it.
+  // The plans' channel, and the rendezvous store's: the same one unless
+  // --rendezvous names a service of its own; both TLS when the flags ask.
   auto channel = fc::MakeChannel(absl::GetFlag(FLAGS_planner), *channel_options);
+  const std::string rendezvous_address = absl::GetFlag(FLAGS_rendezvous);
   std::shared_ptr<flashcp::v1::Rendezvous::StubInterface> rendezvous =
-      flashcp::v1::Rendezvous::NewStub(channel);
+      flashcp::v1::Rendezvous::NewStub(
+          rendezvous_address.empty() ? channel
+                                     : fc::MakeChannel(rendezvous_address, *channel_options));
   auto planner = std::make_shared<fc::GrpcPlannerClient>(channel);
   const flashcp::core::RealClock clock;
   fw::CudaBackendFactory cuda;  // empty: built without CUDA
@@ -240,6 +250,10 @@ int main(int argc, char** argv) {
   fw::WorkerDaemon daemon(o, rendezvous, planner, *std::move(backend), &metrics, &clock);
 
   fw::WorkerControlService control(&daemon);
+  // grpc.health.v1.Health on the control port, for the pod's probes: SERVING
+  // for "" and "flashcp.v1.WorkerControl" while the process serves; NOT_SERVING
+  // once the daemon has ended, as the control server drains.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int control_port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_control), grpc::InsecureServerCredentials(),
@@ -253,6 +267,9 @@ int main(int argc, char** argv) {
   const auto host = [](const std::string& address) {
     return address.substr(0, address.rfind(':'));
   };
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(true);
+  health->SetServingStatus("flashcp.v1.WorkerControl", true);
   std::fprintf(stdout, "WORKER rank=%d control=%s:%d metrics=%s:%d\n", o.rank,
                host(absl::GetFlag(FLAGS_control)).c_str(), control_port,
                host(absl::GetFlag(FLAGS_metrics)).c_str(), (*exposer)->GetListeningPorts().front());
@@ -270,6 +287,7 @@ int main(int argc, char** argv) {
   const absl::Status status = daemon.Run();
   pthread_kill(waiter.native_handle(), SIGUSR2);
   waiter.join();
+  health->SetServingStatus(false);
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   if (!status.ok()) return Fail(status);
   FLASHCP_LOG(INFO) << "flashcp-worker rank " << o.rank << ": done";

@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """deploy/k8s renders offline with `kubectl kustomize` for both overlays, and the rendered
-objects are what the overlays promise: the expected kinds; a planner with gRPC health probes;
+objects are what the overlays promise: the expected kinds; planning replicas (>= 2, rolling
+updates, --serve=planning, a budget that lets a drain evict one) and a rendezvous of its own
+(one replica, Recreate, --serve=rendezvous, its Service), both with gRPC health probes;
+workers with the pod IP as their Gloo host, the rendezvous address, gRPC health probes on the
+control port, seccomp RuntimeDefault and a read-only root (h100: NCCL's socket interface and
+IB HCAs, IPC_LOCK);
 one worker pod per node running one rank per GPU (h100: 8 GPUs, host IPC, memory-backed
 /dev/shm, GPU toleration and node selector) or per CPU rank (cpu-demo: --device cpu, no GPUs);
 node count and ranks per pod consistent between the StatefulSet, its ports and the PodMonitor's
@@ -41,6 +46,18 @@ def env_of(container):
     return {e["name"]: e.get("value") for e in container.get("env", [])}
 
 
+def env_field_of(container):
+    """name -> the downward API fieldPath of env entries set from one."""
+    return {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            for e in container.get("env", []) if "valueFrom" in e}
+
+
+def check_grpc_probes(where, what, c, port):
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        check(c.get(probe, {}).get("grpc", {}).get("port") == port,
+              f"{where}: {what} {probe} is not a grpc probe on port {port}")
+
+
 def check_overlay(name, objs, device, ranks_per_node, nodes, gpus):
     where = f"overlays/{name}"
     kinds = {k for k, _ in objs}
@@ -49,13 +66,45 @@ def check_overlay(name, objs, device, ranks_per_node, nodes, gpus):
     dep = objs.get(("Deployment", "flashcp-planner"), {})
     pod = dep.get("spec", {}).get("template", {}).get("spec", {})
     c = (pod.get("containers") or [{}])[0]
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        check("grpc" in c.get(probe, {}), f"{where}: planner {probe} is not a grpc probe")
-    check(dep.get("spec", {}).get("replicas") == 1, f"{where}: planner must run one replica")
+    check_grpc_probes(where, "planner", c, 50051)
+    replicas = dep.get("spec", {}).get("replicas", 0)
+    check(replicas >= 2, f"{where}: planning must run >= 2 replicas, got {replicas}")
+    strategy = dep.get("spec", {}).get("strategy", {})
+    check(strategy.get("type") == "RollingUpdate" and
+          strategy.get("rollingUpdate", {}).get("maxUnavailable") == 0,
+          f"{where}: planner must roll out with RollingUpdate, maxUnavailable 0: {strategy}")
+    check("--serve=planning" in c.get("args", []), f"{where}: planner lacks --serve=planning")
     check(pod.get("securityContext", {}).get("runAsNonRoot") is True, f"{where}: planner not non-root")
     svc = objs.get(("Service", "flashcp-planner"), {})
     ports = {p["name"] for p in svc.get("spec", {}).get("ports", [])}
     check(ports == {"grpc", "metrics"}, f"{where}: planner Service ports {ports}")
+    pdb = objs.get(("PodDisruptionBudget", "flashcp-planner"), {}).get("spec", {})
+    allowed = pdb.get("maxUnavailable", replicas - pdb.get("minAvailable", replicas))
+    check(isinstance(allowed, int) and allowed >= 1,
+          f"{where}: the planner's PodDisruptionBudget lets no drain evict a replica: {pdb}")
+
+    rdv = objs.get(("Deployment", "flashcp-rendezvous"), {})
+    rpod = rdv.get("spec", {}).get("template", {}).get("spec", {})
+    rc = (rpod.get("containers") or [{}])[0]
+    check(rdv.get("spec", {}).get("replicas") == 1, f"{where}: the rendezvous must run one replica")
+    check(rdv.get("spec", {}).get("strategy", {}).get("type") == "Recreate",
+          f"{where}: the rendezvous must roll out with Recreate")
+    check("--serve=rendezvous" in rc.get("args", []), f"{where}: rendezvous lacks --serve=rendezvous")
+    check_grpc_probes(where, "rendezvous", rc, 50051)
+    check(rpod.get("securityContext", {}).get("runAsNonRoot") is True, f"{where}: rendezvous not non-root")
+    rsvc = objs.get(("Service", "flashcp-rendezvous"), {})
+    # One ServiceMonitor scrapes both as job="flashcp-planner" (the rules' and alerts' job).
+    sm = objs.get(("ServiceMonitor", "flashcp-planner"), {}).get("spec", {})
+    sel = sm.get("selector", {}).get("matchLabels", {})
+    for s in (svc, rsvc):
+        labels = s.get("metadata", {}).get("labels", {})
+        check(sel and all(labels.get(k) == v for k, v in sel.items()) and
+              labels.get(sm.get("jobLabel")) == "flashcp-planner",
+              f"{where}: ServiceMonitor does not scrape {s.get('metadata', {}).get('name')} "
+              f"as job flashcp-planner")
+    check(any(p.get("name") == "grpc" and p.get("port") == 50051
+              for p in rsvc.get("spec", {}).get("ports", [])),
+          f"{where}: no flashcp-rendezvous Service on 50051")
 
     sts = objs.get(("StatefulSet", "flashcp-worker"), {})
     spec = sts.get("spec", {})
@@ -68,6 +117,22 @@ def check_overlay(name, objs, device, ranks_per_node, nodes, gpus):
     check(env.get("FLASHCP_RANKS_PER_NODE") == str(ranks_per_node),
           f"{where}: FLASHCP_RANKS_PER_NODE {env.get('FLASHCP_RANKS_PER_NODE')} != {ranks_per_node}")
     check(env.get("FLASHCP_DEVICE") == device, f"{where}: FLASHCP_DEVICE {env.get('FLASHCP_DEVICE')}")
+    check(env.get("FLASHCP_PLANNER") == "flashcp-planner:50051", f"{where}: FLASHCP_PLANNER")
+    check(env.get("FLASHCP_RENDEZVOUS") == "flashcp-rendezvous:50051",
+          f"{where}: FLASHCP_RENDEZVOUS {env.get('FLASHCP_RENDEZVOUS')}")
+    check(env_field_of(c).get("FLASHCP_GLOO_HOST") == "status.podIP",
+          f"{where}: FLASHCP_GLOO_HOST is not the pod IP (downward API status.podIP)")
+    control = int(env.get("FLASHCP_CONTROL_BASE_PORT") or 0)
+    check({p["name"]: p["containerPort"] for p in c.get("ports", [])}.get("control-r0") == control,
+          f"{where}: no control-r0 port at FLASHCP_CONTROL_BASE_PORT {control}")
+    check_grpc_probes(where, "worker", c, control)
+    check(pod.get("securityContext", {}).get("seccompProfile", {}).get("type") == "RuntimeDefault",
+          f"{where}: workers lack seccomp RuntimeDefault")
+    csec = c.get("securityContext", {})
+    check(csec.get("readOnlyRootFilesystem") is True, f"{where}: worker root filesystem not read-only")
+    check(csec.get("allowPrivilegeEscalation") is False, f"{where}: workers may escalate privileges")
+    check(any(m["mountPath"] == "/tmp" for m in c.get("volumeMounts", [])),
+          f"{where}: read-only workers need a writable /tmp")
     check(spec.get("podManagementPolicy") == "Parallel", f"{where}: workers must start in parallel")
     mports = sorted(p["containerPort"] for p in c.get("ports", []) if p["name"].startswith("metrics-r"))
     check(mports == [9470 + k for k in range(ranks_per_node)], f"{where}: worker metrics ports {mports}")
@@ -82,6 +147,9 @@ def check_overlay(name, objs, device, ranks_per_node, nodes, gpus):
         check(any(k.startswith("nvidia.com/gpu") for k in pod.get("nodeSelector", {})), f"{where}: no GPU node selector")
         check("podAntiAffinity" in pod.get("affinity", {}), f"{where}: no one-pod-per-node anti-affinity")
         check("cuda" in c.get("image", ""), f"{where}: GPU workers need the CUDA image, got {c.get('image')}")
+        check(env.get("NCCL_SOCKET_IFNAME") and env.get("NCCL_IB_HCA"),
+              f"{where}: NCCL_SOCKET_IFNAME / NCCL_IB_HCA not set")
+        check("IPC_LOCK" in csec.get("capabilities", {}).get("add", []), f"{where}: no IPC_LOCK")
     else:
         check("nvidia.com/gpu" not in json.dumps(pod), f"{where}: CPU demo mentions nvidia.com/gpu")
         check(not pod.get("hostIPC"), f"{where}: CPU demo needs no hostIPC")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# docker/flashcp-launch-ranks.sh, with a stub in place of flashcp-worker: global ranks and
-# devices per local index, SIGTERM forwarded to every rank, one failing rank stopping the
-# others with its exit status, and bad settings refused with status 2.
+# docker/flashcp-launch-ranks.sh, with a stub in place of flashcp-worker: global ranks,
+# devices and ports per local index, the pod IP (FLASHCP_GLOO_HOST) as every rank's --gloo_host
+# and the rendezvous address, NCCL's settings reaching every rank's environment, SIGTERM
+# forwarded to every rank, one failing rank stopping the others with its exit status, and bad
+# settings (a multi-node group without a pod IP) refused with status 2.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 launch=$root/docker/flashcp-launch-ranks.sh
@@ -15,6 +17,7 @@ cat > "$tmp/stub" <<'STUB'
 #!/usr/bin/env bash
 rank=$2
 echo "$*" >> "$STUB_LOG"
+env | grep -E '^NCCL_' | sort | sed "s/^/env $rank /" >> "$STUB_LOG" || true
 if [[ -n ${STUB_IGNORE_TERM:-} ]]; then
   trap 'echo "ignored term $rank" >> "$STUB_LOG"' TERM
 else
@@ -31,20 +34,36 @@ STUB
 chmod +x "$tmp/stub"
 export STUB_LOG=$tmp/log FLASHCP_WORKER=$tmp/stub FLASHCP_PLANNER=planner:50051
 
-# 1. Pod 1 of 2 with 4 GPUs: ranks 4..7, cuda:0..3, metrics 9470..9473; args passed through.
+# 1. Pod 1 of 2 with 4 GPUs: ranks 4..7, cuda:0..3, the pod IP as --gloo_host, the
+# rendezvous, control 50061..50064, metrics 9470..9473; args passed through; NCCL's settings in
+# every rank's environment. (10.1.2.3 is only an argument: the stub contacts nothing.)
 : > "$tmp/log"
 FLASHCP_NODES=2 FLASHCP_RANKS_PER_NODE=4 HOSTNAME=flashcp-worker-1 FLASHCP_GROUP=g7 \
-  bash "$launch" --strategy flashcp --steps 3 2>/dev/null || fail "launcher exited $? with healthy ranks"
+  FLASHCP_GLOO_HOST=10.1.2.3 FLASHCP_RENDEZVOUS=rdv:50052 NCCL_SOCKET_IFNAME=eth0 \
+  NCCL_IB_HCA=mlx5_0,mlx5_1 bash "$launch" --strategy flashcp --steps 3 2>"$tmp/err" ||
+  fail "launcher exited $? with healthy ranks"
 for k in 0 1 2 3; do
-  want="--rank $((4 + k)) --world_size 8 --group g7 --planner planner:50051 --metrics 0.0.0.0:$((9470 + k)) --device cuda:$k --local_rank $k --strategy flashcp --steps 3"
+  want="--rank $((4 + k)) --world_size 8 --group g7 --planner planner:50051 --rendezvous rdv:50052 --gloo_host 10.1.2.3 --control 0.0.0.0:$((50061 + k)) --metrics 0.0.0.0:$((9470 + k)) --device cuda:$k --local_rank $k --strategy flashcp --steps 3"
   grep -qxF -- "$want" "$tmp/log" || fail "no worker started as: $want"$'\n'"$(cat "$tmp/log")"
+  grep -qxF -- "env $((4 + k)) NCCL_IB_HCA=mlx5_0,mlx5_1" "$tmp/log" &&
+    grep -qxF -- "env $((4 + k)) NCCL_SOCKET_IFNAME=eth0" "$tmp/log" ||
+    fail "rank $((4 + k)) lacks NCCL's settings: $(cat "$tmp/log")"
 done
-[[ $(wc -l < "$tmp/log") -eq 4 ]] || fail "expected 4 workers: $(cat "$tmp/log")"
+[[ $(grep -vc '^env ' "$tmp/log") -eq 4 ]] || fail "expected 4 workers: $(cat "$tmp/log")"
+grep -qF "gloo host 10.1.2.3, rendezvous rdv:50052, NCCL_IB_HCA=mlx5_0,mlx5_1 NCCL_SOCKET_IFNAME=eth0" \
+  "$tmp/err" || fail "settings not logged: $(cat "$tmp/err")"
+
+# 1b. One node: loopback Gloo and the planner as the rendezvous by default.
+: > "$tmp/log"
+FLASHCP_NODES=1 FLASHCP_RANKS_PER_NODE=1 FLASHCP_NODE_RANK=0 FLASHCP_DEVICE=cpu \
+  bash "$launch" 2>/dev/null || fail "single-node launch failed"
+grep -qxF -- "--rank 0 --world_size 1 --group flashcp --planner planner:50051 --rendezvous planner:50051 --gloo_host 127.0.0.1 --control 0.0.0.0:50061 --metrics 0.0.0.0:9470 --device cpu --local_rank 0" \
+  "$tmp/log" || fail "single node: $(cat "$tmp/log")"
 
 # 2. CPU device and an explicit node rank.
 : > "$tmp/log"
 FLASHCP_NODES=3 FLASHCP_RANKS_PER_NODE=2 FLASHCP_NODE_RANK=2 FLASHCP_DEVICE=cpu \
-  bash "$launch" 2>/dev/null || fail "cpu launch failed"
+  FLASHCP_GLOO_HOST=10.1.2.4 bash "$launch" 2>/dev/null || fail "cpu launch failed"
 grep -q -- "--rank 5 --world_size 6 .* --device cpu --local_rank 1$" "$tmp/log" || fail "cpu rank 5: $(cat "$tmp/log")"
 
 # 3. A failing rank stops the others and its status is the launcher's.
@@ -84,7 +103,7 @@ grep -q "term 0" "$tmp/log" && grep -q "term 1" "$tmp/log" || fail "SIGTERM not 
 
 # 5. Bad settings: status 2 and a message, no worker started.
 : > "$tmp/log"
-for bad in "FLASHCP_NODES=2 FLASHCP_NODE_RANK=2" "FLASHCP_RANKS_PER_NODE=x" "FLASHCP_DEVICE=tpu FLASHCP_NODE_RANK=0" "FLASHCP_PLANNER= FLASHCP_NODE_RANK=0"; do
+for bad in "FLASHCP_NODES=2 FLASHCP_NODE_RANK=2" "FLASHCP_RANKS_PER_NODE=x" "FLASHCP_DEVICE=tpu FLASHCP_NODE_RANK=0" "FLASHCP_PLANNER= FLASHCP_NODE_RANK=0" "FLASHCP_CONTROL_BASE_PORT=-1 FLASHCP_NODE_RANK=0"; do
   set +e
   env $bad bash "$launch" 2>"$tmp/err"
   rc=$?
@@ -92,4 +111,11 @@ for bad in "FLASHCP_NODES=2 FLASHCP_NODE_RANK=2" "FLASHCP_RANKS_PER_NODE=x" "FLA
   [[ $rc -ne 0 && -s $tmp/err ]] || fail "'$bad' gave status $rc and no message"
 done
 [[ ! -s $tmp/log ]] || fail "a worker started despite bad settings: $(cat "$tmp/log")"
+set +e
+FLASHCP_NODES=2 FLASHCP_NODE_RANK=1 bash "$launch" 2>"$tmp/err"
+rc=$?
+set -e
+[[ $rc -eq 2 ]] && grep -qF "FLASHCP_GLOO_HOST (this pod's IP" "$tmp/err" ||
+  fail "2 nodes without a pod IP: status $rc, $(cat "$tmp/err")"
+[[ ! -s $tmp/log ]] || fail "a worker started without a pod IP: $(cat "$tmp/log")"
 echo "PASS: flashcp-launch-ranks"

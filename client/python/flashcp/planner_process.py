@@ -11,7 +11,7 @@ import select
 import signal
 import subprocess
 import time
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, Tuple
 
 
 def _read_listening_line(proc: subprocess.Popen, deadline: float) -> str:
@@ -31,24 +31,44 @@ def _read_listening_line(proc: subprocess.Popen, deadline: float) -> str:
     raise RuntimeError("flashcp-planner did not print its LISTENING line in time")
 
 
-@contextlib.contextmanager
-def start(binary: str, extra_args: Sequence[str] = (), *,
-          startup_timeout: float = 60.0) -> Iterator[str]:
-    """Runs `binary` on 127.0.0.1:0 (gRPC and metrics) and yields its gRPC
-    HOST:PORT; SIGTERM (then SIGKILL after 60 s) on exit."""
+def launch(binary: str, extra_args: Sequence[str] = (), *,
+           startup_timeout: float = 60.0) -> Tuple[subprocess.Popen, str]:
+    """Runs `binary` on 127.0.0.1:0 (gRPC and metrics; a later --listen in
+    extra_args wins, e.g. to restart on a known port) and returns the process
+    and its gRPC HOST:PORT once it listens. The caller stops it (stop())."""
     if not binary or not os.access(binary, os.X_OK):
         raise FileNotFoundError(f"flashcp-planner {binary!r} is not an executable")
     proc = subprocess.Popen([binary, "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
                              *extra_args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
         line = _read_listening_line(proc, time.monotonic() + startup_timeout)
-        fields = dict(part.split("=", 1) for part in line.split()[1:])
-        yield fields["grpc"]
+    except BaseException:
+        stop(proc)
+        raise
+    fields = dict(part.split("=", 1) for part in line.split()[1:])
+    return proc, fields["grpc"]
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> int:
+    """Sends `sig` (SIGTERM: drain), SIGKILL after 60 s, and returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    proc.stdout.close()
+    return code
+
+
+@contextlib.contextmanager
+def start(binary: str, extra_args: Sequence[str] = (), *,
+          startup_timeout: float = 60.0) -> Iterator[str]:
+    """Runs `binary` on 127.0.0.1:0 (gRPC and metrics) and yields its gRPC
+    HOST:PORT; SIGTERM (then SIGKILL after 60 s) on exit."""
+    proc, address = launch(binary, extra_args, startup_timeout=startup_timeout)
+    try:
+        yield address
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
+        stop(proc)

@@ -9,9 +9,15 @@
         ...
 
 Errors are grpc.RpcError with the server's code (e.g. INVALID_ARGUMENT naming
-the field). Messages are the generated flashcp.v1 protos (planner_pb2).
+the field). Calls retry UNAVAILABLE with backoff (RetryPolicy, as the C++
+RetryingPlannerClient; RetriesExhausted when they run out); a Prefetcher's
+failed plan raises PrefetchError naming the item. A document length that is
+not an integer is refused with TypeError. Messages are the generated
+flashcp.v1 protos (planner_pb2).
 """
 from flashcp_client._gen.flashcp.v1 import planner_pb2, planner_pb2_grpc
-from flashcp_client.client import Client, Prefetcher
+from flashcp_client.client import (NO_RETRY, PREFETCH_RETRY, Client, PrefetchError,
+                                   Prefetcher, RetriesExhausted, RetryPolicy)
 
-__all__ = ["Client", "Prefetcher", "planner_pb2", "planner_pb2_grpc"]
+__all__ = ["Client", "NO_RETRY", "PREFETCH_RETRY", "PrefetchError", "Prefetcher", "RetriesExhausted",
+           "RetryPolicy", "planner_pb2", "planner_pb2_grpc"]

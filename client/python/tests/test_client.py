@@ -126,6 +126,8 @@ def test_prefetcher_raises_the_failed_items_error_in_place(client):
             got.append(list(plan.doc_lens))
     assert got == [[8, 8], [9, 9]]
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.value.position, err.value.batch_id) == (2, 2)
+    assert err.value.details().startswith("item 2 (batch_id 2): ")
 
 
 def test_prefetcher_rejects_bad_depth(client):
