@@ -149,11 +149,26 @@ def run(cmd):
 
 
 def plan_lines(bin_dir, dataset, cp, strategies, batches, context=131072):
-    """flashcp-plan's JSON lines for sampled batches, as dicts."""
+    """flashcp-plan's JSON lines (PlanResponse in JSON) for sampled batches, as dicts."""
     out = run([os.path.join(bin_dir, "flashcp-plan"), "--dataset", dataset, "--context",
                str(context), "--cp", str(cp), "--batches", str(batches), "--seed", "1",
                "--strategy", ",".join(strategies), "--quiet"])
     return [json.loads(line) for line in out.splitlines() if line]
+
+
+def bottleneck_bytes(plan, scheme):
+    """One layer's bottleneck bytes (forward + backward) under `scheme` ("full_kv",
+    "allgather", "targeted"): the plan's metrics.bytes entry. 64-bit integers may be JSON
+    strings (protobuf's printer) or numbers (flashcp-plan)."""
+    for b in plan["metrics"]["bytes"]:
+        if b["scheme"] == scheme:
+            return int(b["bottleneck_bytes"])
+    raise KeyError(f"plan has no metrics.bytes entry for scheme {scheme!r}")
+
+
+def imbalance(plan):
+    """max / mean attention workload (metrics.imbalance_ratio)."""
+    return float(plan["metrics"]["imbalance_ratio"])
 
 
 # --- imbalance distribution -------------------------------------------------------------
@@ -178,7 +193,7 @@ def imbalance_figure(plans_by_ds, batches, path):
         if i == 0:
             ax.svg.text(ax.x + 4, ax.py(0.02) - 4, "R = 1.02", fill="#d62728")
         for k, st in enumerate(STRATEGIES):
-            vals = [max(floor, p["metrics"]["imbalance"] - 1) for p in plans_by_ds[ds]
+            vals = [max(floor, imbalance(p) - 1) for p in plans_by_ds[ds]
                     if p["strategy"] == st]
             if not vals:
                 continue
@@ -203,12 +218,12 @@ def imbalance_figure(plans_by_ds, batches, path):
 
 # --- exchange vs N -----------------------------------------------------------------------
 
-EXCHANGE_SERIES = [  # (label, strategy, metrics key, dash)
-    ("flashcp, targeted", "flashcp", "bytes_targeted", None),
-    ("flashcp, all-gather", "flashcp", "bytes_allgather", "6,3"),
-    ("flashcp_paper, all-gather", "flashcp_paper", "bytes_allgather", "6,3"),
-    ("magi, targeted", "magi", "bytes_targeted", None),
-    ("whole_doc, targeted", "whole_doc", "bytes_targeted", None),
+EXCHANGE_SERIES = [  # (label, strategy, scheme, dash)
+    ("flashcp, targeted", "flashcp", "targeted", None),
+    ("flashcp, all-gather", "flashcp", "allgather", "6,3"),
+    ("flashcp_paper, all-gather", "flashcp_paper", "allgather", "6,3"),
+    ("magi, targeted", "magi", "targeted", None),
+    ("whole_doc, targeted", "whole_doc", "targeted", None),
 ]
 EXCHANGE_NS = [4, 8, 16, 32]
 
@@ -226,12 +241,13 @@ def exchange_figure(plans, batches, path):
         svg.line(ax.x, ax.py(1), ax.x + ax.w, ax.py(1), "#8c564b", 1.5, "2,2")
         if i == 0:
             svg.text(ax.x + 4, ax.py(1) + 12, "full KV (llama3, per_doc CP)", fill="#8c564b")
-        for label, st, key, dash in EXCHANGE_SERIES:
+        for label, st, scheme, dash in EXCHANGE_SERIES:
             pts = []
             for n in EXCHANGE_NS:
                 rows = [p for p in plans[(ds, n)] if p["strategy"] == st]
                 if rows:
-                    r = sum(p["metrics"][key] / p["metrics"]["bytes_full_kv"] for p in rows)
+                    r = sum(bottleneck_bytes(p, scheme) / bottleneck_bytes(p, "full_kv")
+                            for p in rows)
                     pts.append((ax.px(n), ax.py(r / len(rows))))
             svg.polyline(pts, COLOURS[st], 2, dash)
             for x, y in pts:

@@ -39,6 +39,18 @@ class HelpersTest(unittest.TestCase):
         self.assertAlmostEqual(ax.py(10), 120 - 100 / 3)
         self.assertAlmostEqual(ax.py(1000), 20)
 
+    def test_plan_fields_are_read_from_the_plan_response_json(self):
+        plan = {"metrics": {"imbalance_ratio": 1.25, "bytes": [
+            {"scheme": "full_kv", "bottleneck_bytes": 96},
+            {"scheme": "allgather", "bottleneck_bytes": "64"},  # protobuf's printer: a string
+            {"scheme": "targeted", "bottleneck_bytes": 32}]}}
+        self.assertEqual(plot.imbalance(plan), 1.25)
+        self.assertEqual(plot.bottleneck_bytes(plan, "full_kv"), 96)
+        self.assertEqual(plot.bottleneck_bytes(plan, "allgather"), 64)
+        self.assertEqual(plot.bottleneck_bytes(plan, "targeted"), 32)
+        with self.assertRaisesRegex(KeyError, "no metrics.bytes entry for scheme 'ring'"):
+            plot.bottleneck_bytes(plan, "ring")
+
     def test_text_is_escaped(self):
         svg = plot.Svg(10, 10)
         svg.text(0, 0, 'a<b & "c"')

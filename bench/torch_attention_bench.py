@@ -116,7 +116,7 @@ def main():
                                "--batches", "1", "--seed", "1", "--cp", str(n), "--strategy",
                                args.strategy], check=True, capture_output=True, text=True,
                               timeout=600).stdout.strip().splitlines()[0]
-        imbalance = json.loads(plan)["metrics"]["imbalance"]
+        imbalance = json.loads(plan)["metrics"]["imbalance_ratio"]
         for scheme in args.schemes.split(","):
             out = ctx.Queue()
             with tempfile.TemporaryDirectory(prefix="flashcp-bench-") as d:

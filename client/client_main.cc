@@ -1,7 +1,9 @@
 // flashcp-client: plans batches through a flashcp-planner server and prints
 // what flashcp-plan prints for them: one JSON plan per line, in input order
-// (core::PlanToJson with the same ,"batch":i key), or with --summary the
-// quality table. Batches go over one PlanStream with --inflight in flight.
+// (core::PlanToJson: the PlanResponse in JSON, batch_id the 0-based batch
+// index, planning_seconds 0 as flashcp-plan's), or with --summary the quality
+// table.
+// Batches go over one PlanStream with --inflight in flight.
 //
 // A bad input line or a per-item server error is reported on stderr, naming
 // the line, and the rest go on; the exit status is then 1. A broken stream or
@@ -285,8 +287,9 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
       }
       return;
     }
-    out << core::PlanToJson(plan->plan, plan->metrics, plan->strategy,
-                            absl::StrCat(",\"batch\":", index))
+    out << core::PlanToJson(plan->plan, plan->metrics,
+                            {.batch_id = static_cast<uint64_t>(index),
+                             .strategy = plan->strategy})
         << "\n";
   };
   const absl::Status status =

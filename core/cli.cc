@@ -593,13 +593,12 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
       if (options.summary) {
         acc[static_cast<size_t>(strategy)].Add(*metrics, ms);
       } else {
-        std::string extra = absl::StrCat(",\"batch\":", done);
-        if (strategy == Strategy::kIlp) {
-          absl::StrAppend(&extra, ",\"ilp_optimal\":", info.ilp_optimal ? "true" : "false",
-                          ",\"ilp_gap\":", absl::StrFormat("%.17g", info.ilp_gap),
-                          ",\"ilp_granularity\":", info.ilp_granularity);
-        }
-        out << PlanToJson(*plan, *metrics, StrategyName(strategy), extra) << "\n";
+        // planning_seconds stays 0 so that the output is deterministic.
+        out << PlanToJson(*plan, *metrics,
+                          {.batch_id = static_cast<uint64_t>(done),
+                           .strategy = StrategyName(strategy),
+                           .ilp = strategy == Strategy::kIlp ? &info : nullptr})
+            << "\n";
       }
       ++i;
     }

@@ -44,10 +44,15 @@ absl::StatusOr<int64_t> ParseLength(absl::string_view token, int64_t position) {
 }
 
 // Shortest decimal that reads back as the same double (std::to_chars without a
-// format); JSON has no NaN or infinity, so those become null.
+// format); JSON has no NaN or infinity, so those are the strings protobuf's
+// JSON mapping uses.
 void AppendDouble(std::string& out, double value) {
-  if (!std::isfinite(value)) {
-    out += "null";
+  if (std::isnan(value)) {
+    out += "\"NaN\"";
+    return;
+  }
+  if (std::isinf(value)) {
+    out += value > 0 ? "\"Infinity\"" : "\"-Infinity\"";
     return;
   }
   char buf[32];
@@ -139,37 +144,109 @@ absl::StatusOr<std::vector<int64_t>> ParseBatchLine(absl::string_view line) {
   return lens;
 }
 
-std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics, absl::string_view strategy,
-                       absl::string_view extra) {
+namespace {
+
+// `"key":` after a comma unless `first`.
+void AppendKey(std::string& out, absl::string_view key, bool first = false) {
+  if (!first) out += ',';
+  out += '"';
+  out.append(key.data(), key.size());
+  out += "\":";
+}
+
+template <typename T>
+void AppendField(std::string& out, absl::string_view key, const T& value) {
+  AppendKey(out, key);
+  if constexpr (std::is_floating_point_v<T>) {
+    AppendDouble(out, value);
+  } else if constexpr (std::is_same_v<T, bool>) {
+    out += value ? "true" : "false";
+  } else if constexpr (std::is_integral_v<T>) {
+    absl::StrAppend(&out, value);
+  } else {
+    AppendArray(out, value);
+  }
+}
+
+// planner.proto's SchemeBytes, fields in number order.
+void AppendSchemeBytes(std::string& out, CommScheme scheme, const SchemeBytes& b) {
+  AppendKey(out, "scheme", /*first=*/true);
+  AppendString(out, CommSchemeName(scheme));
+  AppendField(out, "sent_bytes", b.sent);
+  AppendField(out, "received_bytes", b.received);
+  AppendField(out, "bottleneck_bytes", b.bottleneck);
+  const PhaseTraffic& p = b.phase;
+  AppendField(out, "phase_sent_tokens", p.sent_tokens);
+  AppendField(out, "phase_received_tokens", p.received_tokens);
+  AppendField(out, "phase_max_sent_tokens", p.max_sent_tokens);
+  AppendField(out, "phase_max_received_tokens", p.max_received_tokens);
+  AppendField(out, "phase_bottleneck_tokens", p.bottleneck_tokens);
+  AppendField(out, "phase_max_sent_bytes", p.max_sent_bytes);
+  AppendField(out, "phase_max_received_bytes", p.max_received_bytes);
+  AppendField(out, "phase_bottleneck_bytes", p.bottleneck_bytes);
+  AppendField(out, "phase_intra_node_bytes", p.intra_node_bytes);
+  AppendField(out, "phase_inter_node_bytes", p.inter_node_bytes);
+}
+
+// planner.proto's PlanMetrics, fields in number order.
+void AppendMetrics(std::string& out, const PlanMetrics& m, double planning_seconds) {
+  AppendKey(out, "imbalance_ratio", /*first=*/true);
+  AppendDouble(out, m.imbalance);
+  AppendField(out, "comm_saving_ratio", m.comm_saving);
+  AppendField(out, "targeted_saving_ratio", m.targeted_saving);
+  AppendField(out, "tokens_per_rank", m.tokens_per_rank);
+  AppendField(out, "rank_tokens", m.rank_tokens);
+  AppendField(out, "rank_workload", m.rank_workload);
+  AppendField(out, "rank_nonlast_tokens", m.rank_nonlast_tokens);
+  AppendField(out, "rank_segments", m.rank_segments);
+  AppendField(out, "cut_docs", m.cut_docs);
+  AppendField(out, "min_cut_shard_len", m.min_cut_shard_len);
+  AppendKey(out, "bytes");
+  out += '[';
+  for (CommScheme scheme : kAllCommSchemes) {
+    if (scheme != kAllCommSchemes[0]) out += ',';
+    out += '{';
+    AppendSchemeBytes(out, scheme, m.bytes[static_cast<int>(scheme)]);
+    out += '}';
+  }
+  out += ']';
+  AppendField(out, "planning_seconds", planning_seconds);
+  AppendKey(out, "cheaper_scheme");
+  AppendString(out, CommSchemeName(m.cheaper_scheme));
+}
+
+}  // namespace
+
+std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics,
+                       const PlanJsonFields& fields) {
   std::string out;
-  out.reserve(128 + 16 * plan.doc_lens.size() + 48 * plan.shards.size());
-  absl::StrAppend(&out, "{\"cp_size\":", plan.cp_size, ",\"docs\":");
-  AppendArray(out, plan.doc_lens);
-  absl::StrAppend(&out, ",\"padding\":", plan.padding, ",\"shards\":[");
+  out.reserve(1024 + 16 * plan.doc_lens.size() + 48 * plan.shards.size() +
+              160 * static_cast<size_t>(plan.cp_size));
+  out += '{';
+  AppendKey(out, "batch_id", /*first=*/true);
+  absl::StrAppend(&out, fields.batch_id);
+  AppendKey(out, "strategy");
+  AppendString(out, fields.strategy);
+  AppendField(out, "cp_size", plan.cp_size);
+  AppendField(out, "doc_lens", plan.doc_lens);
+  AppendField(out, "padding", plan.padding);
+  out += ",\"shards\":[";
   for (size_t i = 0; i < plan.shards.size(); ++i) {
     const Shard& s = plan.shards[i];
     absl::StrAppend(&out, i > 0 ? "," : "", "{\"doc\":", s.doc, ",\"start\":", s.start,
                     ",\"len\":", s.len, ",\"rank\":", s.rank, "}");
   }
-  out += "],\"metrics\":{\"imbalance\":";
-  AppendDouble(out, metrics.imbalance);
-  out += ",\"comm_saving\":";
-  AppendDouble(out, metrics.comm_saving);
-  out += ",\"targeted_saving\":";
-  AppendDouble(out, metrics.targeted_saving);
-  absl::StrAppend(&out, ",\"cut_docs\":", metrics.cut_docs,
-                  ",\"min_cut_shard_len\":", metrics.min_cut_shard_len,
-                  ",\"tokens_per_rank\":", metrics.tokens_per_rank, ",\"rank_workload\":");
-  AppendArray(out, metrics.rank_workload);
-  out += ",\"rank_nonlast_tokens\":";
-  AppendArray(out, metrics.rank_nonlast_tokens);
-  absl::StrAppend(
-      &out, ",\"bytes_full_kv\":",
-      metrics.bytes[static_cast<int>(CommScheme::kFullKv)].bottleneck, ",\"bytes_allgather\":",
-      metrics.bytes[static_cast<int>(CommScheme::kAllGather)].bottleneck, ",\"bytes_targeted\":",
-      metrics.bytes[static_cast<int>(CommScheme::kTargeted)].bottleneck, "},\"strategy\":");
-  AppendString(out, strategy);
-  out.append(extra.data(), extra.size());
+  out += "],\"metrics\":{";
+  AppendMetrics(out, metrics, fields.planning_seconds);
+  out += '}';
+  if (fields.ilp != nullptr) {
+    out += ",\"ilp\":{";
+    AppendKey(out, "optimal", /*first=*/true);
+    out += fields.ilp->ilp_optimal ? "true" : "false";
+    AppendField(out, "gap", fields.ilp->ilp_gap);
+    AppendField(out, "granularity", fields.ilp->ilp_granularity);
+    out += '}';
+  }
   out += '}';
   return out;
 }

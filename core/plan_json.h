@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/analysis.h"
+#include "core/strategies.h"
 #include "core/types.h"
 
 namespace flashcp::core {
@@ -19,15 +20,25 @@ namespace flashcp::core {
 // that is not a positive integer below 2^40, or for an empty line.
 absl::StatusOr<std::vector<int64_t>> ParseBatchLine(absl::string_view line);
 
-// One JSON object, one line, no trailing newline:
-// {"cp_size":N,"docs":[...],"padding":P,"shards":[{"doc":i,"start":a,"len":s,"rank":r},...],
-//  "metrics":{"imbalance":x,"comm_saving":y,"targeted_saving":z,"cut_docs":k,
-//             "min_cut_shard_len":m,"tokens_per_rank":t,"rank_workload":[...],
-//             "rank_nonlast_tokens":[...],"bytes_full_kv":b,"bytes_allgather":b,
-//             "bytes_targeted":b},
-//  "strategy":"...", plus `extra` (already-formatted ,"key":value pairs) if given}
-std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics, absl::string_view strategy,
-                       absl::string_view extra = "");
+// What a plan's JSON carries beyond core::Plan and PlanMetrics.
+struct PlanJsonFields {
+  uint64_t batch_id = 0;         // flashcp-plan: the 0-based batch index
+  absl::string_view strategy;    // StrategyName, or the server's name
+  double planning_seconds = 0.0;
+  const PlanInfo* ilp = nullptr;  // written as "ilp" when set (strategy ilp)
+};
+
+// One JSON object, one line, no trailing newline: flashcp.v1.PlanResponse
+// (proto/flashcp/v1/planner.proto) in protobuf's JSON mapping with the proto
+// field names, fields in field-number order, every field of Plan, PlanMetrics
+// and `fields` written even when zero, no "error" and no "layout". Two
+// choices within the mapping: 64-bit integers are JSON numbers (its parsers
+// accept numbers or strings; its printer writes strings), and doubles are the
+// shortest decimal that reads back exactly, "NaN" / "Infinity" / "-Infinity"
+// for non-finite values. google::protobuf::util::JsonStringToMessage of it is
+// exactly proto::ResponseToProto of the same plan (proto/plan_json_test.cc).
+std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics,
+                       const PlanJsonFields& fields);
 
 // `s` as a JSON string literal, quotes included; control characters escaped,
 // other bytes (UTF-8 included) copied.

@@ -71,15 +71,18 @@ TEST(JsonStringTest, QuotesAndEscapesControlCharacters) {
 
 TEST(PlanToJsonTest, HandWorkedRingPlan) {
   // docs [5, 3], N = 2, Ring: rank 0 holds doc 0 [0, 4); rank 1 doc 0 [4, 5)
-  // and doc 1 [0, 3). Workload (2p + s + 1) s / 2: rank 0 (0+4+1)*4/2 = 10;
-  // rank 1 (8+1+1)*1/2 + (0+3+1)*3/2 = 5 + 6 = 11; imbalance 11 / 10.5.
-  // Non-last tokens: rank 0 4 (doc 0's head), rank 1 0; C/N = 4, so the
-  // all-gather saves nothing. With H = D = dtype = 1: full_kv = allgather =
-  // 4 * 4 * (N-1) = 16 bytes. Targeted: rank 0 sends doc 0's 4 head tokens'
-  // K and V to rank 1 (2 * 4 = 8 bytes) and rank 1 returns their dK and dV
-  // (8 bytes): each phase's bottleneck is 4 tokens, as full KV's, so 16 bytes
-  // over both phases and saving 0. One document is cut; its shortest shard is
-  // 1 token.
+  // and doc 1 [0, 3): 4 real tokens and 1 and 2 segments. Workload
+  // (2p + s + 1) s / 2: rank 0 (0+4+1)*4/2 = 10; rank 1 (8+1+1)*1/2 +
+  // (0+3+1)*3/2 = 5 + 6 = 11; imbalance 11 / 10.5. Non-last tokens: rank 0 4
+  // (doc 0's head), rank 1 0; C/N = 4, so the all-gather saves nothing. With
+  // H = D = dtype = 1 a token's K and V are 2 bytes: full_kv and allgather
+  // send each rank's 4 tokens to the other rank in each phase (8 bytes a
+  // phase, 16 over both, per rank; 16 a phase summed over the one node).
+  // Targeted: rank 0 sends doc 0's 4 head tokens forward (8 bytes) and rank 1
+  // returns their dK, dV (8 bytes): sent [8, 8], one phase's tokens sent
+  // [4, 0] and received [0, 4], bottleneck 4 tokens as full KV's, so saving
+  // 0 and the all-gather (the tie's choice) is the cheaper scheme. One
+  // document is cut; its shortest shard is 1 token.
   Plan plan;
   plan.cp_size = 2;
   plan.doc_lens = {5, 3};
@@ -87,19 +90,36 @@ TEST(PlanToJsonTest, HandWorkedRingPlan) {
   plan.shards = {Shard{0, 0, 4, 0}, Shard{0, 4, 1, 1}, Shard{1, 0, 3, 1}};
   absl::StatusOr<PlanMetrics> metrics = AnalyzePlan(plan, ModelShape{1, 1, 1});
   ASSERT_THAT(metrics, IsOk());
-  EXPECT_EQ(PlanToJson(plan, *metrics, "ring"),
-            "{\"cp_size\":2,\"docs\":[5,3],\"padding\":0,\"shards\":["
-            "{\"doc\":0,\"start\":0,\"len\":4,\"rank\":0},"
-            "{\"doc\":0,\"start\":4,\"len\":1,\"rank\":1},"
-            "{\"doc\":1,\"start\":0,\"len\":3,\"rank\":1}],"
-            "\"metrics\":{\"imbalance\":1.0476190476190477,\"comm_saving\":0,"
-            "\"targeted_saving\":0,\"cut_docs\":1,\"min_cut_shard_len\":1,"
-            "\"tokens_per_rank\":4,\"rank_workload\":[10,11],\"rank_nonlast_tokens\":[4,0],"
-            "\"bytes_full_kv\":16,\"bytes_allgather\":16,\"bytes_targeted\":16},"
-            "\"strategy\":\"ring\"}");
+  EXPECT_EQ(PlanToJson(plan, *metrics, {.strategy = "ring"}),
+            "{\"batch_id\":0,\"strategy\":\"ring\",\"cp_size\":2,\"doc_lens\":[5,3],\"padding\":0,"
+            "\"shards\":[{\"doc\":0,\"start\":0,\"len\":4,\"rank\":0},{\"doc\":0,\"start\":4,"
+            "\"len\":1,\"rank\":1},{\"doc\":1,\"start\":0,\"len\":3,\"rank\":1}],\"metrics\":{"
+            "\"imbalance_ratio\":1.0476190476190477,\"comm_saving_ratio\":0,"
+            "\"targeted_saving_ratio\":0,\"tokens_per_rank\":4,\"rank_tokens\":[4,4],"
+            "\"rank_workload\":[10,11],\"rank_nonlast_tokens\":[4,0],\"rank_segments\":[1,2],"
+            "\"cut_docs\":1,\"min_cut_shard_len\":1,\"bytes\":[{\"scheme\":\"full_kv\","
+            "\"sent_bytes\":[16,16],\"received_bytes\":[16,16],\"bottleneck_bytes\":16,"
+            "\"phase_sent_tokens\":[4,4],\"phase_received_tokens\":[4,4],"
+            "\"phase_max_sent_tokens\":4,\"phase_max_received_tokens\":4,"
+            "\"phase_bottleneck_tokens\":4,\"phase_max_sent_bytes\":8,"
+            "\"phase_max_received_bytes\":8,\"phase_bottleneck_bytes\":8,"
+            "\"phase_intra_node_bytes\":16,\"phase_inter_node_bytes\":0},{\"scheme\":\"allgather\","
+            "\"sent_bytes\":[16,16],\"received_bytes\":[16,16],\"bottleneck_bytes\":16,"
+            "\"phase_sent_tokens\":[4,4],\"phase_received_tokens\":[4,4],"
+            "\"phase_max_sent_tokens\":4,\"phase_max_received_tokens\":4,"
+            "\"phase_bottleneck_tokens\":4,\"phase_max_sent_bytes\":8,"
+            "\"phase_max_received_bytes\":8,\"phase_bottleneck_bytes\":8,"
+            "\"phase_intra_node_bytes\":16,\"phase_inter_node_bytes\":0},{\"scheme\":\"targeted\","
+            "\"sent_bytes\":[8,8],\"received_bytes\":[8,8],\"bottleneck_bytes\":16,"
+            "\"phase_sent_tokens\":[4,0],\"phase_received_tokens\":[0,4],"
+            "\"phase_max_sent_tokens\":4,\"phase_max_received_tokens\":4,"
+            "\"phase_bottleneck_tokens\":4,\"phase_max_sent_bytes\":8,"
+            "\"phase_max_received_bytes\":8,\"phase_bottleneck_bytes\":8,"
+            "\"phase_intra_node_bytes\":8,\"phase_inter_node_bytes\":0}],\"planning_seconds\":0,"
+            "\"cheaper_scheme\":\"allgather\"}}");
 }
 
-TEST(PlanToJsonTest, DoublesRoundTripNonFiniteIsNullExtraAndEscaping) {
+TEST(PlanToJsonTest, DoublesRoundTripNonFiniteIsAStringIlpAndEscaping) {
   Plan plan;
   plan.cp_size = 1;
   plan.doc_lens = {3};
@@ -112,14 +132,37 @@ TEST(PlanToJsonTest, DoublesRoundTripNonFiniteIsNullExtraAndEscaping) {
   m.rank_workload = {std::numeric_limits<double>::infinity(), 2.5e-7};  // 2.5e-07: valid JSON
   m.rank_nonlast_tokens = {0};
   m.bytes[2].bottleneck = int64_t{1} << 62;
-  EXPECT_EQ(PlanToJson(plan, m, "a\"b\\c\n", ",\"batch\":7"),
-            "{\"cp_size\":1,\"docs\":[3],\"padding\":0,\"shards\":["
-            "{\"doc\":0,\"start\":0,\"len\":3,\"rank\":0}],"
-            "\"metrics\":{\"imbalance\":0.30000000000000004,\"comm_saving\":null,"
-            "\"targeted_saving\":null,\"cut_docs\":0,\"min_cut_shard_len\":0,"
-            "\"tokens_per_rank\":3,\"rank_workload\":[null,2.5e-07],\"rank_nonlast_tokens\":[0],"
-            "\"bytes_full_kv\":0,\"bytes_allgather\":0,\"bytes_targeted\":4611686018427387904},"
-            "\"strategy\":\"a\\\"b\\\\c\\n\",\"batch\":7}");
+  m.cheaper_scheme = CommScheme::kTargeted;
+  const PlanInfo ilp{.ilp_gap = 0.125, .ilp_optimal = false, .ilp_granularity = 8};
+  EXPECT_EQ(PlanToJson(plan, m,
+                       {.batch_id = 7, .strategy = "a\"b\\c\n", .planning_seconds = 0.25,
+                        .ilp = &ilp}),
+            "{\"batch_id\":7,\"strategy\":\"a\\\"b\\\\c\\n\",\"cp_size\":1,\"doc_lens\":[3],"
+            "\"padding\":0,\"shards\":[{\"doc\":0,\"start\":0,\"len\":3,\"rank\":0}],\"metrics\":{"
+            "\"imbalance_ratio\":0.30000000000000004,\"comm_saving_ratio\":\"NaN\","
+            "\"targeted_saving_ratio\":\"-Infinity\",\"tokens_per_rank\":3,\"rank_tokens\":[],"
+            "\"rank_workload\":[\"Infinity\",2.5e-07],\"rank_nonlast_tokens\":[0],"
+            "\"rank_segments\":[],\"cut_docs\":0,\"min_cut_shard_len\":0,\"bytes\":[{"
+            "\"scheme\":\"full_kv\",\"sent_bytes\":[],\"received_bytes\":[],\"bottleneck_bytes\":0,"
+            "\"phase_sent_tokens\":[],\"phase_received_tokens\":[],\"phase_max_sent_tokens\":0,"
+            "\"phase_max_received_tokens\":0,\"phase_bottleneck_tokens\":0,"
+            "\"phase_max_sent_bytes\":0,\"phase_max_received_bytes\":0,"
+            "\"phase_bottleneck_bytes\":0,\"phase_intra_node_bytes\":0,"
+            "\"phase_inter_node_bytes\":0},{\"scheme\":\"allgather\",\"sent_bytes\":[],"
+            "\"received_bytes\":[],\"bottleneck_bytes\":0,\"phase_sent_tokens\":[],"
+            "\"phase_received_tokens\":[],\"phase_max_sent_tokens\":0,"
+            "\"phase_max_received_tokens\":0,\"phase_bottleneck_tokens\":0,"
+            "\"phase_max_sent_bytes\":0,\"phase_max_received_bytes\":0,"
+            "\"phase_bottleneck_bytes\":0,\"phase_intra_node_bytes\":0,"
+            "\"phase_inter_node_bytes\":0},{\"scheme\":\"targeted\",\"sent_bytes\":[],"
+            "\"received_bytes\":[],\"bottleneck_bytes\":4611686018427387904,"
+            "\"phase_sent_tokens\":[],\"phase_received_tokens\":[],\"phase_max_sent_tokens\":0,"
+            "\"phase_max_received_tokens\":0,\"phase_bottleneck_tokens\":0,"
+            "\"phase_max_sent_bytes\":0,\"phase_max_received_bytes\":0,"
+            "\"phase_bottleneck_bytes\":0,\"phase_intra_node_bytes\":0,"
+            "\"phase_inter_node_bytes\":0}],\"planning_seconds\":0.25,"
+            "\"cheaper_scheme\":\"targeted\"},\"ilp\":{\"optimal\":false,\"gap\":0.125,"
+            "\"granularity\":8}}");
 }
 
 }  // namespace

@@ -33,8 +33,9 @@ absl::StatusOr<int64_t> CheckPlanBounds(const proto::PlanInput& input, const Pla
 absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const Clock& clock,
                                            ServiceObserver& observer) {
   const absl::Time start = clock.Now();
+  core::PlanInfo info;
   FLASHCP_ASSIGN_OR_RETURN(const core::Plan plan,
-                           core::MakePlan(input.strategy, input.batch, input.options));
+                           core::MakePlan(input.strategy, input.batch, input.options, &info));
   FLASHCP_RETURN_IF_ERROR(input.options.stop.Check());
   FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics metrics,
                            core::AnalyzePlan(plan, input.shape, input.options.ranks_per_node));
@@ -46,7 +47,8 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
   const double seconds = absl::ToDoubleSeconds(clock.Now() - start);
   observer.OnPlanned(input.strategy, seconds, metrics);
   return proto::ResponseToProto(input.batch_id, input.strategy, plan, metrics,
-                                layout ? &*layout : nullptr, seconds);
+                                layout ? &*layout : nullptr, seconds,
+                                input.strategy == core::Strategy::kIlp ? &info : nullptr);
 }
 
 }  // namespace flashcp::planner_service

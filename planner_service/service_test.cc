@@ -531,6 +531,7 @@ TEST(IlpServiceTest, OffByDefaultOwnPoolAndCancellable) {
   }));
   for (int i = 0; i < 5; ++i) {
     ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(10 + i, {5, 3}, 2, "flashcp"), &response), IsOk());
+    EXPECT_FALSE(response.has_ilp());  // only strategy ilp carries it
   }
   EXPECT_FALSE(ilp_done.HasBeenNotified());  // still planning
   const absl::Time cancelled = absl::Now();
@@ -541,6 +542,12 @@ TEST(IlpServiceTest, OffByDefaultOwnPoolAndCancellable) {
   // Its thread is free: a small ILP plan runs now.
   ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(3, {50, 30, 20}, 2, "ilp"), &response), IsOk());
   EXPECT_EQ(response.strategy(), "ilp");
+  // The solver's result, as flashcp-plan prints it: 25 blocks of
+  // ceil(100 / (16 * 2)) = 4 tokens, proven optimal.
+  ASSERT_TRUE(response.has_ilp());
+  EXPECT_TRUE(response.ilp().optimal());
+  EXPECT_EQ(response.ilp().gap(), 0.0);
+  EXPECT_EQ(response.ilp().granularity(), 4);
   ASSERT_TRUE(ilp_done.WaitForNotificationWithTimeout(kWait));
 }
 

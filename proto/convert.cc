@@ -140,7 +140,8 @@ v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
 
 v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
                                  const core::Plan& plan, const core::PlanMetrics& metrics,
-                                 const core::CommLayout* layout, double planning_seconds) {
+                                 const core::CommLayout* layout, double planning_seconds,
+                                 const core::PlanInfo* ilp) {
   v1::PlanResponse response;
   response.set_batch_id(batch_id);
   response.set_strategy(std::string(core::StrategyName(strategy)));
@@ -157,6 +158,11 @@ v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
   }
   MetricsToProto(metrics, planning_seconds, response.mutable_metrics());
   if (layout != nullptr) LayoutToProto(*layout, response.mutable_layout());
+  if (ilp != nullptr) {
+    response.mutable_ilp()->set_optimal(ilp->ilp_optimal);
+    response.mutable_ilp()->set_gap(ilp->ilp_gap);
+    response.mutable_ilp()->set_granularity(ilp->ilp_granularity);
+  }
   return response;
 }
 
@@ -221,6 +227,7 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
                           per_rank(tokens) + per_rank(shard_index) + 2 * kInt64 +
                           core::kNumCommSchemes * scheme_bytes + kDouble;
   bytes += Delimited(metrics);
+  if (input.strategy == core::Strategy::kIlp) bytes += Delimited(2 + kDouble + kInt64);  // ilp
   if (input.include_layout) {
     // Every shard once in some rank's list; the non-last ones (all but one
     // per document) each a send range and in at most N - 1 targeted lists.

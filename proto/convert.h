@@ -60,15 +60,18 @@ v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
                                const core::ModelShape& shape, bool include_layout);
 
 // A successful plan as a response. `layout` is optional (null: no layout).
-// `planning_seconds` is the server's time spent planning and analysing.
+// `planning_seconds` is the server's time spent planning and analysing. `ilp`
+// (null: unset) fills PlanResponse.ilp (MakePlan's PlanInfo, strategy ilp).
 v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
                                  const core::Plan& plan, const core::PlanMetrics& metrics,
-                                 const core::CommLayout* layout, double planning_seconds);
+                                 const core::CommLayout* layout, double planning_seconds,
+                                 const core::PlanInfo* ilp = nullptr);
 
 // An upper bound on the serialized bytes of ResponseToProto's answer to
 // `input` (its layout too when input.include_layout) for any valid plan of at
 // most `max_shards` shards (core::MaxPlanShards), from the request alone in
-// O(documents): each field at the widest varint its bound allows, and under
+// O(documents): each field at the widest varint its bound allows (the ilp
+// field for strategy ilp), and under
 // the layout each non-last shard sent to at most N - 1 ranks.
 int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards);
 

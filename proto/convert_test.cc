@@ -451,7 +451,8 @@ TEST(MaxResponseBytesTest, BoundsRealResponsesOnRandomBatches) {
       if (s == core::Strategy::kIlp && (n > 6 || in.batch.cp_size > 4)) continue;
       in.strategy = s;
       in.options.ilp.time_limit_seconds = 0.1;
-      absl::StatusOr<core::Plan> plan = core::MakePlan(s, in.batch, in.options);
+      core::PlanInfo info;
+      absl::StatusOr<core::Plan> plan = core::MakePlan(s, in.batch, in.options, &info);
       if (s == core::Strategy::kIlp && !plan.ok()) continue;  // above the ILP's model size
       ASSERT_THAT(plan, IsOk());
       absl::StatusOr<core::PlanMetrics> metrics = core::AnalyzePlan(*plan, in.shape);
@@ -460,8 +461,9 @@ TEST(MaxResponseBytesTest, BoundsRealResponsesOnRandomBatches) {
       ASSERT_THAT(layout, IsOk());
       for (bool with_layout : {false, true}) {
         in.include_layout = with_layout;
-        const v1::PlanResponse r = ResponseToProto(in.batch_id, s, *plan, *metrics,
-                                                   with_layout ? &*layout : nullptr, 123.25);
+        const v1::PlanResponse r =
+            ResponseToProto(in.batch_id, s, *plan, *metrics, with_layout ? &*layout : nullptr,
+                            123.25, s == core::Strategy::kIlp ? &info : nullptr);
         EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()),
                   MaxResponseBytes(in, core::MaxPlanShards(s, in.batch)))
             << core::StrategyName(s) << " batch " << i << " layout " << with_layout;

@@ -50,26 +50,34 @@ Result RunPlan(const std::string& args, const std::string& stdin_text = "") {
   return r;
 }
 
-// docs [5, 3] on N = 2 with Ring sharding, H = D = 1 and 1-byte elements.
-// Ring cuts the packed sequence into 2 chunks of C/N = 4 tokens: rank 0 holds
-// doc 0 [0, 4); rank 1 holds doc 0 [4, 5) and doc 1 [0, 3).
-// Workload (2p + s + 1) s / 2: rank 0 (0 + 4 + 1) 4 / 2 = 10; rank 1
-// (8 + 1 + 1) 1 / 2 + (0 + 3 + 1) 3 / 2 = 5 + 6 = 11. Imbalance 11 / 10.5.
-// Non-last tokens: rank 0 4 (doc 0's head), rank 1 none; the max equals C/N,
-// so the compacted all-gather saves nothing: full_kv = allgather =
-// 4 * 4 * (N - 1) = 16 bytes. Targeted: rank 0 sends 4 tokens of K, V forward
-// (8 bytes) and gets their dK, dV back (8 bytes): each phase's bottleneck is
-// 4 tokens, as full KV's, so 16 bytes over both phases and saving 0.
+// docs [5, 3] on N = 2 with Ring sharding, H = D = 1 and 1-byte elements, as
+// batch 0: a PlanResponse in JSON (core/plan_json_test.cc works the numbers
+// out). Ring cuts the packed sequence into 2 chunks of C/N = 4 tokens: rank 0
+// holds doc 0 [0, 4); rank 1 holds doc 0 [4, 5) and doc 1 [0, 3). Workload
+// (2p + s + 1) s / 2: 10 and 5 + 6 = 11, imbalance 11 / 10.5; every scheme's
+// bottleneck is 4 tokens a phase (16 bytes over both), so nothing is saved.
 constexpr char kRingJson[] =
-    "{\"cp_size\":2,\"docs\":[5,3],\"padding\":0,\"shards\":["
-    "{\"doc\":0,\"start\":0,\"len\":4,\"rank\":0},"
-    "{\"doc\":0,\"start\":4,\"len\":1,\"rank\":1},"
-    "{\"doc\":1,\"start\":0,\"len\":3,\"rank\":1}],"
-    "\"metrics\":{\"imbalance\":1.0476190476190477,\"comm_saving\":0,"
-    "\"targeted_saving\":0,\"cut_docs\":1,\"min_cut_shard_len\":1,"
-    "\"tokens_per_rank\":4,\"rank_workload\":[10,11],\"rank_nonlast_tokens\":[4,0],"
-    "\"bytes_full_kv\":16,\"bytes_allgather\":16,\"bytes_targeted\":16},"
-    "\"strategy\":\"ring\"";
+    "{\"batch_id\":0,\"strategy\":\"ring\",\"cp_size\":2,\"doc_lens\":[5,3],\"padding\":0,"
+    "\"shards\":[{\"doc\":0,\"start\":0,\"len\":4,\"rank\":0},{\"doc\":0,\"start\":4,\"len\":1,"
+    "\"rank\":1},{\"doc\":1,\"start\":0,\"len\":3,\"rank\":1}],\"metrics\":{"
+    "\"imbalance_ratio\":1.0476190476190477,\"comm_saving_ratio\":0,\"targeted_saving_ratio\":0,"
+    "\"tokens_per_rank\":4,\"rank_tokens\":[4,4],\"rank_workload\":[10,11],"
+    "\"rank_nonlast_tokens\":[4,0],\"rank_segments\":[1,2],\"cut_docs\":1,\"min_cut_shard_len\":1,"
+    "\"bytes\":[{\"scheme\":\"full_kv\",\"sent_bytes\":[16,16],\"received_bytes\":[16,16],"
+    "\"bottleneck_bytes\":16,\"phase_sent_tokens\":[4,4],\"phase_received_tokens\":[4,4],"
+    "\"phase_max_sent_tokens\":4,\"phase_max_received_tokens\":4,\"phase_bottleneck_tokens\":4,"
+    "\"phase_max_sent_bytes\":8,\"phase_max_received_bytes\":8,\"phase_bottleneck_bytes\":8,"
+    "\"phase_intra_node_bytes\":16,\"phase_inter_node_bytes\":0},{\"scheme\":\"allgather\","
+    "\"sent_bytes\":[16,16],\"received_bytes\":[16,16],\"bottleneck_bytes\":16,"
+    "\"phase_sent_tokens\":[4,4],\"phase_received_tokens\":[4,4],\"phase_max_sent_tokens\":4,"
+    "\"phase_max_received_tokens\":4,\"phase_bottleneck_tokens\":4,\"phase_max_sent_bytes\":8,"
+    "\"phase_max_received_bytes\":8,\"phase_bottleneck_bytes\":8,\"phase_intra_node_bytes\":16,"
+    "\"phase_inter_node_bytes\":0},{\"scheme\":\"targeted\",\"sent_bytes\":[8,8],"
+    "\"received_bytes\":[8,8],\"bottleneck_bytes\":16,\"phase_sent_tokens\":[4,0],"
+    "\"phase_received_tokens\":[0,4],\"phase_max_sent_tokens\":4,\"phase_max_received_tokens\":4,"
+    "\"phase_bottleneck_tokens\":4,\"phase_max_sent_bytes\":8,\"phase_max_received_bytes\":8,"
+    "\"phase_bottleneck_bytes\":8,\"phase_intra_node_bytes\":8,\"phase_inter_node_bytes\":0}],"
+    "\"planning_seconds\":0,\"cheaper_scheme\":\"allgather\"}}";
 
 constexpr char kShape[] = "--heads 1 --head-dim 1 --dtype-bytes 1";
 
@@ -77,32 +85,55 @@ TEST(FlashcpPlanCliTest, HandWorkedRingBatchFromArguments) {
   const Result r = RunPlan(std::string("--cp 2 --strategy ring ") + kShape + " 5 3");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");
-  EXPECT_EQ(r.out, std::string(kRingJson) + ",\"batch\":0}\n");
+  EXPECT_EQ(r.out, std::string(kRingJson) + "\n");
 }
 
 TEST(FlashcpPlanCliTest, StdinBatchesInInputOrder) {
-  // Odd total: 7 tokens on 2 ranks is C/N = 4 with one padding token on rank 1.
+  // Odd total: 7 tokens on 2 ranks is C/N = 4 with one padding token on rank 1
+  // (rank_tokens [4, 3]); workload 10 and (8 + 3 + 1) 3 / 2 = 18: imbalance
+  // 18 / 14.
   const Result r = RunPlan(std::string("--cp 2 --strategy ring ") + kShape,
                        "5,3\n# comment\n\n7\n");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out,
-            std::string(kRingJson) + ",\"batch\":0}\n" +
-                "{\"cp_size\":2,\"docs\":[7],\"padding\":1,\"shards\":["
-                "{\"doc\":0,\"start\":0,\"len\":4,\"rank\":0},"
-                "{\"doc\":0,\"start\":4,\"len\":3,\"rank\":1}],"
-                // 10 and (8 + 3 + 1) 3 / 2 = 18: imbalance 18 / 14.
-                "\"metrics\":{\"imbalance\":1.2857142857142858,\"comm_saving\":0,"
-                "\"targeted_saving\":0,\"cut_docs\":1,\"min_cut_shard_len\":3,"
-                "\"tokens_per_rank\":4,\"rank_workload\":[10,18],\"rank_nonlast_tokens\":[4,0],"
-                "\"bytes_full_kv\":16,\"bytes_allgather\":16,\"bytes_targeted\":16},"
-                "\"strategy\":\"ring\",\"batch\":1}\n");
+            std::string(kRingJson) + "\n" +
+                "{\"batch_id\":1,\"strategy\":\"ring\",\"cp_size\":2,\"doc_lens\":[7],"
+                "\"padding\":1,\"shards\":[{\"doc\":0,\"start\":0,\"len\":4,\"rank\":0},{\"doc\":0,"
+                "\"start\":4,\"len\":3,\"rank\":1}],\"metrics\":{"
+                "\"imbalance_ratio\":1.2857142857142858,\"comm_saving_ratio\":0,"
+                "\"targeted_saving_ratio\":0,\"tokens_per_rank\":4,\"rank_tokens\":[4,3],"
+                "\"rank_workload\":[10,18],\"rank_nonlast_tokens\":[4,0],\"rank_segments\":[1,1],"
+                "\"cut_docs\":1,\"min_cut_shard_len\":3,\"bytes\":[{\"scheme\":\"full_kv\","
+                "\"sent_bytes\":[16,16],\"received_bytes\":[16,16],\"bottleneck_bytes\":16,"
+                "\"phase_sent_tokens\":[4,4],\"phase_received_tokens\":[4,4],"
+                "\"phase_max_sent_tokens\":4,\"phase_max_received_tokens\":4,"
+                "\"phase_bottleneck_tokens\":4,\"phase_max_sent_bytes\":8,"
+                "\"phase_max_received_bytes\":8,\"phase_bottleneck_bytes\":8,"
+                "\"phase_intra_node_bytes\":16,\"phase_inter_node_bytes\":0},{"
+                "\"scheme\":\"allgather\",\"sent_bytes\":[16,16],\"received_bytes\":[16,16],"
+                "\"bottleneck_bytes\":16,\"phase_sent_tokens\":[4,4],"
+                "\"phase_received_tokens\":[4,4],\"phase_max_sent_tokens\":4,"
+                "\"phase_max_received_tokens\":4,\"phase_bottleneck_tokens\":4,"
+                "\"phase_max_sent_bytes\":8,\"phase_max_received_bytes\":8,"
+                "\"phase_bottleneck_bytes\":8,\"phase_intra_node_bytes\":16,"
+                "\"phase_inter_node_bytes\":0},{\"scheme\":\"targeted\",\"sent_bytes\":[8,8],"
+                "\"received_bytes\":[8,8],\"bottleneck_bytes\":16,\"phase_sent_tokens\":[4,0],"
+                "\"phase_received_tokens\":[0,4],\"phase_max_sent_tokens\":4,"
+                "\"phase_max_received_tokens\":4,\"phase_bottleneck_tokens\":4,"
+                "\"phase_max_sent_bytes\":8,\"phase_max_received_bytes\":8,"
+                "\"phase_bottleneck_bytes\":8,\"phase_intra_node_bytes\":8,"
+                "\"phase_inter_node_bytes\":0}],\"planning_seconds\":0,"
+                "\"cheaper_scheme\":\"allgather\"}}"
+                "\n");
 }
 
 TEST(FlashcpPlanCliTest, BadBatchLineNamesTheLine) {
   const Result r = RunPlan("--cp 2 --strategy ring", "5,3\n4,0\n");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "flashcp-plan: stdin line 2: token 1: \"0\" is not a positive integer\n");
-  EXPECT_THAT(r.out, StartsWith("{\"cp_size\":2,\"docs\":[5,3]"));  // line 1 was planned
+  // Line 1 was planned.
+  EXPECT_THAT(r.out, StartsWith("{\"batch_id\":0,\"strategy\":\"ring\",\"cp_size\":2,"
+                                "\"doc_lens\":[5,3],"));
 }
 
 TEST(FlashcpPlanCliTest, BadFlagValueIsAUsageError) {

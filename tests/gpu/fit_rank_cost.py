@@ -61,13 +61,13 @@ def main():
                              check=True, capture_output=True, text=True).stdout
         for line in out.splitlines():
             p = json.loads(line)
-            t = times.get((d, p["batch"], n, p["strategy"]))
+            t = times.get((d, p["batch_id"], n, p["strategy"]))
             if t is None:
                 continue
             for r, f in enumerate(rank_features(p)):
                 x.append(f)
                 y.append(t[r])
-                keys.append((d, p["batch"], n, p["strategy"]))
+                keys.append((d, p["batch_id"], n, p["strategy"]))
     x, y = np.array(x), np.array(y)
     pairs, seqs, tokens = x[:, 0] + x[:, 1], x[:, 2] + x[:, 3], x[:, 4] + x[:, 5]
     print(f"{len(y)} rank timings, {len({k[:3] for k in keys})} cells")

@@ -6,11 +6,12 @@ context-parallel attention inside a PyTorch training step.
     plan = flashcp.Client("127.0.0.1:50051").plan([4096, 100], 4)  # the planner service
 
 Both return a flashcp.v1 PlanResponse (planner_pb2); flashcp.torch.CpContext
-takes either, or flashcp-plan's JSON. flashcp_client (the gRPC client) is
-part of this distribution; `import flashcp_client` keeps working.
+takes either, or its JSON (flashcp-plan's output; response_from_json).
+flashcp_client (the gRPC client) is part of this distribution; `import
+flashcp_client` keeps working.
 """
-from flashcp._plan import PlanError, PlanView, plan, plan_view
+from flashcp._plan import PlanError, PlanView, plan, plan_view, response_from_json
 from flashcp_client import Client, Prefetcher, planner_pb2, planner_pb2_grpc
 
 __all__ = ["Client", "PlanError", "PlanView", "Prefetcher", "plan", "plan_view", "planner_pb2",
-           "planner_pb2_grpc"]
+           "planner_pb2_grpc", "response_from_json"]

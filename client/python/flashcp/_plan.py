@@ -2,9 +2,12 @@
 integration reads, whatever the plan came from."""
 import dataclasses
 import json
+import warnings
 from typing import Any, Iterable, List, Optional, Tuple
 
 from flashcp._native import native
+from google.protobuf import json_format
+
 from flashcp_client import Client, planner_pb2
 
 
@@ -60,37 +63,66 @@ class PlanView:
         return sum(self.doc_lens)
 
 
+def response_from_json(p: Any) -> planner_pb2.PlanResponse:
+    """A PlanResponse from its JSON (protobuf's JSON mapping with the proto
+    field names): a flashcp-plan / flashcp-client line (str or bytes), the
+    parsed dict, or json_format.MessageToJson's output. ValueError naming the
+    bad field; unknown fields are refused."""
+    if isinstance(p, (str, bytes)):
+        p = json.loads(p)
+    if not isinstance(p, dict):
+        raise ValueError(f"plan: expected a JSON object, got {type(p).__name__}")
+    try:
+        return json_format.ParseDict(p, planner_pb2.PlanResponse())
+    except json_format.ParseError as e:
+        raise ValueError(f"plan: not a PlanResponse in JSON: {e}") from None
+
+
+def _view_of_old_json(p: dict) -> PlanView:
+    # flashcp-plan's JSON before it became PlanResponse's ("docs", metrics
+    # "imbalance", ...); accepted for one release.
+    warnings.warn("plan: flashcp-plan's old JSON (\"docs\", \"batch\") is deprecated; "
+                  "it now writes PlanResponse in JSON (\"doc_lens\", \"batch_id\")",
+                  DeprecationWarning, stacklevel=3)
+    try:
+        m = p.get("metrics", {})
+        return PlanView(cp_size=int(p["cp_size"]), doc_lens=tuple(int(x) for x in p["docs"]),
+                        padding=int(p["padding"]),
+                        shards=tuple((int(s["doc"]), int(s["start"]), int(s["len"]),
+                                      int(s["rank"])) for s in p["shards"]),
+                        strategy=str(p.get("strategy", "")),
+                        imbalance=float(m.get("imbalance", 0.0)),
+                        comm_saving=float(m.get("comm_saving", 0.0)),
+                        targeted_saving=float(m.get("targeted_saving", 0.0)))
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"plan: not a flashcp-plan JSON object (missing or bad {e})") from None
+
+
 def plan_view(p: Any) -> PlanView:
-    """A PlanView from a PlanResponse (the service or flashcp.plan), a
-    flashcp-plan JSON line (str, bytes or the parsed dict) or a PlanView.
-    ValueError for anything else or a
-    response that carries an error."""
+    """A PlanView from a PlanResponse (the service or flashcp.plan), its JSON
+    (a flashcp-plan line: str, bytes or the parsed dict; response_from_json)
+    or a PlanView. ValueError for anything else, a response that carries an
+    error, or a plan without cp_size. The old flashcp-plan JSON ("docs") is
+    still read, with a DeprecationWarning."""
     if isinstance(p, PlanView):
         return p
+    if isinstance(p, (str, bytes)):
+        p = json.loads(p)
+    if isinstance(p, dict):
+        if "docs" in p and "doc_lens" not in p:
+            return _view_of_old_json(p)
+        p = response_from_json(p)
     if isinstance(p, planner_pb2.PlanResponse):
         if p.HasField("error"):
             raise ValueError(f"plan: the response carries an error (code {p.error.code}): "
                              f"{p.error.message}")
+        if p.cp_size < 1:
+            raise ValueError(f"plan: cp_size must be at least 1, got {p.cp_size}")
         return PlanView(cp_size=p.cp_size, doc_lens=tuple(p.doc_lens), padding=p.padding,
                         shards=tuple((s.doc, s.start, s.len, s.rank) for s in p.shards),
                         strategy=p.strategy,
                         imbalance=p.metrics.imbalance_ratio,
                         comm_saving=p.metrics.comm_saving_ratio,
                         targeted_saving=p.metrics.targeted_saving_ratio)
-    if isinstance(p, (str, bytes)):
-        p = json.loads(p)
-    if isinstance(p, dict):
-        try:
-            m = p.get("metrics", {})
-            return PlanView(cp_size=int(p["cp_size"]), doc_lens=tuple(int(x) for x in p["docs"]),
-                            padding=int(p["padding"]),
-                            shards=tuple((int(s["doc"]), int(s["start"]), int(s["len"]),
-                                          int(s["rank"])) for s in p["shards"]),
-                            strategy=str(p.get("strategy", "")),
-                            imbalance=float(m.get("imbalance", 0.0)),
-                            comm_saving=float(m.get("comm_saving", 0.0)),
-                            targeted_saving=float(m.get("targeted_saving", 0.0)))
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"plan: not a flashcp-plan JSON object (missing or bad {e})") from None
-    raise ValueError(f"plan: expected a PlanResponse, flashcp-plan JSON or PlanView, got "
+    raise ValueError(f"plan: expected a PlanResponse, its JSON or a PlanView, got "
                      f"{type(p).__name__}")

@@ -14,7 +14,7 @@ LENS = [37, 1, 60, 5, 100, 1, 1, 29]
 
 def test_bad_inputs_raise_precise_errors_without_collectives():
     plan = flashcp.plan_view(flashcp.plan(LENS, 2, "flashcp"))
-    bad = json.loads(json.dumps({"cp_size": 2, "docs": LENS, "padding": 0,
+    bad = json.loads(json.dumps({"cp_size": 2, "doc_lens": LENS, "padding": 0,
                                  "shards": [{"doc": s[0], "start": s[1], "len": s[2],
                                              "rank": s[3]} for s in plan.shards]}))
     bad["shards"][0]["len"] += 1  # overlaps the next shard of its document

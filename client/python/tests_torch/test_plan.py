@@ -33,10 +33,15 @@ def test_in_process_plan_equals_service_and_cli_on_a_dataset(plan_bin, planner_a
     assert {line["strategy"] for line in lines} == set(STRATEGIES)
     for line in lines:
         for layout in (False, True):
-            remote = client.plan(line["docs"], cp, line["strategy"], include_layout=layout)
-            local = flashcp.plan(line["docs"], cp, line["strategy"], include_layout=layout)
+            remote = client.plan(line["doc_lens"], cp, line["strategy"], include_layout=layout)
+            local = flashcp.plan(line["doc_lens"], cp, line["strategy"], include_layout=layout)
             assert local.metrics.planning_seconds > 0
             assert _bytes_without_time(local) == _bytes_without_time(remote)
+        # The CLI's line is the same PlanResponse in JSON: its batch_id is
+        # the batch index, planning_seconds 0, no layout.
+        cli = flashcp.response_from_json(line)
+        local = flashcp.plan(line["doc_lens"], cp, line["strategy"], batch_id=cli.batch_id)
+        assert _bytes_without_time(cli) == _bytes_without_time(local), line["strategy"]
         view = flashcp.plan_view(local)
         assert view == flashcp.plan_view(line), line["strategy"]
 
@@ -76,7 +81,14 @@ def test_in_process_errors_match_the_service(planner_address, args, field):
 def test_plan_view_rejects_what_is_not_a_plan():
     with pytest.raises(ValueError, match="expected a PlanResponse"):
         flashcp.plan_view(42)
-    with pytest.raises(ValueError, match="missing or bad 'shards'"):
+    with pytest.raises(ValueError, match="not a PlanResponse in JSON: .*nonsense"):
+        flashcp.plan_view({"cp_size": 2, "doc_lens": [3], "nonsense": 1})
+    with pytest.raises(ValueError, match="not a PlanResponse in JSON: .*doc_lens"):
+        flashcp.plan_view('{"cp_size": 2, "doc_lens": ["x"]}')
+    with pytest.raises(ValueError, match="cp_size must be at least 1, got 0"):
+        flashcp.plan_view({})
+    with pytest.warns(DeprecationWarning, match="old JSON"), \
+            pytest.raises(ValueError, match="missing or bad 'shards'"):
         flashcp.plan_view({"cp_size": 2, "docs": [3], "padding": 1})
     err = flashcp.planner_pb2.PlanResponse()
     err.error.code = 3
@@ -101,3 +113,15 @@ def test_client_options_override_the_defaults():
             client.plan([5], 1)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert time.monotonic() - t >= 4.5
+
+
+def test_plan_view_reads_the_old_cli_json_with_a_warning():
+    new = flashcp.plan([64, 32, 16], 2, "ring")
+    old = {"cp_size": 2, "docs": [64, 32, 16], "padding": 0, "strategy": "ring", "batch": 0,
+           "shards": [{"doc": s.doc, "start": s.start, "len": s.len, "rank": s.rank}
+                      for s in new.shards],
+           "metrics": {"imbalance": new.metrics.imbalance_ratio,
+                       "comm_saving": new.metrics.comm_saving_ratio,
+                       "targeted_saving": new.metrics.targeted_saving_ratio}}
+    with pytest.warns(DeprecationWarning, match="doc_lens"):
+        assert flashcp.plan_view(json.dumps(old)) == flashcp.plan_view(new)

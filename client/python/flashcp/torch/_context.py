@@ -80,8 +80,8 @@ class SchemeLayout:
 class CpContext:
     """One rank of a CP group running a plan.
 
-    plan: a PlanResponse (flashcp.plan or the service), flashcp-plan's JSON
-    (str or dict) or a PlanView. rank: this process's rank in `group`, which
+    plan: a PlanResponse (flashcp.plan or the service), its JSON
+    (flashcp-plan's line, str or dict) or a PlanView. rank: this process's rank in `group`, which
     must have exactly plan.cp_size ranks (None: the default group). doc_lens,
     if given, must be the plan's documents (a plan for another batch is an
     error here, not a wrong answer later). threads: CPU kernel threads
