@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/backoff.h"
 
 namespace flashcp::client {
 namespace {
@@ -76,9 +77,8 @@ class DelayThread {
 }  // namespace internal
 
 absl::Duration RetryBackoff(const RetryPolicy& policy, int attempt) {
-  const double factor = std::pow(std::max(policy.backoff_multiplier, 1.0), attempt - 1);
-  const absl::Duration backoff = policy.initial_backoff * factor;
-  return std::min(backoff, policy.max_backoff);
+  return core::BackoffDelay(
+      {policy.initial_backoff, policy.max_backoff, policy.backoff_multiplier}, attempt);
 }
 
 RetryingPlannerClient::RetryingPlannerClient(std::shared_ptr<PlannerClient> inner,

@@ -212,7 +212,7 @@ int ChannelArgMs(absl::Duration d) {
 
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(const ServerOptions& options,
                                                                     ServiceObserver* observer,
-                                                                    const Clock* clock) {
+                                                                    const core::Clock* clock) {
   FLASHCP_RETURN_IF_ERROR(ValidateOptions(options));
   FLASHCP_ASSIGN_OR_RETURN(const auto host_port, SplitHostPort(options.listen, "--listen"));
   FLASHCP_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
@@ -353,7 +353,7 @@ absl::Status RunPlanner(const ServerOptions& options,
   }
 
   FLASHCP_ASSIGN_OR_RETURN(const int64_t fd_limit, RaiseFdLimit());
-  const RealClock clock;
+  const core::RealClock clock;
   // Any client can make protobuf log (a string field with invalid UTF-8 logs
   // one ERROR line per message): kProtobufLogLines per kProtobufLogWindow.
   LogLimiter protobuf_log_limiter(kProtobufLogLines, kProtobufLogWindow, &clock);
