@@ -3,7 +3,7 @@
 // one batch per (context, N), ranks as threads (Gloo TCP on loopback).
 //
 //   engine_step_bench [--dataset pile] [--contexts 16384,32768,65536] [--cps 2,4]
-//                     [--heads 1] [--head-dim 128] [--time-max-context 16384] [--seed 1]
+//                     [--heads 1] [--head_dim 128] [--time_max_context 16384] [--seed 1]
 //
 // Bytes are per rank per layer, forward + backward, fp32: the maximum over
 // ranks of what a rank actually sent (measured where a step ran; equal to
@@ -13,14 +13,20 @@
 // forward + backward wall time, between barriers.
 #include <cmath>
 #include <cstdio>
+#include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/str_cat.h"
 #include "core/analysis.h"
 #include "core/datasets.h"
+#include "core/echo.h"
+#include "core/flags.h"
 #include "core/strategies.h"
 #include "worker/cpstep.h"
 #include "worker/gloo_communicator.h"
@@ -29,37 +35,70 @@ namespace {
 
 using namespace flashcp;  // NOLINT: a tool's main file
 
-std::vector<int64_t> Ints(const std::string& s) {
+// Each item of a comma-separated flag as an integer in [lo, hi]; an error
+// naming the flag otherwise (and for an empty list).
+absl::StatusOr<std::vector<int64_t>> Ints(absl::string_view flag,
+                                          const std::vector<std::string>& items, int64_t lo,
+                                          int64_t hi) {
   std::vector<int64_t> out;
-  for (absl::string_view t : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+  for (const std::string& t : items) {
     int64_t v = 0;
-    if (absl::SimpleAtoi(t, &v)) out.push_back(v);
+    if (!absl::SimpleAtoi(t, &v) || v < lo || v > hi) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", flashcp::core::Echo(t),
+                                                     " is not an integer in [", lo, ", ", hi,
+                                                     "]"));
+    }
+    out.push_back(v);
   }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": empty list"));
   return out;
 }
 
 }  // namespace
 
+ABSL_FLAG(std::string, dataset, "pile", "document-length distribution: wlbllm, pile, redpajama");
+ABSL_FLAG(std::vector<std::string>, contexts, (std::vector<std::string>{"16384", "32768", "65536"}),
+          "tokens per batch (C), comma-separated");
+ABSL_FLAG(std::vector<std::string>, cps, (std::vector<std::string>{"2", "4"}),
+          "CP group sizes (N), comma-separated");
+ABSL_FLAG(int32_t, heads, 1, "attention heads (H), 1 to 1024");
+ABSL_FLAG(int32_t, head_dim, 128, "head dimension (D), 1 to 1024");
+ABSL_FLAG(int64_t, time_max_context, 16384,
+          "time steps only at contexts up to this; above, bytes are predicted");
+ABSL_FLAG(int64_t, seed, 1, "sampling seed, >= 0");
+
 int main(int argc, char** argv) {
   flashcp::worker::IgnoreSigpipe();  // RunThreads connects Gloo (gloo_communicator.h)
-  std::string dataset_name = "pile";
-  std::vector<int64_t> contexts = {16384, 32768, 65536}, cps = {2, 4};
-  int64_t heads = 1, head_dim = 128, time_max = 16384, seed = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--dataset") dataset_name = value;
-    else if (flag == "--contexts") contexts = Ints(value);
-    else if (flag == "--cps") cps = Ints(value);
-    else if (flag == "--heads") (void)absl::SimpleAtoi(value, &heads);
-    else if (flag == "--head-dim") (void)absl::SimpleAtoi(value, &head_dim);
-    else if (flag == "--time-max-context") (void)absl::SimpleAtoi(value, &time_max);
-    else if (flag == "--seed") (void)absl::SimpleAtoi(value, &seed);
-    else {
-      std::fprintf(stderr, "engine_step_bench: unknown flag %s\n", flag.c_str());
-      return 2;
-    }
+  const std::optional<std::vector<char*>> parsed = core::ParseFlags(
+      argc, argv,
+      "Usage: engine_step_bench [--flag=value ...]\n\nPer-step time and bytes of the CPU "
+      "engine per strategy and scheme (docs/benchmarks.md).",
+      std::cout);
+  if (!parsed.has_value()) return 0;  // --help
+  if (parsed->size() > 1) {
+    std::fprintf(stderr, "engine_step_bench: unexpected argument \"%s\"\n", (*parsed)[1]);
+    return 2;
   }
-  absl::StatusOr<core::Dataset> dataset = core::ParseDataset(dataset_name);
+  absl::StatusOr<std::vector<int64_t>> contexts_or =
+      Ints("contexts", absl::GetFlag(FLAGS_contexts), 1, core::kMaxTokens);
+  absl::StatusOr<std::vector<int64_t>> cps_or =
+      Ints("cps", absl::GetFlag(FLAGS_cps), 1, core::kMaxCpSize);
+  const int64_t heads = absl::GetFlag(FLAGS_heads), head_dim = absl::GetFlag(FLAGS_head_dim);
+  const int64_t time_max = absl::GetFlag(FLAGS_time_max_context);
+  const int64_t seed = absl::GetFlag(FLAGS_seed);
+  absl::Status bad;
+  if (!contexts_or.ok()) bad = contexts_or.status();
+  else if (!cps_or.ok()) bad = cps_or.status();
+  else if (heads < 1 || heads > 1024) bad = absl::InvalidArgumentError(absl::StrCat("--heads: must be in [1, 1024], got ", heads));
+  else if (head_dim < 1 || head_dim > 1024) bad = absl::InvalidArgumentError(absl::StrCat("--head_dim: must be in [1, 1024], got ", head_dim));
+  else if (seed < 0) bad = absl::InvalidArgumentError(absl::StrCat("--seed: must be >= 0, got ", seed));
+  if (!bad.ok()) {
+    std::fprintf(stderr, "engine_step_bench: %s\n", std::string(bad.message()).c_str());
+    return 2;
+  }
+  const std::vector<int64_t>& contexts = *contexts_or;
+  const std::vector<int64_t>& cps = *cps_or;
+  absl::StatusOr<core::Dataset> dataset = core::ParseDataset(absl::GetFlag(FLAGS_dataset));
   if (!dataset.ok()) {
     std::fprintf(stderr, "engine_step_bench: %s\n", std::string(dataset.status().message()).c_str());
     return 2;
@@ -76,11 +115,16 @@ int main(int argc, char** argv) {
     }
     const std::vector<int64_t>& lens = (*batches)[0];
     for (int64_t n : cps) {
-      for (core::Strategy strategy : core::kAllStrategies) {
+      for (core::Strategy strategy : core::AllStrategies()) {
         if (strategy == core::Strategy::kIlp) continue;  // minutes per batch at these sizes
         absl::StatusOr<core::Plan> plan =
             core::MakePlan(strategy, core::Batch{lens, static_cast<int32_t>(n)});
-        if (!plan.ok()) continue;  // Unimplemented strategies are skipped
+        if (!plan.ok()) {
+          std::fprintf(stderr, "engine_step_bench: %s N=%lld: %s\n",
+                       std::string(core::StrategyName(strategy)).c_str(),
+                       static_cast<long long>(n), std::string(plan.status().message()).c_str());
+          return 1;
+        }
         absl::StatusOr<core::PlanMetrics> m = core::AnalyzePlan(
             *plan, core::ModelShape{static_cast<int32_t>(heads), static_cast<int32_t>(head_dim), 4});
         if (!m.ok()) continue;

@@ -111,7 +111,7 @@ void BM_Plan(benchmark::State& state, Strategy strategy, const std::vector<Batch
 void RegisterAll() {
   // Pools live for the whole run; benchmarks hold pointers into this map.
   static auto* pools = new std::map<std::tuple<int, int64_t, int32_t>, std::vector<Batch>>();
-  for (Strategy strategy : kAllStrategies) {
+  for (Strategy strategy : AllStrategies()) {
     if (strategy == Strategy::kIlp) continue;
     for (Dataset dataset : kAllDatasets) {
       for (const Config& config : kConfigs) {

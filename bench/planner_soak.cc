@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -41,7 +42,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -50,6 +50,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/cli.h"
+#include "core/flags.h"
 #include "flashcp/v1/planner.grpc.pb.h"
 #include "flashcp/v1/rendezvous.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -388,7 +389,13 @@ std::string CodesJson(const std::map<std::string, int64_t>& codes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  if (!flashcp::core::ParseFlags(argc, argv,
+                                 "Usage: planner_soak [--flag=value ...]\n\nThe planner under an "
+                                 "abuse mix while a well-behaved client plans.",
+                                 std::cout)
+           .has_value()) {
+    return 0;  // --help
+  }
   std::vector<std::string> parts;
   for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_abuse), ',', absl::SkipEmpty())) {
     if (kParts.count(std::string(p)) == 0) {

@@ -248,8 +248,8 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
   }
 
   std::vector<core::SummaryAccumulator> acc;
-  for (core::Strategy s : core::kAllStrategies) acc.emplace_back(s);
-  std::vector<bool> seen(core::kNumStrategies, false);
+  for (core::Strategy s : core::AllStrategies()) acc.emplace_back(s);
+  std::vector<bool> seen(core::AllStrategies().size(), false);
 
   std::deque<std::string> pending_where;  // of requests sent, not yet answered
   int64_t item_failures = 0;
@@ -301,7 +301,7 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
   }
   if (o.summary) {
     std::vector<core::StrategySummary> rows;
-    for (core::Strategy s : core::kAllStrategies) {
+    for (core::Strategy s : core::AllStrategies()) {
       if (seen[static_cast<size_t>(s)]) rows.push_back(acc[static_cast<size_t>(s)].Finish());
     }
     out << "# flashcp-client via " << o.server << ": cp " << o.cp_size

@@ -35,7 +35,9 @@ std::string DescribePlanCall(absl::string_view method, const v1::PlanRequest& re
 
 LoggingPlannerClient::LoggingPlannerClient(std::shared_ptr<PlannerClient> inner,
                                            LoggingOptions options)
-    : inner_(std::move(inner)), options_(std::move(options)) {}
+    : inner_(std::move(inner)),
+      options_(std::move(options)),
+      clock_(options_.clock != nullptr ? *options_.clock : real_clock_) {}
 
 void LoggingPlannerClient::Log(absl::string_view line) const {
   if (options_.sink) {
@@ -47,20 +49,20 @@ void LoggingPlannerClient::Log(absl::string_view line) const {
 
 PlanResult LoggingPlannerClient::Plan(const v1::PlanRequest& request,
                                       const CallOptions& options) {
-  const absl::Time start = options_.now();
+  const absl::Time start = clock_.Now();
   PlanResult result = inner_->Plan(request, options);
-  Log(DescribePlanCall("Plan", request, result.status(), options_.now() - start));
+  Log(DescribePlanCall("Plan", request, result.status(), clock_.Now() - start));
   return result;
 }
 
 void LoggingPlannerClient::PlanAsync(const v1::PlanRequest& request, const CallOptions& options,
                                      PlanCallback done) {
-  const absl::Time start = options_.now();
+  const absl::Time start = clock_.Now();
   inner_->PlanAsync(request, options,
                     [this, start, what = DescribeRequest(request),
                      done = std::move(done)](PlanResult result) mutable {
                       Log(absl::StrCat("PlanAsync ", what, " -> ", StatusText(result.status()),
-                                       " in ", Millis(options_.now() - start)));
+                                       " in ", Millis(clock_.Now() - start)));
                       std::move(done)(std::move(result));
                     });
 }
@@ -72,18 +74,18 @@ std::unique_ptr<PlanStream> LoggingPlannerClient::OpenPlanStream(const CallOptio
 
 absl::StatusOr<v1::ListStrategiesResponse> LoggingPlannerClient::ListStrategies(
     const CallOptions& options) {
-  const absl::Time start = options_.now();
+  const absl::Time start = clock_.Now();
   auto result = inner_->ListStrategies(options);
   Log(absl::StrCat("ListStrategies -> ", StatusText(result.status()), " in ",
-                   Millis(options_.now() - start)));
+                   Millis(clock_.Now() - start)));
   return result;
 }
 
 absl::StatusOr<v1::ServerInfo> LoggingPlannerClient::GetServerInfo(const CallOptions& options) {
-  const absl::Time start = options_.now();
+  const absl::Time start = clock_.Now();
   auto result = inner_->GetServerInfo(options);
   Log(absl::StrCat("GetServerInfo -> ", StatusText(result.status()), " in ",
-                   Millis(options_.now() - start)));
+                   Millis(clock_.Now() - start)));
   return result;
 }
 

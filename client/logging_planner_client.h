@@ -11,12 +11,14 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/planner_client.h"
+#include "core/clock.h"
 
 namespace flashcp::client {
 
 struct LoggingOptions {
   std::function<void(absl::string_view line)> sink;  // empty: FLASHCP_LOG(INFO)
-  std::function<absl::Time()> now = [] { return absl::Now(); };
+  // The call timings' clock; null: the wall clock. Must outlive the decorator.
+  const core::Clock* clock = nullptr;
 };
 
 class LoggingPlannerClient final : public PlannerClient {
@@ -36,6 +38,8 @@ class LoggingPlannerClient final : public PlannerClient {
 
   std::shared_ptr<PlannerClient> inner_;
   LoggingOptions options_;
+  core::RealClock real_clock_;  // options_.clock when none was injected
+  const core::Clock& clock_;     // *options_.clock or real_clock_
 };
 
 // "Plan batch_id=3 docs=12 cp=8 strategy=ring -> OK in 0.42ms": the line the

@@ -20,18 +20,26 @@ using ::testing::ElementsAre;
 using ::testing::Return;
 
 // Each reading of the clock advances it by 250 us, so one call takes 0.250 ms.
+class TickingClock final : public core::Clock {
+ public:
+  absl::Time Now() const override {
+    now_ += absl::Microseconds(250);
+    return now_;
+  }
+
+ private:
+  mutable absl::Time now_ = absl::FromUnixSeconds(0);
+};
+
 struct Fixture {
   std::shared_ptr<MockPlannerClient> mock = std::make_shared<MockPlannerClient>();
   std::vector<std::string> lines;
-  absl::Time now = absl::FromUnixSeconds(0);
+  TickingClock clock;
   LoggingPlannerClient client{mock, LoggingOptions{
                                         .sink = [this](absl::string_view l) {
                                           lines.emplace_back(l);
                                         },
-                                        .now = [this] {
-                                          now += absl::Microseconds(250);
-                                          return now;
-                                        }}};
+                                        .clock = &clock}};
 };
 
 v1::PlanRequest Request() {

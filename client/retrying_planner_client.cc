@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/backoff.h"
 
 namespace flashcp::client {
 namespace {
@@ -76,14 +77,16 @@ class DelayThread {
 }  // namespace internal
 
 absl::Duration RetryBackoff(const RetryPolicy& policy, int attempt) {
-  const double factor = std::pow(std::max(policy.backoff_multiplier, 1.0), attempt - 1);
-  const absl::Duration backoff = policy.initial_backoff * factor;
-  return std::min(backoff, policy.max_backoff);
+  return core::BackoffDelay(
+      {policy.initial_backoff, policy.max_backoff, policy.backoff_multiplier}, attempt);
 }
 
 RetryingPlannerClient::RetryingPlannerClient(std::shared_ptr<PlannerClient> inner,
                                              RetryPolicy policy, RetryClock clock)
-    : inner_(std::move(inner)), policy_(policy), clock_(std::move(clock)) {}
+    : inner_(std::move(inner)),
+      policy_(policy),
+      clock_(std::move(clock)),
+      time_(clock_.clock != nullptr ? *clock_.clock : real_clock_) {}
 
 RetryingPlannerClient::~RetryingPlannerClient() = default;
 
@@ -99,17 +102,17 @@ void RetryingPlannerClient::RunAfter(absl::Duration delay, absl::AnyInvocable<vo
 
 template <typename T, typename Call>
 absl::StatusOr<T> RetryingPlannerClient::Retry(const CallOptions& options, Call call) {
-  const absl::Time deadline = clock_.now() + policy_.total_timeout;
+  const absl::Time deadline = time_.Now() + policy_.total_timeout;
   for (int attempt = 1;; ++attempt) {
     CallOptions attempt_options = options;
-    attempt_options.timeout = std::min(options.timeout, deadline - clock_.now());
+    attempt_options.timeout = std::min(options.timeout, deadline - time_.Now());
     absl::StatusOr<T> result = call(attempt_options);
     if (result.ok() || !Retryable(result.status())) return result;
     const absl::Duration backoff = RetryBackoff(policy_, attempt);
-    if (attempt >= policy_.max_attempts || clock_.now() + backoff >= deadline) {
+    if (attempt >= policy_.max_attempts || time_.Now() + backoff >= deadline) {
       return Exhausted(result.status(), attempt);
     }
-    clock_.sleep(backoff);
+    time_.SleepFor(backoff);
   }
 }
 
@@ -133,14 +136,14 @@ absl::StatusOr<v1::ServerInfo> RetryingPlannerClient::GetServerInfo(const CallOp
 void RetryingPlannerClient::PlanAsync(const v1::PlanRequest& request, const CallOptions& options,
                                       PlanCallback done) {
   AsyncAttempt(std::make_shared<const v1::PlanRequest>(request), options,
-               clock_.now() + policy_.total_timeout, 1, std::move(done));
+               time_.Now() + policy_.total_timeout, 1, std::move(done));
 }
 
 void RetryingPlannerClient::AsyncAttempt(std::shared_ptr<const v1::PlanRequest> request,
                                          CallOptions options, absl::Time deadline, int attempt,
                                          PlanCallback done) {
   CallOptions attempt_options = options;
-  attempt_options.timeout = std::min(options.timeout, deadline - clock_.now());
+  attempt_options.timeout = std::min(options.timeout, deadline - time_.Now());
   const v1::PlanRequest& request_ref = *request;
   inner_->PlanAsync(
       request_ref, attempt_options,
@@ -151,7 +154,7 @@ void RetryingPlannerClient::AsyncAttempt(std::shared_ptr<const v1::PlanRequest> 
           return;
         }
         const absl::Duration backoff = RetryBackoff(policy_, attempt);
-        if (attempt >= policy_.max_attempts || clock_.now() + backoff >= deadline) {
+        if (attempt >= policy_.max_attempts || time_.Now() + backoff >= deadline) {
           std::move(done)(Exhausted(result.status(), attempt));
           return;
         }

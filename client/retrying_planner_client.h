@@ -18,9 +18,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/planner_client.h"
+#include "core/clock.h"
 
 namespace flashcp::client {
 namespace internal {
@@ -39,9 +39,9 @@ struct RetryPolicy {
 
 // The clock the decorator reads and the waits it does between attempts.
 struct RetryClock {
-  std::function<absl::Time()> now = [] { return absl::Now(); };
-  // The blocking calls' wait, in the calling thread.
-  std::function<void(absl::Duration)> sleep = [](absl::Duration d) { absl::SleepFor(d); };
+  // Now, and the blocking calls' wait (SleepFor, in the calling thread). Null:
+  // the wall clock (core::RealClock). Must outlive the decorator.
+  const core::WaitClock* clock = nullptr;
   // PlanAsync's wait: runs `task` once, after `delay`, on a thread of its own,
   // so that the inner client's callback thread (gRPC's) never blocks. Null:
   // the decorator's own timer thread, started on the first async retry.
@@ -84,6 +84,8 @@ class RetryingPlannerClient final : public PlannerClient {
   std::shared_ptr<PlannerClient> inner_;
   RetryPolicy policy_;
   RetryClock clock_;
+  core::RealClock real_clock_;  // clock_.clock when none was injected
+  const core::WaitClock& time_;  // *clock_.clock or real_clock_
   absl::Mutex timer_mu_;
   // clock_.run_after when none was injected; made on first use. Declared
   // last: destroyed (its thread joined) while the rest is still alive.

@@ -26,21 +26,31 @@ using ::testing::Return;
 
 // Time moves only when the decorator waits: a blocking sleep, or an async
 // retry's run_after (which then runs the task at once, on the caller's stack).
-struct FakeClock {
-  absl::Time now = absl::FromUnixSeconds(1000);
-  std::vector<absl::Duration> sleeps;
+// With sleep_fails, a blocking sleep is a test failure.
+class FakeClock final : public core::WaitClock {
+ public:
+  absl::Time Now() const override { return now; }
+  void SleepFor(absl::Duration d) const override {
+    if (sleep_fails) ADD_FAILURE() << "slept " << d;
+    sleeps.push_back(d);
+    now += d;
+  }
+  bool AwaitWithDeadline(absl::Mutex& mu, const absl::Condition& cond,
+                         absl::Time deadline) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ADD_FAILURE() << "the decorator does not wait on a condition";
+    return cond.Eval();
+  }
   RetryClock AsRetryClock() {
-    return {.now = [this] { return now; },
-            .sleep = [this](absl::Duration d) {
-              sleeps.push_back(d);
-              now += d;
-            },
-            .run_after = [this](absl::Duration d, absl::AnyInvocable<void() &&> task) {
+    return {.clock = this, .run_after = [this](absl::Duration d, absl::AnyInvocable<void() &&> task) {
               sleeps.push_back(d);
               now += d;
               std::move(task)();
             }};
   }
+
+  mutable absl::Time now = absl::FromUnixSeconds(1000);
+  mutable std::vector<absl::Duration> sleeps;
+  bool sleep_fails = false;
 };
 
 v1::PlanResponse Response(uint64_t batch_id) {
@@ -201,8 +211,8 @@ TEST(RetryingPlannerClientTest, PlanAsyncBackoffDoesNotBlockTheCallbackThread) {
   auto mock = std::make_shared<MockPlannerClient>();
   FakeClock clock;
   std::vector<std::pair<absl::Duration, absl::AnyInvocable<void() &&>>> timers;
+  clock.sleep_fails = true;
   RetryClock retry_clock = clock.AsRetryClock();
-  retry_clock.sleep = [](absl::Duration d) { ADD_FAILURE() << "slept " << d; };
   retry_clock.run_after = [&](absl::Duration d, absl::AnyInvocable<void() &&> task) {
     timers.emplace_back(d, std::move(task));  // runs when the test says so
   };

@@ -132,7 +132,7 @@ TEST(MagiTest, NearEqualChunksAlwaysMeetTheTargets) {
 }
 
 TEST(StrategyNameTest, RoundTripsAndRejectsUnknown) {
-  for (Strategy s : kAllStrategies) {
+  for (Strategy s : AllStrategies()) {
     absl::StatusOr<Strategy> parsed = ParseStrategy(StrategyName(s));
     ASSERT_THAT(parsed, IsOk());
     EXPECT_EQ(*parsed, s);

@@ -64,8 +64,8 @@ absl::StatusOr<std::vector<Strategy>> ParseStrategyList(absl::string_view value,
   if (value == "all") {
     *all = true;
     std::vector<Strategy> out;
-    for (Strategy s : kAllStrategies) {
-      if (s != Strategy::kIlp) out.push_back(s);
+    for (Strategy s : AllStrategies()) {
+      if (InAllList(s)) out.push_back(s);
     }
     return out;
   }
@@ -74,9 +74,8 @@ absl::StatusOr<std::vector<Strategy>> ParseStrategyList(absl::string_view value,
     absl::StatusOr<Strategy> s = ParseStrategy(name);
     if (!s.ok()) {
       return FlagError("strategy",
-                       absl::StrCat("unknown strategy ", Echo(name),
-                                    " (all, llama3, per_doc, ring, zigzag, whole_doc, "
-                                    "flashcp_paper, flashcp, ilp, magi, or a comma-separated list)"));
+                       absl::StrCat("unknown strategy ", Echo(name), " (all, ", StrategyNames(),
+                                    ", or a comma-separated list)"));
     }
     if (std::find(out.begin(), out.end(), *s) == out.end()) out.push_back(*s);
   }
@@ -272,9 +271,9 @@ Batches come from exactly one of:
 
 Flags:
   --cp N               ranks in the CP group (default 8)
-  --strategy NAME      llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper,
-                       flashcp, ilp, magi, a comma-separated list, or all (every one but
-                       ilp, which is slow). Default flashcp; all with --summary
+  --strategy NAME      )" + StrategyNames() + R"(,
+                       a comma-separated list, or all (every one but ilp, which is
+                       slow). Default flashcp; all with --summary
   --target-imbalance R target imbalance ratio for flashcp and flashcp_paper (default 1.02)
   --min-shard-tokens M flashcp's minimum cut shard, tokens. Best effort, below the
                        imbalance target R: flashcp avoids cut shards shorter than M
@@ -449,7 +448,7 @@ absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args) {
   absl::StatusOr<std::vector<Strategy>> strategies = ParseStrategyList(strategy_value, &all);
   if (!strategies.ok()) return strategies.status();
   o.strategies = *std::move(strategies);
-  o.skip_unimplemented = all;
+  o.from_all = all;
   if (absl::Status s = ValidateModelShape(o.shape); !s.ok()) return s;
   return o;
 }
@@ -535,13 +534,15 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
     err << kPrefix << s.message() << "\n";
     return kExitBadInput;
   }
-  if (options.summary && options.skip_unimplemented) {
-    err << kPrefix << "note: ilp left out of \"all\" (it is slow); ask for it with --strategy ilp\n";
+  if (options.summary && options.from_all) {
+    for (Strategy s : AllStrategies()) {
+      if (InAllList(s)) continue;
+      err << kPrefix << "note: " << StrategyName(s) << " left out of \"all\" (it is slow); ask for it with --strategy " << StrategyName(s) << "\n";
+    }
   }
 
-  std::vector<Strategy> active = options.strategies;
   std::vector<SummaryAccumulator> acc;
-  for (Strategy s : kAllStrategies) acc.emplace_back(s);
+  for (Strategy s : AllStrategies()) acc.emplace_back(s);
 
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
@@ -563,20 +564,12 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
       err << kPrefix << where << ": " << s.message() << "\n";
       return kExitBadInput;
     }
-    for (size_t i = 0; i < active.size();) {
-      const Strategy strategy = active[i];
+    for (const Strategy strategy : options.strategies) {
       PlanInfo info;
       const Clock::time_point t0 = Clock::now();
       absl::StatusOr<Plan> plan = MakePlan(strategy, batch, options.plan, &info);
       const double ms = Ms(Clock::now() - t0);
       if (!plan.ok()) {
-        if (plan.status().code() == absl::StatusCode::kUnimplemented &&
-            (options.skip_unimplemented || options.summary)) {
-          err << kPrefix << "note: skipping " << StrategyName(strategy) << ": "
-              << plan.status().message() << "\n";
-          active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
-          continue;
-        }
         err << kPrefix << where << ": " << StrategyName(strategy) << ": "
             << plan.status().message() << "\n";
         return kExitBadInput;
@@ -600,7 +593,6 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
                            .ilp = strategy == Strategy::kIlp ? &info : nullptr})
             << "\n";
       }
-      ++i;
     }
     if (!options.summary) out.flush();
     ++done;
@@ -615,7 +607,7 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
 
   if (options.summary) {
     std::vector<StrategySummary> rows;
-    for (Strategy s : active) rows.push_back(acc[static_cast<size_t>(s)].Finish());
+    for (Strategy s : options.strategies) rows.push_back(acc[static_cast<size_t>(s)].Finish());
     out << SummaryHeader(options) << FormatSummaryTable(rows);
     if (done == 0) err << kPrefix << "note: no batches in the input\n";
   }

@@ -29,9 +29,9 @@ struct CliOptions {
   // Strategies to run, in output order. Empty until resolved by ParseCliArgs:
   // the default is flashcp, or every strategy but ilp with --summary.
   std::vector<Strategy> strategies;
-  // True when the list came from "all" or the --summary default: a strategy
-  // that returns Unimplemented is then skipped with a note, not an error.
-  bool skip_unimplemented = false;
+  // True when the list came from "all" or the --summary default: RunCli then
+  // notes which strategies "all" leaves out (InAllList).
+  bool from_all = false;
   PlanOptions plan;
   ModelShape shape;
 

@@ -27,7 +27,7 @@ TEST(ParseCliArgsTest, Defaults) {
   ASSERT_THAT(o, IsOk());
   EXPECT_EQ(o->cp_size, 8);
   EXPECT_THAT(o->strategies, ElementsAre(Strategy::kFlashCp));
-  EXPECT_FALSE(o->skip_unimplemented);
+  EXPECT_FALSE(o->from_all);
   EXPECT_FALSE(o->summary);
   EXPECT_TRUE(o->batches_text.empty());
   EXPECT_EQ(o->input_path, "");
@@ -45,7 +45,7 @@ TEST(ParseCliArgsTest, EveryFlagBothSyntaxes) {
   ASSERT_THAT(o, IsOk());
   EXPECT_EQ(o->cp_size, 4);
   EXPECT_THAT(o->strategies, ElementsAre(Strategy::kRing, Strategy::kFlashCp));
-  EXPECT_FALSE(o->skip_unimplemented);
+  EXPECT_FALSE(o->from_all);
   EXPECT_DOUBLE_EQ(o->plan.target_imbalance, 1.05);
   EXPECT_EQ(o->dataset, Dataset::kWlbLlm);
   EXPECT_EQ(o->context, 4096);
@@ -68,7 +68,7 @@ TEST(ParseCliArgsTest, SummaryDefaultsToAllButIlp) {
               ElementsAre(Strategy::kLlama3, Strategy::kPerDoc, Strategy::kRing, Strategy::kZigzag,
                           Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp,
                           Strategy::kMagi));
-  EXPECT_TRUE(o->skip_unimplemented);
+  EXPECT_TRUE(o->from_all);
 }
 
 TEST(ParseCliArgsTest, PositionalLengthsAreOneBatchDocsAreOneEach) {

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "core/random.h"
 #include "core/types.h"
 
 namespace flashcp::core {
@@ -93,13 +94,6 @@ constexpr int64_t kMaxCount = 1'000'000;
 // standard libraries) and no libm exp/log (not correctly rounded, so they may
 // differ by an ulp between libm versions). This assumes the compiler does not
 // contract a*b+c into a fused multiply-add (x86-64 builds without -mfma never do).
-
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
 
 uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 

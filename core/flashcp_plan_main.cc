@@ -6,6 +6,9 @@
 #include <vector>
 
 #include "core/cli.h"
+#ifdef FLASHCP_HAVE_ILP  // FLASHCP_BUILD_ILP (CMake): --strategy ilp
+#include "core/ilp/ilp.h"
+#endif
 
 int main(int argc, char** argv) {
   std::ios::sync_with_stdio(false);
@@ -16,5 +19,8 @@ int main(int argc, char** argv) {
               << "\nRun 'flashcp-plan --help' for usage.\n";
     return flashcp::core::kExitUsage;
   }
+#ifdef FLASHCP_HAVE_ILP
+  options->plan.ilp.solver = flashcp::core::ilp::Solve;
+#endif
   return flashcp::core::RunCli(*options, std::cin, std::cout, std::cerr);
 }

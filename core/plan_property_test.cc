@@ -14,6 +14,7 @@
 
 #include "absl/numeric/int128.h"
 #include "core/analysis.h"
+#include "core/random.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -24,17 +25,12 @@ namespace {
 
 using ::flashcp::core::testing::IsOk;
 
-// splitmix64: a tiny PRNG with the same output on every platform.
+// The project's splitmix64 stream, with a log-uniform draw.
 class Rng {
  public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  }
-  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  explicit Rng(uint64_t seed) : rng_(seed) {}
+  uint64_t Next() { return rng_.Next(); }
+  double Uniform() { return rng_.Uniform(); }  // [0, 1)
   // Log-uniform integer in [lo, hi]: small values common, large ones present.
   int64_t LogUniform(int64_t lo, int64_t hi) {
     const double x = std::exp(std::log(static_cast<double>(lo)) +
@@ -44,7 +40,7 @@ class Rng {
   }
 
  private:
-  uint64_t state_;
+  SplitMix64Rng rng_;
 };
 
 constexpr ModelShape kShape{8, 128, 2};  // 2048 bytes per token of K (or V)
@@ -247,7 +243,7 @@ void CheckMinShard(const Batch& batch, const Plan& plan, int64_t m) {
 }
 
 void CheckAllStrategies(const Batch& batch, const std::string& where) {
-  for (Strategy s : kAllStrategies) {
+  for (Strategy s : AllStrategies()) {
     if (s == Strategy::kIlp) continue;
     absl::StatusOr<Plan> plan = MakePlan(s, batch);
     ASSERT_THAT(plan, IsOk()) << where << " " << StrategyName(s);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/analysis.h"
+#include "core/ilp/ilp.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
 #include "core/types.h"
@@ -77,6 +78,7 @@ TEST(StopTokenTest, IlpStopsInsideCbcAndItsTimeBudgetEndsTheSearchWithAPlan) {
   for (int64_t from : {1, 2, 5}) {
     CountingStop stop{from};
     PlanOptions o;
+    o.ilp.solver = ilp::Solve;
     o.stop = stop.Token();
     EXPECT_EQ(MakePlan(Strategy::kIlp, batch, o).status(), absl::CancelledError("stopped"))
         << from;
@@ -85,6 +87,7 @@ TEST(StopTokenTest, IlpStopsInsideCbcAndItsTimeBudgetEndsTheSearchWithAPlan) {
   // plan, though its own 1,000 s limit is far off.
   int calls = 0;
   PlanOptions o;
+  o.ilp.solver = ilp::Solve;
   o.ilp.time_limit_seconds = 1000;
   o.ilp.seconds_left = [&calls] {
     ++calls;
@@ -105,7 +108,7 @@ TEST(MaxPlanShardsTest, BoundsRealPlansOnRandomBatches) {
   std::mt19937_64 rng(2026);
   for (int i = 0; i < 150; ++i) {
     const Batch batch = RandomBatch(rng, 300, 64);
-    for (Strategy s : kAllStrategies) {
+    for (Strategy s : AllStrategies()) {
       if (s == Strategy::kIlp) continue;  // below, on batches it accepts
       absl::StatusOr<Plan> plan = MakePlan(s, batch);
       ASSERT_THAT(plan, IsOk());
@@ -117,6 +120,7 @@ TEST(MaxPlanShardsTest, BoundsRealPlansOnRandomBatches) {
   for (int i = 0; i < 20; ++i) {
     const Batch batch = RandomBatch(rng, 8, 4);
     PlanOptions o;
+    o.ilp.solver = ilp::Solve;
     o.ilp.time_limit_seconds = 0.2;
     absl::StatusOr<Plan> plan = MakePlan(Strategy::kIlp, batch, o);
     if (!plan.ok()) continue;  // a model above the ILP's size limit

@@ -1,6 +1,8 @@
 #include "core/strategies.h"
 
 #include <algorithm>
+#include <array>
+#include <iterator>
 #include <cmath>
 #include <vector>
 
@@ -13,67 +15,148 @@
 
 namespace flashcp::core {
 
-absl::string_view StrategyName(Strategy strategy) {
-  switch (strategy) {
-    case Strategy::kLlama3:
-      return "llama3";
-    case Strategy::kPerDoc:
-      return "per_doc";
-    case Strategy::kRing:
-      return "ring";
-    case Strategy::kZigzag:
-      return "zigzag";
-    case Strategy::kWholeDoc:
-      return "whole_doc";
-    case Strategy::kFlashCpPaper:
-      return "flashcp_paper";
-    case Strategy::kFlashCp:
-      return "flashcp";
-    case Strategy::kIlp:
-      return "ilp";
-    case Strategy::kMagi:
-      return "magi";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
-  for (Strategy s : kAllStrategies) {
-    if (StrategyName(s) == name) return s;
-  }
-  std::vector<absl::string_view> names;
-  for (Strategy s : kAllStrategies) names.push_back(StrategyName(s));
-  return absl::InvalidArgumentError(absl::StrCat("strategy: unknown strategy ", Echo(name), " (",
-                                                 absl::StrJoin(names, ", "), ")"));
-}
-
 namespace {
 
-absl::StatusOr<Plan> PlanWith(Strategy strategy, const Batch& batch, const PlanOptions& options,
-                              PlanInfo* info) {
-  switch (strategy) {
-    case Strategy::kLlama3:
-      return internal::PlanLlama3(batch);
-    case Strategy::kPerDoc:
-    case Strategy::kZigzag:
-      return internal::PlanPerDoc(batch);
-    case Strategy::kRing:
-      return internal::PlanRing(batch);
-    case Strategy::kWholeDoc:
-      return internal::PlanWholeDoc(batch);
-    case Strategy::kFlashCpPaper:
-      return internal::PlanFlashCpPaper(batch, options.target_imbalance);
-    case Strategy::kFlashCp:
-      return internal::PlanFlashCp(batch, options);
-    case Strategy::kIlp:
-      return internal::PlanIlp(batch, options.ilp, options.stop, info);
-    case Strategy::kMagi:
-      return internal::PlanMagi(batch);
+using PlanFn = absl::StatusOr<Plan> (*)(const Batch& batch, const PlanOptions& options,
+                                        PlanInfo* info);
+// The bound MaxPlanShards states for the strategy, from n documents, N ranks
+// and P = sum_d min(len_d, 2N).
+using ShardBoundFn = int64_t (*)(int64_t n, int64_t ranks, int64_t per_doc);
+
+struct StrategyRow {
+  Strategy id;
+  absl::string_view name;
+  absl::string_view description;
+  bool in_all;
+  PlanFn plan;
+  ShardBoundFn max_shards;
+};
+
+// The registry: one row per strategy, in id order (checked below).
+constexpr StrategyRow kStrategyTable[] = {
+    {Strategy::kLlama3, "llama3",
+     "Llama3 CP: the packed sequence in 2N chunks, chunks k and 2N-1-k to rank k", true,
+     [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
+       return internal::PlanLlama3(b);
+     },
+     // Each chunk boundary cuts one document once.
+     [](int64_t n, int64_t ranks, int64_t) { return n + 2 * ranks - 1; }},
+    {Strategy::kPerDoc, "per_doc", "Per-Doc CP (WLB-LLM): every document in 2N chunks, zigzag",
+     true,
+     [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
+       return internal::PlanPerDoc(b);
+     },
+     [](int64_t, int64_t, int64_t per_doc) { return per_doc; }},
+    {Strategy::kRing, "ring", "Ring-Attn: the packed sequence in N contiguous chunks", true,
+     [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
+       return internal::PlanRing(b);
+     },
+     [](int64_t n, int64_t ranks, int64_t) { return n + ranks - 1; }},
+    {Strategy::kZigzag, "zigzag", "Ring-Attn zigzag: every document in 2N chunks, zigzag", true,
+     [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
+       return internal::PlanPerDoc(b);  // the same sharding as per_doc
+     },
+     [](int64_t, int64_t, int64_t per_doc) { return per_doc; }},
+    {Strategy::kWholeDoc, "whole_doc",
+     "Whole-Doc: documents kept whole, placed by workload, cut only to equalize tokens", true,
+     [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
+       return internal::PlanWholeDoc(b);
+     },
+     // One cut per rank boundary.
+     [](int64_t n, int64_t ranks, int64_t) { return n + ranks - 1; }},
+    {Strategy::kFlashCpPaper, "flashcp_paper",
+     "FlashCP as the paper's Algorithm 1 states it, to target_imbalance", true,
+     [](const Batch& b, const PlanOptions& o, PlanInfo*) -> absl::StatusOr<Plan> {
+       return internal::PlanFlashCpPaper(b, o.target_imbalance);
+     },
+     // Per-Doc pieces of some documents, Whole-Doc for the rest.
+     [](int64_t, int64_t ranks, int64_t per_doc) { return per_doc + ranks; }},
+    {Strategy::kFlashCp, "flashcp",
+     "FlashCP: Whole-Doc plus Per-Doc for the documents that stop balance, to "
+     "target_imbalance",
+     true,
+     [](const Batch& b, const PlanOptions& o, PlanInfo*) -> absl::StatusOr<Plan> {
+       return internal::PlanFlashCp(b, o);
+     },
+     [](int64_t, int64_t ranks, int64_t per_doc) { return per_doc + ranks; }},
+    {Strategy::kIlp, "ilp", "Exact MILP at a fixed granularity (CBC); small batches only",
+     /*in_all=*/false,  // slow
+     [](const Batch& b, const PlanOptions& o, PlanInfo* info) -> absl::StatusOr<Plan> {
+       if (o.ilp.solver == nullptr) {
+         return absl::FailedPreconditionError(
+             "strategy: ilp needs the ILP solver: build with FLASHCP_BUILD_ILP, link flashcp_ilp "
+             "(core/ilp/ilp.h) and set PlanOptions.ilp.solver = core::ilp::Solve");
+       }
+       return o.ilp.solver(b, o.ilp, o.stop, info);
+     },
+     // One of the others' plans or one at a coarser grid.
+     [](int64_t, int64_t ranks, int64_t per_doc) { return per_doc + ranks; }},
+    {Strategy::kMagi, "magi",
+     "MagiAttention's default dispatch: the packed sequence in chunks of ceil(C / 8N), "
+     "dealt by a min-heap on causal area, equal chunks per rank",
+     true,
+     [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
+       return internal::PlanMagi(b);
+     },
+     // At most 16 chunks a rank (the chunk is at least half of ceil(C/8N));
+     // each chunk boundary splits at most one document.
+     [](int64_t n, int64_t ranks, int64_t) { return n + 16 * ranks - 1; }},
+};
+constexpr size_t kNumStrategies = std::size(kStrategyTable);
+
+constexpr bool TableInIdOrder() {
+  for (size_t i = 0; i < kNumStrategies; ++i) {
+    if (static_cast<size_t>(kStrategyTable[i].id) != i) return false;
   }
-  return absl::InvalidArgumentError("strategy: unknown strategy");
+  return true;
+}
+static_assert(TableInIdOrder(), "kStrategyTable: row i must be Strategy(i)");
+
+constexpr std::array<Strategy, kNumStrategies> kIds = [] {
+  std::array<Strategy, kNumStrategies> ids{};
+  for (size_t i = 0; i < kNumStrategies; ++i) ids[i] = kStrategyTable[i].id;
+  return ids;
+}();
+
+// The row of `strategy`; an id outside the table (a cast from a bad
+// integer) is a programming error, caught here rather than read past the end.
+const StrategyRow* Row(Strategy strategy) {
+  const size_t i = static_cast<size_t>(strategy);
+  return i < kNumStrategies ? &kStrategyTable[i] : nullptr;
 }
 
 }  // namespace
+
+absl::Span<const Strategy> AllStrategies() { return kIds; }
+
+absl::string_view StrategyName(Strategy strategy) {
+  const StrategyRow* row = Row(strategy);
+  return row != nullptr ? row->name : "unknown";
+}
+
+absl::string_view StrategyDescription(Strategy strategy) {
+  const StrategyRow* row = Row(strategy);
+  return row != nullptr ? row->description : "";
+}
+
+bool InAllList(Strategy strategy) {
+  const StrategyRow* row = Row(strategy);
+  return row != nullptr && row->in_all;
+}
+
+std::string StrategyNames() {
+  std::vector<absl::string_view> names;
+  for (const StrategyRow& row : kStrategyTable) names.push_back(row.name);
+  return absl::StrJoin(names, ", ");
+}
+
+absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
+  for (const StrategyRow& row : kStrategyTable) {
+    if (row.name == name) return row.id;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("strategy: unknown strategy ", Echo(name), " (", StrategyNames(), ")"));
+}
 
 absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanOptions& options,
                               PlanInfo* info) {
@@ -88,7 +171,12 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
   }
   FLASHCP_RETURN_IF_ERROR(ValidateRanksPerNode(options.ranks_per_node));
   FLASHCP_RETURN_IF_ERROR(options.stop.Check());
-  absl::StatusOr<Plan> plan = PlanWith(strategy, batch, options, info);
+  const StrategyRow* row = Row(strategy);
+  if (row == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("strategy: unknown strategy id ", static_cast<int>(strategy)));
+  }
+  absl::StatusOr<Plan> plan = row->plan(batch, options, info);
   // A stop that came while a short planner ran: the caller no longer wants it.
   if (plan.ok()) FLASHCP_RETURN_IF_ERROR(options.stop.Check());
   return plan;
@@ -99,29 +187,8 @@ int64_t MaxPlanShards(Strategy strategy, const Batch& batch) {
   const int64_t ranks = batch.cp_size;
   int64_t per_doc = 0;  // P
   for (int64_t len : batch.doc_lens) per_doc += std::min(len, 2 * ranks);
-  int64_t bound = per_doc + ranks;
-  switch (strategy) {
-    case Strategy::kRing:
-    case Strategy::kWholeDoc:
-      bound = n + ranks - 1;
-      break;
-    case Strategy::kLlama3:
-      bound = n + 2 * ranks - 1;
-      break;
-    case Strategy::kMagi:
-      // At most 16 chunks a rank (the chunk is at least half of ceil(C/8N));
-      // each chunk boundary splits at most one document.
-      bound = n + 16 * ranks - 1;
-      break;
-    case Strategy::kPerDoc:
-    case Strategy::kZigzag:
-      bound = per_doc;
-      break;
-    case Strategy::kFlashCpPaper:
-    case Strategy::kFlashCp:
-    case Strategy::kIlp:
-      break;
-  }
+  const StrategyRow* row = Row(strategy);
+  const int64_t bound = row != nullptr ? row->max_shards(n, ranks, per_doc) : per_doc + ranks;
   return std::min(bound, TotalTokens(batch.doc_lens));
 }
 

@@ -3,17 +3,21 @@
 #ifndef FLASHCP_CORE_STRATEGIES_H_
 #define FLASHCP_CORE_STRATEGIES_H_
 
-#include <array>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "core/types.h"
 
 namespace flashcp::core {
 
+// Ids of the strategies in the registry table (strategies.cc, one row each:
+// name, description, planner, shard bound). Adding a strategy: its planner's
+// file, an id here and its row in the table.
 enum class Strategy {
   kLlama3 = 0,       // packed sequence in 2N chunks; chunks k and 2N-1-k to rank k
   kPerDoc = 1,       // every document in 2N chunks, same zigzag (WLB-LLM)
@@ -25,17 +29,21 @@ enum class Strategy {
   kIlp = 7,          // exact MILP at a fixed granularity (CBC), small batches only
   kMagi = 8,         // MagiAttention's default dispatch: equal chunks by min-heap on causal area
 };
-inline constexpr int kNumStrategies = 9;
-// In enum order: kAllStrategies[i] == Strategy(i).
-inline constexpr std::array<Strategy, kNumStrategies> kAllStrategies = {
-    Strategy::kLlama3,   Strategy::kPerDoc,       Strategy::kRing,    Strategy::kZigzag,
-    Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp, Strategy::kIlp,
-    Strategy::kMagi};
 
-// "llama3", "per_doc", "ring", "zigzag", "whole_doc", "flashcp_paper", "flashcp", "ilp",
-// "magi".
+// Every strategy in id order: AllStrategies()[i] == Strategy(i).
+absl::Span<const Strategy> AllStrategies();
+
+// The registry row's name ("llama3", "per_doc", ...: the wire and command-line
+// spelling) and one-line description.
 absl::string_view StrategyName(Strategy strategy);
+absl::string_view StrategyDescription(Strategy strategy);
+// False for a strategy too slow for "every strategy" lists (the CLI's "all"):
+// the ILP.
+bool InAllList(Strategy strategy);
+// InvalidArgument "strategy: unknown strategy NAME (llama3, per_doc, ...)".
 absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);
+// The names in id order, joined with ", ".
+std::string StrategyNames();
 
 // A cooperative stop for long plans: the planners ask it between steps
 // (flashcp's candidates and fallbacks, the ILP's setup and CBC's nodes). Core
@@ -54,7 +62,16 @@ class StopToken {
   std::function<absl::Status()> check_;
 };
 
+struct IlpOptions;
+struct PlanInfo;
+// The ILP planner MakePlan calls for Strategy::kIlp: core::ilp::Solve
+// (core/ilp/ilp.h, the one target that links CBC).
+using IlpSolver = absl::StatusOr<Plan> (*)(const Batch& batch, const IlpOptions& options,
+                                           const StopToken& stop, PlanInfo* info);
+
 struct IlpOptions {
+  // Null: MakePlan(kIlp) is FailedPrecondition saying how to link the ILP.
+  IlpSolver solver = nullptr;
   int64_t granularity = 0;        // tokens per block; 0 picks C / (16 N) rounded up
   double time_limit_seconds = 10; // CBC wall-clock limit
   double comm_weight = 0.0;       // objective: max workload + weight * max nonlast tokens; 0 picks a default

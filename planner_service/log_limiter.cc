@@ -8,7 +8,7 @@
 
 namespace flashcp::planner_service {
 
-LogLimiter::LogLimiter(int max_lines, absl::Duration window, const Clock* clock)
+LogLimiter::LogLimiter(int max_lines, absl::Duration window, const core::Clock* clock)
     : max_lines_(max_lines), window_(window), clock_(clock) {}
 
 bool LogLimiter::Allow(int64_t* suppressed) {

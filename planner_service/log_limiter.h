@@ -9,7 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "planner_service/clock.h"
+#include "core/clock.h"
 
 namespace flashcp::planner_service {
 
@@ -18,7 +18,7 @@ namespace flashcp::planner_service {
 class LogLimiter {
  public:
   // `clock` must outlive the limiter; max_lines >= 1, window > 0.
-  LogLimiter(int max_lines, absl::Duration window, const Clock* clock);
+  LogLimiter(int max_lines, absl::Duration window, const core::Clock* clock);
 
   // Whether to write a line now. When it is, *suppressed is the number of
   // lines refused since the last one let through (0 if none).
@@ -27,7 +27,7 @@ class LogLimiter {
  private:
   const int max_lines_;
   const absl::Duration window_;
-  const Clock* const clock_;
+  const core::Clock* const clock_;
   absl::Mutex mu_;
   absl::Time window_start_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int in_window_ ABSL_GUARDED_BY(mu_) = 0;

@@ -4,7 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "planner_service/clock.h"
+#include "core/clock.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -30,7 +30,7 @@ Verdict Ask(LogLimiter& limiter) {
 }
 
 TEST(LogLimiterTest, LetsMaxLinesThroughPerWindowAndCountsTheRest) {
-  ManualClock clock;
+  core::ManualClock clock;
   LogLimiter limiter(2, absl::Seconds(10), &clock);
   std::vector<Verdict> got;
   for (int i = 0; i < 5; ++i) got.push_back(Ask(limiter));  // t = 0

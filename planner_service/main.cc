@@ -5,13 +5,15 @@
 // to stdout once bound; logs go to stderr.
 #include <cstdint>
 #include <cstdio>
+#include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/time/time.h"
+#include "core/flags.h"
 #include "core/log.h"
 #include "core/types.h"
 #include "planner_service/server.h"
@@ -97,7 +99,11 @@ ABSL_FLAG(bool, testing_hold_planning, false,
 namespace fps = flashcp::planner_service;
 
 int main(int argc, char** argv) {
-  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  const std::optional<std::vector<char*>> parsed = flashcp::core::ParseFlags(
+      argc, argv, "Usage: flashcp-planner [--flag=value ...]\n\nThe FlashCP planner service.",
+      std::cout);
+  if (!parsed.has_value()) return 0;  // --help
+  const std::vector<char*>& positional = *parsed;
   if (positional.size() > 1) {
     // A stray word (`flashcp-planner 50051`, a command a container runtime
     // appended) would otherwise be ignored and the server run on defaults.

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/analysis.h"
+#include "core/ilp/ilp.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
 
@@ -30,12 +31,14 @@ absl::StatusOr<int64_t> CheckPlanBounds(const proto::PlanInput& input, const Pla
   return bytes;
 }
 
-absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const Clock& clock,
+absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const core::Clock& clock,
                                            ServiceObserver& observer) {
   const absl::Time start = clock.Now();
+  core::PlanOptions options = input.options;
+  options.ilp.solver = core::ilp::Solve;  // the planner links the ILP
   core::PlanInfo info;
   FLASHCP_ASSIGN_OR_RETURN(const core::Plan plan,
-                           core::MakePlan(input.strategy, input.batch, input.options, &info));
+                           core::MakePlan(input.strategy, input.batch, options, &info));
   FLASHCP_RETURN_IF_ERROR(input.options.stop.Check());
   FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics metrics,
                            core::AnalyzePlan(plan, input.shape, input.options.ranks_per_node));

@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "flashcp/v1/planner.pb.h"
-#include "planner_service/clock.h"
+#include "core/clock.h"
 #include "planner_service/observer.h"
 #include "proto/convert.h"
 
@@ -35,7 +35,7 @@ absl::StatusOr<int64_t> CheckPlanBounds(const proto::PlanInput& input, const Pla
 // those took. Errors are the core's, unchanged (e.g. Unimplemented for a
 // strategy not built yet; input.options.stop's status once it says stop, also
 // between the steps). On success reports observer.OnPlanned.
-absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const Clock& clock,
+absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const core::Clock& clock,
                                            ServiceObserver& observer);
 
 }  // namespace flashcp::planner_service

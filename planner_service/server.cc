@@ -223,7 +223,7 @@ int ChannelArgMs(absl::Duration d) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
-    const ServerOptions& options, ServiceObserver* observer, const Clock* clock,
+    const ServerOptions& options, ServiceObserver* observer, const core::Clock* clock,
     RendezvousObserver* rendezvous_observer) {
   FLASHCP_RETURN_IF_ERROR(ValidateOptions(options));
   FLASHCP_ASSIGN_OR_RETURN(const auto host_port, SplitHostPort(options.listen, "--listen"));
@@ -367,7 +367,7 @@ absl::Status RunPlanner(const ServerOptions& options,
   }
 
   FLASHCP_ASSIGN_OR_RETURN(const int64_t fd_limit, RaiseFdLimit());
-  const RealClock clock;
+  const core::RealClock clock;
   // Any client can make protobuf log (a string field with invalid UTF-8 logs
   // one ERROR line per message): kProtobufLogLines per kProtobufLogWindow.
   LogLimiter protobuf_log_limiter(kProtobufLogLines, kProtobufLogWindow, &clock);

@@ -13,10 +13,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "core/clock.h"
 #include "core/types.h"
 #include "grpcpp/grpcpp.h"
 #include "planner_service/metrics_endpoint/metrics_endpoint.h"
-#include "planner_service/clock.h"
 #include "planner_service/held_bytes.h"
 #include "planner_service/listener_watchdog.h"
 #include "planner_service/observer.h"
@@ -110,7 +110,7 @@ class PlannerServer {
   // `observer`, `clock` and `rendezvous_observer` (null: none) must outlive
   // the server.
   static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(
-      const ServerOptions& options, ServiceObserver* observer, const Clock* clock,
+      const ServerOptions& options, ServiceObserver* observer, const core::Clock* clock,
       RendezvousObserver* rendezvous_observer = nullptr);
   ~PlannerServer();  // Shutdown()
 
@@ -142,7 +142,7 @@ class PlannerServer {
   std::unique_ptr<PlannerService> service_;
   std::unique_ptr<RendezvousHost> rendezvous_;  // flashcp.v1.Rendezvous, for worker groups
   std::unique_ptr<grpc::Server> server_;
-  RealClock watchdog_clock_;
+  core::RealClock watchdog_clock_;
   std::unique_ptr<AcceptQueue> accept_queue_;
   std::unique_ptr<ListenerWatchdog> watchdog_;
   absl::Mutex health_mu_;  // orders the watchdog's health updates against the drain's

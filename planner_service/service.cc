@@ -38,7 +38,7 @@ constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(50);
 
 // Why a call that nobody waits for any more ended: its deadline passed, or the
 // client cancelled it. `received`: when the call arrived.
-absl::Status DroppedStatus(const grpc::CallbackServerContext& context, const Clock& clock,
+absl::Status DroppedStatus(const grpc::CallbackServerContext& context, const core::Clock& clock,
                            absl::Time received) {
   const absl::Time deadline = absl::FromChrono(context.deadline());
   const absl::Duration slack = std::min(kDeadlineSlack, (deadline - received) / 10);
@@ -99,7 +99,7 @@ PlanningPool* PoolFor(const ServiceDeps& deps, core::Strategy strategy) {
 void SetIlpBudget(const ServiceDeps& deps, absl::Time received, proto::PlanInput& input) {
   if (input.strategy != core::Strategy::kIlp) return;
   const absl::Time end = received + deps.config.ilp_time_limit;
-  const Clock* clock = deps.clock;
+  const core::Clock* clock = deps.clock;
   input.options.ilp.time_limit_seconds = absl::ToDoubleSeconds(deps.config.ilp_time_limit);
   input.options.ilp.seconds_left = [clock, end] {
     return absl::ToDoubleSeconds(end - clock->Now());
@@ -576,32 +576,6 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-absl::string_view StrategyDescription(core::Strategy s) {
-  switch (s) {
-    case core::Strategy::kLlama3:
-      return "Llama3 CP: the packed sequence in 2N chunks, chunks k and 2N-1-k to rank k";
-    case core::Strategy::kPerDoc:
-      return "Per-Doc CP (WLB-LLM): every document in 2N chunks, zigzag";
-    case core::Strategy::kRing:
-      return "Ring-Attn: the packed sequence in N contiguous chunks";
-    case core::Strategy::kZigzag:
-      return "Ring-Attn zigzag: every document in 2N chunks, zigzag";
-    case core::Strategy::kWholeDoc:
-      return "Whole-Doc: documents kept whole, placed by workload, cut only to equalize tokens";
-    case core::Strategy::kFlashCpPaper:
-      return "FlashCP as the paper's Algorithm 1 states it, to target_imbalance";
-    case core::Strategy::kFlashCp:
-      return "FlashCP: Whole-Doc plus Per-Doc for the documents that stop balance, to "
-             "target_imbalance";
-    case core::Strategy::kIlp:
-      return "Exact MILP at a fixed granularity (CBC); small batches only";
-    case core::Strategy::kMagi:
-      return "MagiAttention's default dispatch: the packed sequence in chunks of ceil(C / 8N), "
-             "dealt by a min-heap on causal area, equal chunks per rank";
-  }
-  return "";
-}
-
 }  // namespace
 
 grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* context,
@@ -649,10 +623,10 @@ grpc::ServerUnaryReactor* PlannerService::ListStrategies(grpc::CallbackServerCon
                                                          grpc::ByteBuffer* response) {
   return AnswerSmallCall<v1::ListStrategiesRequest, v1::ListStrategiesResponse>(
       deps_, "ListStrategies", context, request, response, [](v1::ListStrategiesResponse& r) {
-        for (core::Strategy s : core::kAllStrategies) {
+        for (core::Strategy s : core::AllStrategies()) {
           v1::StrategyInfo* info = r.add_strategies();
           info->set_name(std::string(core::StrategyName(s)));
-          info->set_description(std::string(StrategyDescription(s)));
+          info->set_description(std::string(core::StrategyDescription(s)));
           info->set_is_default(s == proto::kDefaultStrategy);
         }
       });

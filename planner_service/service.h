@@ -17,7 +17,7 @@
 #include "core/types.h"
 #include "flashcp/v1/planner.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "planner_service/clock.h"
+#include "core/clock.h"
 #include "planner_service/held_bytes.h"
 #include "planner_service/observer.h"
 #include "planner_service/plan_batch.h"
@@ -49,7 +49,7 @@ struct ServiceDeps {
   PlanningPool* pool = nullptr;
   PlanningPool* ilp_pool = nullptr;    // `ilp` plans only; may be null when !allow_ilp
   HeldBytes* stream_bytes = nullptr;   // all streams' unread response bytes
-  const Clock* clock = nullptr;
+  const core::Clock* clock = nullptr;
   ServiceObserver* observer = nullptr;
 };
 

@@ -41,7 +41,7 @@ using ::testing::Not;
 
 // Every Now() returns the previous value plus 1 ms: each reading is a tick, so
 // durations count the clock readings between two points exactly.
-class TickingClock final : public Clock {
+class TickingClock final : public core::Clock {
  public:
   absl::Time Now() const override {
     absl::MutexLock lock(&mu_);
@@ -241,7 +241,7 @@ TEST(ServerOptionsTest, MissingTlsFilesAreNotFound) {
   o.tls_cert = "/nonexistent/cert.pem";
   o.tls_key = "/nonexistent/key.pem";
   NullObserver observer;
-  RealClock clock;
+  core::RealClock clock;
   EXPECT_EQ(PlannerServer::Start(o, &observer, &clock).status(),
             absl::NotFoundError("--tls_cert: cannot open \"/nonexistent/cert.pem\""));
 }
@@ -262,7 +262,7 @@ ServerOptions LoopbackOptions() {
 }
 
 std::unique_ptr<PlannerServer> StartServer(const ServerOptions& o, ServiceObserver* observer,
-                                           const Clock* clock) {
+                                           const core::Clock* clock) {
   absl::StatusOr<std::unique_ptr<PlannerServer>> s = PlannerServer::Start(o, observer, clock);
   EXPECT_THAT(s, IsOk());
   return s.ok() ? *std::move(s) : nullptr;
@@ -370,7 +370,7 @@ bool WaitUntil(const std::function<bool()>& ready) {
 // Item 10: bytes that are not a PlanRequest are INVALID_ARGUMENT, unary or per
 // stream item; the stream answers every item and ends OK.
 TEST(RawMessagesTest, UnparsableBytesAreInvalidArgumentAndTheStreamGoesOn) {
-  RealClock clock;
+  core::RealClock clock;
   NullObserver observer;
   std::unique_ptr<PlannerServer> server = StartServer(LoopbackOptions(), &observer, &clock);
   ASSERT_NE(server, nullptr);
@@ -425,7 +425,7 @@ TEST(RawMessagesTest, UnparsableBytesAreInvalidArgumentAndTheStreamGoesOn) {
 // largest valid one is refused unparsed, naming the bound; the receive limit
 // follows the limits.
 TEST(RawMessagesTest, HugeFieldsAreEchoedShortAndOversizedRequestsRefusedUnparsed) {
-  RealClock clock;
+  core::RealClock clock;
   NullObserver observer;
   ServerOptions o = LoopbackOptions();
   std::unique_ptr<PlannerServer> server = StartServer(o, &observer, &clock);
@@ -459,7 +459,7 @@ TEST(RawMessagesTest, HugeFieldsAreEchoedShortAndOversizedRequestsRefusedUnparse
 // Item 3: the work and the answer are bounded before planning, from the
 // request alone; the message names the bound and its flag.
 TEST(PlanBoundsTest, WorkAndResponseBytesAreBoundedBeforePlanning) {
-  RealClock clock;
+  core::RealClock clock;
   RecordingObserver observer;
   ServerOptions o = LoopbackOptions();
   o.bounds.max_shard_ranks = 100;
@@ -500,7 +500,7 @@ TEST(PlanBoundsTest, WorkAndResponseBytesAreBoundedBeforePlanning) {
 // 2-document flashcp plan is not queued behind it), and a cancelled ILP call
 // stops its plan and frees its thread.
 TEST(IlpServiceTest, OffByDefaultOwnPoolAndCancellable) {
-  RealClock clock;
+  core::RealClock clock;
   RecordingObserver observer;
   ServerOptions o = LoopbackOptions();
   o.threads = 1;
@@ -555,7 +555,7 @@ TEST(IlpServiceTest, OffByDefaultOwnPoolAndCancellable) {
 // search included): at 1 s, the 100-document ILP answers with a plan in
 // about 1 s; CBC's own limit counted from its start only, after seconds of LP.
 TEST(IlpServiceTest, TheTimeLimitCoversTheWholeCall) {
-  RealClock clock;
+  core::RealClock clock;
   NullObserver observer;
   ServerOptions o = LoopbackOptions();
   o.allow_ilp = true;
@@ -577,7 +577,7 @@ TEST(IlpServiceTest, TheTimeLimitCoversTheWholeCall) {
 // with planning held, every item read reserves its response bound, and the
 // stream stops reading once the window is full.
 TEST(StreamWindowTest, AClientThatNeverReadsHoldsAtMostTheByteWindow) {
-  RealClock clock;
+  core::RealClock clock;
   RecordingObserver observer;
   ServerOptions o = LoopbackOptions();
   o.testing_hold_planning = true;
@@ -643,7 +643,7 @@ TEST(HeldBytesTest, WakesWaitersWhenBelowTheLimit) {
 // full) and a unary client: every unary call is served, since streams wait
 // for room and leave --queue_per_client slots to the others.
 TEST(FairAdmissionTest, GreedyStreamsDoNotStarveAUnaryClient) {
-  RealClock clock;
+  core::RealClock clock;
   RecordingObserver observer;
   ServerOptions o = LoopbackOptions();
   o.threads = 1;

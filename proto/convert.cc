@@ -188,7 +188,7 @@ constexpr int64_t kDouble = 1 + 8;  // a double field
 
 int64_t MaxRequestBytes(const core::BatchLimits& limits) {
   int64_t strategy = 0;
-  for (core::Strategy s : core::kAllStrategies) {
+  for (core::Strategy s : core::AllStrategies()) {
     strategy = std::max(strategy, Delimited(static_cast<int64_t>(core::StrategyName(s).size())));
   }
   // Each doc_lens entry with its own tag (unpacked) is the widest form.

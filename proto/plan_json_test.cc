@@ -10,6 +10,7 @@
 
 #include "core/analysis.h"
 #include "core/datasets.h"
+#include "core/ilp/ilp.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
 #include "flashcp/v1/planner.pb.h"
@@ -42,9 +43,10 @@ TEST(PlanJsonSchemaTest, EveryStrategyOnADataSetParsesToResponseToProto) {
   int checked = 0;
   for (size_t i = 0; i < batches->size(); ++i) {
     const core::Batch batch{(*batches)[i], 4};
-    for (core::Strategy s : core::kAllStrategies) {
+    for (core::Strategy s : core::AllStrategies()) {
       core::PlanOptions options;
       options.ilp.time_limit_seconds = 0.2;
+      options.ilp.solver = core::ilp::Solve;
       core::PlanInfo info;
       absl::StatusOr<core::Plan> plan = core::MakePlan(s, batch, options, &info);
       ASSERT_THAT(plan, IsOk()) << core::StrategyName(s);
@@ -70,7 +72,7 @@ TEST(PlanJsonSchemaTest, EveryStrategyOnADataSetParsesToResponseToProto) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 3 * static_cast<int>(core::kAllStrategies.size()));
+  EXPECT_EQ(checked, 3 * static_cast<int>(core::AllStrategies().size()));
 }
 
 TEST(PlanJsonSchemaTest, NonFiniteDoublesAndEscapedNamesParse) {

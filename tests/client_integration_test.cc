@@ -339,11 +339,27 @@ TEST(RetryingPlannerClientIntegrationTest, RetriesUnavailableUntilTheServerStart
   // backup poller, so the retried call may succeed up to ~5 s after LISTENING.)
   absl::Notification first_failure;
   std::atomic<int> sleeps{0};
-  RetryClock clock;
-  clock.sleep = [&](absl::Duration d) {
-    if (sleeps++ == 0) first_failure.Notify();
-    absl::SleepFor(d);  // the backoff itself, not a wait for luck
+  // The wall clock, telling the test when the first attempt has failed.
+  class NotifyingClock final : public core::WaitClock {
+   public:
+    NotifyingClock(absl::Notification& first, std::atomic<int>& sleeps)
+        : first_(first), sleeps_(sleeps) {}
+    absl::Time Now() const override { return absl::Now(); }
+    void SleepFor(absl::Duration d) const override {
+      if (sleeps_++ == 0) first_.Notify();
+      absl::SleepFor(d);  // the backoff itself, not a wait for luck
+    }
+    bool AwaitWithDeadline(absl::Mutex& mu, const absl::Condition& cond,
+                           absl::Time deadline) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return mu.AwaitWithDeadline(cond, deadline);
+    }
+
+   private:
+    absl::Notification& first_;
+    std::atomic<int>& sleeps_;
   };
+  const NotifyingClock notifying(first_failure, sleeps);
+  RetryClock clock{.clock = &notifying};
   RetryingPlannerClient client(grpc_client,
                                {.max_attempts = 1 << 20,
                                 .initial_backoff = absl::Milliseconds(20),

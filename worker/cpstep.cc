@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "core/random.h"
 #include "core/status_macros.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/rendezvous/hash_store.h"
@@ -28,13 +29,6 @@
 
 namespace flashcp::worker {
 namespace {
-
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // First global row of each document.
 std::vector<int64_t> DocStarts(const core::Plan& plan) {
@@ -184,7 +178,7 @@ StepInputs MakeInputs(int64_t tokens, const AttentionShape& shape, uint64_t seed
   for (std::vector<float>* v : {&in.q, &in.k, &in.v, &in.dout}) {
     v->resize(n);
     // 24 random bits -> [0, 1) exactly, then [-1, 1).
-    for (float& f : *v) f = static_cast<float>(SplitMix64(state) >> 40) * 0x1p-23f - 1.0f;
+    for (float& f : *v) f = static_cast<float>(core::SplitMix64(state) >> 40) * 0x1p-23f - 1.0f;
   }
   return in;
 }

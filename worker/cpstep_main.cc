@@ -18,6 +18,7 @@
 #include <iterator>
 #include <map>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -96,6 +97,12 @@ bool GetInt(const Args& args, const std::string& name, T& out, bool required, st
 std::string Array(const std::vector<int64_t>& v) { return absl::StrCat("[", absl::StrJoin(v, ","), "]"); }
 
 int Run(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+  }
   Args args;
   std::string error;
   int32_t cp = 0, heads = 0, head_dim = 0, internal_rank = -1, fault_rank = -1;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/pipelined_planner.h"
+#include "core/backoff.h"
 #include "core/log.h"
 #include "core/status_macros.h"
 #include "proto/convert.h"
@@ -354,7 +355,7 @@ void PlanFeed::Watch() {
 
 void PlanFeed::Loop() {
   int64_t delivered = 0;
-  absl::Duration backoff = absl::Milliseconds(100);
+  core::Backoff backoff;  // 100 ms doubling to 1 s
   const auto push = [this](absl::StatusOr<v1::PlanResponse> r) {
     absl::MutexLock lock(&mu_);
     ready_.push_back(std::move(r));
@@ -436,8 +437,9 @@ void PlanFeed::Loop() {
       push(absl::Status(s.code(), absl::StrCat("plan stream: ", s.message())));
       return;
     }
+    const absl::Duration wait = backoff.Next();
     FLASHCP_LOG(WARNING) << "plan stream broke after " << delivered << " plans (" << s.ToString()
-                         << "); reconnecting in " << absl::FormatDuration(backoff);
+                         << "); reconnecting in " << absl::FormatDuration(wait);
     absl::MutexLock lock(&mu_);
     clock_.AwaitWithTimeout(mu_,
                             absl::Condition(
@@ -445,8 +447,7 @@ void PlanFeed::Loop() {
                                   return f->stop_ || f->timed_out_;
                                 },
                                 this),
-                            backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(1));
+                            wait);
   }
 }
 
@@ -537,12 +538,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> WorkerDaemon::FormGroup(Rendezvous
   // The planner may come up after the workers (a pod restart): retry an
   // unreachable planner until the timeout, with backoff.
   const absl::Time join_deadline = clock_.Now() + options_.timeout;
-  absl::Duration backoff = absl::Milliseconds(100);
+  core::Backoff backoff;  // 100 ms doubling to 1 s
+  absl::Duration wait = backoff.Next();
   absl::StatusOr<int32_t> joined = rdv.Join(options_.world_size);
   while (joined.status().code() == absl::StatusCode::kUnavailable &&
-         clock_.Now() + backoff < join_deadline) {
-    clock_.SleepFor(backoff);  // backoff between attempts, bounded by the deadline
-    backoff = std::min(backoff * 2, absl::Seconds(1));
+         clock_.Now() + wait < join_deadline) {
+    clock_.SleepFor(wait);  // between attempts, bounded by the deadline
+    wait = backoff.Next();
     joined = rdv.Join(options_.world_size);
   }
   FLASHCP_ASSIGN_OR_RETURN(const int32_t world_size, std::move(joined));

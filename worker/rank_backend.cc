@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/random.h"
 #include "core/status_macros.h"
 #include "worker/engine.h"
 #include "worker/thread_pool.h"
@@ -53,17 +54,9 @@ class TimedCommunicator final : public Communicator {
   absl::Duration time_;
 };
 
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 void Fill(std::vector<float>& v, uint64_t seed) {
-  uint64_t state = seed;
-  for (float& x : v) {
-    x = static_cast<float>(static_cast<double>(SplitMix64(state) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-  }
+  core::SplitMix64Rng rng(seed);
+  for (float& x : v) x = static_cast<float>(rng.Uniform() * 2.0 - 1.0);
 }
 
 class CpuRankBackend final : public RankBackend {

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <iostream>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -35,12 +36,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/grpc_planner_client.h"
 #include "client/internal/tool_args.h"
 #include "core/clock.h"
+#include "core/flags.h"
 #include "core/log.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -160,7 +161,12 @@ int main(int argc, char** argv) {
   // absl also runs each OnUpdate callback once as the flag is registered
   // (static initialisation): only what ParseCommandLine sets counts as given.
   GivenTlsFlags().clear();
-  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  const std::optional<std::vector<char*>> parsed = flashcp::core::ParseFlags(
+      argc, argv,
+      "Usage: flashcp-worker [--flag=value ...]\n\nOne rank of a FlashCP worker group.",
+      std::cout);
+  if (!parsed.has_value()) return 0;  // --help
+  const std::vector<char*>& positional = *parsed;
   if (positional.size() > 1) {
     // A stray word (`flashcp-worker 1`, a command a container runtime
     // appended) would otherwise be ignored and the rank run on defaults.

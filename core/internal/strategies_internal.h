@@ -39,14 +39,11 @@ Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
 // flashcp (flashcp_targeted.cc): PlanFlashCpCompacted's plan, or a grouped
 // one where that moves less, its roles then swapped (flashcp_roles.h;
 // docs/planner.md, "Least KV moved").
-// Both flashcp planners and PlanIlp return options.stop's status once it says
-// stop (PlanIlp: also IlpOptions::seconds_left ends CBC early, with the best
-// plan so far).
+// Both flashcp planners return options.stop's status once it says stop (the
+// ILP, core/ilp/ilp.h, too).
 absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options);
 // flashcp's candidate search (flashcp.cc), scored on the compacted all-gather.
 absl::StatusOr<Plan> PlanFlashCpCompacted(const Batch& batch, const PlanOptions& options);
-absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
-                             const StopToken& stop, PlanInfo* info);
 
 }  // namespace flashcp::core::internal
 

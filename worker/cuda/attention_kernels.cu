@@ -1,7 +1,7 @@
 // Plain CUDA attention, forward and backward (see attention_kernels.h).
 // Shape of the file (STYLE 13): kernels, then launchers that take a stream and
-// return absl::Status. The CPU oracle is reference_attention.h; the tolerance
-// is stated in attention_kernels.h and checked by attention_kernels_test.cc.
+// return absl::Status. The CPU oracle is worker/attention_reference.h; the
+// tolerance is stated in attention_kernels.h and checked by attention_test.cc.
 //
 // Scores are kept in the log2 domain: q is pre-multiplied by scale * log2(e),
 // so exp(scale * q.k - m) becomes exp2(s2 - m2) (one FMUL fewer per score)

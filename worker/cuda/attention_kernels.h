@@ -4,7 +4,7 @@
 // per query or key row, shared-memory tiles of 32 rows, fp32 in registers);
 // expect a small fraction of cuDNN's rate.
 //
-// Tolerance against the fp64 CPU reference (reference_attention.h) on bf16
+// Tolerance against the fp64 CPU reference (worker/attention_reference.h) on bf16
 // inputs drawn from N(0, 1): relative L2 error ||x - ref|| / ||ref|| below
 // 1e-2 for O, dQ, dK, dV (bf16 output rounding, ~4e-3, dominates) and below
 // 1e-4 for the fp32 LSE.

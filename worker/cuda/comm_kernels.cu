@@ -1,5 +1,6 @@
 // Kernels, then launchers (STYLE 13). Oracle: the obvious host loop; checked
-// exactly (the sums are in a fixed order) by comm_kernels_test.cc.
+// exactly (the sums are in a fixed order) through the communicators and the
+// GPU step that use them (communicator_test.cc, gpu_cp_step_test.cc).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

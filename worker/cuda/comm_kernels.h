@@ -31,8 +31,8 @@ absl::Status LaunchBf16ToFloat(const __nv_bfloat16* x, int64_t count, float* out
 
 // x[i] = a pseudo-random value, roughly N(0, 1) (sum of four uniforms,
 // rescaled), from a counter hash of (seed, i): fills benchmark inputs on the
-// device without a host round trip. Never zeros (METHOD.md: zeros hide bugs
-// and run faster than real data).
+// device without a host round trip. Never zeros (zeros hide bugs and run
+// faster than real data).
 absl::Status LaunchFillRandomBf16(__nv_bfloat16* x, int64_t count, uint64_t seed,
                                   cudaStream_t stream);
 

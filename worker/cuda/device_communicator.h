@@ -41,7 +41,7 @@ struct NcclOptions {
 
 // Joins a NCCL group of `size` ranks as `rank`. Rank 0 makes the unique id and
 // publishes it through `store` (the group's rendezvous: Gloo's HashStore or
-// FileStore here, a gRPC-served store later); the others read it. The
+// FileStore, or the planner-served GrpcStore of worker/grpc_store.h); the others read it. The
 // communicator is non-blocking (ncclConfig_t::blocking = 0): every call polls
 // ncclCommGetAsyncError and the stream with a deadline and aborts the
 // communicator (ncclCommAbort) when a peer fails or does not take part.

@@ -24,7 +24,7 @@
 #include "core/analysis.h"
 #include "core/types.h"
 #include "flashcp/v1/planner.pb.h"
-#include "planner_service/clock.h"
+#include "core/clock.h"
 #include "planner_service/observer.h"
 #include "planner_service/plan_batch.h"
 #include "proto/convert.h"
@@ -65,7 +65,7 @@ py::bytes Plan(const std::string& request_bytes) {
   }
   proto::PlanInput input = ValueOrRaise(proto::RequestFromProto(request, core::BatchLimits{}));
   planner_service::NullObserver observer;
-  const planner_service::RealClock clock;  // metrics.planning_seconds, as the service reports it
+  const core::RealClock clock;  // metrics.planning_seconds, as the service reports it
   std::string out;
   {
     py::gil_scoped_release release;  // planning may take a while (ilp: seconds)

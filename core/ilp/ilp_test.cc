@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/analysis.h"
-#include "core/internal/ilp.h"
+#include "core/ilp/ilp.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -38,6 +38,7 @@ double Objective(const Plan& plan, double comm_weight) {
 
 PlanOptions IlpOpts(int64_t granularity = 0, double comm_weight = 0, double seconds = 10) {
   PlanOptions o;
+  o.ilp.solver = ilp::Solve;
   o.ilp.granularity = granularity;
   o.ilp.comm_weight = comm_weight;
   o.ilp.time_limit_seconds = seconds;
@@ -78,7 +79,7 @@ TEST(IlpTest, TokenEqualityForcesACut) {
   // {3,1'}|{1,2}: max 4, non-last 2 -> 4 + 2w; the rest have max W >= 5.
   // Optimum: rank 0 = doc 0 [0,1) + [2,3), rank 1 = doc 0 [1,2) + doc 1.
   const Batch batch{{3, 1}, 2};
-  EXPECT_DOUBLE_EQ(internal::DefaultIlpCommWeight(batch), 0.035);
+  EXPECT_DOUBLE_EQ(ilp::DefaultCommWeight(batch), 0.035);
   const Solved s = SolveIlp(batch);
   EXPECT_THAT(s.plan.shards, ElementsAre(Shard{0, 0, 1, 0}, Shard{0, 2, 1, 0}, Shard{0, 1, 1, 1},
                                          Shard{1, 0, 1, 1}));
@@ -144,10 +145,9 @@ TEST(IlpTest, OneRankKeepsEverythingWhole) {
 // heuristic that fits the bound).
 void ExpectCutsOnModelGrid(const Batch& batch, int64_t g, const Plan& plan) {
   std::set<std::pair<int32_t, int64_t>> allowed;
-  for (Strategy s : kAllStrategies) {
+  for (Strategy s : AllStrategies()) {
     if (s == Strategy::kIlp) continue;
     absl::StatusOr<Plan> p = MakePlan(s, batch);
-    if (p.status().code() == absl::StatusCode::kUnimplemented) continue;
     ASSERT_THAT(p, IsOk());
     for (const Shard& sh : p->shards) allowed.insert({sh.doc, sh.start});
   }
@@ -171,12 +171,11 @@ TEST(IlpTest, CoarseGridStaysFeasibleWithExactTokens) {
   ASSERT_THAT(m, IsOk());
   EXPECT_THAT(m->rank_tokens, ElementsAre(5, 5, 4, 4));
   ExpectCutsOnModelGrid(batch, 6, s.plan);
-  for (Strategy h : kAllStrategies) {
+  for (Strategy h : AllStrategies()) {
     if (h == Strategy::kIlp) continue;
     absl::StatusOr<Plan> p = MakePlan(h, batch);
-    if (p.status().code() == absl::StatusCode::kUnimplemented) continue;
     ASSERT_THAT(p, IsOk());
-    const double w = internal::DefaultIlpCommWeight(batch);
+    const double w = ilp::DefaultCommWeight(batch);
     EXPECT_LE(s.info.ilp_objective, Objective(*p, w) * (1 + 1e-9)) << StrategyName(h);
   }
 }
@@ -191,14 +190,14 @@ TEST(IlpTest, PlansRespectTheGranularity) {
 }
 
 TEST(IlpTest, DefaultGranularityIsAboutSixteenBlocksPerRank) {
-  EXPECT_EQ(internal::DefaultIlpGranularity(Batch{{100, 28}, 2}), 4);   // ceil(128 / 32)
-  EXPECT_EQ(internal::DefaultIlpGranularity(Batch{{100, 29}, 2}), 5);   // ceil(129 / 32)
-  EXPECT_EQ(internal::DefaultIlpGranularity(Batch{{3}, 2}), 1);
+  EXPECT_EQ(ilp::DefaultGranularity(Batch{{100, 28}, 2}), 4);   // ceil(128 / 32)
+  EXPECT_EQ(ilp::DefaultGranularity(Batch{{100, 29}, 2}), 5);   // ceil(129 / 32)
+  EXPECT_EQ(ilp::DefaultGranularity(Batch{{3}, 2}), 1);
 }
 
 // The key property: at granularity 1 every plan is representable, so the
 // proven-optimal ILP is never worse than any heuristic under the same
-// objective. Loops over every other strategy, skipping unimplemented ones.
+// objective. Loops over every other strategy.
 TEST(IlpTest, NeverWorseThanAnyHeuristicAtGranularityOne) {
   // 30 batches of 1-4 documents of 1-5 tokens on 1-4 ranks (at most 80
   // binaries): CBC proves each optimal in well under a second.
@@ -215,17 +214,16 @@ TEST(IlpTest, NeverWorseThanAnyHeuristicAtGranularityOne) {
     batch.cp_size = std::uniform_int_distribution<int32_t>(
         1, static_cast<int32_t>(std::min<int64_t>(4, total)))(rng);
     for (double weight : {0.0, 0.5, 5.0}) {
-      const double w = weight > 0 ? weight : internal::DefaultIlpCommWeight(batch);
+      const double w = weight > 0 ? weight : ilp::DefaultCommWeight(batch);
       const Solved ilp = SolveIlp(batch, IlpOpts(1, weight));
       const std::string ctx = absl::StrCat("trial ", trial, " docs ", batch.doc_lens.size(),
                                            " N ", batch.cp_size, " w ", w);
       ASSERT_TRUE(ilp.info.ilp_optimal) << ctx;
       EXPECT_NEAR(ilp.info.ilp_objective, Objective(ilp.plan, w),
                   1e-9 * ilp.info.ilp_objective) << ctx;
-      for (Strategy h : kAllStrategies) {
+      for (Strategy h : AllStrategies()) {
         if (h == Strategy::kIlp) continue;
         absl::StatusOr<Plan> p = MakePlan(h, batch);
-        if (p.status().code() == absl::StatusCode::kUnimplemented) continue;
         ASSERT_THAT(p, IsOk()) << StrategyName(h);
         EXPECT_LE(ilp.info.ilp_objective, Objective(*p, w) * (1 + 1e-9))
             << ctx << " vs " << StrategyName(h);
@@ -245,18 +243,17 @@ TEST(IlpTest, TimeLimitReturnsBestFoundWithGap) {
   for (int d = 0; d < 40; ++d) {
     batch.doc_lens.push_back(std::uniform_int_distribution<int64_t>(1, 200)(rng));
   }
-  const double w = internal::DefaultIlpCommWeight(batch);
+  const double w = ilp::DefaultCommWeight(batch);
   double start_obj = std::numeric_limits<double>::infinity();  // best heuristic
-  for (Strategy h : kAllStrategies) {
+  for (Strategy h : AllStrategies()) {
     if (h == Strategy::kIlp) continue;
     absl::StatusOr<Plan> p = MakePlan(h, batch);
-    if (p.status().code() == absl::StatusCode::kUnimplemented) continue;
     ASSERT_THAT(p, IsOk());
     start_obj = std::min(start_obj, Objective(*p, w));
   }
   for (double seconds : {0.0, 0.3}) {
     const Solved s = SolveIlp(batch, IlpOpts(0, 0, seconds));
-    EXPECT_EQ(s.info.ilp_granularity, internal::DefaultIlpGranularity(batch));
+    EXPECT_EQ(s.info.ilp_granularity, ilp::DefaultGranularity(batch));
     EXPECT_GE(s.info.ilp_gap, 0.0) << seconds;
     EXPECT_LE(s.info.ilp_gap, 1.0) << seconds;
     if (s.info.ilp_optimal) {
@@ -265,6 +262,18 @@ TEST(IlpTest, TimeLimitReturnsBestFoundWithGap) {
     EXPECT_NEAR(s.info.ilp_objective, Objective(s.plan, w), 1e-9 * s.info.ilp_objective);
     EXPECT_LE(s.info.ilp_objective, start_obj * (1 + 1e-12)) << seconds;
   }
+}
+
+// core links no CBC: MakePlan reaches the ILP only through the injected
+// solver, and says so without one.
+TEST(IlpTest, WithoutTheSolverMakePlanSaysHowToLinkIt) {
+  PlanOptions o = IlpOpts();
+  o.ilp.solver = nullptr;
+  EXPECT_THAT(MakePlan(Strategy::kIlp, Batch{{4, 4}, 2}, o),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "strategy: ilp needs the ILP solver: build with FLASHCP_BUILD_ILP, link "
+                       "flashcp_ilp (core/ilp/ilp.h) and set PlanOptions.ilp.solver = "
+                       "core::ilp::Solve"));
 }
 
 TEST(IlpTest, RejectsBadOptions) {

@@ -5,7 +5,7 @@
 // Blocks. Every document is cut at multiples of the granularity g (its last
 // block may be shorter) and, in addition, at every shard boundary of the Ring
 // and Llama3 plans (at most 3N - 2 extra cuts in all) and of the best other
-// heuristic plan that keeps the model within kMaxIlpBinaryVars. Variables
+// heuristic plan that keeps the model within kMaxBinaryVars. Variables
 // x[b][r] in {0,1} put block b on rank r.
 //
 // Exact equal tokens. Each rank's token row is an equality over integers,
@@ -29,7 +29,7 @@
 // needed: the objective pushes z up on the rank with the most non-last tokens,
 // where z then equals the indicator; on other ranks a z below its indicator
 // only overstates a non-binding row. The plan's objective is recomputed from
-// the plan itself (IlpObjective), never read off z.
+// the plan itself (Objective), never read off z.
 //
 // Incumbent. CBC starts from the best, by that objective, of every other
 // strategy's plan the blocks can represent (the best one always is, when it
@@ -41,7 +41,7 @@
 // Scaling. Rows are in pairs and tokens; the objective is divided by the mean
 // rank workload, so it reads imbalance + comm_weight * max nonlast / mean W,
 // and the reported gap is relative to it.
-#include "core/internal/ilp.h"
+#include "core/ilp/ilp.h"
 
 #include <algorithm>
 #include <cmath>
@@ -66,7 +66,12 @@
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
 
-namespace flashcp::core::internal {
+namespace flashcp::core::ilp {
+
+using internal::FinishPlan;
+using internal::PlanLlama3;
+using internal::PlanRing;
+
 namespace {
 
 // CBC's cutoff increment, in units of the mean rank workload: a solution must
@@ -464,20 +469,20 @@ double TotalWorkload(const Batch& batch) {
 
 }  // namespace
 
-int64_t DefaultIlpGranularity(const Batch& batch) {
+int64_t DefaultGranularity(const Batch& batch) {
   const int64_t total = TotalTokens(batch.doc_lens);
   const int64_t per = int64_t{16} * batch.cp_size;
   return std::max<int64_t>(1, (total + per - 1) / per);
 }
 
-double DefaultIlpCommWeight(const Batch& batch) {
+double DefaultCommWeight(const Batch& batch) {
   const int64_t total = TotalTokens(batch.doc_lens);
   const double mean_work = TotalWorkload(batch) / batch.cp_size;
-  return kDefaultIlpCommFraction * mean_work /
+  return kDefaultCommFraction * mean_work /
          static_cast<double>(TokensPerRank(total, batch.cp_size));
 }
 
-absl::StatusOr<double> IlpObjective(const Plan& plan, double comm_weight) {
+absl::StatusOr<double> Objective(const Plan& plan, double comm_weight) {
   FLASHCP_ASSIGN_OR_RETURN(const CommLayout layout, BuildCommLayout(plan));
   double max_work = 0.0;
   int64_t max_nonlast = 0;
@@ -490,8 +495,8 @@ absl::StatusOr<double> IlpObjective(const Plan& plan, double comm_weight) {
   return max_work + comm_weight * static_cast<double>(max_nonlast);
 }
 
-absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
-                             const StopToken& stop, PlanInfo* info) {
+absl::StatusOr<Plan> Solve(const Batch& batch, const IlpOptions& options, const StopToken& stop,
+                           PlanInfo* info) {
   if (!(options.granularity >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ilp.granularity: must be >= 0 tokens (0 picks ceil(C / 16N)), got ",
@@ -508,8 +513,8 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
         options.comm_weight));
   }
   const int32_t n = batch.cp_size;
-  const int64_t g = options.granularity > 0 ? options.granularity : DefaultIlpGranularity(batch);
-  const double weight = options.comm_weight > 0 ? options.comm_weight : DefaultIlpCommWeight(batch);
+  const int64_t g = options.granularity > 0 ? options.granularity : DefaultGranularity(batch);
+  const double weight = options.comm_weight > 0 ? options.comm_weight : DefaultCommWeight(batch);
 
   // Bound the model before allocating it: grid blocks alone, then exactly.
   int64_t grid_blocks = 0;
@@ -517,10 +522,10 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
   const auto too_big = [&](int64_t blocks) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ilp.granularity: ", g, " tokens gives ", blocks, " blocks x ", n, " ranks = ",
-        blocks * n, " binary variables, above the ILP's limit of ", kMaxIlpBinaryVars,
+        blocks * n, " binary variables, above the ILP's limit of ", kMaxBinaryVars,
         "; raise the granularity or plan a smaller batch"));
   };
-  if (grid_blocks > kMaxIlpBinaryVars / n) return too_big(grid_blocks);
+  if (grid_blocks > kMaxBinaryVars / n) return too_big(grid_blocks);
 
   // One rank: every document whole on it is the only plan.
   if (n == 1) {
@@ -529,7 +534,7 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
       pieces.push_back(Shard{static_cast<int32_t>(d), 0, batch.doc_lens[d], 0});
     }
     Plan plan = FinishPlan(batch, std::move(pieces));
-    FLASHCP_ASSIGN_OR_RETURN(const double objective, IlpObjective(plan, weight));
+    FLASHCP_ASSIGN_OR_RETURN(const double objective, Objective(plan, weight));
     if (info != nullptr) {
       info->ilp_gap = 0.0;
       info->ilp_optimal = true;
@@ -546,11 +551,11 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
   // boundaries is a candidate incumbent.
   std::vector<Plan> candidates = {PlanRing(batch), PlanLlama3(batch)};
   std::vector<Block> blocks = MakeBlocks(batch, g, candidates);
-  if (static_cast<int64_t>(blocks.size()) > kMaxIlpBinaryVars / n) {
+  if (static_cast<int64_t>(blocks.size()) > kMaxBinaryVars / n) {
     return too_big(static_cast<int64_t>(blocks.size()));
   }
   std::vector<std::pair<double, Plan>> others;
-  for (Strategy s : kAllStrategies) {
+  for (Strategy s : AllStrategies()) {
     // magi is a comparison baseline, not a seed: the ILP's model stays as it was.
     if (s == Strategy::kIlp || s == Strategy::kRing || s == Strategy::kLlama3 ||
         s == Strategy::kMagi) {
@@ -560,15 +565,15 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
     heuristic.stop = stop;
     absl::StatusOr<Plan> p = MakePlan(s, batch, heuristic);
     FLASHCP_RETURN_IF_ERROR(stop.Check());
-    if (!p.ok()) continue;  // e.g. a strategy not implemented yet
-    FLASHCP_ASSIGN_OR_RETURN(const double obj, IlpObjective(*p, weight));
+    FLASHCP_RETURN_IF_ERROR(p.status());  // a heuristic fails only on a bad batch
+    FLASHCP_ASSIGN_OR_RETURN(const double obj, Objective(*p, weight));
     others.emplace_back(obj, *std::move(p));
   }
   std::stable_sort(others.begin(), others.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [obj, p] : others) {
     std::vector<Block> more = MakeBlocks(batch, g, {candidates[0], candidates[1], p});
-    if (static_cast<int64_t>(more.size()) <= kMaxIlpBinaryVars / n) {
+    if (static_cast<int64_t>(more.size()) <= kMaxBinaryVars / n) {
       blocks = std::move(more);
       candidates.push_back(std::move(p));
       break;
@@ -589,7 +594,7 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
     std::optional<std::vector<int32_t>> owners = OwnersOf(p, model.blocks);
     if (!owners) continue;
     Canonicalize(model, *owners);
-    FLASHCP_ASSIGN_OR_RETURN(const double obj, IlpObjective(p, weight));
+    FLASHCP_ASSIGN_OR_RETURN(const double obj, Objective(p, weight));
     if (obj < best_obj) {
       best = p;
       best_obj = obj;
@@ -613,7 +618,7 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
       return absl::InternalError(
           absl::StrCat("ilp: CBC's solution is not a valid plan: ", valid.message()));
     }
-    FLASHCP_ASSIGN_OR_RETURN(const double obj, IlpObjective(plan, weight));
+    FLASHCP_ASSIGN_OR_RETURN(const double obj, Objective(plan, weight));
     optimal = solved.proven_optimal && obj <= start_obj * (1 + 1e-12);
     if (obj < best_obj) {
       best = std::move(plan);
@@ -636,4 +641,4 @@ absl::StatusOr<Plan> PlanIlp(const Batch& batch, const IlpOptions& options,
   return *std::move(best);
 }
 
-}  // namespace flashcp::core::internal
+}  // namespace flashcp::core::ilp
