@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/analysis.h"
+#include "core/status_macros.h"
 
 namespace flashcp::core {
 namespace {
@@ -365,6 +367,60 @@ void CostSampleWindow::Add(const CostSample& s) {
 absl::StatusOr<CostFit> CostSampleWindow::Fit(const CostFitOptions& options) const {
   const std::vector<CostSample> v(samples_.begin(), samples_.end());
   return FitCostModel(v, options);
+}
+
+absl::StatusOr<CostCalibrator::State> CostCalibrator::Add(absl::string_view profile,
+                                                           absl::Span<const CostSample> samples) {
+  if (profile == kPairsProfile) {
+    return absl::InvalidArgumentError(
+        "cost_profile: \"pairs\" counts pairs, not time, and is not calibrated; report under a "
+        "time profile (h200-cudnn, cpu-fp32)");
+  }
+  FLASHCP_RETURN_IF_ERROR(CostProfile(profile).status());
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (absl::Status s = ValidateCostSample(samples[i]); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("samples[", i, "].", s.message()));
+    }
+  }
+  auto it = std::find_if(profiles_.begin(), profiles_.end(),
+                         [&](const auto& p) { return p.first == profile; });
+  if (it == profiles_.end()) {
+    profiles_.push_back({std::string(profile), Entry{CostSampleWindow(window_), State{}}});
+    it = std::prev(profiles_.end());
+  }
+  Entry& e = it->second;
+  for (const CostSample& s : samples) e.window.Add(s);
+  e.state.samples = e.window.size();
+  e.state.total = e.window.total_added();
+  absl::StatusOr<CostFit> fit = e.window.Fit(options_);
+  if (fit.ok()) {
+    e.state.fit = *fit;
+    e.state.calibrated = true;
+    ++e.state.fits;
+    e.state.status.clear();
+  } else {
+    e.state.status = std::string(fit.status().message());
+  }
+  return e.state;
+}
+
+absl::StatusOr<std::pair<CostCoefficients, bool>> CostCalibrator::Resolve(
+    absl::string_view profile) const {
+  FLASHCP_ASSIGN_OR_RETURN(const CostCoefficients fixed, CostProfile(profile));
+  for (const auto& [name, e] : profiles_) {
+    if (name == profile && e.state.calibrated) {
+      return std::pair<CostCoefficients, bool>{e.state.fit.coefficients, true};
+    }
+  }
+  return std::pair<CostCoefficients, bool>{fixed, false};
+}
+
+std::vector<std::pair<std::string, CostCalibrator::State>> CostCalibrator::States() const {
+  std::vector<std::pair<std::string, State>> out;
+  for (const auto& [name, e] : profiles_) out.push_back({name, e.state});
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
 }
 
 }  // namespace flashcp::core

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -148,6 +149,56 @@ class CostSampleWindow {
   int64_t capacity_;
   int64_t total_added_ = 0;
   std::deque<CostSample> samples_;
+};
+
+// What a plan reports about the cost it balanced.
+struct PlanCostReport {
+  std::string profile;            // "" for explicit coefficients
+  CostCoefficients coefficients;  // those used
+  bool calibrated = false;        // the online fit of `profile`
+  CostPrediction prediction;      // of the plan, under `coefficients`
+};
+
+// The online calibration of the named profiles (CostProfileNames, except
+// pairs, a count): per profile a CostSampleWindow, refitted after every
+// report; once a fit is accepted (FitCostModel) the profile is planned with
+// it, and a later refit that is refused keeps the last accepted fit (its
+// status says why). Memory: at most `window` samples per profile. Not
+// thread-safe; the service guards it.
+class CostCalibrator {
+ public:
+  struct State {
+    int64_t samples = 0;      // in the window
+    int64_t total = 0;        // ever added
+    int64_t fits = 0;         // accepted fits
+    bool calibrated = false;  // an accepted fit exists
+    CostFit fit;              // the last accepted one
+    std::string status;       // the last refit's refusal; "" when it was accepted
+  };
+
+  explicit CostCalibrator(int64_t window = 4096, CostFitOptions options = {})
+      : window_(window), options_(options) {}
+
+  // InvalidArgument for "pairs", NotFound for an unknown profile, and
+  // InvalidArgument naming samples[i] for a bad sample (ValidateCostSample):
+  // then nothing is added. Else adds them all and refits.
+  absl::StatusOr<State> Add(absl::string_view profile, absl::Span<const CostSample> samples);
+
+  // The coefficients to plan `profile` with, and whether they are its fit.
+  // NotFound for an unknown profile.
+  absl::StatusOr<std::pair<CostCoefficients, bool>> Resolve(absl::string_view profile) const;
+
+  // Every profile that has had a report, by name.
+  std::vector<std::pair<std::string, State>> States() const;
+
+ private:
+  struct Entry {
+    CostSampleWindow window;
+    State state;
+  };
+  int64_t window_;
+  CostFitOptions options_;
+  std::vector<std::pair<std::string, Entry>> profiles_;  // few: linear lookup
 };
 
 }  // namespace flashcp::core

@@ -1,11 +1,13 @@
 #include "core/cost_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
 #include "core/analysis.h"
+#include "core/datasets.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -222,6 +224,136 @@ TEST(CostSampleWindowTest, KeepsTheNewestCapacitySamples) {
   absl::StatusOr<CostFit> fit = w.Fit({});
   ASSERT_THAT(fit, IsOk());
   ExpectRecovered(fit->coefficients, kTruth);  // the old model's samples are gone
+}
+
+}  // namespace
+}  // namespace flashcp::core
+
+namespace flashcp::core {
+namespace {
+
+double MaxCost(const CostCoefficients& c, const Plan& plan) {
+  const CostPrediction p = PredictPlanCost(c, plan);
+  return *std::max_element(p.rank_cost.begin(), p.rank_cost.end());
+}
+
+// Plans batches at C = 4096, N = 4 (the README main job's shape) with and
+// without `cost`; counts the plans the cost re-cut changed and checks that
+// none got heavier under the model.
+int ChangedPlans(Strategy strategy, const CostCoefficients& cost, Dataset dataset) {
+  int changed = 0;
+  for (int64_t b = 0; b < 16; ++b) {
+    absl::StatusOr<std::vector<int64_t>> docs = SampleBatch(dataset, 4096, 1, b);
+    EXPECT_THAT(docs, IsOk());
+    const Batch batch{*docs, 4};
+    absl::StatusOr<Plan> pairs = MakePlan(strategy, batch);
+    PlanOptions options;
+    options.cost = cost;
+    absl::StatusOr<Plan> costed = MakePlan(strategy, batch, options);
+    EXPECT_THAT(pairs, IsOk());
+    EXPECT_THAT(costed, IsOk());
+    EXPECT_THAT(ValidatePlan(*costed), IsOk());
+    EXPECT_LE(MaxCost(cost, *costed), MaxCost(cost, *pairs)) << "batch " << b;
+    if (costed->shards != pairs->shards) {
+      EXPECT_LT(MaxCost(cost, *costed), MaxCost(cost, *pairs)) << "batch " << b;
+      ++changed;
+    }
+  }
+  return changed;
+}
+
+TEST(MakePlanOnCostTest, ReCutLowersTheModelsHeaviestRankNeverRaisesIt) {
+  // A model where a sequence costs 20,000 pairs and a prefixed pair 1.5
+  // whole ones: far from pairs, so the re-cut has work to do.
+  const CostCoefficients skewed{1e-9, 1.5e-9, 2e-5, 0};
+  // Exact counts of 16 batches; the others' re-cut did not lower the model's
+  // maximum (or the program had no feasible point).
+  EXPECT_EQ(ChangedPlans(Strategy::kFlashCp, skewed, Dataset::kPile), 15);
+  absl::StatusOr<CostCoefficients> cpu = CostProfile("cpu-fp32");
+  ASSERT_THAT(cpu, IsOk());
+  EXPECT_EQ(ChangedPlans(Strategy::kFlashCp, *cpu, Dataset::kPile), 13);
+  EXPECT_EQ(ChangedPlans(Strategy::kFlashCpPaper, skewed, Dataset::kPile), 14);
+  // whole_doc's heaviest rank holds a document too long to balance, whole:
+  // no cut point moves its cost.
+  EXPECT_EQ(ChangedPlans(Strategy::kWholeDoc, skewed, Dataset::kPile), 0);
+  // Zigzags and equal chunks are the strategies' definition: never re-cut.
+  EXPECT_EQ(ChangedPlans(Strategy::kPerDoc, skewed, Dataset::kPile), 0);
+  EXPECT_EQ(ChangedPlans(Strategy::kLlama3, skewed, Dataset::kPile), 0);
+}
+
+TEST(MakePlanOnCostTest, BadCoefficientsNameTheField) {
+  PlanOptions options;
+  options.cost = {1, 0, 0, 0};
+  EXPECT_THAT(MakePlan(Strategy::kFlashCp, Batch{{10, 20}, 2}, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, "cost.prefixed_pair: must be > 0"));
+}
+
+}  // namespace
+}  // namespace flashcp::core
+
+namespace flashcp::core {
+namespace {
+
+TEST(CostCalibratorTest, UsesTheFitOnceAcceptedAndKeepsItThroughARefusedRefit) {
+  CostCalibrator cal(/*window=*/64);
+  const std::vector<CostSample> s = Synthetic(kTruth, 40, 10);
+  // 31 samples: not enough; the profile plans with its shipped coefficients.
+  absl::StatusOr<CostCalibrator::State> st =
+      cal.Add("cpu-fp32", absl::MakeConstSpan(s).subspan(0, 31));
+  ASSERT_THAT(st, IsOk());
+  EXPECT_FALSE(st->calibrated);
+  EXPECT_EQ(st->samples, 31);
+  EXPECT_EQ(st->status, "31 usable samples (0 of 31 rejected as outliers), need at least 32");
+  absl::StatusOr<std::pair<CostCoefficients, bool>> r = cal.Resolve("cpu-fp32");
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->first, *CostProfile("cpu-fp32"));
+  EXPECT_FALSE(r->second);
+  // 9 more: fitted, used.
+  st = cal.Add("cpu-fp32", absl::MakeConstSpan(s).subspan(31));
+  ASSERT_THAT(st, IsOk());
+  EXPECT_TRUE(st->calibrated);
+  EXPECT_EQ(st->fits, 1);
+  EXPECT_EQ(st->status, "");
+  r = cal.Resolve("cpu-fp32");
+  ASSERT_THAT(r, IsOk());
+  EXPECT_TRUE(r->second);
+  ExpectRecovered(r->first, kTruth);
+  // Other profiles are untouched.
+  r = cal.Resolve("h200-cudnn");
+  ASSERT_THAT(r, IsOk());
+  EXPECT_FALSE(r->second);
+  // 64 collinear samples replace the window: refused, the last fit stays.
+  std::vector<CostSample> bad = Synthetic(kTruth, 64, 11);
+  for (CostSample& x : bad) {
+    x.features.sequences = 4;
+    x.features.tokens = 1024;
+    x.seconds = PredictRankCost(kTruth, x.features);
+  }
+  st = cal.Add("cpu-fp32", bad);
+  ASSERT_THAT(st, IsOk());
+  EXPECT_TRUE(st->calibrated);
+  EXPECT_EQ(st->fits, 1);
+  EXPECT_EQ(st->samples, 64);
+  EXPECT_EQ(st->total, 104);
+  EXPECT_THAT(st->status, HasSubstr("ill-conditioned"));
+  r = cal.Resolve("cpu-fp32");
+  ASSERT_THAT(r, IsOk());
+  ExpectRecovered(r->first, kTruth);
+}
+
+TEST(CostCalibratorTest, BadReportsChangeNothing) {
+  CostCalibrator cal;
+  std::vector<CostSample> s = Synthetic(kTruth, 40, 12);
+  EXPECT_THAT(cal.Add("pairs", s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("cost_profile: \"pairs\" counts pairs")));
+  EXPECT_THAT(cal.Add("tpu", s), StatusIs(absl::StatusCode::kNotFound,
+                                         HasSubstr("cost profile \"tpu\" is unknown")));
+  s[39].seconds = -1;
+  EXPECT_THAT(cal.Add("cpu-fp32", s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "samples[39].seconds: must be finite and > 0, got -1"));
+  EXPECT_TRUE(cal.States().empty());
+  EXPECT_THAT(cal.Resolve("tpu"), StatusIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace
