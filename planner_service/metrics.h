@@ -9,6 +9,11 @@
 //   flashcp_planner_plan_imbalance_ratio{strategy}              histogram
 //   flashcp_planner_plan_comm_saving_ratio{strategy,scheme}     histogram
 //   flashcp_planner_build_info{version}                         gauge, always 1
+//   flashcp_planner_cost_coefficient{profile,term}              gauge, the fit in use
+//   flashcp_planner_cost_samples{profile}                       gauge, in the window
+//   flashcp_planner_cost_reported_samples_total{profile}        counter
+//   flashcp_planner_cost_fit_error_ratio{profile}               gauge, mean |rel. error|
+//   flashcp_planner_cost_calibrated{profile}                    gauge, 1 once a fit is used
 // A PlanStream item counts as one request of method "PlanStream".
 #ifndef FLASHCP_PLANNER_SERVICE_METRICS_H_
 #define FLASHCP_PLANNER_SERVICE_METRICS_H_
@@ -16,6 +21,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "planner_service/observer.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -36,6 +42,7 @@ class PrometheusMetrics final : public ServiceObserver {
   void OnStreamHeldBytes(int64_t bytes) override;
   void OnPlanned(core::Strategy strategy, double planning_seconds,
                  const core::PlanMetrics& metrics) override;
+  void OnCalibration(absl::string_view profile, const core::CostCalibrator::State& state) override;
 
   // Bucket upper bounds, exposed for tests.
   static const prometheus::Histogram::BucketBoundaries& LatencyBuckets();    // seconds
@@ -51,6 +58,13 @@ class PrometheusMetrics final : public ServiceObserver {
   prometheus::Gauge& stream_held_bytes_;
   prometheus::Family<prometheus::Histogram>& imbalance_;
   prometheus::Family<prometheus::Histogram>& comm_saving_;
+  // Calibration (OnCalibration); set in the constructor's body.
+  prometheus::Family<prometheus::Gauge>* cost_coefficient_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* cost_samples_ = nullptr;
+  prometheus::Family<prometheus::Counter>* cost_reported_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* cost_fit_error_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* cost_calibrated_ = nullptr;
+  absl::Mutex cost_mu_;  // serialises OnCalibration (the counter is set from State::total)
 };
 
 }  // namespace flashcp::planner_service
