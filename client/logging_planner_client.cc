@@ -87,4 +87,13 @@ absl::StatusOr<v1::ServerInfo> LoggingPlannerClient::GetServerInfo(const CallOpt
   return result;
 }
 
+absl::StatusOr<v1::ReportStepTimesResponse> LoggingPlannerClient::ReportStepTimes(
+    const v1::ReportStepTimesRequest& request, const CallOptions& options) {
+  const absl::Time start = options_.now();
+  auto result = inner_->ReportStepTimes(request, options);
+  Log(absl::StrCat("ReportStepTimes ", request.steps_size(), " steps -> ",
+                   StatusText(result.status()), " in ", Millis(options_.now() - start)));
+  return result;
+}
+
 }  // namespace flashcp::client
