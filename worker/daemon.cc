@@ -1,6 +1,7 @@
 #include "worker/daemon.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -37,10 +38,11 @@ static_assert(sizeof(StepHeader) == 64 && std::is_trivially_copyable_v<StepHeade
 
 struct RankReport {
   double attention_seconds = 0;  // CPU: forward + backward minus communication; CUDA: kernel time
+  double attention_cpu_seconds = 0;  // StepMeasurement's; 0 where not measured
   uint8_t stop = 0;              // this rank wants the group to stop
   uint8_t pad[7] = {};
 };
-static_assert(sizeof(RankReport) == 16 && std::is_trivially_copyable_v<RankReport>);
+static_assert(sizeof(RankReport) == 24 && std::is_trivially_copyable_v<RankReport>);
 
 // Rank 0's `bytes` to every rank (an all-gather where only rank 0 contributes).
 absl::Status Broadcast(Communicator& comm, std::byte* data, int64_t bytes) {
@@ -536,10 +538,31 @@ absl::Status WorkerDaemon::Heartbeat(Communicator& comm, bool* stop_anywhere) {
 
 namespace {
 
+// The time the calibration fits: every rank's thread CPU time where all
+// ranks measured it (one kernel thread each), else wall attention time.
+bool UseCpuSeconds(const std::vector<RankReport>& all) {
+  return std::all_of(all.begin(), all.end(),
+                     [](const RankReport& r) { return r.attention_cpu_seconds > 0; });
+}
+
 double MinSeconds(const std::vector<RankReport>& all) {
-  double m = all.empty() ? 0.0 : all[0].attention_seconds;
-  for (const RankReport& r : all) m = std::min(m, r.attention_seconds);
-  return m;
+  const bool cpu = UseCpuSeconds(all);
+  double m = std::numeric_limits<double>::infinity();
+  for (const RankReport& r : all) {
+    m = std::min(m, cpu ? r.attention_cpu_seconds : r.attention_seconds);
+  }
+  return all.empty() ? 0.0 : m;
+}
+
+// max / mean of the ranks' CPU attention seconds; 0 where not all measured.
+double CpuImbalance(const std::vector<RankReport>& all) {
+  if (all.empty() || !UseCpuSeconds(all)) return 0.0;
+  double sum = 0, max = 0;
+  for (const RankReport& r : all) {
+    sum += r.attention_cpu_seconds;
+    max = std::max(max, r.attention_cpu_seconds);
+  }
+  return max / (sum / static_cast<double>(all.size()));
 }
 
 }  // namespace
@@ -610,6 +633,7 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
   // Everyone's attention compute time (and stop wishes) to everyone.
   RankReport mine;
   mine.attention_seconds = m.attention_seconds;
+  mine.attention_cpu_seconds = m.attention_cpu_seconds;
   {
     absl::MutexLock lock(&mu_);
     mine.stop = exit_wanted_ ? 1 : 0;
@@ -641,11 +665,14 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
   summary_.predicted_imbalance += r.predicted_imbalance;
   // The cost model: the plan's prediction against this step's measurement,
   // split by calibration; the driver queues the step for the planner's fit.
+  const double cpu_imbalance = CpuImbalance(all);
+  summary_.measured_cpu_imbalance += cpu_imbalance;
   if (!plan.cost.prediction.rank_cost.empty()) {
     const int c = plan.cost.calibrated ? 1 : 0;
     summary_.predicted_cost_imbalance += plan.cost.prediction.imbalance;
     summary_.cost_steps[c] += 1;
     summary_.cost_measured[c] += mean > 0 ? max / mean : 1.0;
+    summary_.cost_measured_cpu[c] += cpu_imbalance;
     summary_.cost_predicted[c] += plan.cost.prediction.imbalance;
     if (c == 1 && summary_.first_calibrated_step < 0) {
       summary_.first_calibrated_step = summary_.steps - 1;
@@ -653,8 +680,10 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
   }
   if (comm.rank() == 0 && Reports() && MinSeconds(all) > 0) {
     const std::vector<core::RankFeatures> f = core::PlanRankFeatures(plan.plan);
+    const bool cpu = UseCpuSeconds(all);
     for (size_t i = 0; i < all.size(); ++i) {
-      pending_report_.push_back({f[i], all[i].attention_seconds});
+      pending_report_.push_back(
+          {f[i], cpu ? all[i].attention_cpu_seconds : all[i].attention_seconds});
     }
     if (static_cast<int64_t>(pending_report_.size()) >=
         int64_t{options_.report_every} * comm.size()) {
@@ -682,15 +711,19 @@ absl::Status WorkerDaemon::Loop(Communicator& comm) {
     if (!pending_report_.empty()) FlushReport(comm.size());
     const auto mean_of = [](double sum, int64_t k) { return k > 0 ? sum / k : 0.0; };
     const std::string cost = absl::StrFormat(
-        ",\"cost_profile\":\"%s\",\"predicted_cost_imbalance\":%.4f,"
-        "\"calibrated_steps\":%d,\"first_calibrated_step\":%d,"
-        "\"uncalibrated\":{\"measured\":%.4f,\"predicted\":%.4f},"
-        "\"calibrated\":{\"measured\":%.4f,\"predicted\":%.4f}",
+        ",\"measured_cpu_imbalance\":%.4f,\"cost_profile\":\"%s\","
+        "\"predicted_cost_imbalance\":%.4f,\"calibrated_steps\":%d,"
+        "\"first_calibrated_step\":%d,"
+        "\"uncalibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f},"
+        "\"calibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f}",
+        summary_.measured_cpu_imbalance / n,
         options_.cost_profile.empty() ? std::string(core::kPairsProfile) : options_.cost_profile,
         summary_.predicted_cost_imbalance / n, summary_.cost_steps[1],
         summary_.first_calibrated_step, mean_of(summary_.cost_measured[0], summary_.cost_steps[0]),
+        mean_of(summary_.cost_measured_cpu[0], summary_.cost_steps[0]),
         mean_of(summary_.cost_predicted[0], summary_.cost_steps[0]),
         mean_of(summary_.cost_measured[1], summary_.cost_steps[1]),
+        mean_of(summary_.cost_measured_cpu[1], summary_.cost_steps[1]),
         mean_of(summary_.cost_predicted[1], summary_.cost_steps[1]));
     const std::string line = SummaryLine(
         run->strategy, std::string(core::CommSchemeName(run->scheme)), summary_.steps,

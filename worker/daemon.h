@@ -237,8 +237,11 @@ class WorkerDaemon {
     // The cost model's prediction, and the steps split by whether their plan
     // used the planner's calibrated fit (index 1) or not (index 0).
     double predicted_cost_imbalance = 0;
+    // max / mean of thread CPU attention seconds (0 for a step where some
+    // rank did not measure it).
+    double measured_cpu_imbalance = 0;
     int64_t cost_steps[2] = {0, 0};
-    double cost_measured[2] = {0, 0}, cost_predicted[2] = {0, 0};
+    double cost_measured[2] = {0, 0}, cost_measured_cpu[2] = {0, 0}, cost_predicted[2] = {0, 0};
     int64_t first_calibrated_step = -1;  // 0-based step of the run; -1: none
   } summary_;
   // Driver: measured rank-steps not yet reported (ReportStepTimes).
