@@ -369,14 +369,18 @@ absl::StatusOr<CostFit> CostSampleWindow::Fit(const CostFitOptions& options) con
   return FitCostModel(v, options);
 }
 
-absl::StatusOr<CostCalibrator::State> CostCalibrator::Add(absl::string_view profile,
-                                                           absl::Span<const CostSample> samples) {
+absl::Status ValidateCalibrationProfile(absl::string_view profile) {
   if (profile == kPairsProfile) {
     return absl::InvalidArgumentError(
         "cost_profile: \"pairs\" counts pairs, not time, and is not calibrated; report under a "
         "time profile (h200-cudnn, cpu-fp32)");
   }
-  FLASHCP_RETURN_IF_ERROR(CostProfile(profile).status());
+  return CostProfile(profile).status();
+}
+
+absl::StatusOr<CostCalibrator::State> CostCalibrator::Add(absl::string_view profile,
+                                                           absl::Span<const CostSample> samples) {
+  FLASHCP_RETURN_IF_ERROR(ValidateCalibrationProfile(profile));
   for (size_t i = 0; i < samples.size(); ++i) {
     if (absl::Status s = ValidateCostSample(samples[i]); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("samples[", i, "].", s.message()));

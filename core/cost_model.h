@@ -151,6 +151,10 @@ class CostSampleWindow {
   std::deque<CostSample> samples_;
 };
 
+// A profile that can be calibrated: InvalidArgument for "pairs" (a count,
+// not a time), NotFound for an unknown one.
+absl::Status ValidateCalibrationProfile(absl::string_view profile);
+
 // What a plan reports about the cost it balanced.
 struct PlanCostReport {
   std::string profile;            // "" for explicit coefficients

@@ -428,12 +428,7 @@ absl::StatusOr<StepTimesReport> StepTimesFromProto(const v1::ReportStepTimesRequ
     return absl::InvalidArgumentError(absl::StrCat("cost_profile: at most ", kMaxCostProfileBytes,
                                                    " bytes, got ", profile.size()));
   }
-  if (profile == core::kPairsProfile) {
-    return absl::InvalidArgumentError(
-        "cost_profile: \"pairs\" counts pairs, not time, and is not calibrated; report under a "
-        "time profile (h200-cudnn, cpu-fp32)");
-  }
-  FLASHCP_RETURN_IF_ERROR(core::CostProfile(profile).status());
+  FLASHCP_RETURN_IF_ERROR(core::ValidateCalibrationProfile(profile));
   if (request.steps_size() > kMaxReportSteps) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "steps: ", request.steps_size(), " steps, at most ", kMaxReportSteps, " per call"));
