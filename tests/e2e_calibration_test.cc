@@ -96,6 +96,19 @@ TEST(CalibrationE2eTest, CpuGroupCalibratesInBoundedStepsAndStaysWithinNoiseOfPa
   EXPECT_EQ(sample("flashcp_planner_cost_calibrated"), 1);
   // Thread CPU time fits the model to 2-10% on this shared VM (docs/workers.md).
   EXPECT_LT(sample("flashcp_planner_cost_fit_error_ratio"), 0.25);
+  // The fit in use, per term: pairs cost what the CPU engine's pairs cost
+  // (cpu-fp32 ships 5.4e-8 s; a loaded VM is slower, never 20x faster or
+  // 20x slower), and no coefficient is negative.
+  for (const char* term : {"whole_pair", "prefixed_pair", "sequence", "token"}) {
+    absl::StatusOr<double> c = tests::testing::FindSample(
+        *m, "flashcp_planner_cost_coefficient", {{"profile", "cpu-fp32"}, {"term", term}});
+    ASSERT_THAT(c.status(), IsOk()) << term;
+    EXPECT_GE(*c, 0.0) << term;
+    if (std::string(term).ends_with("_pair")) {
+      EXPECT_GT(*c, 5.4e-8 / 20) << term;
+      EXPECT_LT(*c, 5.4e-8 * 20) << term;
+    }
+  }
 
   // Convergence: no fit before the first report (kReportEvery steps x 4
   // ranks = 32 samples, the minimum); fitted plans from the third report's
