@@ -178,4 +178,12 @@ absl::StatusOr<v1::ServerInfo> GrpcPlannerClient::GetServerInfo(const CallOption
   });
 }
 
+absl::StatusOr<v1::ReportStepTimesResponse> GrpcPlannerClient::ReportStepTimes(
+    const v1::ReportStepTimesRequest& request, const CallOptions& options) {
+  return Unary<v1::ReportStepTimesResponse>(
+      options, [&](grpc::ClientContext* context, auto* response) {
+        return stub_->ReportStepTimes(context, request, response);
+      });
+}
+
 }  // namespace flashcp::client

@@ -73,6 +73,8 @@ class GrpcPlannerClient final : public PlannerClient {
   std::unique_ptr<PlanStream> OpenPlanStream(const CallOptions& options) override;
   absl::StatusOr<v1::ListStrategiesResponse> ListStrategies(const CallOptions& options) override;
   absl::StatusOr<v1::ServerInfo> GetServerInfo(const CallOptions& options) override;
+  absl::StatusOr<v1::ReportStepTimesResponse> ReportStepTimes(
+      const v1::ReportStepTimesRequest& request, const CallOptions& options) override;
 
  private:
   std::unique_ptr<v1::Planner::Stub> stub_;

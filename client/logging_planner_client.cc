@@ -89,4 +89,13 @@ absl::StatusOr<v1::ServerInfo> LoggingPlannerClient::GetServerInfo(const CallOpt
   return result;
 }
 
+absl::StatusOr<v1::ReportStepTimesResponse> LoggingPlannerClient::ReportStepTimes(
+    const v1::ReportStepTimesRequest& request, const CallOptions& options) {
+  const absl::Time start = clock_.Now();
+  auto result = inner_->ReportStepTimes(request, options);
+  Log(absl::StrCat("ReportStepTimes ", request.steps_size(), " steps -> ",
+                   StatusText(result.status()), " in ", Millis(clock_.Now() - start)));
+  return result;
+}
+
 }  // namespace flashcp::client

@@ -32,6 +32,8 @@ class LoggingPlannerClient final : public PlannerClient {
   std::unique_ptr<PlanStream> OpenPlanStream(const CallOptions& options) override;
   absl::StatusOr<v1::ListStrategiesResponse> ListStrategies(const CallOptions& options) override;
   absl::StatusOr<v1::ServerInfo> GetServerInfo(const CallOptions& options) override;
+  absl::StatusOr<v1::ReportStepTimesResponse> ReportStepTimes(
+      const v1::ReportStepTimesRequest& request, const CallOptions& options) override;
 
  private:
   void Log(absl::string_view line) const;

@@ -76,6 +76,16 @@ class PlannerClient {
       const CallOptions& options) = 0;
   virtual absl::StatusOr<v1::ServerInfo> GetServerInfo(const CallOptions& options) = 0;
 
+  // Measured step times for the planner's cost calibration. Not idempotent
+  // (a repeated report adds its samples twice), so decorators never retry
+  // it. The default: UNIMPLEMENTED (clients that do not report).
+  virtual absl::StatusOr<v1::ReportStepTimesResponse> ReportStepTimes(
+      const v1::ReportStepTimesRequest& request, const CallOptions& options) {
+    (void)request;
+    (void)options;
+    return absl::UnimplementedError("ReportStepTimes: not supported by this client");
+  }
+
   // PlanAsync as a future.
   std::future<PlanResult> PlanFuture(const v1::PlanRequest& request, const CallOptions& options);
 };

@@ -133,6 +133,13 @@ absl::StatusOr<v1::ServerInfo> RetryingPlannerClient::GetServerInfo(const CallOp
                                [&](const CallOptions& o) { return inner_->GetServerInfo(o); });
 }
 
+// Not retried: a report that reached the planner and lost its answer would
+// add its samples twice.
+absl::StatusOr<v1::ReportStepTimesResponse> RetryingPlannerClient::ReportStepTimes(
+    const v1::ReportStepTimesRequest& request, const CallOptions& options) {
+  return inner_->ReportStepTimes(request, options);
+}
+
 void RetryingPlannerClient::PlanAsync(const v1::PlanRequest& request, const CallOptions& options,
                                       PlanCallback done) {
   AsyncAttempt(std::make_shared<const v1::PlanRequest>(request), options,

@@ -63,6 +63,8 @@ class RetryingPlannerClient final : public PlannerClient {
   PlanResult Plan(const v1::PlanRequest& request, const CallOptions& options) override;
   absl::StatusOr<v1::ListStrategiesResponse> ListStrategies(const CallOptions& options) override;
   absl::StatusOr<v1::ServerInfo> GetServerInfo(const CallOptions& options) override;
+  absl::StatusOr<v1::ReportStepTimesResponse> ReportStepTimes(
+      const v1::ReportStepTimesRequest& request, const CallOptions& options) override;
   // A failed attempt's callback schedules the next attempt with
   // clock.run_after and returns at once; the retry starts on the timer's
   // thread. The decorator must outlive its pending PlanAsync calls (a retry

@@ -644,7 +644,7 @@ TEST(TargetedPhaseLowerBoundTest, NoPlanBeatsIt) {
       ASSERT_THAT(batches, IsOk());
       for (const std::vector<int64_t>& docs : *batches) {
         const Batch batch{docs, n};
-        for (Strategy s : kAllStrategies) {
+        for (Strategy s : AllStrategies()) {
           if (s == Strategy::kIlp) continue;
           absl::StatusOr<Plan> plan = MakePlan(s, batch, PlanOptions{});
           ASSERT_THAT(plan, IsOk());

@@ -4,12 +4,16 @@
 #include <array>
 #include <iterator>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/analysis.h"
 #include "core/echo.h"
+#include "core/cost_model.h"
+#include "core/internal/recut.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
 
@@ -125,6 +129,42 @@ const StrategyRow* Row(Strategy strategy) {
   return i < kNumStrategies ? &kStrategyTable[i] : nullptr;
 }
 
+// The strategies whose cut points are theirs to choose by balance: the
+// others' cuts are their definition (equal chunks, zigzags).
+bool BalancesOnCost(Strategy strategy) {
+  return strategy == Strategy::kWholeDoc || strategy == Strategy::kFlashCpPaper ||
+         strategy == Strategy::kFlashCp;
+}
+
+// Re-cuts `plan` (internal::RecutPieces: same pieces, ranks and order, cut
+// points moved) so that the cost model's heaviest rank is as light as the
+// program finds; keeps `plan` unless that lowers the model's maximum.
+Plan BalanceOnCost(Strategy strategy, const Batch& batch, Plan plan,
+                   const PlanOptions& options) {
+  const CostPrediction before = PredictPlanCost(options.cost, plan);
+  const double max_before = *std::max_element(before.rank_cost.begin(), before.rank_cost.end());
+  // The re-cut keeps every piece of a cut document at >= keep + 1 tokens:
+  // flashcp's minimum shard where the plan has none shorter (so it makes no
+  // new sliver), 1 for the strategies without the rule.
+  int64_t shortest = std::numeric_limits<int64_t>::max();
+  {
+    std::vector<int32_t> pieces_of(batch.doc_lens.size(), 0);
+    for (const Shard& s : plan.shards) ++pieces_of[s.doc];
+    for (const Shard& s : plan.shards) {
+      if (pieces_of[s.doc] > 1) shortest = std::min(shortest, s.len);
+    }
+  }
+  const int64_t rule = strategy == Strategy::kFlashCp ? options.min_shard_tokens : 1;
+  const int64_t keep = std::max<int64_t>(1, std::min(rule, shortest - 1));
+  std::vector<Shard> pieces = plan.shards;
+  if (!internal::RecutPieces(batch, pieces, keep, kCostRecutRounds,
+                             max_before, options.cost)
+           .has_value()) {
+    return plan;
+  }
+  return internal::FinishPlan(batch, std::move(pieces));
+}
+
 }  // namespace
 
 absl::Span<const Strategy> AllStrategies() { return kIds; }
@@ -170,6 +210,9 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
         "min_shard_tokens: must be in [0, 2^40], got ", options.min_shard_tokens));
   }
   FLASHCP_RETURN_IF_ERROR(ValidateRanksPerNode(options.ranks_per_node));
+  if (absl::Status s = ValidateCostCoefficients(options.cost); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("cost.", s.message()));
+  }
   FLASHCP_RETURN_IF_ERROR(options.stop.Check());
   const StrategyRow* row = Row(strategy);
   if (row == nullptr) {
@@ -177,6 +220,10 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
         absl::StrCat("strategy: unknown strategy id ", static_cast<int>(strategy)));
   }
   absl::StatusOr<Plan> plan = row->plan(batch, options, info);
+  if (plan.ok() && BalancesOnCost(strategy) && !IsPairsModel(options.cost)) {
+    FLASHCP_RETURN_IF_ERROR(options.stop.Check());
+    plan = BalanceOnCost(strategy, batch, *std::move(plan), options);
+  }
   // A stop that came while a short planner ran: the caller no longer wants it.
   if (plan.ok()) FLASHCP_RETURN_IF_ERROR(options.stop.Check());
   return plan;

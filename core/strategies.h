@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "core/cost_model.h"
 #include "core/types.h"
 
 namespace flashcp::core {
@@ -105,8 +106,19 @@ struct PlanOptions {
   // the ranks for it; other strategies ignore it. 0 <= ranks_per_node <= 65536.
   int32_t ranks_per_node = 0;
   IlpOptions ilp;
+  // The rank cost the plan balances (core/cost_model.h; docs/planner.md,
+  // "Cost model"). The pairs model (the default) is SPEC Eq. 3 and changes
+  // nothing. Any other: whole_doc, flashcp_paper and flashcp plans are
+  // re-cut (same pieces on the same ranks, cut points moved by the re-cut's
+  // linear program) to lower the model's heaviest rank, kept only where it
+  // falls; the other strategies' cuts are their definition and stay. Must
+  // pass ValidateCostCoefficients.
+  CostCoefficients cost;
   StopToken stop;  // never stops by default
 };
+
+// Linearization rounds of the cost re-cut (internal::RecutPieces).
+inline constexpr int32_t kCostRecutRounds = 8;
 
 // Extra facts some strategies report (the ILP's optimality gap).
 struct PlanInfo {
@@ -117,7 +129,7 @@ struct PlanInfo {
 };
 
 // Plans `batch` with `strategy`. InvalidArgument for a bad batch (ValidateBatch)
-// or bad options (naming the field); options.stop's status once it says stop
+// or bad options (naming the field; cost.<field> for the cost model); options.stop's status once it says stop
 // (asked before and after planning, and inside the long planners: flashcp,
 // flashcp_paper's search is short); the returned plan always passes ValidatePlan.
 absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch,

@@ -133,6 +133,29 @@ PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry, absl::strin
       .Register(registry)
       .Add({{"version", std::string(version)}})
       .Set(1);
+  cost_coefficient_ = &prometheus::BuildGauge()
+                           .Name("flashcp_planner_cost_coefficient")
+                           .Help("Cost model coefficient a profile's plans use once calibrated, "
+                                 "seconds per unit of the term (whole_pair, prefixed_pair, "
+                                 "sequence, token)")
+                           .Register(registry);
+  cost_samples_ = &prometheus::BuildGauge()
+                       .Name("flashcp_planner_cost_samples")
+                       .Help("Rank-step samples in a profile's calibration window")
+                       .Register(registry);
+  cost_reported_ = &prometheus::BuildCounter()
+                        .Name("flashcp_planner_cost_reported_samples_total")
+                        .Help("Rank-step samples accepted by ReportStepTimes, by profile")
+                        .Register(registry);
+  cost_fit_error_ = &prometheus::BuildGauge()
+                         .Name("flashcp_planner_cost_fit_error_ratio")
+                         .Help("Mean |predicted - measured| / measured rank time of the "
+                               "profile's fit in use, over its inliers")
+                         .Register(registry);
+  cost_calibrated_ = &prometheus::BuildGauge()
+                          .Name("flashcp_planner_cost_calibrated")
+                          .Help("1 once a profile's plans use its online fit")
+                          .Register(registry);
 }
 
 void PrometheusMetrics::OnRequestDone(absl::string_view method, absl::StatusCode code,
@@ -191,6 +214,23 @@ void PrometheusMetrics::OnPlanned(core::Strategy strategy, double planning_secon
              PhaseBuckets())
         .Observe(static_cast<double>(phase.max_received_tokens) / per_rank);
   }
+}
+
+void PrometheusMetrics::OnCalibration(absl::string_view profile,
+                                      const core::CostCalibrator::State& state) {
+  const std::string p(profile);
+  absl::MutexLock lock(&cost_mu_);
+  cost_samples_->Add({{"profile", p}}).Set(static_cast<double>(state.samples));
+  prometheus::Counter& reported = cost_reported_->Add({{"profile", p}});
+  reported.Increment(static_cast<double>(state.total) - reported.Value());
+  cost_calibrated_->Add({{"profile", p}}).Set(state.calibrated ? 1 : 0);
+  if (!state.calibrated) return;
+  const core::CostCoefficients& c = state.fit.coefficients;
+  cost_coefficient_->Add({{"profile", p}, {"term", "whole_pair"}}).Set(c.whole_pair);
+  cost_coefficient_->Add({{"profile", p}, {"term", "prefixed_pair"}}).Set(c.prefixed_pair);
+  cost_coefficient_->Add({{"profile", p}, {"term", "sequence"}}).Set(c.sequence);
+  cost_coefficient_->Add({{"profile", p}, {"term", "token"}}).Set(c.token);
+  cost_fit_error_->Add({{"profile", p}}).Set(state.fit.mean_abs_rel_error);
 }
 
 }  // namespace flashcp::planner_service

@@ -18,6 +18,11 @@
 //   flashcp_planner_rendezvous_members                                  gauge
 //   flashcp_planner_rendezvous_events_total{event}                      counter
 //   flashcp_planner_build_info{version}                                 gauge, always 1
+//   flashcp_planner_cost_coefficient{profile,term}                      gauge, the fit in use
+//   flashcp_planner_cost_samples{profile}                               gauge, in the window
+//   flashcp_planner_cost_reported_samples_total{profile}                counter
+//   flashcp_planner_cost_fit_error_ratio{profile}                       gauge, mean |rel. error|
+//   flashcp_planner_cost_calibrated{profile}                            gauge, 1 once a fit is used
 // A PlanStream item counts as one request of method "PlanStream". cp_size is
 // the plan's N, so plans for 8 and 32 ranks are never averaged together.
 #ifndef FLASHCP_PLANNER_SERVICE_METRICS_H_
@@ -26,6 +31,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "planner_service/observer.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -51,6 +57,7 @@ class PrometheusMetrics final : public ServiceObserver, public RendezvousObserve
                  const core::PlanMetrics& metrics) override;
   void OnRendezvousEvent(Event event) override;
   void OnRendezvousSize(int64_t groups, int64_t members) override;
+  void OnCalibration(absl::string_view profile, const core::CostCalibrator::State& state) override;
 
   // Bucket upper bounds, exposed for tests.
   static const prometheus::Histogram::BucketBoundaries& LatencyBuckets();    // seconds
@@ -75,6 +82,13 @@ class PrometheusMetrics final : public ServiceObserver, public RendezvousObserve
   prometheus::Gauge& rendezvous_groups_;
   prometheus::Gauge& rendezvous_members_;
   prometheus::Family<prometheus::Counter>& rendezvous_events_;
+  // Calibration (OnCalibration); set in the constructor's body.
+  prometheus::Family<prometheus::Gauge>* cost_coefficient_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* cost_samples_ = nullptr;
+  prometheus::Family<prometheus::Counter>* cost_reported_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* cost_fit_error_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* cost_calibrated_ = nullptr;
+  absl::Mutex cost_mu_;  // serialises OnCalibration (the counter is set from State::total)
 };
 
 }  // namespace flashcp::planner_service

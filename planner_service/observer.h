@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "core/analysis.h"
+#include "core/cost_model.h"
 #include "core/strategies.h"
 
 namespace flashcp::planner_service {
@@ -38,6 +39,12 @@ class ServiceObserver {
   // One successful plan: its planning and analysis time and its quality.
   virtual void OnPlanned(core::Strategy strategy, double planning_seconds,
                          const core::PlanMetrics& metrics) = 0;
+
+  // A cost profile's calibration after an accepted ReportStepTimes.
+  virtual void OnCalibration(absl::string_view profile, const core::CostCalibrator::State& state) {
+    (void)profile;
+    (void)state;
+  }
 };
 
 // What the planner's Rendezvous (rendezvous_service.h) reports as groups form

@@ -47,11 +47,13 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
     FLASHCP_RETURN_IF_ERROR(input.options.stop.Check());
     FLASHCP_ASSIGN_OR_RETURN(layout, core::BuildCommLayout(plan));
   }
+  const core::PlanCostReport cost{input.cost_profile, input.options.cost, input.cost_calibrated,
+                                  core::PredictPlanCost(input.options.cost, plan)};
   const double seconds = absl::ToDoubleSeconds(clock.Now() - start);
   observer.OnPlanned(input.strategy, seconds, metrics);
   return proto::ResponseToProto(input.batch_id, input.strategy, plan, metrics,
                                 layout ? &*layout : nullptr, seconds,
-                                input.strategy == core::Strategy::kIlp ? &info : nullptr);
+                                input.strategy == core::Strategy::kIlp ? &info : nullptr, &cost);
 }
 
 }  // namespace flashcp::planner_service

@@ -30,8 +30,9 @@ struct PlanBounds {
 // `bounds`.
 absl::StatusOr<int64_t> CheckPlanBounds(const proto::PlanInput& input, const PlanBounds& bounds);
 
-// core::MakePlan, core::AnalyzePlan and (if asked) core::BuildCommLayout,
-// converted to a response whose metrics.planning_seconds is the `clock` time
+// core::MakePlan, core::AnalyzePlan, core::PredictPlanCost under the
+// input's cost model and (if asked) core::BuildCommLayout, converted to a
+// response whose metrics.planning_seconds is the `clock` time
 // those took. Errors are the core's, unchanged (e.g. Unimplemented for a
 // strategy not built yet; input.options.stop's status once it says stop, also
 // between the steps). On success reports observer.OnPlanned.

@@ -174,7 +174,8 @@ int MaxMessageBytes(const ServerOptions& o) {
   // for the small fields.
   constexpr int64_t kRendezvous = int64_t{rdv::kMaxValueBytes} +
                                   int64_t{rdv::kMaxKeysPerGet} * (rdv::kMaxKeyBytes + 3) + 4096;
-  return static_cast<int>(std::max(proto::MaxRequestBytes(o.limits), kRendezvous));
+  return static_cast<int>(
+      std::max({proto::MaxRequestBytes(o.limits), kRendezvous, proto::kMaxReportBytes}));
 }
 
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address,
@@ -261,6 +262,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   deps.stream_bytes = s->stream_bytes_.get();
   deps.clock = clock;
   deps.observer = observer;
+  s->calibration_ = std::make_unique<Calibration>(observer);
+  deps.calibration = s->calibration_.get();
   s->service_ = std::make_unique<PlannerService>(std::move(deps));
 
   // Both are process-wide switches that gRPC reads when a server is built.

@@ -139,6 +139,7 @@ class PlannerServer {
   std::unique_ptr<PlanningPool> pool_;
   std::unique_ptr<PlanningPool> ilp_pool_;  // when allow_ilp
   std::unique_ptr<HeldBytes> stream_bytes_;
+  std::unique_ptr<Calibration> calibration_;  // cost profiles' online fits
   std::unique_ptr<PlannerService> service_;
   std::unique_ptr<RendezvousHost> rendezvous_;  // flashcp.v1.Rendezvous, for worker groups
   std::unique_ptr<grpc::Server> server_;

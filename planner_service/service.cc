@@ -67,8 +67,9 @@ struct Prepared {
 
 // Size check, parse, validation, the ILP switch and the plan's bounds, in
 // this order. `batch_id` is set once the message parsed.
-absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceConfig& config,
+absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceDeps& deps,
                                  uint64_t* batch_id) {
+  const ServiceConfig& config = deps.config;
   const int64_t max_bytes = proto::MaxRequestBytes(config.limits);
   if (static_cast<int64_t>(bytes->Length()) > max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -85,6 +86,7 @@ absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceConfig& c
         "strategy: ilp is disabled on this server (start it with --allow_ilp)");
   }
   FLASHCP_ASSIGN_OR_RETURN(const int64_t bound, CheckPlanBounds(input, config.bounds));
+  if (deps.calibration != nullptr) deps.calibration->Apply(input);
   return Prepared{std::move(input), bound};
 }
 
@@ -131,7 +133,7 @@ class PlanReactor final : public grpc::ServerUnaryReactor {
     deps_.observer->OnInflightChange(+1);
     grpc::ByteBuffer bytes(*request);  // shares the slices
     uint64_t batch_id = 0;
-    absl::StatusOr<Prepared> prepared = Prepare(&bytes, deps_.config, &batch_id);
+    absl::StatusOr<Prepared> prepared = Prepare(&bytes, deps_, &batch_id);
     if (!prepared.ok()) {
       FinishWith(prepared.status());
       return;
@@ -246,7 +248,7 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     }
     const absl::Time received = deps_.clock->Now();
     uint64_t batch_id = 0;
-    absl::StatusOr<Prepared> prepared = Prepare(&read_buf_, deps_.config, &batch_id);
+    absl::StatusOr<Prepared> prepared = Prepare(&read_buf_, deps_, &batch_id);
     Actions actions;
     {
       absl::MutexLock lock(&mu_);
@@ -645,6 +647,42 @@ grpc::ServerUnaryReactor* PlannerService::GetServerInfo(grpc::CallbackServerCont
         r.set_max_tokens_per_batch(deps_.config.limits.max_tokens);
         r.set_max_cp_size(deps_.config.limits.max_cp_size);
       });
+}
+
+grpc::ServerUnaryReactor* PlannerService::ReportStepTimes(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  const absl::Time received = deps_.clock->Now();
+  absl::Status status;
+  if (deps_.calibration == nullptr) {
+    status = absl::UnimplementedError("ReportStepTimes: this planner does not calibrate");
+  } else if (static_cast<int64_t>(request->Length()) > proto::kMaxReportBytes) {
+    status = absl::ResourceExhaustedError(absl::StrCat(
+        "request: ", request->Length(), " bytes, above the largest valid "
+        "flashcp.v1.ReportStepTimesRequest (", proto::kMaxReportBytes, " bytes)"));
+  } else {
+    grpc::ByteBuffer bytes(*request);
+    v1::ReportStepTimesRequest message;
+    status = ParseMessage(&bytes, &message);
+    absl::StatusOr<proto::StepTimesReport> report =
+        status.ok() ? proto::StepTimesFromProto(message)
+                    : absl::StatusOr<proto::StepTimesReport>(status);
+    absl::StatusOr<core::CostCalibrator::State> state =
+        report.ok() ? deps_.calibration->Report(*report)
+                    : absl::StatusOr<core::CostCalibrator::State>(report.status());
+    status = state.status();
+    if (state.ok()) {
+      absl::StatusOr<grpc::ByteBuffer> serialized = Serialize(proto::StepTimesResponseToProto(
+          static_cast<int64_t>(report->samples.size()), *state));
+      status = serialized.status();
+      if (serialized.ok()) *response = *std::move(serialized);
+    }
+  }
+  deps_.observer->OnRequestDone("ReportStepTimes", status.code(),
+                                absl::ToDoubleSeconds(deps_.clock->Now() - received));
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(proto::ToGrpcStatus(status));
+  return reactor;
 }
 
 }  // namespace flashcp::planner_service

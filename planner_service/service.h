@@ -18,6 +18,7 @@
 #include "flashcp/v1/planner.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "core/clock.h"
+#include "planner_service/calibration.h"
 #include "planner_service/held_bytes.h"
 #include "planner_service/observer.h"
 #include "planner_service/plan_batch.h"
@@ -51,12 +52,17 @@ struct ServiceDeps {
   HeldBytes* stream_bytes = nullptr;   // all streams' unread response bytes
   const core::Clock* clock = nullptr;
   ServiceObserver* observer = nullptr;
+  // Cost profiles' online fits (ReportStepTimes); null: ReportStepTimes is
+  // UNIMPLEMENTED and named profiles plan with their shipped coefficients.
+  Calibration* calibration = nullptr;
 };
 
 class PlannerService final
     : public v1::Planner::WithRawCallbackMethod_Plan<v1::Planner::WithRawCallbackMethod_PlanStream<
           v1::Planner::WithRawCallbackMethod_ListStrategies<
-              v1::Planner::WithRawCallbackMethod_GetServerInfo<v1::Planner::Service>>>> {
+              v1::Planner::WithRawCallbackMethod_GetServerInfo<
+                  v1::Planner::WithRawCallbackMethod_ReportStepTimes<
+                      v1::Planner::Service>>>>> {
  public:
   explicit PlannerService(ServiceDeps deps) : deps_(std::move(deps)) {}
 
@@ -71,6 +77,9 @@ class PlannerService final
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const grpc::ByteBuffer* request,
                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ReportStepTimes(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
 
  private:
   const ServiceDeps deps_;

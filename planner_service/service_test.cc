@@ -3,6 +3,7 @@
 #include "planner_service/service.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -438,13 +439,13 @@ TEST(RawMessagesTest, HugeFieldsAreEchoedShortAndOversizedRequestsRefusedUnparse
                 "strategy: unknown strategy \"", std::string(64, 's'),
                 "\"... (8192 bytes) (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, "
                 "flashcp, ilp, magi)")));
-  // 327,772 bytes at the default limits (proto/convert_test.cc); 400,000 here.
+  // 327,887 bytes at the default limits (proto/convert_test.cc); 400,000 here.
   r = PlanRequestOf(2, {5, 3}, 2, std::string(400'000, 's'));
   EXPECT_EQ(UnaryPlan(*stub, r, &response),
             absl::ResourceExhaustedError(absl::StrCat(
                 "request: ", r.ByteSizeLong(),
                 " bytes, above the largest valid flashcp.v1.PlanRequest at this server's "
-                "--max_docs and --max_tokens (327772 bytes)")));
+                "--max_docs and --max_tokens (327887 bytes)")));
   // The receive limit: the larger of that and the largest Rendezvous
   // request (1 MiB value; 4,096 keys of 256 bytes), not 64 MiB.
   EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);
@@ -745,6 +746,183 @@ TEST(PrometheusMetricsTest, RendezvousAndQueueSeries) {
   EXPECT_THAT(text, HasSubstr("flashcp_planner_rendezvous_groups 3\n"));
   EXPECT_THAT(text, HasSubstr("flashcp_planner_rendezvous_members 7\n"));
   EXPECT_THAT(text, HasSubstr("flashcp_planner_queue_capacity 64\n"));
+}
+
+}  // namespace
+}  // namespace flashcp::planner_service
+
+namespace flashcp::planner_service {
+namespace {
+
+absl::Status Report(v1::Planner::Stub& stub, const v1::ReportStepTimesRequest& request,
+                    v1::ReportStepTimesResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+  return proto::FromGrpcStatus(stub.ReportStepTimes(&context, request, response));
+}
+
+// `steps` steps of 4 ranks, features spread over a CPU-sized range (a fixed
+// LCG), times exactly `truth`'s.
+std::vector<core::CostSample> SyntheticSteps(const core::CostCoefficients& truth, int steps) {
+  uint64_t x = 12345;
+  const auto next = [&x] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>(x >> 11) * 0x1.0p-53;
+  };
+  std::vector<core::CostSample> v;
+  for (int i = 0; i < 4 * steps; ++i) {
+    core::RankFeatures f{1e5 + 4e5 * next(), 1e5 + 6e5 * next(), std::floor(1 + 12 * next()),
+                         1000 + std::floor(24 * next())};
+    v.push_back({f, core::PredictRankCost(truth, f)});
+  }
+  return v;
+}
+
+TEST(CalibrationServiceTest, BadReportsChangeNothingGoodOnesCalibrateLaterPlans) {
+  core::RealClock clock;
+  RecordingObserver observer;
+  std::unique_ptr<PlannerServer> server = StartServer(LoopbackOptions(), &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(NewChannel(*server));
+  v1::PlanRequest plan_request =
+      PlanRequestOf(1, {900, 1500, 200, 700, 300, 96, 400}, 4, "flashcp");
+  plan_request.set_cost_profile("cpu-fp32");
+  const core::CostCoefficients shipped = *core::CostProfile("cpu-fp32");
+  const auto plan_with = [&](v1::PlanResponse* response) {
+    ASSERT_THAT(UnaryPlan(*stub, plan_request, response), IsOk());
+    absl::StatusOr<proto::PlanResult> result = proto::ResponseFromProto(*response);
+    ASSERT_THAT(result, IsOk());
+    // The prediction is the plan's, under the coefficients reported.
+    const core::CostPrediction p =
+        core::PredictPlanCost(result->cost.coefficients, result->plan);
+    EXPECT_EQ(result->cost.prediction.rank_cost, p.rank_cost);
+    EXPECT_EQ(result->cost.prediction.imbalance, p.imbalance);
+    EXPECT_EQ(result->cost.profile, "cpu-fp32");
+  };
+  v1::PlanResponse before;
+  plan_with(&before);
+  EXPECT_FALSE(before.metrics().cost_calibrated());
+  EXPECT_EQ(proto::CostFromProto(before.metrics().cost()), shipped);
+  EXPECT_EQ(before.metrics().rank_predicted_cost_size(), 4);
+
+  const core::CostCoefficients truth{2.0e-9, 3.1e-9, 4.0e-5, 2.5e-7};
+  const std::vector<core::CostSample> samples = SyntheticSteps(truth, 10);
+  v1::ReportStepTimesResponse response;
+  struct Bad {
+    v1::ReportStepTimesRequest request;
+    absl::Status want;
+  };
+  std::vector<Bad> bad;
+  bad.push_back({proto::StepTimesToProto("", 4, samples),
+                 absl::InvalidArgumentError("cost_profile: required")});
+  bad.push_back({proto::StepTimesToProto("pairs", 4, samples),
+                 absl::InvalidArgumentError(
+                     "cost_profile: \"pairs\" counts pairs, not time, and is not calibrated; "
+                     "report under a time profile (h200-cudnn, cpu-fp32)")});
+  bad.push_back({proto::StepTimesToProto("tpu", 4, samples),
+                 absl::NotFoundError("cost profile \"tpu\" is unknown; known: pairs, "
+                                     "h200-cudnn, cpu-fp32")});
+  bad.push_back({proto::StepTimesToProto("cpu-fp32", 1, SyntheticSteps(truth, 17)),
+                 absl::ResourceExhaustedError("steps: 68 steps, at most 64 per call")});
+  bad.push_back({proto::StepTimesToProto("cpu-fp32", 80, SyntheticSteps(truth, 1040)),
+                 absl::ResourceExhaustedError("steps: 4160 rank entries, at most 4096 per call")});
+  {
+    v1::ReportStepTimesRequest r = proto::StepTimesToProto("cpu-fp32", 4, samples);
+    r.mutable_steps(2)->mutable_ranks()->RemoveLast();
+    bad.push_back({r, absl::InvalidArgumentError("steps[2].ranks: 3 entries for cp_size 4")});
+  }
+  {
+    v1::ReportStepTimesRequest r = proto::StepTimesToProto("cpu-fp32", 4, samples);
+    r.mutable_steps(1)->mutable_ranks(2)->set_seconds(std::nan(""));
+    bad.push_back({r, absl::InvalidArgumentError(
+                          "steps[1].ranks[2].seconds: must be finite and > 0, got nan")});
+  }
+  {
+    v1::ReportStepTimesRequest r = proto::StepTimesToProto("cpu-fp32", 4, samples);
+    r.mutable_steps(9)->mutable_ranks(0)->set_seconds(-0.5);
+    bad.push_back({r, absl::InvalidArgumentError(
+                          "steps[9].ranks[0].seconds: must be finite and > 0, got -0.5")});
+  }
+  {
+    v1::ReportStepTimesRequest r = proto::StepTimesToProto("cpu-fp32", 4, samples);
+    r.set_cost_profile(std::string(300 * 1024, 'x'));
+    bad.push_back({r, absl::ResourceExhaustedError(absl::StrCat(
+                          "request: ", r.ByteSizeLong(), " bytes, above the largest valid "
+                          "flashcp.v1.ReportStepTimesRequest (262144 bytes)"))});
+  }
+  for (const Bad& b : bad) EXPECT_EQ(Report(*stub, b.request, &response), b.want);
+  // None of them changed anything.
+  v1::PlanResponse still;
+  plan_with(&still);
+  EXPECT_FALSE(still.metrics().cost_calibrated());
+  still.mutable_metrics()->clear_planning_seconds();  // real time: differs
+  before.mutable_metrics()->clear_planning_seconds();
+  EXPECT_EQ(still.SerializeAsString(), before.SerializeAsString());
+
+  // 9 steps x 4 ranks = 36 samples, above the 32 a fit needs.
+  ASSERT_THAT(Report(*stub, proto::StepTimesToProto("cpu-fp32", 4, SyntheticSteps(truth, 9)),
+                     &response),
+              IsOk());
+  EXPECT_EQ(response.accepted_samples(), 36);
+  EXPECT_EQ(response.profile_samples(), 36);
+  ASSERT_TRUE(response.calibrated()) << response.fit_status();
+  EXPECT_EQ(response.fit_status(), "");
+  const core::CostCoefficients fit = proto::CostFromProto(response.fit());
+  EXPECT_NEAR(fit.whole_pair, truth.whole_pair, 1e-9 * truth.whole_pair);
+  EXPECT_NEAR(fit.prefixed_pair, truth.prefixed_pair, 1e-9 * truth.prefixed_pair);
+  EXPECT_NEAR(fit.sequence, truth.sequence, 1e-9 * truth.sequence);
+  EXPECT_NEAR(fit.token, truth.token, 1e-9 * truth.token);
+  v1::PlanResponse after;
+  plan_with(&after);
+  EXPECT_TRUE(after.metrics().cost_calibrated());
+  EXPECT_EQ(proto::CostFromProto(after.metrics().cost()), fit);
+  // Requests without a profile still plan on pairs.
+  v1::PlanResponse pairs;
+  ASSERT_THAT(UnaryPlan(*stub, PlanRequestOf(2, {900, 1500, 200, 700, 300, 96, 400}, 4,
+                                             "flashcp"),
+                        &pairs),
+              IsOk());
+  EXPECT_EQ(pairs.metrics().cost_profile(), "pairs");
+  EXPECT_FALSE(pairs.metrics().cost_calibrated());
+  EXPECT_EQ(pairs.metrics().predicted_cost_imbalance(), pairs.metrics().imbalance_ratio());
+  EXPECT_EQ(observer.Count("ReportStepTimes", absl::StatusCode::kOk), 1);
+  EXPECT_EQ(observer.Count("ReportStepTimes", absl::StatusCode::kInvalidArgument), 5);
+}
+
+TEST(CalibrationServiceTest, PlanRequestCostIsValidated) {
+  core::RealClock clock;
+  RecordingObserver observer;
+  std::unique_ptr<PlannerServer> server = StartServer(LoopbackOptions(), &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(NewChannel(*server));
+  v1::PlanResponse response;
+  v1::PlanRequest r = PlanRequestOf(1, {100, 50}, 2, "flashcp");
+  r.set_cost_profile("tpu");
+  EXPECT_EQ(UnaryPlan(*stub, r, &response),
+            absl::InvalidArgumentError("cost_profile: cost profile \"tpu\" is unknown; known: "
+                                       "pairs, h200-cudnn, cpu-fp32"));
+  r.set_cost_profile("cpu-fp32");
+  r.mutable_cost()->set_whole_pair(1e-9);
+  EXPECT_EQ(UnaryPlan(*stub, r, &response),
+            absl::InvalidArgumentError(
+                "cost_profile: give a profile or cost coefficients, not both"));
+  r.clear_cost_profile();
+  EXPECT_EQ(UnaryPlan(*stub, r, &response),
+            absl::InvalidArgumentError("cost.prefixed_pair: must be > 0"));
+  r.mutable_cost()->set_prefixed_pair(2e-9);
+  r.mutable_cost()->set_sequence(-1);
+  EXPECT_EQ(UnaryPlan(*stub, r, &response),
+            absl::InvalidArgumentError(
+                "cost.sequence: must be finite and in [0, 1000], got -1"));
+  r.mutable_cost()->set_sequence(1e-5);
+  ASSERT_THAT(UnaryPlan(*stub, r, &response), IsOk());
+  EXPECT_EQ(response.metrics().cost_profile(), "");
+  EXPECT_EQ(proto::CostFromProto(response.metrics().cost()),
+            (core::CostCoefficients{1e-9, 2e-9, 1e-5, 0}));
+  r.set_cost_profile(std::string(65, 'p'));
+  r.clear_cost();
+  EXPECT_EQ(UnaryPlan(*stub, r, &response),
+            absl::InvalidArgumentError("cost_profile: at most 64 bytes, got 65"));
 }
 
 }  // namespace

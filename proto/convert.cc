@@ -116,12 +116,34 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
   FLASHCP_RETURN_IF_ERROR(core::ValidateModelShape(in.shape));
 
   in.include_layout = request.include_layout();
+
+  if (static_cast<int64_t>(request.cost_profile().size()) > kMaxCostProfileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("cost_profile: at most ", kMaxCostProfileBytes,
+                                                   " bytes, got ", request.cost_profile().size()));
+  }
+  if (request.has_cost()) {
+    if (!request.cost_profile().empty()) {
+      return absl::InvalidArgumentError(
+          "cost_profile: give a profile or cost coefficients, not both");
+    }
+    in.options.cost = CostFromProto(request.cost());
+    if (absl::Status s = core::ValidateCostCoefficients(in.options.cost); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("cost.", s.message()));
+    }
+    in.cost_profile.clear();
+  } else if (!request.cost_profile().empty()) {
+    absl::StatusOr<core::CostCoefficients> c = core::CostProfile(request.cost_profile());
+    if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("cost_profile: ", c.status().message()));
+    in.options.cost = *c;
+    in.cost_profile = request.cost_profile();
+  }
   return in;
 }
 
 v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
                                core::Strategy strategy, const core::PlanOptions& options,
-                               const core::ModelShape& shape, bool include_layout) {
+                               const core::ModelShape& shape, bool include_layout,
+                               absl::string_view cost_profile) {
   v1::PlanRequest request;
   request.set_batch_id(batch_id);
   request.mutable_doc_lens()->Add(batch.doc_lens.begin(), batch.doc_lens.end());
@@ -135,13 +157,18 @@ v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
   request.set_head_dim(shape.head_dim);
   request.set_dtype_bytes(shape.dtype_bytes);
   request.set_include_layout(include_layout);
+  if (!cost_profile.empty()) {
+    request.set_cost_profile(std::string(cost_profile));
+  } else if (!core::IsPairsModel(options.cost)) {
+    CostToProto(options.cost, request.mutable_cost());
+  }
   return request;
 }
 
 v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
                                  const core::Plan& plan, const core::PlanMetrics& metrics,
                                  const core::CommLayout* layout, double planning_seconds,
-                                 const core::PlanInfo* ilp) {
+                                 const core::PlanInfo* ilp, const core::PlanCostReport* cost) {
   v1::PlanResponse response;
   response.set_batch_id(batch_id);
   response.set_strategy(std::string(core::StrategyName(strategy)));
@@ -157,6 +184,15 @@ v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
     p->set_rank(s.rank);
   }
   MetricsToProto(metrics, planning_seconds, response.mutable_metrics());
+  if (cost != nullptr) {
+    v1::PlanMetrics* m = response.mutable_metrics();
+    m->set_cost_profile(cost->profile);
+    CostToProto(cost->coefficients, m->mutable_cost());
+    m->set_cost_calibrated(cost->calibrated);
+    m->mutable_rank_predicted_cost()->Add(cost->prediction.rank_cost.begin(),
+                                          cost->prediction.rank_cost.end());
+    m->set_predicted_cost_imbalance(cost->prediction.imbalance);
+  }
   if (layout != nullptr) LayoutToProto(*layout, response.mutable_layout());
   if (ilp != nullptr) {
     response.mutable_ilp()->set_optimal(ilp->ilp_optimal);
@@ -193,7 +229,10 @@ int64_t MaxRequestBytes(const core::BatchLimits& limits) {
   }
   // Each doc_lens entry with its own tag (unpacked) is the widest form.
   const int64_t doc_lens = limits.max_docs * (1 + VarintBytes(limits.max_tokens));
-  return kInt64 + doc_lens + kInt64 + strategy + kDouble + 3 * kInt64 + 2 + kInt64;
+  const int64_t cost = Delimited(kMaxCostProfileBytes) + Delimited(4 * kDouble);
+  // ... min_shard_tokens, ranks_per_node, then the cost.
+  return kInt64 + doc_lens + kInt64 + strategy + kDouble + 3 * kInt64 + 2 + kInt64 + kInt64 +
+         cost;
 }
 
 int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
@@ -225,7 +264,10 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
   const int64_t scheme_bytes = Delimited(scheme + 2 * per_rank(10) + kInt64);
   const int64_t metrics = 3 * kDouble + kInt64 + per_rank(tokens) + per_rank(8) +
                           per_rank(tokens) + per_rank(shard_index) + 2 * kInt64 +
-                          core::kNumCommSchemes * scheme_bytes + kDouble;
+                          core::kNumCommSchemes * scheme_bytes + kDouble +
+                          // cost_profile, cost, cost_calibrated, rank_predicted_cost, imbalance
+                          Delimited(kMaxCostProfileBytes) + Delimited(4 * kDouble) + 2 +
+                          per_rank(8) + kDouble;
   bytes += Delimited(metrics);
   if (input.strategy == core::Strategy::kIlp) bytes += Delimited(2 + kDouble + kInt64);  // ilp
   if (input.include_layout) {
@@ -279,6 +321,10 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
   FLASHCP_RETURN_IF_ERROR(
       CheckPerRank("rank_nonlast_tokens", wire.rank_nonlast_tokens_size(), cp_size));
   FLASHCP_RETURN_IF_ERROR(CheckPerRank("rank_segments", wire.rank_segments_size(), cp_size));
+  if (wire.rank_predicted_cost_size() != 0) {  // absent from servers before the cost model
+    FLASHCP_RETURN_IF_ERROR(
+        CheckPerRank("rank_predicted_cost", wire.rank_predicted_cost_size(), cp_size));
+  }
   for (int i = 0; i < wire.bytes_size(); ++i) {
     const v1::SchemeBytes& b = wire.bytes(i);
     if (!core::ParseCommScheme(b.scheme()).ok()) continue;  // skipped below, unread
@@ -347,7 +393,99 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
   cm.cut_docs = m.cut_docs();
   cm.min_cut_shard_len = m.min_cut_shard_len();
   out.planning_seconds = m.planning_seconds();
+  out.cost.profile = m.cost_profile();
+  out.cost.coefficients = CostFromProto(m.cost());
+  out.cost.calibrated = m.cost_calibrated();
+  out.cost.prediction.rank_cost.assign(m.rank_predicted_cost().begin(),
+                                       m.rank_predicted_cost().end());
+  out.cost.prediction.imbalance = m.predicted_cost_imbalance();
   return out;
+}
+
+v1::ReportStepTimesResponse StepTimesResponseToProto(int64_t accepted,
+                                                     const core::CostCalibrator::State& state) {
+  v1::ReportStepTimesResponse r;
+  r.set_accepted_samples(accepted);
+  r.set_profile_samples(state.samples);
+  r.set_calibrated(state.calibrated);
+  if (state.calibrated) {
+    CostToProto(state.fit.coefficients, r.mutable_fit());
+    r.set_fit_mean_abs_rel_error(state.fit.mean_abs_rel_error);
+  }
+  r.set_fit_status(state.status);
+  return r;
+}
+
+void CostToProto(const core::CostCoefficients& c, v1::CostCoefficients* out) {
+  out->set_whole_pair(c.whole_pair);
+  out->set_prefixed_pair(c.prefixed_pair);
+  out->set_sequence(c.sequence);
+  out->set_token(c.token);
+}
+
+core::CostCoefficients CostFromProto(const v1::CostCoefficients& c) {
+  return {c.whole_pair(), c.prefixed_pair(), c.sequence(), c.token()};
+}
+
+absl::StatusOr<StepTimesReport> StepTimesFromProto(const v1::ReportStepTimesRequest& request) {
+  const std::string& profile = request.cost_profile();
+  if (profile.empty()) return absl::InvalidArgumentError("cost_profile: required");
+  if (static_cast<int64_t>(profile.size()) > kMaxCostProfileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("cost_profile: at most ", kMaxCostProfileBytes,
+                                                   " bytes, got ", profile.size()));
+  }
+  FLASHCP_RETURN_IF_ERROR(core::ValidateCalibrationProfile(profile));
+  if (request.steps_size() > kMaxReportSteps) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "steps: ", request.steps_size(), " steps, at most ", kMaxReportSteps, " per call"));
+  }
+  int64_t entries = 0;
+  for (const v1::StepTimes& step : request.steps()) entries += step.ranks_size();
+  if (entries > kMaxReportRanks) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "steps: ", entries, " rank entries, at most ", kMaxReportRanks, " per call"));
+  }
+  StepTimesReport out;
+  out.cost_profile = profile;
+  out.samples.reserve(static_cast<size_t>(entries));
+  for (int i = 0; i < request.steps_size(); ++i) {
+    const v1::StepTimes& step = request.steps(i);
+    if (step.cp_size() < 1 || step.ranks_size() != step.cp_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("steps[", i, "].ranks: ", step.ranks_size(),
+                                                     " entries for cp_size ", step.cp_size()));
+    }
+    for (int j = 0; j < step.ranks_size(); ++j) {
+      const v1::RankStepTime& r = step.ranks(j);
+      core::CostSample sample{{r.whole_pairs(), r.prefixed_pairs(), r.sequences(), r.tokens()},
+                              r.seconds()};
+      if (absl::Status s = core::ValidateCostSample(sample); !s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("steps[", i, "].ranks[", j, "].", s.message()));
+      }
+      out.samples.push_back(sample);
+    }
+  }
+  return out;
+}
+
+v1::ReportStepTimesRequest StepTimesToProto(absl::string_view cost_profile, int32_t cp_size,
+                                            const std::vector<core::CostSample>& samples) {
+  v1::ReportStepTimesRequest request;
+  request.set_cost_profile(std::string(cost_profile));
+  v1::StepTimes* step = nullptr;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (i % static_cast<size_t>(cp_size) == 0) {
+      step = request.add_steps();
+      step->set_cp_size(cp_size);
+    }
+    v1::RankStepTime* r = step->add_ranks();
+    r->set_whole_pairs(samples[i].features.whole_pairs);
+    r->set_prefixed_pairs(samples[i].features.prefixed_pairs);
+    r->set_sequences(samples[i].features.sequences);
+    r->set_tokens(samples[i].features.tokens);
+    r->set_seconds(samples[i].seconds);
+  }
+  return request;
 }
 
 }  // namespace flashcp::proto

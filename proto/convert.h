@@ -6,11 +6,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/analysis.h"
+#include "core/cost_model.h"
 #include "core/strategies.h"
 #include "core/types.h"
 #include "flashcp/v1/planner.pb.h"
@@ -26,6 +28,15 @@ inline constexpr int32_t kDefaultDtypeBytes = 2;  // bf16
 inline constexpr int64_t kDefaultMinShardTokens = 128;
 // PlanRequest.min_shard_tokens that turns the rule off (core's 0).
 inline constexpr int64_t kMinShardTokensOff = -1;
+// Longest PlanRequest.cost_profile / ReportStepTimesRequest.cost_profile.
+inline constexpr int64_t kMaxCostProfileBytes = 64;
+// ReportStepTimesRequest bounds (planner.proto): steps, and rank entries in all.
+inline constexpr int64_t kMaxReportSteps = 64;
+inline constexpr int64_t kMaxReportRanks = 4096;
+// Above every valid ReportStepTimesRequest: kMaxReportRanks entries of five
+// doubles (47 bytes each with tag and length), kMaxReportSteps step headers
+// and the profile name come to about 197 KiB.
+inline constexpr int64_t kMaxReportBytes = 256 * 1024;
 
 // A PlanRequest as the core sees it, defaults applied and every field checked.
 struct PlanInput {
@@ -35,6 +46,12 @@ struct PlanInput {
   core::PlanOptions options;
   core::ModelShape shape;
   bool include_layout = false;
+  // The cost profile named (kPairsProfile when none); empty when the request
+  // gave coefficients, which are then in options.cost. A named profile's
+  // shipped coefficients are in options.cost; the service replaces them with
+  // its calibrated fit where it has one (cost_calibrated).
+  std::string cost_profile = std::string(core::kPairsProfile);
+  bool cost_calibrated = false;
 };
 
 // Applies the defaults and validates, in this order: the batch against
@@ -42,8 +59,11 @@ struct PlanInput {
 // / cp_size, ResourceExhausted above the limits), then strategy,
 // target_imbalance (finite and >= 1 once defaulted), min_shard_tokens (-1:
 // off, core 0; 0: kDefaultMinShardTokens; else in [1, 2^40]), ranks_per_node
-// (0: one node; else <= 65536), heads, head_dim and dtype_bytes; every error is InvalidArgument unless noted and its message
-// starts with the field's name.
+// (0: one node; else <= 65536), heads, head_dim and dtype_bytes, then the
+// cost (cost_profile at most kMaxCostProfileBytes and a known profile, not
+// both it and cost, cost's coefficients core::ValidateCostCoefficients,
+// "cost.<field>: ..."); every error is InvalidArgument unless noted and its
+// message starts with the field's name.
 absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
                                            const core::BatchLimits& limits);
 
@@ -54,18 +74,23 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
 int64_t MaxRequestBytes(const core::BatchLimits& limits);
 
 // The inverse for clients: fills every field explicitly (no zero defaults;
-// options.min_shard_tokens = 0, the rule off, goes out as -1).
+// options.min_shard_tokens = 0, the rule off, goes out as -1). A non-empty
+// `cost_profile` is sent by name; otherwise options.cost goes out as
+// coefficients unless it is the pairs model (then neither is set).
 v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
                                core::Strategy strategy, const core::PlanOptions& options,
-                               const core::ModelShape& shape, bool include_layout);
+                               const core::ModelShape& shape, bool include_layout,
+                               absl::string_view cost_profile = "");
 
 // A successful plan as a response. `layout` is optional (null: no layout).
 // `planning_seconds` is the server's time spent planning and analysing. `ilp`
 // (null: unset) fills PlanResponse.ilp (MakePlan's PlanInfo, strategy ilp).
+// `cost` (null: unset): the cost model the plan balanced and its prediction.
 v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
                                  const core::Plan& plan, const core::PlanMetrics& metrics,
                                  const core::CommLayout* layout, double planning_seconds,
-                                 const core::PlanInfo* ilp = nullptr);
+                                 const core::PlanInfo* ilp = nullptr,
+                                 const core::PlanCostReport* cost = nullptr);
 
 // An upper bound on the serialized bytes of ResponseToProto's answer to
 // `input` (its layout too when input.include_layout) for any valid plan of at
@@ -89,18 +114,46 @@ struct PlanResult {
   core::Plan plan;
   core::PlanMetrics metrics;  // max_nonlast_tokens derived from rank_nonlast_tokens
   double planning_seconds = 0.0;
+  // Empty rank costs from a server that predates the cost model.
+  core::PlanCostReport cost;
 };
 
 // The item's error (ErrorFromProto) when `error` is set; otherwise the plan
 // and metrics. Bytes entries of a scheme this build does not know are skipped
 // (a newer server); missing schemes stay zero (empty per-rank lists).
 // INVALID_ARGUMENT naming the field unless every per-rank list that is there
-// (rank_tokens, rank_workload, rank_nonlast_tokens, rank_segments, and
+// (rank_tokens, rank_workload, rank_nonlast_tokens, rank_segments,
+// rank_predicted_cost, and
 // sent_bytes and received_bytes of each bytes entry of a known scheme) has
 // exactly cp_size entries,
 // so that indexing them by rank is safe. The plan itself is not re-validated:
 // callers that distrust the server run core::ValidatePlan.
 absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response);
+
+// A ReportStepTimesRequest as the calibrator takes it.
+struct StepTimesReport {
+  std::string cost_profile;
+  std::vector<core::CostSample> samples;  // every step's ranks, in order
+};
+
+// Checks, in this order: cost_profile (non-empty, at most
+// kMaxCostProfileBytes, not "pairs": INVALID_ARGUMENT; unknown: NOT_FOUND),
+// the sizes (more than kMaxReportSteps steps or kMaxReportRanks rank entries:
+// RESOURCE_EXHAUSTED), then each step (cp_size >= 1 and exactly cp_size rank
+// entries, "steps[i].ranks: ...") and each entry (core::ValidateCostSample,
+// "steps[i].ranks[j].seconds: ..."): INVALID_ARGUMENT.
+absl::StatusOr<StepTimesReport> StepTimesFromProto(const v1::ReportStepTimesRequest& request);
+
+// The request for `samples` of steps of `cp_size` ranks each (a multiple).
+v1::ReportStepTimesRequest StepTimesToProto(absl::string_view cost_profile, int32_t cp_size,
+                                            const std::vector<core::CostSample>& samples);
+
+// The answer to an accepted report of `accepted` samples.
+v1::ReportStepTimesResponse StepTimesResponseToProto(int64_t accepted,
+                                                     const core::CostCalibrator::State& state);
+
+void CostToProto(const core::CostCoefficients& c, v1::CostCoefficients* out);
+core::CostCoefficients CostFromProto(const v1::CostCoefficients& c);
 
 }  // namespace flashcp::proto
 

@@ -412,8 +412,9 @@ TEST(RequestFromProtoTest, AHugeStrategyIsEchoedTruncated) {
 TEST(MaxRequestBytesTest, HandWorkedAndAboveTheWidestValidRequest) {
   // Per field: batch_id 11, 65,536 unpacked doc_lens of 1 + 4 bytes, cp_size
   // 11, "flashcp_paper" 15, target_imbalance 9, heads, head_dim, dtype_bytes
-  // 33, include_layout 2, min_shard_tokens 11.
-  EXPECT_EQ(MaxRequestBytes(core::BatchLimits{65536, int64_t{1} << 24, 1024}), 327'772);
+  // 33, include_layout 2, min_shard_tokens 11, ranks_per_node 11,
+  // cost_profile 2 + 64, cost 2 + 4 x 9.
+  EXPECT_EQ(MaxRequestBytes(core::BatchLimits{65536, int64_t{1} << 24, 1024}), 327'887);
   const core::BatchLimits limits{100, 1000, 8};
   v1::PlanRequest r;
   r.set_batch_id(UINT64_MAX);
@@ -426,6 +427,12 @@ TEST(MaxRequestBytesTest, HandWorkedAndAboveTheWidestValidRequest) {
   r.set_dtype_bytes(-1);
   r.set_include_layout(true);
   r.set_min_shard_tokens(-1);
+  r.set_ranks_per_node(-1);
+  r.set_cost_profile(std::string(kMaxCostProfileBytes, 'p'));  // with cost: refused, but parsed
+  r.mutable_cost()->set_whole_pair(1.5);
+  r.mutable_cost()->set_prefixed_pair(1.5);
+  r.mutable_cost()->set_sequence(1.5);
+  r.mutable_cost()->set_token(1.5);
   EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()), MaxRequestBytes(limits));
   // Unpacked doc_lens of the largest length: tag and varint each.
   EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()) - (2 + 100) + 100 * (1 + 2),
@@ -458,9 +465,12 @@ TEST(MaxResponseBytesTest, BoundsRealResponsesOnRandomBatches) {
       ASSERT_THAT(layout, IsOk());
       for (bool with_layout : {false, true}) {
         in.include_layout = with_layout;
-        const v1::PlanResponse r =
-            ResponseToProto(in.batch_id, s, *plan, *metrics, with_layout ? &*layout : nullptr,
-                            123.25);
+        const core::PlanCostReport cost{std::string(kMaxCostProfileBytes, 'p'),
+                                        {1.5, 1.5, 1.5, 1.5}, true,
+                                        core::PredictPlanCost({1.5, 1.5, 1.5, 1.5}, *plan)};
+        const v1::PlanResponse r = ResponseToProto(in.batch_id, s, *plan, *metrics,
+                                                   with_layout ? &*layout : nullptr, 123.25,
+                                                   /*ilp=*/nullptr, &cost);
         EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()),
                   MaxResponseBytes(in, core::MaxPlanShards(s, in.batch)))
             << core::StrategyName(s) << " batch " << i << " layout " << with_layout;

@@ -5,7 +5,10 @@
 # 4 CPU flashcp-worker processes (rank 0 is the driver: it streams plans from the
 # planner several steps ahead and broadcasts them), runs STEPS steps on a data
 # set, and prints the per-strategy table of measured step time, imbalance
-# (measured and predicted) and bytes moved against a full-KV exchange.
+# (measured and predicted) and bytes moved against a full-KV exchange. A
+# configuration strategy:scheme:PROFILE plans on that cost profile and reports
+# step times so the planner calibrates it; a second table shows its measured
+# and predicted imbalance before and after the fit took over.
 # Progress goes to stderr, the table to stdout. Every process it starts is
 # stopped on exit (trap).
 #
@@ -14,7 +17,8 @@
 #        flashcp"), QUALITY_CONTEXT (131072), QUALITY_CP (8), QUALITY_BATCHES (64),
 #        STEPS (40 per strategy), CONTEXT (4096), HEADS (2), HEAD_DIM (32),
 #        DATASET (pile), RANKS (4), CONFIGS ("llama3:full_kv per_doc:full_kv
-#        whole_doc:allgather flashcp:allgather flashcp:targeted"), TIMEOUT_S (60)
+#        whole_doc:allgather flashcp:allgather flashcp:targeted
+#        flashcp:allgather:cpu-fp32"), TIMEOUT_S (60)
 set -euo pipefail
 bin=${1:?usage: $0 BIN_DIR}
 STEPS=${STEPS:-40}
@@ -24,7 +28,7 @@ HEAD_DIM=${HEAD_DIM:-32}
 DATASET=${DATASET:-pile}
 RANKS=${RANKS:-4}
 TIMEOUT_S=${TIMEOUT_S:-60}
-CONFIGS=${CONFIGS:-llama3:full_kv per_doc:full_kv whole_doc:allgather flashcp:allgather flashcp:targeted}
+CONFIGS=${CONFIGS:-llama3:full_kv per_doc:full_kv whole_doc:allgather flashcp:allgather flashcp:targeted flashcp:allgather:cpu-fp32}
 
 tmp=$(mktemp -d /tmp/flashcp-run.XXXXXX)
 pids=()
@@ -76,19 +80,19 @@ echo
 
 results=()
 for config in $CONFIGS; do
-  strategy=${config%%:*}
-  scheme=${config##*:}
-  group="main-${strategy//_/-}-$scheme"
+  IFS=: read -r strategy scheme profile <<<"$config"
+  group="main-${strategy//_/-}-$scheme${profile:+-$profile}"
   group_pids=()
   for ((r = 0; r < RANKS; r++)); do
     "$bin/flashcp-worker" --rank "$r" --world_size "$RANKS" --group "$group" --planner "$planner" \
       --dataset "$DATASET" --context "$CONTEXT" --heads "$HEADS" --head_dim "$HEAD_DIM" \
       --strategy "$strategy" --scheme "$scheme" --steps "$STEPS" --timeout_s "$TIMEOUT_S" \
-      --progress_every 25 >"$tmp/$group.$r.out" 2>"$tmp/$group.$r.err" &
+      --progress_every 25 ${profile:+--cost_profile "$profile"} \
+      >"$tmp/$group.$r.out" 2>"$tmp/$group.$r.err" &
     group_pids+=($!)
     pids+=($!)
   done
-  echo "run-cluster: $strategy/$scheme: group $group started" >&2
+  echo "run-cluster: $strategy/$scheme${profile:+ (cost $profile)}: group $group started" >&2
   # Progress: the driver's log lines, as they come.
   tail -n +1 -f "$tmp/$group.0.err" --pid "${group_pids[0]}" 2>/dev/null \
     | grep --line-buffered -E 'step [0-9]+/' | sed -u 's/^/  /' >&2 &
@@ -109,15 +113,34 @@ import json, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
 print("Measured on %d CPU ranks (Gloo over loopback): mean per step; bytes are K/V and dK/dV" % int(sys.argv[1]))
 print("payload one layer moves, summed over ranks, against a full-KV all-gather of the same steps.")
-hdr = ("strategy", "scheme", "steps", "step ms", "attn fwd+bwd ms", "comm ms", "plan wait ms",
-       "imbalance meas.", "imbalance pred.", "MiB moved/step", "MiB full KV/step", "saving")
+print("Imbalance: measured on wall time and on the thread CPU time of each rank (the kernel compute,")
+print("without the descheduling of 4 ranks on shared cores); predicted by pairs and by the cost profile.")
+hdr = ("strategy", "scheme", "cost", "steps", "step ms", "attn fwd+bwd ms", "comm ms", "plan wait ms",
+       "imb. meas. wall", "imb. meas. CPU", "imb. pred. pairs", "imb. pred. cost", "MiB moved/step",
+       "MiB full KV/step", "saving")
 print("| " + " | ".join(hdr) + " |")
 print("|" + "|".join("---" for _ in hdr) + "|")
 for r in rows:
     n = max(1, r["steps"])
     moved, full = r["bytes_sent"] / n / 2**20, r["full_kv_bytes"] / n / 2**20
-    print("| %s | %s | %d | %.1f | %.1f | %.1f | %.2f | %.3f | %.3f | %.2f | %.2f | %.1f%% |" % (
-        r["strategy"], r["scheme"], r["steps"], 1e3 * r["step_seconds"], 1e3 * r["attention_seconds"],
-        1e3 * r["comm_seconds"], 1e3 * r["plan_wait_seconds"], r["measured_imbalance"],
-        r["predicted_imbalance"], moved, full, 100 * (1 - moved / full) if full else 0.0))
+    print("| %s | %s | %s | %d | %.1f | %.1f | %.1f | %.2f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.1f%% |" % (
+        r["strategy"], r["scheme"], r["cost_profile"], r["steps"], 1e3 * r["step_seconds"],
+        1e3 * r["attention_seconds"], 1e3 * r["comm_seconds"], 1e3 * r["plan_wait_seconds"],
+        r["measured_imbalance"], r["measured_cpu_imbalance"], r["predicted_imbalance"],
+        r["predicted_cost_imbalance"], moved, full, 100 * (1 - moved / full) if full else 0.0))
+cal = [r for r in rows if r["cost_profile"] != "pairs"]
+if cal:
+    print()
+    print("Calibration: steps planned on the shipped profile, then on the planner fit of the")
+    print("reported step times (thread CPU time); imbalance measured (CPU) and predicted.")
+    hdr = ("strategy", "scheme", "cost", "first fitted step", "before: meas. CPU", "before: pred.",
+           "after: steps", "after: meas. CPU", "after: pred.")
+    print("| " + " | ".join(hdr) + " |")
+    print("|" + "|".join("---" for _ in hdr) + "|")
+    for r in cal:
+        u, c = r["uncalibrated"], r["calibrated"]
+        print("| %s | %s | %s | %d | %.3f | %.3f | %d | %.3f | %.3f |" % (
+            r["strategy"], r["scheme"], r["cost_profile"], r["first_calibrated_step"],
+            u["measured_cpu"], u["predicted"], r["calibrated_steps"], c["measured_cpu"],
+            c["predicted"]))
 ' "$RANKS"

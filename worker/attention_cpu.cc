@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "core/analysis.h"
 
 namespace flashcp::worker {
 namespace {
@@ -355,7 +356,7 @@ double AttentionPairs(absl::Span<const DocAttention> docs) {
   double pairs = 0.0;
   for (const DocAttention& doc : docs) {
     for (const QueryRange& r : doc.queries) {
-      pairs += (2.0 * r.pos + r.len + 1.0) * r.len / 2.0;
+      pairs += core::ShardWorkload(r.pos, r.len);
     }
   }
   return pairs;

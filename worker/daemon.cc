@@ -1,6 +1,7 @@
 #include "worker/daemon.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -38,10 +39,11 @@ static_assert(sizeof(StepHeader) == 64 && std::is_trivially_copyable_v<StepHeade
 
 struct RankReport {
   double attention_seconds = 0;  // CPU: forward + backward minus communication; CUDA: kernel time
+  double attention_cpu_seconds = 0;  // StepMeasurement's; 0 where not measured
   uint8_t stop = 0;              // this rank wants the group to stop
   uint8_t pad[7] = {};
 };
-static_assert(sizeof(RankReport) == 16 && std::is_trivially_copyable_v<RankReport>);
+static_assert(sizeof(RankReport) == 24 && std::is_trivially_copyable_v<RankReport>);
 
 // Rank 0's `bytes` to every rank (an all-gather where only rank 0 contributes).
 absl::Status Broadcast(Communicator& comm, std::byte* data, int64_t bytes) {
@@ -103,6 +105,16 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   }
   if (o.steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--steps: must be >= 0, got ", o.steps));
+  }
+  if (!o.cost_profile.empty()) {
+    if (absl::Status s = core::CostProfile(o.cost_profile).status(); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--cost_profile: ", s.message()));
+    }
+  }
+  if (o.report_every < 1 || o.report_every > proto::kMaxReportSteps) {
+    return absl::InvalidArgumentError(absl::StrCat("--report_every: must be in [1, ",
+                                                   proto::kMaxReportSteps, "], got ",
+                                                   o.report_every));
   }
   if (o.prefetch < 1 || o.prefetch > 1024) {
     return absl::InvalidArgumentError(
@@ -401,7 +413,8 @@ void PlanFeed::Loop() {
       }
       core::Batch batch{*std::move(lens), config_.cp_size};
       ++next;
-      return proto::RequestToProto(0, batch, *strategy, plan_options, shape, false);
+      return proto::RequestToProto(0, batch, *strategy, plan_options, shape, false,
+                                   config_.cost_profile);
     };
     const auto sink = [&](int64_t, client::PlanResult r) {
       absl::MutexLock lock(&mu_);
@@ -614,6 +627,61 @@ absl::Status WorkerDaemon::Heartbeat(Communicator& comm, bool* stop_anywhere) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The time the calibration fits: every rank's thread CPU time where all
+// ranks measured it (one kernel thread each), else wall attention time.
+bool UseCpuSeconds(const std::vector<RankReport>& all) {
+  return std::all_of(all.begin(), all.end(),
+                     [](const RankReport& r) { return r.attention_cpu_seconds > 0; });
+}
+
+double MinSeconds(const std::vector<RankReport>& all) {
+  const bool cpu = UseCpuSeconds(all);
+  double m = std::numeric_limits<double>::infinity();
+  for (const RankReport& r : all) {
+    m = std::min(m, cpu ? r.attention_cpu_seconds : r.attention_seconds);
+  }
+  return all.empty() ? 0.0 : m;
+}
+
+// max / mean of the ranks' CPU attention seconds; 0 where not all measured.
+double CpuImbalance(const std::vector<RankReport>& all) {
+  if (all.empty() || !UseCpuSeconds(all)) return 0.0;
+  double sum = 0, max = 0;
+  for (const RankReport& r : all) {
+    sum += r.attention_cpu_seconds;
+    max = std::max(max, r.attention_cpu_seconds);
+  }
+  return max / (sum / static_cast<double>(all.size()));
+}
+
+}  // namespace
+
+bool WorkerDaemon::Reports() const {
+  return !options_.cost_profile.empty() && options_.cost_profile != core::kPairsProfile;
+}
+
+// Telemetry: a report the planner refuses or never answers is logged and
+// dropped (the run goes on); it is not retried (ReportStepTimes is not
+// idempotent).
+void WorkerDaemon::FlushReport(int32_t cp_size) {
+  absl::StatusOr<v1::ReportStepTimesResponse> r = planner_->ReportStepTimes(
+      proto::StepTimesToProto(options_.cost_profile, cp_size, pending_report_),
+      client::CallOptions{.timeout = absl::Seconds(5)});
+  if (!r.ok()) {
+    FLASHCP_LOG(WARNING) << "ReportStepTimes (" << pending_report_.size()
+                         << " rank-steps) failed: " << r.status();
+  } else if (options_.progress_every > 0) {
+    FLASHCP_LOG(INFO) << "cost profile " << options_.cost_profile << ": "
+                      << r->profile_samples() << " samples, "
+                      << (r->calibrated() ? absl::StrFormat("calibrated, fit error %.2f%%",
+                                                            100 * r->fit_mean_abs_rel_error())
+                                          : absl::StrCat("not calibrated: ", r->fit_status()));
+  }
+  pending_report_.clear();
+}
+
 absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& response,
                                 core::CommScheme scheme, int64_t batch, double plan_wait_seconds,
                                 absl::Time start, bool* stop_anywhere) {
@@ -662,6 +730,7 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
   // Everyone's attention compute time (and stop wishes) to everyone.
   RankReport mine;
   mine.attention_seconds = m.attention_seconds;
+  mine.attention_cpu_seconds = m.attention_cpu_seconds;
   {
     absl::MutexLock lock(&mu_);
     mine.stop = exit_wanted_ ? 1 : 0;
@@ -691,6 +760,33 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
   summary_.plan_wait_seconds += r.plan_wait_seconds;
   summary_.measured_imbalance += mean > 0 ? max / mean : 1.0;
   summary_.predicted_imbalance += r.predicted_imbalance;
+  // The cost model: the plan's prediction against this step's measurement,
+  // split by calibration; the driver queues the step for the planner's fit.
+  const double cpu_imbalance = CpuImbalance(all);
+  summary_.measured_cpu_imbalance += cpu_imbalance;
+  if (!plan.cost.prediction.rank_cost.empty()) {
+    const int c = plan.cost.calibrated ? 1 : 0;
+    summary_.predicted_cost_imbalance += plan.cost.prediction.imbalance;
+    summary_.cost_steps[c] += 1;
+    summary_.cost_measured[c] += mean > 0 ? max / mean : 1.0;
+    summary_.cost_measured_cpu[c] += cpu_imbalance;
+    summary_.cost_predicted[c] += plan.cost.prediction.imbalance;
+    if (c == 1 && summary_.first_calibrated_step < 0) {
+      summary_.first_calibrated_step = summary_.steps - 1;
+    }
+  }
+  if (comm.rank() == 0 && Reports() && MinSeconds(all) > 0) {
+    const std::vector<core::RankFeatures> f = core::PlanRankFeatures(plan.plan);
+    const bool cpu = UseCpuSeconds(all);
+    for (size_t i = 0; i < all.size(); ++i) {
+      pending_report_.push_back(
+          {f[i], cpu ? all[i].attention_cpu_seconds : all[i].attention_seconds});
+    }
+    if (static_cast<int64_t>(pending_report_.size()) >=
+        int64_t{options_.report_every} * comm.size()) {
+      FlushReport(comm.size());
+    }
+  }
   const auto& sent = plan.metrics.bytes[static_cast<int>(scheme)].sent;
   for (const int64_t b : sent) summary_.bytes_sent += b;
   for (const int64_t b : full.sent) summary_.full_kv_bytes += b;
@@ -709,11 +805,28 @@ absl::Status WorkerDaemon::Loop(Communicator& comm) {
   absl::Time last_end = clock_.Now();
   const auto finish_run = [&] {
     const int64_t n = std::max<int64_t>(1, summary_.steps);
+    if (!pending_report_.empty()) FlushReport(comm.size());
+    const auto mean_of = [](double sum, int64_t k) { return k > 0 ? sum / k : 0.0; };
+    const std::string cost = absl::StrFormat(
+        ",\"measured_cpu_imbalance\":%.4f,\"cost_profile\":\"%s\","
+        "\"predicted_cost_imbalance\":%.4f,\"calibrated_steps\":%d,"
+        "\"first_calibrated_step\":%d,"
+        "\"uncalibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f},"
+        "\"calibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f}",
+        summary_.measured_cpu_imbalance / n,
+        options_.cost_profile.empty() ? std::string(core::kPairsProfile) : options_.cost_profile,
+        summary_.predicted_cost_imbalance / n, summary_.cost_steps[1],
+        summary_.first_calibrated_step, mean_of(summary_.cost_measured[0], summary_.cost_steps[0]),
+        mean_of(summary_.cost_measured_cpu[0], summary_.cost_steps[0]),
+        mean_of(summary_.cost_predicted[0], summary_.cost_steps[0]),
+        mean_of(summary_.cost_measured[1], summary_.cost_steps[1]),
+        mean_of(summary_.cost_measured_cpu[1], summary_.cost_steps[1]),
+        mean_of(summary_.cost_predicted[1], summary_.cost_steps[1]));
     const std::string line = SummaryLine(
         run->strategy, std::string(core::CommSchemeName(run->scheme)), summary_.steps,
         summary_.step_seconds / n, summary_.attention_seconds / n, summary_.comm_seconds / n,
         summary_.plan_wait_seconds / n, summary_.measured_imbalance / n,
-        summary_.predicted_imbalance / n, summary_.bytes_sent, summary_.full_kv_bytes);
+        summary_.predicted_imbalance / n, summary_.bytes_sent, summary_.full_kv_bytes, cost);
     std::fprintf(stdout, "%s\n", line.c_str());
     std::fflush(stdout);
     feed.reset();
@@ -752,6 +865,7 @@ absl::Status WorkerDaemon::Loop(Communicator& comm) {
           c.count = run->steps;
           c.prefetch = options_.prefetch;
           c.timeout = options_.timeout;
+          c.cost_profile = options_.cost_profile;
           // Before the feed starts: its first plan's wait is all plan wait.
           last_end = clock_.Now();
           feed = std::make_unique<PlanFeed>(planner_, c, &clock_);
@@ -859,14 +973,15 @@ absl::Status WorkerDaemon::Loop(Communicator& comm) {
 std::string SummaryLine(const std::string& strategy, const std::string& scheme, int64_t steps,
                         double mean_step_s, double mean_attention_s, double mean_comm_s,
                         double mean_plan_wait_s, double measured_imbalance,
-                        double predicted_imbalance, int64_t bytes_sent, int64_t full_kv_bytes) {
+                        double predicted_imbalance, int64_t bytes_sent, int64_t full_kv_bytes,
+                        absl::string_view extra_json) {
   return absl::StrFormat(
       "RUN {\"strategy\":\"%s\",\"scheme\":\"%s\",\"steps\":%d,\"step_seconds\":%.6f,"
       "\"attention_seconds\":%.6f,\"comm_seconds\":%.6f,\"plan_wait_seconds\":%.6f,"
       "\"measured_imbalance\":%.4f,\"predicted_imbalance\":%.4f,\"bytes_sent\":%d,"
-      "\"full_kv_bytes\":%d}",
+      "\"full_kv_bytes\":%d%s}",
       strategy, scheme, steps, mean_step_s, mean_attention_s, mean_comm_s, mean_plan_wait_s,
-      measured_imbalance, predicted_imbalance, bytes_sent, full_kv_bytes);
+      measured_imbalance, predicted_imbalance, bytes_sent, full_kv_bytes, extra_json);
 }
 
 // ---- WorkerControl --------------------------------------------------------------

@@ -72,6 +72,13 @@ struct DaemonOptions {
   uint64_t incarnation = 0;          // this process's identity for Join/Leave
   int64_t progress_every = 0;        // driver logs progress every N steps; 0: never
   std::string gloo_hostname = "127.0.0.1";  // address this rank's Gloo transport listens on
+  // The cost profile the plans balance (core::CostProfileNames; "" or
+  // "pairs": SPEC Eq. 3, no reports). Any other: the driver reports every
+  // rank's measured attention time with its plan features to the planner
+  // (ReportStepTimes) every `report_every` steps (1..64), so the planner
+  // calibrates the profile (docs/workers.md, "Calibration").
+  std::string cost_profile;
+  int32_t report_every = 8;
 };
 
 // InvalidArgument naming the flag. Whether a cuda:K device can be used is the
@@ -169,6 +176,7 @@ class PlanFeed {
     int64_t count = 0;        // batches to plan
     int32_t prefetch = 4;
     absl::Duration timeout = absl::Seconds(30);
+    std::string cost_profile;  // PlanRequest.cost_profile; "" sends none
   };
   // `clock` (the watchdog's, Next's and the backoff's time) must outlive the feed.
   PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config,
@@ -260,7 +268,20 @@ class WorkerDaemon {
     double step_seconds = 0, attention_seconds = 0, comm_seconds = 0, plan_wait_seconds = 0,
            measured_imbalance = 0, predicted_imbalance = 0;
     int64_t bytes_sent = 0, full_kv_bytes = 0;  // group totals
+    // The cost model's prediction, and the steps split by whether their plan
+    // used the planner's calibrated fit (index 1) or not (index 0).
+    double predicted_cost_imbalance = 0;
+    // max / mean of thread CPU attention seconds (0 for a step where some
+    // rank did not measure it).
+    double measured_cpu_imbalance = 0;
+    int64_t cost_steps[2] = {0, 0};
+    double cost_measured[2] = {0, 0}, cost_measured_cpu[2] = {0, 0}, cost_predicted[2] = {0, 0};
+    int64_t first_calibrated_step = -1;  // 0-based step of the run; -1: none
   } summary_;
+  // Driver: measured rank-steps not yet reported (ReportStepTimes).
+  std::vector<core::CostSample> pending_report_;
+  bool Reports() const;  // the driver reports step times (cost_profile)
+  void FlushReport(int32_t cp_size);
 };
 
 // flashcp.v1.WorkerControl over a WorkerDaemon (sync API: calls are short).
@@ -283,7 +304,8 @@ class WorkerControlService final : public v1::WorkerControl::Service {
 std::string SummaryLine(const std::string& strategy, const std::string& scheme, int64_t steps,
                         double mean_step_s, double mean_attention_s, double mean_comm_s,
                         double mean_plan_wait_s, double measured_imbalance,
-                        double predicted_imbalance, int64_t bytes_sent, int64_t full_kv_bytes);
+                        double predicted_imbalance, int64_t bytes_sent, int64_t full_kv_bytes,
+                        absl::string_view extra_json = "");
 
 }  // namespace flashcp::worker
 

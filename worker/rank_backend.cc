@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <utility>
 #include <vector>
 
@@ -62,7 +63,12 @@ void Fill(std::vector<float>& v, uint64_t seed) {
 class CpuRankBackend final : public RankBackend {
  public:
   explicit CpuRankBackend(const BackendConfig& config)
-      : rank_(config.rank), clock_(*config.clock), pool_(config.threads) {
+      : rank_(config.rank),
+        clock_(*config.clock),
+        threads_(config.threads),
+        thread_cpu_seconds_(config.thread_cpu_seconds ? config.thread_cpu_seconds
+                                                      : ThreadCpuSeconds),
+        pool_(config.threads) {
     shape_.heads = config.heads;
     shape_.head_dim = config.head_dim;
     shape_.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
@@ -88,6 +94,7 @@ class CpuRankBackend final : public RankBackend {
     Fill(dout_, s + 3);
     TimedCommunicator comm(group, clock_);
     const CommStats before = group.stats();
+    const double cpu0 = thread_cpu_seconds_();
     const absl::Time t0 = clock_.Now();
     FLASHCP_RETURN_IF_ERROR(step.Forward(comm, pool_, q_, k_, v_, absl::MakeSpan(o_),
                                          absl::MakeSpan(lse_)));
@@ -95,20 +102,30 @@ class CpuRankBackend final : public RankBackend {
     FLASHCP_RETURN_IF_ERROR(step.Backward(comm, pool_, dout_, absl::MakeSpan(dq_),
                                           absl::MakeSpan(dk_), absl::MakeSpan(dv_)));
     const absl::Time t2 = clock_.Now();
+    const double cpu2 = thread_cpu_seconds_();
     const CommStats after = group.stats();
     StepMeasurement m;
     m.forward_seconds = absl::ToDoubleSeconds(t1 - t0);
     m.backward_seconds = absl::ToDoubleSeconds(t2 - t1);
     m.comm_seconds = comm.seconds();
     m.attention_seconds = std::max(0.0, m.forward_seconds + m.backward_seconds - m.comm_seconds);
+    if (threads_ == 1) m.attention_cpu_seconds = std::max(0.0, cpu2 - cpu0);
     m.bytes_sent = after.bytes_sent - before.bytes_sent;
     m.bytes_received = after.bytes_received - before.bytes_received;
     return m;
   }
 
  private:
+  static double ThreadCpuSeconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+
   const int32_t rank_;
   const core::WaitClock& clock_;
+  const int32_t threads_;
+  const std::function<double()> thread_cpu_seconds_;
   AttentionShape shape_;
   ThreadPool pool_;
   std::vector<float> q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_;

@@ -36,6 +36,12 @@ struct StepMeasurement {
   // Attention compute time, what the group compares for its measured
   // imbalance. CPU: forward + backward - comm. CUDA: forward + backward.
   double attention_seconds = 0;
+  // CPU with one kernel thread: CPU time of the rank's thread over forward
+  // and backward (BackendConfig::thread_cpu_seconds), the kernels' compute
+  // without the waits a shared machine adds to wall time (collectives' own
+  // CPU work included, their waits not). 0: not measured (CUDA, or more
+  // than one kernel thread, whose other threads it would miss).
+  double attention_cpu_seconds = 0;
   // Payload bytes of the step's collectives (Communicator::stats counting).
   int64_t bytes_sent = 0, bytes_received = 0;
 };
@@ -63,6 +69,9 @@ struct BackendConfig {
   int32_t heads = 1, head_dim = 1;  // H, D (the CUDA backend: heads_q = heads_kv = H)
   int32_t threads = 1;              // CPU kernel threads
   const core::WaitClock* clock = nullptr;  // host timings; must outlive the backend
+  // CPU seconds the calling thread has used (the CPU backend's
+  // attention_cpu_seconds); null: CLOCK_THREAD_CPUTIME_ID.
+  std::function<double()> thread_cpu_seconds;
 };
 
 // The CPU engine over the group communicator; times on config.clock, which

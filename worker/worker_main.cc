@@ -115,6 +115,10 @@ ABSL_FLAG(std::string, tls_server_name, "",
           "--planner")
     .OnUpdate([] { GivenTlsFlags().insert("tls_server_name"); });
 ABSL_FLAG(int64_t, progress_every, 0, "driver: log progress every N steps to stderr; 0: never");
+ABSL_FLAG(std::string, cost_profile, "",
+          "the cost profile plans balance (pairs, h200-cudnn, cpu-fp32; empty: pairs); any "
+          "but pairs: the driver reports measured step times so the planner calibrates it");
+ABSL_FLAG(int32_t, report_every, 8, "driver: steps per ReportStepTimes call (1..64)");
 
 namespace fc = flashcp::client;
 namespace fw = flashcp::worker;
@@ -207,6 +211,8 @@ int main(int argc, char** argv) {
   o.linger = absl::GetFlag(FLAGS_linger);
   o.progress_every = absl::GetFlag(FLAGS_progress_every);
   o.gloo_hostname = absl::GetFlag(FLAGS_gloo_host);
+  o.cost_profile = absl::GetFlag(FLAGS_cost_profile);
+  o.report_every = absl::GetFlag(FLAGS_report_every);
   std::random_device entropy;
   o.incarnation = (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(getpid());
   if (absl::Status s = fw::ValidateDaemonOptions(o); !s.ok()) return Fail(s);

@@ -18,6 +18,8 @@ class MockPlannerClient : public PlannerClient {
   MOCK_METHOD(absl::StatusOr<v1::ListStrategiesResponse>, ListStrategies, (const CallOptions&),
               (override));
   MOCK_METHOD(absl::StatusOr<v1::ServerInfo>, GetServerInfo, (const CallOptions&), (override));
+  MOCK_METHOD(absl::StatusOr<v1::ReportStepTimesResponse>, ReportStepTimes,
+              (const v1::ReportStepTimesRequest&, const CallOptions&), (override));
 };
 
 }  // namespace flashcp::client::testing

@@ -10,16 +10,15 @@
 #include <utility>
 #include <vector>
 
+#include "core/analysis.h"
 #include "core/types.h"
 
 namespace flashcp::core::internal {
 
-// Workload (SPEC Eq. 3, (query, key) pairs) of tokens [start, start + len).
-// Additive over token ranges: W(a, x) + W(a + x, y) = W(a, x + y).
-inline double RangeWorkload(int64_t start, int64_t len) {
-  const double a = 2.0 * static_cast<double>(start) + static_cast<double>(len) + 1.0;
-  return a * static_cast<double>(len) * 0.5;
-}
+// Workload (SPEC Eq. 3, (query, key) pairs) of tokens [start, start + len):
+// core::ShardWorkload, the one implementation. Additive over token ranges:
+// W(a, x) + W(a + x, y) = W(a, x + y).
+inline double RangeWorkload(int64_t start, int64_t len) { return ShardWorkload(start, len); }
 
 // Per-Doc (WLB-LLM) zigzag of the documents `docs` (indices into
 // batch.doc_lens) alone: PlanPerDoc's pieces for the sub-batch, mapped back

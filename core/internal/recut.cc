@@ -30,6 +30,7 @@ struct End {
 struct Piece {
   int32_t rank;
   End start, end;
+  double weight = 1;  // cost per pair: the model's a (starts at 0) or b
 };
 
 // The program's pieces, cut points and per-rank constants.
@@ -38,7 +39,9 @@ struct Program {
   std::vector<double> cut_at;          // current position of each cut point
   std::vector<int64_t> cut_doc_len;    // its document's length
   std::vector<double> fixed_tokens;    // per rank: tokens of whole documents
-  std::vector<double> fixed_work;      // per rank: their workload
+  // Per rank: the cost that no cut point moves: whole documents' pairs, and
+  // the model's per-sequence and per-token terms (0 for the pairs model).
+  std::vector<double> fixed_work;
 };
 
 double At(const Program& p, const End& e, const std::vector<double>& cuts) {
@@ -48,7 +51,9 @@ double At(const Program& p, const End& e, const std::vector<double>& cuts) {
 // Exact per-rank workload at cut points `cuts`.
 std::vector<double> Workloads(const Program& p, const std::vector<double>& cuts) {
   std::vector<double> w = p.fixed_work;
-  for (const Piece& pc : p.pieces) w[pc.rank] += Q(At(p, pc.end, cuts)) - Q(At(p, pc.start, cuts));
+  for (const Piece& pc : p.pieces) {
+    w[pc.rank] += pc.weight * (Q(At(p, pc.end, cuts)) - Q(At(p, pc.start, cuts)));
+  }
   return w;
 }
 
@@ -86,8 +91,8 @@ class RecutLp {
           // Each cut point is one piece's end and the next one's start, on
           // two ranks (FinishPlan merged touching pieces on one rank), so
           // no (row, column) pair repeats.
-          add(n_ranks_ + pc.rank, e.cut, sign * (p.cut_at[e.cut] + 0.5));
-          work_entries_.push_back({n_ranks_ + pc.rank, e.cut, sign});
+          add(n_ranks_ + pc.rank, e.cut, sign * pc.weight * (p.cut_at[e.cut] + 0.5));
+          work_entries_.push_back({n_ranks_ + pc.rank, e.cut, sign * pc.weight});
         }
       }
     }
@@ -134,10 +139,10 @@ class RecutLp {
     for (const Piece& pc : p_.pieces) {
       for (const auto& [e, sign] : {std::pair{pc.end, 1.0}, std::pair{pc.start, -1.0}}) {
         if (e.cut < 0) {
-          work_const[pc.rank] += sign * Q(e.at);
+          work_const[pc.rank] += sign * pc.weight * Q(e.at);
         } else {
           const double x0 = at[e.cut];
-          work_const[pc.rank] += sign * (Q(x0) - (x0 + 0.5) * x0);
+          work_const[pc.rank] += sign * pc.weight * (Q(x0) - (x0 + 0.5) * x0);
         }
       }
     }
@@ -159,7 +164,7 @@ class RecutLp {
  private:
   struct WorkEntry {
     int row, col;
-    double sign;  // +1: the cut ends a piece of the row's rank; -1: starts one
+    double sign;  // +weight: the cut ends a piece of the row's rank; -weight: starts one
   };
   const Program& p_;
   const int n_ranks_;
@@ -169,10 +174,26 @@ class RecutLp {
   bool solved_ = false;
 };
 
+// Per-rank cost of merged shards: SPEC Eq. 3 for the pairs model (exactly
+// PieceWorkloads), else the model's.
+std::vector<double> RankCosts(int32_t n, const std::vector<Shard>& shards,
+                              const CostCoefficients& cost) {
+  if (IsPairsModel(cost)) return PieceWorkloads(n, shards);
+  std::vector<double> w(n, 0.0);
+  for (const Shard& s : shards) {
+    w[s.rank] += (s.start == 0 ? cost.whole_pair : cost.prefixed_pair) *
+                     RangeWorkload(s.start, s.len) +
+                 cost.sequence + cost.token * static_cast<double>(s.len);
+  }
+  return w;
+}
+
 }  // namespace
 
 std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces,
-                                  int64_t min_shard, int32_t rounds, double accept_below) {
+                                  int64_t min_shard, int32_t rounds, double accept_below,
+                                  const CostCoefficients& cost) {
+  const bool pairs = IsPairsModel(cost);
   const int32_t n = batch.cp_size;
   // Cheap early out before merging, a heuristic: far more raw cut points
   // than the bound (merging touching pieces on one rank removes one in 2c - 1
@@ -199,10 +220,13 @@ std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces
     const int64_t len = batch.doc_lens[shards[i].doc];
     if (j - i == 1) {
       p.fixed_tokens[shards[i].rank] += static_cast<double>(len);
-      p.fixed_work[shards[i].rank] += Q(static_cast<double>(len));
+      p.fixed_work[shards[i].rank] +=
+          pairs ? Q(static_cast<double>(len))
+                : cost.whole_pair * Q(static_cast<double>(len)) + cost.sequence;
     } else {
       for (size_t k = i; k < j; ++k) {
-        Piece pc{shards[k].rank, End{}, End{}};
+        Piece pc{shards[k].rank, End{}, End{}, k == i ? cost.whole_pair : cost.prefixed_pair};
+        if (!pairs) p.fixed_work[shards[k].rank] += cost.sequence;
         if (k == i) {
           pc.start.at = 0;
         } else {
@@ -225,6 +249,11 @@ std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces
     return std::nullopt;
   }
   const std::vector<int64_t> targets = RankTargets(batch);
+  if (!pairs) {
+    for (int32_t r = 0; r < n; ++r) {
+      p.fixed_work[r] += cost.token * static_cast<double>(targets[r]);
+    }
+  }
   const int64_t keep = std::max<int64_t>(min_shard, 1);
   // Plain infeasibility first (CLP takes longer to prove it): a rank whose
   // whole documents and minimal pieces (keep + 1 tokens each) exceed its
@@ -288,7 +317,7 @@ std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces
   if (std::any_of(room.begin(), room.end(), [](int64_t r) { return r != 0; })) {
     return std::nullopt;
   }
-  const std::vector<double> w = PieceWorkloads(n, out);
+  const std::vector<double> w = RankCosts(n, out, cost);
   const double max_w = *std::max_element(w.begin(), w.end());
   if (!(max_w < accept_below)) return std::nullopt;
   pieces = std::move(out);

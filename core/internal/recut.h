@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/cost_model.h"
 #include "core/types.h"
 
 namespace flashcp::core::internal {
@@ -32,13 +33,18 @@ inline constexpr int64_t kMaxRecutCuts = 256;
 //    program's many optima pin only the heaviest rank, so a round need not
 //    improve); the best cut points are rounded and the rounding's token
 //    errors moved back by ShiftPiecesToRoom.
+// With a cost model other than pairs, the objective is the model's rank cost
+// instead: each piece's pairs weighted by a (a piece starting at 0) or b, and
+// the per-sequence and per-token terms, which no cut point changes, as
+// per-rank constants. The pairs model (the default) is SPEC Eq. 3 exactly.
 // Which rank holds each piece and the pieces' order in each document stay.
-// Returns the maximum rank workload of the result, exact, and replaces
+// Returns the maximum rank workload (cost) of the result, exact, and replaces
 // `pieces` (merged shards) only when it is below `accept_below`; otherwise
 // (also when the program is infeasible, CLP fails or there are more than
 // kMaxRecutCuts cut points) returns nullopt and leaves `pieces` as they were.
 std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces,
-                                  int64_t min_shard, int32_t rounds, double accept_below);
+                                  int64_t min_shard, int32_t rounds, double accept_below,
+                                  const CostCoefficients& cost = {});
 
 }  // namespace flashcp::core::internal
 

@@ -1,0 +1,164 @@
+// Fits the rank cost model (core/cost_model.h) to the CPU engine: for each
+// data-set batch and strategy, times every rank's attention forward +
+// backward (worker/attention_cpu, fp32, one kernel thread, in this process:
+// no communication, so only compute is timed; thread CPU time), best of
+// --reps, and fits
+//   seconds = a*whole_pairs + b*prefixed_pairs + c*sequences + d*tokens
+// with core::FitCostModel. Prints one line per model with its in-sample error
+// and the fitted coefficients (docs/planner.md, "Cost model").
+//
+//   rank_cost_fit [--dataset pile] [--context 4096] [--cp 4] [--batches 12]
+//                 [--heads 2] [--head-dim 32] [--reps 3] [--seed 1]
+#include <algorithm>
+#include <ctime>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "core/cost_model.h"
+#include "core/datasets.h"
+#include "core/strategies.h"
+#include "worker/attention_cpu.h"
+#include "worker/thread_pool.h"
+
+namespace {
+
+using namespace flashcp;  // NOLINT: a tool's main file
+
+// CPU time of this thread: the pool has one thread, the caller, so this is
+// the kernels' compute time without the waits a shared machine adds.
+double ThreadSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Forward + backward thread CPU seconds of one rank's shards: each shard attends to its
+// document's keys [0, start + len).
+double TimeRank(const core::Plan& plan, int32_t rank, int heads, int head_dim, int reps,
+                worker::ThreadPool& pool) {
+  const int64_t hd = int64_t{heads} * head_dim;
+  int64_t rows = 0, kv_total = 0;
+  for (const core::Shard& s : plan.shards) {
+    if (s.rank != rank) continue;
+    rows += s.len;
+    kv_total += s.start + s.len;
+  }
+  std::vector<float> q(rows * hd, 0.01f), o(rows * hd), lse(rows * heads), dout(rows * hd, 0.02f),
+      dq(rows * hd), kv(kv_total * hd, 0.03f), dkv(2 * kv_total * hd);
+  std::vector<worker::DocAttention> docs;
+  int64_t row = 0, kv_off = 0;
+  for (const core::Shard& s : plan.shards) {
+    if (s.rank != rank) continue;
+    worker::DocAttention d;
+    d.k = kv.data() + kv_off * hd;
+    d.v = kv.data() + kv_off * hd;
+    d.kv_len = s.start + s.len;
+    d.queries = {{row, s.start, s.len}};
+    d.dk = dkv.data() + kv_off * hd;
+    d.dv = dkv.data() + (kv_total + kv_off) * hd;
+    docs.push_back(d);
+    row += s.len;
+    kv_off += s.start + s.len;
+  }
+  const worker::AttentionShape shape{heads, head_dim, 1.0f / std::sqrt(float(head_dim))};
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = ThreadSeconds();
+    if (!worker::AttentionForwardCpu(shape, docs, rows, q.data(), o.data(), lse.data(), pool)
+             .ok() ||
+        !worker::AttentionBackwardCpu(shape, docs, rows, q.data(), o.data(), lse.data(),
+                                      dout.data(), dq.data(), pool)
+             .ok()) {
+      return -1;
+    }
+    best = std::min(best, ThreadSeconds() - t0);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dataset_name = "pile";
+  int64_t context = 4096, cp = 4, batches = 12, heads = 2, head_dim = 32, reps = 3, seed = 1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    int64_t v = 0;
+    if (flag == "--dataset") {
+      dataset_name = value;
+      continue;
+    }
+    if (!absl::SimpleAtoi(value, &v) || v < 1) {
+      std::fprintf(stderr, "rank_cost_fit: %s: want a positive integer, got \"%s\"\n",
+                   flag.c_str(), value.c_str());
+      return 1;
+    }
+    if (flag == "--context") context = v;
+    else if (flag == "--cp") cp = v;
+    else if (flag == "--batches") batches = v;
+    else if (flag == "--heads") heads = v;
+    else if (flag == "--head-dim") head_dim = v;
+    else if (flag == "--reps") reps = v;
+    else if (flag == "--seed") seed = v;
+    else {
+      std::fprintf(stderr, "rank_cost_fit: unknown flag %s\n", flag.c_str());
+      return 1;
+    }
+  }
+  absl::StatusOr<core::Dataset> dataset = core::ParseDataset(dataset_name);
+  if (!dataset.ok()) {
+    std::fprintf(stderr, "rank_cost_fit: %s\n", dataset.status().ToString().c_str());
+    return 1;
+  }
+  worker::ThreadPool pool(1);
+  std::vector<core::CostSample> samples;
+  const core::Strategy strategies[] = {core::Strategy::kLlama3, core::Strategy::kPerDoc,
+                                       core::Strategy::kWholeDoc, core::Strategy::kFlashCp,
+                                       core::Strategy::kMagi};
+  for (int64_t b = 0; b < batches; ++b) {
+    absl::StatusOr<std::vector<int64_t>> docs = core::SampleBatch(*dataset, context, seed, b);
+    if (!docs.ok()) return 1;
+    for (core::Strategy s : strategies) {
+      absl::StatusOr<core::Plan> plan =
+          core::MakePlan(s, core::Batch{*docs, static_cast<int32_t>(cp)});
+      if (!plan.ok()) return 1;
+      const std::vector<core::RankFeatures> f = core::PlanRankFeatures(*plan);
+      for (int32_t r = 0; r < plan->cp_size; ++r) {
+        const double t = TimeRank(*plan, r, int(heads), int(head_dim), int(reps), pool);
+        if (t <= 0) return 1;
+        samples.push_back({f[r], t});
+      }
+    }
+  }
+  std::printf("%zu rank timings: %s, C = %lld, N = %lld, H = %lld, D = %lld, best of %lld\n",
+              samples.size(), dataset_name.c_str(), (long long)context, (long long)cp,
+              (long long)heads, (long long)head_dim, (long long)reps);
+  // The pairs-only model beside the full one: a*pairs, by least squares.
+  double xy = 0, xx = 0, err = 0;
+  for (const core::CostSample& s : samples) {
+    const double p = s.features.whole_pairs + s.features.prefixed_pairs;
+    xy += p * s.seconds;
+    xx += p * p;
+  }
+  for (const core::CostSample& s : samples) {
+    const double p = (s.features.whole_pairs + s.features.prefixed_pairs) * xy / xx;
+    err += std::abs(p - s.seconds) / s.seconds;
+  }
+  std::printf("pairs only: a %.4g s/pair, mean |rel err| %.2f%%\n", xy / xx,
+              100 * err / double(samples.size()));
+  absl::StatusOr<core::CostFit> fit = core::FitCostModel(samples);
+  if (!fit.ok()) {
+    std::printf("full model: not fitted: %s\n", fit.status().ToString().c_str());
+    return 1;
+  }
+  const core::CostCoefficients& c = fit->coefficients;
+  std::printf(
+      "full model: a %.4g b %.4g c %.4g d %.4g (s per pair, pair, sequence, token); "
+      "mean |rel err| %.2f%% over %lld inliers of %lld; condition %.3g\n",
+      c.whole_pair, c.prefixed_pair, c.sequence, c.token, 100 * fit->mean_abs_rel_error,
+      (long long)fit->inliers, (long long)fit->samples, fit->condition);
+  return 0;
+}

@@ -1,0 +1,360 @@
+#include "core/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/analysis.h"
+#include "core/datasets.h"
+#include "core/strategies.h"
+#include "core/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace flashcp::core {
+namespace {
+
+using ::flashcp::core::testing::IsOk;
+using ::flashcp::core::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// docs [6, 2] on 2 ranks: rank 0 holds doc 0's tail [2, 6); rank 1 holds
+// doc 0's head [0, 2) and all of doc 1.
+Plan HeadTailPlan() {
+  Plan plan;
+  plan.cp_size = 2;
+  plan.doc_lens = {6, 2};
+  plan.shards = {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}};
+  return plan;
+}
+
+TEST(PlanRankFeaturesTest, HandWorkedHeadTail) {
+  // Rank 0: [2, 6) has prefix 2: (4 + 4 + 1) * 4 / 2 = 18 prefixed pairs.
+  // Rank 1: [0, 2) and doc 1's [0, 2): 3 + 3 whole pairs, two sequences.
+  EXPECT_THAT(PlanRankFeatures(HeadTailPlan()),
+              ElementsAre(RankFeatures{0, 18, 1, 4}, RankFeatures{6, 0, 2, 4}));
+}
+
+TEST(PredictPlanCostTest, HandWorkedHeadTail) {
+  // a = 1, b = 2, c = 10, d = 0.5: rank 0 36 + 10 + 2 = 48; rank 1 6 + 20 + 2 = 28.
+  const CostPrediction p = PredictPlanCost({1, 2, 10, 0.5}, HeadTailPlan());
+  EXPECT_THAT(p.rank_cost, ElementsAre(48.0, 28.0));
+  EXPECT_DOUBLE_EQ(p.imbalance, 48.0 / 38.0);
+}
+
+TEST(PredictPlanCostTest, PairsProfileIsAnalyzePlansImbalanceExactly) {
+  const absl::StatusOr<CostCoefficients> pairs = CostProfile("pairs");
+  ASSERT_THAT(pairs, IsOk());
+  EXPECT_TRUE(IsPairsModel(*pairs));
+  for (Strategy s : {Strategy::kLlama3, Strategy::kPerDoc, Strategy::kFlashCp}) {
+    const Batch batch{{3000, 17, 900, 4000, 120, 2100, 64, 5}, 4};
+    absl::StatusOr<Plan> plan = MakePlan(s, batch);
+    ASSERT_THAT(plan, IsOk());
+    absl::StatusOr<PlanMetrics> m = AnalyzePlan(*plan, ModelShape{});
+    ASSERT_THAT(m, IsOk());
+    const CostPrediction p = PredictPlanCost(*pairs, *plan);
+    EXPECT_EQ(p.imbalance, m->imbalance) << StrategyName(s);
+    EXPECT_EQ(p.rank_cost, m->rank_workload) << StrategyName(s);
+  }
+}
+
+TEST(CostProfileTest, NamedProfiles) {
+  EXPECT_THAT(CostProfileNames(), ElementsAre("pairs", "h200-cudnn", "cpu-fp32"));
+  absl::StatusOr<CostCoefficients> h200 = CostProfile("h200-cudnn");
+  ASSERT_THAT(h200, IsOk());
+  EXPECT_EQ(*h200, (CostCoefficients{1.05e-10, 1.25e-10, 7.6e-6, 4.6e-8}));
+  for (const std::string& name : CostProfileNames()) {
+    absl::StatusOr<CostCoefficients> c = CostProfile(name);
+    ASSERT_THAT(c, IsOk());
+    EXPECT_THAT(ValidateCostCoefficients(*c), IsOk()) << name;
+  }
+  EXPECT_THAT(CostProfile("h100"),
+              StatusIs(absl::StatusCode::kNotFound,
+                       "cost profile \"h100\" is unknown; known: pairs, h200-cudnn, cpu-fp32"));
+}
+
+TEST(ValidateCostCoefficientsTest, NamesTheField) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Case {
+    CostCoefficients c;
+    const char* message;
+  };
+  const Case cases[] = {
+      {{nan, 1, 0, 0}, "whole_pair: must be finite and in [0, 1000], got nan"},
+      {{1, -1, 0, 0}, "prefixed_pair: must be finite and in [0, 1000], got -1"},
+      {{1, 1, 2000, 0}, "sequence: must be finite and in [0, 1000], got 2000"},
+      {{1, 1, 0, std::numeric_limits<double>::infinity()},
+       "token: must be finite and in [0, 1000], got inf"},
+      {{0, 1, 0, 0}, "whole_pair: must be > 0"},
+      {{1, 0, 1, 0}, "prefixed_pair: must be > 0"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_THAT(ValidateCostCoefficients(c.c),
+                StatusIs(absl::StatusCode::kInvalidArgument, c.message));
+  }
+  EXPECT_THAT(ValidateCostCoefficients({1e-10, 2e-10, 1e-5, 0}), IsOk());
+}
+
+// Deterministic features spread over a CPU-sized range (splitmix64).
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+double Uniform(uint64_t seed) { return static_cast<double>(Mix(seed) >> 11) * 0x1.0p-53; }
+
+std::vector<CostSample> Synthetic(const CostCoefficients& c, int n, uint64_t seed) {
+  std::vector<CostSample> v;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t k = seed * 1000 + static_cast<uint64_t>(i) * 4;
+    RankFeatures f{1e5 + 4e5 * Uniform(k), 1e5 + 6e5 * Uniform(k + 1),
+                   std::floor(1 + 12 * Uniform(k + 2)), 1000 + std::floor(24 * Uniform(k + 3))};
+    v.push_back({f, PredictRankCost(c, f)});
+  }
+  return v;
+}
+
+constexpr CostCoefficients kTruth{2.0e-9, 3.1e-9, 4.0e-5, 2.5e-7};
+
+void ExpectRecovered(const CostCoefficients& got, const CostCoefficients& want) {
+  EXPECT_NEAR(got.whole_pair, want.whole_pair, 1e-9 * want.whole_pair);
+  EXPECT_NEAR(got.prefixed_pair, want.prefixed_pair, 1e-9 * want.prefixed_pair);
+  EXPECT_NEAR(got.sequence, want.sequence, 1e-9 * want.sequence);
+  EXPECT_NEAR(got.token, want.token, 1e-9 * want.token);
+}
+
+TEST(FitCostModelTest, RecoversKnownCoefficientsFromExactTimes) {
+  const std::vector<CostSample> s = Synthetic(kTruth, 64, 1);
+  absl::StatusOr<CostFit> fit = FitCostModel(s);
+  ASSERT_THAT(fit, IsOk());
+  ExpectRecovered(fit->coefficients, kTruth);
+  EXPECT_EQ(fit->samples, 64);
+  EXPECT_EQ(fit->inliers, 64);
+  EXPECT_LT(fit->mean_abs_rel_error, 1e-12);
+  EXPECT_GT(fit->condition, 1.0);
+  EXPECT_LE(fit->condition, 1e5);
+}
+
+TEST(FitCostModelTest, RejectsOutliersAndStillRecoversExactly) {
+  std::vector<CostSample> s = Synthetic(kTruth, 64, 2);
+  // A descheduled rank (3x), a spike (10x) and a fast glitch (0.2x).
+  s[5].seconds *= 3;
+  s[17].seconds *= 10;
+  s[40].seconds *= 0.2;
+  absl::StatusOr<CostFit> fit = FitCostModel(s);
+  ASSERT_THAT(fit, IsOk());
+  ExpectRecovered(fit->coefficients, kTruth);
+  EXPECT_EQ(fit->samples, 64);
+  EXPECT_EQ(fit->inliers, 61);
+}
+
+TEST(FitCostModelTest, CoefficientsStayNonNegative) {
+  // Times whose exact least-squares fit has a negative per-token cost
+  // (-1e-8 s): the fit keeps d at 0 (NNLS) instead.
+  std::vector<CostSample> s = Synthetic(kTruth, 64, 3);
+  for (CostSample& x : s) x.seconds = PredictRankCost({2e-9, 3e-9, 4e-5, 0}, x.features) -
+                                      1e-8 * x.features.tokens;
+  absl::StatusOr<CostFit> fit = FitCostModel(s);
+  ASSERT_THAT(fit, IsOk());
+  EXPECT_EQ(fit->coefficients.token, 0.0);
+  EXPECT_GT(fit->coefficients.whole_pair, 0.0);
+  EXPECT_GT(fit->coefficients.prefixed_pair, 0.0);
+}
+
+TEST(FitCostModelTest, TooFewSamplesAreRefused) {
+  EXPECT_THAT(FitCostModel(Synthetic(kTruth, 31, 4)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "31 usable samples (0 of 31 rejected as outliers), need at least 32"));
+}
+
+TEST(FitCostModelTest, AFeatureZeroEverywhereIsRefused) {
+  std::vector<CostSample> s = Synthetic(kTruth, 40, 5);
+  for (CostSample& x : s) {
+    x.features.whole_pairs += x.features.prefixed_pairs;
+    x.features.prefixed_pairs = 0;
+    x.seconds = PredictRankCost(kTruth, x.features);
+  }
+  EXPECT_THAT(FitCostModel(s),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "feature prefixed_pairs is 0 in all 40 samples: its coefficient cannot "
+                       "be fitted"));
+}
+
+TEST(FitCostModelTest, IllConditionedSetIsRefusedAndSaysWhy) {
+  // Every rank holds the same tokens and as many sequences: tokens and
+  // sequences are proportional, so c and d cannot be told apart.
+  std::vector<CostSample> s = Synthetic(kTruth, 40, 6);
+  for (CostSample& x : s) {
+    x.features.sequences = 4;
+    x.features.tokens = 1024;
+    x.seconds = PredictRankCost(kTruth, x.features);
+  }
+  const absl::StatusOr<CostFit> fit = FitCostModel(s);
+  EXPECT_THAT(fit, StatusIs(absl::StatusCode::kFailedPrecondition,
+                            HasSubstr("ill-conditioned: condition number")));
+  EXPECT_THAT(fit, StatusIs(absl::StatusCode::kFailedPrecondition,
+                            HasSubstr("these features move together: sequences, tokens")));
+}
+
+TEST(FitCostModelTest, BadSamplesNameTheIndex) {
+  std::vector<CostSample> s = Synthetic(kTruth, 40, 7);
+  s[3].seconds = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THAT(FitCostModel(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        "samples[3].seconds: must be finite and > 0, got nan"));
+  s[3].seconds = 1;
+  s[9].features.sequences = -1;
+  EXPECT_THAT(FitCostModel(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        "samples[9].sequences: must be finite and >= 0, got -1"));
+  s[9].features = RankFeatures{0, 0, 1, 10};
+  EXPECT_THAT(FitCostModel(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "samples[9].whole_pairs + prefixed_pairs: must be > 0"));
+}
+
+TEST(CostSampleWindowTest, KeepsTheNewestCapacitySamples) {
+  CostSampleWindow w(40);
+  for (const CostSample& s : Synthetic({9e-9, 9e-9, 1e-3, 1e-6}, 25, 8)) w.Add(s);
+  for (const CostSample& s : Synthetic(kTruth, 40, 9)) w.Add(s);
+  EXPECT_EQ(w.size(), 40);
+  EXPECT_EQ(w.total_added(), 65);
+  absl::StatusOr<CostFit> fit = w.Fit({});
+  ASSERT_THAT(fit, IsOk());
+  ExpectRecovered(fit->coefficients, kTruth);  // the old model's samples are gone
+}
+
+}  // namespace
+}  // namespace flashcp::core
+
+namespace flashcp::core {
+namespace {
+
+double MaxCost(const CostCoefficients& c, const Plan& plan) {
+  const CostPrediction p = PredictPlanCost(c, plan);
+  return *std::max_element(p.rank_cost.begin(), p.rank_cost.end());
+}
+
+// Plans batches at C = 4096, N = 4 (the README main job's shape) with and
+// without `cost`; counts the plans the cost re-cut changed and checks that
+// none got heavier under the model.
+int ChangedPlans(Strategy strategy, const CostCoefficients& cost, Dataset dataset) {
+  int changed = 0;
+  for (int64_t b = 0; b < 16; ++b) {
+    absl::StatusOr<std::vector<int64_t>> docs = SampleBatch(dataset, 4096, 1, b);
+    EXPECT_THAT(docs, IsOk());
+    const Batch batch{*docs, 4};
+    absl::StatusOr<Plan> pairs = MakePlan(strategy, batch);
+    PlanOptions options;
+    options.cost = cost;
+    absl::StatusOr<Plan> costed = MakePlan(strategy, batch, options);
+    EXPECT_THAT(pairs, IsOk());
+    EXPECT_THAT(costed, IsOk());
+    EXPECT_THAT(ValidatePlan(*costed), IsOk());
+    EXPECT_LE(MaxCost(cost, *costed), MaxCost(cost, *pairs)) << "batch " << b;
+    if (costed->shards != pairs->shards) {
+      EXPECT_LT(MaxCost(cost, *costed), MaxCost(cost, *pairs)) << "batch " << b;
+      ++changed;
+    }
+  }
+  return changed;
+}
+
+TEST(MakePlanOnCostTest, ReCutLowersTheModelsHeaviestRankNeverRaisesIt) {
+  // A model where a sequence costs 20,000 pairs and a prefixed pair 1.5
+  // whole ones: far from pairs, so the re-cut has work to do.
+  const CostCoefficients skewed{1e-9, 1.5e-9, 2e-5, 0};
+  // Exact counts of 16 batches; the others' re-cut did not lower the model's
+  // maximum (or the program had no feasible point).
+  EXPECT_EQ(ChangedPlans(Strategy::kFlashCp, skewed, Dataset::kPile), 15);
+  absl::StatusOr<CostCoefficients> cpu = CostProfile("cpu-fp32");
+  ASSERT_THAT(cpu, IsOk());
+  EXPECT_EQ(ChangedPlans(Strategy::kFlashCp, *cpu, Dataset::kPile), 13);
+  EXPECT_EQ(ChangedPlans(Strategy::kFlashCpPaper, skewed, Dataset::kPile), 14);
+  // whole_doc's heaviest rank holds a document too long to balance, whole:
+  // no cut point moves its cost.
+  EXPECT_EQ(ChangedPlans(Strategy::kWholeDoc, skewed, Dataset::kPile), 0);
+  // Zigzags and equal chunks are the strategies' definition: never re-cut.
+  EXPECT_EQ(ChangedPlans(Strategy::kPerDoc, skewed, Dataset::kPile), 0);
+  EXPECT_EQ(ChangedPlans(Strategy::kLlama3, skewed, Dataset::kPile), 0);
+}
+
+TEST(MakePlanOnCostTest, BadCoefficientsNameTheField) {
+  PlanOptions options;
+  options.cost = {1, 0, 0, 0};
+  EXPECT_THAT(MakePlan(Strategy::kFlashCp, Batch{{10, 20}, 2}, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, "cost.prefixed_pair: must be > 0"));
+}
+
+}  // namespace
+}  // namespace flashcp::core
+
+namespace flashcp::core {
+namespace {
+
+TEST(CostCalibratorTest, UsesTheFitOnceAcceptedAndKeepsItThroughARefusedRefit) {
+  CostCalibrator cal(/*window=*/64);
+  const std::vector<CostSample> s = Synthetic(kTruth, 40, 10);
+  // 31 samples: not enough; the profile plans with its shipped coefficients.
+  absl::StatusOr<CostCalibrator::State> st =
+      cal.Add("cpu-fp32", absl::MakeConstSpan(s).subspan(0, 31));
+  ASSERT_THAT(st, IsOk());
+  EXPECT_FALSE(st->calibrated);
+  EXPECT_EQ(st->samples, 31);
+  EXPECT_EQ(st->status, "31 usable samples (0 of 31 rejected as outliers), need at least 32");
+  absl::StatusOr<std::pair<CostCoefficients, bool>> r = cal.Resolve("cpu-fp32");
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->first, *CostProfile("cpu-fp32"));
+  EXPECT_FALSE(r->second);
+  // 9 more: fitted, used.
+  st = cal.Add("cpu-fp32", absl::MakeConstSpan(s).subspan(31));
+  ASSERT_THAT(st, IsOk());
+  EXPECT_TRUE(st->calibrated);
+  EXPECT_EQ(st->fits, 1);
+  EXPECT_EQ(st->status, "");
+  r = cal.Resolve("cpu-fp32");
+  ASSERT_THAT(r, IsOk());
+  EXPECT_TRUE(r->second);
+  ExpectRecovered(r->first, kTruth);
+  // Other profiles are untouched.
+  r = cal.Resolve("h200-cudnn");
+  ASSERT_THAT(r, IsOk());
+  EXPECT_FALSE(r->second);
+  // 64 collinear samples replace the window: refused, the last fit stays.
+  std::vector<CostSample> bad = Synthetic(kTruth, 64, 11);
+  for (CostSample& x : bad) {
+    x.features.sequences = 4;
+    x.features.tokens = 1024;
+    x.seconds = PredictRankCost(kTruth, x.features);
+  }
+  st = cal.Add("cpu-fp32", bad);
+  ASSERT_THAT(st, IsOk());
+  EXPECT_TRUE(st->calibrated);
+  EXPECT_EQ(st->fits, 1);
+  EXPECT_EQ(st->samples, 64);
+  EXPECT_EQ(st->total, 104);
+  EXPECT_THAT(st->status, HasSubstr("ill-conditioned"));
+  r = cal.Resolve("cpu-fp32");
+  ASSERT_THAT(r, IsOk());
+  ExpectRecovered(r->first, kTruth);
+}
+
+TEST(CostCalibratorTest, BadReportsChangeNothing) {
+  CostCalibrator cal;
+  std::vector<CostSample> s = Synthetic(kTruth, 40, 12);
+  EXPECT_THAT(cal.Add("pairs", s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("cost_profile: \"pairs\" counts pairs")));
+  EXPECT_THAT(cal.Add("tpu", s), StatusIs(absl::StatusCode::kNotFound,
+                                         HasSubstr("cost profile \"tpu\" is unknown")));
+  s[39].seconds = -1;
+  EXPECT_THAT(cal.Add("cpu-fp32", s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "samples[39].seconds: must be finite and > 0, got -1"));
+  EXPECT_TRUE(cal.States().empty());
+  EXPECT_THAT(cal.Resolve("tpu"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+}  // namespace
+}  // namespace flashcp::core
