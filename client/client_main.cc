@@ -287,9 +287,12 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
       }
       return;
     }
+    // A server before the cost model sends no cost report: none is written.
+    const bool has_cost = !plan->cost.prediction.rank_cost.empty();
     out << core::PlanToJson(plan->plan, plan->metrics,
                             {.batch_id = static_cast<uint64_t>(index),
-                             .strategy = plan->strategy})
+                             .strategy = plan->strategy,
+                             .cost = has_cost ? &plan->cost : nullptr})
         << "\n";
   };
   const absl::Status status =

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/cost_model.h"
 #include "core/echo.h"
 #include "core/plan_json.h"
 #include "core/plan_svg.h"
@@ -587,10 +588,14 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
         acc[static_cast<size_t>(strategy)].Add(*metrics, ms);
       } else {
         // planning_seconds stays 0 so that the output is deterministic.
+        // The cost report is the service's for a request naming no profile.
+        const PlanCostReport cost{std::string(kPairsProfile), options.plan.cost, false,
+                                  PredictPlanCost(options.plan.cost, *plan)};
         out << PlanToJson(*plan, *metrics,
                           {.batch_id = static_cast<uint64_t>(done),
                            .strategy = StrategyName(strategy),
-                           .ilp = strategy == Strategy::kIlp ? &info : nullptr})
+                           .ilp = strategy == Strategy::kIlp ? &info : nullptr,
+                           .cost = &cost})
             << "\n";
       }
     }

@@ -189,7 +189,8 @@ void AppendSchemeBytes(std::string& out, CommScheme scheme, const SchemeBytes& b
 }
 
 // planner.proto's PlanMetrics, fields in number order.
-void AppendMetrics(std::string& out, const PlanMetrics& m, double planning_seconds) {
+void AppendMetrics(std::string& out, const PlanMetrics& m, double planning_seconds,
+                   const PlanCostReport* cost) {
   AppendKey(out, "imbalance_ratio", /*first=*/true);
   AppendDouble(out, m.imbalance);
   AppendField(out, "comm_saving_ratio", m.comm_saving);
@@ -213,6 +214,21 @@ void AppendMetrics(std::string& out, const PlanMetrics& m, double planning_secon
   AppendField(out, "planning_seconds", planning_seconds);
   AppendKey(out, "cheaper_scheme");
   AppendString(out, CommSchemeName(m.cheaper_scheme));
+  if (cost != nullptr) {
+    AppendKey(out, "cost_profile");
+    AppendString(out, cost->profile);
+    AppendKey(out, "cost");
+    out += '{';
+    AppendKey(out, "whole_pair", /*first=*/true);
+    AppendDouble(out, cost->coefficients.whole_pair);
+    AppendField(out, "prefixed_pair", cost->coefficients.prefixed_pair);
+    AppendField(out, "sequence", cost->coefficients.sequence);
+    AppendField(out, "token", cost->coefficients.token);
+    out += '}';
+    AppendField(out, "cost_calibrated", cost->calibrated);
+    AppendField(out, "rank_predicted_cost", cost->prediction.rank_cost);
+    AppendField(out, "predicted_cost_imbalance", cost->prediction.imbalance);
+  }
 }
 
 }  // namespace
@@ -237,7 +253,7 @@ std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics,
                     ",\"len\":", s.len, ",\"rank\":", s.rank, "}");
   }
   out += "],\"metrics\":{";
-  AppendMetrics(out, metrics, fields.planning_seconds);
+  AppendMetrics(out, metrics, fields.planning_seconds, fields.cost);
   out += '}';
   if (fields.ilp != nullptr) {
     out += ",\"ilp\":{";

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/analysis.h"
+#include "core/cost_model.h"
 #include "core/strategies.h"
 #include "core/types.h"
 
@@ -26,6 +27,9 @@ struct PlanJsonFields {
   absl::string_view strategy;    // StrategyName, or the server's name
   double planning_seconds = 0.0;
   const PlanInfo* ilp = nullptr;  // written as "ilp" when set (strategy ilp)
+  // Written into "metrics" (cost_profile .. predicted_cost_imbalance) when
+  // set, as the service does for every plan.
+  const PlanCostReport* cost = nullptr;
 };
 
 // One JSON object, one line, no trailing newline: flashcp.v1.PlanResponse

@@ -55,14 +55,16 @@ TEST(PlanJsonSchemaTest, EveryStrategyOnADataSetParsesToResponseToProto) {
       ASSERT_THAT(metrics, IsOk());
       const core::PlanInfo* ilp = s == core::Strategy::kIlp ? &info : nullptr;
       const double seconds = 0.001 * static_cast<double>(i + 1) / 3;  // not a short decimal
+      const core::PlanCostReport cost{std::string(core::kPairsProfile), options.cost, false,
+                                      core::PredictPlanCost(options.cost, *plan)};
       const std::string json = core::PlanToJson(
           *plan, *metrics,
           {.batch_id = i, .strategy = core::StrategyName(s), .planning_seconds = seconds,
-           .ilp = ilp});
+           .ilp = ilp, .cost = &cost});
       absl::StatusOr<v1::PlanResponse> parsed = Parse(json);
       ASSERT_THAT(parsed, IsOk()) << json;
       const v1::PlanResponse want =
-          ResponseToProto(i, s, *plan, *metrics, /*layout=*/nullptr, seconds, ilp);
+          ResponseToProto(i, s, *plan, *metrics, /*layout=*/nullptr, seconds, ilp, &cost);
       std::string diff;
       google::protobuf::util::MessageDifferencer differencer;
       differencer.ReportDifferencesToString(&diff);

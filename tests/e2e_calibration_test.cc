@@ -30,7 +30,7 @@ constexpr int kSteps = 48;
 constexpr int kReportEvery = 8;
 // Margins on measured imbalance (docs/workers.md, "Calibration").
 constexpr double kMarginOverPairs = 0.05;
-constexpr double kMarginOverPrediction = 0.08;
+constexpr double kMarginOverPrediction = 0.12;
 
 absl::Time In(absl::Duration d) { return absl::Now() + d; }
 

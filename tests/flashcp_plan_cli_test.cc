@@ -77,7 +77,10 @@ constexpr char kRingJson[] =
     "\"phase_received_tokens\":[0,4],\"phase_max_sent_tokens\":4,\"phase_max_received_tokens\":4,"
     "\"phase_bottleneck_tokens\":4,\"phase_max_sent_bytes\":8,\"phase_max_received_bytes\":8,"
     "\"phase_bottleneck_bytes\":8,\"phase_intra_node_bytes\":8,\"phase_inter_node_bytes\":0}],"
-    "\"planning_seconds\":0,\"cheaper_scheme\":\"allgather\"}}";
+    "\"planning_seconds\":0,\"cheaper_scheme\":\"allgather\",\"cost_profile\":\"pairs\","
+    "\"cost\":{\"whole_pair\":1,\"prefixed_pair\":1,\"sequence\":0,\"token\":0},"
+    "\"cost_calibrated\":false,\"rank_predicted_cost\":[10,11],"
+    "\"predicted_cost_imbalance\":1.0476190476190477}}";
 
 constexpr char kShape[] = "--heads 1 --head-dim 1 --dtype-bytes 1";
 
@@ -123,7 +126,10 @@ TEST(FlashcpPlanCliTest, StdinBatchesInInputOrder) {
                 "\"phase_max_sent_bytes\":8,\"phase_max_received_bytes\":8,"
                 "\"phase_bottleneck_bytes\":8,\"phase_intra_node_bytes\":8,"
                 "\"phase_inter_node_bytes\":0}],\"planning_seconds\":0,"
-                "\"cheaper_scheme\":\"allgather\"}}"
+                "\"cheaper_scheme\":\"allgather\",\"cost_profile\":\"pairs\","
+                "\"cost\":{\"whole_pair\":1,\"prefixed_pair\":1,\"sequence\":0,\"token\":0},"
+                "\"cost_calibrated\":false,\"rank_predicted_cost\":[10,18],"
+                "\"predicted_cost_imbalance\":1.2857142857142858}}"
                 "\n");
 }
 

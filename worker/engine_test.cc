@@ -36,6 +36,7 @@ class IgnoreSigpipeEnvironment final : public ::testing::Environment {
 
 using ::flashcp::core::testing::IsOk;
 using ::flashcp::core::testing::StatusIs;
+using ::testing::AnyOf;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -203,7 +204,10 @@ TEST(EngineFaultTest, DeadRankThreadGivesUnavailableToEveryOther) {
               StatusIs(absl::StatusCode::kUnavailable,
                        AllOf(HasSubstr("rank 0: UNAVAILABLE: gloo allgather on rank 0 of 3"),
                              HasSubstr("rank 2: UNAVAILABLE: gloo allgather on rank 2 of 3"),
-                             HasSubstr("from rank 1"))));
+                             HasSubstr("rank 1: ABORTED: injected crash"),
+                             // Which survivor sees rank 1's reset first, and on
+                             // a send or a receive, is a race.
+                             AnyOf(HasSubstr("from rank 1"), HasSubstr("to rank 1")))));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // far below the 30 s timeout
 }
 

@@ -71,7 +71,7 @@ def test_min_shard_tokens_reaches_the_planner(client):
     assert [s for s in shards(default) if s[0] == 0] == [(0, 0, 42, 0)]
     off = client.plan(batch, cp_size=4, strategy="flashcp", min_shard_tokens=-1)
     assert [s for s in shards(off) if s[0] == 0] == [
-        (0, 32, 10, 0), (0, 22, 10, 1), (0, 0, 11, 2), (0, 11, 11, 3)]
+        (0, 32, 10, 0), (0, 22, 10, 1), (0, 11, 11, 2), (0, 0, 11, 3)]
     assert Client.request(batch, 4, min_shard_tokens=300).min_shard_tokens == 300
 
     with pytest.raises(grpc.RpcError) as err:
