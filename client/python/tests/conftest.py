@@ -14,6 +14,18 @@ import flashcp.planner_process
 STARTUP_TIMEOUT_S = 60.0
 
 
+@pytest.fixture(autouse=True)
+def _close_clients():
+    """Closes every Client a test left open, as the test ends: a channel left
+    to Python's garbage collector is closed from gRPC's _ChannelCallState
+    __del__, which can deadlock on the channel's condition (the suite hung so,
+    intermittently, with every test passed)."""
+    yield
+    from flashcp_client import client as client_module
+    for c in list(client_module._clients):
+        c.close()
+
+
 def pytest_addoption(parser):
     parser.addoption("--planner-bin", default=os.environ.get("FLASHCP_PLANNER_BIN", ""),
                      help="path to the flashcp-planner binary")

@@ -10,6 +10,18 @@ import flashcp.planner_process
 sys.path.insert(0, os.path.dirname(__file__))  # harness, cases: importable by the ranks
 
 
+@pytest.fixture(autouse=True)
+def _close_clients():
+    """Closes every Client a test left open, as the test ends: a channel left
+    to Python's garbage collector is closed from gRPC's _ChannelCallState
+    __del__, which can deadlock on the channel's condition (the suite hung so,
+    intermittently, with every test passed)."""
+    yield
+    from flashcp_client import client as client_module
+    for c in list(client_module._clients):
+        c.close()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
 
