@@ -151,12 +151,15 @@ void GrpcPlannerClient::PlanAsync(const v1::PlanRequest& request, const CallOpti
   call->done = std::move(done);
   stub_->async()->Plan(&call->context, &call->request, &call->response,
                        [call](grpc::Status status) {
-                         std::unique_ptr<Call> owned(call);
-                         if (status.ok()) {
-                           std::move(owned->done)(std::move(owned->response));
-                         } else {
-                           std::move(owned->done)(proto::FromGrpcStatus(status));
-                         }
+                         // The call's gRPC objects go before `done` runs: once
+                         // it has, the caller may destroy the channel and with
+                         // it gRPC, which must not find this context alive.
+                         PlanCallback done = std::move(call->done);
+                         PlanResult result = status.ok()
+                                                 ? PlanResult(std::move(call->response))
+                                                 : PlanResult(proto::FromGrpcStatus(status));
+                         delete call;
+                         std::move(done)(std::move(result));
                        });
 }
 
