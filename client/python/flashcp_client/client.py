@@ -79,7 +79,34 @@ NO_RETRY = RetryPolicy(max_attempts=1)
 PREFETCH_RETRY = RetryPolicy(max_attempts=12)
 
 
-class RetriesExhausted(grpc.RpcError, grpc.Call):
+class _FinishedCallError(grpc.RpcError, grpc.Call):
+    """A grpc.RpcError for a call that has ended, wrapping the grpc.RpcError
+    `_inner()` gives: grpc.Call's methods beyond code() and details(), the
+    metadata from that error where it has them."""
+
+    def _inner(self) -> BaseException:
+        raise NotImplementedError
+
+    def initial_metadata(self):
+        return getattr(self._inner(), "initial_metadata", lambda: None)()
+
+    def trailing_metadata(self):
+        return getattr(self._inner(), "trailing_metadata", lambda: None)()
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self):
+        return None
+
+    def cancel(self) -> bool:
+        return False
+
+    def add_callback(self, callback) -> bool:
+        return False
+
+
+class RetriesExhausted(_FinishedCallError):
     """The last attempt's error, its code kept, saying how many attempts were
     made: code() and details() as a grpc.RpcError's; `last` is that attempt's
     grpc.RpcError, `attempts` the count."""
@@ -95,24 +122,8 @@ class RetriesExhausted(grpc.RpcError, grpc.Call):
     def details(self) -> str:
         return f"after {self.attempts} attempts: {_details(self.last)}"
 
-    # grpc.Call's remaining methods, from the last attempt where it has them.
-    def initial_metadata(self):
-        return getattr(self.last, "initial_metadata", lambda: None)()
-
-    def trailing_metadata(self):
-        return getattr(self.last, "trailing_metadata", lambda: None)()
-
-    def is_active(self) -> bool:
-        return False
-
-    def time_remaining(self):
-        return None
-
-    def cancel(self) -> bool:
-        return False
-
-    def add_callback(self, callback) -> bool:
-        return False
+    def _inner(self) -> BaseException:
+        return self.last
 
 
 def _code(err: BaseException) -> Optional[grpc.StatusCode]:
@@ -454,7 +465,7 @@ class Client:
         raise AssertionError("unreachable: the loop returns or raises")
 
 
-class PrefetchError(grpc.RpcError, grpc.Call):
+class PrefetchError(_FinishedCallError):
     """A Prefetcher's plan that failed for good: which item (its 0-based
     position in the input and the batch_id its request carried) and why.
     code() and details() are the failed call's (a RetriesExhausted when the
@@ -473,23 +484,8 @@ class PrefetchError(grpc.RpcError, grpc.Call):
     def details(self) -> str:
         return f"item {self.position} (batch_id {self.batch_id}): {_details(self.cause)}"
 
-    def initial_metadata(self):
-        return getattr(self.cause, "initial_metadata", lambda: None)()
-
-    def trailing_metadata(self):
-        return getattr(self.cause, "trailing_metadata", lambda: None)()
-
-    def is_active(self) -> bool:
-        return False
-
-    def time_remaining(self):
-        return None
-
-    def cancel(self) -> bool:
-        return False
-
-    def add_callback(self, callback) -> bool:
-        return False
+    def _inner(self) -> BaseException:
+        return self.cause
 
 
 class Prefetcher:
