@@ -147,7 +147,8 @@ TEST_P(MultiHostTest, GroupAcrossHostsRunsItsSteps) {
 
 // The container entrypoint as the StatefulSet runs it: one launcher per "pod"
 // (host), 2 ranks each, the pod's address as FLASHCP_GLOO_HOST (the downward
-// API's status.podIP in deploy/k8s), the planner and rendezvous by address.
+// API's status.podIP in deploy/k8s), NCCL_SOCKET_IFNAME as the h100 overlay
+// sets it (the pod's eth0), the planner and rendezvous by address.
 // Its fixed ports (control 50061 + k, metrics 9470 + k) are each namespace's
 // own, as a pod's are.
 TEST_P(MultiHostTest, LauncherPodsFormAGroupWithThePodIp) {
@@ -166,6 +167,7 @@ TEST_P(MultiHostTest, LauncherPodsFormAGroupWithThePodIp) {
                           "FLASHCP_PLANNER=" + planner_address_,
                           "FLASHCP_RENDEZVOUS=" + rendezvous_address_,
                           "FLASHCP_GLOO_HOST=" + NetnsLab::Address(host),
+                          "NCCL_SOCKET_IFNAME=eth0",  // the h100 overlay's setting
                           absl::StrCat("FLASHCP_WORKER=", FLASHCP_WORKER_BIN),
                           "/bin/bash", FLASHCP_LAUNCHER,
                           "--context", "2048", "--heads", "1", "--head_dim", "16",
@@ -181,7 +183,21 @@ TEST_P(MultiHostTest, LauncherPodsFormAGroupWithThePodIp) {
     ASSERT_THAT(code, IsOk()) << "pod " << pod;
     EXPECT_EQ(*code, 0) << "pod " << pod << ": " << *out;
     EXPECT_THAT(*out, HasSubstr(absl::StrCat("gloo host ", NetnsLab::Address(kFirstRankHost + pod),
-                                             ", rendezvous ", rendezvous_address_)));
+                                             ", rendezvous ", rendezvous_address_,
+                                             ", NCCL_SOCKET_IFNAME=eth0")));
+    // The interface NCCL is told to use is the one that carries the pod IP.
+    absl::StatusOr<std::string> ip = NetnsLab::IpBinary();
+    ASSERT_THAT(ip, IsOk());
+    auto show = Subprocess::Start(
+        lab_->Exec(kFirstRankHost + pod, {*ip, "-o", "-4", "addr", "show", "dev", "eth0"}),
+        {.pipe_stdin = false, .merge_stderr = true});
+    ASSERT_THAT(show, IsOk());
+    absl::StatusOr<std::string> addr = (*show)->ReadAll(In(kTimeout));
+    ASSERT_THAT(addr, IsOk());
+    EXPECT_THAT(*addr, HasSubstr(absl::StrCat(" ", NetnsLab::Address(kFirstRankHost + pod), "/")));
+    absl::StatusOr<int> shown = (*show)->Wait(In(kTimeout));
+    ASSERT_THAT(shown, IsOk());
+    EXPECT_EQ(*shown, 0) << *addr;
     if (pod == 0) {
       EXPECT_THAT(*out, HasSubstr("\"steps\":3,")) << *out;  // the driver's RUN line
     }
