@@ -150,16 +150,15 @@ TEST_F(RendezvousFixture, WaitsLongerThanTheServerLimitAreClampedNotRefused) {
 }
 
 TEST(WorkerDaemonTest, ControlRequestsBeforeTheGroupForms) {
-  prometheus::Registry registry;
-  PrometheusWorkerMetrics metrics(registry, "test");
+  NullWorkerObserver observer;
   DaemonOptions o;
   o.world_size = 4;
   o.steps = 0;
   DaemonOptions o1 = o;
   o1.rank = 1;
   const core::RealClock clock;
-  WorkerDaemon driver(o, nullptr, nullptr, nullptr, &metrics, &clock);
-  WorkerDaemon other(o1, nullptr, nullptr, nullptr, &metrics, &clock);
+  WorkerDaemon driver(o, nullptr, nullptr, nullptr, &observer, &clock);
+  WorkerDaemon other(o1, nullptr, nullptr, nullptr, &observer, &clock);
   EXPECT_THAT(other.StartRun(5, "", ""),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("rank 1 is not the driver; send StartRun to rank 0")));
@@ -185,8 +184,7 @@ TEST(WorkerDaemonTest, ControlRequestsBeforeTheGroupForms) {
 }
 
 TEST(WorkerDaemonTest, UnreachablePlannerFailsUnavailableAfterTheTimeout) {
-  prometheus::Registry registry;
-  PrometheusWorkerMetrics metrics(registry, "test");
+  NullWorkerObserver observer;
   DaemonOptions o;
   o.world_size = 2;
   o.timeout = absl::Seconds(1);
@@ -198,7 +196,8 @@ TEST(WorkerDaemonTest, UnreachablePlannerFailsUnavailableAfterTheTimeout) {
   core::ManualClock clock;
   BackendConfig backend;
   backend.clock = &clock;
-  WorkerDaemon daemon(o, std::move(stub), nullptr, MakeCpuRankBackend(backend), &metrics, &clock);
+  WorkerDaemon daemon(o, std::move(stub), nullptr, MakeCpuRankBackend(backend), &observer,
+                      &clock);
   EXPECT_THAT(daemon.Run(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rendezvous Join")));
   // Joins at 0, 100, 300 and 700 ms of the clock; the next backoff (800 ms)
   // would pass the 1 s timeout, so the daemon gives up after sleeping
@@ -264,6 +263,20 @@ double CounterSum(prometheus::Registry& registry, const std::string& name) {
   return -1;
 }
 
+// A one-rank group `group` of small batches that runs `steps` steps, one
+// plan in flight.
+DaemonOptions OneRankOptions(const std::string& group, int64_t steps) {
+  DaemonOptions o;
+  o.world_size = 1;
+  o.group = group;
+  o.context = 1024;
+  o.heads = 2;
+  o.head_dim = 8;
+  o.steps = steps;
+  o.prefetch = 1;
+  return o;
+}
+
 TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
   // A one-rank group (Gloo over loopback through the in-process rendezvous),
   // a planner whose first plan takes 2 s of the clock, and an engine with
@@ -271,14 +284,7 @@ TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
   core::ManualClock clock;
   prometheus::Registry registry;
   PrometheusWorkerMetrics metrics(registry, "test");
-  DaemonOptions o;
-  o.world_size = 1;
-  o.group = "clocked";
-  o.context = 1024;
-  o.heads = 2;
-  o.head_dim = 8;
-  o.steps = 3;
-  o.prefetch = 1;
+  const DaemonOptions o = OneRankOptions("clocked", 3);
   auto planner = std::make_shared<testing::ScriptedPlanner>(&clock, absl::Seconds(2));
   auto engine = std::make_unique<ClockedEngine>(&clock, absl::Milliseconds(250),
                                                 absl::Milliseconds(500), /*dtype_bytes=*/2);
@@ -346,14 +352,7 @@ class RecordingObserver final : public WorkerObserver {
 TEST_F(RendezvousFixture, TheDaemonReportsThroughItsObserver) {
   core::ManualClock clock;
   RecordingObserver observer;
-  DaemonOptions o;
-  o.world_size = 1;
-  o.group = "observed";
-  o.context = 1024;
-  o.heads = 2;
-  o.head_dim = 8;
-  o.steps = 2;
-  o.prefetch = 1;
+  DaemonOptions o = OneRankOptions("observed", 2);
   o.strategy = "llama3";
   o.scheme = core::CommScheme::kFullKv;
   auto planner = std::make_shared<testing::ScriptedPlanner>(&clock, absl::Seconds(1));
@@ -471,10 +470,9 @@ TEST(PrometheusWorkerMetricsTest, EverySeriesCarriesDeviceGpuAndLocalRank) {
 }
 
 TEST(WorkerDaemonTest, RunWithoutABackendIsRefused) {
-  prometheus::Registry registry;
-  PrometheusWorkerMetrics metrics(registry, "test");
+  NullWorkerObserver observer;
   const core::RealClock clock;
-  WorkerDaemon daemon(DaemonOptions{}, nullptr, nullptr, nullptr, &metrics, &clock);
+  WorkerDaemon daemon(DaemonOptions{}, nullptr, nullptr, nullptr, &observer, &clock);
   EXPECT_THAT(daemon.Run(), StatusIs(absl::StatusCode::kFailedPrecondition,
                                      "the daemon has no rank backend"));
 }

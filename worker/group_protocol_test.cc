@@ -118,7 +118,8 @@ TEST(SummarizeReportsTest, ImbalanceAndTheFitsTime) {
   EXPECT_EQ(t.min_fit_seconds, 0.5);
   EXPECT_TRUE(t.stop);
   // One rank without CPU time: the fit takes wall time, no CPU imbalance.
-  const GroupTimes wall = SummarizeReports(std::vector<RankReport>{{1.0, 0.5, false}, {4.0, 0.0, false}});
+  const GroupTimes wall =
+      SummarizeReports(std::vector<RankReport>{{1.0, 0.5, false}, {4.0, 0.0, false}});
   EXPECT_FALSE(wall.use_cpu_seconds);
   EXPECT_EQ(wall.cpu_imbalance, 0.0);
   EXPECT_EQ(wall.min_fit_seconds, 1.0);

@@ -32,7 +32,8 @@ PlanFeed::Config FeedConfig(int64_t count, absl::Duration timeout) {
 }
 
 TEST(PlanFeedTest, ResumesFromTheFirstUndeliveredBatchAfterTheStreamBreaks) {
-  auto planner = std::make_shared<ScriptedPlanner>(/*broken_streams=*/2, /*answers_before_break=*/3);
+  auto planner =
+      std::make_shared<ScriptedPlanner>(/*broken_streams=*/2, /*answers_before_break=*/3);
   // Real time: the reconnect backoffs (100 and 200 ms) pass by themselves.
   const core::RealClock clock;
   PlanFeed feed(planner, FeedConfig(10, absl::Seconds(30)), &clock);
@@ -40,7 +41,8 @@ TEST(PlanFeedTest, ResumesFromTheFirstUndeliveredBatchAfterTheStreamBreaks) {
     absl::StatusOr<std::optional<v1::PlanResponse>> next = feed.Next(absl::Seconds(30));
     ASSERT_THAT(next.status(), IsOk()) << k;
     ASSERT_TRUE(next->has_value()) << k;
-    const std::vector<int64_t> want = core::SampleBatch(core::Dataset::kPile, 4096, 7, 3 + k).value();
+    const std::vector<int64_t> want =
+        core::SampleBatch(core::Dataset::kPile, 4096, 7, 3 + k).value();
     EXPECT_EQ(std::vector<int64_t>((*next)->doc_lens().begin(), (*next)->doc_lens().end()), want)
         << "batch " << k;
   }

@@ -39,7 +39,8 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   return absl::OkStatus();
 }
 
-absl::Status RunWorker(const WorkerOptions& options) {
+absl::Status RunWorker(const WorkerOptions& options,
+                       std::shared_ptr<prometheus::Registry> registry) {
   // Signals go to the waiter thread only: blocked before any thread starts.
   // SIGUSR2 is internal: the daemon has finished.
   const planner_service::process::SignalWaiter signals({SIGTERM, SIGINT, SIGUSR2});
@@ -47,7 +48,6 @@ absl::Status RunWorker(const WorkerOptions& options) {
   FLASHCP_RETURN_IF_ERROR(ValidateWorkerOptions(options));
   const DaemonOptions& o = options.daemon;
 
-  auto registry = std::make_shared<prometheus::Registry>();
   FLASHCP_ASSIGN_OR_RETURN(
       std::unique_ptr<prometheus::Exposer> exposer,
       planner_service::metrics_endpoint::StartExposer(options.metrics, options.metrics_http));

@@ -5,11 +5,13 @@
 #define FLASHCP_WORKER_RUN_WORKER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "client/grpc_planner_client.h"
 #include "planner_service/metrics_endpoint/metrics_endpoint.h"
+#include "prometheus/registry.h"
 #include "worker/daemon_options.h"
 #include "worker/rank_backend.h"
 
@@ -32,7 +34,8 @@ struct WorkerOptions {
 absl::Status ValidateWorkerOptions(const WorkerOptions& options);
 
 // The binary's life. Blocks SIGTERM and SIGINT (call before any thread
-// starts); serves /metrics and WorkerControl with grpc.health.v1.Health
+// starts); serves /metrics from `registry` (PrometheusWorkerMetrics records
+// into it) and WorkerControl with grpc.health.v1.Health
 // (SERVING for "" and "flashcp.v1.WorkerControl" while the daemon runs,
 // NOT_SERVING as the control server drains); prints
 //   WORKER rank=R control=HOST:PORT metrics=HOST:PORT
@@ -40,7 +43,8 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& options);
 // ends after the step in flight. The daemon's Status, or the first setup
 // failure (Unavailable naming --control or --metrics for an address it
 // cannot listen on).
-absl::Status RunWorker(const WorkerOptions& options);
+absl::Status RunWorker(const WorkerOptions& options,
+                       std::shared_ptr<prometheus::Registry> registry);
 
 }  // namespace flashcp::worker
 

@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <iostream>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <random>
 #include <set>
@@ -40,6 +41,7 @@
 #include "core/flags.h"
 #include "core/log.h"
 #include "core/status_macros.h"
+#include "prometheus/registry.h"
 #include "worker/run_worker.h"
 #ifdef FLASHCP_WORKER_CUDA
 #include "worker/cuda/cuda_rank_backend.h"
@@ -215,7 +217,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   absl::StatusOr<fw::WorkerOptions> options = OptionsFromFlags();
-  const absl::Status status = options.ok() ? fw::RunWorker(*options) : options.status();
+  const absl::Status status =
+      options.ok() ? fw::RunWorker(*options, std::make_shared<prometheus::Registry>())
+                   : options.status();
   if (!status.ok()) {
     FLASHCP_LOG(ERROR) << "flashcp-worker rank " << absl::GetFlag(FLAGS_rank) << ": "
                        << status.ToString();
