@@ -108,9 +108,9 @@ absl::Status Broadcast(Communicator& comm, absl::Span<std::byte> data) {
 absl::Status BroadcastRound(Communicator& comm, StepHeader& header, std::string& payload) {
   if (comm.rank() == 0 && header.kind == RoundKind::kStep) {
     if (static_cast<int64_t>(payload.size()) > kMaxPlanPayloadBytes) {
-      return absl::DataLossError(absl::StrCat("the plan's ", payload.size(),
-                                              " bytes exceed the step limit of ",
-                                              kMaxPlanPayloadBytes));
+      return absl::ResourceExhaustedError(absl::StrCat("the plan's ", payload.size(),
+                                                       " bytes exceed the step limit of ",
+                                                       kMaxPlanPayloadBytes));
     }
     header.payload_bytes = static_cast<int64_t>(payload.size());
   }

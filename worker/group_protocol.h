@@ -70,8 +70,10 @@ absl::Status Broadcast(Communicator& comm, absl::Span<std::byte> data);
 
 // The driver's header (and for a step, `payload`) to every rank: on rank 0
 // `header` and `payload` are what it sends, elsewhere they are filled with
-// what rank 0 sent. DataLoss when rank 0's header does not decode or is a
-// step whose payload is larger than kMaxPlanPayloadBytes.
+// what rank 0 sent; rank 0 sets header.payload_bytes. On every rank DataLoss
+// ("from the driver: ...") when rank 0's header does not decode; on rank 0
+// ResourceExhausted, before sending anything, for a plan larger than
+// kMaxPlanPayloadBytes.
 absl::Status BroadcastRound(Communicator& comm, StepHeader& header, std::string& payload);
 
 // What the group's reports of one step say.
