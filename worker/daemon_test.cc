@@ -392,6 +392,49 @@ TEST_F(RendezvousFixture, TheDaemonReportsThroughItsObserver) {
   EXPECT_TRUE(failed.steps.empty());
 }
 
+// A two-rank group: the follower's status follows the driver's step headers
+// (the run's strategy and scheme from the header, its length, every step).
+TEST_F(RendezvousFixture, TheFollowerTakesTheRunFromTheDriversHeaders) {
+  std::vector<DaemonOptions> options(2, OneRankOptions("pair", 3));
+  for (int r = 0; r < 2; ++r) {
+    options[r].world_size = 2;
+    options[r].rank = r;
+    options[r].incarnation = 10 + r;
+    options[r].strategy = "zigzag";
+    options[r].scheme = core::CommScheme::kFullKv;
+  }
+  options[1].strategy = "flashcp";  // a follower's own flags do not choose the run
+  options[1].scheme = core::CommScheme::kTargeted;
+  std::vector<core::ManualClock> clocks(2);
+  std::vector<NullWorkerObserver> observers(2);
+  auto planner = std::make_shared<testing::ScriptedPlanner>(&clocks[0], absl::ZeroDuration());
+  std::vector<std::unique_ptr<WorkerDaemon>> daemons;
+  for (int r = 0; r < 2; ++r) {
+    daemons.push_back(std::make_unique<WorkerDaemon>(
+        options[r], stub_, r == 0 ? planner : nullptr,
+        std::make_unique<ClockedEngine>(&clocks[r], absl::Milliseconds(10),
+                                        absl::Milliseconds(20), 4),
+        &observers[r], &clocks[r]));
+  }
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] { results[r] = daemons[r]->Run(); });
+  }
+  for (std::thread& t : ranks) t.join();
+  ASSERT_THAT(results[0], IsOk());
+  ASSERT_THAT(results[1], IsOk());
+  for (int r = 0; r < 2; ++r) {
+    const v1::WorkerStatus s = daemons[r]->Status();
+    EXPECT_EQ(s.state(), v1::WorkerStatus::IDLE) << r;
+    EXPECT_EQ(s.steps_done(), 3) << r;
+    EXPECT_EQ(s.steps_total(), 3) << r;
+    EXPECT_EQ(s.strategy(), "zigzag") << r;
+    EXPECT_EQ(s.scheme(), "full_kv") << r;
+    EXPECT_EQ(s.last_step_seconds(), 0.03) << r;
+  }
+}
+
 TEST(ValidateDaemonOptionsTest, Table) {
   struct Case {
     void (*edit)(DaemonOptions&);
