@@ -33,8 +33,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "core/analysis.h"
 #include "core/cli.h"
 #include "core/datasets.h"
@@ -291,7 +291,8 @@ int Main(int argc, char** argv) {
         "bottleneck, max over ranks of max(send, receive) tokens, in units of C/N (full KV: "
         "N - 1); x magi: the targeted one over magi's, means over batches. targeted intra / "
         "inter MiB: one phase's targeted bytes summed over ranks, within and across nodes of "
-        "%d ranks (--ranks_per_node), mean per batch.\n", args.ranks_per_node);
+        "%d ranks (--ranks_per_node), mean per batch.\n",
+        args.ranks_per_node);
     for (const auto& [context, n] : args.cells) {
       for (Dataset d : args.datasets) {
         const std::vector<Batch> batches = Draw(d, args.batches, args.seed, n, context);

@@ -32,11 +32,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
-#include <iostream>
-#include <optional>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>

@@ -10,9 +10,9 @@
 //   rank_cost_fit [--dataset pile] [--context 4096] [--cp 4] [--batches 12]
 //                 [--heads 2] [--head_dim 32] [--reps 3] [--seed 1]
 #include <algorithm>
-#include <ctime>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <iostream>
 #include <iterator>
 #include <optional>
@@ -24,8 +24,8 @@
 #include "core/cost_model.h"
 #include "core/datasets.h"
 #include "core/flags.h"
-#include "core/types.h"
 #include "core/strategies.h"
+#include "core/types.h"
 #include "worker/attention_cpu.h"
 #include "worker/thread_pool.h"
 
@@ -112,9 +112,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   int64_t context = 0, cp = 0, batches = 0, heads = 0, head_dim = 0, reps = 0;
-  const std::pair<const char*, int64_t*> positive[] = {
-      {"context", &context}, {"cp", &cp},     {"batches", &batches},
-      {"heads", &heads},     {"head_dim", &head_dim}, {"reps", &reps}};
+  const std::pair<const char*, int64_t*> positive[] = {{"context", &context},   {"cp", &cp},
+                                                       {"batches", &batches},   {"heads", &heads},
+                                                       {"head_dim", &head_dim}, {"reps", &reps}};
   const absl::Flag<int64_t>* const flags[] = {&FLAGS_context, &FLAGS_cp,       &FLAGS_batches,
                                               &FLAGS_heads,   &FLAGS_head_dim, &FLAGS_reps};
   for (size_t i = 0; i < std::size(positive); ++i) {
@@ -148,8 +148,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("%zu rank timings: %s, C = %lld, N = %lld, H = %lld, D = %lld, best of %lld\n",
-              samples.size(), absl::GetFlag(FLAGS_dataset).c_str(), (long long)context, (long long)cp,
-              (long long)heads, (long long)head_dim, (long long)reps);
+              samples.size(), absl::GetFlag(FLAGS_dataset).c_str(), (long long)context,
+              (long long)cp, (long long)heads, (long long)head_dim, (long long)reps);
   // The pairs-only model beside the full one: a*pairs, by least squares.
   double xy = 0, xx = 0, err = 0;
   for (const core::CostSample& s : samples) {

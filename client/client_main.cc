@@ -18,11 +18,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/grpc_planner_client.h"
-#include "absl/flags/flag.h"
 #include "client/internal/tool_args.h"
 #include "client/internal/tool_flags.h"
 #include "client/pipelined_planner.h"
@@ -100,8 +100,8 @@ absl::StatusOr<Options> ParseOptions(const core::CommandLine& line) {
     FLASHCP_ASSIGN_OR_RETURN(o.target_imbalance,
                              core::DoubleFlagIn("target_imbalance", o.target_imbalance, 1, 1e6));
   }
-  FLASHCP_ASSIGN_OR_RETURN(o.min_shard_tokens,
-                           fc::internal::MinShardTokensField(absl::GetFlag(FLAGS_min_shard_tokens)));
+  FLASHCP_ASSIGN_OR_RETURN(
+      o.min_shard_tokens, fc::internal::MinShardTokensField(absl::GetFlag(FLAGS_min_shard_tokens)));
   FLASHCP_ASSIGN_OR_RETURN(const int64_t heads,
                            core::IntFlagIn("heads", absl::GetFlag(FLAGS_heads), 1, 1024));
   FLASHCP_ASSIGN_OR_RETURN(const int64_t head_dim,
@@ -277,8 +277,9 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
       fc::PlanPipelined(*grpc_client, {.inflight = o.inflight, .call = {.timeout = o.timeout}},
                         std::ref(source), std::ref(sink));
   if (!status.ok()) {
-    err << kPrefix << "stream to " << o.tool.server << " failed: "
-        << absl::StatusCodeToString(status.code()) << ": " << status.message() << "\n";
+    err << kPrefix << "stream to " << o.tool.server
+        << " failed: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+        << "\n";
   }
   if (o.summary) {
     std::vector<core::StrategySummary> rows;
@@ -305,7 +306,8 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<Options> options = ParseOptions(line);
   if (!options.ok()) {
-    std::cerr << kPrefix << options.status().message() << "\nRun 'flashcp-client --help' for the flags.\n";
+    std::cerr << kPrefix << options.status().message()
+              << "\nRun 'flashcp-client --help' for the flags.\n";
     return kExitUsage;
   }
   return Run(*options, std::cin, std::cout, std::cerr);

@@ -26,12 +26,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "client/grpc_planner_client.h"
-#include "absl/flags/flag.h"
 #include "client/internal/tool_flags.h"
 #include "client/pipelined_planner.h"
 #include "core/cli.h"
@@ -215,8 +215,8 @@ std::string Json(const Options& o, int64_t requests, int64_t errors, double seco
       o.stream ? "stream" : "unary", requests, errors, seconds,
       seconds > 0 ? static_cast<double>(requests) / seconds : 0.0, core::Percentile(lat, 0.5),
       core::Percentile(lat, 0.9), core::Percentile(lat, 0.99), core::Percentile(lat, 0.999),
-      core::Percentile(lat, 1.0), o.concurrency, o.stream ? o.inflight : 1, o.tool.cp_size, o.tool.context,
-      core::DatasetName(o.dataset), o.tool.strategy, codes_json, first_json);
+      core::Percentile(lat, 1.0), o.concurrency, o.stream ? o.inflight : 1, o.tool.cp_size,
+      o.tool.context, core::DatasetName(o.dataset), o.tool.strategy, codes_json, first_json);
 }
 
 int Run(const Options& o) {
@@ -249,7 +249,8 @@ int Run(const Options& o) {
         std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.tool.server, *channel_options)));
   }
   if (auto info = fc::WaitForServer(*clients[0], o.tool.connect_timeout); !info.ok()) {
-    std::cerr << kPrefix << "cannot reach " << o.tool.server << ": " << info.status().ToString() << "\n";
+    std::cerr << kPrefix << "cannot reach " << o.tool.server << ": " << info.status().ToString()
+              << "\n";
     return 1;
   }
 

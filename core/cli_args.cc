@@ -90,24 +90,29 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   CliOptions o;
   o.warnings = line.warnings;
   FLASHCP_ASSIGN_OR_RETURN(o.cp_size, IntFlagIn("cp", absl::GetFlag(FLAGS_cp), 1, kMaxCpSize));
-  FLASHCP_ASSIGN_OR_RETURN(o.plan.target_imbalance,
-                      DoubleFlagIn("target_imbalance", absl::GetFlag(FLAGS_target_imbalance), 1.0, 1e6));
-  FLASHCP_ASSIGN_OR_RETURN(o.plan.min_shard_tokens,
-                      IntFlagIn("min_shard_tokens", absl::GetFlag(FLAGS_min_shard_tokens), 0, kMaxTokens));
+  FLASHCP_ASSIGN_OR_RETURN(
+      o.plan.target_imbalance,
+      DoubleFlagIn("target_imbalance", absl::GetFlag(FLAGS_target_imbalance), 1.0, 1e6));
+  FLASHCP_ASSIGN_OR_RETURN(
+      o.plan.min_shard_tokens,
+      IntFlagIn("min_shard_tokens", absl::GetFlag(FLAGS_min_shard_tokens), 0, kMaxTokens));
   const std::string dataset = absl::GetFlag(FLAGS_dataset);
   if (line.given.count("dataset") > 0) {
     absl::StatusOr<Dataset> d = ParseDataset(dataset);
     if (!d.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--dataset: unknown data set ", Echo(dataset), " (wlbllm, pile, redpajama)"));
+      return absl::InvalidArgumentError(absl::StrCat("--dataset: unknown data set ", Echo(dataset),
+                                                     " (wlbllm, pile, redpajama)"));
     }
     o.dataset = *d;
   }
-  FLASHCP_ASSIGN_OR_RETURN(o.context, IntFlagIn("context", absl::GetFlag(FLAGS_context), 1, kMaxTokens));
-  FLASHCP_ASSIGN_OR_RETURN(o.batches, IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 1, kMaxBatches));
+  FLASHCP_ASSIGN_OR_RETURN(o.context,
+                           IntFlagIn("context", absl::GetFlag(FLAGS_context), 1, kMaxTokens));
+  FLASHCP_ASSIGN_OR_RETURN(o.batches,
+                           IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 1, kMaxBatches));
   o.seed = absl::GetFlag(FLAGS_seed);
   FLASHCP_ASSIGN_OR_RETURN(o.shape.heads, IntFlagIn("heads", absl::GetFlag(FLAGS_heads), 1, 1024));
-  FLASHCP_ASSIGN_OR_RETURN(o.shape.head_dim, IntFlagIn("head_dim", absl::GetFlag(FLAGS_head_dim), 1, 1024));
+  FLASHCP_ASSIGN_OR_RETURN(o.shape.head_dim,
+                           IntFlagIn("head_dim", absl::GetFlag(FLAGS_head_dim), 1, 1024));
   const int64_t dtype_bytes = absl::GetFlag(FLAGS_dtype_bytes);
   if (dtype_bytes != 1 && dtype_bytes != 2 && dtype_bytes != 4) {
     return FlagValueError("dtype_bytes", "1, 2 or 4", absl::StrCat(dtype_bytes));
@@ -115,7 +120,8 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   o.shape.dtype_bytes = static_cast<int32_t>(dtype_bytes);
   for (const std::string& docs : absl::GetFlag(FLAGS_docs).items) {
     absl::StatusOr<std::vector<int64_t>> lens = ParseBatchLine(docs);
-    if (!lens.ok()) return absl::InvalidArgumentError(absl::StrCat("--docs: ", lens.status().message()));
+    if (!lens.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--docs: ", lens.status().message()));
     o.batches_text.push_back(docs);
   }
   o.input_path = absl::GetFlag(FLAGS_input);
@@ -126,10 +132,12 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   if (line.given.count("svg") > 0 && o.svg_path.empty()) {
     return absl::InvalidArgumentError("--svg: missing file name");
   }
-  FLASHCP_ASSIGN_OR_RETURN(o.plan.ilp.granularity,
-                      IntFlagIn("ilp_granularity", absl::GetFlag(FLAGS_ilp_granularity), 0, kMaxTokens));
-  FLASHCP_ASSIGN_OR_RETURN(o.plan.ilp.time_limit_seconds,
-                      DoubleFlagIn("ilp_time_limit", absl::GetFlag(FLAGS_ilp_time_limit), 0.001, 86400));
+  FLASHCP_ASSIGN_OR_RETURN(
+      o.plan.ilp.granularity,
+      IntFlagIn("ilp_granularity", absl::GetFlag(FLAGS_ilp_granularity), 0, kMaxTokens));
+  FLASHCP_ASSIGN_OR_RETURN(
+      o.plan.ilp.time_limit_seconds,
+      DoubleFlagIn("ilp_time_limit", absl::GetFlag(FLAGS_ilp_time_limit), 0.001, 86400));
   o.summary = absl::GetFlag(FLAGS_summary);
   o.progress = !absl::GetFlag(FLAGS_quiet);
 

@@ -38,11 +38,29 @@ TEST(ParseCliArgsTest, Defaults) {
 }
 
 TEST(ParseCliArgsTest, EveryFlagBothSyntaxes) {
-  absl::StatusOr<CliOptions> o = ParseCliArgs(
-      {"--cp", "4", "--strategy=ring,flashcp", "--target_imbalance", "1.05", "--dataset=wlbllm",
-       "--context", "4096", "--batches=3", "--seed", "18446744073709551615", "--summary",
-       "--heads", "8", "--head_dim=64", "--dtype_bytes", "4", "--ilp_granularity", "512",
-       "--ilp_time_limit=2.5", "--min_shard_tokens", "64", "--quiet"});
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--cp",
+                                               "4",
+                                               "--strategy=ring,flashcp",
+                                               "--target_imbalance",
+                                               "1.05",
+                                               "--dataset=wlbllm",
+                                               "--context",
+                                               "4096",
+                                               "--batches=3",
+                                               "--seed",
+                                               "18446744073709551615",
+                                               "--summary",
+                                               "--heads",
+                                               "8",
+                                               "--head_dim=64",
+                                               "--dtype_bytes",
+                                               "4",
+                                               "--ilp_granularity",
+                                               "512",
+                                               "--ilp_time_limit=2.5",
+                                               "--min_shard_tokens",
+                                               "64",
+                                               "--quiet"});
   ASSERT_THAT(o, IsOk());
   EXPECT_EQ(o->cp_size, 4);
   EXPECT_THAT(o->strategies, ElementsAre(Strategy::kRing, Strategy::kFlashCp));
@@ -90,9 +108,9 @@ TEST(ParseCliArgsTest, HelpListsEveryFlagWithItsDefault) {
   const std::string usage = CliUsage();
   for (const char* flag :
        {"--batches=64", "--context=131072", "--cp=8", "--dataset=", "--docs=", "--dtype_bytes=2",
-        "--head_dim=128", "--heads=32", "--ilp_granularity=0", "--ilp_time_limit=10", "--input=",
-        "--min_shard_tokens=128", "--quiet=false", "--seed=1", "--strategy=", "--summary=false",
-        "--svg=", "--target_imbalance=1.02"}) {
+        "--head_dim=128", "--heads=32", "--ilp_granularity=0", "--ilp_time_limit=10",
+        "--input=", "--min_shard_tokens=128", "--quiet=false", "--seed=1",
+        "--strategy=", "--summary=false", "--svg=", "--target_imbalance=1.02"}) {
     EXPECT_THAT(usage, HasSubstr(absl::StrCat("\n  ", flag, "\n"))) << flag;
   }
 }
@@ -130,8 +148,10 @@ TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
       {{"--strategy", "best"},
        "--strategy: unknown strategy \"best\" (all, llama3, per_doc, ring, zigzag, whole_doc, "
        "flashcp_paper, flashcp, ilp, magi, or a comma-separated list)"},
-      {{"--target_imbalance", "0.9"}, "--target_imbalance: must be a number in [1, 1e+06], got \"0.9\""},
-      {{"--target_imbalance", "nan"}, "--target_imbalance: must be a number in [1, 1e+06], got \"nan\""},
+      {{"--target_imbalance", "0.9"},
+       "--target_imbalance: must be a number in [1, 1e+06], got \"0.9\""},
+      {{"--target_imbalance", "nan"},
+       "--target_imbalance: must be a number in [1, 1e+06], got \"nan\""},
       {{"--min_shard_tokens", "-1"},
        "--min_shard_tokens: must be an integer in [0, 1099511627776], got \"-1\""},
       {{"--min_shard_tokens=1099511627777"},
@@ -147,6 +167,7 @@ TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
       {{"--head_dim", "2048"}, "--head_dim: must be an integer in [1, 1024], got \"2048\""},
       {{"--dtype_bytes", "3"}, "--dtype_bytes: must be 1, 2 or 4, got \"3\""},
       {{"--docs", "5,,3"}, "--docs: token 1: empty (two commas in a row, or a leading comma)"},
+      {{"--docs="}, "--docs: empty line: no document lengths"},
       {{"--summary=maybe"}, "--summary: Illegal value 'maybe' specified for flag 'summary'"},
       {{"--svg="}, "--svg: missing file name"},
       {{"--svg"}, "--svg: missing value"},

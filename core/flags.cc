@@ -14,7 +14,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "core/echo.h"
@@ -55,7 +54,8 @@ Resolved Resolve(const std::string& written, CommandLine& line) {
     r = find(underscored);
     if (r.flag != nullptr) {
       line.warnings.push_back(absl::StrCat("warning: --", written, " is deprecated; use --",
-                                           underscored, " (the dashed spelling goes in the "
+                                           underscored,
+                                           " (the dashed spelling goes in the "
                                            "next release)"));
     }
   }
@@ -64,15 +64,23 @@ Resolved Resolve(const std::string& written, CommandLine& line) {
 
 }  // namespace
 
-bool AbslParseFlag(absl::string_view text, RepeatedFlag* flag, std::string* /*error*/) {
+bool AbslParseFlag(absl::string_view text, RepeatedFlag* flag, std::string* error) {
   flag->items.clear();
   if (text.empty()) return true;
+  if (text.front() != '\0') {
+    *error = "not a RepeatedFlag's encoding (each item after a NUL byte)";
+    return false;
+  }
+  text.remove_prefix(1);
   for (absl::string_view item : absl::StrSplit(text, '\0')) flag->items.emplace_back(item);
   return true;
 }
 
 std::string AbslUnparseFlag(const RepeatedFlag& flag) {
-  return absl::StrJoin(flag.items, absl::string_view("\0", 1));
+  std::string out;
+  for (const std::string& item : flag.items)
+    absl::StrAppend(&out, absl::string_view("\0", 1), item);
+  return out;
 }
 
 absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
@@ -85,7 +93,7 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
     }
   }
   // A RepeatedFlag's occurrences so far, by flag name.
-  std::map<std::string, std::vector<std::string>> repeated;
+  std::map<std::string, RepeatedFlag> repeated;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--") {
@@ -108,7 +116,8 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
     const bool is_bool = r.flag->IsOfType<bool>();
     std::string value;
     if (eq != std::string::npos) {
-      if (r.negated) return absl::InvalidArgumentError(absl::StrCat("--no", name, " takes no value"));
+      if (r.negated)
+        return absl::InvalidArgumentError(absl::StrCat("--no", name, " takes no value"));
       value = arg.substr(eq + 1);
     } else if (is_bool) {
       value = r.negated ? "false" : "true";
@@ -118,9 +127,9 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
       return absl::InvalidArgumentError(absl::StrCat("--", name, ": missing value"));
     }
     if (r.flag->IsOfType<RepeatedFlag>()) {
-      std::vector<std::string>& items = repeated[name];
-      items.push_back(value);
-      value = absl::StrJoin(items, absl::string_view("\0", 1));
+      RepeatedFlag& items = repeated[name];
+      items.items.push_back(value);
+      value = AbslUnparseFlag(items);
     }
     std::string error;
     if (!r.flag->ParseFrom(value, &error)) {
@@ -155,16 +164,15 @@ std::string FlagsHelp(absl::string_view usage) {
     if (flag->IsOfType<RepeatedFlag>()) {
       default_value = "";  // items are joined by '\0'
     }
-    absl::StrAppend(&out, "  --", flag->Name(), "=", default_value, "\n      ", flag->Help(),
-                    "\n");
+    absl::StrAppend(&out, "  --", flag->Name(), "=", default_value, "\n      ", flag->Help(), "\n");
   }
   return out;
 }
 
 absl::Status FlagValueError(absl::string_view flag, absl::string_view what,
                             absl::string_view value) {
-  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": must be ", what, ", got ",
-                                                 Echo(value)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, ": must be ", what, ", got ", Echo(value)));
 }
 
 absl::StatusOr<int64_t> IntFlagIn(absl::string_view flag, int64_t value, int64_t lo, int64_t hi) {

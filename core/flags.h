@@ -28,8 +28,8 @@ namespace flashcp::core {
 struct RepeatedFlag {
   std::vector<std::string> items;
 };
-// absl's marshalling of RepeatedFlag: items joined by '\0', a byte no
-// command-line argument can hold.
+// absl's marshalling of RepeatedFlag: each item after a '\0', a byte no
+// command-line argument can hold ("" is no item, "\0" one empty item).
 bool AbslParseFlag(absl::string_view text, RepeatedFlag* flag, std::string* error);
 std::string AbslUnparseFlag(const RepeatedFlag& flag);
 

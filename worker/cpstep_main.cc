@@ -63,7 +63,9 @@ constexpr char kUsage[] =
     "ranks and checks it against the reference. Exit status: 0 every check passed; 1 a\n"
     "failed check or step; 2 a bad flag.";
 
-std::string Array(const std::vector<int64_t>& v) { return absl::StrCat("[", absl::StrJoin(v, ","), "]"); }
+std::string Array(const std::vector<int64_t>& v) {
+  return absl::StrCat("[", absl::StrJoin(v, ","), "]");
+}
 
 // A required flag left at its default 0 or "".
 absl::Status Required(const core::CommandLine& line, const char* flag) {
@@ -100,8 +102,8 @@ int Run(int argc, char** argv) {
   }
   absl::StatusOr<core::Strategy> strategy = core::ParseStrategy(absl::GetFlag(FLAGS_strategy));
   if (!strategy.ok()) {
-    return usage_error(absl::InvalidArgumentError(
-        absl::StrCat("--strategy: ", strategy.status().message())));
+    return usage_error(
+        absl::InvalidArgumentError(absl::StrCat("--strategy: ", strategy.status().message())));
   }
   absl::StatusOr<core::CommScheme> scheme = core::ParseCommScheme(absl::GetFlag(FLAGS_scheme));
   if (!scheme.ok()) {
@@ -128,7 +130,8 @@ int Run(int argc, char** argv) {
     config.fault.rank = absl::GetFlag(FLAGS_fault_rank);
   }
   if (internal_rank >= 0) {  // a rank process started by RunProcesses
-    absl::Status s = worker::RankProcessMain(internal_rank, config, seed, absl::GetFlag(FLAGS_internal_dir));
+    absl::Status s =
+        worker::RankProcessMain(internal_rank, config, seed, absl::GetFlag(FLAGS_internal_dir));
     if (!s.ok()) std::cerr << "flashcp-cpstep rank " << internal_rank << ": " << s << "\n";
     return s.ok() ? 0 : 1;
   }

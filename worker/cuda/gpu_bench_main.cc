@@ -34,10 +34,10 @@
 #include "core/flags.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
+#include "worker/cp_layout.h"
 #include "worker/cuda/attention_kernels.h"
 #include "worker/cuda/comm_kernels.h"
 #include "worker/cuda/cp_check.h"
-#include "worker/cp_layout.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/cudnn_attention.h"
 
