@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <string_view>
 #include <utility>
@@ -222,16 +221,6 @@ std::optional<int> ParseMain(int argc, char** argv, absl::string_view usage, Com
   }
   line = *std::move(parsed);
   return std::nullopt;
-}
-
-std::optional<std::vector<char*>> ParseFlags(int argc, char** argv, absl::string_view usage,
-                                             std::ostream& out) {
-  CommandLine line;
-  if (std::optional<int> rc = ParseMain(argc, argv, usage, line, out, std::cerr)) {
-    if (*rc == 0) return std::nullopt;
-    std::exit(*rc);
-  }
-  return std::vector<char*>{argv[0]};  // ParseMain refused positional arguments
 }
 
 }  // namespace flashcp::core

@@ -78,13 +78,6 @@ absl::StatusOr<double> DoubleFlagIn(absl::string_view flag, double value, double
 std::optional<int> ParseMain(int argc, char** argv, absl::string_view usage, CommandLine& line,
                              std::ostream& out, std::ostream& err, bool allow_positional = false);
 
-// Deprecated: ParseMain for flashcp-worker's main until it calls ParseMain.
-// nullopt after --help (main then returns 0); {argv[0]} otherwise. Exits
-// with status 2 for a bad flag or a positional argument, as absl's parser
-// did before, being called from main() only.
-std::optional<std::vector<char*>> ParseFlags(int argc, char** argv, absl::string_view usage,
-                                             std::ostream& out);
-
 }  // namespace flashcp::core
 
 #endif  // FLASHCP_CORE_FLAGS_H_

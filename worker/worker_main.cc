@@ -24,11 +24,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <random>
-#include <set>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,7 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/grpc_planner_client.h"
-#include "client/internal/tool_args.h"
+#include "client/internal/tool_args.h"  // TlsOptionsFromGiven
 #include "core/flags.h"
 #include "core/log.h"
 #include "core/status_macros.h"
@@ -46,16 +45,6 @@
 #ifdef FLASHCP_WORKER_CUDA
 #include "worker/cuda/cuda_rank_backend.h"
 #endif
-
-namespace {
-// The --tls_* flags given on the command line (absl::ParseCommandLine runs
-// their OnUpdate callbacks; main clears the calls made at registration), by
-// name without the dashes.
-std::set<std::string>& GivenTlsFlags() {
-  static auto* given = new std::set<std::string>;
-  return *given;
-}
-}  // namespace
 
 ABSL_FLAG(int32_t, rank, 0, "this process's rank in the group, 0 is the driver");
 ABSL_FLAG(int32_t, world_size, 1, "ranks in the CP group (N)");
@@ -90,22 +79,18 @@ ABSL_FLAG(int32_t, local_rank, -1,
 ABSL_FLAG(std::string, gloo_host, "127.0.0.1",
           "address this rank's Gloo TCP transport listens on (the pod IP across nodes)");
 // The planner connection's TLS, spelled and checked as flashcp-client's
-// (client::internal::TlsOptionsFromArgs; README, "TLS"): TLS iff --tls_ca.
-// OnUpdate records that a flag was given, so that an empty value is refused
-// as flashcp-client refuses it rather than taken for an absent flag.
+// (client::internal::TlsOptionsFromGiven; README, "TLS"): TLS iff --tls_ca.
+// A flag given with an empty value is refused, as flashcp-client refuses it,
+// rather than taken for an absent flag (CommandLine::given tells them apart).
 ABSL_FLAG(std::string, tls_ca, "",
-          "TLS to the planner: PEM CA bundle its certificate must chain to; plaintext without it")
-    .OnUpdate([] { GivenTlsFlags().insert("tls_ca"); });
+          "TLS to the planner: PEM CA bundle its certificate must chain to; plaintext without it");
 ABSL_FLAG(std::string, tls_cert, "",
           "mTLS: PEM client certificate (for a planner run with --tls_client_ca); needs "
-          "--tls_ca and --tls_key")
-    .OnUpdate([] { GivenTlsFlags().insert("tls_cert"); });
-ABSL_FLAG(std::string, tls_key, "", "mTLS: PEM private key of --tls_cert")
-    .OnUpdate([] { GivenTlsFlags().insert("tls_key"); });
+          "--tls_ca and --tls_key");
+ABSL_FLAG(std::string, tls_key, "", "mTLS: PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_server_name, "",
           "TLS: the name the planner's certificate must carry, when it is not the host of "
-          "--planner")
-    .OnUpdate([] { GivenTlsFlags().insert("tls_server_name"); });
+          "--planner");
 ABSL_FLAG(int64_t, progress_every, 0, "driver: log progress every N steps to stderr; 0: never");
 ABSL_FLAG(std::string, cost_profile, "",
           "the cost profile plans balance (pairs, h200-cudnn, cpu-fp32; empty: pairs); any "
@@ -117,35 +102,29 @@ namespace fw = flashcp::worker;
 
 namespace {
 
-// The planner channel's options from the --tls_* flags, read by the client
-// library as flashcp-client reads its own (TlsOptionsFromArgs, then WithTls):
-// plaintext without them; InvalidArgument naming the flag for a bad
-// combination or an empty value, NotFound naming the flag and the path for a
-// file that cannot be opened.
-absl::StatusOr<fc::ChannelOptions> PlannerChannelOptions() {
+// The planner channel's options from the --tls_* flags given in `line`, read
+// by the client library as flashcp-client reads its own (TlsOptionsFromGiven,
+// then WithTls): plaintext without them; InvalidArgument naming the flag for
+// a bad combination or an empty value, NotFound naming the flag and the path
+// for a file that cannot be opened.
+absl::StatusOr<fc::ChannelOptions> PlannerChannelOptions(const flashcp::core::CommandLine& line) {
   const std::pair<const char*, const absl::Flag<std::string>*> flags[] = {
       {"tls_ca", &FLAGS_tls_ca},
       {"tls_cert", &FLAGS_tls_cert},
       {"tls_key", &FLAGS_tls_key},
       {"tls_server_name", &FLAGS_tls_server_name}};
-  std::vector<std::string> args;
+  std::map<std::string, std::string> given;
   for (const auto& [name, flag] : flags) {
-    if (GivenTlsFlags().count(name) > 0) {
-      args.push_back(absl::StrCat("--", name, "=", absl::GetFlag(*flag)));
-    }
+    if (line.given.count(name) > 0) given[name] = absl::GetFlag(*flag);
   }
-  const std::set<std::string> value_flags(std::begin(fc::internal::kTlsFlags),
-                                          std::end(fc::internal::kTlsFlags));
-  FLASHCP_ASSIGN_OR_RETURN(const fc::internal::ToolArgs parsed,
-                           fc::internal::ToolArgs::Parse(args, value_flags, /*switches=*/{}));
   FLASHCP_ASSIGN_OR_RETURN(const std::optional<fc::TlsOptions> tls,
-                           fc::internal::TlsOptionsFromArgs(parsed));
+                           fc::internal::TlsOptionsFromGiven(given));
   if (!tls.has_value()) return fc::ChannelOptions();
   return fc::WithTls(fc::ChannelOptions(), *tls);
 }
 
 // The flags as WorkerOptions: InvalidArgument naming the flag for a bad value.
-absl::StatusOr<fw::WorkerOptions> OptionsFromFlags() {
+absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandLine& line) {
   const auto dataset = flashcp::core::ParseDataset(absl::GetFlag(FLAGS_dataset));
   if (!dataset.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--dataset: ", dataset.status().message()));
@@ -194,29 +173,21 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags() {
   w.cuda = flashcp::worker::cuda::MakeCudaRankBackend;
 #endif
   FLASHCP_RETURN_IF_ERROR(fw::ValidateWorkerOptions(w));
-  FLASHCP_ASSIGN_OR_RETURN(w.channel, PlannerChannelOptions());
+  FLASHCP_ASSIGN_OR_RETURN(w.channel, PlannerChannelOptions(line));
   return w;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // absl also runs each OnUpdate callback once as the flag is registered
-  // (static initialisation): only what ParseCommandLine sets counts as given.
-  GivenTlsFlags().clear();
-  const std::optional<std::vector<char*>> parsed = flashcp::core::ParseFlags(
-      argc, argv,
-      "Usage: flashcp-worker [--flag=value ...]\n\nOne rank of a FlashCP worker group.",
-      std::cout);
-  if (!parsed.has_value()) return 0;  // --help
-  if (parsed->size() > 1) {
-    // A stray word (`flashcp-worker 1`, a command a container runtime
-    // appended) would otherwise be ignored and the rank run on defaults.
-    std::fprintf(stderr, "flashcp-worker: unexpected argument \"%s\"; every option is a --flag\n",
-                 (*parsed)[1]);
-    return 2;
+  flashcp::core::CommandLine line;
+  if (std::optional<int> rc = flashcp::core::ParseMain(
+          argc, argv,
+          "Usage: flashcp-worker [--flag=value ...]\n\nOne rank of a FlashCP worker group.", line,
+          std::cout, std::cerr)) {
+    return *rc;  // 0 after --help; 2 for a bad flag or a stray word
   }
-  absl::StatusOr<fw::WorkerOptions> options = OptionsFromFlags();
+  absl::StatusOr<fw::WorkerOptions> options = OptionsFromFlags(line);
   const absl::Status status =
       options.ok() ? fw::RunWorker(*options, std::make_shared<prometheus::Registry>())
                    : options.status();

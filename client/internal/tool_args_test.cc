@@ -1,7 +1,7 @@
 #include "client/internal/tool_args.h"
 
+#include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -15,60 +15,6 @@ namespace {
 
 using ::flashcp::core::testing::IsOk;
 using ::flashcp::core::testing::StatusIs;
-
-absl::StatusOr<ToolArgs> Parse(const std::vector<std::string>& args) {
-  return ToolArgs::Parse(args, {"cp", "target_imbalance", "server"}, {"json"});
-}
-
-TEST(ToolArgsTest, SpaceAndEqualsFormsAndSwitches) {
-  auto a = Parse({"--cp", "8", "--target_imbalance=1.05", "--json", "--server", "h:1"});
-  ASSERT_THAT(a, IsOk());
-  EXPECT_EQ(*a->Int("cp", 1, 1, 100), 8);
-  EXPECT_EQ(*a->Double("target_imbalance", 0, 0, 10), 1.05);
-  EXPECT_TRUE(a->Has("json"));
-  EXPECT_EQ(a->String("server", ""), "h:1");
-  EXPECT_FALSE(a->Has("missing"));
-}
-
-TEST(ToolArgsTest, DefaultsWhenAbsent) {
-  auto a = Parse({});
-  ASSERT_THAT(a, IsOk());
-  EXPECT_EQ(*a->Int("cp", 8, 1, 100), 8);
-  EXPECT_EQ(*a->Double("target_imbalance", 0.5, 0, 10), 0.5);
-  EXPECT_EQ(a->String("server", "x"), "x");
-}
-
-TEST(ToolArgsTest, ParseErrorsNameTheArgument) {
-  struct Case {
-    std::vector<std::string> args;
-    std::string message;
-  };
-  const Case cases[] = {
-      {{"--bogus", "1"}, "unknown flag --bogus"},
-      {{"--cp"}, "--cp needs a value"},
-      {{"8"}, "unexpected argument \"8\""},
-      {{"-c"}, "unexpected argument \"-c\""},
-      {{"--json=1"}, "--json takes no value"},
-  };
-  for (const Case& c : cases) {
-    EXPECT_THAT(Parse(c.args), StatusIs(absl::StatusCode::kInvalidArgument, c.message));
-  }
-}
-
-TEST(ToolArgsTest, ValueErrorsNameTheFlagAndRange) {
-  auto a = Parse({"--cp", "0", "--target_imbalance", "nan"});
-  ASSERT_THAT(a, IsOk());
-  EXPECT_THAT(a->Int("cp", 8, 1, 100),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "--cp: \"0\" is not an integer in [1, 100]"));
-  EXPECT_THAT(a->Double("target_imbalance", 0, 0, 10),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "--target_imbalance: \"nan\" is not a number in [0, 10]"));
-  auto b = Parse({"--cp", "8x"});
-  ASSERT_THAT(b, IsOk());
-  EXPECT_THAT(b->Int("cp", 8, 1, 100), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                "--cp: \"8x\" is not an integer in [1, 100]"));
-}
 
 TEST(MinShardTokensFieldTest, FlashcpPlanSpellingToTheRequestField) {
   EXPECT_EQ(MinShardTokensField(std::nullopt).value_or(-2), 0);  // the server's default, 128
@@ -84,18 +30,17 @@ TEST(MinShardTokensFieldTest, FlashcpPlanSpellingToTheRequestField) {
   }
 }
 
-absl::StatusOr<std::optional<TlsOptions>> Tls(const std::vector<std::string>& args) {
-  auto a = ToolArgs::Parse(args, {"tls_ca", "tls_cert", "tls_key", "tls_server_name"}, {});
-  if (!a.ok()) return a.status();
-  return TlsOptionsFromArgs(*a);
+// The TLS flags given, as CommandLine::given and the flags' values make them.
+absl::StatusOr<std::optional<TlsOptions>> Tls(const std::map<std::string, std::string>& given) {
+  return TlsOptionsFromGiven(given);
 }
 
-TEST(TlsOptionsFromArgsTest, NoneIsPlaintextAndTheFlagsFillTheOptions) {
+TEST(TlsOptionsFromGivenTest, NoneIsPlaintextAndTheFlagsFillTheOptions) {
   auto none = Tls({});
   ASSERT_THAT(none, IsOk());
   EXPECT_FALSE(none->has_value());
 
-  auto ca_only = Tls({"--tls_ca", "ca.pem"});
+  auto ca_only = Tls({{"tls_ca", "ca.pem"}});
   ASSERT_THAT(ca_only, IsOk());
   ASSERT_TRUE(ca_only->has_value());
   EXPECT_EQ((*ca_only)->ca_file, "ca.pem");
@@ -103,8 +48,10 @@ TEST(TlsOptionsFromArgsTest, NoneIsPlaintextAndTheFlagsFillTheOptions) {
   EXPECT_EQ((*ca_only)->key_file, "");
   EXPECT_EQ((*ca_only)->server_name, "");
 
-  auto all = Tls({"--tls_ca=ca.pem", "--tls_cert", "c.pem", "--tls_key", "c.key",
-                  "--tls_server_name", "planner.internal"});
+  auto all = Tls({{"tls_ca", "ca.pem"},
+                  {"tls_cert", "c.pem"},
+                  {"tls_key", "c.key"},
+                  {"tls_server_name", "planner.internal"}});
   ASSERT_THAT(all, IsOk());
   ASSERT_TRUE(all->has_value());
   EXPECT_EQ((*all)->ca_file, "ca.pem");
@@ -113,22 +60,22 @@ TEST(TlsOptionsFromArgsTest, NoneIsPlaintextAndTheFlagsFillTheOptions) {
   EXPECT_EQ((*all)->server_name, "planner.internal");
 }
 
-TEST(TlsOptionsFromArgsTest, BadCombinationsNameTheFlag) {
+TEST(TlsOptionsFromGivenTest, BadCombinationsNameTheFlag) {
   struct Case {
-    std::vector<std::string> args;
+    std::map<std::string, std::string> given;
     std::string message;
   };
   const Case cases[] = {
-      {{"--tls_cert", "c.pem", "--tls_key", "c.key"}, "--tls_cert: needs --tls_ca"},
-      {{"--tls_key", "c.key"}, "--tls_key: needs --tls_ca"},
-      {{"--tls_server_name", "localhost"}, "--tls_server_name: needs --tls_ca"},
-      {{"--tls_ca", "ca.pem", "--tls_cert", "c.pem"}, "--tls_cert, --tls_key: set both or neither"},
-      {{"--tls_ca", "ca.pem", "--tls_key", "c.key"}, "--tls_cert, --tls_key: set both or neither"},
-      {{"--tls_ca="}, "--tls_ca: empty value"},
-      {{"--tls_ca", "ca.pem", "--tls_server_name="}, "--tls_server_name: empty value"},
+      {{{"tls_cert", "c.pem"}, {"tls_key", "c.key"}}, "--tls_cert: needs --tls_ca"},
+      {{{"tls_key", "c.key"}}, "--tls_key: needs --tls_ca"},
+      {{{"tls_server_name", "localhost"}}, "--tls_server_name: needs --tls_ca"},
+      {{{"tls_ca", "ca.pem"}, {"tls_cert", "c.pem"}}, "--tls_cert, --tls_key: set both or neither"},
+      {{{"tls_ca", "ca.pem"}, {"tls_key", "c.key"}}, "--tls_cert, --tls_key: set both or neither"},
+      {{{"tls_ca", ""}}, "--tls_ca: empty value"},
+      {{{"tls_ca", "ca.pem"}, {"tls_server_name", ""}}, "--tls_server_name: empty value"},
   };
   for (const Case& c : cases) {
-    EXPECT_THAT(Tls(c.args), StatusIs(absl::StatusCode::kInvalidArgument, c.message))
+    EXPECT_THAT(Tls(c.given), StatusIs(absl::StatusCode::kInvalidArgument, c.message))
         << c.message;
   }
 }
