@@ -11,6 +11,8 @@
 #include <span>
 #include <vector>
 
+#include "core/internal/flashcp_repair.h"
+#include "core/internal/flashcp_score.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/recut.h"
 #include "core/internal/strategies_internal.h"
@@ -19,66 +21,6 @@
 namespace flashcp::core::internal {
 namespace {
 
-// base + n * cost for non-negative terms, saturating at INT64_MAX: cost is
-// 8m with m up to 2^40, and a full 2N-chunk zigzag can hold millions of
-// short cuts.
-int64_t SaturatingCost(int64_t base, int64_t n, int64_t cost) {
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  if (n > 0 && cost > (kMax - base) / n) return kMax;
-  return base + n * cost;
-}
-
-// First the target, then communication with each remaining short cut piece
-// charged `short_cost` non-last tokens (docs/planner.md, "Minimum shard"),
-// then cuts; when nothing meets the target, least imbalance.
-bool Better(const PlanScore& a, const PlanScore& b, double target, int64_t short_cost) {
-  const bool fa = a.imbalance <= target, fb = b.imbalance <= target;
-  if (fa != fb) return fa;
-  if (!fa) return a.imbalance < b.imbalance;
-  const int64_t ca = SaturatingCost(a.max_nonlast, a.short_cuts, short_cost);
-  const int64_t cb = SaturatingCost(b.max_nonlast, b.short_cuts, short_cost);
-  if (ca != cb) return ca < cb;
-  return a.cut_docs < b.cut_docs;
-}
-
-// Equal in everything Better compares (min_cut_len aside): how the fallback
-// tells a candidate it already holds, and the winner, apart.
-bool SameScore(const PlanScore& a, const PlanScore& b) {
-  return a.imbalance == b.imbalance && a.max_nonlast == b.max_nonlast &&
-         a.cut_docs == b.cut_docs && a.short_cuts == b.short_cuts;
-}
-
-// Per-rank non-last tokens, cut documents and shortest cut piece of raw
-// pieces whose documents are each entirely in `pieces` (no merging needed:
-// the pieces come from one generator that never emits touching same-rank
-// pieces, or from RepairShortShards, which merges).
-struct PartialScore {
-  std::vector<int64_t> nonlast;
-  int64_t cut_docs = 0;
-  int64_t min_cut_len = 0;
-};
-void AddPieces(const Batch& batch, const std::vector<Shard>& pieces, PartialScore& p) {
-  for (const Shard& s : pieces) {
-    if (s.len == 0) continue;
-    const int64_t len = batch.doc_lens[s.doc];
-    if (s.start + s.len < len) p.nonlast[s.rank] += s.len;
-    if (s.len < len) {
-      if (s.start == 0) ++p.cut_docs;
-      if (p.min_cut_len == 0 || s.len < p.min_cut_len) p.min_cut_len = s.len;
-    }
-  }
-}
-
-// Shards shorter than m of documents cut into several (slivers) in a plan.
-int64_t CountShortCuts(const Plan& plan, int64_t m) {
-  std::vector<int32_t> count(plan.doc_lens.size(), 0);
-  for (const Shard& s : plan.shards) ++count[s.doc];
-  int64_t short_cuts = 0;
-  for (const Shard& s : plan.shards) {
-    if (count[s.doc] > 1 && s.len < m) ++short_cuts;
-  }
-  return short_cuts;
-}
 bool HasShortCut(const Plan& plan, int64_t m) { return CountShortCuts(plan, m) > 0; }
 
 }  // namespace

@@ -33,24 +33,14 @@
 
 #include "core/analysis.h"
 #include "core/internal/flashcp_roles.h"
+#include "core/internal/flashcp_repair.h"
+#include "core/internal/flashcp_score.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
 
 namespace flashcp::core::internal {
 namespace {
-
-// One phase's bytes in tokens under the cheaper of the two sharding-aware
-// exchanges (full KV never moves less than the compacted all-gather).
-struct Exchange {
-  int64_t allgather = 0;  // max non-last tokens x (N - 1)
-  int64_t targeted = 0;   // max over ranks of max(send, receive)
-  int64_t cheaper() const { return std::min(allgather, targeted); }
-};
-
-Exchange Measure(const Plan& plan, const PlanScore& score) {
-  return Exchange{score.max_nonlast * (plan.cp_size - 1), TargetedPhaseBottleneck(plan)};
-}
 
 // The grouped pieces of one variant: documents whose whole workload exceeds
 // `group_bound` (longest first; so a prefix of `order`) zigzagged over

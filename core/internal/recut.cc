@@ -10,6 +10,7 @@
 #include "coin/CoinError.hpp"
 #include "coin/CoinPackedMatrix.hpp"
 #include "coin/OsiClpSolverInterface.hpp"
+#include "core/internal/flashcp_repair.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 
