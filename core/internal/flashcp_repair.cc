@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -623,6 +624,46 @@ double SliverFreeWorkloadBound(const Batch& batch, int64_t min_shard) {
                                 static_cast<double>(std::max<int64_t>(0, floor_tokens - s)));
   }
   return bound;
+}
+
+Plan RepairCandidate(const Batch& batch, const FlashCpOptions& options, std::vector<Shard> pieces,
+                     const PlanScore& score) {
+  if (options.min_shard > 1 && score.short_cuts > 0) {
+    Plan repaired = FinishPlan(batch, RepairShortShards(batch, pieces, options.min_shard,
+                                                        options.max_work, options.short_cost));
+    if (score.imbalance > options.target || ScorePlan(repaired).imbalance <= options.target) {
+      return repaired;
+    }
+  }
+  return FinishPlan(batch, std::move(pieces));
+}
+
+std::optional<Plan> RepairFallback(const Batch& batch, const FlashCpOptions& options,
+                                   CompactedSearch& search,
+                                   const std::vector<SearchCandidate>& candidates,
+                                   const WinnerKey& winner) {
+  std::optional<Plan> found;
+  PlanScore found_score;
+  size_t repairs = 0;
+  for (size_t i = 0; i < candidates.size() && repairs < FlashCpOptions::kMaxFallbacks; ++i) {
+    const SearchCandidate& c = candidates[i];
+    if (c.score.imbalance > options.target) break;  // sorted: the rest miss R too
+    if (c.k == winner.k && c.reduced == winner.reduced && c.pieces.size() == winner.pieces &&
+        SameScore(c.score, winner.score)) {
+      continue;  // costs no repair slot
+    }
+    ++repairs;
+    Plan other = RepairCandidate(batch, options,
+                                 search.Assemble(c.pieces, c.placement, c.k, c.reduced), c.score);
+    if (CountShortCuts(other, options.min_shard) > 0) continue;
+    const PlanScore score = ScorePlan(other);
+    if (score.imbalance > options.target) continue;
+    if (!found.has_value() || Better(score, found_score, options.target, options.short_cost)) {
+      found = std::move(other);
+      found_score = score;
+    }
+  }
+  return found;
 }
 
 }  // namespace flashcp::core::internal

@@ -4,10 +4,15 @@
 #ifndef FLASHCP_CORE_INTERNAL_FLASHCP_REPAIR_H_
 #define FLASHCP_CORE_INTERNAL_FLASHCP_REPAIR_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
+#include "core/internal/flashcp_options.h"
+#include "core/internal/flashcp_score.h"
+#include "core/internal/flashcp_search.h"
 #include "core/types.h"
 
 namespace flashcp::core::internal {
@@ -67,6 +72,36 @@ std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> piec
 // over documents. Where it exceeds R times the mean workload, every plan
 // meeting R has a sliver (docs/planner.md, "When a short shard is needed").
 double SliverFreeWorkloadBound(const Batch& batch, int64_t min_shard);
+
+// A candidate's whole plan from its raw `pieces` (CompactedSearch::Assemble)
+// and its search score, short cut pieces repaired (RepairShortShards within
+// R * mean, each fix raising the maximum non-last tokens by at most
+// options.short_cost). Every fix keeps each rank within max(R * mean, its
+// current maximum), so a plan that met the target still does; should
+// rounding of the workload sums ever tip it over, the unrepaired plan is
+// kept: the target comes first (docs/planner.md).
+Plan RepairCandidate(const Batch& batch, const FlashCpOptions& options, std::vector<Shard> pieces,
+                     const PlanScore& score);
+
+// The winner of the search, as the fallback knows it again: by its k,
+// Per-Doc mode, piece count and score.
+struct WinnerKey {
+  size_t k = 0;
+  bool reduced = true;
+  size_t pieces = 0;
+  PlanScore score;
+};
+
+// The fallback's repair: of the first kMaxFallbacks distinct `candidates`
+// (sorted by Better) that meet R, the winner skipped (rebuilt, it would be
+// repaired to the same failure; a different candidate equal in all of
+// WinnerKey would be skipped too), the best repaired plan (Better on the
+// repaired plans' scores) with no cut piece shorter than m that still meets
+// the target; nullopt if none.
+std::optional<Plan> RepairFallback(const Batch& batch, const FlashCpOptions& options,
+                                   CompactedSearch& search,
+                                   const std::vector<SearchCandidate>& candidates,
+                                   const WinnerKey& winner);
 
 }  // namespace flashcp::core::internal
 
