@@ -401,7 +401,7 @@ TEST(FlashCpQualityTest, BeatsPaperHeuristicOnGeneratedBatches) {
   }
 }
 
-// flashcp against its compacted search alone (flashcp_targeted.cc): on every
+// flashcp against its compacted search alone (flashcp.cc): on every
 // batch the plan meets the target and moves no more under either the
 // all-gather or its cheaper exchange; on some it moves strictly less.
 TEST(FlashCpTargetedTest, GroupedPlansMoveLessAndNeverMoreAllGather) {

@@ -1,18 +1,30 @@
-// FlashCP, our planner (docs/planner.md): Whole-Doc placement steered by rho
-// with whole-document moves, a Per-Doc fallback for the documents too long to
-// balance (the fewest, found by search), the minimum-shard rule (with a
-// repair of the winner and, if that fails, of other candidates, then a
-// re-cut of their cut points by linear programming), and a small
-// candidate search scored on imbalance, then communication, then cuts.
+// FlashCP, our planner (docs/planner.md), as stages over one options struct
+// (FlashCpOptions, flashcp_options.h):
+//  1. search (flashcp_search.h): Whole-Doc placement steered by rho with
+//     whole-document moves, the k longest documents Per-Doc (the fewest that
+//     balance, found by search), candidates scored (flashcp_score.h) on
+//     imbalance, then the compacted all-gather, then cuts;
+//  2. repair (flashcp_repair.h): the minimum-shard rule's repair of the
+//     winner and, if that fails, of other candidates;
+//  3. re-cut (flashcp_recut.h): their cut points moved by linear
+//     programming;
+//  4. grouped plans (flashcp_grouped.h), which replace the compacted one
+//     where they move less KV under the cheaper exchange;
+//  5. role swaps (flashcp_roles.h): which of a cut document's ranks holds
+//     which of its pieces, so that the heads and tails of different
+//     documents land on different ranks;
+//  6. post-passes over the final plan (PlanFlashCp).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
 
+#include "core/internal/flashcp_grouped.h"
 #include "core/internal/flashcp_options.h"
 #include "core/internal/flashcp_recut.h"
 #include "core/internal/flashcp_repair.h"
+#include "core/internal/flashcp_roles.h"
 #include "core/internal/flashcp_score.h"
 #include "core/internal/flashcp_search.h"
 #include "core/internal/strategies_internal.h"
@@ -23,10 +35,9 @@ namespace {
 
 bool HasShortCut(const Plan& plan, int64_t m) { return CountShortCuts(plan, m) > 0; }
 
-}  // namespace
 
-absl::StatusOr<Plan> PlanFlashCpCompacted(const Batch& batch, const PlanOptions& plan_options) {
-  const FlashCpOptions options = FlashCpOptions::For(batch, plan_options);
+// Stages 1-3: the plan of least compacted all-gather within R.
+absl::StatusOr<Plan> CompactedPlan(const Batch& batch, const FlashCpOptions& options) {
   const int64_t m = options.min_shard;
   // Search: the best candidate over k, repaired.
   CompactedSearch search(batch, options);
@@ -53,6 +64,49 @@ absl::StatusOr<Plan> PlanFlashCpCompacted(const Batch& batch, const PlanOptions&
   if (repaired.has_value()) return *std::move(repaired);
   FLASHCP_RETURN_IF_ERROR(options.CheckStop());
   return RecutCandidates(batch, options, search, candidates, std::move(plan));
+}
+
+// Stages 4 and 5: `compacted`, or a grouped plan where that moves less, its
+// roles swapped. Where a grouped plan won, the compacted one's roles are
+// swapped too, and the one moving less under its cheaper exchange (then
+// under the all-gather) is kept.
+absl::StatusOr<Plan> LeastMovedPlan(const Batch& batch, const FlashCpOptions& options,
+                                    Plan compacted) {
+  const int32_t n = batch.cp_size;
+  if (n <= 2) return compacted;  // at N = 2 a cut document moves the same either way
+  const PlanScore score = ScorePlan(compacted);
+  if (score.cut_docs == 0) return compacted;  // nothing is exchanged to begin with
+  FLASHCP_ASSIGN_OR_RETURN(std::optional<Plan> grouped,
+                           BestGroupedPlan(batch, options, compacted, score));
+  // At most kSwapsPerRank x N swaps per plan (each O(roles of the
+  // bottleneck rank x ranks of their documents)).
+  const int32_t max_swaps = FlashCpOptions::kSwapsPerRank * n;
+  if (!grouped.has_value()) {
+    return SwapRolesForTargeted(batch, compacted, options.max_work, max_swaps);
+  }
+  Plan swapped = SwapRolesForTargeted(batch, *grouped, options.max_work, max_swaps);
+  Plan other = SwapRolesForTargeted(batch, compacted, options.max_work, max_swaps);
+  const Exchange a = Measure(swapped, ScorePlan(swapped));
+  const Exchange b = Measure(other, ScorePlan(other));
+  if (b.cheaper() < a.cheaper() || (b.cheaper() == a.cheaper() && b.allgather < a.allgather)) {
+    return other;
+  }
+  return swapped;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> PlanFlashCpCompacted(const Batch& batch, const PlanOptions& plan_options) {
+  return CompactedPlan(batch, FlashCpOptions::For(batch, plan_options));
+}
+
+absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& plan_options) {
+  const FlashCpOptions options = FlashCpOptions::For(batch, plan_options);
+  FLASHCP_ASSIGN_OR_RETURN(Plan plan, CompactedPlan(batch, options));
+  FLASHCP_ASSIGN_OR_RETURN(plan, LeastMovedPlan(batch, options, std::move(plan)));
+  // Stage 6, post-passes over the final plan: each takes and returns the
+  // whole plan, keeping every rank's tokens. Add them here, in order.
+  return plan;
 }
 
 }  // namespace flashcp::core::internal
