@@ -109,8 +109,8 @@ class ShortShardRepair {
   }
 
   // Per-rank attention workload (SPEC Eq. 3) of the current pieces: cut
-  // documents' pieces first, then whole documents (the summation order the
-  // workload bounds were measured with).
+  // documents' pieces first, then whole documents (a fixed summation order,
+  // so the bounds compare the same sums every time).
   std::vector<double> RankWorkloads() const {
     std::vector<double> work(n_, 0.0);
     for (const std::vector<Piece>& d : docs) {
