@@ -36,8 +36,7 @@ Plan SwapRolesForTargeted(const Batch& batch, const Plan& plan, double max_workl
            std::tie(plan.shards[b].doc, plan.shards[b].start);
   });
   std::vector<int64_t> send(n, 0), recv(n, 0), nonlast(n, 0);
-  std::vector<double> workload(n, 0.0);
-  for (const Shard& s : plan.shards) workload[s.rank] += RangeWorkload(s.start, s.len);
+  std::vector<double> workload = PieceWorkloads(n, plan.shards);
   std::vector<Role> roles;
   std::vector<int32_t> doc_roles_begin;  // per cut document, its first role; then roles.size()
   std::vector<int32_t> role_of_shard(plan.shards.size(), -1);

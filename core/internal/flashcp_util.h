@@ -1,6 +1,6 @@
 // Building blocks shared by the workload-aware planners (whole_doc,
-// flashcp_paper, flashcp): SPEC Eq. 3 on token ranges, the Per-Doc zigzag and
-// Whole-Doc sharding of a subset of documents, and a cheap plan score. Pure
+// flashcp_paper, flashcp): SPEC Eq. 3 on token ranges and per rank, the
+// Per-Doc zigzag and Whole-Doc sharding of a subset of documents. Pure
 // functions over plain data.
 #ifndef FLASHCP_CORE_INTERNAL_FLASHCP_UTIL_H_
 #define FLASHCP_CORE_INTERNAL_FLASHCP_UTIL_H_
