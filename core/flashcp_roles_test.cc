@@ -32,7 +32,8 @@ TEST(SwapRolesForTargetedTest, TwoAlikeCutsSpreadOverTheirRanks) {
             (std::vector<Shard>{Shard{0, 8, 4, 0}, Shard{1, 0, 4, 0}, Shard{0, 4, 4, 1},
                                 Shard{1, 4, 4, 1}, Shard{0, 0, 4, 2}, Shard{1, 8, 4, 2}}));
   EXPECT_EQ(TargetedPhaseBottleneck(swapped), 8);
-  EXPECT_THAT(internal::PieceWorkloads(batch.cp_size, swapped.shards), ElementsAre(52.0, 52.0, 52.0));
+  EXPECT_THAT(internal::PieceWorkloads(batch.cp_size, swapped.shards),
+              ElementsAre(52.0, 52.0, 52.0));
   // The spread is not a swap: with max_swaps = 0 it alone reaches 8.
   EXPECT_EQ(TargetedPhaseBottleneck(internal::SwapRolesForTargeted(batch, plan, 0.0, 0)), 8);
 }

@@ -25,7 +25,8 @@ struct SearchCandidate {
   std::vector<Shard> pieces;
   WholeDocPlacement placement;  // only `held` is used
   size_t k = 0;                 // the k longest documents are Per-Doc
-  bool reduced = true;          // Per-Doc under the minimum-shard rule, else the full 2N-chunk zigzag
+  // Per-Doc under the minimum-shard rule, else the full 2N-chunk zigzag.
+  bool reduced = true;
   PlanScore score;
 };
 
