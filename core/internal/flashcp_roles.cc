@@ -33,6 +33,15 @@ struct RoleTable {
   std::vector<int64_t> send, recv;       // per rank, targeted, one phase
   std::vector<int64_t> nonlast;          // per rank, SPEC Eq. 5
   std::vector<double> workload;          // per rank, SPEC Eq. 3 pairs
+
+  // A spread: documents longest first, within each the roles of equal
+  // tokens dealt out again over the same ranks, the role receiving most
+  // over sending to the rank so far receiving least over sending. Kept only
+  // where it leaves every rank within the caps (SwapRolesForTargeted) and
+  // lowers the bottleneck.
+  void Spread(int32_t n, double cap_workload, int64_t cap_nonlast);
+  // The greedy swaps (SwapRolesForTargeted), at most max_swaps.
+  void SwapGreedily(int32_t n, double cap_workload, int64_t cap_nonlast, int32_t max_swaps);
 };
 
 RoleTable BuildRoles(const Plan& plan) {
@@ -116,18 +125,7 @@ RoleTable BuildRoles(const Plan& plan) {
   return t;
 }
 
-// A spread: documents longest first, within each the roles of
-// equal tokens dealt out again over the same ranks, the role receiving
-// most over sending to the rank so far receiving least over sending. Kept
-// only where it leaves every rank within the caps (SwapRolesForTargeted)
-// and lowers the bottleneck.
-void SpreadRoles(RoleTable& t, int32_t n, double cap_workload, int64_t cap_nonlast) {
-  std::vector<Role>& roles = t.roles;
-  const std::vector<int32_t>& doc_roles_begin = t.doc_roles_begin;
-  std::vector<int64_t>& send = t.send;
-  std::vector<int64_t>& recv = t.recv;
-  std::vector<int64_t>& nonlast = t.nonlast;
-  std::vector<double>& workload = t.workload;
+void RoleTable::Spread(int32_t n, double cap_workload, int64_t cap_nonlast) {
   const int32_t docs = static_cast<int32_t>(doc_roles_begin.size()) - 1;
   std::vector<int32_t> doc_order(docs);
   std::iota(doc_order.begin(), doc_order.end(), 0);
@@ -197,16 +195,8 @@ void SpreadRoles(RoleTable& t, int32_t n, double cap_workload, int64_t cap_nonla
   }
 }
 
-// Greedy swaps (SwapRolesForTargeted), at most max_swaps.
-void SwapRolesGreedily(RoleTable& t, int32_t n, double cap_workload, int64_t cap_nonlast,
-                       int32_t max_swaps) {
-  std::vector<Role>& roles = t.roles;
-  const std::vector<int32_t>& doc_roles_begin = t.doc_roles_begin;
-  std::vector<int64_t>& send = t.send;
-  std::vector<int64_t>& recv = t.recv;
-  std::vector<int64_t>& nonlast = t.nonlast;
-  std::vector<double>& workload = t.workload;
-  const std::vector<int32_t>& doc_of_role = t.doc_of_role;
+void RoleTable::SwapGreedily(int32_t n, double cap_workload, int64_t cap_nonlast,
+                             int32_t max_swaps) {
   std::vector<std::vector<int32_t>> roles_of(n);
   for (int32_t i = 0; i < static_cast<int32_t>(roles.size()); ++i) {
     roles_of[roles[i].rank].push_back(i);
@@ -275,8 +265,8 @@ Plan SwapRolesForTargeted(const Batch& batch, const Plan& plan, double max_workl
   const double plan_max_workload = *std::max_element(workload.begin(), workload.end());
   const double cap_workload = std::max(max_workload, plan_max_workload);
   const int64_t cap_nonlast = *std::max_element(nonlast.begin(), nonlast.end());
-  SpreadRoles(t, n, cap_workload, cap_nonlast);
-  SwapRolesGreedily(t, n, cap_workload, cap_nonlast, max_swaps);
+  t.Spread(n, cap_workload, cap_nonlast);
+  t.SwapGreedily(n, cap_workload, cap_nonlast, max_swaps);
   const std::vector<Role>& roles = t.roles;
   const std::vector<int32_t>& role_of_shard = t.role_of_shard;
   std::vector<Shard> pieces = plan.shards;
