@@ -42,8 +42,17 @@ absl::Status ValidateModelShape(const ModelShape& shape);
 absl::Status ValidatePlan(const Plan& plan);
 
 // Attention workload of a shard (SPEC Eq. 3): (2p + s + 1) * s / 2 (query, key)
-// pairs. Exact as a double while the value is below 2^53.
+// pairs. Exact as a double while the value is below 2^53. The project's one
+// implementation of SPEC's workload: every planner, metric and engine calls
+// it (or PrefixWorkload, its continuous form).
 double ShardWorkload(int64_t prefix, int64_t len);
+
+// SPEC Eq. 3 at a real-valued position: Q(x) = x (x + 1) / 2 pairs for a
+// document's first x tokens, so tokens [a, e) have Q(e) - Q(a), which is
+// ShardWorkload(a, e - a) at integer a and e. For programs over continuous
+// cut points (recut.h); at integers use ShardWorkload (exact, no
+// cancellation).
+inline double PrefixWorkload(double x) { return x * (x + 1.0) * 0.5; }
 
 // One entry of a rank's compacted send buffer: a non-last shard of this rank.
 struct SendRange {

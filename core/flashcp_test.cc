@@ -8,6 +8,8 @@
 #include "core/analysis.h"
 #include "core/datasets.h"
 #include "core/internal/flashcp_roles.h"
+#include "core/internal/flashcp_repair.h"
+#include "core/internal/flashcp_score.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 #include "core/strategies.h"
@@ -130,18 +132,6 @@ TEST(PerDocPiecesTest, SubsetKeepsDocumentIndices) {
             (std::vector<Shard>{{2, 0, 1, 0}, {2, 3, 1, 0}, {2, 1, 2, 1}}));
 }
 
-TEST(ScorePiecesTest, CountsNonLastAndCuts) {
-  // docs [6, 2] on 2 ranks: r0 [2,6) of doc 0 (W 18), r1 [0,2) of doc 0 (W 3,
-  // non-last) and doc 1 (W 3). Mean 12: imbalance 1.5.
-  const Batch batch{{6, 2}, 2};
-  const internal::PlanScore s =
-      internal::ScorePieces(batch, {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}});
-  EXPECT_DOUBLE_EQ(s.imbalance, 1.5);
-  EXPECT_EQ(s.max_nonlast, 2);
-  EXPECT_EQ(s.cut_docs, 1);
-  EXPECT_EQ(s.min_cut_len, 2);
-}
-
 // The minimum-shard rule (PlanOptions::min_shard_tokens, docs/planner.md).
 
 TEST(PerDocPiecesTest, MinShardUsesFewerRanks) {
@@ -157,34 +147,6 @@ TEST(PerDocPiecesTest, MinShardUsesFewerRanks) {
   const Batch two{{10, 7}, 4};
   EXPECT_EQ(internal::FinishPlan(two, internal::PerDocPieces(two, {0, 1}, 2)).shards,
             (std::vector<Shard>{{0, 0, 3, 0}, {0, 8, 2, 0}, {0, 3, 5, 1}, {1, 0, 7, 2}}));
-}
-
-TEST(RepairShortShardsTest, ChainAvoidsARelayOverTheBound) {
-  // docs [10, 10, 10, 10, 10, 14] on 4 ranks, min 3. Doc 0: [0,1) r0 (the
-  // sliver), [1,10) r1; doc 1: [0,5) r1, [5,10) r2; doc 2: [0,4) r2, [4,10)
-  // r0; doc 3: [0,5) r1, [5,10) r3; doc 4: [0,4) r3, [4,10) r0; doc 5 whole
-  // on r2. Workloads (W(p, s) = (2p + s + 1) s / 2): r0 1 + 45 + 45 = 91,
-  // r1 54 + 15 + 15 = 84, r2 40 + 10 + 105 = 155, r3 40 + 10 = 50; bound 0,
-  // so the current maximum, 155. Absorbing the sliver into r1 (r0 -1, r1
-  // +1) needs a chain r1 -> r0 for 1 token. The shortest, through r2 (doc
-  // 1: r1's [0,5) gives W(4,1) = 5 to r2; doc 2: r2's [0,4) gives W(3,1) =
-  // 4 to r0), leaves r2 at 156: over. With r2 avoided, the chain through r3
-  // (docs 3 and 4, the same amounts) leaves r0 94, r1 80, r3 51, r2 155.
-  const Batch batch{{10, 10, 10, 10, 10, 14}, 4};
-  const std::vector<Shard> pieces = {{0, 0, 1, 0},  {0, 1, 9, 1}, {1, 0, 5, 1}, {1, 5, 5, 2},
-                                     {2, 0, 4, 2},  {2, 4, 6, 0}, {3, 0, 5, 1}, {3, 5, 5, 3},
-                                     {4, 0, 4, 3},  {4, 4, 6, 0}, {5, 0, 14, 2}};
-  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairShortShards(batch, pieces, 3, 0.0)).shards,
-            (std::vector<Shard>{{2, 4, 6, 0},
-                                {4, 3, 7, 0},
-                                {0, 0, 10, 1},
-                                {1, 0, 5, 1},
-                                {3, 0, 4, 1},
-                                {1, 5, 5, 2},
-                                {2, 0, 4, 2},
-                                {5, 0, 14, 2},
-                                {3, 4, 6, 3},
-                                {4, 0, 3, 3}}));
 }
 
 // PerDocPieces of documents 0 and 1 with `room_each` tokens of room on each
@@ -234,128 +196,6 @@ TEST(PerDocPiecesTest, LeavesPiecesAndRoomsWhenTheShiftsFallShort) {
             (std::vector<Shard>{{0, 0, 4, 0}, {0, 12, 4, 0}, {1, 0, 10, 0}, {0, 4, 8, 1}}));
   EXPECT_EQ(fit.room, (std::vector<int64_t>{-5, 5}));
   EXPECT_TRUE(fit.refit);
-}
-
-TEST(RepairShortShardsTest, AbsorbsSliverAndShiftsAnotherCut) {
-  // docs [10, 10] on 2 ranks, min 3. Doc 0: [0,1) on r1 (a 1-token sliver),
-  // [1,10) on r0; doc 1: [0,5) on r0, [5,10) on r1. Tokens r0 9 + 5 = 14,
-  // r1 1 + 5 = 6. Absorb: doc 0 goes whole to r0 (r0 +1 token); the chain
-  // returns 1 token r0 -> r1 through doc 1's cut: [0,5) shrinks to [0,4)
-  // (4 >= 3), r1's [5,10) grows to [4,10). Tokens still 14 and 6; doc 0 is no
-  // longer cut.
-  const Batch batch{{10, 10}, 2};
-  const std::vector<Shard> fixed = internal::RepairShortShards(
-      batch, {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 5, 0}, {1, 5, 5, 1}}, 3);
-  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
-            (std::vector<Shard>{{0, 0, 10, 0}, {1, 0, 4, 0}, {1, 4, 6, 1}}));
-}
-
-TEST(RepairShortShardsTest, GrowsSliverWhenAbsorbingHasNoChain) {
-  // docs [10, 10] on 2 ranks, min 3. Doc 0: [0,2) r0 (sliver), [2,10) r1;
-  // doc 1: [0,3) r1, [3,10) r0 (r1's piece is exactly the minimum: it
-  // cannot give). Absorb into r1 would need r1 -> r0 through doc 1: r1's
-  // [0,3) cannot shrink. Grow instead: [0,2) takes 1 token from [2,10)
-  // (7 >= 3 left), and r0 returns 1 token to r1 through doc 1: r0's [3,10)
-  // shrinks at its start to [4,10), r1's [0,3) grows to [0,4).
-  const Batch batch{{10, 10}, 2};
-  const std::vector<Shard> fixed = internal::RepairShortShards(
-      batch, {{0, 0, 2, 0}, {0, 2, 8, 1}, {1, 0, 3, 1}, {1, 3, 7, 0}}, 3);
-  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
-            (std::vector<Shard>{{0, 0, 3, 0}, {1, 4, 6, 0}, {0, 3, 7, 1}, {1, 0, 4, 1}}));
-}
-
-TEST(RepairShortShardsTest, LeavesSliverWithoutChain) {
-  // [6, 2] on 2 ranks, min 3: doc 0 [2,6) r0, [0,2) r1, doc 1 whole on r1.
-  // No other cut document: no chain. Whole-document moves: growing by g in
-  // [1, 4 - 3] = [1, 1] needs r1 to hand r0 exactly 1 token of whole
-  // documents (it has one of 2), absorbing needs r0 to hand r1 exactly 2
-  // (it has none). The sliver stays.
-  const Batch batch{{6, 2}, 2};
-  const std::vector<Shard> fixed =
-      internal::RepairShortShards(batch, {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}}, 3);
-  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
-            (std::vector<Shard>{{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}}));
-}
-
-TEST(RepairShortShardsTest, GrowsSliverByMovingAWholeDocument) {
-  // docs [10, 2, 4] on 2 ranks, min 3. Doc 0: [0,1) r1 (a 1-token sliver),
-  // [1,10) r0; doc 1 (2 tokens) whole on r1, doc 2 (4) whole on r0. No other
-  // cut document: no chain of cut-point shifts, so neither absorbing nor
-  // growing by a chain works. Whole-document moves: the sliver may grow by g
-  // in [m - s, 9 - m] = [2, 6] out of r0's piece if r1 hands r0 whole
-  // documents worth exactly g more than it gets back: doc 1 alone, g = 2
-  // (absorbing would need r0 to hand r1 exactly 1 token more: no such set).
-  // Doc 0 becomes [0,3) r1, [3,10) r0; doc 1 moves to r0. Tokens stay 13
-  // and 3.
-  const Batch batch{{10, 2, 4}, 2};
-  const std::vector<Shard> fixed = internal::RepairShortShards(
-      batch, {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 2, 1}, {2, 0, 4, 0}}, 3);
-  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
-            (std::vector<Shard>{{0, 3, 7, 0}, {1, 0, 2, 0}, {2, 0, 4, 0}, {0, 0, 3, 1}}));
-  // The same move raises the plan's maximum non-last tokens from 1 (the
-  // sliver) to 3; with at most 1 token of growth allowed it is refused and
-  // the sliver stays.
-  const std::vector<Shard> kept = internal::RepairShortShards(
-      batch, {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 2, 1}, {2, 0, 4, 0}}, 3,
-      std::numeric_limits<double>::infinity(), 1);
-  EXPECT_EQ(internal::FinishPlan(batch, kept).shards,
-            (std::vector<Shard>{{0, 1, 9, 0}, {2, 0, 4, 0}, {0, 0, 1, 1}, {1, 0, 2, 1}}));
-}
-
-TEST(RepairShortShardsTest, AbsorbsSliverBySwappingWholeDocuments) {
-  // docs [10, 5, 7] on 2 ranks, min 3. Doc 0: [0,2) r1 (sliver, s = 2),
-  // [2,10) r0; doc 1 (5) whole on r1, doc 2 (7) whole on r0. Whole-document
-  // moves that keep every rank's tokens:
-  //  - grow by g in [1, 5] with r1 handing r0 doc 1 (g = 5): r1's non-last
-  //    tokens become 7;
-  //  - absorb (r0 takes the 2 tokens) with r0 handing r1 doc 2 and r1
-  //    handing r0 doc 1: 7 - 5 = 2 = s. Doc 0 is whole again, nothing is
-  //    non-last: this one wins.
-  const Batch batch{{10, 5, 7}, 2};
-  const std::vector<Shard> fixed = internal::RepairShortShards(
-      batch, {{0, 0, 2, 1}, {0, 2, 8, 0}, {1, 0, 5, 1}, {2, 0, 7, 0}}, 3);
-  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
-            (std::vector<Shard>{{0, 0, 10, 0}, {1, 0, 5, 0}, {2, 0, 7, 1}}));
-}
-
-TEST(RepairShortShardsTest, GrowsSliverByCuttingANewHead) {
-  // docs [10, 8] on 2 ranks, min 3. Doc 0: [0,1) r1 (a 1-token sliver),
-  // [1,10) r0; doc 1 (8 tokens) whole on r1. Tokens 9 and 9. No other cut
-  // document: no chain. Whole-document moves: growing by g in [2, 9 - 3 =
-  // 6] needs r1 to hand r0 exactly g (doc 1 has 8), absorbing needs r0 to
-  // hand r1 exactly 1 (it has no whole document). A new cut: the sliver
-  // grows by m = 3 to [0,4) out of r0's piece (6 >= 3 left), and r1 hands
-  // r0 the 3-token head of doc 1 (its shortest whole document of >= 2m = 6
-  // tokens), keeping its tail [3,8). Tokens r0 6 + 3 = 9, r1 4 + 5 = 9; no
-  // cut shard below 3. Non-last tokens: r1 4, r0 3 (max 1 -> 4).
-  const Batch batch{{10, 8}, 2};
-  const std::vector<Shard> pieces = {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 8, 1}};
-  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairShortShards(batch, pieces, 3)).shards,
-            (std::vector<Shard>{{0, 4, 6, 0}, {1, 0, 3, 0}, {0, 0, 4, 1}, {1, 3, 5, 1}}));
-  // The move raises the maximum non-last tokens by 3: with at most 2 allowed
-  // it is refused and the sliver stays.
-  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairShortShards(
-                                            batch, pieces, 3,
-                                            std::numeric_limits<double>::infinity(), 2))
-                .shards,
-            (std::vector<Shard>{{0, 1, 9, 0}, {0, 0, 1, 1}, {1, 0, 8, 1}}));
-}
-
-TEST(RepairShortShardsTest, ChainFixMustKeepBalance) {
-  // The pieces of GrowsSliverWhenAbsorbingHasNoChain: docs [10, 10], min 3,
-  // doc 0 [0,2) r0, [2,10) r1; doc 1 [0,3) r1, [3,10) r0. Workloads (W(p, s)
-  // = (2p + s + 1) s / 2): r0 W(0,2) + W(3,7) = 3 + 49 = 52, r1 W(2,8) +
-  // W(0,3) = 52 + 6 = 58. The only fix, growing [0,2) by 1 (r0 +W(2,1) =
-  // +3) and returning the token through doc 1 (r0's [3,10) gives W(3,1) = 4
-  // to r1), leaves r0 51 and r1 58 - 3 + 4 = 59: over a bound of 58 (the
-  // current maximum) it is refused, and no whole document can move; at 59
-  // it is taken.
-  const Batch batch{{10, 10}, 2};
-  const std::vector<Shard> pieces = {{0, 0, 2, 0}, {0, 2, 8, 1}, {1, 0, 3, 1}, {1, 3, 7, 0}};
-  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairShortShards(batch, pieces, 3, 58.0)).shards,
-            (std::vector<Shard>{{0, 0, 2, 0}, {1, 3, 7, 0}, {0, 2, 8, 1}, {1, 0, 3, 1}}));
-  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairShortShards(batch, pieces, 3, 59.0)).shards,
-            (std::vector<Shard>{{0, 0, 3, 0}, {1, 4, 6, 0}, {0, 3, 7, 1}, {1, 0, 4, 1}}));
 }
 
 // The old WLB-LLM failure: a rank receives heads of several long documents
@@ -452,27 +292,6 @@ TEST(FlashCpQualityTest, NoShortCutShardsOnGeneratedBatches) {
       EXPECT_EQ(with_short, std::vector<size_t>{}) << DatasetName(ds) << " N=" << n;
     }
   }
-}
-
-TEST(SliverFreeWorkloadBoundTest, LastShardAndRankTokens) {
-  // Docs [300, 58], N = 2, m = 128: 358 tokens, floor(358 / 2) = 179 per rank.
-  // Doc 0's last 128 tokens: W(172, 128) = (2*172 + 128 + 1) * 128 / 2 = 30272,
-  // plus 179 - 128 = 51 other tokens: 30323. Doc 1 (whole, 58 < m):
-  // W(0, 58) = 1711, plus 121: 1832. The bound is the larger, 30323; the mean
-  // workload is (45150 + 1711) / 2 = 23430.5, so no plan free of slivers is
-  // within 1.29x of it: keeping doc 1 whole leaves its rank 121 tokens of
-  // doc 0, which are not all one shard of >= 128 but must be.
-  EXPECT_DOUBLE_EQ(internal::SliverFreeWorkloadBound(Batch{{300, 58}, 2}, 128), 30323.0);
-  // Docs [301, 58], N = 2: floor(359 / 2) = 179 (not the ceiling, 180):
-  // W(173, 128) = (346 + 129) * 64 = 30400, plus 179 - 128 = 51: 30451.
-  EXPECT_DOUBLE_EQ(internal::SliverFreeWorkloadBound(Batch{{301, 58}, 2}, 128), 30451.0);
-  // Docs [476], N = 2: W(348, 128) = (696 + 129) * 64 = 52800, plus 110:
-  // 52910, under the mean 56763 (a sliver is needed all the same: see
-  // docs/planner.md; the bound is sufficient only).
-  EXPECT_DOUBLE_EQ(internal::SliverFreeWorkloadBound(Batch{{476}, 2}, 128), 52910.0);
-  // A document shorter than every rank's tokens counts whole plus the rest:
-  // [10, 20], N = 1, m = 128: W(0, 20) + 30 - 20 = 210 + 10 = 220.
-  EXPECT_DOUBLE_EQ(internal::SliverFreeWorkloadBound(Batch{{10, 20}, 1}, 128), 220.0);
 }
 
 TEST(FlashCpTest, RecutKeepsAShortDocumentWhole) {
@@ -582,7 +401,7 @@ TEST(FlashCpQualityTest, BeatsPaperHeuristicOnGeneratedBatches) {
   }
 }
 
-// flashcp against its compacted search alone (flashcp_targeted.cc): on every
+// flashcp against its compacted search alone (flashcp.cc): on every
 // batch the plan meets the target and moves no more under either the
 // all-gather or its cheaper exchange; on some it moves strictly less.
 TEST(FlashCpTargetedTest, GroupedPlansMoveLessAndNeverMoreAllGather) {
@@ -660,88 +479,6 @@ TEST(TargetedPhaseLowerBoundTest, NoPlanBeatsIt) {
     }
   }
   EXPECT_GT(positive, 0);
-}
-
-// Two 12-token documents cut alike over N = 3 ranks (4 tokens each, rank r
-// holding [4r, 4r + 4) of both): rank 0 sends 16 (each head to 2 ranks),
-// rank 2 receives 16. Dealing out doc 0's roles again (longest first, ties
-// by index; the role receiving most over sending to the rank receiving
-// least over sending so far) reverses doc 0: every rank then sends and
-// receives 8, and each holds 52 pairs (was 20 / 52 / 84). No swap after
-// that lowers 8.
-TEST(SwapRolesForTargetedTest, TwoAlikeCutsSpreadOverTheirRanks) {
-  const Batch batch{{12, 12}, 3};
-  const Plan plan = internal::FinishPlan(
-      batch, {Shard{0, 0, 4, 0}, Shard{0, 4, 4, 1}, Shard{0, 8, 4, 2}, Shard{1, 0, 4, 0},
-              Shard{1, 4, 4, 1}, Shard{1, 8, 4, 2}});
-  ASSERT_EQ(TargetedPhaseBottleneck(plan), 16);
-  const Plan swapped = internal::SwapRolesForTargeted(batch, plan, 0.0, 12);
-  EXPECT_EQ(swapped.shards,
-            (std::vector<Shard>{Shard{0, 8, 4, 0}, Shard{1, 0, 4, 0}, Shard{0, 4, 4, 1},
-                                Shard{1, 4, 4, 1}, Shard{0, 0, 4, 2}, Shard{1, 8, 4, 2}}));
-  EXPECT_EQ(TargetedPhaseBottleneck(swapped), 8);
-  absl::StatusOr<PlanMetrics> m = AnalyzePlan(swapped, ModelShape{});
-  ASSERT_THAT(m, IsOk());
-  EXPECT_THAT(m->rank_workload, ElementsAre(52.0, 52.0, 52.0));
-  // The spread is not a swap: with max_swaps = 0 it alone reaches 8.
-  EXPECT_EQ(TargetedPhaseBottleneck(internal::SwapRolesForTargeted(batch, plan, 0.0, 0)), 8);
-}
-
-// Roles of unequal tokens never swap (each rank keeps its tokens), and a
-// swap that gains nothing is not made: doc 0 (8 tokens) cut 4 / 4 over
-// ranks 0 and 1, doc 1 (12) cut 4 / 8 over ranks 1 and 0, doc 2 (4) whole
-// on rank 1. Each rank sends 4 and receives 4; swapping doc 0's equal roles
-// would make rank 0 receive 8: the plan comes back.
-TEST(SwapRolesForTargetedTest, UnequalRolesStay) {
-  const Batch batch{{8, 12, 4}, 2};
-  const Plan plan = internal::FinishPlan(
-      batch, {Shard{0, 0, 4, 0}, Shard{0, 4, 4, 1}, Shard{1, 0, 4, 1}, Shard{1, 4, 8, 0},
-              Shard{2, 0, 4, 1}});
-  const Plan swapped = internal::SwapRolesForTargeted(batch, plan, 1e9, 8);
-  EXPECT_EQ(swapped.shards, plan.shards);
-}
-
-// Rank 0 holds docs 0 and 1 (4 tokens each, 20 pairs), rank 1 docs 2..5
-// (3, 1, 2, 2 tokens, 13 pairs). Doc 0 for docs 2 and 3 (3 + 1 tokens)
-// moves 3 x 1 = 3 pairs: 17 / 16, within 17, no document cut (docs 4 and 5
-// for doc 0 would move 4, also 17 at the peak, found later: not taken).
-TEST(BalanceByWholeExchangesTest, OneForTwoWholeDocuments) {
-  const Batch batch{{4, 4, 3, 1, 2, 2}, 2};
-  const Plan plan = internal::FinishPlan(
-      batch, {Shard{0, 0, 4, 0}, Shard{1, 0, 4, 0}, Shard{2, 0, 3, 1}, Shard{3, 0, 1, 1},
-              Shard{4, 0, 2, 1}, Shard{5, 0, 2, 1}});
-  const Plan out = internal::BalanceByWholeExchanges(batch, plan, 17.0, 4, 8, 1);
-  EXPECT_EQ(out.shards,
-            (std::vector<Shard>{Shard{1, 0, 4, 0}, Shard{2, 0, 3, 0}, Shard{3, 0, 1, 0},
-                                Shard{0, 0, 4, 1}, Shard{4, 0, 2, 1}, Shard{5, 0, 2, 1}}));
-  absl::StatusOr<PlanMetrics> m = AnalyzePlan(out, ModelShape{});
-  ASSERT_THAT(m, IsOk());
-  EXPECT_THAT(m->rank_workload, ElementsAre(17.0, 16.0));
-  // Already within the bound: nothing moves.
-  EXPECT_EQ(internal::BalanceByWholeExchanges(batch, plan, 20.0, 4, 8, 1).shards, plan.shards);
-}
-
-// Rank 0: docs 0 and 1 (5 and 3 tokens, 21 pairs); rank 1: docs 2, 3, 4
-// (4, 1, 3 tokens, 17 pairs); bound 19. No whole z matches; doc 1 for doc
-// 3 and the 2-token head of a longer whole document moves 1 x 2 = 2 pairs:
-// 19 / 19. With min_shard 1 that is doc 4 (3 tokens, the shortest with >= 3);
-// with min_shard 2, doc 2 (4 tokens, so its tail keeps 2).
-TEST(BalanceByWholeExchangesTest, OneForOneAndAHead) {
-  const Batch batch{{5, 3, 4, 1, 3}, 2};
-  const Plan plan = internal::FinishPlan(
-      batch, {Shard{0, 0, 5, 0}, Shard{1, 0, 3, 0}, Shard{2, 0, 4, 1}, Shard{3, 0, 1, 1},
-              Shard{4, 0, 3, 1}});
-  const Plan out = internal::BalanceByWholeExchanges(batch, plan, 19.0, 4, 8, 1);
-  EXPECT_EQ(out.shards,
-            (std::vector<Shard>{Shard{0, 0, 5, 0}, Shard{3, 0, 1, 0}, Shard{4, 0, 2, 0},
-                                Shard{1, 0, 3, 1}, Shard{2, 0, 4, 1}, Shard{4, 2, 1, 1}}));
-  absl::StatusOr<PlanMetrics> m = AnalyzePlan(out, ModelShape{});
-  ASSERT_THAT(m, IsOk());
-  EXPECT_THAT(m->rank_workload, ElementsAre(19.0, 19.0));
-  const Plan out2 = internal::BalanceByWholeExchanges(batch, plan, 19.0, 4, 8, 2);
-  EXPECT_EQ(out2.shards,
-            (std::vector<Shard>{Shard{0, 0, 5, 0}, Shard{2, 0, 2, 0}, Shard{3, 0, 1, 0},
-                                Shard{1, 0, 3, 1}, Shard{2, 2, 2, 1}, Shard{4, 0, 3, 1}}));
 }
 
 }  // namespace

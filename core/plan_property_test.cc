@@ -290,7 +290,7 @@ TEST(PlanPropertyTest, RandomBatches) {
               static_cast<long long>(g_min_shard.unneeded_long_docs),
               static_cast<long long>(g_min_shard.missing_r));
   EXPECT_EQ(g_min_shard.needed_plans, 3234);
-  // With flashcp's grouped plans (flashcp_targeted.cc) these fell: excused
+  // With flashcp's grouped plans (flashcp_grouped.cc) these fell: excused
   // 85 -> 84, not shown needed 423 -> 421 plans (7,810 -> 7,807 slivers of
   // short documents), missing R 2,888 -> 2,887. Role swaps
   // (flashcp_roles.cc) move no piece, so the same 863 plans keep the same

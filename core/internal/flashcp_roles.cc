@@ -23,11 +23,30 @@ struct Role {
   int64_t recv = 0;
 };
 
-}  // namespace
 
-Plan SwapRolesForTargeted(const Batch& batch, const Plan& plan, double max_workload,
-                          int32_t max_swaps) {
+// Every cut document's roles and, per rank, their sums.
+struct RoleTable {
+  std::vector<Role> roles;
+  std::vector<int32_t> doc_roles_begin;  // per cut document, its first role; then roles.size()
+  std::vector<int32_t> doc_of_role;      // per role, its cut document (index into the above)
+  std::vector<int32_t> role_of_shard;    // per shard of the plan, its role; -1 if uncut
+  std::vector<int64_t> send, recv;       // per rank, targeted, one phase
+  std::vector<int64_t> nonlast;          // per rank, SPEC Eq. 5
+  std::vector<double> workload;          // per rank, SPEC Eq. 3 pairs
+
+  // A spread: documents longest first, within each the roles of equal
+  // tokens dealt out again over the same ranks, the role receiving most
+  // over sending to the rank so far receiving least over sending. Kept only
+  // where it leaves every rank within the caps (SwapRolesForTargeted) and
+  // lowers the bottleneck.
+  void Spread(int32_t n, double cap_workload, int64_t cap_nonlast);
+  // The greedy swaps (SwapRolesForTargeted), at most max_swaps.
+  void SwapGreedily(int32_t n, double cap_workload, int64_t cap_nonlast, int32_t max_swaps);
+};
+
+RoleTable BuildRoles(const Plan& plan) {
   const int32_t n = plan.cp_size;
+  RoleTable t;
   // Shards by document, in document order.
   std::vector<int32_t> by_doc(plan.shards.size());
   std::iota(by_doc.begin(), by_doc.end(), 0);
@@ -35,12 +54,17 @@ Plan SwapRolesForTargeted(const Batch& batch, const Plan& plan, double max_workl
     return std::tie(plan.shards[a].doc, plan.shards[a].start) <
            std::tie(plan.shards[b].doc, plan.shards[b].start);
   });
-  std::vector<int64_t> send(n, 0), recv(n, 0), nonlast(n, 0);
-  std::vector<double> workload(n, 0.0);
-  for (const Shard& s : plan.shards) workload[s.rank] += RangeWorkload(s.start, s.len);
-  std::vector<Role> roles;
-  std::vector<int32_t> doc_roles_begin;  // per cut document, its first role; then roles.size()
-  std::vector<int32_t> role_of_shard(plan.shards.size(), -1);
+  t.send.assign(n, 0);
+  t.recv.assign(n, 0);
+  t.nonlast.assign(n, 0);
+  t.workload = PieceWorkloads(n, plan.shards);
+  t.role_of_shard.assign(plan.shards.size(), -1);
+  std::vector<Role>& roles = t.roles;
+  std::vector<int32_t>& doc_roles_begin = t.doc_roles_begin;
+  std::vector<int32_t>& role_of_shard = t.role_of_shard;
+  std::vector<int64_t>& send = t.send;
+  std::vector<int64_t>& recv = t.recv;
+  std::vector<int64_t>& nonlast = t.nonlast;
   std::vector<int32_t> slot(n, -1);      // rank -> its role in the current document
   std::vector<int32_t> last_pos(n, -1);
   for (size_t b = 0; b < by_doc.size();) {
@@ -91,87 +115,88 @@ Plan SwapRolesForTargeted(const Batch& batch, const Plan& plan, double max_workl
     b = e;
   }
   doc_roles_begin.push_back(static_cast<int32_t>(roles.size()));
-  if (roles.empty()) return plan;
-  std::vector<int32_t> doc_of_role(roles.size());
+  std::vector<int32_t>& doc_of_role = t.doc_of_role;
+  doc_of_role.resize(roles.size());
   for (size_t d = 0; d + 1 < doc_roles_begin.size(); ++d) {
     for (int32_t i = doc_roles_begin[d]; i < doc_roles_begin[d + 1]; ++i) {
       doc_of_role[i] = static_cast<int32_t>(d);
     }
   }
-  // First a spread: documents longest first, within each the roles of
-  // equal tokens dealt out again over the same ranks, the role receiving
-  // most over sending to the rank so far receiving least over sending. Kept
-  // only where it leaves every rank within the caps below.
-  const double plan_max_workload = *std::max_element(workload.begin(), workload.end());
-  const double cap_workload = std::max(max_workload, plan_max_workload);
-  const int64_t cap_nonlast = *std::max_element(nonlast.begin(), nonlast.end());
-  {
-    const int32_t docs = static_cast<int32_t>(doc_roles_begin.size()) - 1;
-    std::vector<int32_t> doc_order(docs);
-    std::iota(doc_order.begin(), doc_order.end(), 0);
-    const auto doc_tokens = [&](int32_t d) {
-      int64_t t = 0;
-      for (int32_t i = doc_roles_begin[d]; i < doc_roles_begin[d + 1]; ++i) t += roles[i].tokens;
-      return t;
-    };
-    std::vector<int64_t> len_of(docs);
-    for (int32_t d = 0; d < docs; ++d) len_of[d] = doc_tokens(d);
-    std::stable_sort(doc_order.begin(), doc_order.end(),
-                     [&](int32_t a, int32_t b) { return len_of[a] > len_of[b]; });
-    std::vector<int64_t> spread_send(n, 0), spread_recv(n, 0);
-    std::vector<int32_t> ids, ranks;
-    for (int32_t d : doc_order) {
-      ids.resize(doc_roles_begin[d + 1] - doc_roles_begin[d]);
-      std::iota(ids.begin(), ids.end(), doc_roles_begin[d]);
-      std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
-        if (roles[a].tokens != roles[b].tokens) return roles[a].tokens < roles[b].tokens;
-        return roles[a].recv - roles[a].send > roles[b].recv - roles[b].send;
+  return t;
+}
+
+void RoleTable::Spread(int32_t n, double cap_workload, int64_t cap_nonlast) {
+  const int32_t docs = static_cast<int32_t>(doc_roles_begin.size()) - 1;
+  std::vector<int32_t> doc_order(docs);
+  std::iota(doc_order.begin(), doc_order.end(), 0);
+  const auto doc_tokens = [&](int32_t d) {
+    int64_t tokens = 0;
+    for (int32_t i = doc_roles_begin[d]; i < doc_roles_begin[d + 1]; ++i) {
+      tokens += roles[i].tokens;
+    }
+    return tokens;
+  };
+  std::vector<int64_t> len_of(docs);
+  for (int32_t d = 0; d < docs; ++d) len_of[d] = doc_tokens(d);
+  std::stable_sort(doc_order.begin(), doc_order.end(),
+                   [&](int32_t a, int32_t b) { return len_of[a] > len_of[b]; });
+  std::vector<int64_t> spread_send(n, 0), spread_recv(n, 0);
+  std::vector<int32_t> ids, ranks;
+  for (int32_t d : doc_order) {
+    ids.resize(doc_roles_begin[d + 1] - doc_roles_begin[d]);
+    std::iota(ids.begin(), ids.end(), doc_roles_begin[d]);
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+      if (roles[a].tokens != roles[b].tokens) return roles[a].tokens < roles[b].tokens;
+      return roles[a].recv - roles[a].send > roles[b].recv - roles[b].send;
+    });
+    for (size_t c = 0; c < ids.size();) {
+      size_t e = c;
+      while (e < ids.size() && roles[ids[e]].tokens == roles[ids[c]].tokens) ++e;
+      ranks.clear();
+      for (size_t k = c; k < e; ++k) ranks.push_back(roles[ids[k]].rank);
+      std::sort(ranks.begin(), ranks.end(), [&](int32_t a, int32_t b) {
+        const int64_t ka = spread_recv[a] - spread_send[a], kb = spread_recv[b] - spread_send[b];
+        return ka != kb ? ka < kb : a < b;
       });
-      for (size_t c = 0; c < ids.size();) {
-        size_t e = c;
-        while (e < ids.size() && roles[ids[e]].tokens == roles[ids[c]].tokens) ++e;
-        ranks.clear();
-        for (size_t k = c; k < e; ++k) ranks.push_back(roles[ids[k]].rank);
-        std::sort(ranks.begin(), ranks.end(), [&](int32_t a, int32_t b) {
-          const int64_t ka = spread_recv[a] - spread_send[a], kb = spread_recv[b] - spread_send[b];
-          return ka != kb ? ka < kb : a < b;
-        });
-        for (size_t k = c; k < e; ++k) roles[ids[k]].rank = ranks[k - c];
-        c = e;
-      }
-      for (int32_t i : ids) {
-        spread_send[roles[i].rank] += roles[i].send;
-        spread_recv[roles[i].rank] += roles[i].recv;
-      }
+      for (size_t k = c; k < e; ++k) roles[ids[k]].rank = ranks[k - c];
+      c = e;
     }
-    std::vector<double> w2 = workload;
-    std::vector<int64_t> nl2 = nonlast, s2 = send, r2 = recv;
-    for (const Role& role : roles) {
-      w2[role.orig_rank] -= role.workload;
-      w2[role.rank] += role.workload;
-      nl2[role.orig_rank] -= role.nonlast;
-      nl2[role.rank] += role.nonlast;
-      s2[role.orig_rank] -= role.send;
-      s2[role.rank] += role.send;
-      r2[role.orig_rank] -= role.recv;
-      r2[role.rank] += role.recv;
-    }
-    int64_t before = 0, after = 0;
-    bool within = true;
-    for (int32_t r = 0; r < n; ++r) {
-      before = std::max({before, send[r], recv[r]});
-      after = std::max({after, s2[r], r2[r]});
-      within = within && w2[r] <= cap_workload && nl2[r] <= cap_nonlast;
-    }
-    if (within && after < before) {
-      workload.swap(w2);
-      nonlast.swap(nl2);
-      send.swap(s2);
-      recv.swap(r2);
-    } else {
-      for (Role& role : roles) role.rank = role.orig_rank;
+    for (int32_t i : ids) {
+      spread_send[roles[i].rank] += roles[i].send;
+      spread_recv[roles[i].rank] += roles[i].recv;
     }
   }
+  std::vector<double> w2 = workload;
+  std::vector<int64_t> nl2 = nonlast, s2 = send, r2 = recv;
+  for (const Role& role : roles) {
+    w2[role.orig_rank] -= role.workload;
+    w2[role.rank] += role.workload;
+    nl2[role.orig_rank] -= role.nonlast;
+    nl2[role.rank] += role.nonlast;
+    s2[role.orig_rank] -= role.send;
+    s2[role.rank] += role.send;
+    r2[role.orig_rank] -= role.recv;
+    r2[role.rank] += role.recv;
+  }
+  int64_t before = 0, after = 0;
+  bool within = true;
+  for (int32_t r = 0; r < n; ++r) {
+    before = std::max({before, send[r], recv[r]});
+    after = std::max({after, s2[r], r2[r]});
+    within = within && w2[r] <= cap_workload && nl2[r] <= cap_nonlast;
+  }
+  if (within && after < before) {
+    workload.swap(w2);
+    nonlast.swap(nl2);
+    send.swap(s2);
+    recv.swap(r2);
+  } else {
+    for (Role& role : roles) role.rank = role.orig_rank;
+  }
+}
+
+void RoleTable::SwapGreedily(int32_t n, double cap_workload, int64_t cap_nonlast,
+                             int32_t max_swaps) {
   std::vector<std::vector<int32_t>> roles_of(n);
   for (int32_t i = 0; i < static_cast<int32_t>(roles.size()); ++i) {
     roles_of[roles[i].rank].push_back(i);
@@ -226,6 +251,24 @@ Plan SwapRolesForTargeted(const Batch& batch, const Plan& plan, double max_workl
     ri.rank = q;
     rj.rank = b;
   }
+}
+
+}  // namespace
+
+Plan SwapRolesForTargeted(const Batch& batch, const Plan& plan, double max_workload,
+                          int32_t max_swaps) {
+  const int32_t n = plan.cp_size;
+  RoleTable t = BuildRoles(plan);
+  if (t.roles.empty()) return plan;
+  const std::vector<double>& workload = t.workload;
+  const std::vector<int64_t>& nonlast = t.nonlast;
+  const double plan_max_workload = *std::max_element(workload.begin(), workload.end());
+  const double cap_workload = std::max(max_workload, plan_max_workload);
+  const int64_t cap_nonlast = *std::max_element(nonlast.begin(), nonlast.end());
+  t.Spread(n, cap_workload, cap_nonlast);
+  t.SwapGreedily(n, cap_workload, cap_nonlast, max_swaps);
+  const std::vector<Role>& roles = t.roles;
+  const std::vector<int32_t>& role_of_shard = t.role_of_shard;
   std::vector<Shard> pieces = plan.shards;
   bool changed = false;
   for (size_t i = 0; i < pieces.size(); ++i) {

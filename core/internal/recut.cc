@@ -10,6 +10,7 @@
 #include "coin/CoinError.hpp"
 #include "coin/CoinPackedMatrix.hpp"
 #include "coin/OsiClpSolverInterface.hpp"
+#include "core/internal/flashcp_repair.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 
@@ -18,7 +19,7 @@ namespace {
 
 // Q(x) = x (x + 1) / 2: the workload of a document's first x tokens, so a
 // piece [a, e) has Q(e) - Q(a).
-double Q(double x) { return x * (x + 1.0) * 0.5; }
+double Q(double x) { return PrefixWorkload(x); }
 
 // One endpoint of a piece: a cut point (a column) or a fixed position (0 or
 // the document's length).

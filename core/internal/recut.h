@@ -16,8 +16,8 @@
 namespace flashcp::core::internal {
 
 // Bounds the program: above this many cut points RecutPieces does nothing.
-// A solve's time grows about quadratically with them (2.5 ms mean at 128-255,
-// 7 ms at 256-511, 1.6-1.8 s at 5,600 on the project's 2-vCPU VM).
+// A solve's time grows about quadratically with them (docs/planner.md,
+// "Complexity"); this keeps the re-cut within flashcp's latency budget.
 inline constexpr int64_t kMaxRecutCuts = 256;
 
 // `pieces` are raw pieces that cover every document of `batch` exactly once

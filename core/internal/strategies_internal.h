@@ -36,7 +36,7 @@ Plan PlanMagi(const Batch& batch);    // MagiAttention's default dispatch (magi.
 int64_t MagiChunkTokens(int64_t total, int32_t n);
 Plan PlanWholeDoc(const Batch& batch);
 Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
-// flashcp (flashcp_targeted.cc): PlanFlashCpCompacted's plan, or a grouped
+// flashcp (flashcp.cc): PlanFlashCpCompacted's plan, or a grouped
 // one where that moves less, its roles then swapped (flashcp_roles.h;
 // docs/planner.md, "Least KV moved").
 // Both flashcp planners return options.stop's status once it says stop (the

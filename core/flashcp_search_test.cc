@@ -1,0 +1,76 @@
+// flashcp's search stage (flashcp_search.h): the walk over k and the
+// candidates it keeps, hand-worked.
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/internal/flashcp_options.h"
+#include "core/internal/flashcp_search.h"
+#include "core/internal/strategies_internal.h"
+#include "core/strategies.h"
+#include "core/testing/status_matchers.h"
+#include "core/types.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace flashcp::core {
+namespace {
+
+using ::flashcp::core::testing::IsOk;
+using ::testing::ElementsAre;
+
+PlanOptions NoMinShard() {
+  PlanOptions o;
+  o.min_shard_tokens = 0;
+  return o;
+}
+
+TEST(FlashCpOptionsTest, DerivedFromTheBatch) {
+  // [8, 2, 2] on 2 ranks: W 36 + 3 + 3 = 42, mean 21, R * mean 21.42; the
+  // median document (2 tokens) has (2 + 1) / 2 pairs per token.
+  const Batch batch{{8, 2, 2}, 2};
+  const internal::FlashCpOptions o = internal::FlashCpOptions::For(batch, NoMinShard());
+  EXPECT_THAT(o.order, ElementsAre(0, 1, 2));
+  EXPECT_THAT(o.targets, ElementsAre(6, 6));
+  EXPECT_DOUBLE_EQ(o.total_work, 42.0);
+  EXPECT_DOUBLE_EQ(o.mean_work, 21.0);
+  EXPECT_DOUBLE_EQ(o.max_work, 1.02 * 21.0);
+  EXPECT_DOUBLE_EQ(o.median_density, 1.5);
+  EXPECT_EQ(o.short_cost, 0);
+  EXPECT_THAT(o.CheckStop(), IsOk());
+}
+
+TEST(CompactedSearchTest, WalksToTheFewestPerDocDocuments) {
+  // [8, 2, 2] on 2 ranks (FlashCpTest.FallsBackToPerDocForTheLongDocument):
+  // k = 0 misses R at every rho, k = 1 (doc 0 zigzagged) meets it with
+  // docs 1 and 2 whole, one per rank: 21 and 21.
+  const Batch batch{{8, 2, 2}, 2};
+  const PlanOptions plan_options = NoMinShard();
+  const internal::FlashCpOptions o = internal::FlashCpOptions::For(batch, plan_options);
+  internal::CompactedSearch search(batch, o);
+  ASSERT_THAT(search.FindBoundary(), IsOk());
+  EXPECT_EQ(search.best().k, 1u);
+  EXPECT_FALSE(search.best().reduced);  // min_shard 0: the full 2N-chunk zigzag
+  EXPECT_DOUBLE_EQ(search.best().score.imbalance, 1.0);
+  EXPECT_EQ(search.best().score.max_nonlast, 4);
+  EXPECT_EQ(search.best().score.cut_docs, 1);
+  internal::SearchCandidate best = search.TakeBest();
+  EXPECT_EQ(best.k, 1u);
+  const Plan plan = internal::FinishPlan(
+      batch, search.Assemble(std::move(best.pieces), best.placement, best.k, best.reduced));
+  EXPECT_THAT(plan.shards, ElementsAre(Shard{0, 0, 2, 0}, Shard{0, 6, 2, 0}, Shard{1, 0, 2, 0},
+                                       Shard{0, 2, 4, 1}, Shard{2, 0, 2, 1}));
+}
+
+TEST(CompactedSearchTest, StopsWithTheTokensStatus) {
+  PlanOptions plan_options = NoMinShard();
+  plan_options.stop = StopToken([] { return absl::CancelledError("enough"); });
+  const Batch batch{{8, 2, 2}, 2};
+  const internal::FlashCpOptions o = internal::FlashCpOptions::For(batch, plan_options);
+  internal::CompactedSearch search(batch, o);
+  EXPECT_EQ(search.FindBoundary(), absl::CancelledError("enough"));
+  EXPECT_EQ(search.FallbackCandidates(0).status(), absl::CancelledError("enough"));
+}
+
+}  // namespace
+}  // namespace flashcp::core

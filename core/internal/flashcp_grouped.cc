@@ -1,0 +1,154 @@
+// flashcp's grouped stage (flashcp_grouped.h).
+#include "core/internal/flashcp_grouped.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "core/internal/flashcp_repair.h"
+#include "core/internal/flashcp_roles.h"
+#include "core/internal/flashcp_util.h"
+#include "core/internal/strategies_internal.h"
+#include "core/status_macros.h"
+
+namespace flashcp::core::internal {
+
+bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
+                   double rho, int64_t m, int32_t ranks_per_node, std::vector<Shard>& out) {
+  const int32_t n = batch.cp_size;
+  const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
+  std::vector<int64_t> room = RankTargets(batch);
+  std::vector<double> workload(n, 0.0);
+  std::vector<int32_t> ranks(n), group, node_order;
+  std::vector<std::vector<int32_t>> by_node((n + per_node - 1) / per_node);
+  size_t k = 0;
+  for (; k < order.size(); ++k) {
+    const int32_t d = order[k];
+    const int64_t len = batch.doc_lens[d];
+    const double whole = RangeWorkload(0, len);
+    const int64_t most_room = *std::max_element(room.begin(), room.end());
+    if (whole <= group_bound && len <= most_room) break;  // this and the rest stay whole
+    // The least-loaded ranks first (ties: more room, then lower index).
+    std::iota(ranks.begin(), ranks.end(), 0);
+    std::sort(ranks.begin(), ranks.end(), [&](int32_t a, int32_t b) {
+      if (workload[a] != workload[b]) return workload[a] < workload[b];
+      if (room[a] != room[b]) return room[a] > room[b];
+      return a < b;
+    });
+    int32_t c = std::max<int32_t>(2, static_cast<int32_t>(std::ceil(whole / group_bound)));
+    group.clear();
+    for (; c <= n; ++c) {
+      // Rank p of the group takes chunks p and 2c-1-p of 2c near-equal chunks:
+      // at most 2 * ceil(L / 2c) tokens and about W / c pairs, which must
+      // keep it within group_bound (groups of earlier documents included).
+      const int64_t share = 2 * ((len + 2 * c - 1) / (2 * c));
+      const double add = whole / c;
+      const auto fits = [&](int32_t r) {
+        return room[r] >= share && workload[r] + add <= group_bound;
+      };
+      // Within one node where one has c such ranks: the node of the
+      // least-loaded rank that has them (its c least loaded), else any.
+      group.clear();
+      if (c <= per_node && per_node < n) {
+        for (std::vector<int32_t>& list : by_node) list.clear();
+        node_order.clear();
+        for (int32_t r : ranks) {
+          if (!fits(r)) continue;
+          std::vector<int32_t>& list = by_node[r / per_node];
+          if (list.empty()) node_order.push_back(r / per_node);
+          list.push_back(r);
+        }
+        for (int32_t node : node_order) {
+          if (static_cast<int32_t>(by_node[node].size()) >= c) {
+            group.assign(by_node[node].begin(), by_node[node].begin() + c);
+            break;
+          }
+        }
+        if (static_cast<int32_t>(group.size()) == c) break;
+      }
+      for (int32_t r : ranks) {
+        if (fits(r)) group.push_back(r);
+        if (static_cast<int32_t>(group.size()) == c) break;
+      }
+      if (static_cast<int32_t>(group.size()) == c) break;
+    }
+    if (c > n) return false;
+    const int64_t base = len / (2 * c), extra = len % (2 * c);
+    if (m > 1 && base < m) return false;
+    int64_t start = 0;
+    for (int32_t chunk = 0; chunk < 2 * c; ++chunk) {
+      const int64_t size = base + (chunk < extra ? 1 : 0);
+      const int32_t r = group[chunk < c ? chunk : 2 * c - 1 - chunk];
+      out.push_back(Shard{d, start, size, r});
+      room[r] -= size;
+      workload[r] += RangeWorkload(start, size);
+      start += size;
+    }
+  }
+  const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(k), order.end());
+  WholeDocPieces(batch, rest, room, workload, out, WholeDocOptions{rho, true, m, 4 * m});
+  return true;
+}
+
+absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
+                                                    const FlashCpOptions& options,
+                                                    const Plan& compacted,
+                                                    const PlanScore& compacted_score) {
+  const int32_t n = batch.cp_size;
+  const double target = options.target;
+  const int64_t m = options.min_shard;
+  const Exchange reference = Measure(compacted, compacted_score);
+  Exchange best_exchange = reference;
+  std::optional<Plan> best;
+  const int32_t max_balanced =
+      std::max<int32_t>(1, FlashCpOptions::kBalanceMoves / (2 * n));
+  int32_t balanced = 0;
+  std::vector<Shard> pieces;
+  for (double bound : FlashCpOptions::kGroupBounds) {
+    for (double scale : FlashCpOptions::kScales) {
+      FLASHCP_RETURN_IF_ERROR(options.CheckStop());
+      pieces.clear();
+      if (!GroupedPieces(batch, options.order, bound * target * options.mean_work,
+                         scale * options.median_density, m, options.ranks_per_node, pieces)) {
+        break;  // the same groups fail at every scale
+      }
+      if (m > 1) pieces = RepairShortShards(batch, std::move(pieces), m, options.max_work);
+      Plan plan = FinishPlan(batch, std::move(pieces));
+      pieces = {};
+      PlanScore score = ScorePlan(plan);
+      // Over the target: balanced below beyond 8 ranks if within reach.
+      if (score.imbalance > (n > 8 ? FlashCpOptions::kBalanceReach : 1.0) * target) continue;
+      Exchange exchange = Measure(plan, score);
+      // Less moved under the cheaper exchange, and (N <= 8) never more
+      // under the all-gather than the compacted plan.
+      const auto moves_less = [&](const Exchange& e) {
+        return e.cheaper() < best_exchange.cheaper() &&
+               (n > 8 || e.allgather <= reference.allgather);
+      };
+      if (!moves_less(exchange)) continue;
+      if (score.imbalance > target) {
+        // A little over the target: balancing exchanges (flashcp_roles.h),
+        // which add only the heads they cut, within the planning-time budget
+        // of kBalanceMoves moves (each O(partners x whole documents per
+        // rank^2)).
+        if (balanced == max_balanced) continue;
+        ++balanced;
+        plan = BalanceByWholeExchanges(batch, plan, options.max_work,
+                                       FlashCpOptions::kBalancePartners, 2 * n, m);
+        score = ScorePlan(plan);
+        if (score.imbalance > target) continue;
+        exchange = Measure(plan, score);
+        if (!moves_less(exchange)) continue;
+      }
+      if (m > 1 && score.min_cut_len != 0 && score.min_cut_len < m) continue;
+      best = std::move(plan);
+      best_exchange = exchange;
+    }
+  }
+  return best;
+}
+
+}  // namespace flashcp::core::internal

@@ -1,0 +1,51 @@
+// flashcp's grouped stage (docs/planner.md, "Least KV moved"): plans in
+// which each document too heavy to keep whole is zigzagged over the
+// smallest group of the least-loaded ranks that carry its workload within a
+// bound, so that groups of different documents seldom share a rank (BASP's
+// batch-aware grouping, ../shared/paper); the rest are placed whole by
+// workload and equalized by heads (WholeDocPieces). A rank then receives
+// about one document's prefix, not a share of every long document's, and
+// sends its pieces to c - 1 ranks, not N - 1. A group's rank p takes chunks
+// p and 2c-1-p, so the head and the tail share a rank (the one that needs
+// the longest prefix needs no head from elsewhere).
+#ifndef FLASHCP_CORE_INTERNAL_FLASHCP_GROUPED_H_
+#define FLASHCP_CORE_INTERNAL_FLASHCP_GROUPED_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/internal/flashcp_options.h"
+#include "core/internal/flashcp_score.h"
+#include "core/types.h"
+
+namespace flashcp::core::internal {
+
+// The grouped pieces of one variant: documents whose whole workload exceeds
+// `group_bound` (longest first; so a prefix of `order`) zigzagged over
+// groups (the fewest least-loaded ranks that each take their share within
+// `group_bound` pairs and their room; within one node of `ranks_per_node`
+// where one has enough such ranks), the rest Whole-Doc with `rho`. Appends
+// to `out`; false where some group cannot be found or its zigzag chunks
+// would be shorter than `m`.
+bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
+                   double rho, int64_t m, int32_t ranks_per_node, std::vector<Shard>& out);
+
+// Over every group bound (kGroupBounds x R * mean) and rho scale, the
+// grouped plan, repaired, that meets the target, adds no sliver, and moves
+// less than `compacted` (ScorePlan's `compacted_score`) under its cheaper
+// exchange and, at N <= 8, no more under the all-gather: where the
+// all-gather is the exchange to use, it does not get worse. Beyond 8 ranks
+// the all-gather is not held to the compacted plan's, and a candidate
+// within kBalanceReach x R that would move less is first balanced by
+// exchanges of whole documents (BalanceByWholeExchanges). nullopt where no
+// grouped plan qualifies; the stop token's status once it says stop.
+absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
+                                                    const FlashCpOptions& options,
+                                                    const Plan& compacted,
+                                                    const PlanScore& compacted_score);
+
+}  // namespace flashcp::core::internal
+
+#endif  // FLASHCP_CORE_INTERNAL_FLASHCP_GROUPED_H_

@@ -1,0 +1,79 @@
+#include "core/internal/flashcp_score.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/analysis.h"
+#include "core/internal/flashcp_util.h"
+
+namespace flashcp::core::internal {
+
+PlanScore ScorePieces(const Batch& batch, const std::vector<Shard>& pieces) {
+  const int32_t n = batch.cp_size;
+  PartialScore part{std::vector<int64_t>(n, 0), 0, 0};
+  AddPieces(batch, pieces, part);
+  double total = 0, max_w = 0;
+  for (double x : PieceWorkloads(n, pieces)) {
+    total += x;
+    max_w = std::max(max_w, x);
+  }
+  PlanScore score;
+  score.imbalance = total > 0 ? max_w / (total / n) : 1.0;
+  score.max_nonlast = *std::max_element(part.nonlast.begin(), part.nonlast.end());
+  score.cut_docs = part.cut_docs;
+  score.min_cut_len = part.min_cut_len;
+  return score;
+}
+
+PlanScore ScorePlan(const Plan& plan) {
+  return ScorePieces(Batch{plan.doc_lens, plan.cp_size}, plan.shards);
+}
+
+int64_t SaturatingCost(int64_t base, int64_t n, int64_t cost) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  if (n > 0 && cost > (kMax - base) / n) return kMax;
+  return base + n * cost;
+}
+
+bool Better(const PlanScore& a, const PlanScore& b, double target, int64_t short_cost) {
+  const bool fa = a.imbalance <= target, fb = b.imbalance <= target;
+  if (fa != fb) return fa;
+  if (!fa) return a.imbalance < b.imbalance;
+  const int64_t ca = SaturatingCost(a.max_nonlast, a.short_cuts, short_cost);
+  const int64_t cb = SaturatingCost(b.max_nonlast, b.short_cuts, short_cost);
+  if (ca != cb) return ca < cb;
+  return a.cut_docs < b.cut_docs;
+}
+
+bool SameScore(const PlanScore& a, const PlanScore& b) {
+  return a.imbalance == b.imbalance && a.max_nonlast == b.max_nonlast &&
+         a.cut_docs == b.cut_docs && a.short_cuts == b.short_cuts;
+}
+
+void AddPieces(const Batch& batch, const std::vector<Shard>& pieces, PartialScore& p) {
+  for (const Shard& s : pieces) {
+    if (s.len == 0) continue;
+    const int64_t len = batch.doc_lens[s.doc];
+    if (s.start + s.len < len) p.nonlast[s.rank] += s.len;
+    if (s.len < len) {
+      if (s.start == 0) ++p.cut_docs;
+      if (p.min_cut_len == 0 || s.len < p.min_cut_len) p.min_cut_len = s.len;
+    }
+  }
+}
+
+int64_t CountShortCuts(const Plan& plan, int64_t m) {
+  std::vector<int32_t> count(plan.doc_lens.size(), 0);
+  for (const Shard& s : plan.shards) ++count[s.doc];
+  int64_t short_cuts = 0;
+  for (const Shard& s : plan.shards) {
+    if (count[s.doc] > 1 && s.len < m) ++short_cuts;
+  }
+  return short_cuts;
+}
+
+Exchange Measure(const Plan& plan, const PlanScore& score) {
+  return Exchange{score.max_nonlast * (plan.cp_size - 1), TargetedPhaseBottleneck(plan)};
+}
+
+}  // namespace flashcp::core::internal

@@ -1,0 +1,70 @@
+// flashcp's score stage: what candidate plans are compared by, cheap enough
+// to run on every candidate of a search. Pure functions over plain data.
+#ifndef FLASHCP_CORE_INTERNAL_FLASHCP_SCORE_H_
+#define FLASHCP_CORE_INTERNAL_FLASHCP_SCORE_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/types.h"
+
+namespace flashcp::core::internal {
+
+// What the planners compare candidate plans by; cheap, for valid plans.
+struct PlanScore {
+  double imbalance = 1.0;     // max / mean workload
+  int64_t max_nonlast = 0;    // max over ranks of non-last tokens (SPEC Eq. 5)
+  int64_t cut_docs = 0;       // documents in more than one shard
+  int64_t min_cut_len = 0;    // shortest shard of a cut document; 0 if none
+  int64_t short_cuts = 0;     // cut pieces shorter than the minimum shard (flashcp)
+};
+PlanScore ScorePlan(const Plan& plan);
+// The same on raw pieces (as FinishPlan takes them), without building a plan.
+// Exact when no two touching pieces of a document share a rank, else it
+// counts a merged shard as several (a tie-breaking score, never a metric).
+PlanScore ScorePieces(const Batch& batch, const std::vector<Shard>& pieces);
+
+// base + n * cost for non-negative terms, saturating at INT64_MAX: cost is
+// 8m with m up to 2^40, and a full 2N-chunk zigzag can hold millions of
+// short cuts.
+int64_t SaturatingCost(int64_t base, int64_t n, int64_t cost);
+
+// The compacted planner's order on candidates: first the target, then
+// communication with each remaining short cut piece charged `short_cost`
+// non-last tokens (docs/planner.md, "Minimum shard"), then cuts; when
+// nothing meets the target, least imbalance. True if `a` is strictly better.
+bool Better(const PlanScore& a, const PlanScore& b, double target, int64_t short_cost);
+
+// Equal in everything Better compares (min_cut_len aside): how the fallback
+// tells a candidate it already holds, and the winner, apart.
+bool SameScore(const PlanScore& a, const PlanScore& b);
+
+// Per-rank non-last tokens, cut documents and shortest cut piece of raw
+// pieces, summed over calls of AddPieces: a candidate's score built from
+// parts (a Per-Doc part shared by many candidates, then each candidate's
+// own). Exact where no document's pieces are split between two calls and no
+// two touching pieces of a document share a rank.
+struct PartialScore {
+  std::vector<int64_t> nonlast;
+  int64_t cut_docs = 0;
+  int64_t min_cut_len = 0;
+};
+void AddPieces(const Batch& batch, const std::vector<Shard>& pieces, PartialScore& p);
+
+// Shards shorter than m of documents cut into several (slivers) in a plan.
+int64_t CountShortCuts(const Plan& plan, int64_t m);
+
+// One phase's bytes in tokens under the cheaper of the two sharding-aware
+// exchanges (full KV never moves less than the compacted all-gather).
+struct Exchange {
+  int64_t allgather = 0;  // max non-last tokens x (N - 1)
+  int64_t targeted = 0;   // max over ranks of max(send, receive)
+  int64_t cheaper() const { return std::min(allgather, targeted); }
+};
+// `score` is ScorePlan(plan).
+Exchange Measure(const Plan& plan, const PlanScore& score);
+
+}  // namespace flashcp::core::internal
+
+#endif  // FLASHCP_CORE_INTERNAL_FLASHCP_SCORE_H_

@@ -1,0 +1,259 @@
+#include "core/internal/flashcp_search.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/internal/strategies_internal.h"
+
+namespace flashcp::core::internal {
+
+CompactedSearch::CompactedSearch(const Batch& batch, const FlashCpOptions& options)
+    : batch_(batch),
+      o_(options),
+      scales_(FlashCpOptions::kScales),
+      tried_(options.order.size() + 1, -1),
+      part_{std::vector<int64_t>(batch.cp_size, 0), 0, 0} {}
+
+SearchCandidate CompactedSearch::TakeBest() {
+  SearchCandidate out;
+  out.pieces = std::move(best_.pieces);
+  out.placement.held = std::move(best_.placement.held);
+  out.k = best_.k;
+  out.reduced = best_.reduced;
+  out.score = best_.score;
+  return out;
+}
+
+const CompactedSearch::ReducedZig& CompactedSearch::ReducedZigOf(size_t k) {
+  for (const ReducedZig& z : reduced_zigs_) {
+    if (z.k == k) return z;
+  }
+  ReducedZig& z = reduced_zigs_.emplace_back();
+  z.k = k;
+  z.need = o_.targets;
+  const std::vector<int32_t> zig_docs(o_.order.begin(),
+                                      o_.order.begin() + static_cast<std::ptrdiff_t>(k));
+  z.pieces = PerDocPieces(batch_, zig_docs, o_.min_shard, &z.need, &z.refit);
+  return z;
+}
+
+bool CompactedSearch::Consider(size_t k, bool reduced, const std::vector<Shard>& zig,
+                               const PartialScore& zig_part, bool& feasible) {
+  const int64_t m = o_.min_shard;
+  // The cheap score first (Per-Doc pieces counted once per k).
+  part_.nonlast.assign(zig_part.nonlast.begin(), zig_part.nonlast.end());
+  part_.cut_docs = zig_part.cut_docs;
+  part_.min_cut_len = zig_part.min_cut_len;
+  AddPieces(batch_, pieces_, part_);
+  double max_w = 0;
+  for (double w : workload_) max_w = std::max(max_w, w);
+  PlanScore score;
+  score.imbalance = o_.total_work > 0 ? max_w / o_.mean_work : 1.0;
+  score.max_nonlast = *std::max_element(part_.nonlast.begin(), part_.nonlast.end());
+  score.cut_docs = part_.cut_docs;
+  score.min_cut_len = part_.min_cut_len;
+  const bool slivers = m > 1 && part_.min_cut_len != 0 && part_.min_cut_len < m;
+  // Short cut pieces are charged in the score; the winner alone is repaired
+  // (RepairShortShards costs O(slivers x cut pieces), too much for every
+  // candidate at large N).
+  if (slivers) {
+    for (const Shard& sh : pieces_) {
+      if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++score.short_cuts;
+    }
+    for (const Shard& sh : zig) {
+      if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++score.short_cuts;
+    }
+  }
+  if (pool_ != nullptr && (score.imbalance <= o_.target || !slivers)) {
+    // Equal candidates would take several of the fallback's repair slots (at
+    // k = n no document is left to place, so every scale and cap gives the
+    // same one).
+    const bool seen = std::any_of(pool_->begin(), pool_->end(), [&](const SearchCandidate& c) {
+      return c.k == k && c.reduced == reduced && SameScore(c.score, score) && c.pieces == pieces_ &&
+             c.placement.held == used_->held;
+    });
+    if (!seen) {
+      pool_->push_back(SearchCandidate{pieces_, {{}, used_->held, 0}, k, reduced, score});
+    }
+  }
+  if (!have_ || Better(score, best_.score, o_.target, o_.short_cost)) {
+    best_.pieces.swap(pieces_);                // pieces_ is cleared before its next use
+    best_.placement.held.swap(used_->held);  // used_ is refilled before its next use
+    best_.k = k;
+    best_.reduced = reduced;
+    best_.score = score;
+    have_ = true;
+  }
+  feasible |= score.imbalance <= o_.target;
+  return slivers;
+}
+
+void CompactedSearch::TryVariants(size_t k, bool reduced, const std::vector<Shard>& zig,
+                                  const std::vector<int64_t>& need,
+                                  const std::vector<int32_t>& rest, bool& feasible) {
+  const int64_t m = o_.min_shard;
+  const std::vector<double> zig_workload = PieceWorkloads(batch_.cp_size, zig);
+  PartialScore zig_part{std::vector<int64_t>(batch_.cp_size, 0), 0, 0};
+  AddPieces(batch_, zig, zig_part);
+  // rho = 0 is plain LPT; larger rho anticipates the workload that
+  // equalization moves. Whole moves always: they never cost communication,
+  // and head-only equalization never won (docs/planner.md). Head swaps for
+  // would-be slivers first capped at 4m tokens; only if slivers remain, once
+  // more uncapped. Both caps equalize the same LPT placement, so it is made
+  // once per rho and copied for the first cap only when a second may follow.
+  for (double scale : scales_) {
+    const double rho = scale * o_.median_density;
+    placed_workload_.assign(zig_workload.begin(), zig_workload.end());
+    PlaceWholeDocs(batch_, rest, need, rho, placed_workload_, placement_, scratch_);
+    for (int64_t cap : {4 * m, int64_t{0}}) {
+      const bool last = m <= 1 || cap == 0;
+      pieces_.clear();
+      workload_.assign(placed_workload_.begin(), placed_workload_.end());
+      if (!last) trial_ = placement_;  // element-wise: keeps trial_'s capacity
+      used_ = last ? &placement_ : &trial_;
+      EqualizeWholeDocs(batch_, need, *used_, workload_, pieces_,
+                        WholeDocOptions{rho, true, m, cap}, scratch_);
+      if (!Consider(k, reduced, zig, zig_part, feasible) || last) break;
+    }
+  }
+}
+
+bool CompactedSearch::TryK(size_t k) {
+  if (tried_[k] >= 0) return tried_[k] == 1;
+  if (stopped_.ok()) stopped_ = o_.CheckStop();
+  if (!stopped_.ok()) return true;
+  const int64_t m = o_.min_shard;
+  const auto split = o_.order.begin() + static_cast<std::ptrdiff_t>(k);
+  const std::vector<int32_t> zig_docs(o_.order.begin(), split);
+  const std::vector<int32_t> rest(split, o_.order.end());
+  bool feasible = false;
+  // Per-Doc under the minimum-shard rule (fewer ranks for shorter
+  // documents), then every Whole-Doc variant on top of it.
+  bool reduced = m > 0;
+  std::vector<int64_t> need = o_.targets;
+  bool refit = false;
+  std::vector<Shard> zig;
+  if (reduced) {
+    const ReducedZig& z = ReducedZigOf(k);
+    zig = z.pieces;
+    need = z.need;
+    refit = z.refit;
+  } else {
+    zig = PerDocPieces(batch_, zig_docs, m, &need, &refit);
+  }
+  if (!reduced || *std::min_element(need.begin(), need.end()) >= 0) {
+    TryVariants(k, reduced, zig, need, rest, feasible);
+  }
+  // Where the reduced zigzag overfilled a rank (only when Per-Doc documents
+  // are nearly the whole batch), PerDocPieces shifted its cut points to fit
+  // the ranks' rooms, or could not; either way the full 2N-chunk zigzag
+  // competes too (its token counts never exceed a rank's target and every
+  // rank gets the same share of every document: the best balance, short
+  // shards and all, which the score charges).
+  if (refit) {
+    reduced = false;
+    zig = PerDocPieces(batch_, zig_docs);
+    need = o_.targets;
+    for (const Shard& s : zig) need[s.rank] -= s.len;
+    TryVariants(k, reduced, zig, need, rest, feasible);
+  }
+  tried_[k] = feasible ? 1 : 0;
+  return feasible;
+}
+
+absl::Status CompactedSearch::FindBoundary() {
+  // A document whose rank must keep more than R * mean workload even after
+  // giving away everything but its last C/N tokens, W(L - C/N, C/N) > R *
+  // mean, is Per-Doc in every feasible plan, so k >= k_lb. The first guess
+  // k_est also counts every document whose whole workload exceeds R * mean;
+  // then the search walks to the boundary: down from k_est by galloping and
+  // bisection if k_est is feasible, else up. Usually two or three values of
+  // k, each cheaper plan (smaller k) preferred by the score.
+  const size_t n_docs = o_.order.size();
+  const int64_t per_rank = TokensPerRank(TotalTokens(batch_.doc_lens), batch_.cp_size);
+  size_t k_lb = 0, k_est = 0;
+  for (int32_t d : o_.order) {
+    const int64_t len = batch_.doc_lens[d];
+    if (len > per_rank && RangeWorkload(len - per_rank, per_rank) > o_.max_work) ++k_lb;
+    if (RangeWorkload(0, len) > o_.max_work) ++k_est;
+  }
+  k_est = std::max(k_est, k_lb);
+  size_t lo, hi;  // TryK(lo) infeasible (or lo + 1 == k_lb), TryK(hi) feasible (or hi == n)
+  if (TryK(k_est)) {
+    hi = k_est;
+    size_t step = 1;
+    lo = k_est;
+    while (true) {
+      if (hi <= k_lb) {
+        lo = hi;  // nothing below k_lb is feasible
+        break;
+      }
+      const size_t cand = hi >= k_lb + step ? hi - step : k_lb;
+      if (TryK(cand)) {
+        hi = cand;
+        step *= 2;
+      } else {
+        lo = cand;
+        break;
+      }
+    }
+  } else {
+    lo = k_est;
+    size_t step = 1;
+    hi = std::min(n_docs, k_est + step);
+    while (hi < n_docs && !TryK(hi)) {
+      lo = hi;
+      step *= 2;
+      hi = std::min(n_docs, hi + step);
+    }
+    if (hi == n_docs) TryK(n_docs);
+  }
+  while (hi > lo + 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (TryK(mid)) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  return stopped_;
+}
+
+absl::StatusOr<std::vector<SearchCandidate>> CompactedSearch::FallbackCandidates(size_t k0) {
+  const size_t n_docs = o_.order.size();
+  std::vector<SearchCandidate> candidates;
+  pool_ = &candidates;
+  for (const std::span<const double> set : {std::span<const double>(FlashCpOptions::kScales),
+                                            std::span<const double>(FlashCpOptions::kMoreScales)}) {
+    scales_ = set;
+    std::fill(tried_.begin(), tried_.end(), int8_t{-1});
+    TryK(k0);
+    if (k0 < n_docs) TryK(k0 + 1);
+  }
+  // And every document Per-Doc (k = n): where the winner's k is near n, the
+  // reduced zigzag of all of them, its cut points shifted to fit, can meet R
+  // without a sliver while the search stopped at a full 2N-chunk zigzag with
+  // many slivers.
+  if (n_docs - k0 <= 8 || 2 * k0 >= n_docs) TryK(n_docs);
+  pool_ = nullptr;
+  if (!stopped_.ok()) return stopped_;
+  return candidates;
+}
+
+std::vector<Shard> CompactedSearch::Assemble(std::vector<Shard> pieces,
+                                             const WholeDocPlacement& held, size_t k,
+                                             bool reduced) {
+  AppendHeldWhole(batch_, held, pieces);
+  if (reduced) {
+    const std::vector<Shard>& zig = ReducedZigOf(k).pieces;
+    pieces.insert(pieces.end(), zig.begin(), zig.end());
+  } else {  // the full 2N-chunk zigzag
+    const std::vector<int32_t> zig_docs(o_.order.begin(),
+                                        o_.order.begin() + static_cast<std::ptrdiff_t>(k));
+    const std::vector<Shard> zig = PerDocPieces(batch_, zig_docs);
+    pieces.insert(pieces.end(), zig.begin(), zig.end());
+  }
+  return pieces;
+}
+
+}  // namespace flashcp::core::internal

@@ -1,0 +1,124 @@
+// flashcp's search stage (docs/planner.md): candidates with the k longest
+// documents Per-Doc (zigzagged) and the rest Whole-Doc, each Whole-Doc
+// variant steered by rho with whole-document moves, scored on imbalance,
+// then communication (the compacted all-gather), then cuts (Better).
+#ifndef FLASHCP_CORE_INTERNAL_FLASHCP_SEARCH_H_
+#define FLASHCP_CORE_INTERNAL_FLASHCP_SEARCH_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/internal/flashcp_options.h"
+#include "core/internal/flashcp_score.h"
+#include "core/internal/flashcp_util.h"
+#include "core/types.h"
+
+namespace flashcp::core::internal {
+
+// One candidate, kept small (O(n)): its pieces besides the Per-Doc ones, the
+// documents its placement keeps whole, and how to rebuild its Per-Doc
+// pieces (CompactedSearch::Assemble).
+struct SearchCandidate {
+  std::vector<Shard> pieces;
+  WholeDocPlacement placement;  // only `held` is used
+  size_t k = 0;                 // the k longest documents are Per-Doc
+  // Per-Doc under the minimum-shard rule, else the full 2N-chunk zigzag.
+  bool reduced = true;
+  PlanScore score;
+};
+
+// The search over k for one batch. Not thread-safe; `batch` and `options`
+// must outlive it. Every candidate it makes reuses its buffers (no
+// per-candidate allocation once grown).
+class CompactedSearch {
+ public:
+  CompactedSearch(const Batch& batch, const FlashCpOptions& options);
+
+  // Fewer Per-Doc documents means less communication; imbalance mostly
+  // falls as k grows (the search assumes it does). Walks k to the boundary
+  // (k meets R, k - 1 does not) from a first guess, by galloping and
+  // bisection, keeping the best candidate (best()). Returns the stop
+  // token's status once it says stop.
+  absl::Status FindBoundary();
+
+  // The best candidate found so far. TakeBest moves its pieces and
+  // placement out (its k, mode and score stay, and later searches still
+  // compare against that score).
+  const SearchCandidate& best() const { return best_; }
+  SearchCandidate TakeBest();
+
+  // The fallback's candidates, where the winner (at k0) keeps a sliver its
+  // repair could not remove: the candidates at k0 and at k0 + 1 (one more
+  // Per-Doc document: better balanced, so more meet R), with kScales and
+  // kMoreScales, and at k = n where the winner already has half the
+  // documents or all but 8 Per-Doc (so that this costs at most about what
+  // its own k did). Keeps each distinct one that meets R or has no sliver
+  // (for the re-cut stage), in the order found.
+  absl::StatusOr<std::vector<SearchCandidate>> FallbackCandidates(size_t k0);
+
+  // A candidate's whole raw pieces: its own, the documents its placement
+  // kept whole, its Per-Doc pieces (rebuilt).
+  std::vector<Shard> Assemble(std::vector<Shard> pieces, const WholeDocPlacement& held,
+                              size_t k, bool reduced);
+
+ private:
+  // The reduced zigzag of the k longest documents, made once per k: the same
+  // for every variant at k, for the winner's build and for the fallback,
+  // and fitting it to the ranks' rooms (ShiftPiecesToRoom) is costly
+  // (docs/planner.md, "Complexity"). Few k are tried (O(log n) plus the
+  // fallback's), so a list searched linearly.
+  struct ReducedZig {
+    size_t k;
+    std::vector<Shard> pieces;
+    std::vector<int64_t> need;  // targets less the pieces' tokens per rank
+    bool refit = false;         // the pieces were shifted to fit (or could not be)
+  };
+  const ReducedZig& ReducedZigOf(size_t k);
+
+  // Every Whole-Doc variant with the k longest documents Per-Doc; true if
+  // one meets the target (or the stop token said stop).
+  bool TryK(size_t k);
+  // The variants on top of one Per-Doc part `zig` leaving `need` tokens per
+  // rank; sets `feasible` if one meets the target.
+  void TryVariants(size_t k, bool reduced, const std::vector<Shard>& zig,
+                   const std::vector<int64_t>& need, const std::vector<int32_t>& rest,
+                   bool& feasible);
+  // Scores the current candidate (pieces_, used_, workload_ on top of
+  // `zig`), keeps it if best (and in pool_); returns whether it had short
+  // cut pieces.
+  bool Consider(size_t k, bool reduced, const std::vector<Shard>& zig,
+                const PartialScore& zig_part, bool& feasible);
+
+  const Batch& batch_;
+  const FlashCpOptions& o_;
+  std::span<const double> scales_;
+  std::vector<int8_t> tried_;  // per k: -1 not tried, else whether it met R
+  std::vector<ReducedZig> reduced_zigs_;
+  SearchCandidate best_;
+  bool have_ = false;
+  // While set (FallbackCandidates), every candidate that meets the target
+  // or has no sliver is also kept here.
+  std::vector<SearchCandidate>* pool_ = nullptr;
+  // The stop token's answer once it says stop: every TryK then returns at
+  // once (as feasible, which ends the search).
+  absl::Status stopped_;
+  // Buffers reused by every candidate: the Whole-Doc steps', one rho's LPT
+  // placement, a copy to equalize when a second cap may follow, the one the
+  // current candidate consumed, its pieces (swapped with the best's when it
+  // wins), per-rank workload after LPT and after equalization, and the
+  // partial score.
+  WholeDocScratch scratch_;
+  WholeDocPlacement placement_, trial_;
+  WholeDocPlacement* used_ = nullptr;
+  std::vector<double> placed_workload_;
+  std::vector<Shard> pieces_;
+  std::vector<double> workload_;
+  PartialScore part_;
+};
+
+}  // namespace flashcp::core::internal
+
+#endif  // FLASHCP_CORE_INTERNAL_FLASHCP_SEARCH_H_
