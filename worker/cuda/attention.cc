@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/analysis.h"
 #include "core/status_macros.h"
 
 namespace flashcp::worker::cuda {
@@ -33,8 +34,7 @@ absl::Status ValidateAttentionShape(const AttentionShape& s) {
 double VarlenBatch::Pairs() const {
   double pairs = 0;
   for (size_t i = 0; i < q_len_.size(); ++i) {
-    const double s = q_len_[i], p = kv_len_[i] - q_len_[i];
-    pairs += (2 * p + s + 1) * s / 2;  // SPEC Eq. 3 with prefix p, shard length s
+    pairs += core::ShardWorkload(kv_len_[i] - q_len_[i], q_len_[i]);  // prefix, shard length
   }
   return pairs;
 }
