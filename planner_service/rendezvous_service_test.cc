@@ -3,10 +3,12 @@
 #include <dirent.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -890,48 +892,53 @@ TEST_F(RendezvousServiceTest, TwoThousandWaitsHoldNoThreads) {
 // deadline is the call's (60 s), not the hour asked for. (The client's own
 // deadline would end the call at the same time either way; the server's
 // deadline is what frees the waiter.)
+// A Get started asynchronously (with `deadline` on its context, if any);
+// `done` is notified with `status`.
+struct AsyncGet {
+  AsyncGet(v1::Rendezvous::Stub& stub, v1::GetRequest r,
+           std::optional<std::chrono::system_clock::time_point> deadline = std::nullopt)
+      : request(std::move(r)) {
+    if (deadline.has_value()) context.set_deadline(*deadline);
+    stub.async()->Get(&context, &request, &response, [this](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+  }
+  // Cancels the call and waits (30 s at most) for its end: true once ended.
+  bool CancelAndWait() {
+    context.TryCancel();
+    return done.WaitForNotificationWithTimeout(absl::Seconds(30));
+  }
+  grpc::ClientContext context;
+  v1::GetRequest request;
+  v1::GetResponse response;
+  absl::Notification done;
+  grpc::Status status;
+};
+
 TEST_F(RendezvousServiceTest, AWaitIsCutToTheCallsDeadline) {
   const std::string token = JoinAlone("g");
   ASSERT_FALSE(token.empty());
-  grpc::ClientContext c;
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(60);
-  c.set_deadline(deadline);
-  const v1::GetRequest r =
-      GetRequestOf("g", {"k"}, absl::ToInt64Milliseconds(kMaxTimeout), token);
-  v1::GetResponse out;
-  absl::Notification finished;
-  grpc::Status status;
-  stub_->async()->Get(&c, &r, &out, [&](grpc::Status s) {
-    status = std::move(s);
-    finished.Notify();
-  });
+  AsyncGet get(*stub_, GetRequestOf("g", {"k"}, absl::ToInt64Milliseconds(kMaxTimeout), token),
+               deadline);
   ASSERT_EQ(WaitForWaiters([](size_t n) { return n >= 1; }), 1u);
   const std::optional<absl::Time> registered = host().state().next_deadline();
   ASSERT_TRUE(registered.has_value());
   // gRPC carries the deadline as a timeout, so the server's is within transit time of it.
   EXPECT_LE(absl::AbsDuration(*registered - absl::FromChrono(deadline)), absl::Seconds(5))
       << "registered " << *registered << ", call deadline " << absl::FromChrono(deadline);
-  c.TryCancel();
-  ASSERT_TRUE(finished.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(get.CancelAndWait());
+  EXPECT_EQ(get.status.error_code(), grpc::StatusCode::CANCELLED);
 }
 
 TEST_F(RendezvousServiceTest, ACancelledWaitIsDropped) {
   const std::string token = JoinAlone("g");
   ASSERT_FALSE(token.empty());
-  grpc::ClientContext c;
-  const v1::GetRequest r = GetRequestOf("g", {"k"}, 60'000, token);
-  v1::GetResponse out;
-  absl::Notification finished;
-  grpc::Status status;
-  stub_->async()->Get(&c, &r, &out, [&](grpc::Status s) {
-    status = std::move(s);
-    finished.Notify();
-  });
+  AsyncGet get(*stub_, GetRequestOf("g", {"k"}, 60'000, token));
   ASSERT_EQ(WaitForWaiters([](size_t n) { return n >= 1; }), 1u);
-  c.TryCancel();
-  ASSERT_TRUE(finished.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(get.CancelAndWait());
+  EXPECT_EQ(get.status.error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_EQ(WaitForWaiters([](size_t n) { return n == 0; }), 0u);
 }
 
