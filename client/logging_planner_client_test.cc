@@ -7,6 +7,7 @@
 
 #include "client/testing/mock_planner_client.h"
 #include "core/testing/status_matchers.h"
+#include "core/testing/ticking_clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -19,22 +20,11 @@ using ::testing::_;
 using ::testing::ElementsAre;
 using ::testing::Return;
 
-// Each reading of the clock advances it by 250 us, so one call takes 0.250 ms.
-class TickingClock final : public core::Clock {
- public:
-  absl::Time Now() const override {
-    now_ += absl::Microseconds(250);
-    return now_;
-  }
-
- private:
-  mutable absl::Time now_ = absl::FromUnixSeconds(0);
-};
-
 struct Fixture {
   std::shared_ptr<MockPlannerClient> mock = std::make_shared<MockPlannerClient>();
   std::vector<std::string> lines;
-  TickingClock clock;
+  // Each reading 250 us after the previous one, so one call takes 0.250 ms.
+  core::testing::TickingClock clock{absl::Microseconds(250)};
   LoggingPlannerClient client{mock, LoggingOptions{
                                         .sink = [this](absl::string_view l) {
                                           lines.emplace_back(l);

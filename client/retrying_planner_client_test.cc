@@ -59,6 +59,20 @@ v1::PlanResponse Response(uint64_t batch_id) {
   return r;
 }
 
+// A PlanAsync action that answers UNAVAILABLE to the first `failures` calls
+// and the request's batch_id after them, inline (as if on gRPC's callback
+// thread); `calls` counts them.
+auto FailThenAnswer(int failures, int& calls) {
+  return [failures, &calls](const v1::PlanRequest& request, const CallOptions&,
+                            PlanCallback done) {
+    if (++calls <= failures) {
+      std::move(done)(absl::UnavailableError("down"));
+    } else {
+      std::move(done)(Response(request.batch_id()));
+    }
+  };
+}
+
 RetryPolicy Policy() {
   return {.max_attempts = 5,
           .initial_backoff = absl::Milliseconds(50),
@@ -182,16 +196,7 @@ TEST(RetryingPlannerClientTest, PlanAsyncRetriesAndCallsBackOnce) {
   FakeClock clock;
   RetryingPlannerClient client(mock, Policy(), clock.AsRetryClock());
   int calls = 0;
-  EXPECT_CALL(*mock, PlanAsync(_, _, _))
-      .Times(3)
-      .WillRepeatedly([&](const v1::PlanRequest& request, const CallOptions&, PlanCallback done) {
-        ++calls;
-        if (calls < 3) {
-          std::move(done)(absl::UnavailableError("down"));
-        } else {
-          std::move(done)(Response(request.batch_id()));
-        }
-      });
+  EXPECT_CALL(*mock, PlanAsync(_, _, _)).Times(3).WillRepeatedly(FailThenAnswer(2, calls));
   v1::PlanRequest request;
   request.set_batch_id(42);
   std::optional<PlanResult> got;
@@ -218,16 +223,7 @@ TEST(RetryingPlannerClientTest, PlanAsyncBackoffDoesNotBlockTheCallbackThread) {
   };
   RetryingPlannerClient client(mock, Policy(), retry_clock);
   int calls = 0;
-  EXPECT_CALL(*mock, PlanAsync(_, _, _))
-      .Times(2)
-      .WillRepeatedly([&](const v1::PlanRequest& request, const CallOptions&, PlanCallback done) {
-        // Runs `done` inline, as if on gRPC's callback thread.
-        if (++calls == 1) {
-          std::move(done)(absl::UnavailableError("down"));
-        } else {
-          std::move(done)(Response(request.batch_id()));
-        }
-      });
+  EXPECT_CALL(*mock, PlanAsync(_, _, _)).Times(2).WillRepeatedly(FailThenAnswer(1, calls));
   v1::PlanRequest request;
   request.set_batch_id(7);
   std::optional<PlanResult> got;

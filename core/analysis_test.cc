@@ -1,5 +1,6 @@
 #include "core/analysis.h"
 
+#include "core/testing/plans.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -7,21 +8,11 @@
 namespace flashcp::core {
 namespace {
 
+using ::flashcp::core::testing::HeadTailPlan;
 using ::flashcp::core::testing::IsOk;
 using ::flashcp::core::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-// docs [6, 2] on 2 ranks: rank 0 holds doc 0's tail [2, 6); rank 1 holds
-// doc 0's head [0, 2) and all of doc 1.
-Plan HeadTailPlan() {
-  Plan plan;
-  plan.cp_size = 2;
-  plan.doc_lens = {6, 2};
-  plan.padding = 0;
-  plan.shards = {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}};
-  return plan;
-}
 
 TEST(ShardWorkloadTest, MatchesEquationThree) {
   EXPECT_EQ(ShardWorkload(0, 1), 1.0);   // (0 + 1 + 1) * 1 / 2

@@ -27,11 +27,20 @@ using PlanFn = absl::StatusOr<Plan> (*)(const Batch& batch, const PlanOptions& o
 // and P = sum_d min(len_d, 2N).
 using ShardBoundFn = int64_t (*)(int64_t n, int64_t ranks, int64_t per_doc);
 
+// What MakePlan does with a strategy's plan for a cost model other than pairs
+// (PlanOptions::cost): re-cut it (BalanceOnCost) or keep its cuts.
+enum class CostRecut {
+  kNever,     // the cuts are the strategy's definition (equal chunks, zigzags)
+  kAnyPiece,  // cut points chosen by balance; re-cut pieces keep >= 1 token
+  kMinShard,  // the same, keeping PlanOptions::min_shard_tokens (flashcp's rule)
+};
+
 struct StrategyRow {
   Strategy id;
   absl::string_view name;
   absl::string_view description;
   bool in_all;
+  CostRecut cost_recut;
   PlanFn plan;
   ShardBoundFn max_shards;
 };
@@ -39,30 +48,33 @@ struct StrategyRow {
 // The registry: one row per strategy, in id order (checked below).
 constexpr StrategyRow kStrategyTable[] = {
     {Strategy::kLlama3, "llama3",
-     "Llama3 CP: the packed sequence in 2N chunks, chunks k and 2N-1-k to rank k", true,
+     "Llama3 CP: the packed sequence in 2N chunks, chunks k and 2N-1-k to rank k", true, CostRecut::kNever,
      [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
        return internal::PlanLlama3(b);
      },
      // Each chunk boundary cuts one document once.
      [](int64_t n, int64_t ranks, int64_t) { return n + 2 * ranks - 1; }},
     {Strategy::kPerDoc, "per_doc", "Per-Doc CP (WLB-LLM): every document in 2N chunks, zigzag",
-     true,
+     true, CostRecut::kNever,
      [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
        return internal::PlanPerDoc(b);
      },
      [](int64_t, int64_t, int64_t per_doc) { return per_doc; }},
     {Strategy::kRing, "ring", "Ring-Attn: the packed sequence in N contiguous chunks", true,
+     CostRecut::kNever,
      [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
        return internal::PlanRing(b);
      },
      [](int64_t n, int64_t ranks, int64_t) { return n + ranks - 1; }},
     {Strategy::kZigzag, "zigzag", "Ring-Attn zigzag: every document in 2N chunks, zigzag", true,
+     CostRecut::kNever,
      [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
        return internal::PlanPerDoc(b);  // the same sharding as per_doc
      },
      [](int64_t, int64_t, int64_t per_doc) { return per_doc; }},
     {Strategy::kWholeDoc, "whole_doc",
      "Whole-Doc: documents kept whole, placed by workload, cut only to equalize tokens", true,
+     CostRecut::kAnyPiece,
      [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
        return internal::PlanWholeDoc(b);
      },
@@ -70,6 +82,7 @@ constexpr StrategyRow kStrategyTable[] = {
      [](int64_t n, int64_t ranks, int64_t) { return n + ranks - 1; }},
     {Strategy::kFlashCpPaper, "flashcp_paper",
      "FlashCP as the paper's Algorithm 1 states it, to target_imbalance", true,
+     CostRecut::kAnyPiece,
      [](const Batch& b, const PlanOptions& o, PlanInfo*) -> absl::StatusOr<Plan> {
        return internal::PlanFlashCpPaper(b, o.target_imbalance);
      },
@@ -78,13 +91,14 @@ constexpr StrategyRow kStrategyTable[] = {
     {Strategy::kFlashCp, "flashcp",
      "FlashCP: Whole-Doc plus Per-Doc for the documents that stop balance, to "
      "target_imbalance",
-     true,
+     true, CostRecut::kMinShard,
      [](const Batch& b, const PlanOptions& o, PlanInfo*) -> absl::StatusOr<Plan> {
        return internal::PlanFlashCp(b, o);
      },
      [](int64_t, int64_t ranks, int64_t per_doc) { return per_doc + ranks; }},
     {Strategy::kIlp, "ilp", "Exact MILP at a fixed granularity (CBC); small batches only",
      /*in_all=*/false,  // slow
+     CostRecut::kNever,
      [](const Batch& b, const PlanOptions& o, PlanInfo* info) -> absl::StatusOr<Plan> {
        if (o.ilp.solver == nullptr) {
          return absl::FailedPreconditionError(
@@ -98,7 +112,7 @@ constexpr StrategyRow kStrategyTable[] = {
     {Strategy::kMagi, "magi",
      "MagiAttention's default dispatch: the packed sequence in chunks of ceil(C / 8N), "
      "dealt by a min-heap on causal area, equal chunks per rank",
-     true,
+     true, CostRecut::kNever,
      [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
        return internal::PlanMagi(b);
      },
@@ -129,23 +143,15 @@ const StrategyRow* Row(Strategy strategy) {
   return i < kNumStrategies ? &kStrategyTable[i] : nullptr;
 }
 
-// The strategies whose cut points are theirs to choose by balance: the
-// others' cuts are their definition (equal chunks, zigzags).
-bool BalancesOnCost(Strategy strategy) {
-  return strategy == Strategy::kWholeDoc || strategy == Strategy::kFlashCpPaper ||
-         strategy == Strategy::kFlashCp;
-}
-
 // Re-cuts `plan` (internal::RecutPieces: same pieces, ranks and order, cut
 // points moved) so that the cost model's heaviest rank is as light as the
 // program finds; keeps `plan` unless that lowers the model's maximum.
-Plan BalanceOnCost(Strategy strategy, const Batch& batch, Plan plan,
-                   const PlanOptions& options) {
+Plan BalanceOnCost(CostRecut recut, const Batch& batch, Plan plan, const PlanOptions& options) {
   const CostPrediction before = PredictPlanCost(options.cost, plan);
   const double max_before = *std::max_element(before.rank_cost.begin(), before.rank_cost.end());
   // The re-cut keeps every piece of a cut document at >= keep + 1 tokens:
-  // flashcp's minimum shard where the plan has none shorter (so it makes no
-  // new sliver), 1 for the strategies without the rule.
+  // the minimum shard (kMinShard) where the plan has none shorter (so it
+  // makes no new sliver), 1 for the strategies without the rule.
   int64_t shortest = std::numeric_limits<int64_t>::max();
   {
     std::vector<int32_t> pieces_of(batch.doc_lens.size(), 0);
@@ -154,7 +160,7 @@ Plan BalanceOnCost(Strategy strategy, const Batch& batch, Plan plan,
       if (pieces_of[s.doc] > 1) shortest = std::min(shortest, s.len);
     }
   }
-  const int64_t rule = strategy == Strategy::kFlashCp ? options.min_shard_tokens : 1;
+  const int64_t rule = recut == CostRecut::kMinShard ? options.min_shard_tokens : 1;
   const int64_t keep = std::max<int64_t>(1, std::min(rule, shortest - 1));
   std::vector<Shard> pieces = plan.shards;
   if (!internal::RecutPieces(batch, pieces, keep, kCostRecutRounds,
@@ -220,9 +226,9 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
         absl::StrCat("strategy: unknown strategy id ", static_cast<int>(strategy)));
   }
   absl::StatusOr<Plan> plan = row->plan(batch, options, info);
-  if (plan.ok() && BalancesOnCost(strategy) && !IsPairsModel(options.cost)) {
+  if (plan.ok() && row->cost_recut != CostRecut::kNever && !IsPairsModel(options.cost)) {
     FLASHCP_RETURN_IF_ERROR(options.stop.Check());
-    plan = BalanceOnCost(strategy, batch, *std::move(plan), options);
+    plan = BalanceOnCost(row->cost_recut, batch, *std::move(plan), options);
   }
   // A stop that came while a short planner ran: the caller no longer wants it.
   if (plan.ok()) FLASHCP_RETURN_IF_ERROR(options.stop.Check());

@@ -68,16 +68,21 @@ INSTANTIATE_TEST_SUITE_P(
                  {30, 11, 7}}),
     [](const ::testing::TestParamInfo<Expected>& info) { return std::string(info.param.name); });
 
+// flashcp_paper's plan of `batch` at R = `r` has exactly `other`'s shards.
+void ExpectPaperPlanIs(Strategy other, const Batch& batch, double r) {
+  PlanOptions options;
+  options.target_imbalance = r;
+  absl::StatusOr<Plan> paper = MakePlan(Strategy::kFlashCpPaper, batch, options);
+  absl::StatusOr<Plan> want = MakePlan(other, batch);
+  ASSERT_THAT(paper, IsOk());
+  ASSERT_THAT(want, IsOk());
+  EXPECT_EQ(paper->shards, want->shards);
+}
+
 TEST(FlashCpPaperTest, StopsAtWholeDocWhenTargetMet) {
   // [6, 2] on 2 ranks: Whole-Doc's imbalance is 18 / 12 = 1.5 <= R = 2, so
   // Algorithm 1 returns the Whole-Doc plan with no Per-Doc documents.
-  PlanOptions options;
-  options.target_imbalance = 2.0;
-  absl::StatusOr<Plan> paper = MakePlan(Strategy::kFlashCpPaper, Batch{{6, 2}, 2}, options);
-  absl::StatusOr<Plan> whole = MakePlan(Strategy::kWholeDoc, Batch{{6, 2}, 2});
-  ASSERT_THAT(paper, IsOk());
-  ASSERT_THAT(whole, IsOk());
-  EXPECT_EQ(paper->shards, whole->shards);
+  ExpectPaperPlanIs(Strategy::kWholeDoc, Batch{{6, 2}, 2}, 2.0);
 }
 
 TEST(FlashCpPaperTest, RemovesLongestDocumentsUntilDEmpty) {
@@ -90,13 +95,7 @@ TEST(FlashCpPaperTest, RemovesLongestDocumentsUntilDEmpty) {
   //   (W 2) -> 11. Imbalance 13 / 12 > 1.
   // k = 2: D is empty; everything Per-Doc and the loop stops: the plan is
   //   exactly PlanPerDoc's.
-  PlanOptions options;
-  options.target_imbalance = 1.0;
-  absl::StatusOr<Plan> paper = MakePlan(Strategy::kFlashCpPaper, Batch{{6, 2}, 2}, options);
-  absl::StatusOr<Plan> per_doc = MakePlan(Strategy::kPerDoc, Batch{{6, 2}, 2});
-  ASSERT_THAT(paper, IsOk());
-  ASSERT_THAT(per_doc, IsOk());
-  EXPECT_EQ(paper->shards, per_doc->shards);
+  ExpectPaperPlanIs(Strategy::kPerDoc, Batch{{6, 2}, 2}, 1.0);
 }
 
 TEST(FlashCpPaperTest, OneLongDocumentPerDocRestWhole) {

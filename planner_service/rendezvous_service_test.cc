@@ -3,10 +3,12 @@
 #include <dirent.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,12 +20,16 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/inprocess_rendezvous.h"
+#include "tests/testing/rendezvous_requests.h"
 
 namespace flashcp::planner_service {
 namespace {
 
 using core::testing::IsOk;
 using core::testing::StatusIs;
+using tests::testing::GetRequestOf;
+using tests::testing::JoinRequestOf;
+using tests::testing::SetRequestOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -724,16 +730,19 @@ class RendezvousServiceTest : public ::testing::Test {
   RendezvousHost& host() { return rendezvous_->host(); }
   // Joins rank 0 of a new 1-rank group; its token ("" on failure).
   std::string JoinAlone(const std::string& group) {
-    grpc::ClientContext c;
-    v1::JoinRequest join;
-    join.set_group(group);
-    join.set_rank(0);
-    join.set_world_size(1);
-    join.set_incarnation(1);
-    v1::JoinResponse joined;
-    const grpc::Status s = stub_->Join(&c, join, &joined);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return joined.token();
+    absl::StatusOr<std::string> token =
+        tests::testing::JoinAlone(*stub_, group, absl::Now() + absl::Seconds(30));
+    EXPECT_THAT(token, IsOk());
+    return token.ok() ? *token : "";
+  }
+  // Polls (5 ms steps, up to 30 s: the calls are in flight on gRPC's threads)
+  // until `done(waiters)` holds; the waiter count then.
+  size_t WaitForWaiters(const std::function<bool(size_t)>& done) {
+    const absl::Time limit = absl::Now() + absl::Seconds(30);
+    while (!done(host().state().waiter_count()) && absl::Now() < limit) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return host().state().waiter_count();
   }
 
   std::unique_ptr<tests::testing::InProcessRendezvous> rendezvous_;
@@ -742,13 +751,8 @@ class RendezvousServiceTest : public ::testing::Test {
 
 TEST_F(RendezvousServiceTest, RoundTripAndCodes) {
   grpc::ClientContext c1;
-  v1::JoinRequest join;
-  join.set_group("g");
-  join.set_rank(0);
-  join.set_world_size(1);
-  join.set_incarnation(5);
   v1::JoinResponse joined;
-  ASSERT_TRUE(stub_->Join(&c1, join, &joined).ok());
+  ASSERT_TRUE(stub_->Join(&c1, JoinRequestOf("g", 0, 1, 5), &joined).ok());
   EXPECT_EQ(joined.world_size(), 1);
   const std::string token = joined.token();
   EXPECT_EQ(token.size(), 32u);  // RandomToken's
@@ -763,22 +767,13 @@ TEST_F(RendezvousServiceTest, RoundTripAndCodes) {
   EXPECT_THAT(members.ranks(), ElementsAre(0));
 
   grpc::ClientContext c3;
-  v1::SetRequest set;
-  set.set_group("g");
-  set.set_key("k");
-  set.set_value("v");
-  set.set_token(token);
+  const v1::SetRequest set = SetRequestOf("g", "k", "v", token);
   v1::SetResponse set_response;
   ASSERT_TRUE(stub_->Set(&c3, set, &set_response).ok());
 
   grpc::ClientContext c4;
-  v1::GetRequest get;
-  get.set_group("g");
-  get.add_keys("k");
-  get.set_timeout_ms(0);
-  get.set_token(token);
   v1::GetResponse values;
-  ASSERT_TRUE(stub_->Get(&c4, get, &values).ok());
+  ASSERT_TRUE(stub_->Get(&c4, GetRequestOf("g", {"k"}, 0, token), &values).ok());
   EXPECT_THAT(values.values(), ElementsAre("v"));
 
   struct BadGet {
@@ -796,13 +791,10 @@ TEST_F(RendezvousServiceTest, RoundTripAndCodes) {
            {0, "k", "", grpc::StatusCode::PERMISSION_DENIED},
            {0, "k", "not-a-token", grpc::StatusCode::PERMISSION_DENIED}}) {
     grpc::ClientContext c;
-    v1::GetRequest r;
-    r.set_group("g");
-    r.add_keys(b.key);
-    r.set_timeout_ms(b.timeout_ms);
-    r.set_token(b.token);
     v1::GetResponse out;
-    EXPECT_EQ(stub_->Get(&c, r, &out).error_code(), b.code) << b.timeout_ms << " " << b.key;
+    EXPECT_EQ(stub_->Get(&c, GetRequestOf("g", {b.key}, b.timeout_ms, b.token), &out).error_code(),
+              b.code)
+        << b.timeout_ms << " " << b.key;
   }
 
   grpc::ClientContext c6;
@@ -868,10 +860,7 @@ TEST_F(RendezvousServiceTest, TwoThousandWaitsHoldNoThreads) {
   for (int i = 0; i < kWaits; ++i) {
     auto call = std::make_unique<Call>();
     call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    call->request.set_group("g");
-    call->request.add_keys("k");
-    call->request.set_timeout_ms(60'000);
-    call->request.set_token(token);
+    call->request = GetRequestOf("g", {"k"}, 60'000, token);
     Call* c = call.get();
     stub_->async()->Get(&c->context, &c->request, &c->response, [c, &done, &all_done](grpc::Status s) {
       c->status = std::move(s);
@@ -889,13 +878,8 @@ TEST_F(RendezvousServiceTest, TwoThousandWaitsHoldNoThreads) {
   EXPECT_LT(during - before, 64) << "threads before " << before << ", with the waits " << during;
 
   grpc::ClientContext sc;
-  v1::SetRequest set;
-  set.set_group("g");
-  set.set_key("k");
-  set.set_value("v");
-  set.set_token(token);
   v1::SetResponse set_response;
-  ASSERT_TRUE(stub_->Set(&sc, set, &set_response).ok());
+  ASSERT_TRUE(stub_->Set(&sc, SetRequestOf("g", "k", "v", token), &set_response).ok());
   ASSERT_TRUE(all_done.WaitForNotificationWithTimeout(absl::Seconds(60)));
   for (const auto& c : calls) {
     ASSERT_TRUE(c->status.ok()) << c->status.error_message();
@@ -908,68 +892,54 @@ TEST_F(RendezvousServiceTest, TwoThousandWaitsHoldNoThreads) {
 // deadline is the call's (60 s), not the hour asked for. (The client's own
 // deadline would end the call at the same time either way; the server's
 // deadline is what frees the waiter.)
+// A Get started asynchronously (with `deadline` on its context, if any);
+// `done` is notified with `status`.
+struct AsyncGet {
+  AsyncGet(v1::Rendezvous::Stub& stub, v1::GetRequest r,
+           std::optional<std::chrono::system_clock::time_point> deadline = std::nullopt)
+      : request(std::move(r)) {
+    if (deadline.has_value()) context.set_deadline(*deadline);
+    stub.async()->Get(&context, &request, &response, [this](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+  }
+  // Cancels the call and waits (30 s at most) for its end: true once ended.
+  bool CancelAndWait() {
+    context.TryCancel();
+    return done.WaitForNotificationWithTimeout(absl::Seconds(30));
+  }
+  grpc::ClientContext context;
+  v1::GetRequest request;
+  v1::GetResponse response;
+  absl::Notification done;
+  grpc::Status status;
+};
+
 TEST_F(RendezvousServiceTest, AWaitIsCutToTheCallsDeadline) {
   const std::string token = JoinAlone("g");
   ASSERT_FALSE(token.empty());
-  grpc::ClientContext c;
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(60);
-  c.set_deadline(deadline);
-  v1::GetRequest r;
-  r.set_group("g");
-  r.add_keys("k");
-  r.set_timeout_ms(absl::ToInt64Milliseconds(kMaxTimeout));
-  r.set_token(token);
-  v1::GetResponse out;
-  absl::Notification finished;
-  grpc::Status status;
-  stub_->async()->Get(&c, &r, &out, [&](grpc::Status s) {
-    status = std::move(s);
-    finished.Notify();
-  });
-  const absl::Time limit = absl::Now() + absl::Seconds(30);
-  while (host().state().waiter_count() < 1 && absl::Now() < limit) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_EQ(host().state().waiter_count(), 1u);
+  AsyncGet get(*stub_, GetRequestOf("g", {"k"}, absl::ToInt64Milliseconds(kMaxTimeout), token),
+               deadline);
+  ASSERT_EQ(WaitForWaiters([](size_t n) { return n >= 1; }), 1u);
   const std::optional<absl::Time> registered = host().state().next_deadline();
   ASSERT_TRUE(registered.has_value());
   // gRPC carries the deadline as a timeout, so the server's is within transit time of it.
   EXPECT_LE(absl::AbsDuration(*registered - absl::FromChrono(deadline)), absl::Seconds(5))
       << "registered " << *registered << ", call deadline " << absl::FromChrono(deadline);
-  c.TryCancel();
-  ASSERT_TRUE(finished.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(get.CancelAndWait());
+  EXPECT_EQ(get.status.error_code(), grpc::StatusCode::CANCELLED);
 }
 
 TEST_F(RendezvousServiceTest, ACancelledWaitIsDropped) {
   const std::string token = JoinAlone("g");
   ASSERT_FALSE(token.empty());
-  grpc::ClientContext c;
-  v1::GetRequest r;
-  r.set_group("g");
-  r.add_keys("k");
-  r.set_timeout_ms(60'000);
-  r.set_token(token);
-  v1::GetResponse out;
-  absl::Notification finished;
-  grpc::Status status;
-  stub_->async()->Get(&c, &r, &out, [&](grpc::Status s) {
-    status = std::move(s);
-    finished.Notify();
-  });
-  const absl::Time limit = absl::Now() + absl::Seconds(30);
-  while (host().state().waiter_count() < 1 && absl::Now() < limit) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_EQ(host().state().waiter_count(), 1u);
-  c.TryCancel();
-  ASSERT_TRUE(finished.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
-  const absl::Time limit2 = absl::Now() + absl::Seconds(30);
-  while (host().state().waiter_count() > 0 && absl::Now() < limit2) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  EXPECT_EQ(host().state().waiter_count(), 0u);
+  AsyncGet get(*stub_, GetRequestOf("g", {"k"}, 60'000, token));
+  ASSERT_EQ(WaitForWaiters([](size_t n) { return n >= 1; }), 1u);
+  ASSERT_TRUE(get.CancelAndWait());
+  EXPECT_EQ(get.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(WaitForWaiters([](size_t n) { return n == 0; }), 0u);
 }
 
 

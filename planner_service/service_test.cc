@@ -18,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "core/testing/status_matchers.h"
+#include "core/testing/ticking_clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
@@ -40,20 +41,8 @@ using ::flashcp::tests::testing::PlanRequestOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// Every Now() returns the previous value plus 1 ms: each reading is a tick, so
-// durations count the clock readings between two points exactly.
-class TickingClock final : public core::Clock {
- public:
-  absl::Time Now() const override {
-    absl::MutexLock lock(&mu_);
-    now_ += absl::Milliseconds(1);
-    return now_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  mutable absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::UnixEpoch();
-};
+// Each clock reading 1 ms after the previous one.
+constexpr absl::Duration kTick = absl::Milliseconds(1);
 
 struct Event {
   std::string method;
@@ -107,7 +96,7 @@ class RecordingObserver final : public ServiceObserver {
 };
 
 TEST(PlanBatchTest, PlanningSecondsComeFromTheInjectedClock) {
-  TickingClock clock;
+  core::testing::TickingClock clock{kTick};
   RecordingObserver observer;
   proto::PlanInput in;
   in.batch_id = 5;
@@ -124,7 +113,7 @@ TEST(PlanBatchTest, PlanningSecondsComeFromTheInjectedClock) {
 }
 
 TEST(PlanBatchTest, CoreErrorsPassThroughUnchanged) {
-  TickingClock clock;
+  core::testing::TickingClock clock{kTick};
   RecordingObserver observer;
   proto::PlanInput in;
   in.batch = core::Batch{{5, 3}, 2};
@@ -136,7 +125,7 @@ TEST(PlanBatchTest, CoreErrorsPassThroughUnchanged) {
 }
 
 TEST(PlannerServiceTest, UnaryLatencyAndInflightAreReported) {
-  TickingClock clock;
+  core::testing::TickingClock clock{kTick};
   RecordingObserver observer;
   ServerOptions options;
   options.listen = "127.0.0.1:0";
@@ -146,12 +135,7 @@ TEST(PlannerServiceTest, UnaryLatencyAndInflightAreReported) {
   ASSERT_THAT(server, IsOk());
   auto stub = v1::Planner::NewStub(
       grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()));
-  v1::PlanRequest request;
-  request.set_batch_id(9);
-  request.add_doc_lens(5);
-  request.add_doc_lens(3);
-  request.set_cp_size(2);
-  request.set_strategy("ring");
+  v1::PlanRequest request = PlanRequestOf(9, {5, 3}, 2);
   v1::PlanResponse response;
   {
     grpc::ClientContext context;
@@ -180,57 +164,42 @@ TEST(PlannerServiceTest, UnaryLatencyAndInflightAreReported) {
 }
 
 TEST(ServerOptionsTest, BadOptionsNameTheFlag) {
-  ServerOptions o;
-  o.threads = 0;
-  EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError("--threads: must be in [1, 1024], got 0"));
-  o = ServerOptions{};
-  o.listen = "nohost";
-  EXPECT_EQ(ValidateOptions(o),
-            absl::InvalidArgumentError("--listen: want HOST:PORT, got \"nohost\""));
-  o = ServerOptions{};
-  o.metrics = "127.0.0.1:70000";
-  EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError(
-                                    "--metrics: the port must be 0..65535, got \"127.0.0.1:70000\""));
-  o = ServerOptions{};
-  o.tls_cert = "cert.pem";
-  EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError("--tls_cert, --tls_key: set both or neither"));
-  o = ServerOptions{};
-  o.rendezvous.max_total_bytes = 0;
-  EXPECT_EQ(ValidateOptions(o),
-            absl::InvalidArgumentError("--rendezvous_max_bytes: must be at least 1, got 0"));
-  o = ServerOptions{};  // the rest of the --rendezvous_* flags: rendezvous_service_test.cc
-  o.rendezvous.idle_timeout = absl::Milliseconds(999);
-  EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError(
-                                    "--rendezvous_idle_timeout: must be at least 1s, got 999ms"));
-  o = ServerOptions{};
-  o.queue_per_client = 300;
-  EXPECT_EQ(ValidateOptions(o),
-            absl::InvalidArgumentError(
-                "--queue_per_client: must be in [0, --queue_size = 256] (0: queue_size / 4), "
-                "got 300"));
-  o = ServerOptions{};
-  o.stream_window_bytes = 1000;
-  EXPECT_EQ(ValidateOptions(o),
-            absl::InvalidArgumentError(
-                "--stream_window_bytes: must be at least --max_response_bytes = 67108864, "
-                "got 1000"));
-  o = ServerOptions{};
-  o.stream_buffer_bytes = 1000;
-  EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError(
-                                    "--stream_buffer_bytes: must be at least --stream_window_bytes "
-                                    "= 134217728, got 1000"));
-  o = ServerOptions{};
-  o.bounds.max_shard_ranks = 0;
-  EXPECT_EQ(ValidateOptions(o),
-            absl::InvalidArgumentError("--max_shard_ranks: must be at least 1, got 0"));
-  o = ServerOptions{};
-  o.ilp_threads = 0;
-  EXPECT_EQ(ValidateOptions(o),
-            absl::InvalidArgumentError("--ilp_threads: must be in [1, 64], got 0"));
-  o = ServerOptions{};
-  o.ilp_time_limit = -absl::Seconds(1);
-  EXPECT_EQ(ValidateOptions(o),
-            absl::InvalidArgumentError("--ilp_time_limit: must not be negative"));
+  struct Case {
+    void (*set)(ServerOptions&);  // one bad field on the defaults
+    std::string error;
+  };
+  const Case cases[] = {
+      {[](ServerOptions& o) { o.threads = 0; },
+       "--threads: must be in [1, 1024], got 0"},
+      {[](ServerOptions& o) { o.listen = "nohost"; },
+       "--listen: want HOST:PORT, got \"nohost\""},
+      {[](ServerOptions& o) { o.metrics = "127.0.0.1:70000"; },
+       "--metrics: the port must be 0..65535, got \"127.0.0.1:70000\""},
+      {[](ServerOptions& o) { o.tls_cert = "cert.pem"; },
+       "--tls_cert, --tls_key: set both or neither"},
+      {[](ServerOptions& o) { o.rendezvous.max_total_bytes = 0; },
+       "--rendezvous_max_bytes: must be at least 1, got 0"},
+      // the rest of the --rendezvous_* flags: rendezvous_service_test.cc
+      {[](ServerOptions& o) { o.rendezvous.idle_timeout = absl::Milliseconds(999); },
+       "--rendezvous_idle_timeout: must be at least 1s, got 999ms"},
+      {[](ServerOptions& o) { o.queue_per_client = 300; },
+       "--queue_per_client: must be in [0, --queue_size = 256] (0: queue_size / 4), got 300"},
+      {[](ServerOptions& o) { o.stream_window_bytes = 1000; },
+       "--stream_window_bytes: must be at least --max_response_bytes = 67108864, got 1000"},
+      {[](ServerOptions& o) { o.stream_buffer_bytes = 1000; },
+       "--stream_buffer_bytes: must be at least --stream_window_bytes = 134217728, got 1000"},
+      {[](ServerOptions& o) { o.bounds.max_shard_ranks = 0; },
+       "--max_shard_ranks: must be at least 1, got 0"},
+      {[](ServerOptions& o) { o.ilp_threads = 0; },
+       "--ilp_threads: must be in [1, 64], got 0"},
+      {[](ServerOptions& o) { o.ilp_time_limit = -absl::Seconds(1); },
+       "--ilp_time_limit: must not be negative"},
+  };
+  for (const Case& c : cases) {
+    ServerOptions o;
+    c.set(o);
+    EXPECT_EQ(ValidateOptions(o), absl::InvalidArgumentError(c.error));
+  }
   EXPECT_EQ(ListeningLine("127.0.0.1:1", "127.0.0.1:2"),
             "LISTENING grpc=127.0.0.1:1 metrics=127.0.0.1:2");
   EXPECT_EQ(ListeningLine("[::]:1", ""), "LISTENING grpc=[::]:1 metrics=-");

@@ -91,28 +91,32 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
     FLASHCP_ASSIGN_OR_RETURN(in.strategy, core::ParseStrategy(request.strategy()));
   }
 
+  const core::PlanOptions defaults;
   const double r = request.target_imbalance();
-  in.options.target_imbalance = r == 0.0 ? kDefaultTargetImbalance : r;
+  in.options.target_imbalance = r == 0.0 ? defaults.target_imbalance : r;
   // Written so that NaN fails too.
   if (!(in.options.target_imbalance >= 1.0) || !std::isfinite(in.options.target_imbalance)) {
     return absl::InvalidArgumentError(
         absl::StrCat("target_imbalance: must be a finite ratio >= 1 (0 means ",
-                     kDefaultTargetImbalance, "), got ", r));
+                     defaults.target_imbalance, "), got ", r));
   }
 
   const int64_t m = request.min_shard_tokens();
   if (m < kMinShardTokensOff || m > core::kMaxTokens) {
     return absl::InvalidArgumentError(
-        absl::StrCat("min_shard_tokens: must be -1 (off), 0 (the default ", kDefaultMinShardTokens,
-                     ") or a token count in [1, 2^40], got ", m));
+        absl::StrCat("min_shard_tokens: must be -1 (off), 0 (the default ",
+                     defaults.min_shard_tokens, ") or a token count in [1, 2^40], got ", m));
   }
-  in.options.min_shard_tokens = m == 0 ? kDefaultMinShardTokens : m == kMinShardTokensOff ? 0 : m;
+  in.options.min_shard_tokens =
+      m == 0 ? defaults.min_shard_tokens : m == kMinShardTokensOff ? 0 : m;
   in.options.ranks_per_node = request.ranks_per_node();
   FLASHCP_RETURN_IF_ERROR(core::ValidateRanksPerNode(in.options.ranks_per_node));
 
-  in.shape.heads = request.heads() == 0 ? kDefaultHeads : request.heads();
-  in.shape.head_dim = request.head_dim() == 0 ? kDefaultHeadDim : request.head_dim();
-  in.shape.dtype_bytes = request.dtype_bytes() == 0 ? kDefaultDtypeBytes : request.dtype_bytes();
+  constexpr core::ModelShape kDefaultShape;
+  in.shape.heads = request.heads() == 0 ? kDefaultShape.heads : request.heads();
+  in.shape.head_dim = request.head_dim() == 0 ? kDefaultShape.head_dim : request.head_dim();
+  in.shape.dtype_bytes =
+      request.dtype_bytes() == 0 ? kDefaultShape.dtype_bytes : request.dtype_bytes();
   FLASHCP_RETURN_IF_ERROR(core::ValidateModelShape(in.shape));
 
   in.include_layout = request.include_layout();

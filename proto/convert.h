@@ -19,13 +19,10 @@
 
 namespace flashcp::proto {
 
-// What a zero-valued PlanRequest field means (planner.proto's comments).
+// What a zero-valued PlanRequest field means (planner.proto's comments):
+// the strategy, and otherwise core's defaults (core::PlanOptions{},
+// core::ModelShape{}), never restated here.
 inline constexpr core::Strategy kDefaultStrategy = core::Strategy::kFlashCp;
-inline constexpr double kDefaultTargetImbalance = 1.02;
-inline constexpr int32_t kDefaultHeads = 32;
-inline constexpr int32_t kDefaultHeadDim = 128;
-inline constexpr int32_t kDefaultDtypeBytes = 2;  // bf16
-inline constexpr int64_t kDefaultMinShardTokens = 128;
 // PlanRequest.min_shard_tokens that turns the rule off (core's 0).
 inline constexpr int64_t kMinShardTokensOff = -1;
 // Longest PlanRequest.cost_profile / ReportStepTimesRequest.cost_profile.
@@ -58,7 +55,7 @@ struct PlanInput {
 // `limits` (core::ValidateBatch: InvalidArgument naming doc_lens / doc_lens[i]
 // / cp_size, ResourceExhausted above the limits), then strategy,
 // target_imbalance (finite and >= 1 once defaulted), min_shard_tokens (-1:
-// off, core 0; 0: kDefaultMinShardTokens; else in [1, 2^40]), ranks_per_node
+// off, core 0; 0: core's default; else in [1, 2^40]), ranks_per_node
 // (0: one node; else <= 65536), heads, head_dim and dtype_bytes, then the
 // cost (cost_profile at most kMaxCostProfileBytes and a known profile, not
 // both it and cost, cost's coefficients core::ValidateCostCoefficients,

@@ -3,8 +3,6 @@
 // output is checked line for line against flashcp-plan's for the same batches.
 // Nothing sleeps for luck: waits are on the LISTENING line, on RPC answers or
 // on a retry hook, each with a deadline.
-#include <unistd.h>
-
 #include <signal.h>
 
 #include <algorithm>
@@ -38,45 +36,19 @@ namespace {
 using ::flashcp::core::testing::IsOk;
 using ::flashcp::core::testing::StatusIs;
 using ::flashcp::tests::testing::PlannerProcess;
-using ::flashcp::tests::testing::RunCommand;
+using ::flashcp::tests::testing::ToolRun;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kTimeout = absl::Seconds(60);  // generous: the CI box is shared
 
 std::unique_ptr<PlannerProcess> StartPlanner(const std::vector<std::string>& args = {}) {
-  auto p = PlannerProcess::Start(FLASHCP_PLANNER_BIN, args, kTimeout);
-  EXPECT_THAT(p, IsOk());
-  return p.ok() ? *std::move(p) : nullptr;
+  return PlannerProcess::StartOrFail(FLASHCP_PLANNER_BIN, args, kTimeout);
 }
 
 // A tool's run: exit code, stdout, and stderr (kept apart through a file).
-struct ToolRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Quote(const std::string& s) { return absl::StrCat("'", s, "'"); }
-
 ToolRun RunTool(const std::vector<std::string>& argv, const std::string& input = "") {
-  static std::atomic<int> counter{0};
-  const std::string err_path =
-      absl::StrCat(::testing::TempDir(), "/client_integration_", getpid(), "_", counter++, ".err");
-  std::vector<std::string> quoted;
-  for (const std::string& a : argv) quoted.push_back(Quote(a));
-  const std::string cmd = absl::StrCat("exec ", absl::StrJoin(quoted, " "), " 2>", err_path);
-  ToolRun run;
-  auto r = RunCommand({"/bin/sh", "-c", cmd}, input, absl::Now() + kTimeout);
-  EXPECT_THAT(r, IsOk());
-  if (r.ok()) {
-    run.exit_code = r->exit_code;
-    run.out = r->output;
-  }
-  auto err = RunCommand({"/bin/cat", err_path}, "", absl::Now() + kTimeout);
-  if (err.ok()) run.err = err->output;
-  unlink(err_path.c_str());
-  return run;
+  return tests::testing::RunTool(argv, input, absl::Now() + kTimeout, ::testing::TempDir());
 }
 
 v1::PlanRequest Request(std::vector<int64_t> docs, int32_t cp, const std::string& strategy) {

@@ -45,10 +45,7 @@ constexpr absl::Duration kTimeout = absl::Seconds(60);  // generous: the CI box 
 absl::Time Deadline() { return absl::Now() + kTimeout; }
 
 std::unique_ptr<PlannerProcess> Start(const std::vector<std::string>& args) {
-  absl::StatusOr<std::unique_ptr<PlannerProcess>> p =
-      PlannerProcess::Start(FLASHCP_PLANNER_BIN, args, kTimeout);
-  EXPECT_THAT(p, IsOk());
-  return p.ok() ? *std::move(p) : nullptr;
+  return PlannerProcess::StartOrFail(FLASHCP_PLANNER_BIN, args, kTimeout);
 }
 
 // A channel with a connection of its own: gRPC otherwise shares one

@@ -27,6 +27,7 @@
 #include "tests/testing/grpc_probes.h"
 #include "tests/testing/metrics_text.h"
 #include "tests/testing/planner_process.h"
+#include "tests/testing/rendezvous_requests.h"
 #include "tests/testing/subprocess.h"
 
 namespace flashcp {
@@ -57,10 +58,7 @@ constexpr absl::Duration kTimeout = absl::Seconds(60);  // generous: the CI box 
 absl::Time Deadline() { return absl::Now() + kTimeout; }
 
 std::unique_ptr<PlannerProcess> StartPlanner(const std::vector<std::string>& args = {}) {
-  absl::StatusOr<std::unique_ptr<PlannerProcess>> p =
-      PlannerProcess::Start(FLASHCP_PLANNER_BIN, args, kTimeout);
-  EXPECT_THAT(p, IsOk());
-  return p.ok() ? *std::move(p) : nullptr;
+  return PlannerProcess::StartOrFail(FLASHCP_PLANNER_BIN, args, kTimeout);
 }
 
 v1::PlanRequest Request(uint64_t id, std::vector<int64_t> docs, int32_t cp,
@@ -287,15 +285,7 @@ TEST(PlannerServiceTest, QueueFullIsResourceExhausted) {
       StartPlanner({"--threads", "1", "--queue_size", "1", "--testing_hold_planning"});
   ASSERT_NE(p, nullptr);
   auto stub = v1::Planner::NewStub(p->NewChannel());
-  grpc::ClientContext first_context;
-  v1::PlanRequest first = Request(1, {5, 3}, 2);
-  v1::PlanResponse first_response;
-  absl::Notification first_done;
-  grpc::Status first_status;
-  stub->async()->Plan(&first_context, &first, &first_response, [&](grpc::Status s) {
-    first_status = s;
-    first_done.Notify();
-  });
+  AsyncPlan first(*stub, Request(1, {5, 3}, 2));
   ASSERT_THAT(WaitForSample(*p, "flashcp_planner_queue_depth", {}, 1), IsOk());
 
   v1::PlanResponse response;
@@ -304,9 +294,9 @@ TEST(PlannerServiceTest, QueueFullIsResourceExhausted) {
                 "planner: the planning queue is full (1 jobs waiting); retry later"));
 
   ASSERT_THAT(p->process().Signal(SIGUSR1), IsOk());  // let planning run
-  ASSERT_TRUE(first_done.WaitForNotificationWithTimeout(kTimeout));
-  EXPECT_TRUE(first_status.ok()) << first_status.error_message();
-  ExpectRingPlanFor53(first_response);
+  ASSERT_TRUE(first.done.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_TRUE(first.status.ok()) << first.status.error_message();
+  ExpectRingPlanFor53(first.response);
   ASSERT_THAT(Plan(*stub, Request(3, {5, 3}, 2), &response), IsOk());
   ExpectRingPlanFor53(response);
   EXPECT_THAT(p->Terminate(), IsOkAndHolds(0));
@@ -348,19 +338,11 @@ TEST(PlannerServiceTest, ClientCancellationDropsQueuedWork) {
   auto stub = v1::Planner::NewStub(p->NewChannel());
 
   // Unary: queued, then cancelled by the client.
-  grpc::ClientContext context;
-  v1::PlanRequest request = Request(1, {5, 3}, 2);
-  v1::PlanResponse response;
-  absl::Notification done;
-  grpc::Status status;
-  stub->async()->Plan(&context, &request, &response, [&](grpc::Status s) {
-    status = s;
-    done.Notify();
-  });
+  AsyncPlan unary(*stub, Request(1, {5, 3}, 2));
   ASSERT_THAT(WaitForSample(*p, "flashcp_planner_queue_depth", {}, 1), IsOk());
-  context.TryCancel();
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(kTimeout));
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  unary.context.TryCancel();
+  ASSERT_TRUE(unary.done.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_EQ(unary.status.error_code(), grpc::StatusCode::CANCELLED);
   ASSERT_THAT(WaitForSample(*p, "flashcp_planner_requests_total",
                             {{"method", "Plan"}, {"code", "CANCELLED"}}, 1),
               IsOk());
@@ -400,15 +382,7 @@ TEST(PlannerServiceTest, HealthGoesNotServingOnSigtermAndInFlightWorkDrains) {
 
   // One plan in flight (held) when SIGTERM arrives.
   auto stub = v1::Planner::NewStub(channel);
-  grpc::ClientContext context;
-  v1::PlanRequest request = Request(7, {5, 3}, 2);
-  v1::PlanResponse response;
-  absl::Notification done;
-  grpc::Status status;
-  stub->async()->Plan(&context, &request, &response, [&](grpc::Status s) {
-    status = s;
-    done.Notify();
-  });
+  AsyncPlan plan(*stub, Request(7, {5, 3}, 2));
   ASSERT_THAT(WaitForSample(*p, "flashcp_planner_queue_depth", {}, 1), IsOk());
 
   absl::StatusOr<std::unique_ptr<tests::testing::HealthWatch>> watch =
@@ -421,9 +395,9 @@ TEST(PlannerServiceTest, HealthGoesNotServingOnSigtermAndInFlightWorkDrains) {
   watch->reset();  // cancels the watch, which would otherwise hold the drain open
 
   // The in-flight plan is answered, then the process exits 0.
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(kTimeout));
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  ExpectRingPlanFor53(response);
+  ASSERT_TRUE(plan.done.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_TRUE(plan.status.ok()) << plan.status.error_message();
+  ExpectRingPlanFor53(plan.response);
   EXPECT_THAT(p->process().Wait(Deadline()), IsOkAndHolds(0));
 }
 
@@ -505,15 +479,7 @@ TEST(PlannerServiceTest, ServeRoleServesOnlyItsService) {
     EXPECT_EQ(plan.code(), c.planning ? absl::StatusCode::kOk : absl::StatusCode::kUnimplemented)
         << plan;
     auto rendezvous = v1::Rendezvous::NewStub(p->NewChannel());
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(Deadline()));
-    v1::JoinRequest join;
-    join.set_group("g");
-    join.set_rank(0);
-    join.set_world_size(1);
-    join.set_incarnation(1);
-    v1::JoinResponse joined;
-    const absl::Status rdv = proto::FromGrpcStatus(rendezvous->Join(&context, join, &joined));
+    const absl::Status rdv = tests::testing::JoinAlone(*rendezvous, "g", Deadline()).status();
     EXPECT_EQ(rdv.code(), c.rendezvous ? absl::StatusCode::kOk : absl::StatusCode::kUnimplemented)
         << rdv;
     EXPECT_THAT(tests::testing::CheckHealth(p->NewChannel(), "", Deadline()),

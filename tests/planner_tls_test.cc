@@ -4,17 +4,13 @@
 // flashcp-client and flashcp-loadgen speaking TLS to it. Every refusal is
 // checked for its exact status code. Nothing sleeps: waits are on the
 // LISTENING line, on RPC answers or on process exit, each with a deadline.
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <memory>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/grpc_planner_client.h"
 #include "core/testing/status_matchers.h"
@@ -37,6 +33,7 @@ using ::flashcp::tests::testing::HealthStatus;
 using ::flashcp::tests::testing::PlannerProcess;
 using ::flashcp::tests::testing::RunCommand;
 using ::flashcp::tests::testing::TlsFiles;
+using ::flashcp::tests::testing::ToolRun;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
@@ -65,9 +62,7 @@ class PlannerTlsTest : public ::testing::Test {
       args.push_back("--tls_client_ca");
       args.push_back(tls_.ca_cert);
     }
-    auto p = PlannerProcess::Start(FLASHCP_PLANNER_BIN, args, kTimeout);
-    EXPECT_THAT(p, IsOk());
-    return p.ok() ? *std::move(p) : nullptr;
+    return PlannerProcess::StartOrFail(FLASHCP_PLANNER_BIN, args, kTimeout);
   }
 
   // A channel with WithTls(`tls`), which must succeed.
@@ -183,32 +178,9 @@ TEST_F(PlannerTlsTest, HealthCheckOverTls) {
 
 // ---- flashcp-client and flashcp-loadgen ------------------------------------------
 
-struct ToolRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs a tool with `input` on stdin; stdout and stderr kept apart (stderr
-// through a file).
+// Runs a tool with `input` on stdin; stdout and stderr kept apart.
 ToolRun RunTool(const std::vector<std::string>& argv, const std::string& input = "") {
-  static std::atomic<int> counter{0};
-  const std::string err_path =
-      absl::StrCat(::testing::TempDir(), "/planner_tls_", getpid(), "_", counter++, ".err");
-  std::vector<std::string> quoted;
-  for (const std::string& a : argv) quoted.push_back(absl::StrCat("'", a, "'"));
-  const std::string cmd = absl::StrCat("exec ", absl::StrJoin(quoted, " "), " 2>", err_path);
-  ToolRun run;
-  auto r = RunCommand({"/bin/sh", "-c", cmd}, input, absl::Now() + kTimeout);
-  EXPECT_THAT(r, IsOk());
-  if (r.ok()) {
-    run.exit_code = r->exit_code;
-    run.out = r->output;
-  }
-  auto err = RunCommand({"/bin/cat", err_path}, "", absl::Now() + kTimeout);
-  if (err.ok()) run.err = err->output;
-  unlink(err_path.c_str());
-  return run;
+  return tests::testing::RunTool(argv, input, absl::Now() + kTimeout, ::testing::TempDir());
 }
 
 TEST_F(PlannerTlsTest, FlashcpClientOverMutualTlsPrintsFlashcpPlansJson) {

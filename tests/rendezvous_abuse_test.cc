@@ -16,19 +16,27 @@
 #include "flashcp/v1/rendezvous.grpc.pb.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel_posix.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/rendezvous_limits.h"
 #include "tests/testing/planner_process.h"
+#include "tests/testing/rendezvous_requests.h"
 #include "tests/testing/tls_certs.h"
 
 namespace flashcp {
 namespace {
 
 using core::testing::IsOk;
+using core::testing::StatusIs;
+using tests::testing::GetRequestOf;
+using tests::testing::JoinAlone;
+using tests::testing::JoinRequestOf;
+using tests::testing::SetRequestOf;
 using ::testing::ElementsAre;
+using ::testing::Eq;
 
 std::chrono::system_clock::time_point In(int seconds) {
   return std::chrono::system_clock::now() + std::chrono::seconds(seconds);
@@ -43,33 +51,22 @@ TEST(RendezvousAbuseTest, ThePlannerSurvivesAGetOfOneMiBValueNamed2049Times) {
   const std::unique_ptr<v1::Rendezvous::Stub> stub =
       v1::Rendezvous::NewStub((*planner)->NewChannel());
 
-  grpc::ClientContext jc;
-  jc.set_deadline(In(30));
-  v1::JoinRequest join;
-  join.set_group("big");
-  join.set_rank(0);
-  join.set_world_size(1);
-  join.set_incarnation(1);
-  v1::JoinResponse joined;
-  ASSERT_TRUE(stub->Join(&jc, join, &joined).ok());
+  const absl::StatusOr<std::string> token =
+      JoinAlone(*stub, "big", absl::Now() + absl::Seconds(30));
+  ASSERT_THAT(token, IsOk());
 
   grpc::ClientContext sc;
   sc.set_deadline(In(30));
-  v1::SetRequest set;
-  set.set_group("big");
-  set.set_key("v");
-  set.set_value(std::string(proto::rendezvous::kMaxValueBytes, 'x'));
-  set.set_token(joined.token());
   v1::SetResponse set_response;
-  ASSERT_TRUE(stub->Set(&sc, set, &set_response).ok());
+  ASSERT_TRUE(stub->Set(&sc,
+                        SetRequestOf("big", "v", std::string(proto::rendezvous::kMaxValueBytes, 'x'),
+                                     *token),
+                        &set_response)
+                  .ok());
 
   grpc::ClientContext gc;
   gc.set_deadline(In(120));
-  v1::GetRequest get;
-  get.set_group("big");
-  for (int i = 0; i < 2049; ++i) get.add_keys("v");
-  get.set_timeout_ms(0);
-  get.set_token(joined.token());
+  v1::GetRequest get = GetRequestOf("big", std::vector<std::string>(2049, "v"), 0, *token);
   v1::GetResponse values;
   const grpc::Status refused = stub->Get(&gc, get, &values);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -98,13 +95,8 @@ grpc::Status JoinTwoFormingGroups(v1::Rendezvous::Stub& stub) {
   for (const char* group : {"first", "second"}) {
     grpc::ClientContext c;
     c.set_deadline(In(30));
-    v1::JoinRequest join;
-    join.set_group(group);
-    join.set_rank(0);
-    join.set_world_size(2);
-    join.set_incarnation(1);
     v1::JoinResponse joined;
-    const grpc::Status s = stub.Join(&c, join, &joined);
+    const grpc::Status s = stub.Join(&c, JoinRequestOf(group, 0, 2), &joined);
     if (!s.ok() || std::string(group) == "second") return s;
   }
   return grpc::Status::OK;
@@ -176,21 +168,6 @@ std::shared_ptr<grpc::Channel> ChannelFrom(const char* source, const std::string
   return grpc::CreateInsecureChannelFromFd(address, fd);  // owns fd
 }
 
-grpc::Status JoinAlone(v1::Rendezvous::Stub& stub, const std::string& group,
-                       std::string* token = nullptr) {
-  grpc::ClientContext c;
-  c.set_deadline(In(30));
-  v1::JoinRequest join;
-  join.set_group(group);
-  join.set_rank(0);
-  join.set_world_size(1);
-  join.set_incarnation(1);
-  v1::JoinResponse joined;
-  const grpc::Status s = stub.Join(&c, join, &joined);
-  if (token != nullptr) *token = joined.token();
-  return s;
-}
-
 // Review of issue 12 item 8: one peer filled all 4,096 group slots with
 // world_size 1 groups (formed at once, so the per-peer bound never counted
 // them). Every group a peer created counts while it exists.
@@ -199,21 +176,19 @@ TEST(RendezvousAbuseTest, OnePeerCannotTakeEveryGroupSlot) {
       FLASHCP_PLANNER_BIN, {"--threads", "1", "--rendezvous_max_groups_per_peer", "3"});
   ASSERT_THAT(planner.status(), IsOk());
   const auto stub = v1::Rendezvous::NewStub((*planner)->NewChannel());
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
   for (int i = 0; i < 3; ++i) {
-    const grpc::Status s = JoinAlone(*stub, absl::StrCat("g", i));
-    ASSERT_TRUE(s.ok()) << i << " " << s.error_message();
+    ASSERT_THAT(JoinAlone(*stub, absl::StrCat("g", i), deadline), IsOk()) << i;
   }
-  const grpc::Status refused = JoinAlone(*stub, "g3");
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_EQ(refused.error_message(),
-            "group \"g3\": peer \"ipv4:127.0.0.1\" already created 3 groups that still exist "
-            "(--rendezvous_max_groups_per_peer)");
+  EXPECT_THAT(JoinAlone(*stub, "g3", deadline),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       Eq("group \"g3\": peer \"ipv4:127.0.0.1\" already created 3 groups that "
+                          "still exist (--rendezvous_max_groups_per_peer)")));
   // Another peer (another loopback source address) still gets a group.
   const std::shared_ptr<grpc::Channel> other = ChannelFrom("127.0.0.2", (*planner)->grpc_address());
   ASSERT_NE(other, nullptr);
   const auto other_stub = v1::Rendezvous::NewStub(other);
-  const grpc::Status joined = JoinAlone(*other_stub, "real-job");
-  EXPECT_TRUE(joined.ok()) << joined.error_message();
+  EXPECT_THAT(JoinAlone(*other_stub, "real-job", deadline), IsOk());
   EXPECT_EQ((*planner)->Terminate(absl::Seconds(60)).value(), 0);
 }
 
@@ -224,20 +199,19 @@ TEST(RendezvousAbuseTest, ADeadlineNamesAFewMissingKeysAndCountsTheRest) {
   auto planner = tests::testing::PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
   ASSERT_THAT(planner.status(), IsOk());
   const auto stub = v1::Rendezvous::NewStub((*planner)->NewChannel());
-  std::string token;
-  ASSERT_TRUE(JoinAlone(*stub, "m", &token).ok());
+  const absl::StatusOr<std::string> token =
+      JoinAlone(*stub, "m", absl::Now() + absl::Seconds(30));
+  ASSERT_THAT(token, IsOk());
   grpc::ClientContext c;
   c.set_deadline(In(60));
-  v1::GetRequest get;
-  get.set_group("m");
+  std::vector<std::string> keys;
   for (size_t i = 0; i < proto::rendezvous::kMaxKeysPerGet; ++i) {
     std::string key(proto::rendezvous::kMaxKeyBytes, 'k');
     const std::string n = absl::StrCat(i);
     key.replace(0, n.size(), n);
-    get.add_keys(key);
+    keys.push_back(std::move(key));
   }
-  get.set_timeout_ms(0);
-  get.set_token(token);
+  const v1::GetRequest get = GetRequestOf("m", keys, 0, *token);
   v1::GetResponse out;
   const grpc::Status s = stub->Get(&c, get, &out);
   std::string named;

@@ -18,43 +18,6 @@
 namespace flashcp::worker {
 namespace {
 
-// Measures the time spent inside collectives on `clock`; counts pass through.
-class TimedCommunicator final : public Communicator {
- public:
-  TimedCommunicator(Communicator& inner, const core::WaitClock& clock)
-      : inner_(inner), clock_(clock) {}
-  int32_t rank() const override { return inner_.rank(); }
-  int32_t size() const override { return inner_.size(); }
-  absl::Status AllGatherV(absl::Span<const std::byte> input, absl::Span<std::byte> output,
-                          absl::Span<const int64_t> counts) override {
-    return Time([&] { return inner_.AllGatherV(input, output, counts); });
-  }
-  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs) override {
-    return Time([&] { return inner_.SendRecv(sends, recvs); });
-  }
-  absl::Status ReduceScatterV(absl::Span<const float> input, absl::Span<float> output,
-                              absl::Span<const int64_t> counts) override {
-    return Time([&] { return inner_.ReduceScatterV(input, output, counts); });
-  }
-  absl::Status Barrier() override {
-    return Time([&] { return inner_.Barrier(); });
-  }
-  CommStats stats() const override { return inner_.stats(); }
-  double seconds() const { return absl::ToDoubleSeconds(time_); }
-
- private:
-  template <typename F>
-  absl::Status Time(F f) {
-    const absl::Time t0 = clock_.Now();
-    absl::Status s = f();
-    time_ += clock_.Now() - t0;
-    return s;
-  }
-  Communicator& inner_;
-  const core::WaitClock& clock_;
-  absl::Duration time_;
-};
-
 void Fill(std::vector<float>& v, uint64_t seed) {
   core::SplitMix64Rng rng(seed);
   for (float& x : v) x = static_cast<float>(rng.Uniform() * 2.0 - 1.0);
@@ -92,7 +55,7 @@ class CpuRankBackend final : public RankBackend {
     Fill(k_, s + 1);
     Fill(v_, s + 2);
     Fill(dout_, s + 3);
-    TimedCommunicator comm(group, clock_);
+    TimedCommunicator<> comm(group, clock_);
     const CommStats before = group.stats();
     const double cpu0 = thread_cpu_seconds_();
     const absl::Time t0 = clock_.Now();
@@ -107,7 +70,7 @@ class CpuRankBackend final : public RankBackend {
     StepMeasurement m;
     m.forward_seconds = absl::ToDoubleSeconds(t1 - t0);
     m.backward_seconds = absl::ToDoubleSeconds(t2 - t1);
-    m.comm_seconds = comm.seconds();
+    m.comm_seconds = absl::ToDoubleSeconds(comm.time());
     m.attention_seconds = std::max(0.0, m.forward_seconds + m.backward_seconds - m.comm_seconds);
     if (threads_ == 1) m.attention_cpu_seconds = std::max(0.0, cpu2 - cpu0);
     m.bytes_sent = after.bytes_sent - before.bytes_sent;

@@ -7,6 +7,7 @@
 #ifndef FLASHCP_WORKER_RANK_BACKEND_H_
 #define FLASHCP_WORKER_RANK_BACKEND_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "core/analysis.h"
 #include "core/clock.h"
 #include "core/types.h"
@@ -44,6 +46,51 @@ struct StepMeasurement {
   double attention_cpu_seconds = 0;
   // Payload bytes of the step's collectives (Communicator::stats counting).
   int64_t bytes_sent = 0, bytes_received = 0;
+};
+
+// A decorator that adds up the time spent inside the collectives on an
+// injected clock (StepMeasurement::comm_seconds, both backends); counts pass
+// through. `Base` is Communicator or an interface derived from it; a derived
+// interface's own methods are the subclass's to forward to inner() (the CUDA
+// backend's stream() and device()). `inner` and `clock` must outlive it.
+template <typename Base = Communicator>
+class TimedCommunicator : public Base {
+ public:
+  TimedCommunicator(Base& inner, const core::WaitClock& clock) : inner_(inner), clock_(clock) {}
+  int32_t rank() const override { return inner_.rank(); }
+  int32_t size() const override { return inner_.size(); }
+  absl::Status AllGatherV(absl::Span<const std::byte> input, absl::Span<std::byte> output,
+                          absl::Span<const int64_t> counts) override {
+    return Time([&] { return inner_.AllGatherV(input, output, counts); });
+  }
+  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs) override {
+    return Time([&] { return inner_.SendRecv(sends, recvs); });
+  }
+  absl::Status ReduceScatterV(absl::Span<const float> input, absl::Span<float> output,
+                              absl::Span<const int64_t> counts) override {
+    return Time([&] { return inner_.ReduceScatterV(input, output, counts); });
+  }
+  absl::Status Barrier() override {
+    return Time([&] { return inner_.Barrier(); });
+  }
+  CommStats stats() const override { return inner_.stats(); }
+  // The time inside the collectives so far.
+  absl::Duration time() const { return time_; }
+
+ protected:
+  Base& inner() const { return inner_; }
+
+ private:
+  template <typename F>
+  absl::Status Time(F f) {
+    const absl::Time t0 = clock_.Now();
+    absl::Status s = f();
+    time_ += clock_.Now() - t0;
+    return s;
+  }
+  Base& inner_;
+  const core::WaitClock& clock_;
+  absl::Duration time_;
 };
 
 class RankBackend {

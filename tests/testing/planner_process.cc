@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "gtest/gtest.h"
 #include "tests/testing/http.h"
 
 namespace flashcp::tests::testing {
@@ -51,6 +52,17 @@ absl::StatusOr<std::unique_ptr<PlannerProcess>> PlannerProcess::Start(
     p->addresses_ = *std::move(addresses);
     return p;
   }
+}
+
+std::unique_ptr<PlannerProcess> PlannerProcess::StartOrFail(
+    const std::string& binary, const std::vector<std::string>& extra_args,
+    absl::Duration timeout) {
+  absl::StatusOr<std::unique_ptr<PlannerProcess>> p = Start(binary, extra_args, timeout);
+  if (!p.ok()) {
+    ADD_FAILURE() << binary << ": " << p.status();
+    return nullptr;
+  }
+  return *std::move(p);
 }
 
 std::shared_ptr<grpc::Channel> PlannerProcess::NewChannel() const {

@@ -36,6 +36,11 @@ class PlannerProcess {
   static absl::StatusOr<std::unique_ptr<PlannerProcess>> Start(
       const std::string& binary, const std::vector<std::string>& extra_args = {},
       absl::Duration timeout = absl::Seconds(60), const Subprocess::Options& options = {});
+  // Start for a test's setup: a planner that does not start is a test
+  // failure (ADD_FAILURE, with the status) and null.
+  static std::unique_ptr<PlannerProcess> StartOrFail(const std::string& binary,
+                                                     const std::vector<std::string>& extra_args,
+                                                     absl::Duration timeout);
 
   const std::string& grpc_address() const { return addresses_.grpc; }
   const std::string& metrics_address() const { return addresses_.metrics; }

@@ -7,11 +7,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
+#include "gtest/gtest.h"
 
 namespace flashcp::tests::testing {
 namespace {
@@ -232,6 +238,33 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
   absl::StatusOr<int> code = (*p)->Wait(deadline);
   if (!code.ok()) return code.status();
   return CommandResult{*code, std::move(output)};
+}
+
+ToolRun RunTool(const std::vector<std::string>& argv, absl::string_view input,
+                absl::Time deadline, const std::string& scratch_dir) {
+  static std::atomic<int> counter{0};
+  const std::string err_path =
+      absl::StrCat(scratch_dir, "/run_tool_", getpid(), "_", counter++, ".err");
+  // Single quotes keep every byte but ' itself, written as '\''.
+  const auto quote = [](const std::string& a) {
+    return absl::StrCat("'", absl::StrReplaceAll(a, {{"'", "'\\''"}}), "'");
+  };
+  std::vector<std::string> quoted;
+  for (const std::string& a : argv) quoted.push_back(quote(a));
+  const std::string cmd =
+      absl::StrCat("exec ", absl::StrJoin(quoted, " "), " 2>", quote(err_path));
+  ToolRun run;
+  absl::StatusOr<CommandResult> r = RunCommand({"/bin/sh", "-c", cmd}, input, deadline);
+  if (r.ok()) {
+    run.exit_code = r->exit_code;
+    run.out = r->output;
+  } else {
+    ADD_FAILURE() << argv[0] << ": " << r.status();
+  }
+  std::ifstream err(err_path);
+  run.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
+  unlink(err_path.c_str());
+  return run;
 }
 
 }  // namespace flashcp::tests::testing

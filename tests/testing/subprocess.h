@@ -81,6 +81,19 @@ class Subprocess {
 absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
                                          absl::string_view input, absl::Time deadline);
 
+// A tool's run with its stdout and stderr apart.
+struct ToolRun {
+  int exit_code = -1;  // -1: the run could not be made (a test failure is recorded)
+  std::string out;
+  std::string err;
+};
+
+// Runs argv to completion as RunCommand does, stderr kept apart through a
+// file under `scratch_dir` (removed after). A run that cannot be made or
+// passes `deadline` is recorded as a test failure (ADD_FAILURE).
+ToolRun RunTool(const std::vector<std::string>& argv, absl::string_view input,
+                absl::Time deadline, const std::string& scratch_dir);
+
 }  // namespace flashcp::tests::testing
 
 #endif  // FLASHCP_TESTS_TESTING_SUBPROCESS_H_

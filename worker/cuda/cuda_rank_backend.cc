@@ -21,42 +21,11 @@ namespace {
 
 // Measures the host time inside the NCCL calls on `clock` (each returns once
 // its transfer completed on the device); everything else passes through.
-class TimedDeviceCommunicator final : public DeviceCommunicator {
+class TimedDeviceCommunicator final : public TimedCommunicator<DeviceCommunicator> {
  public:
-  TimedDeviceCommunicator(DeviceCommunicator& inner, const core::WaitClock& clock)
-      : inner_(inner), clock_(clock) {}
-  int32_t rank() const override { return inner_.rank(); }
-  int32_t size() const override { return inner_.size(); }
-  cudaStream_t stream() const override { return inner_.stream(); }
-  int device() const override { return inner_.device(); }
-  absl::Status AllGatherV(absl::Span<const std::byte> input, absl::Span<std::byte> output,
-                          absl::Span<const int64_t> counts) override {
-    return Time([&] { return inner_.AllGatherV(input, output, counts); });
-  }
-  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs) override {
-    return Time([&] { return inner_.SendRecv(sends, recvs); });
-  }
-  absl::Status ReduceScatterV(absl::Span<const float> input, absl::Span<float> output,
-                              absl::Span<const int64_t> counts) override {
-    return Time([&] { return inner_.ReduceScatterV(input, output, counts); });
-  }
-  absl::Status Barrier() override {
-    return Time([&] { return inner_.Barrier(); });
-  }
-  CommStats stats() const override { return inner_.stats(); }
-  absl::Duration time() const { return time_; }
-
- private:
-  template <typename F>
-  absl::Status Time(F f) {
-    const absl::Time t0 = clock_.Now();
-    absl::Status s = f();
-    time_ += clock_.Now() - t0;
-    return s;
-  }
-  DeviceCommunicator& inner_;
-  const core::WaitClock& clock_;
-  absl::Duration time_;
+  using TimedCommunicator::TimedCommunicator;
+  cudaStream_t stream() const override { return inner().stream(); }
+  int device() const override { return inner().device(); }
 };
 
 class CudaRankBackend final : public RankBackend {

@@ -219,13 +219,7 @@ class CpuAttention {
   int64_t stage_rows() const { return stage_rows_; }
 
   void Forward(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse) {
-    CheckRows("q", q, rows_);
-    CheckRows("k", k, rows_);
-    CheckRows("v", v, rows_);
-    CheckRows("k_stage", ks, stage_rows_);
-    CheckRows("v_stage", vs, stage_rows_);
-    CheckRows("o", o, rows_);
-    CheckCount("lse", lse, rows_ * shape_.heads);
+    CheckForwardBuffers(q, k, v, ks, vs, o, lse);
     const std::vector<worker::DocAttention> docs = Docs(k, v, ks, vs, {}, {}, {}, {});
     absl::Status st;
     {
@@ -240,13 +234,7 @@ class CpuAttention {
   // layout names it; the caller zero-fills (rows no shard names stay as given).
   void Backward(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse, Buf dout, Buf dq, Buf dk,
                 Buf dv, Buf dks, Buf dvs) {
-    CheckRows("q", q, rows_);
-    CheckRows("k", k, rows_);
-    CheckRows("v", v, rows_);
-    CheckRows("k_stage", ks, stage_rows_);
-    CheckRows("v_stage", vs, stage_rows_);
-    CheckRows("o", o, rows_);
-    CheckCount("lse", lse, rows_ * shape_.heads);
+    CheckForwardBuffers(q, k, v, ks, vs, o, lse);
     CheckRows("dout", dout, rows_);
     CheckRows("dq", dq, rows_);
     CheckRows("dk", dk, rows_);
@@ -267,6 +255,17 @@ class CpuAttention {
   struct Whole {
     int64_t row, len;
   };
+
+  // The sizes of what Forward takes (Backward takes them too).
+  void CheckForwardBuffers(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse) const {
+    CheckRows("q", q, rows_);
+    CheckRows("k", k, rows_);
+    CheckRows("v", v, rows_);
+    CheckRows("k_stage", ks, stage_rows_);
+    CheckRows("v_stage", vs, stage_rows_);
+    CheckRows("o", o, rows_);
+    CheckCount("lse", lse, rows_ * shape_.heads);
+  }
   struct Prefixed {
     int64_t q_row, q_len, kv_len, stage_row;
   };

@@ -2,48 +2,35 @@
 address back from the LISTENING line (every wait has a deadline). For the
 TLS tests, openssl makes a CA, a localhost server certificate, a client
 certificate and an unrelated CA at test time (as tests/testing/tls_certs.cc
-does for the C++ tests)."""
-import os
+does for the C++ tests). The fixtures shared with tests_torch/ (planner_bin,
+closing clients) are in ../testing/flashcp_pytest.py."""
+import pathlib
 import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 import flashcp.planner_process
 
+# The shared plugin (../testing/flashcp_pytest.py): only that folder goes on
+# sys.path, so flashcp and flashcp_client still come from the installed copy.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "testing"))
+pytest_plugins = ["flashcp_pytest"]
+
 STARTUP_TIMEOUT_S = 60.0
 
 
-@pytest.fixture(autouse=True)
-def _close_clients():
-    """Closes every Client a test left open, as the test ends: a channel left
-    to Python's garbage collector is closed from gRPC's _ChannelCallState
-    __del__, which can deadlock on the channel's condition (the suite hung so,
-    intermittently, with every test passed)."""
-    yield
-    from flashcp_client import client as client_module
-    for c in list(client_module._clients):
-        c.close()
-
-
-def pytest_addoption(parser):
-    parser.addoption("--planner-bin", default=os.environ.get("FLASHCP_PLANNER_BIN", ""),
-                     help="path to the flashcp-planner binary")
-
-
-def _run_planner(request, extra_args):
+def _run_planner(planner_bin, extra_args):
     """Yields the grpc HOST:PORT of a planner started with extra_args."""
-    binary = request.config.getoption("--planner-bin")
-    if not binary or not os.access(binary, os.X_OK):
-        pytest.fail(f"--planner-bin {binary!r} is not an executable flashcp-planner")
-    with flashcp.planner_process.start(binary, extra_args,
+    with flashcp.planner_process.start(planner_bin, extra_args,
                                        startup_timeout=STARTUP_TIMEOUT_S) as address:
         yield address
 
 
 @pytest.fixture(scope="session")
-def planner_address(request):
-    yield from _run_planner(request, [])
+def planner_address(planner_bin):
+    yield from _run_planner(planner_bin, [])
 
 
 # openssl's configuration for every command, so that the system's openssl.cnf
@@ -107,15 +94,15 @@ def tls_files(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tls_planner_address(request, tls_files):
+def tls_planner_address(planner_bin, tls_files):
     """A planner serving TLS with the test server certificate."""
-    yield from _run_planner(request, ["--tls_cert", tls_files.server_cert,
+    yield from _run_planner(planner_bin, ["--tls_cert", tls_files.server_cert,
                                       "--tls_key", tls_files.server_key])
 
 
 @pytest.fixture(scope="session")
-def mtls_planner_address(request, tls_files):
+def mtls_planner_address(planner_bin, tls_files):
     """A planner that also requires a client certificate signed by the test CA."""
-    yield from _run_planner(request, ["--tls_cert", tls_files.server_cert,
+    yield from _run_planner(planner_bin, ["--tls_cert", tls_files.server_cert,
                                       "--tls_key", tls_files.server_key,
                                       "--tls_client_ca", tls_files.ca])

@@ -6,6 +6,7 @@ import os
 import grpc
 import pytest
 
+from expected_plans import RING_5_3_SHARDS, assert_ring_plan_for_5_3, shards
 from flashcp_client import Client, Prefetcher, planner_pb2
 
 
@@ -15,24 +16,10 @@ def client(planner_address):
         yield c
 
 
-def shards(plan):
-    return [(s.doc, s.start, s.len, s.rank) for s in plan.shards]
-
-
 def test_plan_ring_hand_worked(client):
-    # Ring on [5, 3], N = 2: chunks of C/N = 4 tokens. Rank 0: doc 0 [0, 4);
-    # rank 1: doc 0 [4, 5) and doc 1 [0, 3). Workload (2p + s + 1) s / 2:
-    # rank 0 10, rank 1 5 + 6 = 11; imbalance 11 / 10.5.
     plan = client.plan([5, 3], cp_size=2, strategy="ring")
     assert isinstance(plan, planner_pb2.PlanResponse)
-    assert plan.strategy == "ring"
-    assert plan.cp_size == 2
-    assert list(plan.doc_lens) == [5, 3]
-    assert plan.padding == 0
-    assert shards(plan) == [(0, 0, 4, 0), (0, 4, 1, 1), (1, 0, 3, 1)]
-    assert list(plan.metrics.rank_workload) == [10.0, 11.0]
-    assert plan.metrics.imbalance_ratio == 11 / 10.5
-    assert plan.metrics.tokens_per_rank == 4
+    assert_ring_plan_for_5_3(plan)
 
 
 def test_plan_async_returns_futures(client):
@@ -145,8 +132,7 @@ def _plan_in_child(client, queue):
 
 def test_fork_makes_a_new_channel_in_the_child(client):
     # The parent's channel exists and has been used before the fork.
-    assert shards(client.plan([5, 3], cp_size=2, strategy="ring")) == \
-        [(0, 0, 4, 0), (0, 4, 1, 1), (1, 0, 3, 1)]
+    assert shards(client.plan([5, 3], cp_size=2, strategy="ring")) == RING_5_3_SHARDS
     parent_pid = os.getpid()
     assert client.channel_pid == parent_pid
     ctx = multiprocessing.get_context("fork")
@@ -164,7 +150,7 @@ def test_fork_makes_a_new_channel_in_the_child(client):
         assert child_pid != "error", channel_pid
         assert child_pid != parent_pid
         assert channel_pid == child_pid  # a channel of its own, made after the fork
-        assert child_shards == [(0, 0, 4, 0), (0, 4, 1, 1), (1, 0, 3, 1)]
+        assert child_shards == RING_5_3_SHARDS
     # The parent's channel still works and is still the parent's.
     assert client.plan([8, 8], cp_size=2, strategy="ring").cp_size == 2
     assert client.channel_pid == parent_pid

@@ -27,11 +27,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def planner_bin(request):
-    return request.config.getoption("--planner-bin")
-
-
 def poll(pred, what, timeout=DEADLINE_S):
     deadline = time.monotonic() + timeout
     while not pred():

@@ -4,28 +4,13 @@ TLS, and the exact code of each refusal."""
 import grpc
 import pytest
 
+from expected_plans import assert_ring_plan_for_5_3
 from flashcp_client import Client
 
 
 def read(path):
     with open(path, "rb") as f:
         return f.read()
-
-
-def shards(plan):
-    return [(s.doc, s.start, s.len, s.rank) for s in plan.shards]
-
-
-def assert_ring_plan_for_5_3(plan):
-    # Ring on [5, 3], N = 2, worked by hand in test_client.py.
-    assert plan.strategy == "ring"
-    assert plan.cp_size == 2
-    assert list(plan.doc_lens) == [5, 3]
-    assert plan.padding == 0
-    assert shards(plan) == [(0, 0, 4, 0), (0, 4, 1, 1), (1, 0, 3, 1)]
-    assert list(plan.metrics.rank_workload) == [10.0, 11.0]
-    assert plan.metrics.imbalance_ratio == 11 / 10.5
-    assert plan.metrics.tokens_per_rank == 4
 
 
 def test_tls_plan_is_exact(tls_planner_address, tls_files):
