@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "core/analysis.h"
+#include "core/internal/flashcp_kv.h"
 #include "core/internal/flashcp_roles.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
@@ -223,10 +224,10 @@ absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options)
     const Exchange a = Measure(swapped, ScorePlan(swapped));
     const Exchange b = Measure(other, ScorePlan(other));
     if (b.cheaper() < a.cheaper() || (b.cheaper() == a.cheaper() && b.allgather < a.allgather)) {
-      return other;
+      swapped = std::move(other);
     }
   }
-  return swapped;
+  return PreferLeastKv(batch, options, std::move(swapped));
 }
 
 }  // namespace flashcp::core::internal
