@@ -14,7 +14,8 @@
 
 namespace flashcp::core::internal {
 
-std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, double slack) {
+std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, double slack,
+                                bool tail_affinity) {
   const int32_t n = batch.cp_size;
   const int64_t total = TotalTokens(batch.doc_lens);
   const int64_t chunks = static_cast<int64_t>(chunks_per_rank) * n;
@@ -25,11 +26,15 @@ std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, dou
   // k - 1's document (its first token is not a document's first).
   std::vector<double> area(chunks, 0.0);
   std::vector<uint8_t> joined(chunks, 0);
+  // The chunk holding the last token of chunk k's first document.
+  std::vector<int64_t> tail_chunk(chunks, -1);
   {
     size_t doc = 0;
     int64_t doc_pos = 0;
+    int64_t doc_first_chunk = 0;
     for (int64_t k = 0; k < chunks; ++k) {
       joined[k] = k > 0 && doc_pos > 0;
+      if (!joined[k]) doc_first_chunk = k;
       int64_t left = sizes[k];
       while (left > 0) {
         const int64_t take = std::min(left, batch.doc_lens[doc] - doc_pos);
@@ -37,6 +42,10 @@ std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, dou
         left -= take;
         doc_pos += take;
         if (doc_pos == batch.doc_lens[doc]) {
+          for (int64_t j = doc_first_chunk; j <= k; ++j) {
+            if (tail_chunk[j] < 0) tail_chunk[j] = k;
+          }
+          doc_first_chunk = k;
           ++doc;
           doc_pos = 0;
         }
@@ -45,8 +54,9 @@ std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, dou
   }
   // Largest area first (ties: the later chunk), each to the least-loaded
   // rank with fewer than chunks_per_rank chunks, or to the rank holding a
-  // neighbouring chunk of the same document if that is within `slack`
-  // pairs of the least load.
+  // neighbouring chunk of the same document (or, with tail_affinity, the
+  // chunk holding its first document's last token) if that is within
+  // `slack` pairs of the least load.
   std::vector<int64_t> order(chunks);
   for (int64_t k = 0; k < chunks; ++k) order[k] = k;
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
@@ -61,8 +71,9 @@ std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, dou
       if (count[r] < chunks_per_rank && (least < 0 || load[r] < load[least])) least = r;
     }
     int32_t pick = least;
-    for (const int64_t j : {k - 1, k + 1}) {
-      if (j < 0 || j >= chunks || owner[j] < 0 || !joined[std::max(j, k)]) continue;
+    for (const int64_t j : {k - 1, k + 1, tail_affinity ? tail_chunk[k] : int64_t{-1}}) {
+      if (j < 0 || j >= chunks || owner[j] < 0 || j == k) continue;
+      if (j != tail_chunk[k] && !joined[std::max(j, k)]) continue;
       const int32_t r = owner[j];
       if (count[r] >= chunks_per_rank || load[r] > load[least] + slack) continue;
       if (pick == least || load[r] < load[pick]) pick = r;
@@ -112,17 +123,22 @@ absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const PlanOptions& option
   int64_t best_targeted = TargetedPhaseBottleneck(chosen);
   const int64_t cheaper =
       std::min(best_targeted, chosen_score.max_nonlast * static_cast<int64_t>(n - 1));
-  // Variants: chunks per rank (MagiAttention's 8, and finer) and neighbour
-  // slack as a fraction of the mean rank workload (0: MagiAttention's
-  // rule). Beyond 16 ranks (a 20 ms plan-time budget at N = 64) only the
-  // four that win most often on the data sets.
+  // Variants: chunks per rank (MagiAttention's 8, and finer), neighbour
+  // slack as a fraction of the mean rank workload (0: MagiAttention's rule;
+  // tail affinity then changes nothing) and tail affinity. Beyond 16 ranks
+  // (a 20 ms plan-time budget at N = 64) only the first six: the four that
+  // won most often without tail affinity on the data sets, and two with it.
   struct Variant {
     int32_t chunks_per_rank;
     double slack;
+    bool tail_affinity;
   };
-  static constexpr Variant kVariants[] = {{8, 0.0},  {16, 0.0},  {16, 0.01}, {8, 0.03},
-                                          {8, 0.01}, {8, 0.1},  {16, 0.03}, {16, 0.1}};
-  const size_t variants = n > 16 ? 4 : std::size(kVariants);
+  static constexpr Variant kVariants[] = {
+      {8, 0.0, false},   {16, 0.0, false},  {16, 0.01, false}, {8, 0.03, false},
+      {16, 0.01, true},  {8, 0.03, true},   {8, 0.01, false},  {8, 0.1, false},
+      {16, 0.03, false}, {16, 0.1, false},  {8, 0.01, true},   {8, 0.1, true},
+      {16, 0.03, true},  {16, 0.1, true}};
+  const size_t variants = n > 16 ? 6 : std::size(kVariants);
   constexpr int32_t kPartners = 8;  // lightest ranks a balancing exchange tries
   // The repairs below cost far more than a raw candidate, so a raw one is
   // dropped where it is more than kReach off the target or over the plan's
@@ -140,7 +156,8 @@ absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const PlanOptions& option
   for (size_t v = 0; v < variants; ++v) {
     FLASHCP_RETURN_IF_ERROR(options.stop.Check());
     std::vector<Shard> pieces =
-        KvHeapPieces(batch, kVariants[v].chunks_per_rank, kVariants[v].slack * mean_work);
+        KvHeapPieces(batch, kVariants[v].chunks_per_rank, kVariants[v].slack * mean_work,
+                     kVariants[v].tail_affinity);
     Plan plan = FinishPlan(batch, pieces);
     const int64_t targeted = TargetedPhaseBottleneck(plan);
     if (ScorePlan(plan).imbalance > kReach * target ||
