@@ -24,7 +24,8 @@
 // no grouped plan balances, the compacted plan stands.
 // Last, the winner's roles are swapped (flashcp_roles.h): which of a cut
 // document's ranks holds which of its pieces, so that the heads and tails
-// of different documents land on different ranks.
+// of different documents land on different ranks; then beyond 8 ranks
+// chunk-heap candidates compete with it (flashcp_kv.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
