@@ -298,17 +298,22 @@ TEST(PlanPropertyTest, RandomBatches) {
   // to R (missing R 2,887 -> 2,850), which moves plans between the kinds:
   // excused 84 -> 76, workload bound 358 -> 365, not shown needed 421 ->
   // 422 (slivers 7,807 -> 8,890 of short documents, 54,185 -> 54,208 of
-  // longer ones).
-  EXPECT_EQ(g_min_shard.excused_plans, 76);
-  // The workload bound shows 365 plans that met R with slivers not shown
-  // needed by C/N < m to need them. Before role swaps it showed 358 of the
+  // longer ones). Chunk-heap candidates beyond 8 ranks (flashcp_kv.cc),
+  // which replace a plan only with one meeting R, brought 26 more plans to
+  // R (missing R 2,850 -> 2,824) and moved plans between the kinds again:
+  // excused 76 -> 72, workload bound 365 -> 368, not shown needed 422 -> 423
+  // (8,890 -> 4,170 slivers of short documents, 54,208 -> 32,569 of longer
+  // ones).
+  EXPECT_EQ(g_min_shard.excused_plans, 72);
+  // The workload bound shows 368 plans (365 before chunk-heap candidates)
+  // that met R with slivers not shown needed by C/N < m to need them. Before role swaps it showed 358 of the
   // 968 such plans (22,287 / 106,194 slivers), and of the other 610 (8,334
   // / 59,741) the fallback's re-cut (RecutPieces) freed 187 of slivers.
-  EXPECT_EQ(g_min_shard.bound_plans, 365);
-  EXPECT_EQ(g_min_shard.unneeded_plans, 422);
-  EXPECT_EQ(g_min_shard.unneeded_short_docs, 8890);
-  EXPECT_EQ(g_min_shard.unneeded_long_docs, 54208);
-  EXPECT_EQ(g_min_shard.missing_r, 2850);
+  EXPECT_EQ(g_min_shard.bound_plans, 368);
+  EXPECT_EQ(g_min_shard.unneeded_plans, 423);
+  EXPECT_EQ(g_min_shard.unneeded_short_docs, 4170);
+  EXPECT_EQ(g_min_shard.unneeded_long_docs, 32569);
+  EXPECT_EQ(g_min_shard.missing_r, 2824);
 }
 
 TEST(PlanPropertyTest, EdgeShapes) {

@@ -13,7 +13,8 @@
 //  5. role swaps (flashcp_roles.h): which of a cut document's ranks holds
 //     which of its pieces, so that the heads and tails of different
 //     documents land on different ranks;
-//  6. post-passes over the final plan (PlanFlashCp).
+//  6. post-passes over the final plan (PlanFlashCp): beyond 8 ranks,
+//     chunk-heap candidates (flashcp_kv.h) where they move less.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "core/internal/flashcp_grouped.h"
+#include "core/internal/flashcp_kv.h"
 #include "core/internal/flashcp_options.h"
 #include "core/internal/flashcp_recut.h"
 #include "core/internal/flashcp_repair.h"
@@ -106,7 +108,8 @@ absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& plan_opt
   FLASHCP_ASSIGN_OR_RETURN(plan, LeastMovedPlan(batch, options, std::move(plan)));
   // Stage 6, post-passes over the final plan: each takes and returns the
   // whole plan, keeping every rank's tokens. Add them here, in order.
-  return plan;
+  // Beyond 8 ranks, chunk-heap candidates where they move less (flashcp_kv.h).
+  return PreferLeastKv(batch, plan_options, std::move(plan));
 }
 
 }  // namespace flashcp::core::internal

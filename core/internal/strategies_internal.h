@@ -37,7 +37,8 @@ int64_t MagiChunkTokens(int64_t total, int32_t n);
 Plan PlanWholeDoc(const Batch& batch);
 Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
 // flashcp (flashcp.cc): PlanFlashCpCompacted's plan, or a grouped
-// one where that moves less, its roles then swapped (flashcp_roles.h;
+// one where that moves less, its roles then swapped (flashcp_roles.h), then
+// beyond 8 ranks a chunk-heap one where that moves less (flashcp_kv.h;
 // docs/planner.md, "Least KV moved").
 // Both flashcp planners return options.stop's status once it says stop (the
 // ILP, core/ilp/ilp.h, too).

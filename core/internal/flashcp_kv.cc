@@ -1,0 +1,198 @@
+#include "core/internal/flashcp_kv.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+#include "core/analysis.h"
+#include "core/internal/flashcp_roles.h"
+#include "core/internal/flashcp_util.h"
+#include "core/internal/strategies_internal.h"
+#include "core/status_macros.h"
+
+namespace flashcp::core::internal {
+
+std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, double slack,
+                                bool tail_affinity) {
+  const int32_t n = batch.cp_size;
+  const int64_t total = TotalTokens(batch.doc_lens);
+  const int64_t chunks = static_cast<int64_t>(chunks_per_rank) * n;
+  // Chunk k is real tokens [k C / K, (k + 1) C / K) of the packed sequence.
+  std::vector<int64_t> sizes(chunks);
+  for (int64_t k = 0; k < chunks; ++k) sizes[k] = (k + 1) * total / chunks - k * total / chunks;
+  // Per chunk its causal area (SPEC Eq. 3) and whether it continues chunk
+  // k - 1's document (its first token is not a document's first).
+  std::vector<double> area(chunks, 0.0);
+  std::vector<uint8_t> joined(chunks, 0);
+  // The chunk holding the last token of chunk k's first document.
+  std::vector<int64_t> tail_chunk(chunks, -1);
+  {
+    size_t doc = 0;
+    int64_t doc_pos = 0;
+    int64_t doc_first_chunk = 0;
+    for (int64_t k = 0; k < chunks; ++k) {
+      joined[k] = k > 0 && doc_pos > 0;
+      if (!joined[k]) doc_first_chunk = k;
+      int64_t left = sizes[k];
+      while (left > 0) {
+        const int64_t take = std::min(left, batch.doc_lens[doc] - doc_pos);
+        area[k] += RangeWorkload(doc_pos, take);
+        left -= take;
+        doc_pos += take;
+        if (doc_pos == batch.doc_lens[doc]) {
+          for (int64_t j = doc_first_chunk; j <= k; ++j) {
+            if (tail_chunk[j] < 0) tail_chunk[j] = k;
+          }
+          doc_first_chunk = k;
+          ++doc;
+          doc_pos = 0;
+        }
+      }
+    }
+  }
+  // Largest area first (ties: the later chunk), each to the least-loaded
+  // rank with fewer than chunks_per_rank chunks, or to the rank holding a
+  // neighbouring chunk of the same document (or, with tail_affinity, the
+  // chunk holding its first document's last token) if that is within
+  // `slack` pairs of the least load.
+  std::vector<int64_t> order(chunks);
+  for (int64_t k = 0; k < chunks; ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return area[a] != area[b] ? area[a] > area[b] : a > b;
+  });
+  std::vector<double> load(n, 0.0);
+  std::vector<int32_t> count(n, 0);
+  std::vector<int32_t> owner(chunks, -1);
+  for (int64_t k : order) {
+    int32_t least = -1;
+    for (int32_t r = 0; r < n; ++r) {
+      if (count[r] < chunks_per_rank && (least < 0 || load[r] < load[least])) least = r;
+    }
+    int32_t pick = least;
+    for (const int64_t j : {k - 1, k + 1, tail_affinity ? tail_chunk[k] : int64_t{-1}}) {
+      if (j < 0 || j >= chunks || owner[j] < 0 || j == k) continue;
+      if (j != tail_chunk[k] && !joined[std::max(j, k)]) continue;
+      const int32_t r = owner[j];
+      if (count[r] >= chunks_per_rank || load[r] > load[least] + slack) continue;
+      if (pick == least || load[r] < load[pick]) pick = r;
+    }
+    owner[k] = pick;
+    ++count[pick];
+    load[pick] += area[k];
+  }
+  // Each rank's last chunk takes up the difference to its token target
+  // (near-equal chunks differ by a token; the last ranks hold one padding
+  // token each).
+  std::vector<int64_t> held(n, 0), last(n, -1);
+  for (int64_t k = 0; k < chunks; ++k) {
+    held[owner[k]] += sizes[k];
+    last[owner[k]] = k;
+  }
+  const std::vector<int64_t> targets = RankTargets(batch);
+  for (int32_t r = 0; r < n; ++r) {
+    int64_t diff = targets[r] - held[r];
+    for (int64_t k = last[r]; k >= 0 && diff != 0; --k) {
+      if (owner[k] != r) continue;
+      const int64_t change = std::max(diff, -sizes[k]);
+      sizes[k] += change;
+      diff -= change;
+    }
+  }
+  return CutPacked(batch, sizes, owner);
+}
+
+absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const PlanOptions& options,
+                                   Plan chosen) {
+  const int32_t n = batch.cp_size;
+  // At N <= 8 the compacted search's plan and its grouped rivals already
+  // move little, and the plan-time budget there is 1 ms.
+  if (n <= 8) return chosen;
+  const double target = options.target_imbalance;
+  const int64_t m = options.min_shard_tokens;
+  double total_work = 0;
+  for (int64_t len : batch.doc_lens) total_work += RangeWorkload(0, len);
+  const double mean_work = total_work / n;
+  const double max_work = target * mean_work;
+
+  const PlanScore chosen_score = ScorePlan(chosen);
+  if (chosen_score.cut_docs == 0) return chosen;
+  const bool chosen_slivers =
+      m > 1 && chosen_score.min_cut_len != 0 && chosen_score.min_cut_len < m;
+  int64_t best_targeted = TargetedPhaseBottleneck(chosen);
+  const int64_t cheaper =
+      std::min(best_targeted, chosen_score.max_nonlast * static_cast<int64_t>(n - 1));
+  // Variants: chunks per rank (MagiAttention's 8, and finer), neighbour
+  // slack as a fraction of the mean rank workload (0: MagiAttention's rule;
+  // tail affinity then changes nothing) and tail affinity. Beyond 16 ranks
+  // (a 20 ms plan-time budget at N = 64) only the first six: the four that
+  // won most often without tail affinity on the data sets, and two with it.
+  struct Variant {
+    int32_t chunks_per_rank;
+    double slack;
+    bool tail_affinity;
+  };
+  static constexpr Variant kVariants[] = {
+      {8, 0.0, false},   {16, 0.0, false},  {16, 0.01, false}, {8, 0.03, false},
+      {16, 0.01, true},  {8, 0.03, true},   {8, 0.01, false},  {8, 0.1, false},
+      {16, 0.03, false}, {16, 0.1, false},  {8, 0.01, true},   {8, 0.1, true},
+      {16, 0.03, true},  {16, 0.1, true}};
+  const size_t variants = n > 16 ? 6 : std::size(kVariants);
+  constexpr int32_t kPartners = 8;  // lightest ranks a balancing exchange tries
+  // The repairs below cost far more than a raw candidate, so a raw one is
+  // dropped where it is more than kReach off the target or over the plan's
+  // targeted bottleneck (the repairs and role swaps seldom close such
+  // gaps), and beyond 16 ranks only the kMaxRepaired that move least are
+  // repaired.
+  constexpr double kReach = 1.1;
+  const size_t max_repaired = n > 16 ? 2 : variants;
+  struct Raw {
+    int64_t targeted;
+    std::vector<Shard> pieces;
+    Plan plan;
+  };
+  std::vector<Raw> raws;
+  for (size_t v = 0; v < variants; ++v) {
+    FLASHCP_RETURN_IF_ERROR(options.stop.Check());
+    std::vector<Shard> pieces =
+        KvHeapPieces(batch, kVariants[v].chunks_per_rank, kVariants[v].slack * mean_work,
+                     kVariants[v].tail_affinity);
+    Plan plan = FinishPlan(batch, pieces);
+    const int64_t targeted = TargetedPhaseBottleneck(plan);
+    if (ScorePlan(plan).imbalance > kReach * target ||
+        static_cast<double>(targeted) > kReach * static_cast<double>(best_targeted)) {
+      continue;
+    }
+    raws.push_back(Raw{targeted, std::move(pieces), std::move(plan)});
+  }
+  std::stable_sort(raws.begin(), raws.end(),
+                   [](const Raw& a, const Raw& b) { return a.targeted < b.targeted; });
+  if (raws.size() > max_repaired) raws.resize(max_repaired);
+  for (Raw& raw : raws) {
+    FLASHCP_RETURN_IF_ERROR(options.stop.Check());
+    Plan plan = std::move(raw.plan);
+    PlanScore score = ScorePlan(plan);
+    if (m > 1 && score.min_cut_len != 0 && score.min_cut_len < m) {
+      plan = FinishPlan(batch, RepairShortShards(batch, std::move(raw.pieces), m, max_work));
+      score = ScorePlan(plan);
+    }
+    if (score.imbalance > target) {
+      plan = BalanceByWholeExchanges(batch, plan, max_work, kPartners, 4 * n, m);
+      score = ScorePlan(plan);
+      if (score.imbalance > target) continue;
+    }
+    if (!chosen_slivers && m > 1 && score.min_cut_len != 0 && score.min_cut_len < m) continue;
+    if (TargetedPhaseBottleneck(plan) >= best_targeted) continue;
+    plan = SwapRolesForTargeted(batch, plan, max_work, n);
+    score = ScorePlan(plan);
+    const int64_t allgather = score.max_nonlast * static_cast<int64_t>(n - 1);
+    const int64_t targeted = TargetedPhaseBottleneck(plan);
+    if (targeted >= best_targeted || std::min(targeted, allgather) > cheaper) continue;
+    best_targeted = targeted;
+    chosen = std::move(plan);
+  }
+  return chosen;
+}
+
+}  // namespace flashcp::core::internal
