@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "core/analysis.h"
+#include "core/internal/flashcp_repair.h"
 #include "core/internal/flashcp_roles.h"
+#include "core/internal/flashcp_score.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
