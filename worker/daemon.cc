@@ -231,6 +231,14 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
                                     "flashcp_worker_attention_seconds_total")
                               .Labels(ConstLabels(labels))
                               .Register(registry)),
+      predicted_cost_(prometheus::BuildCounter()
+                          .Name("flashcp_worker_predicted_cost_total")
+                          .Help("Attention cost the plans predicted for this rank under their "
+                                "cost profile (seconds for a measured profile, pairs for "
+                                "`pairs`), for the same steps as "
+                                "flashcp_worker_attention_seconds_total")
+                          .Labels(ConstLabels(labels))
+                          .Register(registry)),
       time_ratio_(prometheus::BuildGauge()
                       .Name("flashcp_worker_attention_time_ratio")
                       .Help("This rank's attention compute time over its group's mean, last step")
@@ -264,7 +272,7 @@ void WorkerMetrics::Prepare(const std::string& strategy, const std::string& sche
   const auto buckets = DurationBuckets();
   for (auto* h : {&step_, &forward_, &backward_, &comm_, &plan_wait_}) h->Add(l, buckets);
   for (auto* c : {&bytes_sent_, &bytes_received_, &full_kv_, &steps_, &attention_,
-                  &predicted_sent_, &predicted_workload_}) {
+                  &predicted_sent_, &predicted_workload_, &predicted_cost_}) {
     c->Add(l);
   }
 }
@@ -285,6 +293,7 @@ void WorkerMetrics::Record(const std::string& strategy, const std::string& schem
   attention_.Add(l).Increment(r.attention_seconds);
   predicted_sent_.Add(l).Increment(static_cast<double>(r.predicted_bytes_sent));
   predicted_workload_.Add(l).Increment(r.predicted_workload);
+  predicted_cost_.Add(l).Increment(r.predicted_cost);
   time_ratio_.Add({{"strategy", strategy}}).Set(r.attention_time_ratio);
   predicted_imbalance_.Add({{"strategy", strategy}}).Set(r.predicted_imbalance);
 }
@@ -645,15 +654,24 @@ double MinSeconds(const std::vector<RankReport>& all) {
   return all.empty() ? 0.0 : m;
 }
 
-// max / mean of the ranks' CPU attention seconds; 0 where not all measured.
-double CpuImbalance(const std::vector<RankReport>& all) {
-  if (all.empty() || !UseCpuSeconds(all)) return 0.0;
-  double sum = 0, max = 0;
-  for (const RankReport& r : all) {
-    sum += r.attention_cpu_seconds;
-    max = std::max(max, r.attention_cpu_seconds);
-  }
-  return max / (sum / static_cast<double>(all.size()));
+// The ranks' CPU attention seconds; empty where not all measured.
+std::vector<double> CpuSeconds(const std::vector<RankReport>& all) {
+  std::vector<double> t;
+  if (all.empty() || !UseCpuSeconds(all)) return t;
+  for (const RankReport& r : all) t.push_back(r.attention_cpu_seconds);
+  return t;
+}
+
+// Adds per-rank values into per-rank sums (a window's totals).
+void AddPerRank(std::vector<double>& sums, absl::Span<const double> v) {
+  if (sums.size() < v.size()) sums.resize(v.size(), 0.0);
+  for (size_t i = 0; i < v.size(); ++i) sums[i] += v[i];
+}
+
+// max / mean of a window's per-rank sums; 0 for an empty window (nothing
+// measured), as the per-step CPU figures are.
+double Windowed(const std::vector<double>& sums) {
+  return sums.empty() ? 0.0 : core::MaxOverMean(sums);
 }
 
 }  // namespace
@@ -720,6 +738,10 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
   r.predicted_workload = plan.metrics.rank_workload.empty()
                              ? 0.0
                              : plan.metrics.rank_workload[comm.rank()];
+  // ResponseFromProto checks rank_predicted_cost has cp_size entries (or none).
+  r.predicted_cost = plan.cost.prediction.rank_cost.empty()
+                         ? 0.0
+                         : plan.cost.prediction.rank_cost[comm.rank()];
   r.attention_seconds = m.attention_seconds;
   if (!predicted.sent.empty() && predicted.sent[comm.rank()] != r.bytes_sent) {
     FLASHCP_LOG(WARNING) << "rank " << comm.rank() << " batch " << batch << ": sent "
@@ -762,8 +784,15 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
   summary_.predicted_imbalance += r.predicted_imbalance;
   // The cost model: the plan's prediction against this step's measurement,
   // split by calibration; the driver queues the step for the planner's fit.
-  const double cpu_imbalance = CpuImbalance(all);
+  const std::vector<double> cpu = CpuSeconds(all);
+  const double cpu_imbalance = cpu.empty() ? 0.0 : core::MaxOverMean(cpu);
   summary_.measured_cpu_imbalance += cpu_imbalance;
+  // Windows count only steps where every rank measured CPU time, so the
+  // measured and predicted sums cover the same steps.
+  if (!cpu.empty()) {
+    AddPerRank(summary_.rank_cpu, cpu);
+    AddPerRank(summary_.rank_pairs, plan.metrics.rank_workload);
+  }
   if (!plan.cost.prediction.rank_cost.empty()) {
     const int c = plan.cost.calibrated ? 1 : 0;
     summary_.predicted_cost_imbalance += plan.cost.prediction.imbalance;
@@ -771,6 +800,10 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
     summary_.cost_measured[c] += mean > 0 ? max / mean : 1.0;
     summary_.cost_measured_cpu[c] += cpu_imbalance;
     summary_.cost_predicted[c] += plan.cost.prediction.imbalance;
+    if (!cpu.empty()) {
+      AddPerRank(summary_.cost_rank_cpu[c], cpu);
+      AddPerRank(summary_.cost_rank_predicted[c], plan.cost.prediction.rank_cost);
+    }
     if (c == 1 && summary_.first_calibrated_step < 0) {
       summary_.first_calibrated_step = summary_.steps - 1;
     }
@@ -811,17 +844,23 @@ absl::Status WorkerDaemon::Loop(Communicator& comm) {
         ",\"measured_cpu_imbalance\":%.4f,\"cost_profile\":\"%s\","
         "\"predicted_cost_imbalance\":%.4f,\"calibrated_steps\":%d,"
         "\"first_calibrated_step\":%d,"
-        "\"uncalibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f},"
-        "\"calibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f}",
+        "\"windowed\":{\"measured_cpu\":%.4f,\"predicted\":%.4f},"
+        "\"uncalibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f,"
+        "\"windowed_measured_cpu\":%.4f,\"windowed_predicted\":%.4f},"
+        "\"calibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f,"
+        "\"windowed_measured_cpu\":%.4f,\"windowed_predicted\":%.4f}",
         summary_.measured_cpu_imbalance / n,
         options_.cost_profile.empty() ? std::string(core::kPairsProfile) : options_.cost_profile,
         summary_.predicted_cost_imbalance / n, summary_.cost_steps[1],
-        summary_.first_calibrated_step, mean_of(summary_.cost_measured[0], summary_.cost_steps[0]),
+        summary_.first_calibrated_step, Windowed(summary_.rank_cpu),
+        Windowed(summary_.rank_pairs), mean_of(summary_.cost_measured[0], summary_.cost_steps[0]),
         mean_of(summary_.cost_measured_cpu[0], summary_.cost_steps[0]),
         mean_of(summary_.cost_predicted[0], summary_.cost_steps[0]),
+        Windowed(summary_.cost_rank_cpu[0]), Windowed(summary_.cost_rank_predicted[0]),
         mean_of(summary_.cost_measured[1], summary_.cost_steps[1]),
         mean_of(summary_.cost_measured_cpu[1], summary_.cost_steps[1]),
-        mean_of(summary_.cost_predicted[1], summary_.cost_steps[1]));
+        mean_of(summary_.cost_predicted[1], summary_.cost_steps[1]),
+        Windowed(summary_.cost_rank_cpu[1]), Windowed(summary_.cost_rank_predicted[1]));
     const std::string line = SummaryLine(
         run->strategy, std::string(core::CommSchemeName(run->scheme)), summary_.steps,
         summary_.step_seconds / n, summary_.attention_seconds / n, summary_.comm_seconds / n,

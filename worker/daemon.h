@@ -101,6 +101,9 @@ struct StepRecord {
   int64_t bytes_sent = 0, bytes_received = 0, full_kv_bytes_sent = 0;
   int64_t predicted_bytes_sent = 0;  // the plan's sent bytes for this rank under the scheme
   double predicted_workload = 0;     // the plan's attention (query, key) pairs on this rank
+  // The plan's predicted cost of this rank under its cost profile (seconds
+  // for a measured profile, pairs for `pairs`); 0 from a server without one.
+  double predicted_cost = 0;
   double attention_time_ratio = 1.0;  // this rank's attention compute time / group mean
   double predicted_imbalance = 1.0;   // the plan's (planner's) imbalance ratio
 };
@@ -147,6 +150,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& attention_;
   prometheus::Family<prometheus::Counter>& predicted_sent_;
   prometheus::Family<prometheus::Counter>& predicted_workload_;
+  prometheus::Family<prometheus::Counter>& predicted_cost_;
   prometheus::Family<prometheus::Gauge>& time_ratio_;
   prometheus::Family<prometheus::Gauge>& predicted_imbalance_;
   prometheus::Gauge& world_size_;
@@ -277,6 +281,12 @@ class WorkerDaemon {
     int64_t cost_steps[2] = {0, 0};
     double cost_measured[2] = {0, 0}, cost_measured_cpu[2] = {0, 0}, cost_predicted[2] = {0, 0};
     int64_t first_calibrated_step = -1;  // 0-based step of the run; -1: none
+    // Windowed figures (docs/workers.md, "Calibration"): per rank, the sums
+    // over the same steps of its thread CPU attention seconds and of its
+    // predicted cost (pairs for the whole run, the cost model per phase), so
+    // max/mean of the sums is the imbalance over the window, as Prometheus
+    // computes it from rates. Empty until a step measured CPU time.
+    std::vector<double> rank_cpu, rank_pairs, cost_rank_cpu[2], cost_rank_predicted[2];
   } summary_;
   // Driver: measured rank-steps not yet reported (ReportStepTimes).
   std::vector<core::CostSample> pending_report_;
