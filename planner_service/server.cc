@@ -23,7 +23,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "planner_service/log_limiter.h"
 #include "planner_service/metrics.h"
-#include "planner_service/signals.h"
+#include "planner_service/process/signals.h"
 #include "prometheus/exposer.h"
 #include "proto/convert.h"
 #include "proto/rendezvous_limits.h"
@@ -356,7 +356,7 @@ void PlannerServer::Shutdown() {
 
 absl::Status RunPlanner(const ServerOptions& options,
                         std::shared_ptr<prometheus::Registry> registry) {
-  const SignalWaiter signals({SIGTERM, SIGINT, SIGUSR1});
+  const process::SignalWaiter signals({SIGTERM, SIGINT, SIGUSR1});
   FLASHCP_RETURN_IF_ERROR(ValidateOptions(options));
 
   std::unique_ptr<prometheus::Exposer> exposer;

@@ -1,67 +1,23 @@
 #include "worker/daemon.h"
 
 #include <algorithm>
-#include <limits>
-#include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/pipelined_planner.h"
+#include "absl/types/span.h"
 #include "core/backoff.h"
+#include "core/cost_model.h"
 #include "core/log.h"
 #include "core/status_macros.h"
+#include "core/strategies.h"
 #include "proto/convert.h"
-#include "proto/grpc_status.h"
-#include "proto/rendezvous_limits.h"
 #include "worker/gloo_communicator.h"
 
 namespace flashcp::worker {
-namespace {
-
-// ---- wire messages of the group protocol (fixed size, native layout: every
-// rank runs the same binary on the same architecture) ------------------------
-enum class Kind : uint32_t { kStep = 1, kIdle = 2, kWaiting = 3, kExit = 4 };
-struct StepHeader {
-  uint32_t kind = 0;
-  uint32_t scheme = 0;
-  int64_t batch = 0;          // batch index (seeds the data)
-  int64_t steps_total = 0;    // steps of the current run
-  int64_t payload_bytes = 0;  // serialized PlanResponse that follows (kStep)
-  char strategy[32] = {};
-};
-static_assert(sizeof(StepHeader) == 64 && std::is_trivially_copyable_v<StepHeader>);
-
-struct RankReport {
-  double attention_seconds = 0;  // CPU: forward + backward minus communication; CUDA: kernel time
-  double attention_cpu_seconds = 0;  // StepMeasurement's; 0 where not measured
-  uint8_t stop = 0;              // this rank wants the group to stop
-  uint8_t pad[7] = {};
-};
-static_assert(sizeof(RankReport) == 24 && std::is_trivially_copyable_v<RankReport>);
-
-// Rank 0's `bytes` to every rank (an all-gather where only rank 0 contributes).
-absl::Status Broadcast(Communicator& comm, std::byte* data, int64_t bytes) {
-  std::vector<int64_t> counts(comm.size(), 0);
-  counts[0] = bytes;
-  const int64_t mine = comm.rank() == 0 ? bytes : 0;
-  std::vector<std::byte> in(data, data + mine);
-  return comm.AllGatherV(in, absl::MakeSpan(data, bytes), counts);
-}
-
-std::vector<double> DurationBuckets() {
-  std::vector<double> b;
-  for (double x = 0.0005; x < 70; x *= 2) b.push_back(x);  // 0.5 ms .. 65 s
-  return b;
-}
-
-}  // namespace
-
 // ---- group failure -------------------------------------------------------------
 
 absl::Status AbortGroup(RendezvousClient& rdv, const absl::Status& failure) {
@@ -79,412 +35,18 @@ absl::Status AbortGroup(RendezvousClient& rdv, const absl::Status& failure) {
                                                    probe.status().message()));
 }
 
-// ---- options -----------------------------------------------------------------
-
-absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
-  if (o.world_size < 1 || o.world_size > proto::rendezvous::kMaxWorldSize) {
-    return absl::InvalidArgumentError(absl::StrCat("--world_size: must be in [1, ",
-                                                   proto::rendezvous::kMaxWorldSize, "], got ",
-                                                   o.world_size));
-  }
-  if (o.rank < 0 || o.rank >= o.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("--rank: must be in [0, ", o.world_size,
-                                                   "), got ", o.rank));
-  }
-  FLASHCP_RETURN_IF_ERROR(ParseDevice(o.device).status());
-  if (o.context < o.world_size || o.context > (int64_t{1} << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat("--context: must be in [world_size, 2^24], got ",
-                                                   o.context));
-  }
-  if (!core::ParseStrategy(o.strategy).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--strategy: unknown \"", o.strategy, "\""));
-  }
-  if (o.heads < 1 || o.heads > 1024 || o.head_dim < 1 || o.head_dim > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("--heads, --head_dim: must be in [1, 1024], got ",
-                                                   o.heads, ", ", o.head_dim));
-  }
-  if (o.steps < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--steps: must be >= 0, got ", o.steps));
-  }
-  if (!o.cost_profile.empty()) {
-    if (absl::Status s = core::CostProfile(o.cost_profile).status(); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--cost_profile: ", s.message()));
-    }
-  }
-  if (o.report_every < 1 || o.report_every > proto::kMaxReportSteps) {
-    return absl::InvalidArgumentError(absl::StrCat("--report_every: must be in [1, ",
-                                                   proto::kMaxReportSteps, "], got ",
-                                                   o.report_every));
-  }
-  if (o.prefetch < 1 || o.prefetch > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--prefetch: must be in [1, 1024], got ", o.prefetch));
-  }
-  // The group's rendezvous waits (AwaitMembers, Gloo's store) take this
-  // timeout, and the planner refuses waits beyond its limit.
-  if (o.timeout < absl::Seconds(1) || o.timeout > proto::rendezvous::kMaxTimeout) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--timeout_s: must be in [1, ", absl::ToInt64Seconds(proto::rendezvous::kMaxTimeout),
-        "] (the planner's rendezvous wait limit), got ", absl::ToDoubleSeconds(o.timeout)));
-  }
-  if (o.threads < 1 || o.threads > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--threads: must be in [1, 1024], got ", o.threads));
-  }
-  return absl::OkStatus();
-}
-
-// ---- metrics -----------------------------------------------------------------
-
-namespace {
-
-// The WorkerLabels as Prometheus constant labels; empty values are left out.
-prometheus::Labels ConstLabels(const WorkerLabels& l) {
-  prometheus::Labels out = {{"device", l.device}};
-  if (!l.gpu.empty()) out["gpu"] = l.gpu;
-  if (!l.local_rank.empty()) out["local_rank"] = l.local_rank;
-  return out;
-}
-
-}  // namespace
-
-WorkerLabels LabelsForDevice(const std::string& device, const std::string& local_rank) {
-  WorkerLabels l;
-  l.local_rank = local_rank;
-  const absl::StatusOr<int32_t> index = ParseDevice(device);
-  if (index.ok() && *index >= 0) {
-    l.device = "cuda";
-    l.gpu = absl::StrCat(*index);
-  }
-  return l;
-}
-
-WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& version,
-                             const WorkerLabels& labels)
-    : step_(prometheus::BuildHistogram()
-                .Name("flashcp_worker_step_duration_seconds")
-                .Help("Wall time of a training step (plan wait, attention forward and backward, "
-                      "reporting), by strategy and scheme")
-                .Labels(ConstLabels(labels))
-                .Register(registry)),
-      forward_(prometheus::BuildHistogram()
-                   .Name("flashcp_worker_attention_forward_duration_seconds")
-                   .Help("Attention forward pass per step: device=cpu, wall time with its "
-                         "collectives; device=cuda, device time of the attention kernels only")
-                   .Labels(ConstLabels(labels))
-                   .Register(registry)),
-      backward_(prometheus::BuildHistogram()
-                    .Name("flashcp_worker_attention_backward_duration_seconds")
-                    .Help("Attention backward pass per step: device=cpu, wall time with its "
-                          "collectives; device=cuda, device time of the attention kernels only")
-                    .Labels(ConstLabels(labels))
-                    .Register(registry)),
-      comm_(prometheus::BuildHistogram()
-                .Name("flashcp_worker_comm_duration_seconds")
-                .Help("Time inside KV and gradient collectives per step (waiting for peers "
-                      "included)")
-                .Labels(ConstLabels(labels))
-                .Register(registry)),
-      plan_wait_(prometheus::BuildHistogram()
-                     .Name("flashcp_worker_plan_wait_duration_seconds")
-                     .Help("Time a step waited for its plan")
-                     .Labels(ConstLabels(labels))
-                     .Register(registry)),
-      bytes_sent_(prometheus::BuildCounter()
-                      .Name("flashcp_worker_bytes_sent_total")
-                      .Help("KV and gradient payload bytes this rank sent")
-                      .Labels(ConstLabels(labels))
-                      .Register(registry)),
-      bytes_received_(prometheus::BuildCounter()
-                          .Name("flashcp_worker_bytes_received_total")
-                          .Help("KV and gradient payload bytes this rank received")
-                          .Labels(ConstLabels(labels))
-                          .Register(registry)),
-      full_kv_(prometheus::BuildCounter()
-                   .Name("flashcp_worker_full_kv_bytes_total")
-                   .Help("Bytes this rank would have sent under a full-KV all-gather for the "
-                         "same steps")
-                   .Labels(ConstLabels(labels))
-                   .Register(registry)),
-      steps_(prometheus::BuildCounter()
-                 .Name("flashcp_worker_steps_total")
-                 .Help("Training steps completed")
-                 .Labels(ConstLabels(labels))
-                 .Register(registry)),
-      attention_(prometheus::BuildCounter()
-                     .Name("flashcp_worker_attention_seconds_total")
-                     .Help("Attention compute seconds of this rank, what its group's measured "
-                           "imbalance compares: device=cpu, forward + backward minus time in "
-                           "collectives; device=cuda, device time of the attention kernels")
-                     .Labels(ConstLabels(labels))
-                     .Register(registry)),
-      predicted_sent_(prometheus::BuildCounter()
-                          .Name("flashcp_worker_predicted_bytes_sent_total")
-                          .Help("Bytes the plans predicted this rank sends under the scheme run, "
-                                "for the same steps as flashcp_worker_bytes_sent_total")
-                          .Labels(ConstLabels(labels))
-                          .Register(registry)),
-      predicted_workload_(prometheus::BuildCounter()
-                              .Name("flashcp_worker_predicted_workload_pairs_total")
-                              .Help("Attention (query, key) pairs the plans gave this rank "
-                                    "(SPEC Eq. 3), for the same steps as "
-                                    "flashcp_worker_attention_seconds_total")
-                              .Labels(ConstLabels(labels))
-                              .Register(registry)),
-      predicted_cost_(prometheus::BuildCounter()
-                          .Name("flashcp_worker_predicted_cost_total")
-                          .Help("Attention cost the plans predicted for this rank under their "
-                                "cost profile (seconds for a measured profile, pairs for "
-                                "`pairs`), for the same steps as "
-                                "flashcp_worker_attention_seconds_total")
-                          .Labels(ConstLabels(labels))
-                          .Register(registry)),
-      time_ratio_(prometheus::BuildGauge()
-                      .Name("flashcp_worker_attention_time_ratio")
-                      .Help("This rank's attention compute time over its group's mean, last step")
-                      .Labels(ConstLabels(labels))
-                      .Register(registry)),
-      predicted_imbalance_(prometheus::BuildGauge()
-                               .Name("flashcp_worker_predicted_imbalance_ratio")
-                               .Help("The planner's imbalance ratio (max/mean workload) of the "
-                                     "plan of the last step")
-                               .Labels(ConstLabels(labels))
-                               .Register(registry)),
-      world_size_(prometheus::BuildGauge()
-                      .Name("flashcp_worker_world_size")
-                      .Help("Ranks in this rank's CP group (--world_size)")
-                      .Labels(ConstLabels(labels))
-                      .Register(registry)
-                      .Add({})) {
-  prometheus::BuildGauge()
-      .Name("flashcp_worker_build_info")
-      .Help("flashcp-worker build; always 1")
-      .Labels(ConstLabels(labels))
-      .Register(registry)
-      .Add({{"version", version}})
-      .Set(1);
-}
-
-void WorkerMetrics::SetWorldSize(int32_t ranks) { world_size_.Set(ranks); }
-
-void WorkerMetrics::Prepare(const std::string& strategy, const std::string& scheme) {
-  const prometheus::Labels l = {{"strategy", strategy}, {"scheme", scheme}};
-  const auto buckets = DurationBuckets();
-  for (auto* h : {&step_, &forward_, &backward_, &comm_, &plan_wait_}) h->Add(l, buckets);
-  for (auto* c : {&bytes_sent_, &bytes_received_, &full_kv_, &steps_, &attention_,
-                  &predicted_sent_, &predicted_workload_, &predicted_cost_}) {
-    c->Add(l);
-  }
-}
-
-void WorkerMetrics::Record(const std::string& strategy, const std::string& scheme,
-                           const StepRecord& r) {
-  const prometheus::Labels l = {{"strategy", strategy}, {"scheme", scheme}};
-  const auto buckets = DurationBuckets();
-  step_.Add(l, buckets).Observe(r.step_seconds);
-  forward_.Add(l, buckets).Observe(r.forward_seconds);
-  backward_.Add(l, buckets).Observe(r.backward_seconds);
-  comm_.Add(l, buckets).Observe(r.comm_seconds);
-  plan_wait_.Add(l, buckets).Observe(r.plan_wait_seconds);
-  bytes_sent_.Add(l).Increment(static_cast<double>(r.bytes_sent));
-  bytes_received_.Add(l).Increment(static_cast<double>(r.bytes_received));
-  full_kv_.Add(l).Increment(static_cast<double>(r.full_kv_bytes_sent));
-  steps_.Add(l).Increment();
-  attention_.Add(l).Increment(r.attention_seconds);
-  predicted_sent_.Add(l).Increment(static_cast<double>(r.predicted_bytes_sent));
-  predicted_workload_.Add(l).Increment(r.predicted_workload);
-  predicted_cost_.Add(l).Increment(r.predicted_cost);
-  time_ratio_.Add({{"strategy", strategy}}).Set(r.attention_time_ratio);
-  predicted_imbalance_.Add({{"strategy", strategy}}).Set(r.predicted_imbalance);
-}
-
-// ---- PlanFeed ------------------------------------------------------------------
-
-PlanFeed::PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config,
-                   const core::WaitClock* clock)
-    : planner_(std::move(planner)), config_(std::move(config)), clock_(*clock) {
-  {
-    absl::MutexLock lock(&mu_);
-    waiting_since_ = clock_.Now();
-  }
-  thread_ = std::thread([this] { Loop(); });
-  watchdog_ = std::thread([this] { Watch(); });
-}
-
-PlanFeed::~PlanFeed() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  // Unblocks a PlanPipelined waiting on a planner that never answers.
-  canceller_.Cancel();
-  watchdog_.join();
-  thread_.join();
-}
-
-absl::StatusOr<std::optional<v1::PlanResponse>> PlanFeed::Next(absl::Duration wait) {
-  absl::MutexLock lock(&mu_);
-  clock_.AwaitWithTimeout(mu_,
-                          absl::Condition(
-                              +[](std::deque<absl::StatusOr<v1::PlanResponse>>* q) {
-                                return !q->empty();
-                              },
-                              &ready_),
-                          wait);
-  if (ready_.empty()) return std::optional<v1::PlanResponse>();
-  // Taking from a full queue restarts the watchdog's clock (see waiting_since_).
-  if (Full()) waiting_since_ = clock_.Now();
-  absl::StatusOr<v1::PlanResponse> r = std::move(ready_.front());
-  ready_.pop_front();
-  if (!r.ok()) return r.status();
-  return std::optional<v1::PlanResponse>(*std::move(r));
-}
-
-void PlanFeed::Watch() {
-  bool fire = false;
-  {
-    absl::MutexLock lock(&mu_);
-    while (!stop_ && !loop_done_) {
-      if (Full()) {  // the driver is behind: nothing to time
-        mu_.Await(absl::Condition(
-            +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
-              return f->stop_ || f->loop_done_ || !f->Full();
-            },
-            this));
-        continue;
-      }
-      const absl::Time deadline = waiting_since_ + config_.timeout;
-      if (clock_.Now() >= deadline) {
-        timed_out_ = true;
-        fire = true;
-        break;
-      }
-      // Wakes early on stop; a new plan only moves the deadline, which the
-      // next pass sees.
-      clock_.AwaitWithDeadline(mu_,
-                               absl::Condition(
-                                   +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
-                                     return f->stop_ || f->loop_done_ || f->Full();
-                                   },
-                                   this),
-                               deadline);
-    }
-  }
-  // Outside mu_: cancelling wakes the Loop thread, whose sink takes mu_.
-  if (fire) canceller_.Cancel();
-}
-
-void PlanFeed::Loop() {
-  int64_t delivered = 0;
-  core::Backoff backoff;  // 100 ms doubling to 1 s
-  const auto push = [this](absl::StatusOr<v1::PlanResponse> r) {
-    absl::MutexLock lock(&mu_);
-    ready_.push_back(std::move(r));
-  };
-  // Wakes the watchdog when this returns, whichever way.
-  struct Done {
-    PlanFeed* f;
-    ~Done() {
-      absl::MutexLock lock(&f->mu_);
-      f->loop_done_ = true;
-    }
-  } done{this};
-  // Ends the loop: stopped, or the watchdog gave up (then UNAVAILABLE is
-  // delivered, with the stream's last status).
-  const auto finished = [&](const absl::Status& last) {
-    absl::MutexLock lock(&mu_);
-    if (stop_) return true;
-    if (!timed_out_) return false;
-    ready_.push_back(absl::UnavailableError(
-        absl::StrCat("plan stream: no plan for ", absl::FormatDuration(config_.timeout),
-                     "; last error: ", last.ToString())));
-    return true;
-  };
-  absl::StatusOr<core::Strategy> strategy = core::ParseStrategy(config_.strategy);
-  if (!strategy.ok()) {
-    push(strategy.status());
-    return;
-  }
-  core::PlanOptions plan_options;
-  if (config_.target_imbalance > 0) plan_options.target_imbalance = config_.target_imbalance;
-  const core::ModelShape shape{config_.heads, config_.head_dim, config_.dtype_bytes};
-  absl::Status last = absl::OkStatus();
-  while (delivered < config_.count && !finished(last)) {
-    int64_t next = delivered;
-    absl::Status source_error;
-    const auto source = [&]() -> std::optional<v1::PlanRequest> {
-      if (next >= config_.count || !source_error.ok()) return std::nullopt;
-      absl::StatusOr<std::vector<int64_t>> lens = core::SampleBatch(
-          config_.dataset, config_.context, config_.seed, config_.first_batch + next);
-      if (!lens.ok()) {
-        source_error = lens.status();
-        return std::nullopt;
-      }
-      core::Batch batch{*std::move(lens), config_.cp_size};
-      ++next;
-      return proto::RequestToProto(0, batch, *strategy, plan_options, shape, false,
-                                   config_.cost_profile);
-    };
-    const auto sink = [&](int64_t, client::PlanResult r) {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
-            return f->stop_ || !f->Full();
-          },
-          this));
-      if (stop_) return;
-      // PlanPipelined already turned a per-item `error` into r's status.
-      ready_.push_back(std::move(r));
-      ++delivered;
-      waiting_since_ = clock_.Now();
-    };
-    client::PipelineOptions options;
-    options.inflight = config_.prefetch;
-    // No stream deadline: the watchdog (`timeout` without a plan) and the
-    // destructor end a stream through canceller_, whatever its length.
-    options.call.timeout = absl::InfiniteDuration();
-    options.canceller = &canceller_;
-    const absl::Status s = client::PlanPipelined(*planner_, options, source, sink);
-    if (!source_error.ok()) {
-      push(source_error);
-      return;
-    }
-    if (s.ok()) return;
-    last = s;
-    if (finished(last)) return;
-    const bool retryable = s.code() == absl::StatusCode::kUnavailable ||
-                           s.code() == absl::StatusCode::kCancelled ||
-                           s.code() == absl::StatusCode::kAborted;
-    if (!retryable) {
-      push(absl::Status(s.code(), absl::StrCat("plan stream: ", s.message())));
-      return;
-    }
-    const absl::Duration wait = backoff.Next();
-    FLASHCP_LOG(WARNING) << "plan stream broke after " << delivered << " plans (" << s.ToString()
-                         << "); reconnecting in " << absl::FormatDuration(wait);
-    absl::MutexLock lock(&mu_);
-    clock_.AwaitWithTimeout(mu_,
-                            absl::Condition(
-                                +[](PlanFeed* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
-                                  return f->stop_ || f->timed_out_;
-                                },
-                                this),
-                            wait);
-  }
-}
-
 // ---- WorkerDaemon -----------------------------------------------------------------
 
 WorkerDaemon::WorkerDaemon(DaemonOptions options,
                            std::shared_ptr<v1::Rendezvous::StubInterface> rendezvous,
                            std::shared_ptr<client::PlannerClient> planner,
-                           std::unique_ptr<RankBackend> backend, WorkerMetrics* metrics,
+                           std::unique_ptr<RankBackend> backend, WorkerObserver* observer,
                            const core::WaitClock* clock)
     : options_(std::move(options)),
       rendezvous_(std::move(rendezvous)),
       planner_(std::move(planner)),
       backend_(std::move(backend)),
-      metrics_(metrics),
+      observer_(*observer),
       clock_(*clock) {
   status_.set_state(v1::WorkerStatus::IDLE);
   status_.set_group(options_.group);
@@ -597,8 +159,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> WorkerDaemon::FormGroup(Rendezvous
 absl::Status WorkerDaemon::Run() {
   FLASHCP_RETURN_IF_ERROR(ValidateDaemonOptions(options_));
   if (backend_ == nullptr) return absl::FailedPreconditionError("the daemon has no rank backend");
-  metrics_->Prepare(options_.strategy, std::string(core::CommSchemeName(options_.scheme)));
+  observer_.OnRunStart(options_.strategy, core::CommSchemeName(options_.scheme));
   SetState(v1::WorkerStatus::FORMING_GROUP);
+  observer_.OnGroupEvent(WorkerObserver::GroupEvent::kForming, absl::OkStatus());
   RendezvousClient rdv(rendezvous_, options_.group, options_.rank, options_.incarnation);
   absl::StatusOr<std::unique_ptr<Communicator>> comm = FormGroup(rdv);
   absl::Status s = comm.status();
@@ -606,10 +169,13 @@ absl::Status WorkerDaemon::Run() {
     FLASHCP_LOG(INFO) << "rank " << options_.rank << " of " << options_.world_size << ": group "
                       << options_.group << " formed";
     SetState(v1::WorkerStatus::IDLE);
+    observer_.OnGroupEvent(WorkerObserver::GroupEvent::kFormed, absl::OkStatus());
     s = Loop(**comm);
     if (!s.ok()) s = AbortGroup(rdv, s);  // the service prefixes the reason with "rank R: "
     (void)rdv.Leave();
   }
+  observer_.OnGroupEvent(
+      s.ok() ? WorkerObserver::GroupEvent::kEnded : WorkerObserver::GroupEvent::kFailed, s);
   absl::MutexLock lock(&mu_);
   if (!s.ok()) {
     status_.set_state(v1::WorkerStatus::FAILED);
@@ -620,61 +186,160 @@ absl::Status WorkerDaemon::Run() {
   return s;
 }
 
-absl::Status WorkerDaemon::Heartbeat(Communicator& comm, bool* stop_anywhere) {
-  RankReport mine;
+absl::Status WorkerDaemon::Loop(Communicator& comm) {
+  const bool driver = comm.rank() == 0;
+  last_end_ = clock_.Now();
+  for (;;) {
+    StepHeader header;
+    std::string payload;
+    if (driver) FLASHCP_RETURN_IF_ERROR(DriverRound(comm.size(), header, payload));
+    FLASHCP_RETURN_IF_ERROR(BroadcastRound(comm, header, payload));
+    if (header.kind == RoundKind::kExit) return absl::OkStatus();
+    absl::StatusOr<bool> stop = header.kind == RoundKind::kStep
+                                    ? StepRound(comm, header, payload)
+                                    : HeartbeatRound(comm, header);
+    FLASHCP_RETURN_IF_ERROR(stop.status());
+    if (*stop) {
+      if (run_.has_value()) FinishRun(comm.size());
+      return absl::OkStatus();
+    }
+  }
+}
+
+absl::Status WorkerDaemon::DriverRound(int32_t cp_size, StepHeader& header,
+                                       std::string& payload) {
+  bool stop_run = false;
   {
     absl::MutexLock lock(&mu_);
-    mine.stop = exit_wanted_ ? 1 : 0;
+    if (!run_.has_value() && pending_run_.has_value()) {
+      const RunConfig config = *pending_run_;
+      pending_run_.reset();
+      stop_run_wanted_ = false;
+      summary_ = {};
+      status_.set_state(v1::WorkerStatus::RUNNING);
+      status_.set_steps_done(0);
+      status_.set_steps_total(config.steps);
+      status_.set_strategy(config.strategy);
+      status_.set_scheme(std::string(core::CommSchemeName(config.scheme)));
+      observer_.OnRunStart(config.strategy, status_.scheme());
+      const PlanFeed::Config c{.dataset = options_.dataset,
+                               .context = options_.context,
+                               .cp_size = cp_size,
+                               .strategy = config.strategy,
+                               .target_imbalance = options_.target_imbalance,
+                               .heads = options_.heads,
+                               .head_dim = options_.head_dim,
+                               .dtype_bytes = backend_->dtype_bytes(),
+                               .seed = options_.seed,
+                               .first_batch = next_batch_,
+                               .count = config.steps,
+                               .prefetch = options_.prefetch,
+                               .timeout = options_.timeout,
+                               .cost_profile = options_.cost_profile};
+      // Before the feed starts: its first plan's wait is all plan wait.
+      last_end_ = clock_.Now();
+      run_ = DriverRun{config, std::make_unique<PlanFeed>(planner_, c, &clock_), 0};
+    }
+    stop_run = stop_run_wanted_;
   }
-  std::vector<RankReport> all(comm.size());
-  const std::vector<int64_t> counts(comm.size(), sizeof(RankReport));
-  FLASHCP_RETURN_IF_ERROR(comm.AllGatherV(
-      absl::MakeConstSpan(reinterpret_cast<const std::byte*>(&mine), sizeof(mine)),
-      absl::MakeSpan(reinterpret_cast<std::byte*>(all.data()), all.size() * sizeof(RankReport)),
-      counts));
-  for (const RankReport& r : all) *stop_anywhere |= r.stop != 0;
+  if (run_.has_value() && (run_->done == run_->config.steps || stop_run)) {
+    FinishRun(cp_size);
+    absl::MutexLock lock(&mu_);
+    status_.set_state(v1::WorkerStatus::IDLE);
+    if (!options_.linger && options_.steps != 0) {
+      header.kind = RoundKind::kExit;
+      return absl::OkStatus();
+    }
+  }
+  if (run_.has_value()) {
+    FLASHCP_ASSIGN_OR_RETURN(std::optional<v1::PlanResponse> plan,
+                             run_->feed->Next(HeartbeatInterval()));
+    if (!plan.has_value()) {
+      header.kind = RoundKind::kWaiting;
+      return absl::OkStatus();
+    }
+    header.kind = RoundKind::kStep;
+    FLASHCP_ASSIGN_OR_RETURN(header.strategy, core::ParseStrategy(run_->config.strategy));
+    header.scheme = run_->config.scheme;
+    header.batch = next_batch_++;
+    header.steps_total = run_->config.steps;
+    payload = plan->SerializeAsString();
+    return absl::OkStatus();
+  }
+  absl::MutexLock lock(&mu_);
+  clock_.AwaitWithTimeout(mu_,
+                          absl::Condition(
+                              +[](WorkerDaemon* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
+                                return d->pending_run_.has_value() || d->exit_wanted_;
+                              },
+                              this),
+                          HeartbeatInterval());
+  header.kind = RoundKind::kIdle;
   return absl::OkStatus();
 }
 
-namespace {
-
-// The time the calibration fits: every rank's thread CPU time where all
-// ranks measured it (one kernel thread each), else wall attention time.
-bool UseCpuSeconds(const std::vector<RankReport>& all) {
-  return std::all_of(all.begin(), all.end(),
-                     [](const RankReport& r) { return r.attention_cpu_seconds > 0; });
+absl::Duration WorkerDaemon::HeartbeatInterval() const {
+  return std::min(absl::Seconds(1), options_.timeout / 4);
 }
 
-double MinSeconds(const std::vector<RankReport>& all) {
-  const bool cpu = UseCpuSeconds(all);
-  double m = std::numeric_limits<double>::infinity();
-  for (const RankReport& r : all) {
-    m = std::min(m, cpu ? r.attention_cpu_seconds : r.attention_seconds);
+void WorkerDaemon::FollowStep(const StepHeader& header) {
+  const absl::string_view strategy = core::StrategyName(header.strategy);
+  const absl::string_view scheme = core::CommSchemeName(header.scheme);
+  absl::MutexLock lock(&mu_);
+  if (status_.state() != v1::WorkerStatus::RUNNING || status_.strategy() != strategy ||
+      status_.scheme() != scheme) {
+    status_.set_state(v1::WorkerStatus::RUNNING);
+    status_.set_steps_done(0);
+    status_.set_strategy(std::string(strategy));
+    status_.set_scheme(std::string(scheme));
+    summary_ = {};
   }
-  return all.empty() ? 0.0 : m;
+  status_.set_steps_total(header.steps_total);
 }
 
-// The ranks' CPU attention seconds; empty where not all measured.
-std::vector<double> CpuSeconds(const std::vector<RankReport>& all) {
-  std::vector<double> t;
-  if (all.empty() || !UseCpuSeconds(all)) return t;
-  for (const RankReport& r : all) t.push_back(r.attention_cpu_seconds);
-  return t;
+absl::StatusOr<bool> WorkerDaemon::StepRound(Communicator& comm, const StepHeader& header,
+                                             const std::string& payload) {
+  v1::PlanResponse response;
+  if (!response.ParseFromString(payload)) {
+    return absl::DataLossError("the driver's plan does not parse");
+  }
+  if (comm.rank() != 0) FollowStep(header);
+  const absl::Time header_at = clock_.Now();
+  FLASHCP_ASSIGN_OR_RETURN(const bool stop,
+                           Step(comm, response, header,
+                                absl::ToDoubleSeconds(header_at - last_end_)));
+  last_end_ = clock_.Now();
+  if (run_.has_value()) {  // the driver
+    const int64_t done = ++run_->done;
+    if (options_.progress_every > 0 &&
+        (done % options_.progress_every == 0 || done == run_->config.steps)) {
+      FLASHCP_LOG(INFO) << "group " << options_.group << " " << run_->config.strategy << "/"
+                        << core::CommSchemeName(run_->config.scheme) << ": step " << done << "/"
+                        << run_->config.steps << " ("
+                        << absl::StrFormat("%.3f", summary_.step_seconds / done) << " s/step)";
+    }
+  }
+  return stop;
 }
 
-// Adds per-rank values into per-rank sums (a window's totals).
-void AddPerRank(std::vector<double>& sums, absl::Span<const double> v) {
-  if (sums.size() < v.size()) sums.resize(v.size(), 0.0);
-  for (size_t i = 0; i < v.size(); ++i) sums[i] += v[i];
+absl::StatusOr<bool> WorkerDaemon::HeartbeatRound(Communicator& comm, const StepHeader& header) {
+  if (comm.rank() != 0 && header.kind == RoundKind::kIdle) {
+    absl::MutexLock lock(&mu_);
+    if (status_.state() == v1::WorkerStatus::RUNNING) status_.set_state(v1::WorkerStatus::IDLE);
+  }
+  FLASHCP_ASSIGN_OR_RETURN(const std::vector<RankReport> all, Gather(comm, RankReport{}));
+  if (header.kind == RoundKind::kIdle) last_end_ = clock_.Now();
+  return SummarizeReports(all).stop;
 }
 
-// max / mean of a window's per-rank sums; 0 for an empty window (nothing
-// measured), as the per-step CPU figures are.
-double Windowed(const std::vector<double>& sums) {
-  return sums.empty() ? 0.0 : core::MaxOverMean(sums);
+absl::StatusOr<std::vector<RankReport>> WorkerDaemon::Gather(Communicator& comm,
+                                                             RankReport mine) {
+  {
+    absl::MutexLock lock(&mu_);
+    mine.stop = exit_wanted_;
+  }
+  return GatherReports(comm, mine);
 }
-
-}  // namespace
 
 bool WorkerDaemon::Reports() const {
   return !options_.cost_profile.empty() && options_.cost_profile != core::kPairsProfile;
@@ -700,17 +365,18 @@ void WorkerDaemon::FlushReport(int32_t cp_size) {
   pending_report_.clear();
 }
 
-absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& response,
-                                core::CommScheme scheme, int64_t batch, double plan_wait_seconds,
-                                absl::Time start, bool* stop_anywhere) {
+absl::StatusOr<bool> WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& response,
+                                        const StepHeader& header, double plan_wait_seconds) {
+  const absl::Time start = last_end_;
+  const core::CommScheme scheme = header.scheme;
   FLASHCP_ASSIGN_OR_RETURN(const proto::PlanResult plan, proto::ResponseFromProto(response));
   if (plan.plan.cp_size != comm.size()) {
     return absl::InvalidArgumentError(absl::StrCat("plan for ", plan.plan.cp_size,
                                                    " ranks in a group of ", comm.size()));
   }
-  FLASHCP_ASSIGN_OR_RETURN(const StepMeasurement m,
-                           backend_->Run(plan.plan, scheme,
-                                         options_.seed ^ (uint64_t(batch) << 20), comm));
+  FLASHCP_ASSIGN_OR_RETURN(
+      const StepMeasurement m,
+      backend_->Run(plan.plan, scheme, options_.seed ^ (uint64_t(header.batch) << 20), comm));
 
   StepRecord r;
   r.plan_wait_seconds = plan_wait_seconds;
@@ -744,51 +410,66 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
                          : plan.cost.prediction.rank_cost[comm.rank()];
   r.attention_seconds = m.attention_seconds;
   if (!predicted.sent.empty() && predicted.sent[comm.rank()] != r.bytes_sent) {
-    FLASHCP_LOG(WARNING) << "rank " << comm.rank() << " batch " << batch << ": sent "
+    FLASHCP_LOG(WARNING) << "rank " << comm.rank() << " batch " << header.batch << ": sent "
                          << r.bytes_sent << " bytes, the plan predicts "
                          << predicted.sent[comm.rank()];
   }
 
   // Everyone's attention compute time (and stop wishes) to everyone.
-  RankReport mine;
-  mine.attention_seconds = m.attention_seconds;
-  mine.attention_cpu_seconds = m.attention_cpu_seconds;
-  {
-    absl::MutexLock lock(&mu_);
-    mine.stop = exit_wanted_ ? 1 : 0;
-  }
-  std::vector<RankReport> all(comm.size());
-  const std::vector<int64_t> counts(comm.size(), sizeof(RankReport));
-  FLASHCP_RETURN_IF_ERROR(comm.AllGatherV(
-      absl::MakeConstSpan(reinterpret_cast<const std::byte*>(&mine), sizeof(mine)),
-      absl::MakeSpan(reinterpret_cast<std::byte*>(all.data()), all.size() * sizeof(RankReport)),
-      counts));
-  double sum = 0, max = 0;
-  for (const RankReport& x : all) {
-    sum += x.attention_seconds;
-    max = std::max(max, x.attention_seconds);
-    *stop_anywhere |= x.stop != 0;
-  }
-  const double mean = sum / comm.size();
-  r.attention_time_ratio = mean > 0 ? mine.attention_seconds / mean : 1.0;
+  FLASHCP_ASSIGN_OR_RETURN(const std::vector<RankReport> all,
+                           Gather(comm, {m.attention_seconds, m.attention_cpu_seconds, false}));
+  const GroupTimes group = SummarizeReports(all);
+  r.attention_time_ratio =
+      group.mean_attention_seconds > 0 ? m.attention_seconds / group.mean_attention_seconds : 1.0;
   r.step_seconds = absl::ToDoubleSeconds(clock_.Now() - start);
+  observer_.OnStep(plan.strategy, core::CommSchemeName(scheme), r);
+  Account(plan, scheme, all, group, r, m);
+  absl::MutexLock lock(&mu_);
+  status_.set_steps_done(status_.steps_done() + 1);
+  status_.set_last_step_seconds(r.step_seconds);
+  return group.stop;
+}
 
-  const std::string scheme_name(core::CommSchemeName(scheme));
-  metrics_->Record(plan.strategy, scheme_name, r);
+namespace {
+
+// The ranks' CPU attention seconds; empty where not all measured.
+std::vector<double> CpuSeconds(const std::vector<RankReport>& all, const GroupTimes& group) {
+  std::vector<double> t;
+  if (!group.use_cpu_seconds) return t;
+  for (const RankReport& r : all) t.push_back(r.attention_cpu_seconds);
+  return t;
+}
+
+// Adds per-rank values into per-rank sums (a window's totals).
+void AddPerRank(std::vector<double>& sums, absl::Span<const double> v) {
+  if (sums.size() < v.size()) sums.resize(v.size(), 0.0);
+  for (size_t i = 0; i < v.size(); ++i) sums[i] += v[i];
+}
+
+// max / mean of a window's per-rank sums; 0 for an empty window (nothing
+// measured), as the per-step CPU figures are.
+double Windowed(const std::vector<double>& sums) {
+  return sums.empty() ? 0.0 : core::MaxOverMean(sums);
+}
+
+}  // namespace
+
+void WorkerDaemon::Account(const proto::PlanResult& plan, core::CommScheme scheme,
+                           const std::vector<RankReport>& all, const GroupTimes& group,
+                           const StepRecord& r, const StepMeasurement& m) {
   summary_.steps += 1;
   summary_.step_seconds += r.step_seconds;
   summary_.attention_seconds += m.forward_seconds + m.backward_seconds;
   summary_.comm_seconds += r.comm_seconds;
   summary_.plan_wait_seconds += r.plan_wait_seconds;
-  summary_.measured_imbalance += mean > 0 ? max / mean : 1.0;
+  summary_.measured_imbalance += group.measured_imbalance;
   summary_.predicted_imbalance += r.predicted_imbalance;
   // The cost model: the plan's prediction against this step's measurement,
   // split by calibration; the driver queues the step for the planner's fit.
-  const std::vector<double> cpu = CpuSeconds(all);
-  const double cpu_imbalance = cpu.empty() ? 0.0 : core::MaxOverMean(cpu);
-  summary_.measured_cpu_imbalance += cpu_imbalance;
+  summary_.measured_cpu_imbalance += group.cpu_imbalance;
   // Windows count only steps where every rank measured CPU time, so the
   // measured and predicted sums cover the same steps.
+  const std::vector<double> cpu = CpuSeconds(all, group);
   if (!cpu.empty()) {
     AddPerRank(summary_.rank_cpu, cpu);
     AddPerRank(summary_.rank_pairs, plan.metrics.rank_workload);
@@ -797,8 +478,8 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
     const int c = plan.cost.calibrated ? 1 : 0;
     summary_.predicted_cost_imbalance += plan.cost.prediction.imbalance;
     summary_.cost_steps[c] += 1;
-    summary_.cost_measured[c] += mean > 0 ? max / mean : 1.0;
-    summary_.cost_measured_cpu[c] += cpu_imbalance;
+    summary_.cost_measured[c] += group.measured_imbalance;
+    summary_.cost_measured_cpu[c] += group.cpu_imbalance;
     summary_.cost_predicted[c] += plan.cost.prediction.imbalance;
     if (!cpu.empty()) {
       AddPerRank(summary_.cost_rank_cpu[c], cpu);
@@ -808,205 +489,59 @@ absl::Status WorkerDaemon::Step(Communicator& comm, const v1::PlanResponse& resp
       summary_.first_calibrated_step = summary_.steps - 1;
     }
   }
-  if (comm.rank() == 0 && Reports() && MinSeconds(all) > 0) {
+  const int32_t cp_size = static_cast<int32_t>(all.size());
+  if (run_.has_value() /* the driver */ && Reports() && group.min_fit_seconds > 0) {
     const std::vector<core::RankFeatures> f = core::PlanRankFeatures(plan.plan);
-    const bool cpu = UseCpuSeconds(all);
     for (size_t i = 0; i < all.size(); ++i) {
       pending_report_.push_back(
-          {f[i], cpu ? all[i].attention_cpu_seconds : all[i].attention_seconds});
+          {f[i], group.use_cpu_seconds ? all[i].attention_cpu_seconds : all[i].attention_seconds});
     }
-    if (static_cast<int64_t>(pending_report_.size()) >=
-        int64_t{options_.report_every} * comm.size()) {
-      FlushReport(comm.size());
+    if (static_cast<int64_t>(pending_report_.size()) >= int64_t{options_.report_every} * cp_size) {
+      FlushReport(cp_size);
     }
   }
-  const auto& sent = plan.metrics.bytes[static_cast<int>(scheme)].sent;
-  for (const int64_t b : sent) summary_.bytes_sent += b;
-  for (const int64_t b : full.sent) summary_.full_kv_bytes += b;
-  absl::MutexLock lock(&mu_);
-  status_.set_steps_done(status_.steps_done() + 1);
-  status_.set_last_step_seconds(r.step_seconds);
-  return absl::OkStatus();
+  for (const int64_t b : plan.metrics.bytes[static_cast<int>(scheme)].sent) {
+    summary_.bytes_sent += b;
+  }
+  for (const int64_t b : plan.metrics.bytes[static_cast<int>(core::CommScheme::kFullKv)].sent) {
+    summary_.full_kv_bytes += b;
+  }
 }
 
-absl::Status WorkerDaemon::Loop(Communicator& comm) {
-  const bool driver = comm.rank() == 0;
-  const absl::Duration heartbeat = std::min(absl::Seconds(1), options_.timeout / 4);
-  std::unique_ptr<PlanFeed> feed;
-  std::optional<RunConfig> run;  // driver: the run going
-  int64_t done = 0;
-  absl::Time last_end = clock_.Now();
-  const auto finish_run = [&] {
-    const int64_t n = std::max<int64_t>(1, summary_.steps);
-    if (!pending_report_.empty()) FlushReport(comm.size());
-    const auto mean_of = [](double sum, int64_t k) { return k > 0 ? sum / k : 0.0; };
-    const std::string cost = absl::StrFormat(
-        ",\"measured_cpu_imbalance\":%.4f,\"cost_profile\":\"%s\","
-        "\"predicted_cost_imbalance\":%.4f,\"calibrated_steps\":%d,"
-        "\"first_calibrated_step\":%d,"
-        "\"windowed\":{\"measured_cpu\":%.4f,\"predicted\":%.4f},"
-        "\"uncalibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f,"
-        "\"windowed_measured_cpu\":%.4f,\"windowed_predicted\":%.4f},"
-        "\"calibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f,"
-        "\"windowed_measured_cpu\":%.4f,\"windowed_predicted\":%.4f}",
-        summary_.measured_cpu_imbalance / n,
-        options_.cost_profile.empty() ? std::string(core::kPairsProfile) : options_.cost_profile,
-        summary_.predicted_cost_imbalance / n, summary_.cost_steps[1],
-        summary_.first_calibrated_step, Windowed(summary_.rank_cpu),
-        Windowed(summary_.rank_pairs), mean_of(summary_.cost_measured[0], summary_.cost_steps[0]),
-        mean_of(summary_.cost_measured_cpu[0], summary_.cost_steps[0]),
-        mean_of(summary_.cost_predicted[0], summary_.cost_steps[0]),
-        Windowed(summary_.cost_rank_cpu[0]), Windowed(summary_.cost_rank_predicted[0]),
-        mean_of(summary_.cost_measured[1], summary_.cost_steps[1]),
-        mean_of(summary_.cost_measured_cpu[1], summary_.cost_steps[1]),
-        mean_of(summary_.cost_predicted[1], summary_.cost_steps[1]),
-        Windowed(summary_.cost_rank_cpu[1]), Windowed(summary_.cost_rank_predicted[1]));
-    const std::string line = SummaryLine(
-        run->strategy, std::string(core::CommSchemeName(run->scheme)), summary_.steps,
-        summary_.step_seconds / n, summary_.attention_seconds / n, summary_.comm_seconds / n,
-        summary_.plan_wait_seconds / n, summary_.measured_imbalance / n,
-        summary_.predicted_imbalance / n, summary_.bytes_sent, summary_.full_kv_bytes, cost);
-    std::fprintf(stdout, "%s\n", line.c_str());
-    std::fflush(stdout);
-    feed.reset();
-    run.reset();
-  };
-  for (;;) {
-    StepHeader h;
-    std::string payload;
-    if (driver) {
-      bool stop_run = false;
-      {
-        absl::MutexLock lock(&mu_);
-        if (!run.has_value() && pending_run_.has_value()) {
-          run = *pending_run_;
-          pending_run_.reset();
-          stop_run_wanted_ = false;
-          done = 0;
-          summary_ = {};
-          status_.set_state(v1::WorkerStatus::RUNNING);
-          status_.set_steps_done(0);
-          status_.set_steps_total(run->steps);
-          status_.set_strategy(run->strategy);
-          status_.set_scheme(std::string(core::CommSchemeName(run->scheme)));
-          metrics_->Prepare(run->strategy, status_.scheme());
-          PlanFeed::Config c;
-          c.dataset = options_.dataset;
-          c.context = options_.context;
-          c.cp_size = comm.size();
-          c.strategy = run->strategy;
-          c.target_imbalance = options_.target_imbalance;
-          c.heads = options_.heads;
-          c.head_dim = options_.head_dim;
-          c.dtype_bytes = backend_->dtype_bytes();
-          c.seed = options_.seed;
-          c.first_batch = next_batch_;
-          c.count = run->steps;
-          c.prefetch = options_.prefetch;
-          c.timeout = options_.timeout;
-          c.cost_profile = options_.cost_profile;
-          // Before the feed starts: its first plan's wait is all plan wait.
-          last_end = clock_.Now();
-          feed = std::make_unique<PlanFeed>(planner_, c, &clock_);
-        }
-        stop_run = stop_run_wanted_;
-      }
-      if (run.has_value() && (done == run->steps || stop_run)) {
-        finish_run();
-        const bool linger = options_.linger || options_.steps == 0;
-        absl::MutexLock lock(&mu_);
-        status_.set_state(v1::WorkerStatus::IDLE);
-        if (!linger) h.kind = static_cast<uint32_t>(Kind::kExit);
-      }
-      if (h.kind == 0 && run.has_value()) {
-        FLASHCP_ASSIGN_OR_RETURN(std::optional<v1::PlanResponse> plan, feed->Next(heartbeat));
-        if (plan.has_value()) {
-          h.kind = static_cast<uint32_t>(Kind::kStep);
-          h.scheme = static_cast<uint32_t>(run->scheme);
-          h.batch = next_batch_++;
-          h.steps_total = run->steps;
-          std::snprintf(h.strategy, sizeof(h.strategy), "%s", run->strategy.c_str());
-          payload = plan->SerializeAsString();
-          h.payload_bytes = static_cast<int64_t>(payload.size());
-        } else {
-          h.kind = static_cast<uint32_t>(Kind::kWaiting);
-        }
-      } else if (h.kind == 0) {
-        absl::MutexLock lock(&mu_);
-        clock_.AwaitWithTimeout(mu_,
-                                absl::Condition(
-                                    +[](WorkerDaemon* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
-                                      return d->pending_run_.has_value() || d->exit_wanted_;
-                                    },
-                                    this),
-                                heartbeat);
-        h.kind = static_cast<uint32_t>(Kind::kIdle);
-      }
-    }
-    FLASHCP_RETURN_IF_ERROR(Broadcast(comm, reinterpret_cast<std::byte*>(&h), sizeof(h)));
-    const Kind kind = static_cast<Kind>(h.kind);
-    if (kind == Kind::kExit) return absl::OkStatus();
-    if (kind == Kind::kStep) {
-      if (h.payload_bytes < 0 || h.payload_bytes > (int64_t{1} << 30) || h.scheme > 2) {
-        return absl::DataLossError(absl::StrCat("bad step header from the driver: payload ",
-                                                h.payload_bytes, " bytes, scheme ", h.scheme));
-      }
-      payload.resize(static_cast<size_t>(h.payload_bytes));
-      FLASHCP_RETURN_IF_ERROR(
-          Broadcast(comm, reinterpret_cast<std::byte*>(payload.data()), h.payload_bytes));
-      v1::PlanResponse response;
-      if (!response.ParseFromString(payload)) {
-        return absl::DataLossError("the driver's plan does not parse");
-      }
-      const auto scheme = static_cast<core::CommScheme>(h.scheme);
-      if (!driver) {
-        absl::MutexLock lock(&mu_);
-        if (status_.state() != v1::WorkerStatus::RUNNING ||
-            status_.strategy() != response.strategy() ||
-            status_.scheme() != core::CommSchemeName(scheme)) {
-          status_.set_state(v1::WorkerStatus::RUNNING);
-          status_.set_steps_done(0);
-          status_.set_strategy(response.strategy());
-          status_.set_scheme(std::string(core::CommSchemeName(scheme)));
-          summary_ = {};
-        }
-        status_.set_steps_total(h.steps_total);
-      }
-      const absl::Time header_at = clock_.Now();
-      bool stop_anywhere = false;
-      FLASHCP_RETURN_IF_ERROR(Step(comm, response, scheme, h.batch,
-                                   absl::ToDoubleSeconds(header_at - last_end), last_end,
-                                   &stop_anywhere));
-      last_end = clock_.Now();
-      ++done;
-      if (driver && options_.progress_every > 0 &&
-          (done % options_.progress_every == 0 || done == run->steps)) {
-        FLASHCP_LOG(INFO) << "group " << options_.group << " " << run->strategy << "/"
-                          << core::CommSchemeName(run->scheme) << ": step " << done << "/"
-                          << run->steps << " (" << absl::StrFormat("%.3f", summary_.step_seconds / done)
-                          << " s/step)";
-      }
-      if (stop_anywhere) {
-        if (driver && run.has_value()) finish_run();
-        return absl::OkStatus();
-      }
-      continue;
-    }
-    if (kind != Kind::kIdle && kind != Kind::kWaiting) {
-      return absl::DataLossError(absl::StrCat("bad step header kind ", h.kind));
-    }
-    if (!driver && kind == Kind::kIdle) {
-      absl::MutexLock lock(&mu_);
-      if (status_.state() == v1::WorkerStatus::RUNNING) status_.set_state(v1::WorkerStatus::IDLE);
-    }
-    bool stop_anywhere = false;
-    FLASHCP_RETURN_IF_ERROR(Heartbeat(comm, &stop_anywhere));
-    if (kind == Kind::kIdle) last_end = clock_.Now();
-    if (stop_anywhere) {
-      if (driver && run.has_value()) finish_run();
-      return absl::OkStatus();
-    }
-  }
+void WorkerDaemon::FinishRun(int32_t cp_size) {
+  const int64_t n = std::max<int64_t>(1, summary_.steps);
+  if (!pending_report_.empty()) FlushReport(cp_size);
+  const auto mean_of = [](double sum, int64_t k) { return k > 0 ? sum / k : 0.0; };
+  const std::string cost = absl::StrFormat(
+      ",\"measured_cpu_imbalance\":%.4f,\"cost_profile\":\"%s\","
+      "\"predicted_cost_imbalance\":%.4f,\"calibrated_steps\":%d,"
+      "\"first_calibrated_step\":%d,"
+      "\"windowed\":{\"measured_cpu\":%.4f,\"predicted\":%.4f},"
+      "\"uncalibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f,"
+      "\"windowed_measured_cpu\":%.4f,\"windowed_predicted\":%.4f},"
+      "\"calibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f,"
+      "\"windowed_measured_cpu\":%.4f,\"windowed_predicted\":%.4f}",
+      summary_.measured_cpu_imbalance / n,
+      options_.cost_profile.empty() ? std::string(core::kPairsProfile) : options_.cost_profile,
+      summary_.predicted_cost_imbalance / n, summary_.cost_steps[1],
+      summary_.first_calibrated_step, Windowed(summary_.rank_cpu),
+      Windowed(summary_.rank_pairs), mean_of(summary_.cost_measured[0], summary_.cost_steps[0]),
+      mean_of(summary_.cost_measured_cpu[0], summary_.cost_steps[0]),
+      mean_of(summary_.cost_predicted[0], summary_.cost_steps[0]),
+      Windowed(summary_.cost_rank_cpu[0]), Windowed(summary_.cost_rank_predicted[0]),
+      mean_of(summary_.cost_measured[1], summary_.cost_steps[1]),
+      mean_of(summary_.cost_measured_cpu[1], summary_.cost_steps[1]),
+      mean_of(summary_.cost_predicted[1], summary_.cost_steps[1]),
+      Windowed(summary_.cost_rank_cpu[1]), Windowed(summary_.cost_rank_predicted[1]));
+  const RunConfig& run = run_->config;
+  const std::string line = SummaryLine(
+      run.strategy, std::string(core::CommSchemeName(run.scheme)), summary_.steps,
+      summary_.step_seconds / n, summary_.attention_seconds / n, summary_.comm_seconds / n,
+      summary_.plan_wait_seconds / n, summary_.measured_imbalance / n,
+      summary_.predicted_imbalance / n, summary_.bytes_sent, summary_.full_kv_bytes, cost);
+  std::fprintf(stdout, "%s\n", line.c_str());
+  std::fflush(stdout);
+  run_.reset();
 }
 
 std::string SummaryLine(const std::string& strategy, const std::string& scheme, int64_t steps,
@@ -1021,26 +556,6 @@ std::string SummaryLine(const std::string& strategy, const std::string& scheme, 
       "\"full_kv_bytes\":%d%s}",
       strategy, scheme, steps, mean_step_s, mean_attention_s, mean_comm_s, mean_plan_wait_s,
       measured_imbalance, predicted_imbalance, bytes_sent, full_kv_bytes, extra_json);
-}
-
-// ---- WorkerControl --------------------------------------------------------------
-
-grpc::Status WorkerControlService::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
-                                             v1::WorkerStatus* response) {
-  *response = daemon_->Status();
-  return grpc::Status::OK;
-}
-
-grpc::Status WorkerControlService::StartRun(grpc::ServerContext*,
-                                            const v1::StartRunRequest* request,
-                                            v1::StartRunResponse*) {
-  return proto::ToGrpcStatus(
-      daemon_->StartRun(request->steps(), request->strategy(), request->scheme()));
-}
-
-grpc::Status WorkerControlService::StopRun(grpc::ServerContext*, const v1::StopRunRequest*,
-                                           v1::StopRunResponse*) {
-  return proto::ToGrpcStatus(daemon_->StopRun());
 }
 
 }  // namespace flashcp::worker

@@ -29,19 +29,12 @@
 #include "tests/testing/ports.h"
 #include "worker/gloo_communicator.h"
 #include "worker/grpc_store.h"
+#include "worker/metrics.h"
+#include "worker/testing/gloo_ranks.h"
+#include "worker/testing/scripted_planner.h"
 
 namespace flashcp::worker {
 namespace {
-
-// ConnectGloo refuses to run while SIGPIPE is at its default action; this
-// test binary, like flashcp-worker's main(), ignores it before any test.
-class IgnoreSigpipeEnvironment final : public ::testing::Environment {
- public:
-  void SetUp() override { IgnoreSigpipe(); }
-};
-[[maybe_unused]] ::testing::Environment* const kIgnoreSigpipe =
-    ::testing::AddGlobalTestEnvironment(new IgnoreSigpipeEnvironment);
-
 
 using core::testing::IsOk;
 using core::testing::StatusIs;
@@ -156,266 +149,16 @@ TEST_F(RendezvousFixture, WaitsLongerThanTheServerLimitAreClampedNotRefused) {
   EXPECT_THAT(a.AwaitMembers(absl::Hours(2)).value(), ElementsAre(0));
 }
 
-// A planner whose streams echo each request's documents back, and whose first
-// `broken_streams` streams break with UNAVAILABLE after `answers_before_break`
-// answers (a planner restart mid-stream).
-class FlakyPlanner final : public client::PlannerClient {
- public:
-  FlakyPlanner(int broken_streams, int answers_before_break)
-      : broken_streams_(broken_streams), answers_before_break_(answers_before_break) {}
-  // Answers with real plans (core::MakePlan, AnalyzePlan) instead of echoes,
-  // and advances `clock` by `first_answer_delay` before its first answer: a
-  // planner that takes that long (of the clock's time) for the first plan.
-  FlakyPlanner(core::ManualClock* clock, absl::Duration first_answer_delay)
-      : broken_streams_(0), answers_before_break_(0), clock_(clock),
-        first_answer_delay_(first_answer_delay) {}
-
-  class Stream final : public client::PlanStream {
-   public:
-    Stream(int answers, FlakyPlanner* planner) : answers_left_(answers), planner_(planner) {}
-    bool Write(const v1::PlanRequest& request) override {
-      planner_->RecordRequest(request);
-      absl::MutexLock lock(&mu_);
-      if (cancelled_) return false;
-      pending_.push_back(request);
-      return true;
-    }
-    bool WritesDone() override {
-      absl::MutexLock lock(&mu_);
-      done_writing_ = true;
-      return true;
-    }
-    bool Read(v1::PlanResponse* response) override {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](Stream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-            return !s->pending_.empty() || s->done_writing_ || s->cancelled_ ||
-                   s->answers_left_ == 0;
-          },
-          this));
-      if (cancelled_ || answers_left_ == 0 || pending_.empty()) return false;
-      const v1::PlanRequest r = pending_.front();
-      pending_.erase(pending_.begin());
-      --answers_left_;
-      response->Clear();
-      if (planner_->clock_ != nullptr) {
-        if (!planner_->answered_) planner_->clock_->Advance(planner_->first_answer_delay_);
-        planner_->answered_ = true;
-        *response = RealPlan(r);
-        return true;
-      }
-      response->set_batch_id(r.batch_id());
-      response->mutable_doc_lens()->CopyFrom(r.doc_lens());
-      return true;
-    }
-    void Cancel() override {
-      absl::MutexLock lock(&mu_);
-      cancelled_ = true;
-    }
-    absl::Status Finish() override {
-      absl::MutexLock lock(&mu_);
-      return answers_left_ == 0 ? absl::UnavailableError("connection reset") : absl::OkStatus();
-    }
-
-   private:
-    static v1::PlanResponse RealPlan(const v1::PlanRequest& r) {
-      const absl::StatusOr<proto::PlanInput> in = proto::RequestFromProto(r, core::BatchLimits{});
-      if (!in.ok()) return proto::ErrorResponseToProto(r.batch_id(), in.status());
-      const absl::StatusOr<core::Plan> plan = core::MakePlan(in->strategy, in->batch, in->options);
-      if (!plan.ok()) return proto::ErrorResponseToProto(r.batch_id(), plan.status());
-      const absl::StatusOr<core::PlanMetrics> metrics = core::AnalyzePlan(*plan, in->shape);
-      if (!metrics.ok()) return proto::ErrorResponseToProto(r.batch_id(), metrics.status());
-      // The pairs profile's report, as the service sends it.
-      core::PlanCostReport cost;
-      cost.profile = std::string(core::kPairsProfile);
-      cost.prediction = core::PredictPlanCost(cost.coefficients, *plan);
-      return proto::ResponseToProto(r.batch_id(), in->strategy, *plan, *metrics, nullptr, 0.0,
-                                    nullptr, &cost);
-    }
-
-    absl::Mutex mu_;
-    std::vector<v1::PlanRequest> pending_ ABSL_GUARDED_BY(mu_);
-    bool done_writing_ ABSL_GUARDED_BY(mu_) = false;
-    bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-    int answers_left_ ABSL_GUARDED_BY(mu_);
-    FlakyPlanner* const planner_;
-  };
-
-  std::unique_ptr<client::PlanStream> OpenPlanStream(const client::CallOptions&) override {
-    absl::MutexLock lock(&mu_);
-    ++opened_;
-    return std::make_unique<Stream>(opened_ <= broken_streams_ ? answers_before_break_ : 1 << 30,
-                                    this);
-  }
-  client::PlanResult Plan(const v1::PlanRequest&, const client::CallOptions&) override {
-    return absl::UnimplementedError("Plan");
-  }
-  void PlanAsync(const v1::PlanRequest&, const client::CallOptions&,
-                 client::PlanCallback done) override {
-    std::move(done)(absl::UnimplementedError("PlanAsync"));
-  }
-  absl::StatusOr<v1::ListStrategiesResponse> ListStrategies(const client::CallOptions&) override {
-    return absl::UnimplementedError("ListStrategies");
-  }
-  absl::StatusOr<v1::ServerInfo> GetServerInfo(const client::CallOptions&) override {
-    return absl::UnimplementedError("GetServerInfo");
-  }
-  int opened() {
-    absl::MutexLock lock(&mu_);
-    return opened_;
-  }
-  // The element size (bytes) of every request written to any stream, in order.
-  std::vector<int32_t> request_dtype_bytes() {
-    absl::MutexLock lock(&mu_);
-    return request_dtype_bytes_;
-  }
-  void RecordRequest(const v1::PlanRequest& request) {
-    absl::MutexLock lock(&mu_);
-    request_dtype_bytes_.push_back(request.dtype_bytes());
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<int32_t> request_dtype_bytes_ ABSL_GUARDED_BY(mu_);
-  const int broken_streams_, answers_before_break_;
-  int opened_ ABSL_GUARDED_BY(mu_) = 0;
-  core::ManualClock* const clock_ = nullptr;
-  const absl::Duration first_answer_delay_;
-  bool answered_ = false;  // only the streams' Read, on the feed's one thread
-};
-
-PlanFeed::Config FeedConfig(int64_t count, absl::Duration timeout) {
-  PlanFeed::Config c;
-  c.dataset = core::Dataset::kPile;
-  c.context = 4096;
-  c.cp_size = 4;
-  c.strategy = "flashcp";
-  c.heads = 2;
-  c.head_dim = 32;
-  c.seed = 7;
-  c.first_batch = 3;
-  c.count = count;
-  c.prefetch = 2;
-  c.timeout = timeout;
-  return c;
-}
-
-TEST(PlanFeedTest, ResumesFromTheFirstUndeliveredBatchAfterTheStreamBreaks) {
-  auto planner = std::make_shared<FlakyPlanner>(/*broken_streams=*/2, /*answers_before_break=*/3);
-  // Real time: the reconnect backoffs (100 and 200 ms) pass by themselves.
-  const core::RealClock clock;
-  PlanFeed feed(planner, FeedConfig(10, absl::Seconds(30)), &clock);
-  for (int64_t k = 0; k < 10; ++k) {
-    absl::StatusOr<std::optional<v1::PlanResponse>> next = feed.Next(absl::Seconds(30));
-    ASSERT_THAT(next.status(), IsOk()) << k;
-    ASSERT_TRUE(next->has_value()) << k;
-    const std::vector<int64_t> want = core::SampleBatch(core::Dataset::kPile, 4096, 7, 3 + k).value();
-    EXPECT_EQ(std::vector<int64_t>((*next)->doc_lens().begin(), (*next)->doc_lens().end()), want)
-        << "batch " << k;
-  }
-  EXPECT_EQ(planner->opened(), 3);
-}
-
-TEST(PlanFeedTest, GivesUpWithUnavailableAfterTheTimeoutWithoutPlans) {
-  // Every stream breaks at once; the feed reconnects after a backoff of the
-  // clock's time, which only the test moves.
-  auto planner = std::make_shared<FlakyPlanner>(/*broken_streams=*/1 << 20,
-                                                /*answers_before_break=*/0);
-  core::ManualClock clock;
-  PlanFeed feed(planner, FeedConfig(5, absl::Seconds(30)), &clock);
-  ASSERT_THAT(feed.Next(absl::ZeroDuration()).status(), IsOk());
-  clock.Advance(absl::Seconds(30));
-  // An hour of the clock's time, which nobody advances: only the watchdog's
-  // error ends this wait. (The last error it names depends on how far the
-  // feed's first stream got before the clock jumped.)
-  EXPECT_THAT(feed.Next(absl::Hours(1)).status(),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("plan stream: no plan for 30s")));
-}
-
-// A planner that accepts PlanStream calls, reads every request and never
-// answers, keeping the connection up: a hung planner, over real gRPC.
-class HungPlannerService final : public v1::Planner::Service {
- public:
-  grpc::Status PlanStream(
-      grpc::ServerContext*,
-      grpc::ServerReaderWriter<v1::PlanResponse, v1::PlanRequest>* stream) override {
-    {
-      absl::MutexLock lock(&mu_);
-      ++opened_;
-    }
-    v1::PlanRequest request;
-    while (stream->Read(&request)) {
-    }  // ends when the client cancels
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the call should have been cancelled");
-  }
-  // Until a PlanStream call has arrived (an event, not a guess at time).
-  void AwaitOpened() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](int* n) { return *n > 0; }, &opened_));
-  }
-
- private:
-  absl::Mutex mu_;
-  int opened_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
-class HungPlannerFixture : public ::testing::Test {
- protected:
-  void SetUp() override {
-    grpc::ServerBuilder builder;
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    planner_ = std::make_shared<client::GrpcPlannerClient>(
-        server_->InProcessChannel(grpc::ChannelArguments()));
-  }
-  void TearDown() override { server_->Shutdown(); }
-  HungPlannerService service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::shared_ptr<client::PlannerClient> planner_;
-};
-
-TEST_F(HungPlannerFixture, WatchdogCancelsTheStreamExactlyAtTheTimeout) {
-  core::ManualClock clock;
-  PlanFeed feed(planner_, FeedConfig(5, absl::Seconds(30)), &clock);
-  // The stream is up (the planner has it), so the watchdog's cancel is what
-  // ends it.
-  service_.AwaitOpened();
-  ASSERT_THAT(feed.Next(absl::ZeroDuration()).status(), IsOk());
-  clock.Advance(absl::Seconds(30) - absl::Milliseconds(1));
-  const absl::StatusOr<std::optional<v1::PlanResponse>> before = feed.Next(absl::ZeroDuration());
-  ASSERT_THAT(before.status(), IsOk());  // 1 ms short of the timeout: no error
-  EXPECT_FALSE(before->has_value());
-  clock.Advance(absl::Milliseconds(1));
-  // An hour of the clock's time that nobody advances: the watchdog ends it.
-  EXPECT_THAT(feed.Next(absl::Hours(1)).status(),
-              StatusIs(absl::StatusCode::kUnavailable,
-                       HasSubstr("plan stream: no plan for 30s; last error: CANCELLED")));
-}
-
-TEST_F(HungPlannerFixture, DestructorCancelsTheStreamInsteadOfWaiting) {
-  // A 1 h timeout that the clock never reaches: only the destructor's cancel
-  // lets this test end.
-  core::ManualClock clock;
-  auto feed = std::make_unique<PlanFeed>(planner_, FeedConfig(5, absl::Hours(1)), &clock);
-  absl::StatusOr<std::optional<v1::PlanResponse>> next = feed->Next(absl::ZeroDuration());
-  ASSERT_THAT(next.status(), IsOk());
-  EXPECT_FALSE(next->has_value());
-  feed.reset();
-}
-
 TEST(WorkerDaemonTest, ControlRequestsBeforeTheGroupForms) {
-  prometheus::Registry registry;
-  WorkerMetrics metrics(registry, "test");
+  NullWorkerObserver observer;
   DaemonOptions o;
   o.world_size = 4;
   o.steps = 0;
   DaemonOptions o1 = o;
   o1.rank = 1;
   const core::RealClock clock;
-  WorkerDaemon driver(o, nullptr, nullptr, nullptr, &metrics, &clock);
-  WorkerDaemon other(o1, nullptr, nullptr, nullptr, &metrics, &clock);
+  WorkerDaemon driver(o, nullptr, nullptr, nullptr, &observer, &clock);
+  WorkerDaemon other(o1, nullptr, nullptr, nullptr, &observer, &clock);
   EXPECT_THAT(other.StartRun(5, "", ""),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("rank 1 is not the driver; send StartRun to rank 0")));
@@ -441,8 +184,7 @@ TEST(WorkerDaemonTest, ControlRequestsBeforeTheGroupForms) {
 }
 
 TEST(WorkerDaemonTest, UnreachablePlannerFailsUnavailableAfterTheTimeout) {
-  prometheus::Registry registry;
-  WorkerMetrics metrics(registry, "test");
+  NullWorkerObserver observer;
   DaemonOptions o;
   o.world_size = 2;
   o.timeout = absl::Seconds(1);
@@ -454,7 +196,8 @@ TEST(WorkerDaemonTest, UnreachablePlannerFailsUnavailableAfterTheTimeout) {
   core::ManualClock clock;
   BackendConfig backend;
   backend.clock = &clock;
-  WorkerDaemon daemon(o, std::move(stub), nullptr, MakeCpuRankBackend(backend), &metrics, &clock);
+  WorkerDaemon daemon(o, std::move(stub), nullptr, MakeCpuRankBackend(backend), &observer,
+                      &clock);
   EXPECT_THAT(daemon.Run(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rendezvous Join")));
   // Joins at 0, 100, 300 and 700 ms of the clock; the next backoff (800 ms)
   // would pass the 1 s timeout, so the daemon gives up after sleeping
@@ -520,22 +263,29 @@ double CounterSum(prometheus::Registry& registry, const std::string& name) {
   return -1;
 }
 
+// A one-rank group `group` of small batches that runs `steps` steps, one
+// plan in flight.
+DaemonOptions OneRankOptions(const std::string& group, int64_t steps) {
+  DaemonOptions o;
+  o.world_size = 1;
+  o.group = group;
+  o.context = 1024;
+  o.heads = 2;
+  o.head_dim = 8;
+  o.steps = steps;
+  o.prefetch = 1;
+  return o;
+}
+
 TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
   // A one-rank group (Gloo over loopback through the in-process rendezvous),
   // a planner whose first plan takes 2 s of the clock, and an engine with
   // 2-byte elements whose forward and backward take 250 ms and 500 ms of it.
   core::ManualClock clock;
   prometheus::Registry registry;
-  WorkerMetrics metrics(registry, "test");
-  DaemonOptions o;
-  o.world_size = 1;
-  o.group = "clocked";
-  o.context = 1024;
-  o.heads = 2;
-  o.head_dim = 8;
-  o.steps = 3;
-  o.prefetch = 1;
-  auto planner = std::make_shared<FlakyPlanner>(&clock, absl::Seconds(2));
+  PrometheusWorkerMetrics metrics(registry, "test");
+  const DaemonOptions o = OneRankOptions("clocked", 3);
+  auto planner = std::make_shared<testing::ScriptedPlanner>(&clock, absl::Seconds(2));
   auto engine = std::make_unique<ClockedEngine>(&clock, absl::Milliseconds(250),
                                                 absl::Milliseconds(500), /*dtype_bytes=*/2);
   ClockedEngine* const engine_ptr = engine.get();
@@ -580,6 +330,113 @@ TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
   EXPECT_EQ(clock.Now(), absl::UnixEpoch() + absl::Seconds(2) + 3 * absl::Milliseconds(750));
 }
 
+// The daemon's observer seam: a recording double.
+class RecordingObserver final : public WorkerObserver {
+ public:
+  void OnRunStart(absl::string_view strategy, absl::string_view scheme) override {
+    runs.push_back(absl::StrCat(strategy, "/", scheme));
+  }
+  void OnStep(absl::string_view strategy, absl::string_view scheme,
+              const StepRecord& record) override {
+    EXPECT_EQ(absl::StrCat(strategy, "/", scheme), "llama3/full_kv");
+    steps.push_back(record);
+  }
+  void OnGroupEvent(GroupEvent event, const absl::Status& status) override {
+    events.push_back(event);
+    last_status = status;
+  }
+  std::vector<std::string> runs;
+  std::vector<StepRecord> steps;
+  std::vector<GroupEvent> events;
+  absl::Status last_status;
+};
+
+TEST_F(RendezvousFixture, TheDaemonReportsThroughItsObserver) {
+  core::ManualClock clock;
+  RecordingObserver observer;
+  DaemonOptions o = OneRankOptions("observed", 2);
+  o.strategy = "llama3";
+  o.scheme = core::CommScheme::kFullKv;
+  auto planner = std::make_shared<testing::ScriptedPlanner>(&clock, absl::Seconds(1));
+  WorkerDaemon daemon(o, stub_, planner,
+                      std::make_unique<ClockedEngine>(&clock, absl::Milliseconds(250),
+                                                      absl::Milliseconds(500), 4),
+                      &observer, &clock);
+  ASSERT_THAT(daemon.Run(), IsOk());
+  // Before the group forms (the configured pair), then the run's start.
+  EXPECT_THAT(observer.runs, ElementsAre("llama3/full_kv", "llama3/full_kv"));
+  ASSERT_EQ(observer.steps.size(), 2u);
+  EXPECT_EQ(observer.steps[0].plan_wait_seconds, 1.0);
+  EXPECT_EQ(observer.steps[0].step_seconds, 1.75);
+  EXPECT_EQ(observer.steps[1].plan_wait_seconds, 0.0);
+  EXPECT_EQ(observer.steps[1].step_seconds, 0.75);
+  EXPECT_EQ(observer.steps[1].forward_seconds, 0.25);
+  EXPECT_EQ(observer.steps[1].attention_time_ratio, 1.0);  // one rank: its own mean
+  using Event = WorkerObserver::GroupEvent;
+  EXPECT_THAT(observer.events, ElementsAre(Event::kForming, Event::kFormed, Event::kEnded));
+  EXPECT_THAT(observer.last_status, IsOk());
+
+  // A group that cannot form: forming, then failed with the reason.
+  RecordingObserver failed;
+  DaemonOptions lone = o;
+  lone.world_size = 2;
+  lone.group = "never";
+  lone.timeout = absl::Seconds(1);
+  core::ManualClock lone_clock;
+  WorkerDaemon never(lone, stub_, planner,
+                     std::make_unique<ClockedEngine>(&lone_clock, absl::ZeroDuration(),
+                                                     absl::ZeroDuration(), 4),
+                     &failed, &lone_clock);
+  const absl::Status s = never.Run();
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(failed.events, ElementsAre(Event::kForming, Event::kFailed));
+  EXPECT_EQ(failed.last_status, s);
+  EXPECT_TRUE(failed.steps.empty());
+}
+
+// A two-rank group: the follower's status follows the driver's step headers
+// (the run's strategy and scheme from the header, its length, every step).
+TEST_F(RendezvousFixture, TheFollowerTakesTheRunFromTheDriversHeaders) {
+  std::vector<DaemonOptions> options(2, OneRankOptions("pair", 3));
+  for (int r = 0; r < 2; ++r) {
+    options[r].world_size = 2;
+    options[r].rank = r;
+    options[r].incarnation = 10 + r;
+    options[r].strategy = "zigzag";
+    options[r].scheme = core::CommScheme::kFullKv;
+  }
+  options[1].strategy = "flashcp";  // a follower's own flags do not choose the run
+  options[1].scheme = core::CommScheme::kTargeted;
+  std::vector<core::ManualClock> clocks(2);
+  std::vector<NullWorkerObserver> observers(2);
+  auto planner = std::make_shared<testing::ScriptedPlanner>(&clocks[0], absl::ZeroDuration());
+  std::vector<std::unique_ptr<WorkerDaemon>> daemons;
+  for (int r = 0; r < 2; ++r) {
+    daemons.push_back(std::make_unique<WorkerDaemon>(
+        options[r], stub_, r == 0 ? planner : nullptr,
+        std::make_unique<ClockedEngine>(&clocks[r], absl::Milliseconds(10),
+                                        absl::Milliseconds(20), 4),
+        &observers[r], &clocks[r]));
+  }
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] { results[r] = daemons[r]->Run(); });
+  }
+  for (std::thread& t : ranks) t.join();
+  ASSERT_THAT(results[0], IsOk());
+  ASSERT_THAT(results[1], IsOk());
+  for (int r = 0; r < 2; ++r) {
+    const v1::WorkerStatus s = daemons[r]->Status();
+    EXPECT_EQ(s.state(), v1::WorkerStatus::IDLE) << r;
+    EXPECT_EQ(s.steps_done(), 3) << r;
+    EXPECT_EQ(s.steps_total(), 3) << r;
+    EXPECT_EQ(s.strategy(), "zigzag") << r;
+    EXPECT_EQ(s.scheme(), "full_kv") << r;
+    EXPECT_EQ(s.last_step_seconds(), 0.03) << r;
+  }
+}
+
 TEST(ValidateDaemonOptionsTest, Table) {
   struct Case {
     void (*edit)(DaemonOptions&);
@@ -588,24 +445,6 @@ TEST(ValidateDaemonOptionsTest, Table) {
   };
   const std::vector<Case> cases = {
       {[](DaemonOptions&) {}, absl::StatusCode::kOk, ""},
-      // Whether cuda:K is usable is MakeRankBackend's to say.
-      {[](DaemonOptions& o) { o.device = "cuda:0"; }, absl::StatusCode::kOk, ""},
-      {[](DaemonOptions& o) { o.device = "cuda:4095"; }, absl::StatusCode::kOk, ""},
-      {[](DaemonOptions& o) { o.device = "gpu"; }, absl::StatusCode::kInvalidArgument, "--device"},
-      {[](DaemonOptions& o) { o.device = "cuda:x"; }, absl::StatusCode::kInvalidArgument,
-       "--device: want cpu or cuda:K (K a device index, 0..4095), got \"cuda:x\""},
-      {[](DaemonOptions& o) { o.device = "cuda:-1"; }, absl::StatusCode::kInvalidArgument,
-       "--device"},
-      {[](DaemonOptions& o) { o.device = "cuda:"; }, absl::StatusCode::kInvalidArgument,
-       "--device"},
-      {[](DaemonOptions& o) { o.device = "cuda:+1"; }, absl::StatusCode::kInvalidArgument,
-       "--device"},
-      {[](DaemonOptions& o) { o.device = "cuda: 1"; }, absl::StatusCode::kInvalidArgument,
-       "--device"},
-      {[](DaemonOptions& o) { o.device = "cuda:4096"; }, absl::StatusCode::kInvalidArgument,
-       "--device"},
-      {[](DaemonOptions& o) { o.device = "cuda:0x1"; }, absl::StatusCode::kInvalidArgument,
-       "--device"},
       {[](DaemonOptions& o) { o.rank = 4; }, absl::StatusCode::kInvalidArgument, "--rank"},
       {[](DaemonOptions& o) { o.world_size = 0; }, absl::StatusCode::kInvalidArgument,
        "--world_size"},
@@ -633,12 +472,31 @@ TEST(ValidateDaemonOptionsTest, Table) {
   }
 }
 
-TEST(WorkerMetricsTest, EverySeriesCarriesDeviceGpuAndLocalRank) {
+TEST(ValidateDaemonOptionsTest, Device) {
+  // Whether cuda:K is usable is MakeRankBackend's to say.
+  for (const char* good : {"cpu", "cuda:0", "cuda:4095"}) {
+    DaemonOptions o;
+    o.device = good;
+    EXPECT_THAT(ValidateDaemonOptions(o), IsOk()) << good;
+  }
+  for (const char* bad :
+       {"gpu", "cuda:x", "cuda:-1", "cuda:", "cuda:+1", "cuda: 1", "cuda:4096", "cuda:0x1"}) {
+    DaemonOptions o;
+    o.device = bad;
+    EXPECT_THAT(ValidateDaemonOptions(o),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("--device: want cpu or cuda:K (K a device index, "
+                                      "0..4095), got \"",
+                                      bad, "\"")));
+  }
+}
+
+TEST(PrometheusWorkerMetricsTest, EverySeriesCarriesDeviceGpuAndLocalRank) {
   prometheus::Registry registry;
-  WorkerMetrics metrics(registry, "test", LabelsForDevice("cuda:3", "1"));
+  PrometheusWorkerMetrics metrics(registry, "test", LabelsForDevice("cuda:3", "1"));
   metrics.SetWorldSize(8);
-  metrics.Prepare("flashcp", "targeted");
-  metrics.Record("flashcp", "targeted", StepRecord{});  // the two last-step gauges too
+  metrics.OnRunStart("flashcp", "targeted");
+  metrics.OnStep("flashcp", "targeted", StepRecord{});  // the two last-step gauges too
   const std::vector<prometheus::MetricFamily> families = registry.Collect();
   // 5 histograms, 8 counters, 3 gauges and build_info.
   ASSERT_EQ(families.size(), 17u);
@@ -658,10 +516,9 @@ TEST(WorkerMetricsTest, EverySeriesCarriesDeviceGpuAndLocalRank) {
 }
 
 TEST(WorkerDaemonTest, RunWithoutABackendIsRefused) {
-  prometheus::Registry registry;
-  WorkerMetrics metrics(registry, "test");
+  NullWorkerObserver observer;
   const core::RealClock clock;
-  WorkerDaemon daemon(DaemonOptions{}, nullptr, nullptr, nullptr, &metrics, &clock);
+  WorkerDaemon daemon(DaemonOptions{}, nullptr, nullptr, nullptr, &observer, &clock);
   EXPECT_THAT(daemon.Run(), StatusIs(absl::StatusCode::kFailedPrecondition,
                                      "the daemon has no rank backend"));
 }

@@ -20,19 +20,10 @@
 #include "gtest/gtest.h"
 #include "worker/cpstep.h"
 #include "worker/gloo_communicator.h"
+#include "worker/testing/gloo_ranks.h"
 
 namespace flashcp::worker {
 namespace {
-
-// ConnectGloo refuses to run while SIGPIPE is at its default action; this
-// test binary, like flashcp-worker's main(), ignores it before any test.
-class IgnoreSigpipeEnvironment final : public ::testing::Environment {
- public:
-  void SetUp() override { IgnoreSigpipe(); }
-};
-[[maybe_unused]] ::testing::Environment* const kIgnoreSigpipe =
-    ::testing::AddGlobalTestEnvironment(new IgnoreSigpipeEnvironment);
-
 
 using ::flashcp::core::testing::IsOk;
 using ::flashcp::core::testing::StatusIs;

@@ -15,6 +15,7 @@
 #include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/testing/gloo_ranks.h"
 
 namespace flashcp::worker {
 namespace {
@@ -24,38 +25,7 @@ using ::flashcp::core::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-// ConnectGloo refuses to run while SIGPIPE is at its default action; this
-// test binary, like flashcp-worker's main(), ignores it before any test.
-class IgnoreSigpipeEnvironment final : public ::testing::Environment {
- public:
-  void SetUp() override { IgnoreSigpipe(); }
-};
-[[maybe_unused]] ::testing::Environment* const kIgnoreSigpipe =
-    ::testing::AddGlobalTestEnvironment(new IgnoreSigpipeEnvironment);
-
-// Runs fn(rank, communicator) on `n` threads, each connected through one
-// HashStore; fails the test if a rank cannot connect. No rank starts before
-// every rank's connect returned, and none closes before every rank is done: a
-// rank whose fn needs no peer (argument checks) would otherwise close its
-// sockets while a peer's connect is still reading the handshake, and that
-// peer fails with "Connection closed by peer" (seen in CI, 2026-11-29).
-void RunRanks(int32_t n, absl::Duration timeout,
-              const std::function<void(int32_t, Communicator&)>& fn) {
-  gloo::rendezvous::HashStore store;
-  std::barrier connected(n), done(n);
-  std::vector<std::thread> threads;
-  for (int32_t r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      absl::StatusOr<std::unique_ptr<Communicator>> comm =
-          ConnectGloo(store, r, n, GlooOptions{"127.0.0.1", timeout});
-      connected.arrive_and_wait();
-      EXPECT_THAT(comm, IsOk());
-      if (comm.ok()) fn(r, **comm);
-      done.arrive_and_wait();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-}
+using testing::RunRanks;
 
 std::vector<std::byte> Pattern(int32_t rank, int64_t bytes) {
   std::vector<std::byte> v(bytes);

@@ -19,8 +19,7 @@
 // (worker/cuda/cuda_rank_backend.h), linked only into a build with CUDA
 // (FLASHCP_WORKER_CUDA, set by worker/CMakeLists.txt); without it cuda:K
 // fails with FAILED_PRECONDITION "built without CUDA".
-#include <pthread.h>
-#include <signal.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -31,7 +30,6 @@
 #include <random>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,17 +38,11 @@
 #include "absl/time/time.h"
 #include "client/grpc_planner_client.h"
 #include "client/internal/tool_args.h"
-#include "core/clock.h"
 #include "core/flags.h"
 #include "core/log.h"
-#include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "planner_service/metrics_endpoint/metrics_endpoint.h"
-#include "prometheus/exposer.h"
+#include "core/status_macros.h"
 #include "prometheus/registry.h"
-#include "worker/daemon.h"
-#include "worker/gloo_communicator.h"
-#include "worker/rank_backend.h"
+#include "worker/run_worker.h"
 #ifdef FLASHCP_WORKER_CUDA
 #include "worker/cuda/cuda_rank_backend.h"
 #endif
@@ -125,12 +117,6 @@ namespace fw = flashcp::worker;
 
 namespace {
 
-int Fail(const absl::Status& s) {
-  FLASHCP_LOG(ERROR) << "flashcp-worker rank " << absl::GetFlag(FLAGS_rank) << ": "
-                     << s.ToString();
-  return 1;
-}
-
 // The planner channel's options from the --tls_* flags, read by the client
 // library as flashcp-client reads its own (TlsOptionsFromArgs, then WithTls):
 // plaintext without them; InvalidArgument naming the flag for a bad
@@ -150,13 +136,66 @@ absl::StatusOr<fc::ChannelOptions> PlannerChannelOptions() {
   }
   const std::set<std::string> value_flags(std::begin(fc::internal::kTlsFlags),
                                           std::end(fc::internal::kTlsFlags));
-  absl::StatusOr<fc::internal::ToolArgs> parsed =
-      fc::internal::ToolArgs::Parse(args, value_flags, /*switches=*/{});
-  if (!parsed.ok()) return parsed.status();
-  absl::StatusOr<std::optional<fc::TlsOptions>> tls = fc::internal::TlsOptionsFromArgs(*parsed);
-  if (!tls.ok()) return tls.status();
-  if (!tls->has_value()) return fc::ChannelOptions();
-  return fc::WithTls(fc::ChannelOptions(), **tls);
+  FLASHCP_ASSIGN_OR_RETURN(const fc::internal::ToolArgs parsed,
+                           fc::internal::ToolArgs::Parse(args, value_flags, /*switches=*/{}));
+  FLASHCP_ASSIGN_OR_RETURN(const std::optional<fc::TlsOptions> tls,
+                           fc::internal::TlsOptionsFromArgs(parsed));
+  if (!tls.has_value()) return fc::ChannelOptions();
+  return fc::WithTls(fc::ChannelOptions(), *tls);
+}
+
+// The flags as WorkerOptions: InvalidArgument naming the flag for a bad value.
+absl::StatusOr<fw::WorkerOptions> OptionsFromFlags() {
+  const auto dataset = flashcp::core::ParseDataset(absl::GetFlag(FLAGS_dataset));
+  if (!dataset.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--dataset: ", dataset.status().message()));
+  }
+  const auto scheme = flashcp::core::ParseCommScheme(absl::GetFlag(FLAGS_scheme));
+  if (!scheme.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--scheme: ", scheme.status().message()));
+  }
+  std::random_device entropy;
+  fw::WorkerOptions w{
+      .daemon = {.rank = absl::GetFlag(FLAGS_rank),
+                 .world_size = absl::GetFlag(FLAGS_world_size),
+                 .group = absl::GetFlag(FLAGS_group),
+                 .device = absl::GetFlag(FLAGS_device),
+                 .dataset = *dataset,
+                 .context = absl::GetFlag(FLAGS_context),
+                 .strategy = absl::GetFlag(FLAGS_strategy),
+                 .scheme = *scheme,
+                 .target_imbalance = absl::GetFlag(FLAGS_target_imbalance),
+                 .heads = absl::GetFlag(FLAGS_heads),
+                 .head_dim = absl::GetFlag(FLAGS_head_dim),
+                 .steps = absl::GetFlag(FLAGS_steps),
+                 .prefetch = absl::GetFlag(FLAGS_prefetch),
+                 .timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s)),
+                 .threads = absl::GetFlag(FLAGS_threads),
+                 .seed = absl::GetFlag(FLAGS_seed),
+                 .linger = absl::GetFlag(FLAGS_linger),
+                 // This process's identity for Join and Leave.
+                 .incarnation = (uint64_t{entropy()} << 32) ^ entropy() ^
+                                static_cast<uint64_t>(getpid()),
+                 .progress_every = absl::GetFlag(FLAGS_progress_every),
+                 .gloo_hostname = absl::GetFlag(FLAGS_gloo_host),
+                 .cost_profile = absl::GetFlag(FLAGS_cost_profile),
+                 .report_every = absl::GetFlag(FLAGS_report_every)},
+      .planner = absl::GetFlag(FLAGS_planner),
+      .rendezvous = absl::GetFlag(FLAGS_rendezvous),
+      .channel = {},
+      .metrics = absl::GetFlag(FLAGS_metrics),
+      .metrics_http = {absl::GetFlag(FLAGS_metrics_threads),
+                       absl::GetFlag(FLAGS_metrics_request_timeout)},
+      .control = absl::GetFlag(FLAGS_control),
+      .local_rank = absl::GetFlag(FLAGS_local_rank),
+      .version = FLASHCP_VERSION,
+      .cuda = nullptr};
+#ifdef FLASHCP_WORKER_CUDA
+  w.cuda = flashcp::worker::cuda::MakeCudaRankBackend;
+#endif
+  FLASHCP_RETURN_IF_ERROR(fw::ValidateWorkerOptions(w));
+  FLASHCP_ASSIGN_OR_RETURN(w.channel, PlannerChannelOptions());
+  return w;
 }
 
 }  // namespace
@@ -170,138 +209,22 @@ int main(int argc, char** argv) {
       "Usage: flashcp-worker [--flag=value ...]\n\nOne rank of a FlashCP worker group.",
       std::cout);
   if (!parsed.has_value()) return 0;  // --help
-  const std::vector<char*>& positional = *parsed;
-  if (positional.size() > 1) {
+  if (parsed->size() > 1) {
     // A stray word (`flashcp-worker 1`, a command a container runtime
     // appended) would otherwise be ignored and the rank run on defaults.
     std::fprintf(stderr, "flashcp-worker: unexpected argument \"%s\"; every option is a --flag\n",
-                 positional[1]);
+                 (*parsed)[1]);
     return 2;
   }
-  // Signals go to the waiter thread only: block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGUSR2);  // internal: the daemon has finished
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  fw::IgnoreSigpipe();  // a dead peer fails the collective, not this process
-
-  fw::DaemonOptions o;
-  o.rank = absl::GetFlag(FLAGS_rank);
-  o.world_size = absl::GetFlag(FLAGS_world_size);
-  o.group = absl::GetFlag(FLAGS_group);
-  o.device = absl::GetFlag(FLAGS_device);
-  const auto dataset = flashcp::core::ParseDataset(absl::GetFlag(FLAGS_dataset));
-  if (!dataset.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--dataset: ", dataset.status().message())));
-  o.dataset = *dataset;
-  o.context = absl::GetFlag(FLAGS_context);
-  o.strategy = absl::GetFlag(FLAGS_strategy);
-  const auto scheme = flashcp::core::ParseCommScheme(absl::GetFlag(FLAGS_scheme));
-  if (!scheme.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--scheme: ", scheme.status().message())));
-  o.scheme = *scheme;
-  o.target_imbalance = absl::GetFlag(FLAGS_target_imbalance);
-  o.heads = absl::GetFlag(FLAGS_heads);
-  o.head_dim = absl::GetFlag(FLAGS_head_dim);
-  o.steps = absl::GetFlag(FLAGS_steps);
-  o.prefetch = absl::GetFlag(FLAGS_prefetch);
-  o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-  o.threads = absl::GetFlag(FLAGS_threads);
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.linger = absl::GetFlag(FLAGS_linger);
-  o.progress_every = absl::GetFlag(FLAGS_progress_every);
-  o.gloo_hostname = absl::GetFlag(FLAGS_gloo_host);
-  o.cost_profile = absl::GetFlag(FLAGS_cost_profile);
-  o.report_every = absl::GetFlag(FLAGS_report_every);
-  std::random_device entropy;
-  o.incarnation = (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(getpid());
-  if (absl::Status s = fw::ValidateDaemonOptions(o); !s.ok()) return Fail(s);
-  const int32_t local_rank = absl::GetFlag(FLAGS_local_rank);
-  if (local_rank < -1 || local_rank > 4095) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--local_rank: must be in [-1, 4095], got ", local_rank)));
+  absl::StatusOr<fw::WorkerOptions> options = OptionsFromFlags();
+  const absl::Status status =
+      options.ok() ? fw::RunWorker(*options, std::make_shared<prometheus::Registry>())
+                   : options.status();
+  if (!status.ok()) {
+    FLASHCP_LOG(ERROR) << "flashcp-worker rank " << absl::GetFlag(FLAGS_rank) << ": "
+                       << status.ToString();
+    return 1;
   }
-  const absl::StatusOr<fc::ChannelOptions> channel_options = PlannerChannelOptions();
-  if (!channel_options.ok()) return Fail(channel_options.status());
-
-  auto registry = std::make_shared<prometheus::Registry>();
-  absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
-      flashcp::planner_service::metrics_endpoint::StartExposer(absl::GetFlag(FLAGS_metrics),
-                                              {absl::GetFlag(FLAGS_metrics_threads),
-                                               absl::GetFlag(FLAGS_metrics_request_timeout)});
-  if (!exposer.ok()) return Fail(exposer.status());
-  (*exposer)->RegisterCollectable(registry);
-  fw::WorkerMetrics metrics(
-      *registry, FLASHCP_VERSION,
-      fw::LabelsForDevice(o.device, local_rank < 0 ? "" : absl::StrCat(local_rank)));
-  metrics.SetWorldSize(o.world_size);
-
-  // The plans' channel, and the rendezvous store's: the same one unless
-  // --rendezvous names a service of its own; both TLS when the flags ask.
-  auto channel = fc::MakeChannel(absl::GetFlag(FLAGS_planner), *channel_options);
-  const std::string rendezvous_address = absl::GetFlag(FLAGS_rendezvous);
-  std::shared_ptr<flashcp::v1::Rendezvous::StubInterface> rendezvous =
-      flashcp::v1::Rendezvous::NewStub(
-          rendezvous_address.empty() ? channel
-                                     : fc::MakeChannel(rendezvous_address, *channel_options));
-  auto planner = std::make_shared<fc::GrpcPlannerClient>(channel);
-  const flashcp::core::RealClock clock;
-  fw::CudaBackendFactory cuda;  // empty: built without CUDA
-#ifdef FLASHCP_WORKER_CUDA
-  cuda = flashcp::worker::cuda::MakeCudaRankBackend;
-#endif
-  fw::BackendConfig backend_config;
-  backend_config.rank = o.rank;
-  backend_config.heads = o.heads;
-  backend_config.head_dim = o.head_dim;
-  backend_config.threads = o.threads;
-  backend_config.clock = &clock;
-  absl::StatusOr<std::unique_ptr<fw::RankBackend>> backend =
-      fw::MakeRankBackend(o.device, backend_config, cuda);
-  if (!backend.ok()) return Fail(backend.status());
-  fw::WorkerDaemon daemon(o, rendezvous, planner, *std::move(backend), &metrics, &clock);
-
-  fw::WorkerControlService control(&daemon);
-  // grpc.health.v1.Health on the control port, for the pod's probes: SERVING
-  // for "" and "flashcp.v1.WorkerControl" while the process serves; NOT_SERVING
-  // once the daemon has ended, as the control server drains.
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  int control_port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_control), grpc::InsecureServerCredentials(),
-                           &control_port);
-  builder.RegisterService(&control);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || control_port == 0) {
-    return Fail(absl::UnavailableError(
-        absl::StrCat("--control: cannot listen on ", absl::GetFlag(FLAGS_control))));
-  }
-  const auto host = [](const std::string& address) {
-    return address.substr(0, address.rfind(':'));
-  };
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus(true);
-  health->SetServingStatus("flashcp.v1.WorkerControl", true);
-  std::fprintf(stdout, "WORKER rank=%d control=%s:%d metrics=%s:%d\n", o.rank,
-               host(absl::GetFlag(FLAGS_control)).c_str(), control_port,
-               host(absl::GetFlag(FLAGS_metrics)).c_str(), (*exposer)->GetListeningPorts().front());
-  std::fflush(stdout);
-
-  std::thread waiter([&] {
-    for (;;) {
-      int sig = 0;
-      if (sigwait(&signals, &sig) != 0 || sig == SIGUSR2) return;
-      FLASHCP_LOG(INFO) << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
-                        << ": finishing the step in flight";
-      daemon.RequestExit();
-    }
-  });
-  const absl::Status status = daemon.Run();
-  pthread_kill(waiter.native_handle(), SIGUSR2);
-  waiter.join();
-  health->SetServingStatus(false);
-  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  if (!status.ok()) return Fail(status);
-  FLASHCP_LOG(INFO) << "flashcp-worker rank " << o.rank << ": done";
+  FLASHCP_LOG(INFO) << "flashcp-worker rank " << options->daemon.rank << ": done";
   return 0;
 }

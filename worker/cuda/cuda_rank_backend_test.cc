@@ -23,6 +23,7 @@
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/gpu_test_util.h"
 #include "worker/daemon.h"
+#include "worker/metrics.h"
 #include "worker/gloo_communicator.h"
 
 namespace flashcp::worker::cuda {
@@ -108,7 +109,7 @@ TEST(CudaRankBackendTest, OneRankGroupOnCuda0RunsPlannedSteps) {
     absl::StatusOr<std::unique_ptr<RankBackend>> backend = MakeCudaRankBackend(0, Config(&clock));
     ASSERT_THAT(backend.status(), IsOk());
     prometheus::Registry registry;
-    WorkerMetrics metrics(registry, "test");
+    PrometheusWorkerMetrics metrics(registry, "test");
     WorkerDaemon daemon(o, v1::Rendezvous::NewStub(channel),
                         std::make_shared<client::GrpcPlannerClient>(channel), *std::move(backend),
                         &metrics, &clock);

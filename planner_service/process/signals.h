@@ -1,7 +1,8 @@
-// Signals as events: the set is blocked in every thread and received
-// synchronously with sigwait, so no work ever runs in a signal handler.
-#ifndef FLASHCP_PLANNER_SERVICE_SIGNALS_H_
-#define FLASHCP_PLANNER_SERVICE_SIGNALS_H_
+// Signals as events, for the planner's and the worker's processes alike: the
+// set is blocked in every thread and received synchronously with sigwait, so
+// no work ever runs in a signal handler.
+#ifndef FLASHCP_PLANNER_SERVICE_PROCESS_SIGNALS_H_
+#define FLASHCP_PLANNER_SERVICE_PROCESS_SIGNALS_H_
 
 #include <signal.h>
 
@@ -9,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace flashcp::planner_service {
+namespace flashcp::planner_service::process {
 
 class SignalWaiter {
  public:
@@ -30,6 +31,6 @@ class SignalWaiter {
   sigset_t previous_;
 };
 
-}  // namespace flashcp::planner_service
+}  // namespace flashcp::planner_service::process
 
-#endif  // FLASHCP_PLANNER_SERVICE_SIGNALS_H_
+#endif  // FLASHCP_PLANNER_SERVICE_PROCESS_SIGNALS_H_

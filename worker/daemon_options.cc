@@ -1,0 +1,66 @@
+#include "worker/daemon_options.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/cost_model.h"
+#include "core/status_macros.h"
+#include "core/strategies.h"
+#include "proto/convert.h"
+#include "proto/rendezvous_limits.h"
+#include "worker/rank_backend.h"
+
+namespace flashcp::worker {
+
+absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
+  if (o.world_size < 1 || o.world_size > proto::rendezvous::kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("--world_size: must be in [1, ",
+                                                   proto::rendezvous::kMaxWorldSize, "], got ",
+                                                   o.world_size));
+  }
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank: must be in [0, ", o.world_size,
+                                                   "), got ", o.rank));
+  }
+  FLASHCP_RETURN_IF_ERROR(ParseDevice(o.device).status());
+  if (o.context < o.world_size || o.context > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat("--context: must be in [world_size, 2^24], got ",
+                                                   o.context));
+  }
+  if (!core::ParseStrategy(o.strategy).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--strategy: unknown \"", o.strategy, "\""));
+  }
+  if (o.heads < 1 || o.heads > 1024 || o.head_dim < 1 || o.head_dim > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("--heads, --head_dim: must be in [1, 1024], got ",
+                                                   o.heads, ", ", o.head_dim));
+  }
+  if (o.steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps: must be >= 0, got ", o.steps));
+  }
+  if (!o.cost_profile.empty()) {
+    if (absl::Status s = core::CostProfile(o.cost_profile).status(); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--cost_profile: ", s.message()));
+    }
+  }
+  if (o.report_every < 1 || o.report_every > proto::kMaxReportSteps) {
+    return absl::InvalidArgumentError(absl::StrCat("--report_every: must be in [1, ",
+                                                   proto::kMaxReportSteps, "], got ",
+                                                   o.report_every));
+  }
+  if (o.prefetch < 1 || o.prefetch > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefetch: must be in [1, 1024], got ", o.prefetch));
+  }
+  // The group's rendezvous waits (AwaitMembers, Gloo's store) take this
+  // timeout, and the planner refuses waits beyond its limit.
+  if (o.timeout < absl::Seconds(1) || o.timeout > proto::rendezvous::kMaxTimeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--timeout_s: must be in [1, ", absl::ToInt64Seconds(proto::rendezvous::kMaxTimeout),
+        "] (the planner's rendezvous wait limit), got ", absl::ToDoubleSeconds(o.timeout)));
+  }
+  if (o.threads < 1 || o.threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads: must be in [1, 1024], got ", o.threads));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace flashcp::worker

@@ -1,0 +1,51 @@
+// What one flashcp-worker rank is asked to do (its flags, as plain values).
+#ifndef FLASHCP_WORKER_DAEMON_OPTIONS_H_
+#define FLASHCP_WORKER_DAEMON_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "core/analysis.h"
+#include "core/datasets.h"
+
+namespace flashcp::worker {
+
+struct DaemonOptions {
+  int32_t rank = 0;
+  int32_t world_size = 1;
+  std::string group = "g0";          // [A-Za-z0-9._-]{1,64}
+  std::string device = "cpu";        // "cpu" or "cuda:K" (the backend is made for it)
+  core::Dataset dataset = core::Dataset::kPile;
+  int64_t context = 16384;           // tokens per batch (C)
+  std::string strategy = "flashcp";  // a planner strategy name
+  core::CommScheme scheme = core::CommScheme::kAllGather;
+  double target_imbalance = 0.0;     // 0: the planner's default
+  int32_t heads = 4;                 // H
+  int32_t head_dim = 64;             // D
+  int64_t steps = 100;               // first run's steps; 0: wait for StartRun
+  int32_t prefetch = 4;              // plans in flight ahead of the step (K)
+  absl::Duration timeout = absl::Seconds(30);  // group formation and every collective
+  int32_t threads = 1;               // kernel threads of this rank
+  uint64_t seed = 1;                 // batches and Q, K, V data
+  bool linger = false;               // after a run: stay (control, metrics) until SIGTERM
+  uint64_t incarnation = 0;          // this process's identity for Join/Leave
+  int64_t progress_every = 0;        // driver logs progress every N steps; 0: never
+  std::string gloo_hostname = "127.0.0.1";  // address this rank's Gloo transport listens on
+  // The cost profile the plans balance (core::CostProfileNames; "" or
+  // "pairs": SPEC Eq. 3, no reports). Any other: the driver reports every
+  // rank's measured attention time with its plan features to the planner
+  // (ReportStepTimes) every `report_every` steps (1..64), so the planner
+  // calibrates the profile (docs/workers.md, "Calibration").
+  std::string cost_profile;
+  int32_t report_every = 8;
+};
+
+// InvalidArgument naming the flag. Whether a cuda:K device can be used is the
+// backend's to say (MakeRankBackend).
+absl::Status ValidateDaemonOptions(const DaemonOptions& options);
+
+}  // namespace flashcp::worker
+
+#endif  // FLASHCP_WORKER_DAEMON_OPTIONS_H_
