@@ -8,7 +8,7 @@
 // Bytes are per rank per layer, forward + backward, fp32: the maximum over
 // ranks of what a rank actually sent (measured where a step ran; equal to
 // core::AnalyzePlan's prediction, which the tests assert exactly) and, where
-// no step ran (contexts above --time-max-context), the prediction. "saving"
+// no step ran (contexts above --time_max_context), the prediction. "saving"
 // is 1 - bytes / full_kv bytes of the same plan. Seconds: the slowest rank's
 // forward + backward wall time, between barriers.
 #include <cmath>
@@ -69,15 +69,13 @@ ABSL_FLAG(int64_t, seed, 1, "sampling seed, >= 0");
 
 int main(int argc, char** argv) {
   flashcp::worker::IgnoreSigpipe();  // RunThreads connects Gloo (gloo_communicator.h)
-  const std::optional<std::vector<char*>> parsed = core::ParseFlags(
-      argc, argv,
-      "Usage: engine_step_bench [--flag=value ...]\n\nPer-step time and bytes of the CPU "
-      "engine per strategy and scheme (docs/benchmarks.md).",
-      std::cout);
-  if (!parsed.has_value()) return 0;  // --help
-  if (parsed->size() > 1) {
-    std::fprintf(stderr, "engine_step_bench: unexpected argument \"%s\"\n", (*parsed)[1]);
-    return 2;
+  core::CommandLine line;
+  if (std::optional<int> rc = core::ParseMain(
+          argc, argv,
+          "Usage: engine_step_bench [--flag=value ...]\n\nPer-step time and bytes of the CPU "
+          "engine per strategy and scheme (docs/benchmarks.md).",
+          line, std::cout, std::cerr)) {
+    return *rc;
   }
   absl::StatusOr<std::vector<int64_t>> contexts_or =
       Ints("contexts", absl::GetFlag(FLAGS_contexts), 1, core::kMaxTokens);

@@ -9,161 +9,147 @@
 // below the minimum-shard rule's 128 tokens), plan time; then the ILP beside
 // the heuristics over a few batches per cell, by default in the paper's
 // Table 2 setting (Pile, N = 4) at a context the ILP proves more of (16K);
-// `--ilp-datasets pile,wlbllm --ilp-cps 4,8 --ilp-context 131072` gives issue
+// `--ilp_datasets pile,wlbllm --ilp_cps 4,8 --ilp_context 131072` gives issue
 // 2's goal cells. `--batches 0` skips the quality table. Markdown on stdout,
 // progress and notes on stderr. The data sets' assumptions are printed with
 // the figures.
 //
 //   build/bin/plan_quality [--batches K] [--seed S] [--cells C:N,C:N...] [--datasets D,D...]
-//                          [--ranks-per-node R]
-//                          [--ilp-batches K] [--ilp-time-limit S]
-//                          [--ilp-granularity G] [--ilp-context C] [--ilp-comm-weight W]
-//                          [--ilp-datasets D,D...] [--ilp-cps N,N...] [--min-shard-tokens M]
+//                          [--ranks_per_node R]
+//                          [--ilp_batches K] [--ilp_time_limit S]
+//                          [--ilp_granularity G] [--ilp_context C] [--ilp_comm_weight W]
+//                          [--ilp_datasets D,D...] [--ilp_cps N,N...] [--min_shard_tokens M]
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "core/analysis.h"
 #include "core/cli.h"
 #include "core/datasets.h"
+#include "core/flags.h"
 #include "core/ilp/ilp.h"
+#include "core/status_macros.h"
 #include "core/strategies.h"
 #include "core/types.h"
+
+ABSL_FLAG(int64_t, batches, 64, "batches per data set and cell, 0 to 100000");
+ABSL_FLAG(uint64_t, seed, 1, "sampling seed");
+ABSL_FLAG(std::string, cells, "131072:4,131072:8,131072:16,1048576:32,1048576:64",
+          "(context, N) cells of the main table, CONTEXT:N,...");
+ABSL_FLAG(std::string, datasets, "wlbllm,pile,redpajama", "data sets of the main table");
+ABSL_FLAG(int64_t, min_shard_tokens, flashcp::core::PlanOptions{}.min_shard_tokens,
+          "flashcp's minimum cut shard, tokens");
+ABSL_FLAG(int64_t, ranks_per_node, 8, "ranks per node for the intra/inter split (8 GPUs a node)");
+ABSL_FLAG(int64_t, ilp_batches, 8, "batches per ILP cell, 0 to 10000");
+ABSL_FLAG(int64_t, ilp_context, 16384, "tokens per ILP batch, 4 to 1000000");
+ABSL_FLAG(std::string, ilp_cps, "4", "ILP group sizes, 1 to 64, comma-separated");
+ABSL_FLAG(std::string, ilp_datasets, "pile", "ILP data sets, comma-separated");
+ABSL_FLAG(double, ilp_time_limit, 10, "ILP seconds per batch, (0, 86400]");
+ABSL_FLAG(int64_t, ilp_granularity, 0, "ILP block tokens (0: the default)");
+ABSL_FLAG(double, ilp_comm_weight, 0, "ILP comm weight, >= 0 (0: the default)");
 
 namespace flashcp::core {
 namespace {
 
 constexpr int64_t kContext = 131072;
 
+// The flags, checked (ArgsFromFlags).
 struct Args {
-  int64_t batches = 64;
-  uint64_t seed = 1;
-  int64_t ilp_batches = 8;
-  double ilp_time_limit = 10;
+  int64_t batches = 0;
+  uint64_t seed = 0;
+  int64_t ilp_batches = 0;
+  double ilp_time_limit = 0;
   int64_t ilp_granularity = 0;
-  int64_t ilp_context = 16384;
+  int64_t ilp_context = 0;
   double ilp_comm_weight = 0;
-  std::vector<Dataset> ilp_datasets = {Dataset::kPile};
-  std::vector<int32_t> ilp_cps = {4};
-  int64_t min_shard_tokens = PlanOptions{}.min_shard_tokens;
-  std::vector<std::pair<int64_t, int32_t>> cells = {
-      {kContext, 4}, {kContext, 8}, {kContext, 16}, {int64_t{1} << 20, 32}, {int64_t{1} << 20, 64}};
-  std::vector<Dataset> datasets = {std::begin(kAllDatasets), std::end(kAllDatasets)};
-  int32_t ranks_per_node = 8;  // 8 GPUs a node
+  std::vector<Dataset> ilp_datasets;
+  std::vector<int32_t> ilp_cps;
+  int64_t min_shard_tokens = 0;
+  std::vector<std::pair<int64_t, int32_t>> cells;
+  std::vector<Dataset> datasets;
+  int32_t ranks_per_node = 0;
 };
 
 // Cut shards below this count as short in the table (the default minimum).
 constexpr int64_t kShortShard = 128;
 
-// The flags with their defaults (Args), for --help.
 constexpr char kUsage[] =
-    "Usage: plan_quality [--flag value ...]\n\n"
-    "The quality table (docs/benchmarks.md): every strategy x data set x N, and the ILP.\n\n"
-    "Flags:\n"
-    "  --batches K          batches per data set and cell, 0 to 100000\n"
-    "  --seed S             sampling seed\n"
-    "  --cells C:N,...      (context, N) cells of the main table\n"
-    "  --datasets D,...     data sets of the main table\n"
-    "  --min-shard-tokens M flashcp's minimum cut shard, tokens\n"
-    "  --ranks-per-node R   ranks per node for the intra/inter split\n"
-    "  --ilp-batches K      batches per ILP cell, 0 to 10000\n"
-    "  --ilp-context C      tokens per ILP batch, 4 to 1000000\n"
-    "  --ilp-cps N,...      ILP group sizes, 1 to 64\n"
-    "  --ilp-datasets D,... ILP data sets\n"
-    "  --ilp-time-limit S   ILP seconds per batch, (0, 86400]\n"
-    "  --ilp-granularity G  ILP block tokens (0: the default)\n"
-    "  --ilp-comm-weight W  ILP comm weight, >= 0 (0: the default)\n";
+    "Usage: plan_quality [--flag=value ...]\n\n"
+    "The quality table (docs/benchmarks.md): every strategy x data set x N, and the ILP.";
 
-bool ParseArgs(int argc, char** argv, Args& a) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "plan_quality: %s: missing value\n", flag.c_str());
-      return false;
-    }
-    const char* v = argv[++i];
-    bool ok = false;
-    if (flag == "--batches") {
-      ok = absl::SimpleAtoi(v, &a.batches) && a.batches >= 0 && a.batches <= 100000;
-    } else if (flag == "--seed") {
-      ok = absl::SimpleAtoi(v, &a.seed);
-    } else if (flag == "--ilp-batches") {
-      ok = absl::SimpleAtoi(v, &a.ilp_batches) && a.ilp_batches >= 0 && a.ilp_batches <= 10000;
-    } else if (flag == "--ilp-time-limit") {
-      ok = absl::SimpleAtod(v, &a.ilp_time_limit) && a.ilp_time_limit > 0 &&
-           a.ilp_time_limit <= 86400;
-    } else if (flag == "--ilp-granularity") {
-      ok = absl::SimpleAtoi(v, &a.ilp_granularity) && a.ilp_granularity >= 0;
-    } else if (flag == "--ilp-context") {
-      ok = absl::SimpleAtoi(v, &a.ilp_context) && a.ilp_context >= 4 &&
-           a.ilp_context <= 1'000'000;
-    } else if (flag == "--ilp-comm-weight") {
-      ok = absl::SimpleAtod(v, &a.ilp_comm_weight) && a.ilp_comm_weight >= 0;
-    } else if (flag == "--ilp-datasets") {
-      a.ilp_datasets.clear();
-      ok = true;
-      for (absl::string_view name : absl::StrSplit(v, ',')) {
-        absl::StatusOr<Dataset> d = ParseDataset(name);
-        ok = ok && d.ok();
-        if (d.ok()) a.ilp_datasets.push_back(*d);
-      }
-    } else if (flag == "--ilp-cps") {
-      a.ilp_cps.clear();
-      ok = true;
-      for (absl::string_view text : absl::StrSplit(v, ',')) {
-        int32_t n = 0;
-        ok = ok && absl::SimpleAtoi(text, &n) && n >= 1 && n <= 64;
-        a.ilp_cps.push_back(n);
-      }
-    } else if (flag == "--cells") {
-      a.cells.clear();
-      ok = true;
-      for (absl::string_view cell : absl::StrSplit(v, ',')) {
-        std::vector<absl::string_view> parts = absl::StrSplit(cell, ':');
-        int64_t context = 0;
-        int32_t n = 0;
-        ok = ok && parts.size() == 2 && absl::SimpleAtoi(parts[0], &context) &&
-             absl::SimpleAtoi(parts[1], &n) && context >= 1 && context <= (int64_t{1} << 24) &&
-             n >= 1 && n <= 1024 && n <= context;
-        a.cells.emplace_back(context, n);
-      }
-    } else if (flag == "--datasets") {
-      a.datasets.clear();
-      ok = true;
-      for (absl::string_view name : absl::StrSplit(v, ',')) {
-        absl::StatusOr<Dataset> d = ParseDataset(name);
-        ok = ok && d.ok();
-        if (d.ok()) a.datasets.push_back(*d);
-      }
-    } else if (flag == "--ranks-per-node") {
-      ok = absl::SimpleAtoi(v, &a.ranks_per_node) && a.ranks_per_node >= 0 &&
-           a.ranks_per_node <= 65536;
-    } else if (flag == "--min-shard-tokens") {
-      ok = absl::SimpleAtoi(v, &a.min_shard_tokens) && a.min_shard_tokens >= 0 &&
-           a.min_shard_tokens <= 1'000'000;
-    } else {
-      std::fprintf(stderr, "plan_quality: unknown flag %s\n", flag.c_str());
-      return false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "plan_quality: %s: bad value \"%s\"\n", flag.c_str(), v);
-      return false;
-    }
+// Each of `text`'s comma-separated data set names.
+absl::StatusOr<std::vector<Dataset>> DatasetList(absl::string_view flag, absl::string_view text) {
+  std::vector<Dataset> out;
+  for (absl::string_view name : absl::StrSplit(text, ',')) {
+    absl::StatusOr<Dataset> d = ParseDataset(name);
+    if (!d.ok()) return FlagValueError(flag, "wlbllm, pile or redpajama, comma-separated", name);
+    out.push_back(*d);
   }
-  return true;
+  return out;
+}
+
+// Args from the flags; InvalidArgument naming the flag for a bad value.
+absl::StatusOr<Args> ArgsFromFlags() {
+  Args a;
+  FLASHCP_ASSIGN_OR_RETURN(a.batches,
+                           IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 0, 100000));
+  a.seed = absl::GetFlag(FLAGS_seed);
+  FLASHCP_ASSIGN_OR_RETURN(a.ilp_batches,
+                           IntFlagIn("ilp_batches", absl::GetFlag(FLAGS_ilp_batches), 0, 10000));
+  FLASHCP_ASSIGN_OR_RETURN(
+      a.ilp_time_limit,
+      DoubleFlagIn("ilp_time_limit", absl::GetFlag(FLAGS_ilp_time_limit), 1e-6, 86400));
+  FLASHCP_ASSIGN_OR_RETURN(
+      a.ilp_granularity,
+      IntFlagIn("ilp_granularity", absl::GetFlag(FLAGS_ilp_granularity), 0, kMaxTokens));
+  FLASHCP_ASSIGN_OR_RETURN(
+      a.ilp_context, IntFlagIn("ilp_context", absl::GetFlag(FLAGS_ilp_context), 4, 1'000'000));
+  FLASHCP_ASSIGN_OR_RETURN(
+      a.ilp_comm_weight,
+      DoubleFlagIn("ilp_comm_weight", absl::GetFlag(FLAGS_ilp_comm_weight), 0, 1e300));
+  FLASHCP_ASSIGN_OR_RETURN(a.ilp_datasets,
+                           DatasetList("ilp_datasets", absl::GetFlag(FLAGS_ilp_datasets)));
+  a.ilp_cps.clear();
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_ilp_cps), ',')) {
+    int32_t n = 0;
+    if (!absl::SimpleAtoi(text, &n) || n < 1 || n > 64) {
+      return FlagValueError("ilp_cps", "integers in [1, 64], comma-separated", text);
+    }
+    a.ilp_cps.push_back(n);
+  }
+  a.cells.clear();
+  for (absl::string_view cell : absl::StrSplit(absl::GetFlag(FLAGS_cells), ',')) {
+    std::vector<absl::string_view> parts = absl::StrSplit(cell, ':');
+    int64_t context = 0;
+    int32_t n = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &context) ||
+        !absl::SimpleAtoi(parts[1], &n) || context < 1 || context > (int64_t{1} << 24) || n < 1 ||
+        n > 1024 || n > context) {
+      return FlagValueError("cells", "CONTEXT:N pairs (1 <= N <= 1024, N <= CONTEXT <= 2^24)",
+                            cell);
+    }
+    a.cells.emplace_back(context, n);
+  }
+  FLASHCP_ASSIGN_OR_RETURN(a.datasets, DatasetList("datasets", absl::GetFlag(FLAGS_datasets)));
+  FLASHCP_ASSIGN_OR_RETURN(
+      a.ranks_per_node,
+      IntFlagIn("ranks_per_node", absl::GetFlag(FLAGS_ranks_per_node), 0, kMaxCpSize));
+  FLASHCP_ASSIGN_OR_RETURN(
+      a.min_shard_tokens,
+      IntFlagIn("min_shard_tokens", absl::GetFlag(FLAGS_min_shard_tokens), 0, 1'000'000));
+  return a;
 }
 
 struct Row {
@@ -269,8 +255,16 @@ std::vector<Batch> Draw(Dataset d, int64_t count, uint64_t seed, int32_t n,
 }
 
 int Main(int argc, char** argv) {
-  Args args;
-  if (!ParseArgs(argc, argv, args)) return 2;
+  CommandLine line;
+  if (std::optional<int> rc = ParseMain(argc, argv, kUsage, line, std::cout, std::cerr)) {
+    return *rc;
+  }
+  absl::StatusOr<Args> parsed = ArgsFromFlags();
+  if (!parsed.ok()) {
+    std::cerr << "plan_quality: " << parsed.status().message() << "\n";
+    return 2;
+  }
+  const Args args = *std::move(parsed);
   PlanOptions defaults;
   defaults.min_shard_tokens = args.min_shard_tokens;
   defaults.ranks_per_node = args.ranks_per_node;
@@ -297,7 +291,8 @@ int Main(int argc, char** argv) {
         "bottleneck, max over ranks of max(send, receive) tokens, in units of C/N (full KV: "
         "N - 1); x magi: the targeted one over magi's, means over batches. targeted intra / "
         "inter MiB: one phase's targeted bytes summed over ranks, within and across nodes of "
-        "%d ranks (--ranks-per-node), mean per batch.\n", args.ranks_per_node);
+        "%d ranks (--ranks_per_node), mean per batch.\n",
+        args.ranks_per_node);
     for (const auto& [context, n] : args.cells) {
       for (Dataset d : args.datasets) {
         const std::vector<Batch> batches = Draw(d, args.batches, args.seed, n, context);

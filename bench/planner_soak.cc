@@ -32,10 +32,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
-#include <iostream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -389,12 +390,13 @@ std::string CodesJson(const std::map<std::string, int64_t>& codes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!flashcp::core::ParseFlags(argc, argv,
-                                 "Usage: planner_soak [--flag=value ...]\n\nThe planner under an "
-                                 "abuse mix while a well-behaved client plans.",
-                                 std::cout)
-           .has_value()) {
-    return 0;  // --help
+  flashcp::core::CommandLine line;
+  if (std::optional<int> rc = flashcp::core::ParseMain(
+          argc, argv,
+          "Usage: planner_soak [--flag=value ...]\n\nThe planner under an abuse mix while a "
+          "well-behaved client plans.",
+          line, std::cout, std::cerr)) {
+    return *rc;
   }
   std::vector<std::string> parts;
   for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_abuse), ',', absl::SkipEmpty())) {

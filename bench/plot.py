@@ -2,7 +2,7 @@
 """The planner's key figures as SVG, from the benchmarks' own output.
 
     python3 bench/plot.py [--bin build/bin] [--out docs/figures]
-                          [--latency-json bench/results/planner/plan_latency.json]
+                          [--latency_json bench/results/planner/plan_latency.json]
                           [--batches 64]
 
 Writes into --out:
@@ -13,7 +13,7 @@ Writes into --out:
   exchange_vs_n.svg            one phase's KV bottleneck relative to full KV, vs N, 128K
                                (the same JSON lines)
   plan_latency.svg             plan latency (thread CPU p50 and p99) vs documents per batch
-                               (plan_latency_bench's JSON: --latency-json, or a fresh run
+                               (plan_latency_bench's JSON: --latency_json, or a fresh run
                                when the file is missing, saved there)
 
 Standard library only: the SVG is written by hand, so no plotting package is needed.
@@ -323,7 +323,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default="build/bin", help="folder with flashcp-plan and the benches")
     ap.add_argument("--out", default="docs/figures", help="folder for the SVG files")
-    ap.add_argument("--latency-json", default="bench/results/planner/plan_latency.json",
+    ap.add_argument("--latency_json", "--latency-json", default="bench/results/planner/plan_latency.json",
                     help="plan_latency_bench --benchmark_format=json output; run when missing")
     ap.add_argument("--batches", type=int, default=64, help="sampled batches per cell")
     a = ap.parse_args()

@@ -68,7 +68,7 @@ class FiguresTest(unittest.TestCase):
         latency = os.path.join(os.path.dirname(HERE), "bench", "results", "planner",
                                "plan_latency.json")
         argv = sys.argv
-        sys.argv = ["plot.py", "--bin", BIN, "--out", cls.tmp.name, "--latency-json", latency,
+        sys.argv = ["plot.py", "--bin", BIN, "--out", cls.tmp.name, "--latency_json", latency,
                     "--batches", "2"]
         try:
             plot.main()

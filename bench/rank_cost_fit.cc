@@ -10,20 +10,35 @@
 // mean per-rep imbalance against the imbalance of the mean times.
 //
 //   rank_cost_fit [--dataset pile] [--context 4096] [--cp 4] [--batches 12]
-//                 [--heads 2] [--head-dim 32] [--reps 3] [--seed 1]
+//                 [--heads 2] [--head_dim 32] [--reps 3] [--seed 1]
 #include <algorithm>
-#include <ctime>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <iterator>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
 #include "core/cost_model.h"
 #include "core/datasets.h"
+#include "core/flags.h"
 #include "core/strategies.h"
+#include "core/types.h"
 #include "worker/attention_cpu.h"
 #include "worker/thread_pool.h"
+
+ABSL_FLAG(std::string, dataset, "pile", "wlbllm, pile or redpajama");
+ABSL_FLAG(int64_t, context, 4096, "tokens per batch");
+ABSL_FLAG(int64_t, cp, 4, "ranks in the CP group");
+ABSL_FLAG(int64_t, batches, 12, "sampled batches");
+ABSL_FLAG(int64_t, heads, 2, "attention heads");
+ABSL_FLAG(int64_t, head_dim, 32, "head dimension");
+ABSL_FLAG(int64_t, reps, 3, "timed runs per rank; the fastest counts");
+ABSL_FLAG(uint64_t, seed, 1, "sampling seed");
 
 namespace {
 
@@ -114,37 +129,36 @@ Noise MeasureNoise(const std::vector<std::vector<double>>& times) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dataset_name = "pile";
-  int64_t context = 4096, cp = 4, batches = 12, heads = 2, head_dim = 32, reps = 3, seed = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    int64_t v = 0;
-    if (flag == "--dataset") {
-      dataset_name = value;
-      continue;
-    }
-    if (!absl::SimpleAtoi(value, &v) || v < 1) {
-      std::fprintf(stderr, "rank_cost_fit: %s: want a positive integer, got \"%s\"\n",
-                   flag.c_str(), value.c_str());
-      return 1;
-    }
-    if (flag == "--context") context = v;
-    else if (flag == "--cp") cp = v;
-    else if (flag == "--batches") batches = v;
-    else if (flag == "--heads") heads = v;
-    else if (flag == "--head-dim") head_dim = v;
-    else if (flag == "--reps") reps = v;
-    else if (flag == "--seed") seed = v;
-    else {
-      std::fprintf(stderr, "rank_cost_fit: unknown flag %s\n", flag.c_str());
-      return 1;
-    }
+  core::CommandLine line;
+  if (std::optional<int> rc = core::ParseMain(
+          argc, argv,
+          "Usage: rank_cost_fit [--flag=value ...]\n\nPer-rank CPU attention time against the "
+          "cost model's features, fitted (docs/planner.md, \"Cost model\").",
+          line, std::cout, std::cerr)) {
+    return *rc;
   }
-  absl::StatusOr<core::Dataset> dataset = core::ParseDataset(dataset_name);
+  absl::StatusOr<core::Dataset> dataset = core::ParseDataset(absl::GetFlag(FLAGS_dataset));
   if (!dataset.ok()) {
-    std::fprintf(stderr, "rank_cost_fit: %s\n", dataset.status().ToString().c_str());
-    return 1;
+    std::fprintf(stderr, "rank_cost_fit: --dataset: %s\n",
+                 std::string(dataset.status().message()).c_str());
+    return 2;
   }
+  int64_t context = 0, cp = 0, batches = 0, heads = 0, head_dim = 0, reps = 0;
+  const std::pair<const char*, int64_t*> positive[] = {{"context", &context},   {"cp", &cp},
+                                                       {"batches", &batches},   {"heads", &heads},
+                                                       {"head_dim", &head_dim}, {"reps", &reps}};
+  const absl::Flag<int64_t>* const flags[] = {&FLAGS_context, &FLAGS_cp,       &FLAGS_batches,
+                                              &FLAGS_heads,   &FLAGS_head_dim, &FLAGS_reps};
+  for (size_t i = 0; i < std::size(positive); ++i) {
+    absl::StatusOr<int64_t> v =
+        core::IntFlagIn(positive[i].first, absl::GetFlag(*flags[i]), 1, core::kMaxTokens);
+    if (!v.ok()) {
+      std::fprintf(stderr, "rank_cost_fit: %s\n", std::string(v.status().message()).c_str());
+      return 2;
+    }
+    *positive[i].second = *v;
+  }
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
   worker::ThreadPool pool(1);
   std::vector<core::CostSample> samples;
   Noise noise;  // sums over the flashcp plans
@@ -178,8 +192,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("%zu rank timings: %s, C = %lld, N = %lld, H = %lld, D = %lld, best of %lld\n",
-              samples.size(), dataset_name.c_str(), (long long)context, (long long)cp,
-              (long long)heads, (long long)head_dim, (long long)reps);
+              samples.size(), absl::GetFlag(FLAGS_dataset).c_str(), (long long)context,
+              (long long)cp, (long long)heads, (long long)head_dim, (long long)reps);
   if (noise_plans > 0) {
     // Same plan, same ranks, timed `reps` times: the per-step max over
     // ranks of noisy times exceeds the imbalance of their means by the

@@ -8,7 +8,7 @@ time (the slowest rank's, median): on a loaded machine wall time is mostly
 scheduling, CPU time leaves that out.
 
     .prefix/venv/bin/python bench/torch_attention_bench.py \
-        --plan-bin build/bin/flashcp-plan --cps 2,4 --tokens-per-rank 16384
+        --plan_bin build/bin/flashcp-plan --cps 2,4 --tokens_per_rank 16384
 
 Batches: flashcp-plan's pile sample of C = N * tokens-per-rank tokens
 (seed 1), planned with --strategy. Prints a Markdown table; overhead =
@@ -95,13 +95,13 @@ def _rank(rank, n, d, plan, scheme, heads, head_dim, repeats, threads, out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--plan-bin", default=os.path.join(here, "../build/bin/flashcp-plan"))
+    ap.add_argument("--plan_bin", "--plan-bin", default=os.path.join(here, "../build/bin/flashcp-plan"))
     ap.add_argument("--cps", default="2,4")
-    ap.add_argument("--tokens-per-rank", type=int, default=16384)
+    ap.add_argument("--tokens_per_rank", "--tokens-per-rank", type=int, default=16384)
     ap.add_argument("--strategy", default="flashcp")
     ap.add_argument("--schemes", default="targeted,allgather")
     ap.add_argument("--heads", type=int, default=1)
-    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--head_dim", "--head-dim", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="kernel threads per rank (both paths)")
     args = ap.parse_args()

@@ -18,15 +18,19 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/grpc_planner_client.h"
 #include "client/internal/tool_args.h"
+#include "client/internal/tool_flags.h"
 #include "client/pipelined_planner.h"
 #include "core/cli.h"
 #include "core/datasets.h"
+#include "core/flags.h"
 #include "core/plan_json.h"
+#include "core/status_macros.h"
 #include "core/strategies.h"
 #include "proto/convert.h"
 
@@ -40,7 +44,7 @@ constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 constexpr char kPrefix[] = "flashcp-client: ";
 
-constexpr char kUsage[] = R"(Usage: flashcp-client --server HOST:PORT [flags] < batches
+constexpr char kUsage[] = R"(Usage: flashcp-client --server HOST:PORT [--flag=value ...] < batches
 
 Plans batches through a flashcp-planner server and prints one JSON plan per
 line in input order, in flashcp-plan's form, or with --summary its table.
@@ -49,110 +53,84 @@ Batches come from one of:
   (none), --input -    stdin: one batch per line, lengths separated by commas
                        or spaces; blank and # lines skipped
   --input FILE         the same from a file
-  --dataset NAME       sampled batches: wlbllm, pile or redpajama
-                       (--context C, default 131072; --batches K, default 64;
-                       --seed S, default 1)
-
-Flags:
-  --server HOST:PORT   the planner (required)
-  --cp N               ranks in the CP group (default 8)
-  --strategy NAME      a strategy the server lists (default: the server's, flashcp)
-  --target-imbalance R target imbalance for flashcp* (default: the server's, 1.02)
-  --min-shard-tokens M flashcp's minimum cut shard, tokens, as flashcp-plan's flag
-                       (default: the server's, 128; 0 turns the rule off)
-  --heads H, --head-dim D, --dtype-bytes B
-                       attention shape for byte counts (default 32, 128, 2)
-  --inflight K         batches in flight on the stream (default 16)
-  --timeout S          deadline of the whole stream, seconds (default 3600)
-  --connect-timeout S  how long to retry while the server is unreachable (default 10)
-  --tls_ca FILE        TLS: PEM CA bundle the server's certificate must chain to;
-                       plaintext without it
-  --tls_cert FILE, --tls_key FILE
-                       mTLS: PEM client certificate and key (for a planner run
-                       with --tls_client_ca); need --tls_ca
-  --tls_server_name N  TLS: the name the server's certificate must carry, when
-                       it is not the host of --server
-  --summary            print the quality table instead of JSON lines
-  --help               this text
+  --dataset NAME       sampled batches (--context, --batches, --seed)
 
 Exit status: 0 success; 1 a bad line, a failed item, a broken stream, an
 unreachable server (a failed TLS handshake included) or an unreadable file
-(the other items are still planned and printed); 2 a bad flag.
-)";
+(the other items are still planned and printed); 2 a bad flag.)";
+
+}  // namespace
+
+ABSL_FLAG(double, target_imbalance, 0,
+          "target imbalance for flashcp* in [1, 1e6]; 0: the server's, 1.02");
+ABSL_FLAG(std::optional<int64_t>, min_shard_tokens, std::nullopt,
+          "flashcp's minimum cut shard, tokens, as flashcp-plan's flag (0 turns the rule off); "
+          "empty: the server's, 128");
+ABSL_FLAG(int64_t, heads, flashcp::core::ModelShape{}.heads, "KV heads, for byte counts");
+ABSL_FLAG(int64_t, head_dim, flashcp::core::ModelShape{}.head_dim, "head dimension");
+ABSL_FLAG(int64_t, dtype_bytes, flashcp::core::ModelShape{}.dtype_bytes,
+          "bytes per element: 1, 2 or 4");
+ABSL_FLAG(std::string, input, "-", "batches, one per line (\"-\" is stdin)");
+ABSL_FLAG(std::string, dataset, "", "sampled batches: wlbllm, pile or redpajama");
+ABSL_FLAG(int64_t, batches, 64, "sampled batches (with --dataset)");
+ABSL_FLAG(int64_t, inflight, 16, "batches in flight on the stream");
+ABSL_FLAG(double, timeout, 3600, "deadline of the whole stream, seconds");
+ABSL_FLAG(bool, summary, false, "print the quality table instead of JSON lines");
+
+namespace {
 
 struct Options {
-  std::string server;
-  int32_t cp_size = 8;
-  std::string strategy;
+  fc::internal::ToolFlags tool;
   double target_imbalance = 0;
   int64_t min_shard_tokens = 0;  // PlanRequest.min_shard_tokens: 0 default, -1 off
   core::ModelShape shape;
   std::string input = "-";
   std::optional<core::Dataset> dataset;
-  int64_t context = 131072;
   int64_t batches = 64;
-  uint64_t seed = 1;
   int inflight = 16;
   absl::Duration timeout = absl::Hours(1);
-  absl::Duration connect_timeout = absl::Seconds(10);
-  std::optional<fc::TlsOptions> tls;  // nullopt: plaintext
   bool summary = false;
-  bool help = false;
 };
 
-absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
-  absl::StatusOr<fc::internal::ToolArgs> a = fc::internal::ToolArgs::Parse(
-      args,
-      {"server", "cp", "strategy", "target-imbalance", "min-shard-tokens", "heads", "head-dim",
-       "dtype-bytes", "input", "dataset", "context", "batches", "seed", "inflight", "timeout",
-       "connect-timeout", "tls_ca", "tls_cert", "tls_key", "tls_server_name"},
-      {"summary", "help"});
-  if (!a.ok()) return a.status();
+absl::StatusOr<Options> ParseOptions(const core::CommandLine& line) {
   Options o;
-  o.help = a->Has("help");
-  if (o.help) return o;
-  o.server = a->String("server", "");
-  if (o.server.empty()) return absl::InvalidArgumentError("--server HOST:PORT is required");
-  auto cp = a->Int("cp", 8, 1, core::kMaxCpSize);
-  auto imbalance = a->Double("target-imbalance", 0, 0, 1e6);
-  auto min_shard = fc::internal::MinShardTokensField(*a);
-  auto heads = a->Int("heads", 32, 1, 1024);
-  auto head_dim = a->Int("head-dim", 128, 1, 1024);
-  auto dtype = a->Int("dtype-bytes", 2, 1, 4);
-  auto context = a->Int("context", 131072, 1, core::kMaxTokens);
-  auto batches = a->Int("batches", 64, 0, 1'000'000);
-  auto seed = a->Int("seed", 1, 0, INT64_MAX);
-  auto inflight = a->Int("inflight", 16, 1, 4096);
-  auto timeout = a->Double("timeout", 3600, 0.001, 1e7);
-  auto connect = a->Double("connect-timeout", 10, 0, 1e7);
-  auto tls = fc::internal::TlsOptionsFromArgs(*a);
-  for (const absl::Status& s :
-       {cp.status(), imbalance.status(), min_shard.status(), heads.status(), head_dim.status(),
-        dtype.status(), context.status(), batches.status(), seed.status(), inflight.status(),
-        timeout.status(), connect.status(), tls.status()}) {
-    if (!s.ok()) return s;
+  FLASHCP_ASSIGN_OR_RETURN(o.tool, fc::internal::ToolFlagsFromCommandLine(line));
+  o.target_imbalance = absl::GetFlag(FLAGS_target_imbalance);
+  if (o.target_imbalance != 0) {
+    FLASHCP_ASSIGN_OR_RETURN(o.target_imbalance,
+                             core::DoubleFlagIn("target_imbalance", o.target_imbalance, 1, 1e6));
   }
-  o.cp_size = static_cast<int32_t>(*cp);
-  o.strategy = a->String("strategy", "");
-  o.target_imbalance = *imbalance;
-  o.min_shard_tokens = *min_shard;
-  o.shape = {static_cast<int32_t>(*heads), static_cast<int32_t>(*head_dim),
-             static_cast<int32_t>(*dtype)};
-  o.input = a->String("input", "-");
-  if (a->Has("dataset")) {
-    if (a->Has("input")) return absl::InvalidArgumentError("--dataset and --input exclude each other");
-    auto d = core::ParseDataset(a->String("dataset", ""));
+  FLASHCP_ASSIGN_OR_RETURN(
+      o.min_shard_tokens, fc::internal::MinShardTokensField(absl::GetFlag(FLAGS_min_shard_tokens)));
+  FLASHCP_ASSIGN_OR_RETURN(const int64_t heads,
+                           core::IntFlagIn("heads", absl::GetFlag(FLAGS_heads), 1, 1024));
+  FLASHCP_ASSIGN_OR_RETURN(const int64_t head_dim,
+                           core::IntFlagIn("head_dim", absl::GetFlag(FLAGS_head_dim), 1, 1024));
+  const int64_t dtype = absl::GetFlag(FLAGS_dtype_bytes);
+  if (dtype != 1 && dtype != 2 && dtype != 4) {
+    return core::FlagValueError("dtype_bytes", "1, 2 or 4", absl::StrCat(dtype));
+  }
+  o.shape = {static_cast<int32_t>(heads), static_cast<int32_t>(head_dim),
+             static_cast<int32_t>(dtype)};
+  o.input = absl::GetFlag(FLAGS_input);
+  if (o.input.empty()) return absl::InvalidArgumentError("--input: missing file name");
+  if (line.given.count("dataset") > 0) {
+    if (line.given.count("input") > 0) {
+      return absl::InvalidArgumentError("--dataset and --input exclude each other");
+    }
+    auto d = core::ParseDataset(absl::GetFlag(FLAGS_dataset));
     if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--dataset: ", d.status().message()));
     o.dataset = *d;
   }
-  o.context = *context;
-  o.batches = *batches;
-  o.seed = static_cast<uint64_t>(*seed);
-  o.inflight = static_cast<int>(*inflight);
-  o.timeout = absl::Seconds(*timeout);
-  o.connect_timeout = absl::Seconds(*connect);
-  o.tls = *std::move(tls);
-  o.summary = a->Has("summary");
+  FLASHCP_ASSIGN_OR_RETURN(o.batches,
+                           core::IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 0, 1'000'000));
+  FLASHCP_ASSIGN_OR_RETURN(const int64_t inflight,
+                           core::IntFlagIn("inflight", absl::GetFlag(FLAGS_inflight), 1, 4096));
+  o.inflight = static_cast<int>(inflight);
+  FLASHCP_ASSIGN_OR_RETURN(const double timeout,
+                           core::DoubleFlagIn("timeout", absl::GetFlag(FLAGS_timeout), 0.001, 1e7));
+  o.timeout = absl::Seconds(timeout);
+  o.summary = absl::GetFlag(FLAGS_summary);
   return o;
 }
 
@@ -177,8 +155,8 @@ class Batches {
       while (next_ < o_.batches) {
         const int64_t k = next_++;
         std::string where = absl::StrCat("batch ", k, " (", core::DatasetName(*o_.dataset),
-                                         ", seed ", o_.seed, ")");
-        auto b = core::SampleBatch(*o_.dataset, o_.context, o_.seed, k);
+                                         ", seed ", o_.tool.seed, ")");
+        auto b = core::SampleBatch(*o_.dataset, o_.tool.context, o_.tool.seed, k);
         if (b.ok()) return std::make_pair(*std::move(b), std::move(where));
         Fail(where, b.status());
       }
@@ -230,18 +208,18 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
     return kExitFailed;
   }
   absl::StatusOr<fc::ChannelOptions> channel_options = fc::ChannelOptions();
-  if (o.tls.has_value()) channel_options = fc::WithTls(fc::ChannelOptions(), *o.tls);
+  if (o.tool.tls.has_value()) channel_options = fc::WithTls(fc::ChannelOptions(), *o.tool.tls);
   if (!channel_options.ok()) {
     err << kPrefix << channel_options.status().message() << "\n";
     return kExitFailed;
   }
   auto grpc_client =
-      std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.server, *channel_options));
+      std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.tool.server, *channel_options));
   // Wait for the server (it may still be starting) before opening the stream:
   // wait_for_ready lets gRPC connect as soon as it listens.
-  if (auto info = fc::WaitForServer(*grpc_client, o.connect_timeout); !info.ok()) {
-    err << kPrefix << "cannot reach " << o.server << " within "
-        << absl::FormatDuration(o.connect_timeout) << ": "
+  if (auto info = fc::WaitForServer(*grpc_client, o.tool.connect_timeout); !info.ok()) {
+    err << kPrefix << "cannot reach " << o.tool.server << " within "
+        << absl::FormatDuration(o.tool.connect_timeout) << ": "
         << absl::StatusCodeToString(info.status().code()) << ": " << info.status().message()
         << "\n";
     return kExitFailed;
@@ -258,8 +236,8 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
     if (!next.has_value()) return std::nullopt;
     fc::v1::PlanRequest r;
     for (int64_t len : next->first) r.add_doc_lens(len);
-    r.set_cp_size(o.cp_size);
-    r.set_strategy(o.strategy);
+    r.set_cp_size(o.tool.cp_size);
+    r.set_strategy(o.tool.strategy);
     r.set_target_imbalance(o.target_imbalance);
     r.set_min_shard_tokens(o.min_shard_tokens);
     r.set_heads(o.shape.heads);
@@ -299,15 +277,16 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
       fc::PlanPipelined(*grpc_client, {.inflight = o.inflight, .call = {.timeout = o.timeout}},
                         std::ref(source), std::ref(sink));
   if (!status.ok()) {
-    err << kPrefix << "stream to " << o.server << " failed: "
-        << absl::StatusCodeToString(status.code()) << ": " << status.message() << "\n";
+    err << kPrefix << "stream to " << o.tool.server
+        << " failed: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+        << "\n";
   }
   if (o.summary) {
     std::vector<core::StrategySummary> rows;
     for (core::Strategy s : core::AllStrategies()) {
       if (seen[static_cast<size_t>(s)]) rows.push_back(acc[static_cast<size_t>(s)].Finish());
     }
-    out << "# flashcp-client via " << o.server << ": cp " << o.cp_size
+    out << "# flashcp-client via " << o.tool.server << ": cp " << o.tool.cp_size
         << "; plan ms are the server's planning times\n"
         << core::FormatSummaryTable(rows);
   }
@@ -321,15 +300,15 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
 
 int main(int argc, char** argv) {
   std::ios::sync_with_stdio(false);
-  const std::vector<std::string> args(argv + 1, argv + argc);
-  absl::StatusOr<Options> options = ParseOptions(args);
-  if (!options.ok()) {
-    std::cerr << kPrefix << options.status().message() << "\n" << "try --help\n";
-    return kExitUsage;
+  core::CommandLine line;
+  if (std::optional<int> rc = core::ParseMain(argc, argv, kUsage, line, std::cout, std::cerr)) {
+    return *rc;
   }
-  if (options->help) {
-    std::cout << kUsage;
-    return kExitOk;
+  absl::StatusOr<Options> options = ParseOptions(line);
+  if (!options.ok()) {
+    std::cerr << kPrefix << options.status().message()
+              << "\nRun 'flashcp-client --help' for the flags.\n";
+    return kExitUsage;
   }
   return Run(*options, std::cin, std::cout, std::cerr);
 }

@@ -1,5 +1,5 @@
 // flashcp-loadgen: drives a flashcp-planner server and reports throughput and
-// latency. Bounded in time (--duration) and count (--max-requests). Unary mode
+// latency. Bounded in time (--duration) and count (--max_requests). Unary mode
 // (default): --concurrency threads each make blocking Plan calls, one at a
 // time. --stream: each thread keeps --inflight batches in flight on one
 // PlanStream (client/pipelined_planner.h); an item's latency runs from its
@@ -26,16 +26,19 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "client/grpc_planner_client.h"
-#include "client/internal/tool_args.h"
+#include "client/internal/tool_flags.h"
 #include "client/pipelined_planner.h"
 #include "core/cli.h"
 #include "core/datasets.h"
+#include "core/flags.h"
 #include "core/plan_json.h"
+#include "core/status_macros.h"
 
 namespace fc = flashcp::client;
 namespace core = flashcp::core;
@@ -43,31 +46,26 @@ namespace core = flashcp::core;
 namespace {
 
 constexpr char kPrefix[] = "flashcp-loadgen: ";
-constexpr char kUsage[] = R"(Usage: flashcp-loadgen --server HOST:PORT [flags]
+constexpr char kUsage[] = R"(Usage: flashcp-loadgen --server HOST:PORT [--flag=value ...]
 
-Flags:
-  --server HOST:PORT   the planner (required)
-  --duration S         seconds to run (default 10)
-  --max-requests N     stop after N requests (default: no limit but the duration)
-  --stream             use PlanStream instead of unary Plan calls
-  --concurrency C      client threads, each with its own call(s) (default 1)
-  --inflight K         batches in flight per stream with --stream (default 64)
-  --dataset NAME       wlbllm, pile or redpajama (default pile)
-  --context C          tokens per batch (default 131072)
-  --cp N               ranks in the CP group (default 8)
-  --strategy NAME      strategy to ask for (default: the server's)
-  --batches B          distinct batches, sent round robin (default 64)
-  --seed S             sampling seed (default 1)
-  --timeout S          deadline per unary call, seconds (default 10)
-  --connect-timeout S  how long to wait for the server first (default 10)
-  --tls_ca FILE        TLS: PEM CA bundle the server's certificate must chain to;
-                       plaintext without it
-  --tls_cert FILE, --tls_key FILE
-                       mTLS: PEM client certificate and key; need --tls_ca
-  --tls_server_name N  TLS: the name the server's certificate must carry, when
-                       it is not the host of --server
-  --json               print one JSON object instead of the text report
-)";
+Drives a flashcp-planner server with --batches distinct sampled batches, sent
+round robin, for --duration seconds or --max_requests requests, and reports
+throughput and latency. Exit status 0 when no request failed, 1 otherwise, 2
+for a bad flag.)";
+
+}  // namespace
+
+ABSL_FLAG(double, duration, 10, "seconds to run, in [0.001, 86400]");
+ABSL_FLAG(int64_t, max_requests, INT64_MAX, "stop after this many requests");
+ABSL_FLAG(bool, stream, false, "use PlanStream instead of unary Plan calls");
+ABSL_FLAG(int64_t, concurrency, 1, "client threads, each with its own call(s)");
+ABSL_FLAG(int64_t, inflight, 64, "batches in flight per stream with --stream");
+ABSL_FLAG(std::string, dataset, "pile", "wlbllm, pile or redpajama");
+ABSL_FLAG(int64_t, batches, 64, "distinct batches, sent round robin");
+ABSL_FLAG(double, timeout, 10, "deadline per unary call, seconds");
+ABSL_FLAG(bool, json, false, "print one JSON object instead of the text report");
+
+namespace {
 
 using Clock = std::chrono::steady_clock;
 
@@ -75,73 +73,45 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kFirstErrors = 5;
 
 struct Options {
-  std::string server;
+  fc::internal::ToolFlags tool;
   double duration_s = 10;
   int64_t max_requests = INT64_MAX;
   bool stream = false;
   int concurrency = 1;
   int inflight = 64;
   core::Dataset dataset = core::Dataset::kPile;
-  int64_t context = 131072;
-  int32_t cp_size = 8;
-  std::string strategy;
   int64_t batches = 64;
-  uint64_t seed = 1;
   absl::Duration timeout = absl::Seconds(10);
-  absl::Duration connect_timeout = absl::Seconds(10);
-  std::optional<fc::TlsOptions> tls;  // nullopt: plaintext
   bool json = false;
 };
 
-absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args, bool* help) {
-  auto a = fc::internal::ToolArgs::Parse(
-      args,
-      {"server", "duration", "max-requests", "concurrency", "inflight", "dataset", "context",
-       "cp", "strategy", "batches", "seed", "timeout", "connect-timeout", "tls_ca", "tls_cert",
-       "tls_key", "tls_server_name"},
-      {"stream", "json", "help"});
-  if (!a.ok()) return a.status();
+absl::StatusOr<Options> ParseOptions(const core::CommandLine& line) {
   Options o;
-  *help = a->Has("help");
-  if (*help) return o;
-  o.server = a->String("server", "");
-  if (o.server.empty()) return absl::InvalidArgumentError("--server HOST:PORT is required");
-  auto duration = a->Double("duration", 10, 0.001, 86400);
-  auto max_requests = a->Int("max-requests", INT64_MAX, 1, INT64_MAX);
-  auto concurrency = a->Int("concurrency", 1, 1, 1024);
-  auto inflight = a->Int("inflight", 64, 1, 4096);
-  auto context = a->Int("context", 131072, 1, core::kMaxTokens);
-  auto cp = a->Int("cp", 8, 1, core::kMaxCpSize);
-  auto batches = a->Int("batches", 64, 1, 100'000);
-  auto seed = a->Int("seed", 1, 0, INT64_MAX);
-  auto timeout = a->Double("timeout", 10, 0.001, 1e7);
-  auto connect = a->Double("connect-timeout", 10, 0, 1e7);
-  auto tls = fc::internal::TlsOptionsFromArgs(*a);
-  for (const absl::Status& s :
-       {duration.status(), max_requests.status(), concurrency.status(), inflight.status(),
-        context.status(), cp.status(), batches.status(), seed.status(), timeout.status(),
-        connect.status(), tls.status()}) {
-    if (!s.ok()) return s;
-  }
-  auto dataset = core::ParseDataset(a->String("dataset", "pile"));
+  FLASHCP_ASSIGN_OR_RETURN(o.tool, fc::internal::ToolFlagsFromCommandLine(line));
+  FLASHCP_ASSIGN_OR_RETURN(
+      o.duration_s, core::DoubleFlagIn("duration", absl::GetFlag(FLAGS_duration), 0.001, 86400));
+  FLASHCP_ASSIGN_OR_RETURN(
+      o.max_requests,
+      core::IntFlagIn("max_requests", absl::GetFlag(FLAGS_max_requests), 1, INT64_MAX));
+  FLASHCP_ASSIGN_OR_RETURN(
+      const int64_t concurrency,
+      core::IntFlagIn("concurrency", absl::GetFlag(FLAGS_concurrency), 1, 1024));
+  FLASHCP_ASSIGN_OR_RETURN(const int64_t inflight,
+                           core::IntFlagIn("inflight", absl::GetFlag(FLAGS_inflight), 1, 4096));
+  FLASHCP_ASSIGN_OR_RETURN(o.batches,
+                           core::IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 1, 100'000));
+  FLASHCP_ASSIGN_OR_RETURN(const double timeout,
+                           core::DoubleFlagIn("timeout", absl::GetFlag(FLAGS_timeout), 0.001, 1e7));
+  auto dataset = core::ParseDataset(absl::GetFlag(FLAGS_dataset));
   if (!dataset.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--dataset: ", dataset.status().message()));
   }
-  o.duration_s = *duration;
-  o.max_requests = *max_requests;
-  o.stream = a->Has("stream");
-  o.concurrency = static_cast<int>(*concurrency);
-  o.inflight = static_cast<int>(*inflight);
+  o.stream = absl::GetFlag(FLAGS_stream);
+  o.concurrency = static_cast<int>(concurrency);
+  o.inflight = static_cast<int>(inflight);
   o.dataset = *dataset;
-  o.context = *context;
-  o.cp_size = static_cast<int32_t>(*cp);
-  o.strategy = a->String("strategy", "");
-  o.batches = *batches;
-  o.seed = static_cast<uint64_t>(*seed);
-  o.timeout = absl::Seconds(*timeout);
-  o.connect_timeout = absl::Seconds(*connect);
-  o.tls = *std::move(tls);
-  o.json = a->Has("json");
+  o.timeout = absl::Seconds(timeout);
+  o.json = absl::GetFlag(FLAGS_json);
   return o;
 }
 
@@ -245,14 +215,14 @@ std::string Json(const Options& o, int64_t requests, int64_t errors, double seco
       o.stream ? "stream" : "unary", requests, errors, seconds,
       seconds > 0 ? static_cast<double>(requests) / seconds : 0.0, core::Percentile(lat, 0.5),
       core::Percentile(lat, 0.9), core::Percentile(lat, 0.99), core::Percentile(lat, 0.999),
-      core::Percentile(lat, 1.0), o.concurrency, o.stream ? o.inflight : 1, o.cp_size, o.context,
-      core::DatasetName(o.dataset), o.strategy, codes_json, first_json);
+      core::Percentile(lat, 1.0), o.concurrency, o.stream ? o.inflight : 1, o.tool.cp_size,
+      o.tool.context, core::DatasetName(o.dataset), o.tool.strategy, codes_json, first_json);
 }
 
 int Run(const Options& o) {
   std::vector<fc::v1::PlanRequest> requests;
   for (int64_t k = 0; k < o.batches; ++k) {
-    auto docs = core::SampleBatch(o.dataset, o.context, o.seed, k);
+    auto docs = core::SampleBatch(o.dataset, o.tool.context, o.tool.seed, k);
     if (!docs.ok()) {
       std::cerr << kPrefix << docs.status().message() << "\n";
       return 2;
@@ -260,15 +230,15 @@ int Run(const Options& o) {
     fc::v1::PlanRequest r;
     r.set_batch_id(static_cast<uint64_t>(k));
     for (int64_t len : *docs) r.add_doc_lens(len);
-    r.set_cp_size(o.cp_size);
-    r.set_strategy(o.strategy);
+    r.set_cp_size(o.tool.cp_size);
+    r.set_strategy(o.tool.strategy);
     requests.push_back(std::move(r));
   }
 
   // One channel per thread: gRPC multiplexes calls on a channel's single
   // connection, which would otherwise serialize the client's threads.
   absl::StatusOr<fc::ChannelOptions> channel_options = fc::ChannelOptions{.own_connection = true};
-  if (o.tls.has_value()) channel_options = fc::WithTls(*channel_options, *o.tls);
+  if (o.tool.tls.has_value()) channel_options = fc::WithTls(*channel_options, *o.tool.tls);
   if (!channel_options.ok()) {
     std::cerr << kPrefix << channel_options.status().message() << "\n";
     return 1;
@@ -276,10 +246,11 @@ int Run(const Options& o) {
   std::vector<std::shared_ptr<fc::PlannerClient>> clients;
   for (int t = 0; t < o.concurrency; ++t) {
     clients.push_back(
-        std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.server, *channel_options)));
+        std::make_shared<fc::GrpcPlannerClient>(fc::MakeChannel(o.tool.server, *channel_options)));
   }
-  if (auto info = fc::WaitForServer(*clients[0], o.connect_timeout); !info.ok()) {
-    std::cerr << kPrefix << "cannot reach " << o.server << ": " << info.status().ToString() << "\n";
+  if (auto info = fc::WaitForServer(*clients[0], o.tool.connect_timeout); !info.ok()) {
+    std::cerr << kPrefix << "cannot reach " << o.tool.server << ": " << info.status().ToString()
+              << "\n";
     return 1;
   }
 
@@ -340,16 +311,15 @@ int Run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args(argv + 1, argv + argc);
-  bool help = false;
-  absl::StatusOr<Options> options = ParseOptions(args, &help);
-  if (!options.ok()) {
-    std::cerr << kPrefix << options.status().message() << "\ntry --help\n";
-    return 2;
+  core::CommandLine line;
+  if (std::optional<int> rc = core::ParseMain(argc, argv, kUsage, line, std::cout, std::cerr)) {
+    return *rc;
   }
-  if (help) {
-    std::cout << kUsage;
-    return 0;
+  absl::StatusOr<Options> options = ParseOptions(line);
+  if (!options.ok()) {
+    std::cerr << kPrefix << options.status().message()
+              << "\nRun 'flashcp-loadgen --help' for the flags.\n";
+    return 2;
   }
   return Run(*options);
 }

@@ -11,11 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "core/cost_model.h"
 #include "core/echo.h"
 #include "core/plan_json.h"
@@ -25,63 +23,9 @@
 namespace flashcp::core {
 namespace {
 
-constexpr int64_t kMaxBatches = 1'000'000;
 // A longer input line is refused before it is held in memory: 10^6 documents
 // of 2^40 tokens take at most 14 characters each.
 constexpr size_t kMaxLineBytes = size_t{16} << 20;
-
-absl::Status FlagError(absl::string_view flag, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", what));
-}
-
-// Only digits, no sign or spaces; within [lo, hi].
-absl::StatusOr<int64_t> ParseIntFlag(absl::string_view flag, absl::string_view value, int64_t lo,
-                                     int64_t hi) {
-  const std::string range = absl::StrCat("must be an integer in [", lo, ", ", hi, "], got ");
-  if (value.empty() || value.size() > 19 ||
-      !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return FlagError(flag, absl::StrCat(range, Echo(value)));
-  }
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(value, &v) || v < lo || v > hi) {
-    return FlagError(flag, absl::StrCat(range, Echo(value)));
-  }
-  return v;
-}
-
-absl::StatusOr<double> ParseDoubleFlag(absl::string_view flag, absl::string_view value, double lo,
-                                       double hi) {
-  double v = 0;
-  if (value.empty() || value.front() == ' ' || !absl::SimpleAtod(value, &v) || !std::isfinite(v) ||
-      v < lo || v > hi) {
-    return FlagError(flag, absl::StrFormat("must be a number in [%g, %g], got %s", lo, hi,
-                                           Echo(value)));
-  }
-  return v;
-}
-
-absl::StatusOr<std::vector<Strategy>> ParseStrategyList(absl::string_view value, bool* all) {
-  *all = false;
-  if (value == "all") {
-    *all = true;
-    std::vector<Strategy> out;
-    for (Strategy s : AllStrategies()) {
-      if (InAllList(s)) out.push_back(s);
-    }
-    return out;
-  }
-  std::vector<Strategy> out;
-  for (absl::string_view name : absl::StrSplit(value, ',')) {
-    absl::StatusOr<Strategy> s = ParseStrategy(name);
-    if (!s.ok()) {
-      return FlagError("strategy",
-                       absl::StrCat("unknown strategy ", Echo(name), " (all, ", StrategyNames(),
-                                    ", or a comma-separated list)"));
-    }
-    if (std::find(out.begin(), out.end(), *s) == out.end()) out.push_back(*s);
-  }
-  return out;
-}
 
 enum class LineRead { kLine, kEof, kTooLong };
 
@@ -257,203 +201,6 @@ absl::string_view DatasetAssumptions(Dataset dataset) {
   return "";
 }
 
-std::string CliUsage() {
-  return R"(Usage: flashcp-plan [flags] [LENGTH ...]
-
-Plans context-parallel sharding of packed batches and prints one JSON object
-per batch and strategy, or with --summary a table comparing strategies.
-
-Batches come from exactly one of:
-  LENGTH ...           one batch: document lengths (tokens), commas or spaces
-  --docs LIST          one batch per --docs, e.g. --docs 5,3 --docs "8 8"
-  --input FILE         one batch per line ("-" is stdin); blank and # lines skipped
-  --dataset NAME       sampled batches: wlbllm, pile or redpajama
-  (none)               stdin, as --input -
-
-Flags:
-  --cp N               ranks in the CP group (default 8)
-  --strategy NAME      )" + StrategyNames() + R"(,
-                       a comma-separated list, or all (every one but ilp, which is
-                       slow). Default flashcp; all with --summary
-  --target-imbalance R target imbalance ratio for flashcp and flashcp_paper (default 1.02)
-  --min-shard-tokens M flashcp's minimum cut shard, tokens. Best effort, below the
-                       imbalance target R: flashcp avoids cut shards shorter than M
-                       and repairs or re-cuts those left, but keeps one where no plan
-                       it finds (heuristics) meets R without it, or where the only such
-                       plan costs more than 8 x M non-last tokens per short shard
-                       (default 128; 0 turns the rule off)
-  --context C          tokens per sampled batch (default 131072; with --dataset)
-  --batches K          sampled batches (default 64; with --dataset)
-  --seed S             sampling seed (default 1; with --dataset)
-  --summary            print a table of per-strategy statistics instead of JSON
-  --heads H            KV heads, for byte counts (default 32)
-  --head-dim D         head dimension (default 128)
-  --dtype-bytes B      bytes per element: 1, 2 or 4 (default 2)
-  --ilp-granularity G  ILP block size in tokens (0: C / (16 N), the default)
-  --ilp-time-limit S   ILP time limit in seconds per batch (default 10)
-  --svg FILE           also draw the first batch's plans as SVG, one panel per strategy
-                       side by side: a row per rank, shards coloured by document, the
-                       shards whose KV moves (targeted exchange) hatched, workloads
-  --quiet              no progress lines on stderr
-  --help               this text
-
-Exit status: 0 success; 1 a bad batch, a failed plan or an I/O error; 2 a bad flag.
-)";
-}
-
-absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args) {
-  CliOptions o;
-  std::vector<std::string> positional;
-  std::string strategy_value;
-  bool context_set = false, batches_set = false, seed_set = false;
-  bool flags_done = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (flags_done || arg.size() < 2 || arg[0] != '-') {
-      positional.push_back(arg);
-      continue;
-    }
-    if (arg == "--") {
-      flags_done = true;
-      continue;
-    }
-    if (arg == "-h") {
-      o.help = true;
-      continue;
-    }
-    if (arg.rfind("--", 0) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", Echo(arg)));
-    }
-    const size_t eq = arg.find('=');
-    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-    if (name == "summary" || name == "quiet" || name == "help") {
-      if (eq != std::string::npos) return FlagError(name, "takes no value");
-      if (name == "summary") o.summary = true;
-      if (name == "quiet") o.progress = false;
-      if (name == "help") o.help = true;
-      continue;
-    }
-    static const char* const kValueFlags[] = {
-        "cp",    "strategy", "target-imbalance", "dataset",     "context",         "batches",
-        "seed",  "heads",    "head-dim",         "dtype-bytes", "docs",            "input",
-        "ilp-granularity", "ilp-time-limit", "min-shard-tokens", "svg"};
-    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), name) == std::end(kValueFlags)) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", Echo(arg)));
-    }
-    std::string value;
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-    } else {
-      if (i + 1 >= args.size()) return FlagError(name, "missing value");
-      value = args[++i];
-    }
-    if (name == "cp") {
-      absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 1, kMaxCpSize);
-      if (!v.ok()) return v.status();
-      o.cp_size = static_cast<int32_t>(*v);
-    } else if (name == "strategy") {
-      strategy_value = value;
-      if (strategy_value.empty()) return FlagError(name, "missing value");
-    } else if (name == "target-imbalance") {
-      absl::StatusOr<double> v = ParseDoubleFlag(name, value, 1.0, 1e6);
-      if (!v.ok()) return v.status();
-      o.plan.target_imbalance = *v;
-    } else if (name == "min-shard-tokens") {
-      absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 0, kMaxTokens);
-      if (!v.ok()) return v.status();
-      o.plan.min_shard_tokens = *v;
-    } else if (name == "dataset") {
-      absl::StatusOr<Dataset> d = ParseDataset(value);
-      if (!d.ok()) {
-        return FlagError(name, absl::StrCat("unknown data set ", Echo(value),
-                                            " (wlbllm, pile, redpajama)"));
-      }
-      o.dataset = *d;
-    } else if (name == "context") {
-      absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 1, kMaxTokens);
-      if (!v.ok()) return v.status();
-      o.context = *v;
-      context_set = true;
-    } else if (name == "batches") {
-      absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 1, kMaxBatches);
-      if (!v.ok()) return v.status();
-      o.batches = *v;
-      batches_set = true;
-    } else if (name == "seed") {
-      uint64_t v = 0;
-      if (value.empty() || value.size() > 20 ||
-          !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-          !absl::SimpleAtoi(value, &v)) {
-        return FlagError(name,
-                         absl::StrCat("must be an integer in [0, 2^64 - 1], got ", Echo(value)));
-      }
-      o.seed = v;
-      seed_set = true;
-    } else if (name == "heads" || name == "head-dim") {
-      absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 1, 1024);
-      if (!v.ok()) return v.status();
-      (name == "heads" ? o.shape.heads : o.shape.head_dim) = static_cast<int32_t>(*v);
-    } else if (name == "dtype-bytes") {
-      if (value != "1" && value != "2" && value != "4") {
-        return FlagError(name, absl::StrCat("must be 1, 2 or 4, got ", Echo(value)));
-      }
-      o.shape.dtype_bytes = value[0] - '0';
-    } else if (name == "docs") {
-      absl::StatusOr<std::vector<int64_t>> lens = ParseBatchLine(value);
-      if (!lens.ok()) return FlagError(name, lens.status().message());
-      o.batches_text.push_back(value);
-    } else if (name == "input") {
-      if (value.empty()) return FlagError(name, "missing file name");
-      o.input_path = value;
-    } else if (name == "svg") {
-      if (value.empty()) return FlagError(name, "missing file name");
-      o.svg_path = value;
-    } else if (name == "ilp-granularity") {
-      absl::StatusOr<int64_t> v = ParseIntFlag(name, value, 0, kMaxTokens);
-      if (!v.ok()) return v.status();
-      o.plan.ilp.granularity = *v;
-    } else if (name == "ilp-time-limit") {
-      absl::StatusOr<double> v = ParseDoubleFlag(name, value, 0.001, 86400);
-      if (!v.ok()) return v.status();
-      o.plan.ilp.time_limit_seconds = *v;
-    }
-  }
-  if (o.help) return o;
-
-  if (!positional.empty()) {
-    if (!o.batches_text.empty()) {
-      return absl::InvalidArgumentError(
-          "give document lengths either as arguments or with --docs, not both");
-    }
-    const std::string joined = absl::StrJoin(positional, " ");
-    absl::StatusOr<std::vector<int64_t>> lens = ParseBatchLine(joined);
-    if (!lens.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("document lengths (arguments): ", lens.status().message()));
-    }
-    o.batches_text.push_back(joined);
-  }
-  const int sources = (o.batches_text.empty() ? 0 : 1) + (o.input_path.empty() ? 0 : 1) +
-                      (o.dataset.has_value() ? 1 : 0);
-  if (sources > 1) {
-    return absl::InvalidArgumentError(
-        "give batches from one source: lengths (arguments or --docs), --input, or --dataset");
-  }
-  if (!o.dataset.has_value()) {
-    if (context_set) return FlagError("context", "needs --dataset");
-    if (batches_set) return FlagError("batches", "needs --dataset");
-    if (seed_set) return FlagError("seed", "needs --dataset");
-  }
-  if (strategy_value.empty()) strategy_value = o.summary ? "all" : "flashcp";
-  bool all = false;
-  absl::StatusOr<std::vector<Strategy>> strategies = ParseStrategyList(strategy_value, &all);
-  if (!strategies.ok()) return strategies.status();
-  o.strategies = *std::move(strategies);
-  o.from_all = all;
-  if (absl::Status s = ValidateModelShape(o.shape); !s.ok()) return s;
-  return o;
-}
-
 void SummaryAccumulator::Add(const PlanMetrics& metrics, double plan_ms) {
   imbalance_.push_back(metrics.imbalance);
   plan_ms_.push_back(plan_ms);
@@ -526,10 +273,6 @@ std::string FormatSummaryTable(const std::vector<StrategySummary>& rows) {
 
 int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::ostream& err) {
   constexpr absl::string_view kPrefix = "flashcp-plan: ";
-  if (options.help) {
-    out << CliUsage();
-    return kExitOk;
-  }
   BatchSource source(options, in);
   if (absl::Status s = source.Open(); !s.ok()) {
     err << kPrefix << s.message() << "\n";

@@ -51,13 +51,17 @@ struct CliOptions {
   std::string svg_path;
   bool progress = true;  // a progress line on stderr every second; --quiet turns it off
   bool help = false;
+  // Deprecated spellings used (core/flags.h), one line each for stderr.
+  std::vector<std::string> warnings;
 };
 
-// Parses argv[1..] ("--flag value", "--flag=value", positional lengths, "--"
-// ends flags). InvalidArgument whose message names the flag and the bad value.
+// Parses argv[1..] as core/flags.h does (the flags are flashcp-plan's, in
+// core/cli_args.cc; positional arguments are lengths), starting each call
+// from the flags' defaults. InvalidArgument whose message names the flag and the bad
+// value. In target flashcp_cli_args, as is CliUsage.
 absl::StatusOr<CliOptions> ParseCliArgs(const std::vector<std::string>& args);
 
-// The --help text.
+// The --help text, generated from the flags.
 std::string CliUsage();
 
 // What every figure computed from a data set's batches must state beside it

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/plan_svg.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
@@ -37,11 +38,29 @@ TEST(ParseCliArgsTest, Defaults) {
 }
 
 TEST(ParseCliArgsTest, EveryFlagBothSyntaxes) {
-  absl::StatusOr<CliOptions> o = ParseCliArgs(
-      {"--cp", "4", "--strategy=ring,flashcp", "--target-imbalance", "1.05", "--dataset=wlbllm",
-       "--context", "4096", "--batches=3", "--seed", "18446744073709551615", "--summary",
-       "--heads", "8", "--head-dim=64", "--dtype-bytes", "4", "--ilp-granularity", "512",
-       "--ilp-time-limit=2.5", "--min-shard-tokens", "64", "--quiet"});
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--cp",
+                                               "4",
+                                               "--strategy=ring,flashcp",
+                                               "--target_imbalance",
+                                               "1.05",
+                                               "--dataset=wlbllm",
+                                               "--context",
+                                               "4096",
+                                               "--batches=3",
+                                               "--seed",
+                                               "18446744073709551615",
+                                               "--summary",
+                                               "--heads",
+                                               "8",
+                                               "--head_dim=64",
+                                               "--dtype_bytes",
+                                               "4",
+                                               "--ilp_granularity",
+                                               "512",
+                                               "--ilp_time_limit=2.5",
+                                               "--min_shard_tokens",
+                                               "64",
+                                               "--quiet"});
   ASSERT_THAT(o, IsOk());
   EXPECT_EQ(o->cp_size, 4);
   EXPECT_THAT(o->strategies, ElementsAre(Strategy::kRing, Strategy::kFlashCp));
@@ -59,6 +78,41 @@ TEST(ParseCliArgsTest, EveryFlagBothSyntaxes) {
   EXPECT_DOUBLE_EQ(o->plan.ilp.time_limit_seconds, 2.5);
   EXPECT_EQ(o->plan.min_shard_tokens, 64);
   EXPECT_FALSE(o->progress);
+  EXPECT_TRUE(o->warnings.empty());
+}
+
+// The dashed spellings of one release ago still work, each with a warning
+// naming the new spelling; a call leaves the flags as it found them.
+TEST(ParseCliArgsTest, DashedSpellingsWarnAndCallsDoNotLeak) {
+  absl::StatusOr<CliOptions> o =
+      ParseCliArgs({"--target-imbalance", "1.05", "--min-shard-tokens=64", "--head-dim", "64"});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_DOUBLE_EQ(o->plan.target_imbalance, 1.05);
+  EXPECT_EQ(o->plan.min_shard_tokens, 64);
+  EXPECT_EQ(o->shape.head_dim, 64);
+  EXPECT_THAT(o->warnings,
+              ElementsAre(HasSubstr("--target-imbalance is deprecated; use --target_imbalance"),
+                          HasSubstr("--min-shard-tokens is deprecated; use --min_shard_tokens"),
+                          HasSubstr("--head-dim is deprecated; use --head_dim")));
+  absl::StatusOr<CliOptions> d = ParseCliArgs({});
+  ASSERT_THAT(d, IsOk());
+  EXPECT_DOUBLE_EQ(d->plan.target_imbalance, 1.02);
+  EXPECT_EQ(d->plan.min_shard_tokens, 128);
+  EXPECT_EQ(d->shape.head_dim, 128);
+}
+
+TEST(ParseCliArgsTest, HelpListsEveryFlagWithItsDefault) {
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--cp", "x", "--help"});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_TRUE(o->help);
+  const std::string usage = CliUsage();
+  for (const char* flag :
+       {"--batches=64", "--context=131072", "--cp=8", "--dataset=", "--docs=", "--dtype_bytes=2",
+        "--head_dim=128", "--heads=32", "--ilp_granularity=0", "--ilp_time_limit=10",
+        "--input=", "--min_shard_tokens=128", "--quiet=false", "--seed=1",
+        "--strategy=", "--summary=false", "--svg=", "--target_imbalance=1.02"}) {
+    EXPECT_THAT(usage, HasSubstr(absl::StrCat("\n  ", flag, "\n"))) << flag;
+  }
 }
 
 TEST(ParseCliArgsTest, SummaryDefaultsToAllButIlp) {
@@ -90,28 +144,31 @@ TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
       {{"--cp", "0"}, "--cp: must be an integer in [1, 65536], got \"0\""},
       {{"--cp=-3"}, "--cp: must be an integer in [1, 65536], got \"-3\""},
       {{"--cp"}, "--cp: missing value"},
-      {{"--cp", "8x"}, "--cp: must be an integer in [1, 65536], got \"8x\""},
+      {{"--cp", "8x"}, "--cp: Illegal value '8x' specified for flag 'cp'"},
       {{"--strategy", "best"},
        "--strategy: unknown strategy \"best\" (all, llama3, per_doc, ring, zigzag, whole_doc, "
        "flashcp_paper, flashcp, ilp, magi, or a comma-separated list)"},
-      {{"--target-imbalance", "0.9"}, "--target-imbalance: must be a number in [1, 1e+06], got \"0.9\""},
-      {{"--target-imbalance", "nan"}, "--target-imbalance: must be a number in [1, 1e+06], got \"nan\""},
-      {{"--min-shard-tokens", "-1"},
-       "--min-shard-tokens: must be an integer in [0, 1099511627776], got \"-1\""},
-      {{"--min-shard-tokens=1099511627777"},
-       "--min-shard-tokens: must be an integer in [0, 1099511627776], got \"1099511627777\""},
+      {{"--target_imbalance", "0.9"},
+       "--target_imbalance: must be a number in [1, 1e+06], got \"0.9\""},
+      {{"--target_imbalance", "nan"},
+       "--target_imbalance: must be a number in [1, 1e+06], got \"nan\""},
+      {{"--min_shard_tokens", "-1"},
+       "--min_shard_tokens: must be an integer in [0, 1099511627776], got \"-1\""},
+      {{"--min_shard_tokens=1099511627777"},
+       "--min_shard_tokens: must be an integer in [0, 1099511627776], got \"1099511627777\""},
       {{"--dataset", "c4"}, "--dataset: unknown data set \"c4\" (wlbllm, pile, redpajama)"},
       {{"--dataset", "pile", "--context", "0"},
        "--context: must be an integer in [1, 1099511627776], got \"0\""},
       {{"--dataset", "pile", "--batches", "1000001"},
        "--batches: must be an integer in [1, 1000000], got \"1000001\""},
       {{"--dataset", "pile", "--seed", "-1"},
-       "--seed: must be an integer in [0, 2^64 - 1], got \"-1\""},
+       "--seed: Illegal value '-1' specified for flag 'seed'"},
       {{"--heads", "0"}, "--heads: must be an integer in [1, 1024], got \"0\""},
-      {{"--head-dim", "2048"}, "--head-dim: must be an integer in [1, 1024], got \"2048\""},
-      {{"--dtype-bytes", "3"}, "--dtype-bytes: must be 1, 2 or 4, got \"3\""},
+      {{"--head_dim", "2048"}, "--head_dim: must be an integer in [1, 1024], got \"2048\""},
+      {{"--dtype_bytes", "3"}, "--dtype_bytes: must be 1, 2 or 4, got \"3\""},
       {{"--docs", "5,,3"}, "--docs: token 1: empty (two commas in a row, or a leading comma)"},
-      {{"--summary=yes"}, "--summary: takes no value"},
+      {{"--docs="}, "--docs: empty line: no document lengths"},
+      {{"--summary=maybe"}, "--summary: Illegal value 'maybe' specified for flag 'summary'"},
       {{"--svg="}, "--svg: missing file name"},
       {{"--svg"}, "--svg: missing value"},
       {{"--bogus"}, "unknown flag \"--bogus\""},

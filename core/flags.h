@@ -1,26 +1,87 @@
-// How a FlashCP program built on absl flags (ABSL_FLAG, snake_case names)
-// reads its command line: a --help generated from the program's own flags
-// (name, default, help; stdout, exit status 0) and absl's parsing, which
-// refuses a bad value naming the flag (exit status 1).
+// The one command-line mechanism of every FlashCP program: flags are absl
+// flags (ABSL_FLAG, snake_case names, spelled --name=value or --name value on
+// the command line) read by ParseCommandLine below, not by absl's parser, so
+// that a bad flag comes back as an absl::Status naming it instead of ending
+// the process, and --help is generated from the program's own flags.
+//
+// Old spellings: a flag written with dashes (--min-shard-tokens) is taken as
+// its underscore name (--min_shard_tokens) with a deprecation warning; the
+// dashed spelling is accepted for one release.
 #ifndef FLASHCP_CORE_FLAGS_H_
 #define FLASHCP_CORE_FLAGS_H_
 
+#include <cstdint>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace flashcp::core {
+
+// The type of a flag that may be given more than once (ABSL_FLAG(
+// flashcp::core::RepeatedFlag, docs, {}, "...")): each occurrence is one item,
+// in command-line order; a value may hold commas and spaces.
+struct RepeatedFlag {
+  std::vector<std::string> items;
+};
+// absl's marshalling of RepeatedFlag: each item after a '\0', a byte no
+// command-line argument can hold ("" is no item, "\0" one empty item).
+bool AbslParseFlag(absl::string_view text, RepeatedFlag* flag, std::string* error);
+std::string AbslUnparseFlag(const RepeatedFlag& flag);
+
+struct CommandLine {
+  bool help = false;                    // --help, -help or -h was given
+  std::vector<std::string> positional;  // non-flag arguments and all after "--", in order
+  std::set<std::string> given;          // the flags set, by their underscore names
+  std::vector<std::string> warnings;    // one line per deprecated spelling used
+};
+
+// Parses `args` (argv[1..]) into the program's absl flags: "--name=value",
+// "--name value", a bare "--name" or "--noname" for a bool flag, "--" ending
+// the flags; one dash works as two. With --help anywhere before "--", parses
+// nothing else and returns help = true. InvalidArgument naming the flag for
+// an unknown flag (absl's own, such as --flagfile, included), a missing value
+// or a value the flag's type refuses; flags set before the error keep their
+// values. Range checks are the program's (FlagRangeError).
+absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args);
+
+// Sets every program flag (those FlagsHelp lists) back to its default, for a
+// parser run more than once in one process (tests). absl::FlagSaver does
+// this too but logs each flag it restores.
+void ResetFlagsToDefaults();
 
 // `usage`, then every flag defined outside absl's own sources, sorted by
 // name: "  --name=DEFAULT" and its help on the next line.
 std::string FlagsHelp(absl::string_view usage);
 
-// With --help or -h among the arguments (before a "--"): writes FlagsHelp to
-// `out` and returns nullopt (main then returns 0). Otherwise
-// absl::ParseCommandLine's result: argv[0] and the positional arguments.
+// InvalidArgument "--FLAG: must be WHAT, got VALUE", the message every range
+// or choice check of a parsed flag gives.
+absl::Status FlagValueError(absl::string_view flag, absl::string_view what,
+                            absl::string_view value);
+
+// `value` of flag `flag` unless outside [lo, hi] (or not finite): then
+// FlagValueError "an integer in [lo, hi]" / "a number in [lo, hi]".
+absl::StatusOr<int64_t> IntFlagIn(absl::string_view flag, int64_t value, int64_t lo, int64_t hi);
+absl::StatusOr<double> DoubleFlagIn(absl::string_view flag, double value, double lo, double hi);
+
+// For main(): ParseCommandLine(argv[1..]), writing the warnings to `err`.
+// Returns the status main returns at once: 0 after writing FlagsHelp(usage)
+// to `out` for --help; 2 after writing "PROGRAM: MESSAGE" and a pointer to
+// --help (PROGRAM the first word after "Usage: " in `usage`) to `err` for a
+// bad flag, or "PROGRAM: unexpected argument "WORD"; every option is a
+// --flag" for a positional argument unless `allow_positional`. nullopt
+// otherwise, `line` then holding the result.
+std::optional<int> ParseMain(int argc, char** argv, absl::string_view usage, CommandLine& line,
+                             std::ostream& out, std::ostream& err, bool allow_positional = false);
+
+// Deprecated: ParseMain for flashcp-worker's main until it calls ParseMain.
+// nullopt after --help (main then returns 0); {argv[0]} otherwise. Exits
+// with status 2 for a bad flag or a positional argument, as absl's parser
+// did before, being called from main() only.
 std::optional<std::vector<char*>> ParseFlags(int argc, char** argv, absl::string_view usage,
                                              std::ostream& out);
 

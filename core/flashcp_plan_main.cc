@@ -19,6 +19,11 @@ int main(int argc, char** argv) {
               << "\nRun 'flashcp-plan --help' for usage.\n";
     return flashcp::core::kExitUsage;
   }
+  for (const std::string& w : options->warnings) std::cerr << "flashcp-plan: " << w << "\n";
+  if (options->help) {
+    std::cout << flashcp::core::CliUsage();
+    return flashcp::core::kExitOk;
+  }
 #ifdef FLASHCP_HAVE_ILP
   options->plan.ilp.solver = flashcp::core::ilp::Solve;
 #endif

@@ -99,17 +99,11 @@ ABSL_FLAG(bool, testing_hold_planning, false,
 namespace fps = flashcp::planner_service;
 
 int main(int argc, char** argv) {
-  const std::optional<std::vector<char*>> parsed = flashcp::core::ParseFlags(
-      argc, argv, "Usage: flashcp-planner [--flag=value ...]\n\nThe FlashCP planner service.",
-      std::cout);
-  if (!parsed.has_value()) return 0;  // --help
-  const std::vector<char*>& positional = *parsed;
-  if (positional.size() > 1) {
-    // A stray word (`flashcp-planner 50051`, a command a container runtime
-    // appended) would otherwise be ignored and the server run on defaults.
-    std::fprintf(stderr, "flashcp-planner: unexpected argument \"%s\"; every option is a --flag\n",
-                 positional[1]);
-    return 2;
+  flashcp::core::CommandLine line;
+  if (std::optional<int> rc = flashcp::core::ParseMain(
+          argc, argv, "Usage: flashcp-planner [--flag=value ...]\n\nThe FlashCP planner service.",
+          line, std::cout, std::cerr)) {
+    return *rc;  // --help, or a bad flag or a stray word (`flashcp-planner 50051`)
   }
   fps::ServerOptions o;
   o.listen = absl::GetFlag(FLAGS_listen);

@@ -59,8 +59,8 @@ TEST_P(EngineProcessTest, ProcessesMatchReferenceAndPredictedBytes) {
   const ProcessCase& c = GetParam();
   const CpStepRun run = CpStep("300,20,5,700,1,1,64,9",
                          absl::StrCat("--cp ", c.cp, " --strategy ", c.strategy, " --scheme ",
-                                      c.scheme, " --heads 2 --head-dim 8 --ranks processes "
-                                      "--threads-per-rank 1 --seed 5"));
+                                      c.scheme, " --heads 2 --head_dim 8 --ranks processes "
+                                      "--threads_per_rank 1 --seed 5"));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("\"ranks\":\"processes\""));
   EXPECT_THAT(run.output, HasSubstr("\"ok\":true"));
@@ -84,8 +84,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, EngineProcessTest,
 // hits first); rank 2 may see rank 0's exit first.
 TEST(EngineProcessFaultTest, KilledRankMakesOthersUnavailable) {
   const CpStepRun run = CpStep("300,20,5,91", "--cp 3 --strategy zigzag --scheme allgather --heads 1 "
-                                        "--head-dim 4 --ranks processes --timeout-ms 30000 "
-                                        "--fault crash --fault-rank 1");
+                                        "--head_dim 4 --ranks processes --timeout_ms 30000 "
+                                        "--fault crash --fault_rank 1");
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_THAT(run.output,
               AllOf(HasSubstr("step failed"),
@@ -101,8 +101,8 @@ TEST(EngineProcessFaultTest, KilledRankMakesOthersUnavailable) {
 // process one timeout later; bounded, never a hang.
 TEST(EngineProcessFaultTest, HungRankMakesOtherDeadlineExceeded) {
   const CpStepRun run = CpStep("300,20,5,91", "--cp 2 --strategy zigzag --scheme targeted --heads 1 "
-                                        "--head-dim 4 --ranks processes --timeout-ms 1000 "
-                                        "--fault hang --fault-rank 1");
+                                        "--head_dim 4 --ranks processes --timeout_ms 1000 "
+                                        "--fault hang --fault_rank 1");
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_THAT(run.output,
               AllOf(HasSubstr("DEADLINE_EXCEEDED: rank 0: DEADLINE_EXCEEDED: gloo sendrecv on "
@@ -113,7 +113,7 @@ TEST(EngineProcessFaultTest, HungRankMakesOtherDeadlineExceeded) {
 }
 
 TEST(EngineProcessCliTest, BadUsageExitsTwo) {
-  const CpStepRun run = CpStep("5", "--cp 2 --strategy nope --scheme targeted --heads 1 --head-dim 4");
+  const CpStepRun run = CpStep("5", "--cp 2 --strategy nope --scheme targeted --heads 1 --head_dim 4");
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_THAT(run.output, HasSubstr("strategy"));
 }

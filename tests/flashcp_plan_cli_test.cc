@@ -82,7 +82,7 @@ constexpr char kRingJson[] =
     "\"cost_calibrated\":false,\"rank_predicted_cost\":[10,11],"
     "\"predicted_cost_imbalance\":1.0476190476190477}}";
 
-constexpr char kShape[] = "--heads 1 --head-dim 1 --dtype-bytes 1";
+constexpr char kShape[] = "--heads 1 --head_dim 1 --dtype_bytes 1";
 
 TEST(FlashcpPlanCliTest, HandWorkedRingBatchFromArguments) {
   const Result r = RunPlan(std::string("--cp 2 --strategy ring ") + kShape + " 5 3");
@@ -152,10 +152,10 @@ TEST(FlashcpPlanCliTest, BadFlagValueIsAUsageError) {
 }
 
 TEST(FlashcpPlanCliTest, BadMinShardTokensIsAUsageError) {
-  const Result r = RunPlan("--min-shard-tokens -5 5 3");
+  const Result r = RunPlan("--min_shard_tokens -5 5 3");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err,
-            "flashcp-plan: --min-shard-tokens: must be an integer in [0, 1099511627776], "
+            "flashcp-plan: --min_shard_tokens: must be an integer in [0, 1099511627776], "
             "got \"-5\"\n"
             "Run 'flashcp-plan --help' for usage.\n");
   EXPECT_EQ(r.out, "");
@@ -192,12 +192,12 @@ TEST(FlashcpPlanCliTest, DataSetSummaryHasATableAndACleanStdout) {
 TEST(FlashcpPlanCliTest, HelpGoesToStdout) {
   const Result r = RunPlan("--help");
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_THAT(r.out, StartsWith("Usage: flashcp-plan [flags] [LENGTH ...]\n"));
-  // --min-shard-tokens promises what PlanOptions::min_shard_tokens does: best
+  EXPECT_THAT(r.out, StartsWith("Usage: flashcp-plan [--flag=value ...] [LENGTH ...]\n"));
+  // --min_shard_tokens promises what PlanOptions::min_shard_tokens does: best
   // effort, subordinate to R (core/strategies.h).
-  EXPECT_THAT(r.out, HasSubstr("  --min-shard-tokens M flashcp's minimum cut shard, tokens. "
-                               "Best effort, below the\n"
-                               "                       imbalance target R: "));
+  EXPECT_THAT(r.out, HasSubstr("\n  --min_shard_tokens=128\n      flashcp's minimum cut shard, "
+                               "tokens (0 turns the rule off). Best effort, below the imbalance "
+                               "target R: "));
   EXPECT_EQ(r.err, "");
 }
 

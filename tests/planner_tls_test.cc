@@ -239,11 +239,13 @@ TEST_F(PlannerTlsTest, FlashcpClientTlsErrors) {
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_EQ(run.out, "");
   EXPECT_EQ(run.err,
-            "flashcp-client: --tls_cert, --tls_key: set both or neither\ntry --help\n");
+            "flashcp-client: --tls_cert, --tls_key: set both or neither\n"
+            "Run 'flashcp-client --help' for the flags.\n");
   run = RunTool({FLASHCP_CLIENT_BIN, "--server", server, "--tls_server_name", "localhost"},
                 "5,3\n");
   EXPECT_EQ(run.exit_code, 2);
-  EXPECT_EQ(run.err, "flashcp-client: --tls_server_name: needs --tls_ca\ntry --help\n");
+  EXPECT_EQ(run.err, "flashcp-client: --tls_server_name: needs --tls_ca\n"
+            "Run 'flashcp-client --help' for the flags.\n");
   // A file that is not there: exit 1, the flag and the path named.
   const std::string missing = tls_.dir + "/no_such_ca.pem";
   run = RunTool({FLASHCP_CLIENT_BIN, "--server", server, "--tls_ca", missing}, "5,3\n");
@@ -251,9 +253,9 @@ TEST_F(PlannerTlsTest, FlashcpClientTlsErrors) {
   EXPECT_EQ(run.out, "");
   EXPECT_EQ(run.err, absl::StrCat("flashcp-client: --tls_ca: cannot open \"", missing, "\"\n"));
   // No client certificate for the mTLS server: the handshake never succeeds,
-  // so the client gives up after --connect-timeout and plans nothing.
+  // so the client gives up after --connect_timeout and plans nothing.
   run = RunTool({FLASHCP_CLIENT_BIN, "--server", server, "--tls_ca", tls_.ca_cert,
-                 "--connect-timeout", "2"},
+                 "--connect_timeout", "2"},
                 "5,3\n");
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_EQ(run.out, "");
@@ -268,7 +270,7 @@ TEST_F(PlannerTlsTest, FlashcpLoadgenOverMutualTls) {
   for (const bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "stream" : "unary");
     std::vector<std::string> argv = {
-        FLASHCP_LOADGEN_BIN, "--server",   planner->grpc_address(), "--max-requests", "40",
+        FLASHCP_LOADGEN_BIN, "--server",   planner->grpc_address(), "--max_requests", "40",
         "--duration",        "60",         "--strategy",            "ring",           "--json",
         "--concurrency",     "2",          "--tls_ca",              tls_.ca_cert,     "--tls_cert",
         tls_.client_cert,    "--tls_key",  tls_.client_key};

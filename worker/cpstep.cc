@@ -341,7 +341,7 @@ absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
   std::vector<pid_t> pids(n, -1);
   for (int32_t r = 0; r < n; ++r) {
     std::vector<std::string> args = argv;
-    args.insert(args.end(), {"--internal-rank", absl::StrCat(r), "--internal-dir", dir});
+    args.insert(args.end(), {"--internal_rank", absl::StrCat(r), "--internal_dir", dir});
     std::vector<char*> cargs;
     for (std::string& a : args) cargs.push_back(a.data());
     cargs.push_back(nullptr);

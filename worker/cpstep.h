@@ -83,8 +83,8 @@ absl::Status RankProcessMain(int32_t rank, const StepConfig& config, uint64_t se
 // whole text, so nothing is silently turned into another code, or into OK.
 absl::Status ParseRankError(const std::string& text);
 
-// All ranks as processes: fork/execs `argv` + {"--internal-rank", r,
-// "--internal-dir", dir} for each rank (argv[0] the binary), waits for them
+// All ranks as processes: fork/execs `argv` + {"--internal_rank", r,
+// "--internal_dir", dir} for each rank (argv[0] the binary), waits for them
 // (killing any left once another has failed and `config.timeout` has
 // passed), and reads their results back. It waits for those pids only, never
 // for other children of the process. The directory is made with

@@ -2,7 +2,7 @@
 // across N real ranks, checked against the single-process reference.
 //
 //   echo "300,20,5,700" | flashcp-cpstep --cp 4 --strategy zigzag --scheme targeted
-//       --heads 2 --head-dim 16 [--ranks threads|processes] [--seed 1]
+//       --heads 2 --head_dim 16 [--ranks threads|processes] [--seed 1]
 //
 // Prints one JSON object. max_rel_err.X is MaxRelError (attention_reference.h):
 // max_i |got_i - want_i| / max(max_i |want_i|, 0.01) over the real tokens of
@@ -16,12 +16,13 @@
 #include <cstdio>
 #include <iostream>
 #include <iterator>
-#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -29,9 +30,25 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/analysis.h"
+#include "core/flags.h"
 #include "core/strategies.h"
 #include "worker/cpstep.h"
 #include "worker/gloo_communicator.h"
+
+ABSL_FLAG(int32_t, cp, 0, "ranks in the CP group (required)");
+ABSL_FLAG(std::string, strategy, "", "the planning strategy (required)");
+ABSL_FLAG(std::string, scheme, "", "the KV exchange: full_kv, allgather or targeted (required)");
+ABSL_FLAG(int32_t, heads, 0, "attention heads (required)");
+ABSL_FLAG(int32_t, head_dim, 0, "head dimension (required)");
+ABSL_FLAG(std::string, ranks, "threads", "ranks as threads or processes (fork/exec, Gloo TCP)");
+ABSL_FLAG(uint64_t, seed, 1, "seed of the random inputs");
+ABSL_FLAG(int32_t, threads_per_rank, 0, "CPU threads per rank; 0: hardware threads / N");
+ABSL_FLAG(int64_t, timeout_ms, 60000, "a rank's collective timeout, milliseconds");
+ABSL_FLAG(std::string, fault, "", "tests: crash or hang one rank (--fault_rank); empty: none");
+ABSL_FLAG(int32_t, fault_rank, -1, "tests: the rank --fault hits");
+ABSL_FLAG(int32_t, internal_rank, -1,
+          "internal: this process is that rank of a --ranks processes run");
+ABSL_FLAG(std::string, internal_dir, "", "internal: the --ranks processes run's directory");
 
 namespace {
 
@@ -40,102 +57,66 @@ using namespace flashcp;  // NOLINT: a binary's main file
 constexpr double kTolerance = 1e-4;  // fp32 engine vs double reference, every output
 
 constexpr char kUsage[] =
-    "usage: flashcp-cpstep --cp N --strategy S --scheme full_kv|allgather|targeted --heads H\n"
-    "                      --head-dim D [--ranks threads|processes] [--seed S]\n"
-    "                      [--threads-per-rank T] [--timeout-ms MS]\n"
-    "reads one batch (document lengths, commas or spaces) from stdin\n";
+    "Usage: flashcp-cpstep --cp N --strategy S --scheme full_kv|allgather|targeted --heads H\n"
+    "                      --head_dim D [--flag=value ...] < batch\n\n"
+    "Reads one batch (document lengths, commas or spaces) from stdin, runs its step on N\n"
+    "ranks and checks it against the reference. Exit status: 0 every check passed; 1 a\n"
+    "failed check or step; 2 a bad flag.";
 
-struct Args {
-  std::map<std::string, std::string> flags;
-};
-
-bool ParseArgs(int argc, char** argv, Args& args, std::string& error) {
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) {
-      error = absl::StrCat("unexpected argument \"", a, "\"");
-      return false;
-    }
-    a = a.substr(2);
-    const size_t eq = a.find('=');
-    if (eq != std::string::npos) {
-      args.flags[a.substr(0, eq)] = a.substr(eq + 1);
-    } else if (i + 1 < argc) {
-      args.flags[a] = argv[++i];
-    } else {
-      error = absl::StrCat("--", a, " needs a value");
-      return false;
-    }
-  }
-  static const char* kKnown[] = {"cp",          "strategy",      "scheme",  "heads",
-                                 "head-dim",    "ranks",         "seed",    "threads-per-rank",
-                                 "timeout-ms",  "fault",         "fault-rank", "internal-rank",
-                                 "internal-dir"};
-  for (const auto& [k, v] : args.flags) {
-    if (std::find(std::begin(kKnown), std::end(kKnown), k) == std::end(kKnown)) {
-      error = absl::StrCat("unknown flag --", k);
-      return false;
-    }
-  }
-  return true;
+std::string Array(const std::vector<int64_t>& v) {
+  return absl::StrCat("[", absl::StrJoin(v, ","), "]");
 }
 
-template <typename T>
-bool GetInt(const Args& args, const std::string& name, T& out, bool required, std::string& error) {
-  auto it = args.flags.find(name);
-  if (it == args.flags.end()) {
-    if (required) error = absl::StrCat("--", name, " is required");
-    return !required;
-  }
-  if (!absl::SimpleAtoi(it->second, &out)) {
-    error = absl::StrCat("--", name, ": not an integer: \"", it->second, "\"");
-    return false;
-  }
-  return true;
+// A required flag left at its default 0 or "".
+absl::Status Required(const core::CommandLine& line, const char* flag) {
+  if (line.given.count(flag) > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, " is required"));
 }
-
-std::string Array(const std::vector<int64_t>& v) { return absl::StrCat("[", absl::StrJoin(v, ","), "]"); }
 
 int Run(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
-      std::cout << kUsage;
-      return 0;
-    }
+  core::CommandLine line;
+  if (std::optional<int> rc = core::ParseMain(argc, argv, kUsage, line, std::cout, std::cerr)) {
+    return *rc;
   }
-  Args args;
-  std::string error;
-  int32_t cp = 0, heads = 0, head_dim = 0, internal_rank = -1, fault_rank = -1;
-  int64_t timeout_ms = 60000;
-  uint64_t seed = 1;
-  int threads_per_rank = 0;
-  if (!ParseArgs(argc, argv, args, error) || !GetInt(args, "cp", cp, true, error) ||
-      !GetInt(args, "heads", heads, true, error) ||
-      !GetInt(args, "head-dim", head_dim, true, error) ||
-      !GetInt(args, "seed", seed, false, error) ||
-      !GetInt(args, "timeout-ms", timeout_ms, false, error) ||
-      !GetInt(args, "threads-per-rank", threads_per_rank, false, error) ||
-      !GetInt(args, "fault-rank", fault_rank, false, error) ||
-      !GetInt(args, "internal-rank", internal_rank, false, error)) {
-    std::cerr << "flashcp-cpstep: " << error << "\n" << kUsage;
+  auto usage_error = [](const absl::Status& s) {
+    std::cerr << "flashcp-cpstep: " << s.message()
+              << "\nRun 'flashcp-cpstep --help' for the flags.\n";
     return 2;
+  };
+  for (const char* flag : {"cp", "strategy", "scheme", "heads", "head_dim"}) {
+    if (absl::Status s = Required(line, flag); !s.ok()) return usage_error(s);
   }
+  const int32_t cp = absl::GetFlag(FLAGS_cp), heads = absl::GetFlag(FLAGS_heads),
+                head_dim = absl::GetFlag(FLAGS_head_dim);
+  const int32_t internal_rank = absl::GetFlag(FLAGS_internal_rank);
+  const int64_t timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const int32_t threads_per_rank = absl::GetFlag(FLAGS_threads_per_rank);
   const core::ModelShape model{heads, head_dim, 4};
-  if (absl::Status s = core::ValidateModelShape(model); !s.ok() || cp < 1 || timeout_ms < 1) {
-    std::cerr << "flashcp-cpstep: " << (s.ok() ? "--cp and --timeout-ms must be >= 1" : s.message())
-              << "\n" << kUsage;
-    return 2;
+  for (const absl::Status& s :
+       {core::IntFlagIn("cp", cp, 1, core::kMaxCpSize).status(),
+        core::IntFlagIn("timeout_ms", timeout_ms, 1, INT64_MAX).status(),
+        core::IntFlagIn("threads_per_rank", threads_per_rank, 0, 4096).status(),
+        core::ValidateModelShape(model)}) {
+    if (!s.ok()) return usage_error(s);
   }
-  absl::StatusOr<core::Strategy> strategy = core::ParseStrategy(args.flags["strategy"]);
-  absl::StatusOr<core::CommScheme> scheme = core::ParseCommScheme(args.flags["scheme"]);
-  const std::string ranks = args.flags.count("ranks") ? args.flags["ranks"] : "threads";
-  if (!strategy.ok() || !scheme.ok() || (ranks != "threads" && ranks != "processes")) {
-    std::cerr << "flashcp-cpstep: "
-              << (!strategy.ok()  ? strategy.status().message()
-                  : !scheme.ok() ? scheme.status().message()
-                                 : "--ranks must be threads or processes")
-              << "\n" << kUsage;
-    return 2;
+  absl::StatusOr<core::Strategy> strategy = core::ParseStrategy(absl::GetFlag(FLAGS_strategy));
+  if (!strategy.ok()) {
+    return usage_error(
+        absl::InvalidArgumentError(absl::StrCat("--strategy: ", strategy.status().message())));
+  }
+  absl::StatusOr<core::CommScheme> scheme = core::ParseCommScheme(absl::GetFlag(FLAGS_scheme));
+  if (!scheme.ok()) {
+    return usage_error(
+        absl::InvalidArgumentError(absl::StrCat("--scheme: ", scheme.status().message())));
+  }
+  const std::string ranks = absl::GetFlag(FLAGS_ranks);
+  if (ranks != "threads" && ranks != "processes") {
+    return usage_error(core::FlagValueError("ranks", "threads or processes", ranks));
+  }
+  const std::string fault = absl::GetFlag(FLAGS_fault);
+  if (fault != "" && fault != "crash" && fault != "hang") {
+    return usage_error(core::FlagValueError("fault", "crash or hang", fault));
   }
   worker::StepConfig config;
   config.shape = worker::AttentionShape{heads, head_dim,
@@ -144,15 +125,13 @@ int Run(int argc, char** argv) {
   config.timeout = absl::Milliseconds(timeout_ms);
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   config.threads_per_rank = threads_per_rank > 0 ? threads_per_rank : std::max(1, hw / cp);
-  if (args.flags.count("fault")) {
-    const std::string& f = args.flags["fault"];
-    config.fault.kind = f == "crash" ? worker::Fault::kCrash
-                        : f == "hang" ? worker::Fault::kHang
-                                      : worker::Fault::kNone;
-    config.fault.rank = fault_rank;
+  if (!fault.empty()) {
+    config.fault.kind = fault == "crash" ? worker::Fault::kCrash : worker::Fault::kHang;
+    config.fault.rank = absl::GetFlag(FLAGS_fault_rank);
   }
   if (internal_rank >= 0) {  // a rank process started by RunProcesses
-    absl::Status s = worker::RankProcessMain(internal_rank, config, seed, args.flags["internal-dir"]);
+    absl::Status s =
+        worker::RankProcessMain(internal_rank, config, seed, absl::GetFlag(FLAGS_internal_dir));
     if (!s.ok()) std::cerr << "flashcp-cpstep rank " << internal_rank << ": " << s << "\n";
     return s.ok() ? 0 : 1;
   }

@@ -20,7 +20,8 @@
 namespace flashcp::worker {
 // ---- group failure -------------------------------------------------------------
 
-absl::Status AbortGroup(RendezvousClient& rdv, const absl::Status& failure) {
+absl::Status AbortGroup(RendezvousClient& rdv, const absl::Status& raw, absl::Duration wait) {
+  const absl::Status failure = TraceGroupFailure(rdv, raw, wait);
   if (!rdv.Abort(std::string(failure.message())).ok()) return failure;  // unreachable: as is
   // Every call on an aborted group answers ABORTED with its first reason.
   const absl::StatusOr<std::vector<std::string>> probe =
@@ -171,7 +172,10 @@ absl::Status WorkerDaemon::Run() {
     SetState(v1::WorkerStatus::IDLE);
     observer_.OnGroupEvent(WorkerObserver::GroupEvent::kFormed, absl::OkStatus());
     s = Loop(**comm);
-    if (!s.ok()) s = AbortGroup(rdv, s);  // the service prefixes the reason with "rank R: "
+    // Report before *comm (destroyed below) closes its pairs: a peer failing
+    // on that closure then finds this rank's failure published. A peer this
+    // rank timed out on gets one more timeout to publish its own.
+    if (!s.ok()) s = AbortGroup(rdv, s, options_.timeout);
     (void)rdv.Leave();
   }
   observer_.OnGroupEvent(

@@ -49,13 +49,15 @@
 
 namespace flashcp::worker {
 
-// Aborts the rendezvous group with `failure` (the service prefixes the reason
-// with "rank R: ") and returns `failure`, its message extended with the
-// group's first failure when another rank's abort came first: a survivor
-// that lost a peer which had itself failed (its socket closed, or its
-// timeout ran out first) would otherwise name only the peer, not the rank
+// Aborts the rendezvous group with `failure` traced through the group
+// (TraceGroupFailure, waiting up to `wait` for a peer it timed out on; the
+// service prefixes the reason with "rank R: ") and returns that, extended
+// with the group's first failure when another rank's abort came first: a
+// survivor that lost a peer which had itself failed (its socket closed, or
+// its timeout ran out first) would otherwise name only the peer, not the rank
 // that caused it. `failure` as it is when the abort cannot be sent.
-absl::Status AbortGroup(RendezvousClient& rdv, const absl::Status& failure);
+absl::Status AbortGroup(RendezvousClient& rdv, const absl::Status& failure,
+                        absl::Duration wait = absl::ZeroDuration());
 
 // The daemon's state as WorkerControl reports it, and the requests that
 // steer it; thread-safe.

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -69,6 +71,72 @@ absl::StatusOr<Layout> CountLayout(absl::string_view op, absl::Span<const int64_
   }
   return layout;
 }
+
+// Ends a wait on an unbound buffer at the operation's deadline by aborting
+// it (abortWaitRecv / abortWaitSend) from a thread of its own. Not Gloo's own
+// timeout (waitRecv's argument): on expiry that closes every pair of the
+// context before it throws ("Application timeout caused pair closure"), so
+// the live peers blocked on this rank fail at once on a closed connection,
+// before this rank has reported the peer it lost to the rendezvous, and they
+// report this rank instead. An aborted wait leaves the pairs open until the
+// communicator is destroyed, which its owner does after reporting
+// (WorkerDaemon::Run: AbortGroup, then the communicator goes).
+class WaitDeadline {
+ public:
+  WaitDeadline() : thread_([this] { Run(); }) {}
+  ~WaitDeadline() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    cv_.Signal();
+    thread_.join();
+  }
+  WaitDeadline(const WaitDeadline&) = delete;
+  WaitDeadline& operator=(const WaitDeadline&) = delete;
+
+  // Calls `abort` at `deadline` unless Disarm() comes first. One wait at a time.
+  void Arm(absl::Time deadline, std::function<void()> abort) {
+    {
+      absl::MutexLock lock(&mu_);
+      deadline_ = deadline;
+      abort_ = std::move(abort);
+      fired_ = false;
+    }
+    cv_.Signal();
+  }
+  // Ends the arming (after the wait returned, before its buffer goes); true
+  // if `abort` ran.
+  bool Disarm() {
+    absl::MutexLock lock(&mu_);
+    abort_ = nullptr;
+    return fired_;
+  }
+
+ private:
+  void Run() {
+    absl::MutexLock lock(&mu_);
+    while (!stop_) {
+      if (abort_ == nullptr) {
+        cv_.Wait(&mu_);
+      } else if (absl::Now() >= deadline_) {
+        abort_();  // takes only the buffer's own lock
+        abort_ = nullptr;
+        fired_ = true;
+      } else {
+        cv_.WaitWithDeadline(&mu_, deadline_);
+      }
+    }
+  }
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  absl::Time deadline_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> abort_ ABSL_GUARDED_BY(mu_);
+  bool fired_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
 
 class GlooCommunicator final : public Communicator {
  public:
@@ -194,8 +262,30 @@ class GlooCommunicator final : public Communicator {
     return s;
   }
 
+  // Disarms a WaitDeadline when its wait's scope ends, also by an exception,
+  // so the abort never outlives the buffer it touches.
+  class DisarmOnExit {
+   public:
+    explicit DisarmOnExit(WaitDeadline& d) : d_(d) {}
+    ~DisarmOnExit() { d_.Disarm(); }
+    bool Disarm() { return d_.Disarm(); }
+
+   private:
+    WaitDeadline& d_;
+  };
+
+  // A wait that returned without its transfer: the deadline aborted it
+  // (DeadlineExceeded), or something else did (Aborted).
+  absl::Status Unfinished(absl::string_view op, absl::string_view what, bool timed_out) const {
+    if (timed_out) {
+      return absl::DeadlineExceededError(absl::StrCat(Context(op), ": ", what, ": timed out"));
+    }
+    return absl::AbortedError(absl::StrCat(Context(op), ": ", what, " aborted"));
+  }
+
   // Posts every non-empty send and receive on one fresh slot, then waits for
-  // the receives in peer order and the sends, all against one deadline.
+  // the receives in peer order and the sends, all against one deadline
+  // (WaitDeadline's, which leaves the pairs open).
   absl::Status Exchange(absl::string_view op, absl::Span<const SendOp> sends,
                         absl::Span<const RecvOp> recvs) {
     if (absl::Status s = CheckUsable(op); !s.ok()) return s;
@@ -222,18 +312,22 @@ class GlooCommunicator final : public Communicator {
         sb.emplace_back(&s, std::move(buf));
       }
       const absl::Time deadline = absl::Now() + options_.timeout;
+      // Gloo's own timeout only as a backstop, one timeout past ours.
+      const auto backstop = [&] { return ToMillis(deadline - absl::Now() + options_.timeout); };
       for (auto& [r, buf] : rb) {
         what = absl::StrCat("recv of ", r->data.size(), " bytes from rank ", r->peer);
-        if (!buf->waitRecv(ToMillis(deadline - absl::Now()))) {
-          return Fail(absl::AbortedError(absl::StrCat(Context(op), ": ", what, " aborted")));
-        }
+        gloo::transport::UnboundBuffer* b = buf.get();
+        deadline_.Arm(deadline, [b] { b->abortWaitRecv(); });
+        DisarmOnExit disarm(deadline_);
+        if (!b->waitRecv(backstop())) return Fail(Unfinished(op, what, disarm.Disarm()));
         received += static_cast<int64_t>(r->data.size());
       }
       for (auto& [s, buf] : sb) {
         what = absl::StrCat("send of ", s->data.size(), " bytes to rank ", s->peer);
-        if (!buf->waitSend(ToMillis(deadline - absl::Now()))) {
-          return Fail(absl::AbortedError(absl::StrCat(Context(op), ": ", what, " aborted")));
-        }
+        gloo::transport::UnboundBuffer* b = buf.get();
+        deadline_.Arm(deadline, [b] { b->abortWaitSend(); });
+        DisarmOnExit disarm(deadline_);
+        if (!b->waitSend(backstop())) return Fail(Unfinished(op, what, disarm.Disarm()));
         sent += static_cast<int64_t>(s->data.size());
       }
     } catch (const gloo::IoException& e) {
@@ -249,6 +343,7 @@ class GlooCommunicator final : public Communicator {
 
   std::shared_ptr<gloo::rendezvous::Context> context_;
   const GlooOptions options_;
+  WaitDeadline deadline_;  // Exchange's; one Exchange at a time (the contract: one caller)
   mutable absl::Mutex mu_;
   CommStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Status broken_ ABSL_GUARDED_BY(mu_);

@@ -181,6 +181,56 @@ TEST(GlooCommunicatorTest, HungPeerIsDeadlineExceeded) {
   });
 }
 
+// Rank 0 times out on rank 2 (connected, silent) while rank 1 waits on rank
+// 0. Rank 0's pairs stay open after its DeadlineExceeded (Gloo's own timeout
+// closed them at once, so rank 1 failed before rank 0 could report whom it
+// lost, and reported rank 0: multihost_test's 4-rank link cut): rank 1 fails
+// only once rank 0's communicator goes, with Unavailable naming rank 0.
+TEST(GlooCommunicatorTest, TimeoutLeavesThePairsOpenUntilTheCommunicatorGoes) {
+  gloo::rendezvous::HashStore store;
+  std::barrier connected(3);
+  absl::Notification rank0_failed, rank0_gone, rank1_returned;
+  auto connect = [&](int32_t rank, absl::Duration timeout) {
+    absl::StatusOr<std::unique_ptr<Communicator>> comm =
+        ConnectGloo(store, rank, 3, GlooOptions{"127.0.0.1", timeout});
+    connected.arrive_and_wait();
+    EXPECT_THAT(comm, IsOk());
+    return comm;
+  };
+  std::thread rank2([&] {
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = connect(2, absl::Seconds(20));
+    rank1_returned.WaitForNotification();  // silent until the end
+  });
+  std::thread rank1([&] {
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = connect(1, absl::Seconds(20));
+    std::vector<std::byte> in(8);
+    if (comm.ok()) {
+      EXPECT_THAT((*comm)->SendRecv({}, {RecvOp{0, absl::MakeSpan(in)}}),
+                  StatusIs(absl::StatusCode::kUnavailable,
+                           AllOf(HasSubstr("gloo sendrecv on rank 1 of 3"),
+                                 HasSubstr("recv of 8 bytes from rank 0"))));
+    }
+    EXPECT_TRUE(rank0_gone.HasBeenNotified()) << "rank 1 failed while rank 0 was connected";
+    rank1_returned.Notify();
+  });
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = connect(0, absl::Milliseconds(300));
+  std::vector<std::byte> in(8);
+  if (comm.ok()) {
+    EXPECT_THAT((*comm)->SendRecv({}, {RecvOp{2, absl::MakeSpan(in)}}),
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         HasSubstr("recv of 8 bytes from rank 2: timed out")));
+    // What the old code failed: rank 1 returned within milliseconds of this.
+    EXPECT_FALSE(rank1_returned.WaitForNotificationWithTimeout(absl::Seconds(1)));
+    rank0_gone.Notify();
+    comm->reset();
+  } else {
+    rank0_gone.Notify();
+  }
+  EXPECT_TRUE(rank1_returned.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  rank1.join();
+  rank2.join();
+}
+
 // Rank 1 connects and then dies (its communicator is destroyed, closing its
 // sockets, as a crashed process's would be): rank 0 gets Unavailable well
 // before its timeout.

@@ -1,8 +1,12 @@
 #include "worker/grpc_store.h"
 
 #include <algorithm>
+#include <optional>
+#include <set>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gloo/common/error.h"
 #include "grpcpp/grpcpp.h"
@@ -168,6 +172,51 @@ void GrpcStore::wait(const std::vector<std::string>& keys,
 absl::Status GrpcStore::first_error() const {
   absl::MutexLock lock(&mu_);
   return first_error_;
+}
+
+namespace {
+
+// The peer the first "from rank P" or "to rank P" in `message` names.
+std::optional<int32_t> NamedPeer(absl::string_view message) {
+  size_t at = absl::string_view::npos;
+  size_t len = 0;
+  for (absl::string_view marker : {"from rank ", "to rank "}) {
+    const size_t i = message.find(marker);
+    if (i < at) {
+      at = i;
+      len = marker.size();
+    }
+  }
+  if (at == absl::string_view::npos) return std::nullopt;
+  absl::string_view digits = message.substr(at + len);
+  digits = digits.substr(0, std::min(digits.find_first_not_of("0123456789"), digits.size()));
+  int32_t peer = 0;
+  if (digits.empty() || !absl::SimpleAtoi(digits, &peer)) return std::nullopt;
+  return peer;
+}
+
+}  // namespace
+
+std::string FailureKey(int32_t rank) { return absl::StrCat("flashcp.failure.", rank); }
+
+absl::Status TraceGroupFailure(RendezvousClient& rdv, const absl::Status& failure,
+                               absl::Duration wait) {
+  if (!rdv.Set(FailureKey(rdv.rank()), failure.ToString()).ok()) return failure;
+  std::string message(failure.message());
+  std::set<int32_t> seen = {rdv.rank()};
+  bool timed_out = failure.code() == absl::StatusCode::kDeadlineExceeded;
+  std::string link = message;  // the failure whose peer is next
+  for (;;) {
+    const std::optional<int32_t> peer = NamedPeer(link);
+    if (!peer.has_value() || !seen.insert(*peer).second) break;
+    absl::StatusOr<std::vector<std::string>> theirs =
+        rdv.Get({FailureKey(*peer)}, timed_out ? wait : absl::ZeroDuration());
+    if (!theirs.ok()) break;  // published nothing (lost), or the group was aborted
+    link = (*theirs)[0];
+    absl::StrAppend(&message, "; rank ", *peer, " failed: ", link);
+    timed_out = absl::StartsWith(link, "DEADLINE_EXCEEDED");
+  }
+  return absl::Status(failure.code(), message);
 }
 
 }  // namespace flashcp::worker

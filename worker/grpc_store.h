@@ -58,6 +58,23 @@ class RendezvousClient {
   std::string token_ ABSL_GUARDED_BY(mu_);  // from the last successful Join; empty before
 };
 
+// What a failing rank learns from its group before it aborts it. It
+// publishes its own failure in the group's store (key FailureKey(rank), value
+// failure.ToString()), then follows the peers the failures name ("... from
+// rank P" / "to rank P", the communicator's wording): it reads P's published
+// failure and appends it, then the one P names, and so on, until a rank that
+// published nothing, a rank seen before, or a failure naming no peer. A peer
+// this rank timed out on may be alive and still waiting on a third rank (a
+// lost host): its failure is waited for up to `wait`; a peer that closed its
+// connection published first (its communicator closes only after it reports),
+// so there it is only looked up. The last rank of the chain is the one that
+// stopped taking part. The group's abort (by any rank) ends every wait. The
+// failure as it is when the group is already aborted or the rendezvous
+// cannot be reached.
+absl::Status TraceGroupFailure(RendezvousClient& rdv, const absl::Status& failure,
+                               absl::Duration wait);
+std::string FailureKey(int32_t rank);
+
 // gloo::rendezvous::Store over RendezvousClient. Gloo's interface reports
 // failure only by exception, so inside the overrides a failed call throws
 // gloo::IoException (the type ConnectGloo turns into a Status); the Status

@@ -78,36 +78,52 @@ absl::StatusOr<double> ToolArgs::Double(absl::string_view name, double fallback,
   return v;
 }
 
-absl::StatusOr<int64_t> MinShardTokensField(const ToolArgs& args) {
-  if (!args.Has("min-shard-tokens")) return 0;
-  absl::StatusOr<int64_t> m = args.Int("min-shard-tokens", 0, 0, core::kMaxTokens);
-  if (!m.ok()) return m.status();
-  return *m == 0 ? proto::kMinShardTokensOff : *m;
+absl::StatusOr<int64_t> MinShardTokensField(std::optional<int64_t> flag) {
+  if (!flag.has_value()) return 0;
+  if (*flag < 0 || *flag > core::kMaxTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("--min_shard_tokens: must be an integer in [0, ",
+                                                   core::kMaxTokens, "], got \"", *flag, "\""));
+  }
+  return *flag == 0 ? proto::kMinShardTokensOff : *flag;
 }
 
-absl::StatusOr<std::optional<TlsOptions>> TlsOptionsFromArgs(const ToolArgs& args) {
+absl::StatusOr<std::optional<TlsOptions>> TlsOptionsFromGiven(
+    const std::map<std::string, std::string>& given) {
+  auto has = [&](const char* flag) { return given.count(flag) > 0; };
+  auto value = [&](const char* flag) {
+    auto it = given.find(flag);
+    return it == given.end() ? std::string() : it->second;
+  };
   for (const char* flag : kTlsFlags) {
-    if (args.Has(flag) && args.String(flag, "").empty()) {
+    if (has(flag) && value(flag).empty()) {
       return absl::InvalidArgumentError(absl::StrCat("--", flag, ": empty value"));
     }
   }
-  if (!args.Has("tls_ca")) {
+  if (!has("tls_ca")) {
     for (const char* flag : kTlsFlags) {
-      if (args.Has(flag)) {
+      if (has(flag)) {
         return absl::InvalidArgumentError(absl::StrCat("--", flag, ": needs --tls_ca"));
       }
     }
     return std::nullopt;
   }
-  if (args.Has("tls_cert") != args.Has("tls_key")) {
+  if (has("tls_cert") != has("tls_key")) {
     return absl::InvalidArgumentError("--tls_cert, --tls_key: set both or neither");
   }
   TlsOptions tls;
-  tls.ca_file = args.String("tls_ca", "");
-  tls.cert_file = args.String("tls_cert", "");
-  tls.key_file = args.String("tls_key", "");
-  tls.server_name = args.String("tls_server_name", "");
+  tls.ca_file = value("tls_ca");
+  tls.cert_file = value("tls_cert");
+  tls.key_file = value("tls_key");
+  tls.server_name = value("tls_server_name");
   return tls;
+}
+
+absl::StatusOr<std::optional<TlsOptions>> TlsOptionsFromArgs(const ToolArgs& args) {
+  std::map<std::string, std::string> given;
+  for (const char* flag : kTlsFlags) {
+    if (args.Has(flag)) given[flag] = args.String(flag, "");
+  }
+  return TlsOptionsFromGiven(given);
 }
 
 }  // namespace flashcp::client::internal

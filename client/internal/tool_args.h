@@ -1,6 +1,7 @@
-// Command-line parsing shared by flashcp-client and flashcp-loadgen. Flags are
-// spelled like flashcp-plan's ("--target-imbalance R", "--cp=8"), which
-// absl::flags cannot (no hyphens in its flag names). Pure: no I/O.
+// What flashcp-client, flashcp-loadgen and flashcp-worker make of their
+// shared flags (client/internal/tool_flags.h defines the tools' flags).
+// ToolArgs is left for flashcp-worker's TLS flags only, until its main reads
+// them with TlsOptionsFromGiven. Pure: no I/O.
 #ifndef FLASHCP_CLIENT_INTERNAL_TOOL_ARGS_H_
 #define FLASHCP_CLIENT_INTERNAL_TOOL_ARGS_H_
 
@@ -39,12 +40,12 @@ class ToolArgs {
   std::map<std::string, std::string> values_;  // switches map to ""
 };
 
-// flashcp-plan's --min-shard-tokens M (tokens in [0, 2^40]; 0 turns the rule
+// flashcp-plan's --min_shard_tokens M (tokens in [0, 2^40]; 0 turns the rule
 // off) as the PlanRequest.min_shard_tokens to send: 0 (the server's default,
-// 128) when the flag is absent, -1 (off) for M = 0, else M. Both tools then
-// plan with the same core options for the same flag. InvalidArgument naming
-// the flag for a bad value.
-absl::StatusOr<int64_t> MinShardTokensField(const ToolArgs& args);
+// 128) when the flag is absent (nullopt), -1 (off) for M = 0, else M. Both
+// tools then plan with the same core options for the same flag.
+// InvalidArgument naming the flag for a bad value.
+absl::StatusOr<int64_t> MinShardTokensField(std::optional<int64_t> flag);
 
 // The TLS flags both tools share (value flags), spelled like flashcp-planner's.
 inline constexpr const char* kTlsFlags[] = {"tls_ca", "tls_cert", "tls_key", "tls_server_name"};
@@ -53,6 +54,9 @@ inline constexpr const char* kTlsFlags[] = {"tls_ca", "tls_cert", "tls_key", "tl
 // when --tls_ca is. InvalidArgument naming the flag for --tls_cert, --tls_key
 // or --tls_server_name without --tls_ca, for --tls_cert without --tls_key or
 // the reverse, and for an empty value. The files are read later (WithTls).
+// `given`: the TLS flags given, by name, and their values.
+absl::StatusOr<std::optional<TlsOptions>> TlsOptionsFromGiven(
+    const std::map<std::string, std::string>& given);
 absl::StatusOr<std::optional<TlsOptions>> TlsOptionsFromArgs(const ToolArgs& args);
 
 }  // namespace flashcp::client::internal

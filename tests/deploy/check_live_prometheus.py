@@ -3,7 +3,8 @@
 using the config render-local.sh writes and the shipped rules; then every recording rule and
 every dashboard query must return data through the HTTP API, every rule must be healthy, and
 the measured comm saving must equal the predicted one (both 0.3 here), the measured
-imbalance be 1.1/1.0 on plans predicting 1.0, and the group have all its ranks up. Dashboard
+imbalance be 1.1/1.0 on plans predicting 1.0, the group have all its ranks up, and the
+rendezvous alert for joins without a formation be pending (this planner's ranks join, none forms). Dashboard
 queries run with every variable at All (.*). This checks deploy/ against the metric contract, independently of the C++;
 the end-to-end test does the same with the real binaries. Ports: all picked by the OS."""
 import http.server
@@ -171,7 +172,10 @@ def main():
                           ("flashcp:worker_predicted_cost_imbalance:ratio", 1.05, 0.02),
                           ("flashcp:worker_imbalance_vs_predicted:ratio", 1.1, 0.02),
                           ("flashcp:worker_ranks_up:count", 2, 0),
-                          ("flashcp:worker_world_size:max", 2, 0)]
+                          ("flashcp:worker_world_size:max", 2, 0),
+                          # This planner's ranks join and no group forms: the rendezvous alert
+                          # for that is pending (inside its `for`) on the scraped series.
+                          ('ALERTS{alertname="FlashCPGroupsNotForming",alertstate="pending"}', 1, 0)]
                 deadline = time.monotonic() + 90
                 while True:
                     bad = []
@@ -179,6 +183,10 @@ def main():
                         got = [float(s["value"][1]) for s in query(base, expr)]
                         if len(got) != 1 or abs(got[0] - want) > tol:
                             bad.append(f"{expr} = {got}, want [{want}] within {tol}")
+                    # Nothing aborted or expired: those rendezvous alerts stay inactive.
+                    quiet = query(base, 'ALERTS{alertname=~"FlashCPGroups(AbortingRepeatedly|Expired)"}')
+                    if quiet:
+                        bad.append(f"rendezvous alerts active without aborts or expiries: {quiet}")
                     if not bad or time.monotonic() > deadline:
                         break
                     time.sleep(1)

@@ -19,24 +19,25 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/analysis.h"
 #include "core/datasets.h"
+#include "core/flags.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
+#include "worker/cp_layout.h"
 #include "worker/cuda/attention_kernels.h"
 #include "worker/cuda/comm_kernels.h"
 #include "worker/cuda/cp_check.h"
-#include "worker/cp_layout.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/cudnn_attention.h"
 
@@ -470,13 +471,13 @@ absl::Status RunCp(uint64_t seed) {
 }  // namespace flashcp::worker::cuda
 
 int main(int argc, char** argv) {
-  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  if (positional.size() > 1) {
-    // A stray word would otherwise be ignored and the bench run on defaults.
-    std::fprintf(stderr,
-                 "flashcp-gpu-bench: unexpected argument \"%s\"; every option is a --flag\n",
-                 positional[1]);
-    return 2;
+  flashcp::core::CommandLine line;
+  if (std::optional<int> rc = flashcp::core::ParseMain(
+          argc, argv,
+          "Usage: flashcp-gpu-bench [--flag=value ...]\n\nThe CUDA engine's checks and timings "
+          "(tests/gpu/device_check.sh).",
+          line, std::cout, std::cerr)) {
+    return *rc;
   }
   using namespace flashcp::worker::cuda;
   std::ofstream file;

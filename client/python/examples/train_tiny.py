@@ -13,7 +13,7 @@ without CP (dense attention with the document mask, same seeds) within
 the summary as one JSON line too.
 
     .prefix/venv/bin/python client/python/examples/train_tiny.py \
-        --planner-bin build/bin/flashcp-planner --cp 2,4 --steps 20
+        --planner_bin build/bin/flashcp-planner --cp 2,4 --steps 20
 """
 import argparse
 import datetime
@@ -198,7 +198,7 @@ def run_cp(n, batches, seed, address, planners):
 def main(argv=None):
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--planner-bin", default=os.path.join(here, "../../../build/bin/flashcp-planner"))
+    ap.add_argument("--planner_bin", "--planner-bin", default=os.path.join(here, "../../../build/bin/flashcp-planner"))
     ap.add_argument("--cp", default="2,4", help="CP sizes, comma-separated")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=512, help="tokens per step (packed)")

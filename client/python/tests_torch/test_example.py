@@ -9,7 +9,7 @@ EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "train_tiny.
 
 
 def test_train_tiny_matches_training_without_cp(planner_bin):
-    r = subprocess.run([sys.executable, EXAMPLE, "--planner-bin", planner_bin, "--cp", "2,4",
+    r = subprocess.run([sys.executable, EXAMPLE, "--planner_bin", planner_bin, "--cp", "2,4",
                         "--steps", "20", "--json"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
