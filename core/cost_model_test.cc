@@ -8,6 +8,7 @@
 
 #include "core/analysis.h"
 #include "core/datasets.h"
+#include "core/random.h"
 #include "core/strategies.h"
 #include "core/testing/plans.h"
 #include "core/testing/status_matchers.h"
@@ -90,14 +91,9 @@ TEST(ValidateCostCoefficientsTest, NamesTheField) {
   EXPECT_THAT(ValidateCostCoefficients({1e-10, 2e-10, 1e-5, 0}), IsOk());
 }
 
-// Deterministic features spread over a CPU-sized range (splitmix64).
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-double Uniform(uint64_t seed) { return static_cast<double>(Mix(seed) >> 11) * 0x1.0p-53; }
+// Deterministic features spread over a CPU-sized range: the first draw of
+// the splitmix64 stream seeded with `seed`.
+double Uniform(uint64_t seed) { return SplitMix64Rng(seed).Uniform(); }
 
 std::vector<CostSample> Synthetic(const CostCoefficients& c, int n, uint64_t seed) {
   std::vector<CostSample> v;
