@@ -5,7 +5,9 @@
 // --reps, and fits
 //   seconds = a*whole_pairs + b*prefixed_pairs + c*sequences + d*tokens
 // with core::FitCostModel. Prints one line per model with its in-sample error
-// and the fitted coefficients (docs/planner.md, "Cost model").
+// and the fitted coefficients (docs/planner.md, "Cost model"). With --reps >= 2
+// it also prints the noise of the flashcp plans' ranks timed repeatedly: the
+// mean per-rep imbalance against the imbalance of the mean times.
 //
 //   rank_cost_fit [--dataset pile] [--context 4096] [--cp 4] [--batches 12]
 //                 [--heads 2] [--head_dim 32] [--reps 3] [--seed 1]
@@ -50,10 +52,10 @@ double ThreadSeconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// Forward + backward thread CPU seconds of one rank's shards: each shard attends to its
-// document's keys [0, start + len).
-double TimeRank(const core::Plan& plan, int32_t rank, int heads, int head_dim, int reps,
-                worker::ThreadPool& pool) {
+// Forward + backward thread CPU seconds of one rank's shards, once per rep: each shard
+// attends to its document's keys [0, start + len). Empty on a kernel error.
+std::vector<double> TimeRank(const core::Plan& plan, int32_t rank, int heads, int head_dim,
+                             int reps, worker::ThreadPool& pool) {
   const int64_t hd = int64_t{heads} * head_dim;
   int64_t rows = 0, kv_total = 0;
   for (const core::Shard& s : plan.shards) {
@@ -79,7 +81,7 @@ double TimeRank(const core::Plan& plan, int32_t rank, int heads, int head_dim, i
     kv_off += s.start + s.len;
   }
   const worker::AttentionShape shape{heads, head_dim, 1.0f / std::sqrt(float(head_dim))};
-  double best = 1e30;
+  std::vector<double> times;
   for (int r = 0; r < reps; ++r) {
     const double t0 = ThreadSeconds();
     if (!worker::AttentionForwardCpu(shape, docs, rows, q.data(), o.data(), lse.data(), pool)
@@ -87,11 +89,41 @@ double TimeRank(const core::Plan& plan, int32_t rank, int heads, int head_dim, i
         !worker::AttentionBackwardCpu(shape, docs, rows, q.data(), o.data(), lse.data(),
                                       dout.data(), dq.data(), pool)
              .ok()) {
-      return -1;
+      return {};
     }
-    best = std::min(best, ThreadSeconds() - t0);
+    times.push_back(ThreadSeconds() - t0);
   }
-  return best;
+  return times;
+}
+
+// The measurement noise of one plan's ranks timed `reps` times each (times[rank][rep]):
+// rep k of every rank is one "step" of the same plan.
+struct Noise {
+  double step_imbalance = 0;  // mean over reps of max/mean over ranks
+  double mean_imbalance = 0;  // max/mean over ranks of the ranks' mean times
+  double cv = 0;              // mean over ranks of the reps' std / mean
+};
+Noise MeasureNoise(const std::vector<std::vector<double>>& times) {
+  Noise n;
+  const size_t reps = times.empty() ? 0 : times[0].size();
+  if (reps < 2) return n;
+  std::vector<double> mean(times.size(), 0.0);
+  for (size_t k = 0; k < reps; ++k) {
+    std::vector<double> step;
+    for (size_t r = 0; r < times.size(); ++r) {
+      step.push_back(times[r][k]);
+      mean[r] += times[r][k] / static_cast<double>(reps);
+    }
+    n.step_imbalance += core::MaxOverMean(step) / static_cast<double>(reps);
+  }
+  n.mean_imbalance = core::MaxOverMean(mean);
+  for (size_t r = 0; r < times.size(); ++r) {
+    double var = 0;
+    for (const double t : times[r]) var += (t - mean[r]) * (t - mean[r]);
+    n.cv += std::sqrt(var / static_cast<double>(reps - 1)) / mean[r] /
+            static_cast<double>(times.size());
+  }
+  return n;
 }
 
 }  // namespace
@@ -129,6 +161,8 @@ int main(int argc, char** argv) {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   worker::ThreadPool pool(1);
   std::vector<core::CostSample> samples;
+  Noise noise;  // sums over the flashcp plans
+  int noise_plans = 0;
   const core::Strategy strategies[] = {core::Strategy::kLlama3, core::Strategy::kPerDoc,
                                        core::Strategy::kWholeDoc, core::Strategy::kFlashCp,
                                        core::Strategy::kMagi};
@@ -140,16 +174,37 @@ int main(int argc, char** argv) {
           core::MakePlan(s, core::Batch{*docs, static_cast<int32_t>(cp)});
       if (!plan.ok()) return 1;
       const std::vector<core::RankFeatures> f = core::PlanRankFeatures(*plan);
+      std::vector<std::vector<double>> times;
       for (int32_t r = 0; r < plan->cp_size; ++r) {
-        const double t = TimeRank(*plan, r, int(heads), int(head_dim), int(reps), pool);
-        if (t <= 0) return 1;
-        samples.push_back({f[r], t});
+        times.push_back(TimeRank(*plan, r, int(heads), int(head_dim), int(reps), pool));
+        if (times.back().empty()) return 1;
+        samples.push_back({f[r], *std::min_element(times.back().begin(), times.back().end())});
+      }
+      // The noise figures of the balanced plans only (where a per-step max of
+      // noisy times is what the measured imbalance is made of).
+      if (s == core::Strategy::kFlashCp && reps >= 2) {
+        const Noise n = MeasureNoise(times);
+        noise.step_imbalance += n.step_imbalance;
+        noise.mean_imbalance += n.mean_imbalance;
+        noise.cv += n.cv;
+        ++noise_plans;
       }
     }
   }
   std::printf("%zu rank timings: %s, C = %lld, N = %lld, H = %lld, D = %lld, best of %lld\n",
               samples.size(), absl::GetFlag(FLAGS_dataset).c_str(), (long long)context,
               (long long)cp, (long long)heads, (long long)head_dim, (long long)reps);
+  if (noise_plans > 0) {
+    // Same plan, same ranks, timed `reps` times: the per-step max over
+    // ranks of noisy times exceeds the imbalance of their means by the
+    // noise alone (docs/workers.md, "Calibration").
+    const double k = noise_plans;
+    std::printf(
+        "noise, flashcp plans (%d, %lld reps each): per-rep imbalance %.4f, imbalance of mean "
+        "times %.4f, bias %+.4f; rank time CV %.2f%%\n",
+        noise_plans, (long long)reps, noise.step_imbalance / k, noise.mean_imbalance / k,
+        (noise.step_imbalance - noise.mean_imbalance) / k, 100 * noise.cv / k);
+  }
   // The pairs-only model beside the full one: a*pairs, by least squares.
   double xy = 0, xx = 0, err = 0;
   for (const core::CostSample& s : samples) {

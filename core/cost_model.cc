@@ -203,16 +203,20 @@ double PredictRankCost(const CostCoefficients& c, const RankFeatures& f) {
          c.sequence * f.sequences + c.token * f.tokens;
 }
 
+double MaxOverMean(absl::Span<const double> v) {
+  double sum = 0, max = 0;
+  for (const double x : v) {
+    sum += x;
+    max = std::max(max, x);
+  }
+  const double mean = v.empty() ? 0 : sum / static_cast<double>(v.size());
+  return mean > 0 ? max / mean : 1.0;
+}
+
 CostPrediction PredictCost(const CostCoefficients& c, absl::Span<const RankFeatures> ranks) {
   CostPrediction p;
-  double sum = 0, max = 0;
-  for (const RankFeatures& f : ranks) {
-    p.rank_cost.push_back(PredictRankCost(c, f));
-    sum += p.rank_cost.back();
-    max = std::max(max, p.rank_cost.back());
-  }
-  const double mean = ranks.empty() ? 0 : sum / static_cast<double>(ranks.size());
-  p.imbalance = mean > 0 ? max / mean : 1.0;
+  for (const RankFeatures& f : ranks) p.rank_cost.push_back(PredictRankCost(c, f));
+  p.imbalance = MaxOverMean(p.rank_cost);
   return p;
 }
 

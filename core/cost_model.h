@@ -85,6 +85,10 @@ std::vector<RankFeatures> PlanRankFeatures(const Plan& plan);
 
 double PredictRankCost(const CostCoefficients& c, const RankFeatures& f);
 
+// max / mean of per-rank values (times or costs): an imbalance ratio; 1 when
+// the mean is 0 or `v` is empty.
+double MaxOverMean(absl::Span<const double> v);
+
 struct CostPrediction {
   std::vector<double> rank_cost;  // per rank, the profile's units
   double imbalance = 1.0;         // max / mean; 1 when the mean is 0

@@ -115,32 +115,39 @@ print("Measured on %d CPU ranks (Gloo over loopback): mean per step; bytes are K
 print("payload one layer moves, summed over ranks, against a full-KV all-gather of the same steps.")
 print("Imbalance: measured on wall time and on the thread CPU time of each rank (the kernel compute,")
 print("without the descheduling of 4 ranks on shared cores); predicted by pairs and by the cost profile.")
+print("Per step: mean over steps of max/mean over ranks; window: max/mean over ranks of each rank\x27s")
+print("sum over the run (as Prometheus rates give it), measured CPU against predicted pairs.")
 hdr = ("strategy", "scheme", "cost", "steps", "step ms", "attn fwd+bwd ms", "comm ms", "plan wait ms",
-       "imb. meas. wall", "imb. meas. CPU", "imb. pred. pairs", "imb. pred. cost", "MiB moved/step",
-       "MiB full KV/step", "saving")
+       "imb. meas. wall", "imb. meas. CPU", "imb. pred. pairs", "imb. pred. cost",
+       "window: meas. CPU", "window: pred. pairs", "MiB moved/step", "MiB full KV/step", "saving")
 print("| " + " | ".join(hdr) + " |")
 print("|" + "|".join("---" for _ in hdr) + "|")
 for r in rows:
     n = max(1, r["steps"])
     moved, full = r["bytes_sent"] / n / 2**20, r["full_kv_bytes"] / n / 2**20
-    print("| %s | %s | %s | %d | %.1f | %.1f | %.1f | %.2f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.1f%% |" % (
+    w = r["windowed"]
+    print("| %s | %s | %s | %d | %.1f | %.1f | %.1f | %.2f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.1f%% |" % (
         r["strategy"], r["scheme"], r["cost_profile"], r["steps"], 1e3 * r["step_seconds"],
         1e3 * r["attention_seconds"], 1e3 * r["comm_seconds"], 1e3 * r["plan_wait_seconds"],
         r["measured_imbalance"], r["measured_cpu_imbalance"], r["predicted_imbalance"],
-        r["predicted_cost_imbalance"], moved, full, 100 * (1 - moved / full) if full else 0.0))
+        r["predicted_cost_imbalance"], w["measured_cpu"], w["predicted"], moved, full,
+        100 * (1 - moved / full) if full else 0.0))
 cal = [r for r in rows if r["cost_profile"] != "pairs"]
 if cal:
     print()
     print("Calibration: steps planned on the shipped profile, then on the planner fit of the")
-    print("reported step times (thread CPU time); imbalance measured (CPU) and predicted.")
+    print("reported step times (thread CPU time); imbalance measured (CPU) and predicted (the cost")
+    print("model), per step and over the phase\x27s window.")
     hdr = ("strategy", "scheme", "cost", "first fitted step", "before: meas. CPU", "before: pred.",
-           "after: steps", "after: meas. CPU", "after: pred.")
+           "before, window: meas. CPU", "before, window: pred.", "after: steps", "after: meas. CPU",
+           "after: pred.", "after, window: meas. CPU", "after, window: pred.")
     print("| " + " | ".join(hdr) + " |")
     print("|" + "|".join("---" for _ in hdr) + "|")
     for r in cal:
         u, c = r["uncalibrated"], r["calibrated"]
-        print("| %s | %s | %s | %d | %.3f | %.3f | %d | %.3f | %.3f |" % (
+        print("| %s | %s | %s | %d | %.3f | %.3f | %.3f | %.3f | %d | %.3f | %.3f | %.3f | %.3f |" % (
             r["strategy"], r["scheme"], r["cost_profile"], r["first_calibrated_step"],
-            u["measured_cpu"], u["predicted"], r["calibrated_steps"], c["measured_cpu"],
-            c["predicted"]))
+            u["measured_cpu"], u["predicted"], u["windowed_measured_cpu"], u["windowed_predicted"],
+            r["calibrated_steps"], c["measured_cpu"], c["predicted"], c["windowed_measured_cpu"],
+            c["windowed_predicted"]))
 ' "$RANKS"

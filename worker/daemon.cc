@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
 #include "core/backoff.h"
+#include "core/cost_model.h"
 #include "core/log.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
@@ -405,6 +408,10 @@ absl::StatusOr<bool> WorkerDaemon::Step(Communicator& comm, const v1::PlanRespon
   r.predicted_workload = plan.metrics.rank_workload.empty()
                              ? 0.0
                              : plan.metrics.rank_workload[comm.rank()];
+  // ResponseFromProto checks rank_predicted_cost has cp_size entries (or none).
+  r.predicted_cost = plan.cost.prediction.rank_cost.empty()
+                         ? 0.0
+                         : plan.cost.prediction.rank_cost[comm.rank()];
   r.attention_seconds = m.attention_seconds;
   if (!predicted.sent.empty() && predicted.sent[comm.rank()] != r.bytes_sent) {
     FLASHCP_LOG(WARNING) << "rank " << comm.rank() << " batch " << header.batch << ": sent "
@@ -427,6 +434,30 @@ absl::StatusOr<bool> WorkerDaemon::Step(Communicator& comm, const v1::PlanRespon
   return group.stop;
 }
 
+namespace {
+
+// The ranks' CPU attention seconds; empty where not all measured.
+std::vector<double> CpuSeconds(const std::vector<RankReport>& all, const GroupTimes& group) {
+  std::vector<double> t;
+  if (!group.use_cpu_seconds) return t;
+  for (const RankReport& r : all) t.push_back(r.attention_cpu_seconds);
+  return t;
+}
+
+// Adds per-rank values into per-rank sums (a window's totals).
+void AddPerRank(std::vector<double>& sums, absl::Span<const double> v) {
+  if (sums.size() < v.size()) sums.resize(v.size(), 0.0);
+  for (size_t i = 0; i < v.size(); ++i) sums[i] += v[i];
+}
+
+// max / mean of a window's per-rank sums; 0 for an empty window (nothing
+// measured), as the per-step CPU figures are.
+double Windowed(const std::vector<double>& sums) {
+  return sums.empty() ? 0.0 : core::MaxOverMean(sums);
+}
+
+}  // namespace
+
 void WorkerDaemon::Account(const proto::PlanResult& plan, core::CommScheme scheme,
                            const std::vector<RankReport>& all, const GroupTimes& group,
                            const StepRecord& r, const StepMeasurement& m) {
@@ -440,6 +471,13 @@ void WorkerDaemon::Account(const proto::PlanResult& plan, core::CommScheme schem
   // The cost model: the plan's prediction against this step's measurement,
   // split by calibration; the driver queues the step for the planner's fit.
   summary_.measured_cpu_imbalance += group.cpu_imbalance;
+  // Windows count only steps where every rank measured CPU time, so the
+  // measured and predicted sums cover the same steps.
+  const std::vector<double> cpu = CpuSeconds(all, group);
+  if (!cpu.empty()) {
+    AddPerRank(summary_.rank_cpu, cpu);
+    AddPerRank(summary_.rank_pairs, plan.metrics.rank_workload);
+  }
   if (!plan.cost.prediction.rank_cost.empty()) {
     const int c = plan.cost.calibrated ? 1 : 0;
     summary_.predicted_cost_imbalance += plan.cost.prediction.imbalance;
@@ -447,6 +485,10 @@ void WorkerDaemon::Account(const proto::PlanResult& plan, core::CommScheme schem
     summary_.cost_measured[c] += group.measured_imbalance;
     summary_.cost_measured_cpu[c] += group.cpu_imbalance;
     summary_.cost_predicted[c] += plan.cost.prediction.imbalance;
+    if (!cpu.empty()) {
+      AddPerRank(summary_.cost_rank_cpu[c], cpu);
+      AddPerRank(summary_.cost_rank_predicted[c], plan.cost.prediction.rank_cost);
+    }
     if (c == 1 && summary_.first_calibrated_step < 0) {
       summary_.first_calibrated_step = summary_.steps - 1;
     }
@@ -478,17 +520,23 @@ void WorkerDaemon::FinishRun(int32_t cp_size) {
       ",\"measured_cpu_imbalance\":%.4f,\"cost_profile\":\"%s\","
       "\"predicted_cost_imbalance\":%.4f,\"calibrated_steps\":%d,"
       "\"first_calibrated_step\":%d,"
-      "\"uncalibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f},"
-      "\"calibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f}",
+      "\"windowed\":{\"measured_cpu\":%.4f,\"predicted\":%.4f},"
+      "\"uncalibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f,"
+      "\"windowed_measured_cpu\":%.4f,\"windowed_predicted\":%.4f},"
+      "\"calibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f,"
+      "\"windowed_measured_cpu\":%.4f,\"windowed_predicted\":%.4f}",
       summary_.measured_cpu_imbalance / n,
       options_.cost_profile.empty() ? std::string(core::kPairsProfile) : options_.cost_profile,
       summary_.predicted_cost_imbalance / n, summary_.cost_steps[1],
-      summary_.first_calibrated_step, mean_of(summary_.cost_measured[0], summary_.cost_steps[0]),
+      summary_.first_calibrated_step, Windowed(summary_.rank_cpu),
+      Windowed(summary_.rank_pairs), mean_of(summary_.cost_measured[0], summary_.cost_steps[0]),
       mean_of(summary_.cost_measured_cpu[0], summary_.cost_steps[0]),
       mean_of(summary_.cost_predicted[0], summary_.cost_steps[0]),
+      Windowed(summary_.cost_rank_cpu[0]), Windowed(summary_.cost_rank_predicted[0]),
       mean_of(summary_.cost_measured[1], summary_.cost_steps[1]),
       mean_of(summary_.cost_measured_cpu[1], summary_.cost_steps[1]),
-      mean_of(summary_.cost_predicted[1], summary_.cost_steps[1]));
+      mean_of(summary_.cost_predicted[1], summary_.cost_steps[1]),
+      Windowed(summary_.cost_rank_cpu[1]), Windowed(summary_.cost_rank_predicted[1]));
   const RunConfig& run = run_->config;
   const std::string line = SummaryLine(
       run.strategy, std::string(core::CommSchemeName(run.scheme)), summary_.steps,

@@ -102,6 +102,12 @@ class WorkerDaemon {
     int64_t cost_steps[2] = {0, 0};
     double cost_measured[2] = {0, 0}, cost_measured_cpu[2] = {0, 0}, cost_predicted[2] = {0, 0};
     int64_t first_calibrated_step = -1;  // 0-based step of the run; -1: none
+    // Windowed figures (docs/workers.md, "Calibration"): per rank, the sums
+    // over the same steps of its thread CPU attention seconds and of its
+    // predicted cost (pairs for the whole run, the cost model per phase), so
+    // max/mean of the sums is the imbalance over the window, as Prometheus
+    // computes it from rates. Empty until a step measured CPU time.
+    std::vector<double> rank_cpu, rank_pairs, cost_rank_cpu[2], cost_rank_predicted[2];
   };
   // The driver's run in progress.
   struct DriverRun {

@@ -320,6 +320,8 @@ TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
     for (const int64_t d : *lens) pairs += static_cast<double>(d * (d + 1) / 2);
   }
   EXPECT_EQ(CounterSum(registry, "flashcp_worker_predicted_workload_pairs_total"), pairs);
+  // Under the pairs profile the predicted cost is the pairs.
+  EXPECT_EQ(CounterSum(registry, "flashcp_worker_predicted_cost_total"), pairs);
   // One rank sends nothing, and the plans predict nothing.
   EXPECT_EQ(CounterSum(registry, "flashcp_worker_predicted_bytes_sent_total"), 0);
   const v1::WorkerStatus s = daemon.Status();
@@ -496,8 +498,8 @@ TEST(PrometheusWorkerMetricsTest, EverySeriesCarriesDeviceGpuAndLocalRank) {
   metrics.OnRunStart("flashcp", "targeted");
   metrics.OnStep("flashcp", "targeted", StepRecord{});  // the two last-step gauges too
   const std::vector<prometheus::MetricFamily> families = registry.Collect();
-  // 5 histograms, 7 counters, 3 gauges and build_info.
-  ASSERT_EQ(families.size(), 16u);
+  // 5 histograms, 8 counters, 3 gauges and build_info.
+  ASSERT_EQ(families.size(), 17u);
   for (const prometheus::MetricFamily& f : families) {
     for (const prometheus::ClientMetric& m : f.metric) {
       std::map<std::string, std::string> labels;

@@ -97,6 +97,12 @@ PrometheusWorkerMetrics::PrometheusWorkerMetrics(prometheus::Registry& registry,
                                  "(SPEC Eq. 3), for the same steps as "
                                  "flashcp_worker_attention_seconds_total",
                                  labels, registry)),
+      predicted_cost_(Family(prometheus::BuildCounter(), "flashcp_worker_predicted_cost_total",
+                             "Attention cost the plans predicted for this rank under their "
+                             "cost profile (seconds for a measured profile, pairs for "
+                             "`pairs`), for the same steps as "
+                             "flashcp_worker_attention_seconds_total",
+                             labels, registry)),
       time_ratio_(Family(prometheus::BuildGauge(), "flashcp_worker_attention_time_ratio",
                          "This rank's attention compute time over its group's mean, last step",
                          labels, registry)),
@@ -121,7 +127,7 @@ void PrometheusWorkerMetrics::OnRunStart(absl::string_view strategy, absl::strin
   const auto buckets = DurationBuckets();
   for (auto* h : {&step_, &forward_, &backward_, &comm_, &plan_wait_}) h->Add(l, buckets);
   for (auto* c : {&bytes_sent_, &bytes_received_, &full_kv_, &steps_, &attention_,
-                  &predicted_sent_, &predicted_workload_}) {
+                  &predicted_sent_, &predicted_workload_, &predicted_cost_}) {
     c->Add(l);
   }
 }
@@ -142,6 +148,7 @@ void PrometheusWorkerMetrics::OnStep(absl::string_view strategy, absl::string_vi
   attention_.Add(l).Increment(r.attention_seconds);
   predicted_sent_.Add(l).Increment(static_cast<double>(r.predicted_bytes_sent));
   predicted_workload_.Add(l).Increment(r.predicted_workload);
+  predicted_cost_.Add(l).Increment(r.predicted_cost);
   time_ratio_.Add({{"strategy", std::string(strategy)}}).Set(r.attention_time_ratio);
   predicted_imbalance_.Add({{"strategy", std::string(strategy)}}).Set(r.predicted_imbalance);
 }

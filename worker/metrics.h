@@ -63,6 +63,7 @@ class PrometheusWorkerMetrics final : public WorkerObserver {
   prometheus::Family<prometheus::Counter>& attention_;
   prometheus::Family<prometheus::Counter>& predicted_sent_;
   prometheus::Family<prometheus::Counter>& predicted_workload_;
+  prometheus::Family<prometheus::Counter>& predicted_cost_;
   prometheus::Family<prometheus::Gauge>& time_ratio_;
   prometheus::Family<prometheus::Gauge>& predicted_imbalance_;
   prometheus::Gauge& world_size_;

@@ -21,6 +21,9 @@ struct StepRecord {
   int64_t bytes_sent = 0, bytes_received = 0, full_kv_bytes_sent = 0;
   int64_t predicted_bytes_sent = 0;  // the plan's sent bytes for this rank under the scheme
   double predicted_workload = 0;     // the plan's attention (query, key) pairs on this rank
+  // The plan's predicted cost of this rank under its cost profile (seconds
+  // for a measured profile, pairs for `pairs`); 0 from a server without one.
+  double predicted_cost = 0;
   double attention_time_ratio = 1.0;  // this rank's attention compute time / group mean
   double predicted_imbalance = 1.0;   // the plan's (planner's) imbalance ratio
 };

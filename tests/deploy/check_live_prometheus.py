@@ -62,7 +62,8 @@ def exposition(kind, rank):
             hist(f"flashcp_worker_{phase}_duration_seconds", lab, mean)
         for name, per_step in (("bytes_sent", 700), ("bytes_received", 700), ("full_kv_bytes", 1000),
                                ("predicted_bytes_sent", 700), ("predicted_workload_pairs", 5000),
-                               ("attention_seconds", 0.011 if rank == 0 else 0.009)):
+                               ("attention_seconds", 0.011 if rank == 0 else 0.009),
+                               ("predicted_cost", 0.0105 if rank == 0 else 0.0095)):
             # Linear in time, not in whole steps: the ranks are scraped at different moments,
             # and rates of different targets must still compare exactly.
             out.append(f'flashcp_worker_{name}_total{{device="cpu",strategy="flashcp",scheme="allgather"}} {t * per_step}')
@@ -168,6 +169,7 @@ def main():
                           ('flashcp:planner_predicted_comm_saving:ratio_avg{scheme="allgather"}', 0.3, 1e-9),
                           ("flashcp:worker_measured_imbalance:ratio", 1.1, 0.02),
                           ("flashcp:worker_predicted_imbalance:ratio", 1.0, 0.02),
+                          ("flashcp:worker_predicted_cost_imbalance:ratio", 1.05, 0.02),
                           ("flashcp:worker_imbalance_vs_predicted:ratio", 1.1, 0.02),
                           ("flashcp:worker_ranks_up:count", 2, 0),
                           ("flashcp:worker_world_size:max", 2, 0),

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "client/planner_client.h"
 #include "core/analysis.h"
 #include "core/clock.h"
+#include "core/cost_model.h"
 #include "core/strategies.h"
 #include "core/types.h"
 #include "proto/convert.h"
@@ -91,7 +93,12 @@ class ScriptedPlanner final : public client::PlannerClient {
       if (!plan.ok()) return proto::ErrorResponseToProto(r.batch_id(), plan.status());
       const absl::StatusOr<core::PlanMetrics> metrics = core::AnalyzePlan(*plan, in->shape);
       if (!metrics.ok()) return proto::ErrorResponseToProto(r.batch_id(), metrics.status());
-      return proto::ResponseToProto(r.batch_id(), in->strategy, *plan, *metrics, nullptr, 0.0);
+      // The pairs profile's report, as the service sends it.
+      core::PlanCostReport cost;
+      cost.profile = std::string(core::kPairsProfile);
+      cost.prediction = core::PredictPlanCost(cost.coefficients, *plan);
+      return proto::ResponseToProto(r.batch_id(), in->strategy, *plan, *metrics, nullptr, 0.0,
+                                    nullptr, &cost);
     }
 
     absl::Mutex mu_;
