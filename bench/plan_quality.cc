@@ -82,8 +82,9 @@ struct Args {
   int32_t ranks_per_node = 0;
 };
 
-// Cut shards below this count as short in the table (the default minimum).
-constexpr int64_t kShortShard = 128;
+// Cut shards below this count as slivers in the table (the default minimum,
+// whatever --min_shard_tokens plans with).
+int64_t SliverBelow() { return PlanOptions{}.min_shard_tokens; }
 
 constexpr char kUsage[] =
     "Usage: plan_quality [--flag=value ...]\n\n"
@@ -157,8 +158,8 @@ struct Row {
   double ilp_gap_mean = 0;
   int64_t ilp_optimal = 0;
   std::vector<int64_t> min_cut;  // per batch with a cut document: its shortest cut shard
-  int64_t short_shards = 0;      // cut shards shorter than kShortShard, all batches
-  int64_t short_batches = 0;     // batches with at least one
+  int64_t slivers = 0;         // cut shards shorter than SliverBelow(), all batches
+  int64_t sliver_batches = 0;  // batches with at least one
   double intra_mib = 0;          // targeted, one phase, all ranks: mean over batches
   double inter_mib = 0;
 };
@@ -199,12 +200,13 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
       if (m->cut_docs > 0) row.min_cut.push_back(m->min_cut_shard_len);
       std::vector<int32_t> pieces(plan->doc_lens.size(), 0);
       for (const Shard& sh : plan->shards) ++pieces[sh.doc];
-      int64_t short_here = 0;
+      int64_t slivers_here = 0;
+      const int64_t sliver_below = SliverBelow();
       for (const Shard& sh : plan->shards) {
-        if (pieces[sh.doc] > 1 && sh.len < kShortShard) ++short_here;
+        if (pieces[sh.doc] > 1 && sh.len < sliver_below) ++slivers_here;
       }
-      row.short_shards += short_here;
-      row.short_batches += short_here > 0 ? 1 : 0;
+      row.slivers += slivers_here;
+      row.sliver_batches += slivers_here > 0 ? 1 : 0;
       const PhaseTraffic& tp = m->bytes[static_cast<int>(CommScheme::kTargeted)].phase;
       row.intra_mib += static_cast<double>(tp.intra_node_bytes) / (1 << 20);
       row.inter_mib += static_cast<double>(tp.inter_node_bytes) / (1 << 20);
@@ -241,7 +243,7 @@ void PrintRow(const std::string& prefix, const Row& r, double magi_phase) {
               static_cast<long long>(s.min_cut_shard_len),
               static_cast<long long>(Percentile(r.min_cut, 0.05)),
               static_cast<long long>(Percentile(r.min_cut, 0.5)),
-              static_cast<long long>(r.short_shards), static_cast<long long>(r.short_batches),
+              static_cast<long long>(r.slivers), static_cast<long long>(r.sliver_batches),
               s.plan_ms_mean, s.plan_ms_p99);
 }
 
@@ -271,7 +273,7 @@ int Main(int argc, char** argv) {
 
   std::vector<Strategy> heuristics;
   for (Strategy s : AllStrategies()) {
-    if (s != Strategy::kIlp) heuristics.push_back(s);
+    if (InAllList(s)) heuristics.push_back(s);  // all but the ILP
   }
   if (args.batches > 0) {
     std::printf("## Quality: %lld batches per data set and cell (seed %llu), target imbalance %g, "
@@ -306,11 +308,12 @@ int Main(int argc, char** argv) {
         std::printf("\n### %s, C = %lld, N = %d\n\n| strategy | imb mean | imb p95 | "
                     "save allgather | save targeted | phase allgather (C/N) | "
                     "phase targeted (C/N) | targeted x magi | targeted intra / inter MiB | cut docs | "
-                    "min cut shard (min / p5 / p50) | cut shards < 128 (batches) | "
+                    "min cut shard (min / p5 / p50) | cut shards < %lld (batches) | "
                     "plan ms mean | plan ms p99 |\n"
                     "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
                     "--- | --- |\n",
-                    std::string(DatasetName(d)).c_str(), static_cast<long long>(context), n);
+                    std::string(DatasetName(d)).c_str(), static_cast<long long>(context), n,
+                    static_cast<long long>(SliverBelow()));
         for (const Row& r : rows) PrintRow("", r, magi_phase);
         // What no plan within the target imbalance moves less than, per batch.
         double bound = 0;
@@ -369,9 +372,10 @@ int Main(int argc, char** argv) {
       std::printf("| strategy | imb mean | imb p95 | save allgather | save targeted | "
                   "phase allgather (C/N) | phase targeted (C/N) | targeted x magi | "
                   "targeted intra / inter MiB | cut docs | min cut shard (min / p5 / p50) | "
-                  "cut shards < 128 (batches) | plan ms mean | plan ms p99 |\n"
+                  "cut shards < %lld (batches) | plan ms mean | plan ms p99 |\n"
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-                  "--- |\n");
+                  "--- |\n",
+                  static_cast<long long>(SliverBelow()));
       for (const Row& r : rows) {
         PrintRow("", r, 0);
         if (r.summary.strategy == Strategy::kIlp) {

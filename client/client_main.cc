@@ -62,10 +62,12 @@ unreachable server (a failed TLS handshake included) or an unreadable file
 }  // namespace
 
 ABSL_FLAG(double, target_imbalance, 0,
-          "target imbalance for flashcp* in [1, 1e6]; 0: the server's, 1.02");
+          absl::StrCat("target imbalance for flashcp* in [1, 1e6]; 0: the server's, ",
+                       flashcp::core::PlanOptions{}.target_imbalance));
 ABSL_FLAG(std::optional<int64_t>, min_shard_tokens, std::nullopt,
-          "flashcp's minimum cut shard, tokens, as flashcp-plan's flag (0 turns the rule off); "
-          "empty: the server's, 128");
+          absl::StrCat("flashcp's minimum cut shard, tokens, as flashcp-plan's flag (0 turns the "
+                       "rule off); empty: the server's, ",
+                       flashcp::core::PlanOptions{}.min_shard_tokens));
 ABSL_FLAG(int64_t, heads, flashcp::core::ModelShape{}.heads, "KV heads, for byte counts");
 ABSL_FLAG(int64_t, head_dim, flashcp::core::ModelShape{}.head_dim, "head dimension");
 ABSL_FLAG(int64_t, dtype_bytes, flashcp::core::ModelShape{}.dtype_bytes,

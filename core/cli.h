@@ -27,7 +27,7 @@ inline constexpr int kExitUsage = 2;     // a bad flag or flag value
 struct CliOptions {
   int32_t cp_size = 8;
   // Strategies to run, in output order. Empty until resolved by ParseCliArgs:
-  // the default is flashcp, or every strategy but ilp with --summary.
+  // the default is kDefaultStrategy, or every strategy but ilp with --summary.
   std::vector<Strategy> strategies;
   // True when the list came from "all" or the --summary default: RunCli then
   // notes which strategies "all" leaves out (InAllList).
@@ -70,7 +70,7 @@ absl::string_view DatasetAssumptions(Dataset dataset);
 
 // Per-strategy statistics over batches, for the summary table.
 struct StrategySummary {
-  Strategy strategy = Strategy::kFlashCp;
+  Strategy strategy = kDefaultStrategy;
   int64_t batches = 0;
   double imbalance_mean = 0;
   double imbalance_p95 = 0;

@@ -31,7 +31,7 @@ ABSL_FLAG(int64_t, min_shard_tokens, flashcp::core::PlanOptions{}.min_shard_toke
           "imbalance target R: flashcp avoids cut shards shorter than this and repairs or "
           "re-cuts those left, but keeps one where no plan it finds (heuristics) meets R "
           "without it, or where the only such plan costs more than 8x this many non-last "
-          "tokens per short shard");
+          "tokens per sliver (a cut shard shorter than this)");
 ABSL_FLAG(flashcp::core::RepeatedFlag, docs, {},
           "one batch: document lengths (tokens), commas or spaces; repeat for more batches, "
           "e.g. --docs 5,3 --docs \"8 8\"");
@@ -171,7 +171,7 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   if (line.given.count("strategy") > 0 && strategy.empty()) {
     return absl::InvalidArgumentError("--strategy: missing value");
   }
-  if (strategy.empty()) strategy = o.summary ? "all" : "flashcp";
+  if (strategy.empty()) strategy = o.summary ? "all" : std::string(StrategyName(kDefaultStrategy));
   bool all = false;
   absl::StatusOr<std::vector<Strategy>> strategies = ParseStrategyList(strategy, &all);
   if (!strategies.ok()) return strategies.status();

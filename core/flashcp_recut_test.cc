@@ -38,13 +38,13 @@ TEST(RecutCandidatesTest, ReCutReplacesTheRepairedWinner) {
   Plan plan = internal::RepairCandidate(
       batch, o, search.Assemble(std::move(best.pieces), best.placement, best.k, best.reduced),
       best.score);
-  EXPECT_GT(internal::CountShortCuts(plan, 128), 0);
+  EXPECT_GT(internal::CountSlivers(plan, 128), 0);
   absl::StatusOr<std::vector<internal::SearchCandidate>> candidates =
       search.FallbackCandidates(winner.k);
   ASSERT_THAT(candidates, IsOk());
   std::stable_sort(candidates->begin(), candidates->end(),
                    [&](const internal::SearchCandidate& x, const internal::SearchCandidate& y) {
-                     return internal::Better(x.score, y.score, o.target, o.short_cost);
+                     return internal::Better(x.score, y.score, o.target, o.sliver_cost);
                    });
   EXPECT_EQ(internal::RepairFallback(batch, o, search, *candidates, winner), std::nullopt);
   const Plan recut =

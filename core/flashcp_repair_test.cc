@@ -15,7 +15,7 @@ namespace {
 
 using ::testing::ElementsAre;
 
-TEST(RepairShortShardsTest, ChainAvoidsARelayOverTheBound) {
+TEST(RepairSliversTest, ChainAvoidsARelayOverTheBound) {
   // docs [10, 10, 10, 10, 10, 14] on 4 ranks, min 3. Doc 0: [0,1) r0 (the
   // sliver), [1,10) r1; doc 1: [0,5) r1, [5,10) r2; doc 2: [0,4) r2, [4,10)
   // r0; doc 3: [0,5) r1, [5,10) r3; doc 4: [0,4) r3, [4,10) r0; doc 5 whole
@@ -30,7 +30,7 @@ TEST(RepairShortShardsTest, ChainAvoidsARelayOverTheBound) {
   const std::vector<Shard> pieces = {{0, 0, 1, 0},  {0, 1, 9, 1}, {1, 0, 5, 1}, {1, 5, 5, 2},
                                      {2, 0, 4, 2},  {2, 4, 6, 0}, {3, 0, 5, 1}, {3, 5, 5, 3},
                                      {4, 0, 4, 3},  {4, 4, 6, 0}, {5, 0, 14, 2}};
-  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairShortShards(batch, pieces, 3, 0.0)).shards,
+  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(batch, pieces, 3, 0.0)).shards,
             (std::vector<Shard>{{2, 4, 6, 0},
                                 {4, 3, 7, 0},
                                 {0, 0, 10, 1},
@@ -43,7 +43,7 @@ TEST(RepairShortShardsTest, ChainAvoidsARelayOverTheBound) {
                                 {4, 0, 3, 3}}));
 }
 
-TEST(RepairShortShardsTest, AbsorbsSliverAndShiftsAnotherCut) {
+TEST(RepairSliversTest, AbsorbsSliverAndShiftsAnotherCut) {
   // docs [10, 10] on 2 ranks, min 3. Doc 0: [0,1) on r1 (a 1-token sliver),
   // [1,10) on r0; doc 1: [0,5) on r0, [5,10) on r1. Tokens r0 9 + 5 = 14,
   // r1 1 + 5 = 6. Absorb: doc 0 goes whole to r0 (r0 +1 token); the chain
@@ -51,13 +51,13 @@ TEST(RepairShortShardsTest, AbsorbsSliverAndShiftsAnotherCut) {
   // (4 >= 3), r1's [5,10) grows to [4,10). Tokens still 14 and 6; doc 0 is no
   // longer cut.
   const Batch batch{{10, 10}, 2};
-  const std::vector<Shard> fixed = internal::RepairShortShards(
+  const std::vector<Shard> fixed = internal::RepairSlivers(
       batch, {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 5, 0}, {1, 5, 5, 1}}, 3);
   EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
             (std::vector<Shard>{{0, 0, 10, 0}, {1, 0, 4, 0}, {1, 4, 6, 1}}));
 }
 
-TEST(RepairShortShardsTest, GrowsSliverWhenAbsorbingHasNoChain) {
+TEST(RepairSliversTest, GrowsSliverWhenAbsorbingHasNoChain) {
   // docs [10, 10] on 2 ranks, min 3. Doc 0: [0,2) r0 (sliver), [2,10) r1;
   // doc 1: [0,3) r1, [3,10) r0 (r1's piece is exactly the minimum: it
   // cannot give). Absorb into r1 would need r1 -> r0 through doc 1: r1's
@@ -65,13 +65,13 @@ TEST(RepairShortShardsTest, GrowsSliverWhenAbsorbingHasNoChain) {
   // (7 >= 3 left), and r0 returns 1 token to r1 through doc 1: r0's [3,10)
   // shrinks at its start to [4,10), r1's [0,3) grows to [0,4).
   const Batch batch{{10, 10}, 2};
-  const std::vector<Shard> fixed = internal::RepairShortShards(
+  const std::vector<Shard> fixed = internal::RepairSlivers(
       batch, {{0, 0, 2, 0}, {0, 2, 8, 1}, {1, 0, 3, 1}, {1, 3, 7, 0}}, 3);
   EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
             (std::vector<Shard>{{0, 0, 3, 0}, {1, 4, 6, 0}, {0, 3, 7, 1}, {1, 0, 4, 1}}));
 }
 
-TEST(RepairShortShardsTest, LeavesSliverWithoutChain) {
+TEST(RepairSliversTest, LeavesSliverWithoutChain) {
   // [6, 2] on 2 ranks, min 3: doc 0 [2,6) r0, [0,2) r1, doc 1 whole on r1.
   // No other cut document: no chain. Whole-document moves: growing by g in
   // [1, 4 - 3] = [1, 1] needs r1 to hand r0 exactly 1 token of whole
@@ -79,12 +79,12 @@ TEST(RepairShortShardsTest, LeavesSliverWithoutChain) {
   // (it has none). The sliver stays.
   const Batch batch{{6, 2}, 2};
   const std::vector<Shard> fixed =
-      internal::RepairShortShards(batch, {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}}, 3);
+      internal::RepairSlivers(batch, {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}}, 3);
   EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
             (std::vector<Shard>{{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}}));
 }
 
-TEST(RepairShortShardsTest, GrowsSliverByMovingAWholeDocument) {
+TEST(RepairSliversTest, GrowsSliverByMovingAWholeDocument) {
   // docs [10, 2, 4] on 2 ranks, min 3. Doc 0: [0,1) r1 (a 1-token sliver),
   // [1,10) r0; doc 1 (2 tokens) whole on r1, doc 2 (4) whole on r0. No other
   // cut document: no chain of cut-point shifts, so neither absorbing nor
@@ -95,21 +95,21 @@ TEST(RepairShortShardsTest, GrowsSliverByMovingAWholeDocument) {
   // Doc 0 becomes [0,3) r1, [3,10) r0; doc 1 moves to r0. Tokens stay 13
   // and 3.
   const Batch batch{{10, 2, 4}, 2};
-  const std::vector<Shard> fixed = internal::RepairShortShards(
+  const std::vector<Shard> fixed = internal::RepairSlivers(
       batch, {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 2, 1}, {2, 0, 4, 0}}, 3);
   EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
             (std::vector<Shard>{{0, 3, 7, 0}, {1, 0, 2, 0}, {2, 0, 4, 0}, {0, 0, 3, 1}}));
   // The same move raises the plan's maximum non-last tokens from 1 (the
   // sliver) to 3; with at most 1 token of growth allowed it is refused and
   // the sliver stays.
-  const std::vector<Shard> kept = internal::RepairShortShards(
+  const std::vector<Shard> kept = internal::RepairSlivers(
       batch, {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 2, 1}, {2, 0, 4, 0}}, 3,
       std::numeric_limits<double>::infinity(), 1);
   EXPECT_EQ(internal::FinishPlan(batch, kept).shards,
             (std::vector<Shard>{{0, 1, 9, 0}, {2, 0, 4, 0}, {0, 0, 1, 1}, {1, 0, 2, 1}}));
 }
 
-TEST(RepairShortShardsTest, AbsorbsSliverBySwappingWholeDocuments) {
+TEST(RepairSliversTest, AbsorbsSliverBySwappingWholeDocuments) {
   // docs [10, 5, 7] on 2 ranks, min 3. Doc 0: [0,2) r1 (sliver, s = 2),
   // [2,10) r0; doc 1 (5) whole on r1, doc 2 (7) whole on r0. Whole-document
   // moves that keep every rank's tokens:
@@ -119,13 +119,13 @@ TEST(RepairShortShardsTest, AbsorbsSliverBySwappingWholeDocuments) {
   //    handing r0 doc 1: 7 - 5 = 2 = s. Doc 0 is whole again, nothing is
   //    non-last: this one wins.
   const Batch batch{{10, 5, 7}, 2};
-  const std::vector<Shard> fixed = internal::RepairShortShards(
+  const std::vector<Shard> fixed = internal::RepairSlivers(
       batch, {{0, 0, 2, 1}, {0, 2, 8, 0}, {1, 0, 5, 1}, {2, 0, 7, 0}}, 3);
   EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
             (std::vector<Shard>{{0, 0, 10, 0}, {1, 0, 5, 0}, {2, 0, 7, 1}}));
 }
 
-TEST(RepairShortShardsTest, GrowsSliverByCuttingANewHead) {
+TEST(RepairSliversTest, GrowsSliverByCuttingANewHead) {
   // docs [10, 8] on 2 ranks, min 3. Doc 0: [0,1) r1 (a 1-token sliver),
   // [1,10) r0; doc 1 (8 tokens) whole on r1. Tokens 9 and 9. No other cut
   // document: no chain. Whole-document moves: growing by g in [2, 9 - 3 =
@@ -137,18 +137,18 @@ TEST(RepairShortShardsTest, GrowsSliverByCuttingANewHead) {
   // cut shard below 3. Non-last tokens: r1 4, r0 3 (max 1 -> 4).
   const Batch batch{{10, 8}, 2};
   const std::vector<Shard> pieces = {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 8, 1}};
-  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairShortShards(batch, pieces, 3)).shards,
+  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(batch, pieces, 3)).shards,
             (std::vector<Shard>{{0, 4, 6, 0}, {1, 0, 3, 0}, {0, 0, 4, 1}, {1, 3, 5, 1}}));
   // The move raises the maximum non-last tokens by 3: with at most 2 allowed
   // it is refused and the sliver stays.
-  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairShortShards(
+  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(
                                             batch, pieces, 3,
                                             std::numeric_limits<double>::infinity(), 2))
                 .shards,
             (std::vector<Shard>{{0, 1, 9, 0}, {0, 0, 1, 1}, {1, 0, 8, 1}}));
 }
 
-TEST(RepairShortShardsTest, ChainFixMustKeepBalance) {
+TEST(RepairSliversTest, ChainFixMustKeepBalance) {
   // The pieces of GrowsSliverWhenAbsorbingHasNoChain: docs [10, 10], min 3,
   // doc 0 [0,2) r0, [2,10) r1; doc 1 [0,3) r1, [3,10) r0. Workloads (W(p, s)
   // = (2p + s + 1) s / 2): r0 W(0,2) + W(3,7) = 3 + 49 = 52, r1 W(2,8) +
@@ -159,9 +159,9 @@ TEST(RepairShortShardsTest, ChainFixMustKeepBalance) {
   // it is taken.
   const Batch batch{{10, 10}, 2};
   const std::vector<Shard> pieces = {{0, 0, 2, 0}, {0, 2, 8, 1}, {1, 0, 3, 1}, {1, 3, 7, 0}};
-  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairShortShards(batch, pieces, 3, 58.0)).shards,
+  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(batch, pieces, 3, 58.0)).shards,
             (std::vector<Shard>{{0, 0, 2, 0}, {1, 3, 7, 0}, {0, 2, 8, 1}, {1, 0, 3, 1}}));
-  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairShortShards(batch, pieces, 3, 59.0)).shards,
+  EXPECT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(batch, pieces, 3, 59.0)).shards,
             (std::vector<Shard>{{0, 0, 3, 0}, {1, 4, 6, 0}, {0, 3, 7, 1}, {1, 0, 4, 1}}));
 }
 

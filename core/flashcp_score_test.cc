@@ -28,12 +28,12 @@ TEST(ScorePiecesTest, CountsNonLastAndCuts) {
 }
 
 internal::PlanScore Score(double imbalance, int64_t max_nonlast, int64_t cut_docs,
-                          int64_t short_cuts) {
+                          int64_t slivers) {
   internal::PlanScore s;
   s.imbalance = imbalance;
   s.max_nonlast = max_nonlast;
   s.cut_docs = cut_docs;
-  s.short_cuts = short_cuts;
+  s.slivers = slivers;
   return s;
 }
 
@@ -44,7 +44,7 @@ TEST(BetterTest, TargetThenChargedCommunicationThenCuts) {
   EXPECT_FALSE(internal::Better(Score(1.03, 10, 1, 0), Score(1.02, 900, 9, 0), kTarget, 8));
   // Both over it: less imbalance wins, whatever else.
   EXPECT_TRUE(internal::Better(Score(1.05, 900, 9, 3), Score(1.06, 10, 1, 0), kTarget, 8));
-  // Both within: non-last tokens plus 8 per short cut piece: 100 + 2 x 8 =
+  // Both within: non-last tokens plus 8 per sliver: 100 + 2 x 8 =
   // 116 loses to 110, beats 117.
   EXPECT_FALSE(internal::Better(Score(1.0, 100, 1, 2), Score(1.01, 110, 1, 0), kTarget, 8));
   EXPECT_TRUE(internal::Better(Score(1.0, 100, 1, 2), Score(1.01, 117, 1, 0), kTarget, 8));
@@ -64,7 +64,7 @@ TEST(SameScoreTest, IgnoresOnlyTheShortestCut) {
   internal::PlanScore a = Score(1.0, 10, 1, 1), b = a;
   b.min_cut_len = 7;
   EXPECT_TRUE(internal::SameScore(a, b));
-  b.short_cuts = 2;
+  b.slivers = 2;
   EXPECT_FALSE(internal::SameScore(a, b));
 }
 
@@ -72,12 +72,12 @@ TEST(SameScoreTest, IgnoresOnlyTheShortestCut) {
 // cuts below 3 tokens: the 2-token head only (doc 1 is not cut). Exchange:
 // all-gather 2 non-last x (N - 1 = 1) = 2; targeted: r0 sends its 2-token
 // head to r1, so 2.
-TEST(CountShortCutsTest, CountsOnlyCutDocumentsAndMeasureBoth) {
+TEST(CountSliversTest, CountsOnlyCutDocumentsAndMeasureBoth) {
   const Batch batch{{10, 3}, 2};
   const Plan plan = internal::FinishPlan(batch, {{0, 0, 2, 0}, {0, 2, 8, 1}, {1, 0, 3, 1}});
-  EXPECT_EQ(internal::CountShortCuts(plan, 3), 1);
-  EXPECT_EQ(internal::CountShortCuts(plan, 2), 0);
-  EXPECT_EQ(internal::CountShortCuts(plan, 9), 2);
+  EXPECT_EQ(internal::CountSlivers(plan, 3), 1);
+  EXPECT_EQ(internal::CountSlivers(plan, 2), 0);
+  EXPECT_EQ(internal::CountSlivers(plan, 9), 2);
   const internal::Exchange e = internal::Measure(plan, internal::ScorePlan(plan));
   EXPECT_EQ(e.allgather, 2);
   EXPECT_EQ(e.targeted, 2);

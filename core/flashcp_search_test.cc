@@ -36,7 +36,7 @@ TEST(FlashCpOptionsTest, DerivedFromTheBatch) {
   EXPECT_DOUBLE_EQ(o.mean_work, 21.0);
   EXPECT_DOUBLE_EQ(o.max_work, 1.02 * 21.0);
   EXPECT_DOUBLE_EQ(o.median_density, 1.5);
-  EXPECT_EQ(o.short_cost, 0);
+  EXPECT_EQ(o.sliver_cost, 0);
   EXPECT_THAT(o.CheckStop(), IsOk());
 }
 

@@ -276,7 +276,7 @@ TEST(FlashCpTest, WlbLlmSliverGrowsByANewHead) {
 // the default 128-token minimum) with a cut shard < 128: none. (WLB-LLM N = 8
 // batch 148 kept three until the repair could cut a new head; it is now
 // sliver-free at imbalance 1.0133.)
-TEST(FlashCpQualityTest, NoShortCutShardsOnGeneratedBatches) {
+TEST(FlashCpQualityTest, NoSliversOnGeneratedBatches) {
   for (Dataset ds : {Dataset::kWlbLlm, Dataset::kPile, Dataset::kRedPajama}) {
     absl::StatusOr<std::vector<std::vector<int64_t>>> batches = SampleBatches(ds, 131072, 200, 1);
     ASSERT_THAT(batches, IsOk());

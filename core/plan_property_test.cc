@@ -156,7 +156,7 @@ void CheckPlan(const Plan& plan, const std::string& where) {
 
 // flashcp's minimum-shard rule (PlanOptions::min_shard_tokens = m). A cut
 // shard (a shard of a document cut into several) shorter than m is a
-// sliver. docs/planner.md, "When a short shard is needed", defines when one
+// sliver. docs/planner.md, "When a sliver is needed", defines when one
 // is needed:
 //  - needed: C/N < m. Every shard lies within one rank's C/N (or fewer)
 //    tokens, so every shard of a cut document is shorter than m (provable);

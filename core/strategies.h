@@ -31,6 +31,10 @@ enum class Strategy {
   kMagi = 8,         // MagiAttention's default dispatch: equal chunks by min-heap on causal area
 };
 
+// The strategy a caller gets without naming one (flashcp-plan, the service's
+// empty PlanRequest.strategy).
+inline constexpr Strategy kDefaultStrategy = Strategy::kFlashCp;
+
 // Every strategy in id order: AllStrategies()[i] == Strategy(i).
 absl::Span<const Strategy> AllStrategies();
 
@@ -97,7 +101,7 @@ struct PlanOptions {
   // workload bound showing that no plan without them meets the target: both
   // sufficient conditions), excused (the plan misses the target) or not shown
   // needed (all others; some of those are needed too, e.g. docs [476] at
-  // N = 2, m = 128: docs/planner.md, "When a short shard is needed").
+  // N = 2, m = 128: docs/planner.md, "When a sliver is needed").
   // 128 = one query tile of the attention kernels (64-128 rows); 0 or 1
   // turns the rule off. 0 <= min_shard_tokens <= 2^40.
   int64_t min_shard_tokens = 128;

@@ -22,7 +22,7 @@ namespace flashcp::proto {
 // What a zero-valued PlanRequest field means (planner.proto's comments):
 // the strategy, and otherwise core's defaults (core::PlanOptions{},
 // core::ModelShape{}), never restated here.
-inline constexpr core::Strategy kDefaultStrategy = core::Strategy::kFlashCp;
+using core::kDefaultStrategy;  // core/strategies.h
 // PlanRequest.min_shard_tokens that turns the rule off (core's 0).
 inline constexpr int64_t kMinShardTokensOff = -1;
 // Longest PlanRequest.cost_profile / ReportStepTimesRequest.cost_profile.

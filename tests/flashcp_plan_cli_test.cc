@@ -1,53 +1,26 @@
 // Runs the built flashcp-plan binary as a real process (its path comes from
 // the FLASHCP_PLAN_BIN compile definition) and checks its stdout, stderr and
 // exit status.
-#include <sys/wait.h>
-
-#include <cstdio>
-#include <fstream>
 #include <string>
+#include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
 
 namespace {
 
+using ::flashcp::tests::testing::ToolRun;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-
-// Runs `flashcp-plan <args>` through /bin/sh, with `stdin_text` on its stdin.
-// `args` is shell text: the tests quote what needs quoting.
-Result RunPlan(const std::string& args, const std::string& stdin_text = "") {
-  const std::string dir = ::testing::TempDir();
-  const std::string in_path = dir + "/flashcp_plan_cli_test.in";
-  const std::string err_path = dir + "/flashcp_plan_cli_test.err";
-  {
-    std::ofstream in(in_path, std::ios::trunc);
-    in << stdin_text;
-  }
-  const std::string cmd = std::string("'") + FLASHCP_PLAN_BIN + "' " + args + " <'" + in_path +
-                          "' 2>'" + err_path + "'";
-  Result r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) r.out.append(buf, n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = ReadFile(err_path);
-  return r;
+// Runs `flashcp-plan <args>` with `stdin_text` on its stdin.
+ToolRun RunPlan(std::vector<std::string> args, const std::string& stdin_text = "") {
+  args.insert(args.begin(), FLASHCP_PLAN_BIN);
+  return ::flashcp::tests::testing::RunTool(args, stdin_text, absl::Now() + absl::Seconds(60),
+                                            ::testing::TempDir());
 }
 
 // docs [5, 3] on N = 2 with Ring sharding, H = D = 1 and 1-byte elements, as
@@ -82,10 +55,16 @@ constexpr char kRingJson[] =
     "\"cost_calibrated\":false,\"rank_predicted_cost\":[10,11],"
     "\"predicted_cost_imbalance\":1.0476190476190477}}";
 
-constexpr char kShape[] = "--heads 1 --head_dim 1 --dtype_bytes 1";
+// H = D = 1, 1-byte elements, then `tail`.
+std::vector<std::string> RingOnTwo(std::vector<std::string> tail) {
+  std::vector<std::string> args = {"--cp", "2", "--strategy", "ring", "--heads", "1",
+                                   "--head_dim", "1", "--dtype_bytes", "1"};
+  args.insert(args.end(), tail.begin(), tail.end());
+  return args;
+}
 
 TEST(FlashcpPlanCliTest, HandWorkedRingBatchFromArguments) {
-  const Result r = RunPlan(std::string("--cp 2 --strategy ring ") + kShape + " 5 3");
+  const ToolRun r = RunPlan(RingOnTwo({"5", "3"}));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");
   EXPECT_EQ(r.out, std::string(kRingJson) + "\n");
@@ -95,8 +74,7 @@ TEST(FlashcpPlanCliTest, StdinBatchesInInputOrder) {
   // Odd total: 7 tokens on 2 ranks is C/N = 4 with one padding token on rank 1
   // (rank_tokens [4, 3]); workload 10 and (8 + 3 + 1) 3 / 2 = 18: imbalance
   // 18 / 14.
-  const Result r = RunPlan(std::string("--cp 2 --strategy ring ") + kShape,
-                       "5,3\n# comment\n\n7\n");
+  const ToolRun r = RunPlan(RingOnTwo({}), "5,3\n# comment\n\n7\n");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out,
             std::string(kRingJson) + "\n" +
@@ -134,7 +112,7 @@ TEST(FlashcpPlanCliTest, StdinBatchesInInputOrder) {
 }
 
 TEST(FlashcpPlanCliTest, BadBatchLineNamesTheLine) {
-  const Result r = RunPlan("--cp 2 --strategy ring", "5,3\n4,0\n");
+  const ToolRun r = RunPlan({"--cp", "2", "--strategy", "ring"}, "5,3\n4,0\n");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "flashcp-plan: stdin line 2: token 1: \"0\" is not a positive integer\n");
   // Line 1 was planned.
@@ -143,7 +121,7 @@ TEST(FlashcpPlanCliTest, BadBatchLineNamesTheLine) {
 }
 
 TEST(FlashcpPlanCliTest, BadFlagValueIsAUsageError) {
-  const Result r = RunPlan("--cp 0 5 3");
+  const ToolRun r = RunPlan({"--cp", "0", "5", "3"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err,
             "flashcp-plan: --cp: must be an integer in [1, 65536], got \"0\"\n"
@@ -152,7 +130,7 @@ TEST(FlashcpPlanCliTest, BadFlagValueIsAUsageError) {
 }
 
 TEST(FlashcpPlanCliTest, BadMinShardTokensIsAUsageError) {
-  const Result r = RunPlan("--min_shard_tokens -5 5 3");
+  const ToolRun r = RunPlan({"--min_shard_tokens", "-5", "5", "3"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err,
             "flashcp-plan: --min_shard_tokens: must be an integer in [0, 1099511627776], "
@@ -162,25 +140,24 @@ TEST(FlashcpPlanCliTest, BadMinShardTokensIsAUsageError) {
 }
 
 TEST(FlashcpPlanCliTest, UnknownFlagAndUnknownDataSet) {
-  Result r = RunPlan("--frobnicate");
+  ToolRun r = RunPlan({"--frobnicate"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, StartsWith("flashcp-plan: unknown flag \"--frobnicate\"\n"));
-  r = RunPlan("--dataset c4");
+  r = RunPlan({"--dataset", "c4"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err,
               StartsWith("flashcp-plan: --dataset: unknown data set \"c4\" (wlbllm, pile, redpajama)"));
 }
 
 TEST(FlashcpPlanCliTest, MissingInputFile) {
-  const Result r = RunPlan("--input /nonexistent/flashcp/batches.txt");
+  const ToolRun r = RunPlan({"--input", "/nonexistent/flashcp/batches.txt"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "flashcp-plan: --input: cannot open \"/nonexistent/flashcp/batches.txt\"\n");
 }
 
 TEST(FlashcpPlanCliTest, DataSetSummaryHasATableAndACleanStdout) {
-  const Result r = RunPlan(
-      "--dataset pile --context 16384 --cp 4 --batches 3 --seed 5 --strategy llama3,ring "
-      "--summary");
+  const ToolRun r = RunPlan({"--dataset", "pile", "--context", "16384", "--cp", "4", "--batches",
+                             "3", "--seed", "5", "--strategy", "llama3,ring", "--summary"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, StartsWith("# flashcp-plan summary: N = 4, 3 batches of 16384 tokens drawn "
                                 "from pile (seed 5)"));
@@ -190,7 +167,7 @@ TEST(FlashcpPlanCliTest, DataSetSummaryHasATableAndACleanStdout) {
 }
 
 TEST(FlashcpPlanCliTest, HelpGoesToStdout) {
-  const Result r = RunPlan("--help");
+  const ToolRun r = RunPlan({"--help"});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_THAT(r.out, StartsWith("Usage: flashcp-plan [--flag=value ...] [LENGTH ...]\n"));
   // --min_shard_tokens promises what PlanOptions::min_shard_tokens does: best

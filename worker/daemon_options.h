@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "core/analysis.h"
 #include "core/datasets.h"
+#include "core/strategies.h"
 
 namespace flashcp::worker {
 
@@ -19,7 +20,8 @@ struct DaemonOptions {
   std::string device = "cpu";        // "cpu" or "cuda:K" (the backend is made for it)
   core::Dataset dataset = core::Dataset::kPile;
   int64_t context = 16384;           // tokens per batch (C)
-  std::string strategy = "flashcp";  // a planner strategy name
+  // A planner strategy name.
+  std::string strategy = std::string(core::StrategyName(core::kDefaultStrategy));
   core::CommScheme scheme = core::CommScheme::kAllGather;
   double target_imbalance = 0.0;     // 0: the planner's default
   int32_t heads = 4;                 // H

@@ -40,6 +40,7 @@
 #include "core/flags.h"
 #include "core/log.h"
 #include "core/status_macros.h"
+#include "core/strategies.h"
 #include "prometheus/registry.h"
 #include "worker/run_worker.h"
 #ifdef FLASHCP_WORKER_CUDA
@@ -62,7 +63,9 @@ ABSL_FLAG(std::string, control, "127.0.0.1:0",
 ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda:K (a build with CUDA; K the device index)");
 ABSL_FLAG(std::string, dataset, "pile", "document-length distribution: wlbllm, pile, redpajama");
 ABSL_FLAG(int64_t, context, 16384, "tokens per batch (C)");
-ABSL_FLAG(std::string, strategy, "flashcp", "planner strategy");
+ABSL_FLAG(std::string, strategy,
+          std::string(flashcp::core::StrategyName(flashcp::core::kDefaultStrategy)),
+          "planner strategy");
 ABSL_FLAG(std::string, scheme, "allgather", "KV exchange: full_kv, allgather, targeted");
 ABSL_FLAG(double, target_imbalance, 0, "target imbalance for flashcp; 0: the planner's default");
 ABSL_FLAG(int32_t, heads, 4, "attention heads (H)");

@@ -35,7 +35,7 @@
 namespace flashcp::core::internal {
 namespace {
 
-bool HasShortCut(const Plan& plan, int64_t m) { return CountShortCuts(plan, m) > 0; }
+bool HasSliver(const Plan& plan, int64_t m) { return CountSlivers(plan, m) > 0; }
 
 
 // Stages 1-3: the plan of least compacted all-gather within R.
@@ -49,7 +49,7 @@ absl::StatusOr<Plan> CompactedPlan(const Batch& batch, const FlashCpOptions& opt
   Plan plan = RepairCandidate(
       batch, options, search.Assemble(std::move(best.pieces), best.placement, best.k, best.reduced),
       best.score);
-  if (m <= 1 || !HasShortCut(plan, m) || winner.score.imbalance > options.target) return plan;
+  if (m <= 1 || !HasSliver(plan, m) || winner.score.imbalance > options.target) return plan;
   // No plan free of slivers meets R (the margin absorbs the sums' rounding):
   // the fallback below could not succeed, so it is not tried.
   if (SliverFreeWorkloadBound(batch, m) > options.max_work * (1 + 1e-9)) return plan;
@@ -60,7 +60,7 @@ absl::StatusOr<Plan> CompactedPlan(const Batch& batch, const FlashCpOptions& opt
                            search.FallbackCandidates(winner.k));
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](const SearchCandidate& x, const SearchCandidate& y) {
-                     return Better(x.score, y.score, options.target, options.short_cost);
+                     return Better(x.score, y.score, options.target, options.sliver_cost);
                    });
   std::optional<Plan> repaired = RepairFallback(batch, options, search, candidates, winner);
   if (repaired.has_value()) return *std::move(repaired);

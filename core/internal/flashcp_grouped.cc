@@ -115,7 +115,7 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
                          scale * options.median_density, m, options.ranks_per_node, pieces)) {
         break;  // the same groups fail at every scale
       }
-      if (m > 1) pieces = RepairShortShards(batch, std::move(pieces), m, options.max_work);
+      if (m > 1) pieces = RepairSlivers(batch, std::move(pieces), m, options.max_work);
       Plan plan = FinishPlan(batch, std::move(pieces));
       pieces = {};
       PlanScore score = ScorePlan(plan);

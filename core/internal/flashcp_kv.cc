@@ -176,7 +176,7 @@ absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const PlanOptions& option
     Plan plan = std::move(raw.plan);
     PlanScore score = ScorePlan(plan);
     if (m > 1 && score.min_cut_len != 0 && score.min_cut_len < m) {
-      plan = FinishPlan(batch, RepairShortShards(batch, std::move(raw.pieces), m, max_work));
+      plan = FinishPlan(batch, RepairSlivers(batch, std::move(raw.pieces), m, max_work));
       score = ScorePlan(plan);
     }
     if (score.imbalance > target) {

@@ -44,7 +44,7 @@ std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, dou
 // beyond 16 ranks six of them, the plan-time budget); a raw one more
 // than 1.1 x the target off balance or moving over 1.1 x chosen's targeted
 // bottleneck is dropped; the rest, least moved first (beyond 16 ranks the
-// first two), get short cut shards repaired (RepairShortShards), whole-
+// first two), get slivers repaired (RepairSlivers), whole-
 // document balancing exchanges where over the target
 // (BalanceByWholeExchanges) and role swaps (SwapRolesForTargeted). One is
 // kept only if it meets options.target_imbalance, has no cut shard under

@@ -17,8 +17,8 @@ namespace flashcp::core::internal {
 
 struct FlashCpOptions {
   // From PlanOptions.
-  double target = 1.02;       // R, the imbalance target
-  int64_t min_shard = 128;    // m, PlanOptions::min_shard_tokens (0: off)
+  double target = PlanOptions{}.target_imbalance;      // R, the imbalance target
+  int64_t min_shard = PlanOptions{}.min_shard_tokens;  // m (0: off)
   int32_t ranks_per_node = 0;
   // PlanOptions::stop, not copied (a check may keep state); it must outlive
   // this struct. Null: never stops.
@@ -34,9 +34,9 @@ struct FlashCpOptions {
   // Density scale of the workload that token equalization moves: a median
   // document's workload per token, (L + 1) / 2 pairs.
   double median_density = 0;
-  // What one short cut piece left in a plan is worth in non-last tokens
+  // What one sliver left in a plan is worth in non-last tokens
   // (Better's charge): 8m.
-  int64_t short_cost = 0;
+  int64_t sliver_cost = 0;
 
   // Search: rho / median_density per Whole-Doc variant; the fallback also
   // tries the ones between.

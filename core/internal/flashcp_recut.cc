@@ -13,7 +13,7 @@ Plan RecutCandidates(const Batch& batch, const FlashCpOptions& options, Compacte
                      const std::vector<SearchCandidate>& candidates, Plan plan) {
   const int64_t m = options.min_shard;
   PlanScore plan_score = ScorePlan(plan);
-  plan_score.short_cuts = CountShortCuts(plan, m);
+  plan_score.slivers = CountSlivers(plan, m);
   const auto recut = [&](std::vector<Shard> pieces) {
     // The margin absorbs the workload sums' rounding.
     if (!RecutPieces(batch, pieces, m, FlashCpOptions::kRecutRounds,
@@ -24,7 +24,7 @@ Plan RecutCandidates(const Batch& batch, const FlashCpOptions& options, Compacte
     const PlanScore score = ScorePlan(other);
     // RecutPieces keeps every piece >= m, so `other` has no sliver.
     if (score.imbalance > options.target ||
-        !Better(score, plan_score, options.target, options.short_cost)) {
+        !Better(score, plan_score, options.target, options.sliver_cost)) {
       return;
     }
     plan = std::move(other);

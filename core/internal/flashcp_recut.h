@@ -23,7 +23,7 @@ namespace flashcp::core::internal {
 // too; they seldom gain), and on every document Per-Doc in reduced zigzags
 // over consecutive ranks, not fitted (the program sets the tokens). A
 // re-cut plan replaces `plan` (the repaired winner) only if it meets R and
-// is Better than it with its slivers charged (short_cost non-last tokens
+// is Better than it with its slivers charged (sliver_cost non-last tokens
 // each): a sliver costs less than much more communication.
 Plan RecutCandidates(const Batch& batch, const FlashCpOptions& options, CompactedSearch& search,
                      const std::vector<SearchCandidate>& candidates, Plan plan);

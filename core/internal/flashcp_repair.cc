@@ -1,5 +1,5 @@
 // The repair stage (flashcp_repair.h): chains of cut-point shifts and
-// whole-document moves that remove short cut pieces or move tokens between
+// whole-document moves that remove slivers or move tokens between
 // ranks, each keeping every rank's token count.
 #include "core/internal/flashcp_repair.h"
 
@@ -16,7 +16,7 @@ namespace flashcp::core::internal {
 
 namespace {
 
-// One piece of a cut document, for RepairShortShards.
+// One piece of a cut document, for RepairSlivers.
 struct Piece {
   int64_t start = 0;
   int64_t len = 0;
@@ -73,9 +73,9 @@ void AbsorbPiece(std::vector<Piece>& p, size_t i, int side) {
   MergeTouching(p);
 }
 
-class ShortShardRepair {
+class SliverRepair {
  public:
-  ShortShardRepair(int32_t n, int64_t m, double max_work, int64_t max_nonlast_growth)
+  SliverRepair(int32_t n, int64_t m, double max_work, int64_t max_nonlast_growth)
       : n_(n), m_(m), max_work_(max_work), max_nonlast_growth_(max_nonlast_growth) {
     whole.resize(n);
   }
@@ -83,7 +83,7 @@ class ShortShardRepair {
   std::vector<std::vector<Piece>> docs;  // cut documents only, pieces by start
   std::vector<int32_t> doc_index;        // document id per entry of `docs`
   // Per rank, its whole documents as (length, document id), in the order
-  // Load met them (RepairShortShards sorts them ascending).
+  // Load met them (RepairSlivers sorts them ascending).
   std::vector<std::vector<std::pair<int64_t, int32_t>>> whole;
 
   // Takes a finished plan's shards: whole documents per rank, cut ones as
@@ -536,7 +536,7 @@ class ShortShardRepair {
 bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>& pieces,
                        std::vector<int64_t>& room) {
   const int32_t n = batch.cp_size;
-  ShortShardRepair fit(n, min_shard, std::numeric_limits<double>::infinity(), int64_t{1} << 62);
+  SliverRepair fit(n, min_shard, std::numeric_limits<double>::infinity(), int64_t{1} << 62);
   fit.Load(batch, FinishPlan(batch, pieces).shards);
   std::vector<int64_t> left = room;
   for (int64_t tries = 4 * static_cast<int64_t>(n) + 16; tries > 0; --tries) {
@@ -564,13 +564,13 @@ bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>
 }
 
 
-std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> pieces,
-                                     int64_t min_shard, double max_workload,
-                                     int64_t max_nonlast_growth) {
+std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
+                                 int64_t min_shard, double max_workload,
+                                 int64_t max_nonlast_growth) {
   std::vector<Shard> shards = FinishPlan(batch, std::move(pieces)).shards;
   if (min_shard <= 1) return shards;
   // Cut documents: those with a shard shorter than the document.
-  ShortShardRepair repair(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
+  SliverRepair repair(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
   repair.Load(batch, shards);
   for (auto& w : repair.whole) std::sort(w.begin(), w.end());
   // Passes until nothing changes: a fix can open a chain for a sliver that
@@ -628,9 +628,9 @@ double SliverFreeWorkloadBound(const Batch& batch, int64_t min_shard) {
 
 Plan RepairCandidate(const Batch& batch, const FlashCpOptions& options, std::vector<Shard> pieces,
                      const PlanScore& score) {
-  if (options.min_shard > 1 && score.short_cuts > 0) {
-    Plan repaired = FinishPlan(batch, RepairShortShards(batch, pieces, options.min_shard,
-                                                        options.max_work, options.short_cost));
+  if (options.min_shard > 1 && score.slivers > 0) {
+    Plan repaired = FinishPlan(batch, RepairSlivers(batch, pieces, options.min_shard,
+                                                    options.max_work, options.sliver_cost));
     if (score.imbalance > options.target || ScorePlan(repaired).imbalance <= options.target) {
       return repaired;
     }
@@ -655,10 +655,10 @@ std::optional<Plan> RepairFallback(const Batch& batch, const FlashCpOptions& opt
     ++repairs;
     Plan other = RepairCandidate(batch, options,
                                  search.Assemble(c.pieces, c.placement, c.k, c.reduced), c.score);
-    if (CountShortCuts(other, options.min_shard) > 0) continue;
+    if (CountSlivers(other, options.min_shard) > 0) continue;
     const PlanScore score = ScorePlan(other);
     if (score.imbalance > options.target) continue;
-    if (!found.has_value() || Better(score, found_score, options.target, options.short_cost)) {
+    if (!found.has_value() || Better(score, found_score, options.target, options.sliver_cost)) {
       found = std::move(other);
       found_score = score;
     }

@@ -19,7 +19,7 @@ namespace flashcp::core::internal {
 
 // Where raw pieces overfill some ranks (room < 0, room = tokens still free
 // per rank), moves the excess to ranks with room left along chains of
-// cut-point shifts between cut documents' pieces (RepairShortShards'
+// cut-point shifts between cut documents' pieces (RepairSlivers'
 // chains), so that no piece falls below min_shard and the pieces' shape,
 // hence their balance, changes only at the cut points that move (no
 // workload check: the caller scores the result). PerDocPieces fits reduced
@@ -58,10 +58,10 @@ bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>
 // max_nonlast_growth. At most N + 16 + min(4 x (initial slivers), the
 // attempts that fit 2^20 piece and document visits) attempts; a sliver
 // nothing removes stays (docs/planner.md, "Minimum shard").
-std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> pieces,
-                                     int64_t min_shard,
-                                     double max_workload = std::numeric_limits<double>::infinity(),
-                                     int64_t max_nonlast_growth = int64_t{1} << 62);
+std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
+                                 int64_t min_shard,
+                                 double max_workload = std::numeric_limits<double>::infinity(),
+                                 int64_t max_nonlast_growth = int64_t{1} << 62);
 
 // A lower bound on the maximum rank workload (SPEC Eq. 3 pairs) of every
 // plan of `batch` with no cut shard shorter than `min_shard` > 0: the rank
@@ -70,13 +70,13 @@ std::vector<Shard> RepairShortShards(const Batch& batch, std::vector<Shard> piec
 // uncut document is whole) and floor(total / N) tokens in all, each of
 // workload >= 1, so at least W(L - s, s) + floor(total / N) - s. The maximum
 // over documents. Where it exceeds R times the mean workload, every plan
-// meeting R has a sliver (docs/planner.md, "When a short shard is needed").
+// meeting R has a sliver (docs/planner.md, "When a sliver is needed").
 double SliverFreeWorkloadBound(const Batch& batch, int64_t min_shard);
 
 // A candidate's whole plan from its raw `pieces` (CompactedSearch::Assemble)
-// and its search score, short cut pieces repaired (RepairShortShards within
+// and its search score, slivers repaired (RepairSlivers within
 // R * mean, each fix raising the maximum non-last tokens by at most
-// options.short_cost). Every fix keeps each rank within max(R * mean, its
+// options.sliver_cost). Every fix keeps each rank within max(R * mean, its
 // current maximum), so a plan that met the target still does; should
 // rounding of the workload sums ever tip it over, the unrepaired plan is
 // kept: the target comes first (docs/planner.md).

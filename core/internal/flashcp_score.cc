@@ -35,19 +35,19 @@ int64_t SaturatingCost(int64_t base, int64_t n, int64_t cost) {
   return base + n * cost;
 }
 
-bool Better(const PlanScore& a, const PlanScore& b, double target, int64_t short_cost) {
+bool Better(const PlanScore& a, const PlanScore& b, double target, int64_t sliver_cost) {
   const bool fa = a.imbalance <= target, fb = b.imbalance <= target;
   if (fa != fb) return fa;
   if (!fa) return a.imbalance < b.imbalance;
-  const int64_t ca = SaturatingCost(a.max_nonlast, a.short_cuts, short_cost);
-  const int64_t cb = SaturatingCost(b.max_nonlast, b.short_cuts, short_cost);
+  const int64_t ca = SaturatingCost(a.max_nonlast, a.slivers, sliver_cost);
+  const int64_t cb = SaturatingCost(b.max_nonlast, b.slivers, sliver_cost);
   if (ca != cb) return ca < cb;
   return a.cut_docs < b.cut_docs;
 }
 
 bool SameScore(const PlanScore& a, const PlanScore& b) {
   return a.imbalance == b.imbalance && a.max_nonlast == b.max_nonlast &&
-         a.cut_docs == b.cut_docs && a.short_cuts == b.short_cuts;
+         a.cut_docs == b.cut_docs && a.slivers == b.slivers;
 }
 
 void AddPieces(const Batch& batch, const std::vector<Shard>& pieces, PartialScore& p) {
@@ -62,14 +62,14 @@ void AddPieces(const Batch& batch, const std::vector<Shard>& pieces, PartialScor
   }
 }
 
-int64_t CountShortCuts(const Plan& plan, int64_t m) {
+int64_t CountSlivers(const Plan& plan, int64_t m) {
   std::vector<int32_t> count(plan.doc_lens.size(), 0);
   for (const Shard& s : plan.shards) ++count[s.doc];
-  int64_t short_cuts = 0;
+  int64_t slivers = 0;
   for (const Shard& s : plan.shards) {
-    if (count[s.doc] > 1 && s.len < m) ++short_cuts;
+    if (count[s.doc] > 1 && s.len < m) ++slivers;
   }
-  return short_cuts;
+  return slivers;
 }
 
 Exchange Measure(const Plan& plan, const PlanScore& score) {

@@ -17,7 +17,7 @@ struct PlanScore {
   int64_t max_nonlast = 0;    // max over ranks of non-last tokens (SPEC Eq. 5)
   int64_t cut_docs = 0;       // documents in more than one shard
   int64_t min_cut_len = 0;    // shortest shard of a cut document; 0 if none
-  int64_t short_cuts = 0;     // cut pieces shorter than the minimum shard (flashcp)
+  int64_t slivers = 0;        // cut pieces shorter than the minimum shard (flashcp)
 };
 PlanScore ScorePlan(const Plan& plan);
 // The same on raw pieces (as FinishPlan takes them), without building a plan.
@@ -27,14 +27,14 @@ PlanScore ScorePieces(const Batch& batch, const std::vector<Shard>& pieces);
 
 // base + n * cost for non-negative terms, saturating at INT64_MAX: cost is
 // 8m with m up to 2^40, and a full 2N-chunk zigzag can hold millions of
-// short cuts.
+// slivers.
 int64_t SaturatingCost(int64_t base, int64_t n, int64_t cost);
 
 // The compacted planner's order on candidates: first the target, then
-// communication with each remaining short cut piece charged `short_cost`
+// communication with each remaining sliver charged `sliver_cost`
 // non-last tokens (docs/planner.md, "Minimum shard"), then cuts; when
 // nothing meets the target, least imbalance. True if `a` is strictly better.
-bool Better(const PlanScore& a, const PlanScore& b, double target, int64_t short_cost);
+bool Better(const PlanScore& a, const PlanScore& b, double target, int64_t sliver_cost);
 
 // Equal in everything Better compares (min_cut_len aside): how the fallback
 // tells a candidate it already holds, and the winner, apart.
@@ -53,7 +53,7 @@ struct PartialScore {
 void AddPieces(const Batch& batch, const std::vector<Shard>& pieces, PartialScore& p);
 
 // Shards shorter than m of documents cut into several (slivers) in a plan.
-int64_t CountShortCuts(const Plan& plan, int64_t m);
+int64_t CountSlivers(const Plan& plan, int64_t m);
 
 // One phase's bytes in tokens under the cheaper of the two sharding-aware
 // exchanges (full KV never moves less than the compacted all-gather).

@@ -53,15 +53,15 @@ bool CompactedSearch::Consider(size_t k, bool reduced, const std::vector<Shard>&
   score.cut_docs = part_.cut_docs;
   score.min_cut_len = part_.min_cut_len;
   const bool slivers = m > 1 && part_.min_cut_len != 0 && part_.min_cut_len < m;
-  // Short cut pieces are charged in the score; the winner alone is repaired
-  // (RepairShortShards costs O(slivers x cut pieces), too much for every
+  // Slivers are charged in the score; the winner alone is repaired
+  // (RepairSlivers costs O(slivers x cut pieces), too much for every
   // candidate at large N).
   if (slivers) {
     for (const Shard& sh : pieces_) {
-      if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++score.short_cuts;
+      if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++score.slivers;
     }
     for (const Shard& sh : zig) {
-      if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++score.short_cuts;
+      if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++score.slivers;
     }
   }
   if (pool_ != nullptr && (score.imbalance <= o_.target || !slivers)) {
@@ -76,7 +76,7 @@ bool CompactedSearch::Consider(size_t k, bool reduced, const std::vector<Shard>&
       pool_->push_back(SearchCandidate{pieces_, {{}, used_->held, 0}, k, reduced, score});
     }
   }
-  if (!have_ || Better(score, best_.score, o_.target, o_.short_cost)) {
+  if (!have_ || Better(score, best_.score, o_.target, o_.sliver_cost)) {
     best_.pieces.swap(pieces_);                // pieces_ is cleared before its next use
     best_.placement.held.swap(used_->held);  // used_ is refilled before its next use
     best_.k = k;

@@ -229,7 +229,7 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
     }
     // `mine` is longest first, so with the minimum-shard rule the documents
     // that can be cut (>= 2m tokens) come first and shorter ones are cut only
-    // when nothing else is left (RepairShortShards then tries to undo it).
+    // when nothing else is left (RepairSlivers then tries to undo it).
     // Documents the donor keeps whole stay in `mine` (compacted to the first
     // `kept` entries, still longest first).
     int64_t later = 0;  // tokens of the documents after the current one in `mine`

@@ -35,7 +35,7 @@ inline double RangeWorkload(int64_t start, int64_t len) { return ShardWorkload(s
 // ranks with the most room instead, and `room` is decreased. If that leaves
 // some rank below zero room (only when the documents are nearly the whole
 // batch), the excess goes back to ranks with room left by chains of
-// cut-point shifts between the reduced zigzags' pieces (RepairShortShards'
+// cut-point shifts between the reduced zigzags' pieces (RepairSlivers'
 // chains, each piece keeping >= min_shard; no workload check: the caller
 // scores the result), and `*refit` (if given) is set; where no chain can
 // carry it, the pieces stay as they were and some room stays < 0.
@@ -70,7 +70,7 @@ struct WholeDocOptions {
   // 2 * min_shard tokens while such a document is available, sends a head
   // only to a receiver that can take min_shard tokens when one exists, and
   // never leaves a donor a tail shorter than min_shard when the head can be
-  // shortened instead. RepairShortShards tries to remove what is left.
+  // shortened instead. RepairSlivers tries to remove what is left.
   int64_t min_shard = 0;
   // With min_shard: a head shorter than min_shard is instead sent longer, by
   // the length of the receiver's shortest whole document that the donor takes
