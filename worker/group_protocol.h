@@ -32,7 +32,9 @@ enum class RoundKind : uint32_t {
 
 struct StepHeader {
   RoundKind kind = RoundKind::kIdle;
-  // kStep only (zero on the other kinds).
+  // kStep only: for the other kinds the wire carries zeros here (Encode
+  // writes them, Decode refuses anything else) and Decode leaves these
+  // defaults.
   core::Strategy strategy = core::Strategy::kFlashCp;  // the run's strategy
   core::CommScheme scheme = core::CommScheme::kAllGather;
   int64_t batch = 0;          // batch index (seeds the step's data)
