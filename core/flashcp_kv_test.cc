@@ -63,7 +63,8 @@ TEST(PreferLeastKvTest, UpToEightRanksKeepsThePlan) {
   const Batch batch{(*batches)[0], 8};
   absl::StatusOr<Plan> compacted = internal::PlanFlashCpCompacted(batch, PlanOptions{});
   ASSERT_THAT(compacted, IsOk());
-  absl::StatusOr<Plan> kept = internal::PreferLeastKv(batch, PlanOptions{}, *compacted);
+  absl::StatusOr<Plan> kept = internal::PreferLeastKv(
+      batch, internal::FlashCpOptions::For(batch, PlanOptions{}), *compacted);
   ASSERT_THAT(kept, IsOk());
   EXPECT_EQ(kept->shards, compacted->shards);
 }
@@ -81,7 +82,8 @@ TEST(PreferLeastKvTest, ChunkHeapReplacesAWideZigzag) {
   absl::StatusOr<Plan> compacted = internal::PlanFlashCpCompacted(batch, options);
   ASSERT_THAT(compacted, IsOk());
   EXPECT_EQ(TargetedPhaseBottleneck(*compacted), 106184);
-  absl::StatusOr<Plan> plan = internal::PreferLeastKv(batch, options, *compacted);
+  absl::StatusOr<Plan> plan = internal::PreferLeastKv(
+      batch, internal::FlashCpOptions::For(batch, options), *compacted);
   ASSERT_THAT(plan, IsOk());
   EXPECT_THAT(ValidatePlan(*plan), IsOk());
   const internal::PlanScore score = internal::ScorePlan(*plan);

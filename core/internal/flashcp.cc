@@ -109,7 +109,7 @@ absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& plan_opt
   // Stage 6, post-passes over the final plan: each takes and returns the
   // whole plan, keeping every rank's tokens. Add them here, in order.
   // Beyond 8 ranks, chunk-heap candidates where they move less (flashcp_kv.h).
-  return PreferLeastKv(batch, plan_options, std::move(plan));
+  return PreferLeastKv(batch, options, std::move(plan));
 }
 
 }  // namespace flashcp::core::internal

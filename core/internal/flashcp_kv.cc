@@ -105,26 +105,23 @@ std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, dou
   return CutPacked(batch, sizes, owner);
 }
 
-absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const PlanOptions& options,
+absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const FlashCpOptions& options,
                                    Plan chosen) {
   const int32_t n = batch.cp_size;
   // At N <= 8 the compacted search's plan and its grouped rivals already
   // move little, and the plan-time budget there is 1 ms.
   if (n <= 8) return chosen;
-  const double target = options.target_imbalance;
-  const int64_t m = options.min_shard_tokens;
-  double total_work = 0;
-  for (int64_t len : batch.doc_lens) total_work += RangeWorkload(0, len);
-  const double mean_work = total_work / n;
-  const double max_work = target * mean_work;
+  const double target = options.target;
+  const int64_t m = options.min_shard;
+  const double max_work = options.max_work;
 
   const PlanScore chosen_score = ScorePlan(chosen);
   if (chosen_score.cut_docs == 0) return chosen;
   const bool chosen_slivers =
       m > 1 && chosen_score.min_cut_len != 0 && chosen_score.min_cut_len < m;
-  int64_t best_targeted = TargetedPhaseBottleneck(chosen);
-  const int64_t cheaper =
-      std::min(best_targeted, chosen_score.max_nonlast * static_cast<int64_t>(n - 1));
+  const Exchange chosen_exchange = Measure(chosen, chosen_score);
+  int64_t best_targeted = chosen_exchange.targeted;
+  const int64_t cheaper = chosen_exchange.cheaper();
   // Variants: chunks per rank (MagiAttention's 8, and finer), neighbour
   // slack as a fraction of the mean rank workload (0: MagiAttention's rule;
   // tail affinity then changes nothing) and tail affinity. Beyond 16 ranks
@@ -145,7 +142,7 @@ absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const PlanOptions& option
   // The repairs below cost far more than a raw candidate, so a raw one is
   // dropped where it is more than kReach off the target or over the plan's
   // targeted bottleneck (the repairs and role swaps seldom close such
-  // gaps), and beyond 16 ranks only the kMaxRepaired that move least are
+  // gaps), and beyond 16 ranks only the max_repaired that move least are
   // repaired.
   constexpr double kReach = 1.1;
   const size_t max_repaired = n > 16 ? 2 : variants;
@@ -156,9 +153,9 @@ absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const PlanOptions& option
   };
   std::vector<Raw> raws;
   for (size_t v = 0; v < variants; ++v) {
-    FLASHCP_RETURN_IF_ERROR(options.stop.Check());
+    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
     std::vector<Shard> pieces =
-        KvHeapPieces(batch, kVariants[v].chunks_per_rank, kVariants[v].slack * mean_work,
+        KvHeapPieces(batch, kVariants[v].chunks_per_rank, kVariants[v].slack * options.mean_work,
                      kVariants[v].tail_affinity);
     Plan plan = FinishPlan(batch, pieces);
     const int64_t targeted = TargetedPhaseBottleneck(plan);
@@ -172,7 +169,7 @@ absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const PlanOptions& option
                    [](const Raw& a, const Raw& b) { return a.targeted < b.targeted; });
   if (raws.size() > max_repaired) raws.resize(max_repaired);
   for (Raw& raw : raws) {
-    FLASHCP_RETURN_IF_ERROR(options.stop.Check());
+    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
     Plan plan = std::move(raw.plan);
     PlanScore score = ScorePlan(plan);
     if (m > 1 && score.min_cut_len != 0 && score.min_cut_len < m) {
@@ -187,11 +184,9 @@ absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const PlanOptions& option
     if (!chosen_slivers && m > 1 && score.min_cut_len != 0 && score.min_cut_len < m) continue;
     if (TargetedPhaseBottleneck(plan) >= best_targeted) continue;
     plan = SwapRolesForTargeted(batch, plan, max_work, n);
-    score = ScorePlan(plan);
-    const int64_t allgather = score.max_nonlast * static_cast<int64_t>(n - 1);
-    const int64_t targeted = TargetedPhaseBottleneck(plan);
-    if (targeted >= best_targeted || std::min(targeted, allgather) > cheaper) continue;
-    best_targeted = targeted;
+    const Exchange exchange = Measure(plan, ScorePlan(plan));
+    if (exchange.targeted >= best_targeted || exchange.cheaper() > cheaper) continue;
+    best_targeted = exchange.targeted;
     chosen = std::move(plan);
   }
   return chosen;

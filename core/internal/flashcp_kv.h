@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/internal/flashcp_options.h"
 #include "core/strategies.h"
 #include "core/types.h"
 
@@ -47,11 +48,11 @@ std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, dou
 // first two), get slivers repaired (RepairSlivers), whole-
 // document balancing exchanges where over the target
 // (BalanceByWholeExchanges) and role swaps (SwapRolesForTargeted). One is
-// kept only if it meets options.target_imbalance, has no cut shard under
-// options.min_shard_tokens where chosen has none, and moves no more than
-// chosen under its cheaper exchange. Returns options.stop's status once it
-// says stop.
-absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const PlanOptions& options, Plan chosen);
+// kept only if it meets options.target, has no sliver (cut shard under
+// options.min_shard) where chosen has none, and moves no more than chosen
+// under its cheaper exchange. Returns the stop token's status once it says
+// stop.
+absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const FlashCpOptions& options, Plan chosen);
 
 }  // namespace flashcp::core::internal
 
