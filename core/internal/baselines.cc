@@ -36,9 +36,16 @@ std::vector<int64_t> RankTargets(const Batch& batch) {
 
 Plan FinishPlan(const Batch& batch, std::vector<Shard> pieces) {
   std::erase_if(pieces, [](const Shard& s) { return s.len == 0; });
-  std::sort(pieces.begin(), pieces.end(), [](const Shard& a, const Shard& b) {
+  const auto before = [](const Shard& a, const Shard& b) {
     return std::tie(a.rank, a.doc, a.start) < std::tie(b.rank, b.doc, b.start);
-  });
+  };
+  // Pieces often come as a plan's shards, already in strictly increasing
+  // order, which the sort would leave as they are: it is skipped then.
+  if (std::adjacent_find(pieces.begin(), pieces.end(), [&](const Shard& a, const Shard& b) {
+        return !before(a, b);
+      }) != pieces.end()) {
+    std::sort(pieces.begin(), pieces.end(), before);
+  }
   Plan plan;
   plan.cp_size = batch.cp_size;
   plan.doc_lens = batch.doc_lens;
