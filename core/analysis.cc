@@ -183,13 +183,6 @@ absl::Status ValidateModelShape(const ModelShape& shape) {
   return absl::OkStatus();
 }
 
-double ShardWorkload(int64_t prefix, int64_t len) {
-  // (2p + s + 1) * s is always even, so halving first keeps the intermediate small.
-  const double a = 2.0 * static_cast<double>(prefix) + static_cast<double>(len) + 1.0;
-  const double s = static_cast<double>(len);
-  return (len % 2 == 0) ? a * (s / 2.0) : (a / 2.0) * s;
-}
-
 absl::Status ValidatePlan(const Plan& plan) {
   {
     absl::Status s = ValidateBatch(Batch{plan.doc_lens, plan.cp_size});
