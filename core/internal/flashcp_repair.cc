@@ -733,7 +733,7 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
   // Passes until nothing changes: a fix can open a chain for a sliver that
   // had none. Each fix removes one sliver and creates none. Bounded work:
   // each attempt is O(cut pieces + documents) (up to four chain searches and
-  // workload sums, plus at most 17^2 whole-document pairs per side). N + 16
+  // balance checks, plus at most 17^2 whole-document pairs per side). N + 16
   // attempts always; then up to four more per sliver at the start, so that a
   // plan of many slivers (a full 2N-chunk zigzag of short documents) gets the
   // passes it needs, but only while those extra attempts stay within 2^20
