@@ -16,13 +16,28 @@
 
 namespace flashcp::core::internal {
 
-bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
-                   double rho, int64_t m, int32_t ranks_per_node, bool filled,
-                   std::vector<Shard>& out) {
+namespace {
+
+// GroupedPieces before Whole-Doc (which alone depends on rho): the groups'
+// (and, filled, the whole documents') pieces, the ranks' room and
+// workload after them, and where in `order` the rest begins.
+struct Groups {
+  std::vector<Shard> pieces;
+  std::vector<int64_t> room;
+  std::vector<double> workload;
+  size_t rest = 0;
+};
+
+bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
+                    int64_t m, int32_t ranks_per_node, bool filled, Groups& groups) {
   const int32_t n = batch.cp_size;
   const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
-  std::vector<int64_t> room = RankTargets(batch);
-  std::vector<double> workload(n, 0.0);
+  std::vector<Shard>& out = groups.pieces;
+  std::vector<int64_t>& room = groups.room;
+  std::vector<double>& workload = groups.workload;
+  out.clear();
+  room = RankTargets(batch);
+  workload.assign(n, 0.0);
   std::vector<int32_t> ranks(n), group, node_order;
   std::vector<std::vector<int32_t>> by_node((n + per_node - 1) / per_node);
   // filled: the documents of more than kSmallDocShare x group_bound pairs
@@ -92,6 +107,20 @@ bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double
         return a < b;
       });
       c = std::max<int32_t>(2, static_cast<int32_t>(std::ceil(whole / group_bound)));
+      // A rank r fits a group of c only if P_r + (W - rho L) / c - 2 rho <=
+      // group_bound (P_r its projected load, rho the projection: a share has
+      // at most L / c + 2 tokens), i.e. c >= (W - rho L) / (group_bound -
+      // P_r + 2 rho), which grows along `ranks`; so c ranks fit only if the
+      // c-th does at c. Smaller c are skipped (the same group, found
+      // sooner).
+      const double excess = whole - projection * static_cast<double>(len);
+      if (excess > 0) {
+        for (; c <= n; ++c) {
+          const int32_t r = ranks[c - 1];
+          const double slack = group_bound - projected(workload[r], room[r]) + 2 * projection;
+          if (slack > 0 && excess <= slack * c) break;
+        }
+      }
       for (; c <= n; ++c) {
         // Rank p of the group takes chunks p and 2c-1-p of 2c near-equal
         // chunks: at most 2 * ceil(L / 2c) tokens and about W / c pairs,
@@ -142,8 +171,31 @@ bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double
       start += size;
     }
   }
-  const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(k), order.end());
+  groups.rest = k;
+  return true;
+}
+
+// `groups` completed with the rest Whole-Doc at `rho`: GroupedPieces' pieces.
+std::vector<Shard> WithWholeRest(const Batch& batch, const std::vector<int32_t>& order,
+                                 const Groups& groups, double rho, int64_t m) {
+  std::vector<Shard> out = groups.pieces;
+  std::vector<int64_t> room = groups.room;
+  std::vector<double> workload = groups.workload;
+  const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(groups.rest),
+                                  order.end());
   WholeDocPieces(batch, rest, room, workload, out, WholeDocOptions{rho, true, m, 4 * m});
+  return out;
+}
+
+}  // namespace
+
+bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
+                   double rho, int64_t m, int32_t ranks_per_node, bool filled,
+                   std::vector<Shard>& out) {
+  Groups groups;
+  if (!GroupDocuments(batch, order, group_bound, m, ranks_per_node, filled, groups)) return false;
+  std::vector<Shard> pieces = WithWholeRest(batch, order, groups, rho, m);
+  out.insert(out.end(), pieces.begin(), pieces.end());
   return true;
 }
 
@@ -163,15 +215,17 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
   std::vector<Shard> pieces;
   // Beyond 8 ranks the filled groups (GroupedPieces), at bounds nearer R.
   const bool filled = n > 8;
+  Groups groups;
   for (double bound : filled ? FlashCpOptions::kFilledGroupBounds : FlashCpOptions::kGroupBounds) {
+    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
+    // The groups do not depend on the scale: found once per bound.
+    if (!GroupDocuments(batch, options.order, bound * target * options.mean_work, m,
+                        options.ranks_per_node, filled, groups)) {
+      continue;
+    }
     for (double scale : FlashCpOptions::kScales) {
       FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-      pieces.clear();
-      if (!GroupedPieces(batch, options.order, bound * target * options.mean_work,
-                         scale * options.median_density, m, options.ranks_per_node, filled,
-                         pieces)) {
-        break;  // the same groups fail at every scale
-      }
+      pieces = WithWholeRest(batch, options.order, groups, scale * options.median_density, m);
       if (m > 1) pieces = RepairSlivers(batch, std::move(pieces), m, options.max_work);
       Plan plan = FinishPlan(batch, std::move(pieces));
       pieces = {};
