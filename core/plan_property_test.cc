@@ -305,17 +305,21 @@ TEST(PlanPropertyTest, RandomBatches) {
   // (8,890 -> 4,170 slivers of short documents, 54,208 -> 32,569 of longer
   // ones). Filled groups beyond 8 ranks (flashcp_grouped.h) took a sliver
   // out of 4 plans: needed 3,234 -> 3,233, not shown needed 423 -> 420
-  // (4,170 -> 4,161 slivers of short documents).
-  EXPECT_EQ(g_min_shard.excused_plans, 72);
-  // The workload bound shows 368 plans (365 before chunk-heap candidates)
+  // (4,170 -> 4,161 slivers of short documents). Balancing exchanges that
+  // may move cut pieces (flashcp_roles.h, move_cut) brought 4 more plans to
+  // R (missing R 2,824 -> 2,820): excused 72 -> 70, workload bound 368 ->
+  // 369 (4,161 -> 4,164 slivers of short documents, 32,569 -> 32,589 of
+  // longer ones).
+  EXPECT_EQ(g_min_shard.excused_plans, 70);
+  // The workload bound shows 369 plans (365 before chunk-heap candidates)
   // that met R with slivers not shown needed by C/N < m to need them. Before role swaps it showed 358 of the
   // 968 such plans (22,287 / 106,194 slivers), and of the other 610 (8,334
   // / 59,741) the fallback's re-cut (RecutPieces) freed 187 of slivers.
-  EXPECT_EQ(g_min_shard.bound_plans, 368);
+  EXPECT_EQ(g_min_shard.bound_plans, 369);
   EXPECT_EQ(g_min_shard.unneeded_plans, 420);
-  EXPECT_EQ(g_min_shard.unneeded_short_docs, 4161);
-  EXPECT_EQ(g_min_shard.unneeded_long_docs, 32569);
-  EXPECT_EQ(g_min_shard.missing_r, 2824);
+  EXPECT_EQ(g_min_shard.unneeded_short_docs, 4164);
+  EXPECT_EQ(g_min_shard.unneeded_long_docs, 32589);
+  EXPECT_EQ(g_min_shard.missing_r, 2820);
 }
 
 TEST(PlanPropertyTest, EdgeShapes) {

@@ -248,7 +248,8 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
         if (balanced == max_balanced) continue;
         ++balanced;
         plan = BalanceByWholeExchanges(batch, plan, options.max_work,
-                                       FlashCpOptions::kBalancePartners, 2 * n, m);
+                                       FlashCpOptions::kBalancePartners, 2 * n, m,
+                                       /*move_cut=*/true);
         score = ScorePlan(plan);
         if (score.imbalance > target) continue;
         exchange = Measure(plan, score);

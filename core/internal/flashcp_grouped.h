@@ -53,7 +53,8 @@ bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double
 // all-gather is the exchange to use, it does not get worse. Beyond 8 ranks
 // the all-gather is not held to the compacted plan's, and a candidate
 // within kBalanceReach x R that would move less is first balanced by
-// exchanges of whole documents (BalanceByWholeExchanges). nullopt where no
+// exchanges of whole documents and cut pieces (BalanceByWholeExchanges with
+// move_cut). nullopt where no
 // grouped plan qualifies; the stop token's status once it says stop.
 absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
                                                     const FlashCpOptions& options,
