@@ -2,8 +2,7 @@
 // each keeping every rank's tokens: role swaps, which lower the targeted
 // exchange by changing which of a cut document's ranks holds which of its
 // pieces, and balancing exchanges of whole documents (and cut pieces),
-// which lower the
-// heaviest rank's workload.
+// which lower the heaviest rank's workload.
 #ifndef FLASHCP_CORE_INTERNAL_FLASHCP_ROLES_H_
 #define FLASHCP_CORE_INTERNAL_FLASHCP_ROLES_H_
 
