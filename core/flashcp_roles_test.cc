@@ -91,5 +91,24 @@ TEST(BalanceByWholeExchangesTest, OneForOneAndAHead) {
                                 Shard{1, 0, 3, 1}, Shard{2, 2, 2, 1}, Shard{4, 0, 3, 1}}));
 }
 
+// Rank 0: doc 0's [4, 6) (2 x 4 + 3 = 11 pairs) and doc 1 whole (6 tokens,
+// 21 pairs): 32; rank 1: doc 0's [0, 4) and docs 2 and 3 (2 tokens each):
+// 16; bound 24. No exchange of whole documents works (rank 0's only whole
+// one, 6 tokens, is matched by no y and z of rank 1's). With move_cut, rank
+// 0's cut piece (2 tokens at position 4) goes for doc 2 (2 tokens): its
+// prefix's 2 x 4 = 8 pairs move, 24 / 24, and doc 0 is whole again on
+// rank 1.
+TEST(BalanceByWholeExchangesTest, ACutPieceForAWholeDocumentOfItsLength) {
+  const Batch batch{{6, 6, 2, 2}, 2};
+  const Plan plan = internal::FinishPlan(
+      batch, {Shard{0, 0, 4, 1}, Shard{0, 4, 2, 0}, Shard{1, 0, 6, 0}, Shard{2, 0, 2, 1},
+              Shard{3, 0, 2, 1}});
+  EXPECT_EQ(internal::BalanceByWholeExchanges(batch, plan, 24.0, 4, 8, 1).shards, plan.shards);
+  const Plan out = internal::BalanceByWholeExchanges(batch, plan, 24.0, 4, 8, 1, true);
+  EXPECT_EQ(out.shards, (std::vector<Shard>{Shard{1, 0, 6, 0}, Shard{2, 0, 2, 0},
+                                            Shard{0, 0, 6, 1}, Shard{3, 0, 2, 1}}));
+  EXPECT_THAT(internal::PieceWorkloads(batch.cp_size, out.shards), ElementsAre(24.0, 24.0));
+}
+
 }  // namespace
 }  // namespace flashcp::core

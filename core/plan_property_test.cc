@@ -289,7 +289,7 @@ TEST(PlanPropertyTest, RandomBatches) {
               static_cast<long long>(g_min_shard.unneeded_short_docs),
               static_cast<long long>(g_min_shard.unneeded_long_docs),
               static_cast<long long>(g_min_shard.missing_r));
-  EXPECT_EQ(g_min_shard.needed_plans, 3234);
+  EXPECT_EQ(g_min_shard.needed_plans, 3233);
   // With flashcp's grouped plans (flashcp_grouped.cc) these fell: excused
   // 85 -> 84, not shown needed 423 -> 421 plans (7,810 -> 7,807 slivers of
   // short documents), missing R 2,888 -> 2,887. Role swaps
@@ -303,17 +303,23 @@ TEST(PlanPropertyTest, RandomBatches) {
   // R (missing R 2,850 -> 2,824) and moved plans between the kinds again:
   // excused 76 -> 72, workload bound 365 -> 368, not shown needed 422 -> 423
   // (8,890 -> 4,170 slivers of short documents, 54,208 -> 32,569 of longer
-  // ones).
-  EXPECT_EQ(g_min_shard.excused_plans, 72);
-  // The workload bound shows 368 plans (365 before chunk-heap candidates)
+  // ones). Filled groups beyond 8 ranks (flashcp_grouped.h) took a sliver
+  // out of 4 plans: needed 3,234 -> 3,233, not shown needed 423 -> 420
+  // (4,170 -> 4,161 slivers of short documents). Balancing exchanges that
+  // may move cut pieces (flashcp_roles.h, move_cut) brought 4 more plans to
+  // R (missing R 2,824 -> 2,820): excused 72 -> 70, workload bound 368 ->
+  // 369 (4,161 -> 4,164 slivers of short documents, 32,569 -> 32,589 of
+  // longer ones).
+  EXPECT_EQ(g_min_shard.excused_plans, 70);
+  // The workload bound shows 369 plans (365 before chunk-heap candidates)
   // that met R with slivers not shown needed by C/N < m to need them. Before role swaps it showed 358 of the
   // 968 such plans (22,287 / 106,194 slivers), and of the other 610 (8,334
   // / 59,741) the fallback's re-cut (RecutPieces) freed 187 of slivers.
-  EXPECT_EQ(g_min_shard.bound_plans, 368);
-  EXPECT_EQ(g_min_shard.unneeded_plans, 423);
-  EXPECT_EQ(g_min_shard.unneeded_short_docs, 4170);
-  EXPECT_EQ(g_min_shard.unneeded_long_docs, 32569);
-  EXPECT_EQ(g_min_shard.missing_r, 2824);
+  EXPECT_EQ(g_min_shard.bound_plans, 369);
+  EXPECT_EQ(g_min_shard.unneeded_plans, 420);
+  EXPECT_EQ(g_min_shard.unneeded_short_docs, 4164);
+  EXPECT_EQ(g_min_shard.unneeded_long_docs, 32589);
+  EXPECT_EQ(g_min_shard.missing_r, 2820);
 }
 
 TEST(PlanPropertyTest, EdgeShapes) {

@@ -16,64 +16,148 @@
 
 namespace flashcp::core::internal {
 
-bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
-                   double rho, int64_t m, int32_t ranks_per_node, std::vector<Shard>& out) {
+namespace {
+
+// GroupedPieces before Whole-Doc (which alone depends on rho): the groups'
+// (and, filled, the whole documents') pieces, the ranks' room and
+// workload after them, and where in `order` the rest begins.
+struct Groups {
+  std::vector<Shard> pieces;
+  std::vector<int64_t> room;
+  std::vector<double> workload;
+  size_t rest = 0;
+};
+
+bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
+                    int64_t m, int32_t ranks_per_node, double small_share, Groups& groups) {
+  const bool filled = small_share > 0;
   const int32_t n = batch.cp_size;
   const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
-  std::vector<int64_t> room = RankTargets(batch);
-  std::vector<double> workload(n, 0.0);
+  std::vector<Shard>& out = groups.pieces;
+  std::vector<int64_t>& room = groups.room;
+  std::vector<double>& workload = groups.workload;
+  out.clear();
+  room = RankTargets(batch);
+  workload.assign(n, 0.0);
   std::vector<int32_t> ranks(n), group, node_order;
   std::vector<std::vector<int32_t>> by_node((n + per_node - 1) / per_node);
+  // filled: the documents of more than small_share x group_bound pairs
+  // (a prefix of `order`) are placed one by one, the rest (`small` on) by
+  // WholeDocPieces; a rank's load is projected as its pairs plus its free
+  // tokens at the small documents' density (pairs per token), what
+  // filling it with them adds.
+  size_t small = order.size();
+  double density = 0;
+  if (filled) {
+    small = 0;
+    double small_work = 0, small_tokens = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      const int64_t l = batch.doc_lens[order[i]];
+      if (RangeWorkload(0, l) > small_share * group_bound) {
+        small = i + 1;
+        small_work = small_tokens = 0;
+      } else {
+        small_work += RangeWorkload(0, l);
+        small_tokens += static_cast<double>(l);
+      }
+    }
+    density = small_tokens > 0 ? small_work / small_tokens : 0.0;
+  }
+  double projection = density;
+  const auto projected = [&](double pairs, int64_t free_tokens) {
+    return pairs + projection * static_cast<double>(std::max<int64_t>(0, free_tokens));
+  };
   size_t k = 0;
   for (; k < order.size(); ++k) {
     const int32_t d = order[k];
     const int64_t len = batch.doc_lens[d];
     const double whole = RangeWorkload(0, len);
-    const int64_t most_room = *std::max_element(room.begin(), room.end());
-    if (whole <= group_bound && len <= most_room) break;  // this and the rest stay whole
-    // The least-loaded ranks first (ties: more room, then lower index).
-    std::iota(ranks.begin(), ranks.end(), 0);
-    std::sort(ranks.begin(), ranks.end(), [&](int32_t a, int32_t b) {
-      if (workload[a] != workload[b]) return workload[a] < workload[b];
-      if (room[a] != room[b]) return room[a] > room[b];
-      return a < b;
-    });
-    int32_t c = std::max<int32_t>(2, static_cast<int32_t>(std::ceil(whole / group_bound)));
-    group.clear();
-    for (; c <= n; ++c) {
-      // Rank p of the group takes chunks p and 2c-1-p of 2c near-equal chunks:
-      // at most 2 * ceil(L / 2c) tokens and about W / c pairs, which must
-      // keep it within group_bound (groups of earlier documents included).
-      const int64_t share = 2 * ((len + 2 * c - 1) / (2 * c));
-      const double add = whole / c;
-      const auto fits = [&](int32_t r) {
-        return room[r] >= share && workload[r] + add <= group_bound;
-      };
-      // Within one node where one has c such ranks: the node of the
-      // least-loaded rank that has them (its c least loaded), else any.
-      group.clear();
-      if (c <= per_node && per_node < n) {
-        for (std::vector<int32_t>& list : by_node) list.clear();
-        node_order.clear();
-        for (int32_t r : ranks) {
-          if (!fits(r)) continue;
-          std::vector<int32_t>& list = by_node[r / per_node];
-          if (list.empty()) node_order.push_back(r / per_node);
-          list.push_back(r);
+    if (filled) {
+      if (k >= small) break;  // this and the rest: WholeDocPieces
+      // Whole on the rank of least projected load with room for it, if it
+      // keeps that rank within the bound.
+      projection = density;
+      int32_t best = -1;
+      for (int32_t r = 0; r < n; ++r) {
+        if (room[r] >= len && (best < 0 || projected(workload[r], room[r]) <
+                                               projected(workload[best], room[best]))) {
+          best = r;
         }
-        for (int32_t node : node_order) {
-          if (static_cast<int32_t>(by_node[node].size()) >= c) {
-            group.assign(by_node[node].begin(), by_node[node].begin() + c);
-            break;
+      }
+      if (best >= 0 && projected(workload[best] + whole, room[best] - len) <= group_bound) {
+        out.push_back(Shard{d, 0, len, best});
+        room[best] -= len;
+        workload[best] += whole;
+        continue;
+      }
+    } else {
+      const int64_t most_room = *std::max_element(room.begin(), room.end());
+      if (whole <= group_bound && len <= most_room) break;  // this and the rest stay whole
+    }
+    int32_t c = n + 1;
+    // filled: with the projection, else (no such group) without it.
+    const double projections[2] = {density, 0.0};
+    for (int32_t t = 0; t < (density > 0 ? 2 : 1) && c > n; ++t) {
+      projection = projections[t];
+      // The least-loaded ranks first (ties: more room, then lower index).
+      std::iota(ranks.begin(), ranks.end(), 0);
+      std::sort(ranks.begin(), ranks.end(), [&](int32_t a, int32_t b) {
+        const double pa = projected(workload[a], room[a]), pb = projected(workload[b], room[b]);
+        if (pa != pb) return pa < pb;
+        if (room[a] != room[b]) return room[a] > room[b];
+        return a < b;
+      });
+      c = std::max<int32_t>(2, static_cast<int32_t>(std::ceil(whole / group_bound)));
+      // A rank r fits a group of c only if P_r + (W - rho L) / c - 2 rho <=
+      // group_bound (P_r its projected load, rho the projection: a share has
+      // at most L / c + 2 tokens), i.e. c >= (W - rho L) / (group_bound -
+      // P_r + 2 rho), which grows along `ranks`; so c ranks fit only if the
+      // c-th does at c. Smaller c are skipped (the same group, found
+      // sooner).
+      const double excess = whole - projection * static_cast<double>(len);
+      if (excess > 0) {
+        for (; c <= n; ++c) {
+          const int32_t r = ranks[c - 1];
+          const double slack = group_bound - projected(workload[r], room[r]) + 2 * projection;
+          if (slack > 0 && excess <= slack * c) break;
+        }
+      }
+      for (; c <= n; ++c) {
+        // Rank p of the group takes chunks p and 2c-1-p of 2c near-equal
+        // chunks: at most 2 * ceil(L / 2c) tokens and about W / c pairs,
+        // which must keep it within group_bound (groups of earlier documents
+        // included).
+        const int64_t share = 2 * ((len + 2 * c - 1) / (2 * c));
+        const double add = whole / c;
+        const auto fits = [&](int32_t r) {
+          return room[r] >= share && projected(workload[r] + add, room[r] - share) <= group_bound;
+        };
+        // Within one node where one has c such ranks: the node of the
+        // least-loaded rank that has them (its c least loaded), else any.
+        group.clear();
+        if (c <= per_node && per_node < n) {
+          for (std::vector<int32_t>& list : by_node) list.clear();
+          node_order.clear();
+          for (int32_t r : ranks) {
+            if (!fits(r)) continue;
+            std::vector<int32_t>& list = by_node[r / per_node];
+            if (list.empty()) node_order.push_back(r / per_node);
+            list.push_back(r);
           }
+          for (int32_t node : node_order) {
+            if (static_cast<int32_t>(by_node[node].size()) >= c) {
+              group.assign(by_node[node].begin(), by_node[node].begin() + c);
+              break;
+            }
+          }
+          if (static_cast<int32_t>(group.size()) == c) break;
+        }
+        for (int32_t r : ranks) {
+          if (fits(r)) group.push_back(r);
+          if (static_cast<int32_t>(group.size()) == c) break;
         }
         if (static_cast<int32_t>(group.size()) == c) break;
       }
-      for (int32_t r : ranks) {
-        if (fits(r)) group.push_back(r);
-        if (static_cast<int32_t>(group.size()) == c) break;
-      }
-      if (static_cast<int32_t>(group.size()) == c) break;
     }
     if (c > n) return false;
     const int64_t base = len / (2 * c), extra = len % (2 * c);
@@ -88,8 +172,33 @@ bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double
       start += size;
     }
   }
-  const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(k), order.end());
+  groups.rest = k;
+  return true;
+}
+
+// `groups` completed with the rest Whole-Doc at `rho`: GroupedPieces' pieces.
+std::vector<Shard> WithWholeRest(const Batch& batch, const std::vector<int32_t>& order,
+                                 const Groups& groups, double rho, int64_t m) {
+  std::vector<Shard> out = groups.pieces;
+  std::vector<int64_t> room = groups.room;
+  std::vector<double> workload = groups.workload;
+  const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(groups.rest),
+                                  order.end());
   WholeDocPieces(batch, rest, room, workload, out, WholeDocOptions{rho, true, m, 4 * m});
+  return out;
+}
+
+}  // namespace
+
+bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
+                   double rho, int64_t m, int32_t ranks_per_node, double small_share,
+                   std::vector<Shard>& out) {
+  Groups groups;
+  if (!GroupDocuments(batch, order, group_bound, m, ranks_per_node, small_share, groups)) {
+    return false;
+  }
+  std::vector<Shard> pieces = WithWholeRest(batch, order, groups, rho, m);
+  out.insert(out.end(), pieces.begin(), pieces.end());
   return true;
 }
 
@@ -107,14 +216,25 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
       std::max<int32_t>(1, FlashCpOptions::kBalanceMoves / (2 * n));
   int32_t balanced = 0;
   std::vector<Shard> pieces;
-  for (double bound : FlashCpOptions::kGroupBounds) {
+  // (bound, small share) per variant; beyond 8 ranks the filled groups
+  // (GroupedPieces), at bounds nearer R.
+  std::vector<std::pair<double, double>> variants;
+  if (n > 8) {
+    variants.assign(FlashCpOptions::kFilledGroups.begin(), FlashCpOptions::kFilledGroups.end());
+  } else {
+    for (double bound : FlashCpOptions::kGroupBounds) variants.emplace_back(bound, 0.0);
+  }
+  Groups groups;
+  for (const auto& [bound, small_share] : variants) {
+    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
+    // The groups do not depend on the scale: found once per variant.
+    if (!GroupDocuments(batch, options.order, bound * target * options.mean_work, m,
+                        options.ranks_per_node, small_share, groups)) {
+      continue;
+    }
     for (double scale : FlashCpOptions::kScales) {
       FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-      pieces.clear();
-      if (!GroupedPieces(batch, options.order, bound * target * options.mean_work,
-                         scale * options.median_density, m, options.ranks_per_node, pieces)) {
-        break;  // the same groups fail at every scale
-      }
+      pieces = WithWholeRest(batch, options.order, groups, scale * options.median_density, m);
       if (m > 1) pieces = RepairSlivers(batch, std::move(pieces), m, options.max_work);
       Plan plan = FinishPlan(batch, std::move(pieces));
       pieces = {};
@@ -137,7 +257,8 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
         if (balanced == max_balanced) continue;
         ++balanced;
         plan = BalanceByWholeExchanges(batch, plan, options.max_work,
-                                       FlashCpOptions::kBalancePartners, 2 * n, m);
+                                       FlashCpOptions::kBalancePartners, 2 * n, m,
+                                       /*move_cut=*/true);
         score = ScorePlan(plan);
         if (score.imbalance > target) continue;
         exchange = Measure(plan, score);

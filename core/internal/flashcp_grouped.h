@@ -29,17 +29,32 @@ namespace flashcp::core::internal {
 // where one has enough such ranks), the rest Whole-Doc with `rho`. Appends
 // to `out`; false where some group cannot be found or its zigzag chunks
 // would be shorter than `m`.
+//
+// With small_share > 0 (filled, beyond 8 ranks), a rank's load is
+// projected as its pairs plus its free tokens at the density (pairs per
+// token) of the small documents (at most small_share x group_bound pairs
+// each, left to Whole-Doc): a rank holding a group's few dense tokens must still take its
+// share of light ones. Every heavier document, longest first, then goes
+// whole to the rank of least projected load with room for it where that
+// keeps it within group_bound projected, else over a group chosen and sized
+// by projected load (without the projection where none fits with it).
+// Unfilled, the groups' ranks end near the bound with most of their tokens
+// free, and the documents kept whole, placed after them by workload alone,
+// then push them over it.
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
-                   double rho, int64_t m, int32_t ranks_per_node, std::vector<Shard>& out);
+                   double rho, int64_t m, int32_t ranks_per_node, double small_share,
+                   std::vector<Shard>& out);
 
-// Over every group bound (kGroupBounds x R * mean) and rho scale, the
+// Over every group bound (kGroupBounds x R * mean; beyond 8 ranks filled
+// groups at kFilledGroups' bounds and small shares) and rho scale, the
 // grouped plan, repaired, that meets the target, adds no sliver, and moves
 // less than `compacted` (ScorePlan's `compacted_score`) under its cheaper
 // exchange and, at N <= 8, no more under the all-gather: where the
 // all-gather is the exchange to use, it does not get worse. Beyond 8 ranks
 // the all-gather is not held to the compacted plan's, and a candidate
 // within kBalanceReach x R that would move less is first balanced by
-// exchanges of whole documents (BalanceByWholeExchanges). nullopt where no
+// exchanges of whole documents and cut pieces (BalanceByWholeExchanges with
+// move_cut). nullopt where no
 // grouped plan qualifies; the stop token's status once it says stop.
 absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
                                                     const FlashCpOptions& options,

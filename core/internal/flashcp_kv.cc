@@ -177,7 +177,7 @@ absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const FlashCpOptions& opt
       score = ScorePlan(plan);
     }
     if (score.imbalance > target) {
-      plan = BalanceByWholeExchanges(batch, plan, max_work, kPartners, 4 * n, m);
+      plan = BalanceByWholeExchanges(batch, plan, max_work, kPartners, 4 * n, m, /*move_cut=*/true);
       score = ScorePlan(plan);
       if (score.imbalance > target) continue;
     }

@@ -45,9 +45,9 @@ std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, dou
 // beyond 16 ranks six of them, the plan-time budget); a raw one more
 // than 1.1 x the target off balance or moving over 1.1 x chosen's targeted
 // bottleneck is dropped; the rest, least moved first (beyond 16 ranks the
-// first two), get slivers repaired (RepairSlivers), whole-
-// document balancing exchanges where over the target
-// (BalanceByWholeExchanges) and role swaps (SwapRolesForTargeted). One is
+// first two), get slivers repaired (RepairSlivers), balancing exchanges
+// (of whole documents and cut pieces, BalanceByWholeExchanges with
+// move_cut) where over the target and role swaps (SwapRolesForTargeted). One is
 // kept only if it meets options.target, has no sliver (cut shard under
 // options.min_shard) where chosen has none, and moves no more than chosen
 // under its cheaper exchange. Returns the stop token's status once it says

@@ -284,17 +284,23 @@ Plan SwapRolesForTargeted(const Batch& batch, const Plan& plan, double max_workl
 }
 
 Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_workload,
-                             int32_t partners, int32_t max_moves, int64_t min_shard) {
+                             int32_t partners, int32_t max_moves, int64_t min_shard,
+                             bool move_cut) {
   const int32_t n = plan.cp_size;
   const int64_t m = std::max<int64_t>(1, min_shard);
   std::vector<Shard> pieces = plan.shards;
   std::vector<double> workload(n, 0.0);
-  // Per rank, its whole documents' shards (indices into pieces).
-  std::vector<std::vector<int32_t>> whole(n);
+  // Per rank, its whole documents' shards and (with move_cut) its cut
+  // ones (indices into pieces).
+  std::vector<std::vector<int32_t>> whole(n), cut(n);
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Shard& s = pieces[i];
     workload[s.rank] += RangeWorkload(s.start, s.len);
-    if (s.len == batch.doc_lens[s.doc]) whole[s.rank].push_back(static_cast<int32_t>(i));
+    if (s.len == batch.doc_lens[s.doc]) {
+      whole[s.rank].push_back(static_cast<int32_t>(i));
+    } else if (move_cut) {
+      cut[s.rank].push_back(static_cast<int32_t>(i));
+    }
   }
   bool changed = false;
   std::vector<int32_t> ranks(n);
@@ -308,6 +314,7 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
                      [&](int32_t x, int32_t y) { return workload[x] < workload[y]; });
     // The best exchange: peak, then tokens it adds to the targeted exchange.
     double best_peak = workload[a];
+    double best_shift = 0;
     int64_t best_cost = 0;
     int32_t best_b = -1, best_x = -1, best_y = -1, best_z = -1;
     int64_t best_head = 0;  // 0: z moves whole; else z's head of this many tokens moves
@@ -328,6 +335,7 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
         take = peak < best_peak || (peak == best_peak && cost < best_cost);
       }
       if (take) {
+        best_shift = shift;
         best_peak = peak;
         best_cost = cost;
         best_b = b;
@@ -343,18 +351,29 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
       by_len = whole[b];
       std::stable_sort(by_len.begin(), by_len.end(),
                        [&](int32_t x, int32_t y) { return pieces[x].len < pieces[y].len; });
-      for (int32_t x : whole[a]) {
-        const int64_t lx = pieces[x].len;
+      const auto try_x = [&](int32_t x, bool is_cut) {
+        const Shard& sx = pieces[x];
+        const int64_t lx = sx.len;
+        // x's pairs beyond those of a whole document of its length: its
+        // prefix's, len(x) x start (0 for a whole one).
+        const double above = static_cast<double>(lx) * static_cast<double>(sx.start);
+        // A cut x's KV then comes from or goes to b: its tokens count as cut.
+        const int64_t moved = is_cut ? lx : 0;
         for (int32_t y : whole[b]) {
           const int64_t ly = pieces[y].len;
-          if (ly >= lx) continue;
+          if (ly > lx || (ly == lx && !is_cut)) continue;
+          if (ly == lx) {  // a cut x for a whole y of its length: its prefix's pairs
+            offer(above, moved, b, x, y, -1, 0);
+            continue;
+          }
           const int64_t lz = lx - ly;
+          const double pairs = above + static_cast<double>(ly) * static_cast<double>(lz);
           // x for y and a whole z of lz tokens: len(y) len(z) pairs, no KV.
           auto it = std::lower_bound(by_len.begin(), by_len.end(), lz,
                                      [&](int32_t s, int64_t len) { return pieces[s].len < len; });
           while (it != by_len.end() && pieces[*it].len == lz && *it == y) ++it;
           if (it != by_len.end() && pieces[*it].len == lz) {
-            offer(static_cast<double>(ly) * static_cast<double>(lz), 0, b, x, y, *it, 0);
+            offer(pairs, moved, b, x, y, *it, 0);
           }
           // x for y and the lz-token head of a longer whole z (>= m tokens
           // each side): len(y) lz pairs, lz tokens more to move.
@@ -364,22 +383,29 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
               [&](int32_t s, int64_t len) { return pieces[s].len < len; });
           while (longer != by_len.end() && *longer == y) ++longer;
           if (longer != by_len.end()) {
-            offer(static_cast<double>(ly) * static_cast<double>(lz), lz, b, x, y, *longer, lz);
+            offer(pairs, moved + lz, b, x, y, *longer, lz);
           }
         }
-      }
+      };
+      for (int32_t x : whole[a]) try_x(x, false);
+      for (int32_t x : cut[a]) try_x(x, true);
     }
     if (best_b < 0) break;
-    const double shift = best_head == 0 ? static_cast<double>(pieces[best_y].len) *
-                                              static_cast<double>(pieces[best_z].len)
-                                        : static_cast<double>(pieces[best_y].len) *
-                                              static_cast<double>(best_head);
-    workload[a] -= shift;
-    workload[best_b] += shift;
+    workload[a] -= best_shift;
+    workload[best_b] += best_shift;
     pieces[best_x].rank = best_b;
     pieces[best_y].rank = a;
-    std::replace(whole[a].begin(), whole[a].end(), best_x, best_y);
-    std::replace(whole[best_b].begin(), whole[best_b].end(), best_y, best_x);
+    if (pieces[best_x].len == batch.doc_lens[pieces[best_x].doc]) {
+      std::replace(whole[a].begin(), whole[a].end(), best_x, best_y);
+      std::replace(whole[best_b].begin(), whole[best_b].end(), best_y, best_x);
+    } else {
+      cut[a].erase(std::find(cut[a].begin(), cut[a].end(), best_x));
+      cut[best_b].push_back(best_x);
+      whole[a].push_back(best_y);
+      whole[best_b].erase(std::find(whole[best_b].begin(), whole[best_b].end(), best_y));
+    }
+    changed = true;
+    if (best_z < 0) continue;  // x for y alone
     whole[best_b].erase(std::find(whole[best_b].begin(), whole[best_b].end(), best_z));
     if (best_head == 0) {
       pieces[best_z].rank = a;
@@ -390,8 +416,11 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
       Shard& tail = pieces[best_z];  // push_back may have moved it
       tail.start = best_head;
       tail.len -= best_head;
+      if (move_cut) {
+        cut[a].push_back(static_cast<int32_t>(pieces.size()) - 1);
+        cut[best_b].push_back(best_z);
+      }
     }
-    changed = true;
   }
   if (!changed) return plan;
   return FinishPlan(batch, std::move(pieces));

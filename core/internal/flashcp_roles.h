@@ -1,8 +1,8 @@
 // flashcp's repairs of a finished plan (docs/planner.md, "Least KV moved"),
 // each keeping every rank's tokens: role swaps, which lower the targeted
 // exchange by changing which of a cut document's ranks holds which of its
-// pieces, and balancing exchanges of whole documents, which lower the
-// heaviest rank's workload.
+// pieces, and balancing exchanges of whole documents (and cut pieces),
+// which lower the heaviest rank's workload.
 #ifndef FLASHCP_CORE_INTERNAL_FLASHCP_ROLES_H_
 #define FLASHCP_CORE_INTERNAL_FLASHCP_ROLES_H_
 
@@ -47,9 +47,16 @@ Plan SwapRolesForTargeted(const Batch& batch, const Plan& plan, double max_workl
 // (ties: fewer tokens cut, then the lighter partner, then x, y, z in plan
 // order), only if that is below A's; stops when A is at or under
 // `max_workload`, when no exchange lowers A, or after max_moves steps.
-// Documents already cut are not touched. `plan` must be valid.
+// Without move_cut, documents already cut are not touched. `plan` must be
+// valid.
+//
+// With move_cut, x may also be a piece of a cut document (of len(x) tokens
+// from its position p): it moves len(x) p pairs more (its prefix's), and
+// for a y of exactly its length that alone (no z); its tokens count as cut
+// (its KV now comes from or goes to B).
 Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_workload,
-                             int32_t partners, int32_t max_moves, int64_t min_shard);
+                             int32_t partners, int32_t max_moves, int64_t min_shard,
+                             bool move_cut = false);
 
 }  // namespace flashcp::core::internal
 
