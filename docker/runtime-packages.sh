@@ -42,4 +42,4 @@ while read -r name path; do
   pkgs[${owner%%:*}]=1
 done < <(ldd "$@" | awk '$2 == "=>" { print $1, ($3 == "not" ? "not found" : $3) }')
 ((fail == 0)) || exit 1
-printf '%s\n' "${!pkgs[@]}" | sort
+if ((${#pkgs[@]})); then printf '%s\n' "${!pkgs[@]}" | sort; fi
