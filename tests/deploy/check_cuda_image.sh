@@ -47,11 +47,12 @@ if [[ -z $image ]]; then
   trap 'rm -rf "$ctx"' EXIT
   git archive HEAD | tar -x -C "$ctx"
   cp docker/worker-cuda.Dockerfile.dockerignore "$ctx/.dockerignore"
-  log "building $image from HEAD $(git rev-parse --short HEAD) with ${engine[*]} (log: $ctx/build.log)"
+  build_log=${FLASHCP_IMAGE_BUILD_LOG:-/tmp/flashcp-cuda-image-build.log}
+  log "building $image from HEAD $(git rev-parse --short HEAD) with ${engine[*]} (log: $build_log)"
   start=$SECONDS
   if ! "${engine[@]}" build "${build_args[@]}" --network=host --build-arg JOBS="${JOBS:-2}" \
-      -f "$ctx/docker/worker-cuda.Dockerfile" -t "$image" "$ctx" >"$ctx/build.log" 2>&1; then
-    tail -40 "$ctx/build.log" >&2
+      -f "$ctx/docker/worker-cuda.Dockerfile" -t "$image" "$ctx" >"$build_log" 2>&1; then
+    tail -40 "$build_log" >&2
     log "FAIL: the image did not build"
     exit 1
   fi
