@@ -24,7 +24,7 @@ if [[ $kind == devel ]]; then pins=("${common[@]}" "${devel[@]}"); else pins=("$
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # --target installs outside any Python environment; --no-deps: the pins above are the whole set.
-python3 -m pip install --disable-pip-version-check -q --no-cache-dir --no-deps \
+python3 -m pip install --disable-pip-version-check --root-user-action=ignore -q --no-cache-dir --no-deps \
   --only-binary=:all: --target "$tmp/site" "${pins[@]}"
 mkdir -p "$prefix"
 # The wheels share the tree nvidia/<part>/{bin,include,lib,nvvm} (parts cu13, cudnn, nccl).
@@ -50,8 +50,8 @@ if [[ $kind == devel ]]; then
   ln -sfn ../../lib targets/x86_64-linux/lib
   "$prefix/bin/nvcc" --version | tail -n 2 >&2
 else
-  # Nothing loads these: cuDNN opens libcublasLt only, and the .alt NVRTC is an ABI variant
-  # that neither cuDNN nor the worker names (about 170 MB together).
-  rm -f libcublas.so.* libnvblas.so.* libnvrtc.alt.so.* libnvrtc-builtins.alt.so.*
+  # Nothing loads these: cuDNN opens libcublasLt only, the .alt NVRTC is an ABI variant that
+  # neither cuDNN nor the worker names (about 170 MB together), and *.a are for linking.
+  rm -f libcublas.so.* libnvblas.so.* libnvrtc.alt.so.* libnvrtc-builtins.alt.so.* ./*.a
 fi
 echo "cuda-wheels: $kind (${pins[*]}) in $prefix: $(du -sh "$prefix" | cut -f1)" >&2

@@ -14,9 +14,7 @@ ARG RUNTIME_IMAGE=debian:12-slim
 
 FROM ${BUILD_IMAGE} AS build
 ARG JOBS=
-# Warnings as errors is CI's Debug build; this Release CUDA configuration is the one
-# tests/gpu/device_check.sh builds, with OFF too: an -O3 warning must not sink an image build.
-ARG FLASHCP_WERROR=OFF
+ARG FLASHCP_WERROR=ON
 # 90 = Hopper (H100/H200).
 ARG CUDA_ARCHITECTURES=90
 WORKDIR /src

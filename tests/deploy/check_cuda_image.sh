@@ -86,20 +86,21 @@ for lib in libcudart.so.13 libcudnn.so.9 libnccl.so.2 libnvrtc.so.13; do
   grep -q "$lib => /usr/local/cuda[-0-9.]*/lib/$lib" <<<"$libs" || bad "$lib does not resolve to /usr/local/cuda-13.0/lib"
 done
 
-tests=$(run --entrypoint /bin/ls "$image" /usr/local/libexec/flashcp/gpu-tests/)
+tests=$(run --entrypoint /bin/ls "$image" /usr/local/libexec/flashcp/gpu-tests/ 2>&1) ||
+  { bad "no GPU tests in the image: $tests"; tests=; }
 want="worker_cuda_attention_test worker_cuda_communicator_test worker_cuda_cp_step_test worker_cuda_rank_backend_test"
 [[ $(echo $tests) == "$want" ]] || bad "GPU tests in the image: '$(echo $tests)', want '$want'"
 for t in $tests; do
   rc=0
   out=$(run --entrypoint "/usr/local/libexec/flashcp/gpu-tests/$t" "$image" 2>&1) || rc=$?
   skipped=$(grep -c '^\[  SKIPPED \] .*(' <<<"$out" || true)
-  summary=$(grep -E '^\[  (PASSED|SKIPPED|FAILED) \] [0-9]+ test' <<<"$out" | tr '\n' ' ')
+  summary=$(grep -oE '^\[  (PASSED|SKIPPED|FAILED) *\] [0-9]+ tests?' <<<"$out" | tr -s ' []' ' ' | paste -sd, -)
   if ((rc != 0)) || ((skipped == 0)) || ! grep -q 'needs a CUDA device' <<<"$out" ||
       grep -q '^\[  FAILED  \]' <<<"$out"; then
     bad "$t: exit $rc, not a clean skip:"
     echo "$out" | tail -30 >&2
   else
-    log "$t: exit 0, $summary($(grep -m1 -o 'needs a CUDA device: .*' <<<"$out"))"
+    log "$t: exit 0,$summary ($(grep -m1 -o 'needs a CUDA device: .*' <<<"$out"))"
   fi
 done
 
