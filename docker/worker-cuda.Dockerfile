@@ -3,7 +3,7 @@
 # cuDNN 9 and NCCL come from NVIDIA's pinned PyPI wheels (docker/cuda-wheels.sh), the compiler
 # (nvcc) for the build stage, the shared libraries for the runtime stage. No NVIDIA registry or
 # apt repository is needed. The GPU driver (libcuda) comes from the node through the NVIDIA
-# container runtime; the host needs driver 580.65.06 or newer (CUDA 13.0, docker/README.md).
+# container runtime; the host needs driver branch R580 or newer (CUDA 13.x, docker/README.md).
 # The image also carries the GPU test binaries (ctest label gpu), a node's self-test.
 #
 #   docker build -f docker/worker-cuda.Dockerfile -t flashcp/worker-cuda:dev .   # from the repo root
