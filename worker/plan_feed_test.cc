@@ -28,7 +28,7 @@ PlanFeed::Config FeedConfig(int64_t count, absl::Duration timeout) {
   return {.dataset = core::Dataset::kPile, .context = 4096, .cp_size = 4, .strategy = "flashcp",
           .target_imbalance = 0, .heads = 2, .head_dim = 32, .dtype_bytes = 4, .seed = 7,
           .first_batch = 3, .count = count, .prefetch = 2, .timeout = timeout,
-          .cost_profile = ""};
+          .cost_profile = "", .rank_speed = nullptr};
 }
 
 TEST(PlanFeedTest, ResumesFromTheFirstUndeliveredBatchAfterTheStreamBreaks) {
