@@ -18,7 +18,7 @@
 #        STEPS (40 per strategy), CONTEXT (4096), HEADS (2), HEAD_DIM (32),
 #        DATASET (pile), RANKS (4), CONFIGS ("llama3:full_kv per_doc:full_kv
 #        whole_doc:allgather flashcp:allgather flashcp:targeted
-#        flashcp:allgather:cpu-fp32"), CALIBRATION_STEPS (64: steps of a
+#        flashcp:allgather:cpu-fp32"), CALIBRATION_STEPS (80: steps of a
 #        configuration with a cost profile, so that the fit and then the rank
 #        speeds take over with steps to spare), TIMEOUT_S (60)
 set -euo pipefail
@@ -30,7 +30,7 @@ HEAD_DIM=${HEAD_DIM:-32}
 DATASET=${DATASET:-pile}
 RANKS=${RANKS:-4}
 TIMEOUT_S=${TIMEOUT_S:-60}
-CALIBRATION_STEPS=${CALIBRATION_STEPS:-64}
+CALIBRATION_STEPS=${CALIBRATION_STEPS:-80}
 CONFIGS=${CONFIGS:-llama3:full_kv per_doc:full_kv whole_doc:allgather flashcp:allgather flashcp:targeted flashcp:allgather:cpu-fp32}
 
 tmp=$(mktemp -d /tmp/flashcp-run.XXXXXX)

@@ -49,6 +49,29 @@ TEST(PlanFeedTest, ResumesFromTheFirstUndeliveredBatchAfterTheStreamBreaks) {
   EXPECT_EQ(planner->opened(), 3);
 }
 
+TEST(PlanFeedTest, EachRequestCarriesTheRankSpeedsOfWhenItWasMade) {
+  // The callback's answer changes after its second call: the first two
+  // requests carry none, the later ones the speeds.
+  auto planner =
+      std::make_shared<ScriptedPlanner>(/*broken_streams=*/0, /*answers_before_break=*/0);
+  const core::RealClock clock;
+  PlanFeed::Config config = FeedConfig(4, absl::Seconds(30));
+  config.cost_profile = "cpu-fp32";
+  int calls = 0;  // the feed's thread only
+  config.rank_speed = [&calls] {
+    return ++calls <= 2 ? std::vector<double>{} : std::vector<double>{1.0, 1.25, 0.75, 1.0};
+  };
+  PlanFeed feed(planner, config, &clock);
+  for (int64_t k = 0; k < 4; ++k) {
+    absl::StatusOr<std::optional<v1::PlanResponse>> next = feed.Next(absl::Seconds(30));
+    ASSERT_THAT(next.status(), IsOk()) << k;
+    ASSERT_TRUE(next->has_value()) << k;
+  }
+  const std::vector<double> none, speeds = {1.0, 1.25, 0.75, 1.0};
+  EXPECT_EQ(planner->request_rank_speeds(),
+            (std::vector<std::vector<double>>{none, none, speeds, speeds}));
+}
+
 TEST(PlanFeedTest, GivesUpWithUnavailableAfterTheTimeoutWithoutPlans) {
   // Every stream breaks at once; the feed reconnects after a backoff of the
   // clock's time, which only the test moves.
