@@ -203,9 +203,9 @@ TEST(KvGroupsPropertyTest, CandidatesAreValidAndKeptOnlyWhenBetter) {
     }
   }
   // The property is not vacuous: of 3000 batches, 6418 candidates built
-  // and 644 plans replacing Per-Doc's (at this seed).
+  // and 524 plans replacing Per-Doc's (at this seed).
   EXPECT_GT(built, 5000);
-  EXPECT_GT(replaced, 500);
+  EXPECT_GT(replaced, 400);
 }
 
 }  // namespace

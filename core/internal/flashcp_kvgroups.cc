@@ -287,6 +287,7 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
       out.resize(out_size);
       out.insert(out.end(), attempt.begin(), attempt.end());
     }
+    if (peak <= options.max_work) break;  // within R: no pass does better
     for (int32_t r = 0; r < n; ++r) moved[r] = work[r] - group_work[r] - whole[r];
   }
   return best_max < std::numeric_limits<double>::infinity();
