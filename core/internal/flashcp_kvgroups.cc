@@ -295,7 +295,9 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
 
 absl::StatusOr<Plan> PreferKvGroups(const Batch& batch, const FlashCpOptions& options,
                                     Plan chosen) {
-  const size_t count = batch.cp_size <= 8 ? kKvGroupsSmall : std::size(kKvGroupParams);
+  const size_t count = batch.cp_size <= 8    ? kKvGroupsSmall
+                       : batch.cp_size > 16 ? kKvGroupsLarge
+                                            : std::size(kKvGroupParams);
   return PreferKvGroupsOf(batch, options, std::move(chosen),
                           std::vector<KvGroupParams>(kKvGroupParams, kKvGroupParams + count));
 }

@@ -76,13 +76,15 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
                                       Plan chosen, const std::vector<KvGroupParams>& params);
 
 // The candidates, in the order tried: at N <= 8 the first kKvGroupsSmall
-// (the plan-time budget there is 1 ms), else all; of those within reach,
+// (the plan-time budget there is 1 ms), beyond 16 ranks the first
+// kKvGroupsLarge (20 ms at N = 64), else all; of those within reach,
 // the one (N <= 8) or two that move least raw are repaired and judged.
 // Deal-level-equalize passes stop at the first within R.
 inline constexpr KvGroupParams kKvGroupParams[] = {
     {1.0, 2.0, 0.0}, {1.0, 1.0, 0.0}, {0.98, 1.0, 0.0}, {1.0, 1.3, 0.0}, {0.98, 1.6, 0.0},
     {1.0, 1.6, 0.0}};
 inline constexpr size_t kKvGroupsSmall = 1;
+inline constexpr size_t kKvGroupsLarge = 4;
 // Deal-level-equalize passes per candidate (KvGroupPieces).
 inline constexpr int kKvGroupPasses = 3;
 
