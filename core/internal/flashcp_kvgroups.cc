@@ -1,0 +1,375 @@
+// flashcp's capacity groups (flashcp_kvgroups.h).
+#include "core/internal/flashcp_kvgroups.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <limits>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "core/analysis.h"
+#include "core/internal/flashcp_repair.h"
+#include "core/internal/flashcp_roles.h"
+#include "core/internal/flashcp_score.h"
+#include "core/internal/flashcp_util.h"
+#include "core/internal/strategies_internal.h"
+#include "core/status_macros.h"
+
+namespace flashcp::core::internal {
+
+bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGroupParams& params,
+                   std::vector<Shard>& out) {
+  const int32_t n = batch.cp_size;
+  const std::vector<int32_t>& order = options.order;
+  const int64_t total = TotalTokens(batch.doc_lens);
+  const int64_t per_rank = TokensPerRank(total, n);
+  const int64_t m = std::max<int64_t>(options.min_shard, 1);
+  const double budget = params.alpha * options.mean_work;
+  // Suffix sums over `order`: pairs and tokens of order[h..].
+  const size_t docs = order.size();
+  std::vector<double> suffix_work(docs + 1, 0.0);
+  std::vector<int64_t> suffix_tokens(docs + 1, 0);
+  for (size_t h = docs; h-- > 0;) {
+    const int64_t len = batch.doc_lens[order[h]];
+    suffix_work[h] = suffix_work[h + 1] + RangeWorkload(0, len);
+    suffix_tokens[h] = suffix_tokens[h + 1] + len;
+  }
+  // rho of the whole documents order[h..] where `free_ranks` ranks hold
+  // none of the cut ones: those take C/N tokens and the mean pairs each of
+  // them, the grouped ranks the rest.
+  const auto density = [&](size_t h, int64_t free_ranks) {
+    const double work = suffix_work[h] - static_cast<double>(free_ranks) * options.mean_work;
+    const double tokens = static_cast<double>(suffix_tokens[h] - free_ranks * per_rank);
+    return tokens > 0 && work > 0 ? params.rho_scale * work / tokens : 0.0;
+  };
+  // The cut documents: the longest while a document is longer than C/N or
+  // over the budget in effective pairs (rho over the documents after it);
+  // rho and the number of ranks the groups need found together (a few
+  // rounds of: rho given the free ranks, the groups' ranks given rho).
+  size_t cut = 0;
+  double rho = 0;
+  int64_t free_ranks = 0;
+  for (int round = 0; round < 3; ++round) {
+    rho = 0;
+    for (cut = 0; cut < docs; ++cut) {
+      const int64_t len = batch.doc_lens[order[cut]];
+      const double r = density(cut + 1, free_ranks);
+      const double effective = RangeWorkload(0, len) - r * static_cast<double>(len);
+      if (len <= per_rank && effective <= budget - r * static_cast<double>(per_rank)) break;
+    }
+    if (cut == 0) return false;  // nothing to group: the Whole-Doc plans cover it
+    rho = density(cut, free_ranks);
+    const double cap = budget - rho * static_cast<double>(per_rank);
+    if (cap <= 0) return false;
+    double need = 0;
+    for (size_t h = 0; h < cut; ++h) {
+      const int64_t len = batch.doc_lens[order[h]];
+      need += (RangeWorkload(0, len) - rho * static_cast<double>(len)) / cap;
+    }
+    const int64_t next = std::max<int64_t>(0, n - static_cast<int64_t>(std::ceil(need)));
+    if (next == free_ranks) break;
+    free_ranks = next;
+  }
+  const double capacity = budget - rho * static_cast<double>(per_rank);
+  if (capacity <= 0) return false;
+  const double lpt_rho = params.lpt_scale * options.median_density;
+
+  const size_t out_size = out.size();
+  const std::vector<int64_t> targets = RankTargets(batch);
+  std::vector<int64_t> room = targets;
+  std::vector<double> workload(n, 0.0);
+  std::vector<double> left(n, capacity);  // effective pairs still free per rank
+  std::vector<int32_t> ranks(n);
+  struct Pair {
+    int32_t rank;
+    int64_t len;  // tokens of each of its two chunks
+  };
+  // Per cut document (order[h], h < cut), its ranks and pair lengths.
+  std::vector<std::vector<Pair>> groups(cut);
+  // Deals each cut document's pairs to the ranks with the most `free`
+  // (pairs less r_rho x tokens still free), as long as each rank's `free`
+  // and `space` (tokens) allow, adding to `work`; false where some document
+  // does not fit.
+  const auto assign = [&](double r_rho, std::vector<double>& free, std::vector<int64_t>& space,
+                          std::vector<double>& work) {
+    for (size_t h = 0; h < cut; ++h) {
+      const int64_t len = batch.doc_lens[order[h]];
+      const int64_t odd = len % 2;
+      // Pairs less r_rho x tokens per token of a pair's length (a pair of l
+      // tokens each side: l (L + 1) pairs, 2 l tokens).
+      const double unit = std::max(1.0, static_cast<double>(len + 1) - 2.0 * r_rho);
+      std::iota(ranks.begin(), ranks.end(), 0);
+      std::stable_sort(ranks.begin(), ranks.end(),
+                       [&](int32_t x, int32_t y) { return free[x] > free[y]; });
+      std::vector<Pair>& group = groups[h];
+      group.clear();
+      int64_t remaining = len / 2;
+      for (int32_t r : ranks) {
+        if (remaining == 0) break;
+        // Room for both chunks and (should it be the innermost) the middle token.
+        const int64_t fit_room = (space[r] - odd) / 2;
+        int64_t take = std::min(
+            {static_cast<int64_t>(std::floor(std::max(0.0, free[r]) / unit)), fit_room,
+             remaining});
+        if (take < m) continue;
+        const int64_t rest = remaining - take;
+        if (rest > 0 && rest < m) {
+          take -= m - rest;  // leave the next rank a whole minimum shard
+          if (take < m) continue;
+        }
+        group.push_back(Pair{r, take});
+        remaining -= take;
+        const double pairs = static_cast<double>(take) * static_cast<double>(len + 1);
+        work[r] += pairs;
+        free[r] -= pairs - r_rho * static_cast<double>(2 * take);
+        space[r] -= 2 * take;
+      }
+      if (remaining > 0 || group.empty()) return false;
+      if (odd != 0) {  // the middle token: with the shortest pair
+        space[std::min_element(group.begin(), group.end(),
+                              [](const Pair& x, const Pair& y) { return x.len < y.len; })
+                 ->rank] -= 1;
+      }
+    }
+    return true;
+  };
+  // A first deal, by rho's guess, only steers LPT below: where some document
+  // does not fit it, what was dealt still does.
+  assign(rho, left, room, workload);
+  for (int64_t& r : room) r = std::max<int64_t>(r, 0);
+  // The rest whole by LPT into the room left.
+  const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(cut), order.end());
+  WholeDocScratch scratch;
+  WholeDocPlacement placement;
+  PlaceWholeDocs(batch, rest, room, lpt_rho, workload, placement, scratch);
+  std::vector<double> whole(n, 0.0);
+  for (int32_t r = 0; r < n; ++r) {
+    for (int32_t d : placement.held[r]) whole[r] += RangeWorkload(0, batch.doc_lens[d]);
+  }
+  // Passes: the groups dealt again, now that the whole documents' pairs per
+  // rank are known (rho no longer guessed), within R x mean and each rank's
+  // tokens, then levelled, then the tokens equalized (by heads). Each pass
+  // after the first knows what the last one's equalization added to or
+  // took from each rank (`moved`, pairs) and deals and levels with it; the
+  // pass with the least maximum rank workload is kept.
+  std::vector<double> moved(n, 0.0), work(n), group_work(n);
+  std::vector<int64_t> group_tokens(n), needed(n);
+  std::vector<double> base;
+  std::vector<int64_t> hi;
+  std::vector<Shard> attempt;
+  double best_max = std::numeric_limits<double>::infinity();
+  for (int pass = 0; pass < kKvGroupPasses; ++pass) {
+    for (int32_t r = 0; r < n; ++r) {
+      left[r] = options.max_work - whole[r] - moved[r];
+      room[r] = targets[r];
+      work[r] = whole[r] + moved[r];
+    }
+    if (!assign(0.0, left, room, work)) break;
+    // Levelling: each group's pair lengths again, so that its ranks end
+    // level (a pair of l tokens is l (L + 1) pairs wherever it sits, so
+    // lengths move workload between the group's ranks at 2 tokens per
+    // L + 1 pairs); the token counts this changes go back by equalization.
+    // Three rounds, as groups share ranks.
+    // Per rank its pairs' tokens, and a token more for each odd document it
+    // is in (whichever pair ends innermost takes the middle one).
+    std::fill(group_tokens.begin(), group_tokens.end(), 0);
+    for (size_t h = 0; h < cut; ++h) {
+      const int64_t odd = batch.doc_lens[order[h]] % 2;
+      for (const Pair& p : groups[h]) group_tokens[p.rank] += 2 * p.len + odd;
+    }
+    for (int round = 0; round < 3; ++round) {
+      for (size_t h = 0; h < cut; ++h) {
+        std::vector<Pair>& group = groups[h];
+        const int64_t len = batch.doc_lens[order[h]];
+        const int64_t odd = len % 2;
+        const double per = static_cast<double>(len + 1);
+        const int64_t half = len / 2;
+        base.clear();
+        hi.clear();
+        int64_t hi_sum = 0;
+        bool fits = true;
+        for (const Pair& p : group) {
+          base.push_back(work[p.rank] - static_cast<double>(p.len) * per);
+          const int64_t other = group_tokens[p.rank] - 2 * p.len - odd;
+          hi.push_back((targets[p.rank] - other - odd) / 2);
+          fits = fits && hi.back() >= m;
+          hi_sum += hi.back();
+        }
+        if (!fits || hi_sum < half) continue;
+        const auto length = [&](size_t i, double level) {
+          return std::clamp((level - base[i]) / per, static_cast<double>(m),
+                            static_cast<double>(hi[i]));
+        };
+        const auto total_at = [&](double level) {
+          double sum = 0;
+          for (size_t i = 0; i < group.size(); ++i) sum += length(i, level);
+          return sum;
+        };
+        double lo_level = *std::min_element(base.begin(), base.end());
+        double hi_level =
+            *std::max_element(base.begin(), base.end()) + per * static_cast<double>(half);
+        for (int it = 0; it < 60; ++it) {
+          const double mid = 0.5 * (lo_level + hi_level);
+          (total_at(mid) < static_cast<double>(half) ? lo_level : hi_level) = mid;
+        }
+        int64_t sum = 0;
+        for (size_t i = 0; i < group.size(); ++i) {
+          group_tokens[group[i].rank] -= 2 * group[i].len;
+          group[i].len = static_cast<int64_t>(std::floor(length(i, hi_level)));
+          sum += group[i].len;
+        }
+        // Rounding: the tokens short go one each to the ranks below their
+        // cap, those over come off ranks above the minimum shard.
+        for (size_t i = 0; sum < half; i = (i + 1) % group.size()) {
+          if (group[i].len < hi[i]) {
+            ++group[i].len;
+            ++sum;
+          }
+        }
+        for (size_t i = 0; sum > half; i = (i + 1) % group.size()) {
+          if (group[i].len > m) {
+            --group[i].len;
+            --sum;
+          }
+        }
+        for (size_t i = 0; i < group.size(); ++i) {
+          const Pair& p = group[i];
+          work[p.rank] = base[i] + static_cast<double>(p.len) * per;
+          group_tokens[p.rank] += 2 * p.len;
+        }
+      }
+    }
+    // Emit the groups: longest pair outermost (ties: the order taken), the
+    // middle token of an odd document with the innermost pair.
+    attempt.clear();
+    std::fill(group_tokens.begin(), group_tokens.end(), 0);
+    std::fill(group_work.begin(), group_work.end(), 0.0);
+    for (size_t h = 0; h < cut; ++h) {
+      std::vector<Pair>& group = groups[h];
+      const int32_t d = order[h];
+      const int64_t len = batch.doc_lens[d];
+      std::stable_sort(group.begin(), group.end(),
+                       [](const Pair& x, const Pair& y) { return x.len > y.len; });
+      int64_t front = 0, back = len;
+      for (const Pair& p : group) {
+        attempt.push_back(Shard{d, front, p.len, p.rank});
+        attempt.push_back(Shard{d, back - p.len, p.len, p.rank});
+        group_work[p.rank] += RangeWorkload(front, p.len) + RangeWorkload(back - p.len, p.len);
+        group_tokens[p.rank] += 2 * p.len;
+        front += p.len;
+        back -= p.len;
+      }
+      if (back > front) {
+        const int32_t r = group.back().rank;
+        attempt.push_back(Shard{d, front, back - front, r});
+        group_work[r] += RangeWorkload(front, back - front);
+        group_tokens[r] += back - front;
+      }
+    }
+    bool over = false;  // some rank holds more group tokens than its target
+    for (int32_t r = 0; r < n; ++r) {
+      needed[r] = targets[r] - group_tokens[r];
+      work[r] = group_work[r] + whole[r];
+      over = over || needed[r] < 0;
+    }
+    if (over) break;
+    WholeDocPlacement equalized = placement;
+    EqualizeWholeDocs(batch, needed, equalized, work, attempt,
+                      WholeDocOptions{lpt_rho, true, m, 4 * m}, scratch);
+    AppendHeldWhole(batch, equalized, attempt);
+    const double peak = *std::max_element(work.begin(), work.end());
+    if (peak < best_max) {
+      best_max = peak;
+      out.resize(out_size);
+      out.insert(out.end(), attempt.begin(), attempt.end());
+    }
+    if (peak <= options.max_work) break;  // within R: no pass does better
+    for (int32_t r = 0; r < n; ++r) moved[r] = work[r] - group_work[r] - whole[r];
+  }
+  return best_max < std::numeric_limits<double>::infinity();
+}
+
+absl::StatusOr<Plan> PreferKvGroups(const Batch& batch, const FlashCpOptions& options,
+                                    Plan chosen) {
+  const size_t count = batch.cp_size <= 8    ? kKvGroupsSmall
+                       : batch.cp_size > 16 ? kKvGroupsLarge
+                                            : std::size(kKvGroupParams);
+  return PreferKvGroupsOf(batch, options, std::move(chosen),
+                          std::vector<KvGroupParams>(kKvGroupParams, kKvGroupParams + count));
+}
+
+absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& options,
+                                      Plan chosen, const std::vector<KvGroupParams>& params) {
+  const int32_t n = batch.cp_size;
+  if (n <= 2) return chosen;  // at N = 2 a cut document moves the same either way
+  const PlanScore chosen_score = ScorePlan(chosen);
+  if (chosen_score.cut_docs == 0) return chosen;  // nothing is exchanged to begin with
+  const double target = options.target;
+  const int64_t m = options.min_shard;
+  const int64_t chosen_slivers = m > 1 ? CountSlivers(chosen, m) : 0;
+  const Exchange reference = Measure(chosen, chosen_score);
+  int64_t best = reference.cheaper();
+  // A raw candidate further than this off the target, or moving more than
+  // this times the best so far (at N <= 8 also under the all-gather, than
+  // `chosen`), is dropped before its repairs (which cost
+  // far more than building it and seldom close such gaps).
+  constexpr double kReach = 1.1;
+  constexpr int32_t kPartners = 8;  // lightest ranks a balancing exchange tries
+  // Raw candidates repaired per plan (the plan-time budget: 1 ms at N = 8).
+  const size_t max_repaired = n <= 8 ? 1 : 2;
+  // Raw candidates, each built and scored once (cheap next to the repairs
+  // below); only the max_repaired that move least go on.
+  struct Raw {
+    int64_t targeted;
+    std::vector<Shard> pieces;
+    Plan plan;
+    PlanScore score;
+  };
+  std::vector<Raw> raws;
+  for (const KvGroupParams& p : params) {
+    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
+    std::vector<Shard> pieces;
+    if (!KvGroupPieces(batch, options, p, pieces)) continue;
+    Plan plan = FinishPlan(batch, pieces);
+    const PlanScore score = ScorePlan(plan);
+    const int64_t targeted = TargetedPhaseBottleneck(plan);
+    if (score.imbalance > kReach * target ||
+        static_cast<double>(targeted) > kReach * static_cast<double>(best) ||
+        (n <= 8 && static_cast<double>(score.max_nonlast * (n - 1)) >
+                       kReach * static_cast<double>(reference.allgather))) {
+      continue;
+    }
+    raws.push_back(Raw{targeted, std::move(pieces), std::move(plan), score});
+  }
+  std::stable_sort(raws.begin(), raws.end(),
+                   [](const Raw& a, const Raw& b) { return a.targeted < b.targeted; });
+  if (raws.size() > max_repaired) raws.resize(max_repaired);
+  for (Raw& raw : raws) {
+    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
+    Plan plan = std::move(raw.plan);
+    PlanScore score = raw.score;
+    if (m > 1 && CountSlivers(plan, m) > 0) {
+      plan = FinishPlan(batch, RepairSlivers(batch, std::move(raw.pieces), m, options.max_work));
+      score = ScorePlan(plan);
+    }
+    if (score.imbalance > target) {
+      plan = BalanceByWholeExchanges(batch, plan, options.max_work, kPartners, 4 * n, m);
+      score = ScorePlan(plan);
+      if (score.imbalance > target) continue;
+    }
+    if (m > 1 && CountSlivers(plan, m) > chosen_slivers) continue;
+    plan = SwapRolesForTargeted(batch, plan, options.max_work, n);
+    const Exchange exchange = Measure(plan, ScorePlan(plan));
+    if (exchange.cheaper() >= best) continue;
+    if (n <= 8 && exchange.allgather > reference.allgather) continue;
+    best = exchange.cheaper();
+    chosen = std::move(plan);
+  }
+  return chosen;
+}
+
+}  // namespace flashcp::core::internal
