@@ -176,14 +176,16 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
 }
 
 // `groups` completed with the rest Whole-Doc at `rho`: GroupedPieces' pieces.
+// `scratch`: WholeDocPieces' buffers, reused across calls.
 std::vector<Shard> WithWholeRest(const Batch& batch, const std::vector<int32_t>& order,
-                                 const Groups& groups, double rho, int64_t m) {
+                                 const Groups& groups, double rho, int64_t m,
+                                 WholeDocScratch& scratch) {
   std::vector<Shard> out = groups.pieces;
   std::vector<int64_t> room = groups.room;
   std::vector<double> workload = groups.workload;
   const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(groups.rest),
                                   order.end());
-  WholeDocPieces(batch, rest, room, workload, out, WholeDocOptions{rho, true, m, 4 * m});
+  WholeDocPieces(batch, rest, room, workload, out, WholeDocOptions{rho, true, m, 4 * m}, scratch);
   return out;
 }
 
@@ -194,7 +196,8 @@ bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double
                    std::vector<Shard>& out) {
   Groups groups;
   if (!GroupDocuments(batch, order, group_bound, m, ranks_per_node, filled, groups)) return false;
-  std::vector<Shard> pieces = WithWholeRest(batch, order, groups, rho, m);
+  WholeDocScratch scratch;
+  std::vector<Shard> pieces = WithWholeRest(batch, order, groups, rho, m, scratch);
   out.insert(out.end(), pieces.begin(), pieces.end());
   return true;
 }
@@ -216,6 +219,7 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
   // Beyond 8 ranks the filled groups (GroupedPieces), at bounds nearer R.
   const bool filled = n > 8;
   Groups groups;
+  WholeDocScratch scratch;  // reused by every candidate
   for (double bound : filled ? FlashCpOptions::kFilledGroupBounds : FlashCpOptions::kGroupBounds) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
     // The groups do not depend on the scale: found once per bound.
@@ -225,7 +229,8 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
     }
     for (double scale : FlashCpOptions::kScales) {
       FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-      pieces = WithWholeRest(batch, options.order, groups, scale * options.median_density, m);
+      pieces =
+          WithWholeRest(batch, options.order, groups, scale * options.median_density, m, scratch);
       if (m > 1) pieces = RepairSlivers(batch, std::move(pieces), m, options.max_work);
       Plan plan = FinishPlan(batch, std::move(pieces));
       pieces = {};
