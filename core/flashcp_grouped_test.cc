@@ -36,14 +36,14 @@ TEST(GroupedPiecesTest, FilledGroupsLeaveRoomForTheRest) {
   const Batch batch{(*batches)[1], 64};
   const PlanOptions options;
   const internal::FlashCpOptions o = internal::FlashCpOptions::For(batch, options);
-  const auto imbalance = [&](bool filled) {
+  const auto imbalance = [&](double small_share) {
     std::vector<Shard> pieces;
-    EXPECT_TRUE(internal::GroupedPieces(batch, o.order, o.max_work, 0.0, o.min_shard, 0, filled,
-                                        pieces));
+    EXPECT_TRUE(internal::GroupedPieces(batch, o.order, o.max_work, 0.0, o.min_shard, 0,
+                                        small_share, pieces));
     return internal::ScorePlan(internal::FinishPlan(batch, std::move(pieces))).imbalance;
   };
-  EXPECT_NEAR(imbalance(false), 1.31446, 5e-5);
-  EXPECT_NEAR(imbalance(true), 1.01186, 5e-5);
+  EXPECT_NEAR(imbalance(0.0), 1.31446, 5e-5);
+  EXPECT_NEAR(imbalance(0.1), 1.01186, 5e-5);
 
   absl::StatusOr<Plan> compacted = internal::PlanFlashCpCompacted(batch, options);
   ASSERT_THAT(compacted, IsOk());

@@ -29,7 +29,8 @@ struct Groups {
 };
 
 bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
-                    int64_t m, int32_t ranks_per_node, bool filled, Groups& groups) {
+                    int64_t m, int32_t ranks_per_node, double small_share, Groups& groups) {
+  const bool filled = small_share > 0;
   const int32_t n = batch.cp_size;
   const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
   std::vector<Shard>& out = groups.pieces;
@@ -40,7 +41,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
   workload.assign(n, 0.0);
   std::vector<int32_t> ranks(n), group, node_order;
   std::vector<std::vector<int32_t>> by_node((n + per_node - 1) / per_node);
-  // filled: the documents of more than kSmallDocShare x group_bound pairs
+  // filled: the documents of more than small_share x group_bound pairs
   // (a prefix of `order`) are placed one by one, the rest (`small` on) by
   // WholeDocPieces; a rank's load is projected as its pairs plus its free
   // tokens at the small documents' density (pairs per token), what
@@ -52,7 +53,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
     double small_work = 0, small_tokens = 0;
     for (size_t i = 0; i < order.size(); ++i) {
       const int64_t l = batch.doc_lens[order[i]];
-      if (RangeWorkload(0, l) > FlashCpOptions::kSmallDocShare * group_bound) {
+      if (RangeWorkload(0, l) > small_share * group_bound) {
         small = i + 1;
         small_work = small_tokens = 0;
       } else {
@@ -192,10 +193,12 @@ std::vector<Shard> WithWholeRest(const Batch& batch, const std::vector<int32_t>&
 }  // namespace
 
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
-                   double rho, int64_t m, int32_t ranks_per_node, bool filled,
+                   double rho, int64_t m, int32_t ranks_per_node, double small_share,
                    std::vector<Shard>& out) {
   Groups groups;
-  if (!GroupDocuments(batch, order, group_bound, m, ranks_per_node, filled, groups)) return false;
+  if (!GroupDocuments(batch, order, group_bound, m, ranks_per_node, small_share, groups)) {
+    return false;
+  }
   WholeDocScratch scratch;
   std::vector<Shard> pieces = WithWholeRest(batch, order, groups, rho, m, scratch);
   out.insert(out.end(), pieces.begin(), pieces.end());
@@ -216,15 +219,21 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
       std::max<int32_t>(1, FlashCpOptions::kBalanceMoves / (2 * n));
   int32_t balanced = 0;
   std::vector<Shard> pieces;
-  // Beyond 8 ranks the filled groups (GroupedPieces), at bounds nearer R.
-  const bool filled = n > 8;
+  // (bound, small share) per variant; beyond 8 ranks the filled groups
+  // (GroupedPieces), at bounds nearer R.
+  std::vector<std::pair<double, double>> variants;
+  if (n > 8) {
+    variants.assign(FlashCpOptions::kFilledGroups.begin(), FlashCpOptions::kFilledGroups.end());
+  } else {
+    for (double bound : FlashCpOptions::kGroupBounds) variants.emplace_back(bound, 0.0);
+  }
   Groups groups;
   WholeDocScratch scratch;  // reused by every candidate
-  for (double bound : filled ? FlashCpOptions::kFilledGroupBounds : FlashCpOptions::kGroupBounds) {
+  for (const auto& [bound, small_share] : variants) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-    // The groups do not depend on the scale: found once per bound.
+    // The groups do not depend on the scale: found once per variant.
     if (!GroupDocuments(batch, options.order, bound * target * options.mean_work, m,
-                        options.ranks_per_node, filled, groups)) {
+                        options.ranks_per_node, small_share, groups)) {
       continue;
     }
     for (double scale : FlashCpOptions::kScales) {

@@ -30,10 +30,10 @@ namespace flashcp::core::internal {
 // to `out`; false where some group cannot be found or its zigzag chunks
 // would be shorter than `m`.
 //
-// With `filled` (beyond 8 ranks), a rank's load is projected as its pairs
-// plus its free tokens at the density (pairs per token) of the small
-// documents (at most kSmallDocShare x group_bound pairs each, left to
-// Whole-Doc): a rank holding a group's few dense tokens must still take its
+// With small_share > 0 (filled, beyond 8 ranks), a rank's load is
+// projected as its pairs plus its free tokens at the density (pairs per
+// token) of the small documents (at most small_share x group_bound pairs
+// each, left to Whole-Doc): a rank holding a group's few dense tokens must still take its
 // share of light ones. Every heavier document, longest first, then goes
 // whole to the rank of least projected load with room for it where that
 // keeps it within group_bound projected, else over a group chosen and sized
@@ -42,11 +42,11 @@ namespace flashcp::core::internal {
 // free, and the documents kept whole, placed after them by workload alone,
 // then push them over it.
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
-                   double rho, int64_t m, int32_t ranks_per_node, bool filled,
+                   double rho, int64_t m, int32_t ranks_per_node, double small_share,
                    std::vector<Shard>& out);
 
-// Over every group bound (kGroupBounds, beyond 8 ranks kFilledGroupBounds
-// with `filled` groups, x R * mean) and rho scale, the
+// Over every group bound (kGroupBounds x R * mean; beyond 8 ranks filled
+// groups at kFilledGroups' bounds and small shares) and rho scale, the
 // grouped plan, repaired, that meets the target, adds no sliver, and moves
 // less than `compacted` (ScorePlan's `compacted_score`) under its cheaper
 // exchange and, at N <= 8, no more under the all-gather: where the

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -50,11 +51,11 @@ struct FlashCpOptions {
   // (a smaller bound: larger groups, better balance, more to move).
   static constexpr std::array<double, 4> kGroupBounds = {1.0, 0.85, 0.7, 0.55};
   // Beyond 8 ranks, where groups are filled (a rank's free tokens projected
-  // at the small documents' density, flashcp_grouped.h): bounds nearer R,
-  // and what a document placed one by one weighs at least, as a share of
-  // the bound (the lighter ones go to WholeDocPieces).
-  static constexpr std::array<double, 4> kFilledGroupBounds = {1.0, 0.97, 0.93, 0.85};
-  static constexpr double kSmallDocShare = 0.1;
+  // at the small documents' density, flashcp_grouped.h): (bound, small
+  // share) per variant, bounds nearer R, a document being small where it
+  // weighs at most the share x the bound (then left to Whole-Doc).
+  static constexpr std::array<std::pair<double, double>, 4> kFilledGroups = {
+      {{1.0, 0.1}, {0.97, 0.1}, {0.93, 0.1}, {1.0, 0.2}}};
   // Balancing exchanges (flashcp_roles.h) beyond 8 ranks: the lightest ranks
   // tried, the imbalance / R a candidate is balanced from, and the moves per
   // plan (each call up to 2N), the planning-time budget.
