@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
-#include <tuple>
 #include <vector>
 
 #include "core/internal/flashcp_util.h"
@@ -47,13 +46,23 @@ struct RoleTable {
 RoleTable BuildRoles(const Plan& plan) {
   const int32_t n = plan.cp_size;
   RoleTable t;
-  // Shards by document, in document order.
+  // Shards by (document, start), a total order (a document's shards do not
+  // overlap): bucketed by document, then each document's few sorted by start.
   std::vector<int32_t> by_doc(plan.shards.size());
-  std::iota(by_doc.begin(), by_doc.end(), 0);
-  std::sort(by_doc.begin(), by_doc.end(), [&](int32_t a, int32_t b) {
-    return std::tie(plan.shards[a].doc, plan.shards[a].start) <
-           std::tie(plan.shards[b].doc, plan.shards[b].start);
-  });
+  {
+    std::vector<int32_t> begin(plan.doc_lens.size() + 1, 0);
+    for (const Shard& s : plan.shards) ++begin[s.doc + 1];
+    std::partial_sum(begin.begin(), begin.end(), begin.begin());
+    std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
+    for (size_t i = 0; i < plan.shards.size(); ++i) {
+      by_doc[fill[plan.shards[i].doc]++] = static_cast<int32_t>(i);
+    }
+    for (size_t d = 0; d + 1 < begin.size(); ++d) {
+      if (begin[d + 1] - begin[d] < 2) continue;
+      std::sort(by_doc.begin() + begin[d], by_doc.begin() + begin[d + 1],
+                [&](int32_t a, int32_t b) { return plan.shards[a].start < plan.shards[b].start; });
+    }
+  }
   t.send.assign(n, 0);
   t.recv.assign(n, 0);
   t.nonlast.assign(n, 0);
