@@ -213,15 +213,71 @@ double MaxOverMean(absl::Span<const double> v) {
   return mean > 0 ? max / mean : 1.0;
 }
 
-CostPrediction PredictCost(const CostCoefficients& c, absl::Span<const RankFeatures> ranks) {
+CostPrediction PredictCost(const CostCoefficients& c, absl::Span<const RankFeatures> ranks,
+                           absl::Span<const double> rank_speed) {
   CostPrediction p;
-  for (const RankFeatures& f : ranks) p.rank_cost.push_back(PredictRankCost(c, f));
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const double speed = r < rank_speed.size() ? rank_speed[r] : 1.0;
+    p.rank_cost.push_back(speed * PredictRankCost(c, ranks[r]));
+  }
   p.imbalance = MaxOverMean(p.rank_cost);
+  p.rank_speed.assign(rank_speed.begin(), rank_speed.end());
   return p;
 }
 
-CostPrediction PredictPlanCost(const CostCoefficients& c, const Plan& plan) {
-  return PredictCost(c, PlanRankFeatures(plan));
+CostPrediction PredictPlanCost(const CostCoefficients& c, const Plan& plan,
+                               absl::Span<const double> rank_speed) {
+  return PredictCost(c, PlanRankFeatures(plan), rank_speed);
+}
+
+absl::Status ValidateRankSpeeds(absl::Span<const double> rank_speed, int32_t cp_size,
+                                const CostCoefficients& cost) {
+  if (rank_speed.empty()) return absl::OkStatus();
+  if (IsPairsModel(cost)) {
+    return absl::InvalidArgumentError(
+        "rank_speed: needs a cost model other than pairs (cost_profile or cost)");
+  }
+  if (static_cast<int64_t>(rank_speed.size()) != cp_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank_speed: ", rank_speed.size(), " entries for ", cp_size, " ranks (give none or one per rank)"));
+  }
+  for (size_t r = 0; r < rank_speed.size(); ++r) {
+    const double v = rank_speed[r];
+    if (!std::isfinite(v) || v < kMinRankSpeed || v > kMaxRankSpeed) {
+      return absl::InvalidArgumentError(absl::StrCat("rank_speed[", r, "]: must be finite and in [",
+                                                     kMinRankSpeed, ", ", kMaxRankSpeed, "], got ", v));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<double> FitRankSpeeds(absl::Span<const std::vector<double>> measured,
+                                  absl::Span<const std::vector<double>> predicted) {
+  if (measured.empty() || measured.size() != predicted.size()) return {};
+  const size_t n = measured.front().size();
+  std::vector<double> m(n, 0.0), p(n, 0.0);
+  bool any = false;
+  for (size_t t = 0; t < measured.size(); ++t) {
+    if (measured[t].size() != n || predicted[t].size() != n) continue;
+    if (std::any_of(predicted[t].begin(), predicted[t].end(), [](double c) { return !(c > 0); })) {
+      continue;
+    }
+    for (size_t r = 0; r < n; ++r) {
+      m[r] += measured[t][r];
+      p[r] += predicted[t][r];
+    }
+    any = true;
+  }
+  if (!any) return {};
+  std::vector<double> ratio(n);
+  double mean = 0;
+  for (size_t r = 0; r < n; ++r) {
+    ratio[r] = m[r] / p[r];
+    mean += ratio[r] / static_cast<double>(n);
+  }
+  if (!(mean > 0) || !std::isfinite(mean)) return {};
+  for (double& x : ratio) x = std::clamp(x / mean, kMinRankSpeed, kMaxRankSpeed);
+  return ratio;
 }
 
 absl::Status ValidateCostSample(const CostSample& s) {

@@ -90,11 +90,40 @@ double PredictRankCost(const CostCoefficients& c, const RankFeatures& f);
 double MaxOverMean(absl::Span<const double> v);
 
 struct CostPrediction {
-  std::vector<double> rank_cost;  // per rank, the profile's units
+  std::vector<double> rank_cost;  // per rank, the profile's units (times rank_speed)
   double imbalance = 1.0;         // max / mean; 1 when the mean is 0
+  // The rank speeds applied (ValidateRankSpeeds); empty: all 1.
+  std::vector<double> rank_speed;
 };
-CostPrediction PredictPlanCost(const CostCoefficients& c, const Plan& plan);
-CostPrediction PredictCost(const CostCoefficients& c, absl::Span<const RankFeatures> ranks);
+// With `rank_speed` (ValidateRankSpeeds, not checked; empty: all 1), rank
+// r's cost is rank_speed[r] times the model's.
+CostPrediction PredictPlanCost(const CostCoefficients& c, const Plan& plan,
+                               absl::Span<const double> rank_speed = {});
+CostPrediction PredictCost(const CostCoefficients& c, absl::Span<const RankFeatures> ranks,
+                           absl::Span<const double> rank_speed = {});
+
+// Rank speeds: rank r of a group takes rank_speed[r] times the model's time
+// for its features (a per-process factor no plan feature explains: the
+// workers measure it, docs/workers.md "Calibration"); relative, so only
+// their ratios matter. Bounds on each one.
+inline constexpr double kMinRankSpeed = 0.5;
+inline constexpr double kMaxRankSpeed = 2.0;
+// InvalidArgument naming rank_speed (or rank_speed[r]) unless `rank_speed`
+// is empty, or has exactly `cp_size` entries, each finite and in
+// [kMinRankSpeed, kMaxRankSpeed], and `cost` is not the pairs model (which
+// nothing re-cuts for).
+absl::Status ValidateRankSpeeds(absl::Span<const double> rank_speed, int32_t cp_size,
+                                const CostCoefficients& cost);
+
+// Per-rank speeds from a window of measured steps: rank r's measured
+// seconds summed over `steps` over its predicted cost summed over the same
+// steps, divided by the mean of that ratio over the ranks, each clamped to
+// [kMinRankSpeed, kMaxRankSpeed]. `measured[t][r]` and `predicted[t][r]`
+// (the model's cost without speeds, in seconds) are per step and rank; steps
+// whose rank count differs from the first's are skipped. Empty when no step
+// has every rank's cost > 0.
+std::vector<double> FitRankSpeeds(absl::Span<const std::vector<double>> measured,
+                                  absl::Span<const std::vector<double>> predicted);
 
 // One measured rank-step: the rank's features and its attention time.
 struct CostSample {

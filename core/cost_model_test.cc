@@ -276,6 +276,86 @@ TEST(MakePlanOnCostTest, BadCoefficientsNameTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument, "cost.prefixed_pair: must be > 0"));
 }
 
+TEST(PredictPlanCostTest, RankSpeedsScaleEachRanksCost) {
+  // HandWorkedHeadTail's 48 and 28, rank 1 1.5x slow: 48 and 42.
+  const CostPrediction p = PredictPlanCost({1, 2, 10, 0.5}, HeadTailPlan(), {1.0, 1.5});
+  EXPECT_THAT(p.rank_cost, ElementsAre(48.0, 42.0));
+  EXPECT_DOUBLE_EQ(p.imbalance, 48.0 / 45.0);
+  EXPECT_THAT(p.rank_speed, ElementsAre(1.0, 1.5));
+}
+
+TEST(ValidateRankSpeedsTest, NamesTheEntry) {
+  const CostCoefficients cpu{5e-8, 5e-8, 1e-4, 1e-6};
+  EXPECT_THAT(ValidateRankSpeeds({}, 4, CostCoefficients{}), IsOk());
+  EXPECT_THAT(ValidateRankSpeeds({0.5, 2.0}, 2, cpu), IsOk());
+  EXPECT_THAT(ValidateRankSpeeds({1.0, 1.0, 1.0}, 2, cpu),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "rank_speed: 3 entries for 2 ranks (give none or one per rank)"));
+  EXPECT_THAT(ValidateRankSpeeds({1.0, 0.49}, 2, cpu),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "rank_speed[1]: must be finite and in [0.5, 2], got 0.49"));
+  EXPECT_THAT(ValidateRankSpeeds({std::numeric_limits<double>::quiet_NaN(), 1.0}, 2, cpu),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "rank_speed[0]: must be finite and in [0.5, 2], got nan"));
+  EXPECT_THAT(ValidateRankSpeeds({1.0, 1.0}, 2, CostCoefficients{}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "rank_speed: needs a cost model other than pairs (cost_profile or cost)"));
+  PlanOptions options;
+  options.rank_speed = {1.0, 2.5};
+  options.cost = cpu;
+  EXPECT_THAT(MakePlan(Strategy::kFlashCp, Batch{{10, 20}, 2}, options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "rank_speed[1]: must be finite and in [0.5, 2], got 2.5"));
+}
+
+TEST(FitRankSpeedsTest, MeasuredOverPredictedPerRankNormalizedToMeanOne) {
+  // Rank 1 takes 1.2x its prediction, rank 0 0.9x, rank 2 exactly it, over
+  // two steps of different costs: ratios 0.9, 1.2, 1.0, mean 31/30.
+  const std::vector<std::vector<double>> predicted = {{1, 2, 3}, {3, 2, 1}};
+  const std::vector<std::vector<double>> measured = {{0.9, 2.4, 3}, {2.7, 2.4, 1}};
+  const std::vector<double> s = FitRankSpeeds(measured, predicted);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_DOUBLE_EQ(s[0], 0.9 * 30 / 31);
+  EXPECT_DOUBLE_EQ(s[1], 1.2 * 30 / 31);
+  EXPECT_DOUBLE_EQ(s[2], 1.0 * 30 / 31);
+  // Clamped to the bounds; a step with a rank of cost 0 or another rank
+  // count is skipped; nothing usable: empty.
+  EXPECT_THAT(FitRankSpeeds({{1, 1, 100}, {5, 5}, {1, 1, 1}}, {{1, 1, 1}, {1, 1}, {0, 1, 1}}),
+              ElementsAre(kMinRankSpeed, kMinRankSpeed, kMaxRankSpeed));
+  EXPECT_TRUE(FitRankSpeeds({{1, 1}}, {{0, 1}}).empty());
+  EXPECT_TRUE(FitRankSpeeds({}, {}).empty());
+}
+
+TEST(MakePlanOnCostTest, ReCutBalancesRankSpeedsOnTheMainJobsBatches) {
+  // The measured rank speeds of one main-job run (docs/workers.md): the
+  // re-cut moves pairs off the slow rank, so that by the model with the
+  // speeds the plan is never heavier than the plan made without them, and
+  // lighter on the batches it re-cut (an exact count).
+  absl::StatusOr<CostCoefficients> cpu = CostProfile("cpu-fp32");
+  ASSERT_THAT(cpu, IsOk());
+  const std::vector<double> speeds = {0.976, 1.002, 1.013, 1.009};
+  int lighter = 0;
+  for (int64_t b = 0; b < 16; ++b) {
+    absl::StatusOr<std::vector<int64_t>> docs = SampleBatch(Dataset::kPile, 4096, 1, b);
+    ASSERT_THAT(docs, IsOk());
+    const Batch batch{*docs, 4};
+    PlanOptions plain;
+    plain.cost = *cpu;
+    PlanOptions sped = plain;
+    sped.rank_speed = speeds;
+    absl::StatusOr<Plan> a = MakePlan(Strategy::kFlashCp, batch, plain);
+    absl::StatusOr<Plan> c = MakePlan(Strategy::kFlashCp, batch, sped);
+    ASSERT_THAT(a, IsOk());
+    ASSERT_THAT(c, IsOk());
+    EXPECT_THAT(ValidatePlan(*c), IsOk());
+    const CostPrediction pa = PredictPlanCost(*cpu, *a, speeds);
+    const CostPrediction pc = PredictPlanCost(*cpu, *c, speeds);
+    EXPECT_LE(pc.imbalance, pa.imbalance * (1 + 1e-12)) << "batch " << b;
+    if (pc.imbalance < pa.imbalance * (1 - 1e-9)) ++lighter;
+  }
+  EXPECT_EQ(lighter, 13);
+}
+
 }  // namespace
 }  // namespace flashcp::core
 

@@ -147,7 +147,7 @@ const StrategyRow* Row(Strategy strategy) {
 // points moved) so that the cost model's heaviest rank is as light as the
 // program finds; keeps `plan` unless that lowers the model's maximum.
 Plan BalanceOnCost(CostRecut recut, const Batch& batch, Plan plan, const PlanOptions& options) {
-  const CostPrediction before = PredictPlanCost(options.cost, plan);
+  const CostPrediction before = PredictPlanCost(options.cost, plan, options.rank_speed);
   const double max_before = *std::max_element(before.rank_cost.begin(), before.rank_cost.end());
   // The re-cut keeps every piece of a cut document at >= keep + 1 tokens:
   // the minimum shard (kMinShard) where the plan has none shorter (so it
@@ -164,7 +164,7 @@ Plan BalanceOnCost(CostRecut recut, const Batch& batch, Plan plan, const PlanOpt
   const int64_t keep = std::max<int64_t>(1, std::min(rule, shortest - 1));
   std::vector<Shard> pieces = plan.shards;
   if (!internal::RecutPieces(batch, pieces, keep, kCostRecutRounds,
-                             max_before, options.cost)
+                             max_before, options.cost, options.rank_speed)
            .has_value()) {
     return plan;
   }
@@ -219,6 +219,7 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
   if (absl::Status s = ValidateCostCoefficients(options.cost); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("cost.", s.message()));
   }
+  FLASHCP_RETURN_IF_ERROR(ValidateRankSpeeds(options.rank_speed, batch.cp_size, options.cost));
   FLASHCP_RETURN_IF_ERROR(options.stop.Check());
   const StrategyRow* row = Row(strategy);
   if (row == nullptr) {

@@ -118,6 +118,10 @@ struct PlanOptions {
   // falls; the other strategies' cuts are their definition and stay. Must
   // pass ValidateCostCoefficients.
   CostCoefficients cost;
+  // Per-rank speeds (core::ValidateRankSpeeds; empty: all 1): rank r's cost
+  // is rank_speed[r] times the model's, and the re-cut balances that. Only
+  // with a cost model other than pairs.
+  std::vector<double> rank_speed;
   StopToken stop;  // never stops by default
 };
 

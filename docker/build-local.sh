@@ -21,7 +21,7 @@
 #      planner image's own flashcp-client must print exactly flashcp-plan's JSON for a batch;
 #      a worker-cpu container runs a 2-rank CPU group for 3 steps and must exit 0; `docker stop`
 #      must drain the planner and exit 0.
-# The CUDA image is not built: its base, nvidia/cuda, exists only on NVIDIA's registry.
+# The CUDA image is built and started by tests/deploy/check_cuda_image.sh (docker/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "build-local: $*" >&2; }

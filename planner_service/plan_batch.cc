@@ -48,7 +48,8 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
     FLASHCP_ASSIGN_OR_RETURN(layout, core::BuildCommLayout(plan));
   }
   const core::PlanCostReport cost{input.cost_profile, input.options.cost, input.cost_calibrated,
-                                  core::PredictPlanCost(input.options.cost, plan)};
+                                  core::PredictPlanCost(input.options.cost, plan,
+                                                        input.options.rank_speed)};
   const double seconds = absl::ToDoubleSeconds(clock.Now() - start);
   observer.OnPlanned(input.strategy, seconds, metrics);
   return proto::ResponseToProto(input.batch_id, input.strategy, plan, metrics,

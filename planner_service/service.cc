@@ -74,7 +74,7 @@ absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceDeps& dep
   if (static_cast<int64_t>(bytes->Length()) > max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "request: ", bytes->Length(), " bytes, above the largest valid flashcp.v1.PlanRequest "
-        "at this server's --max_docs and --max_tokens (", max_bytes, " bytes)"));
+        "at this server's --max_docs, --max_tokens and --max_cp_size (", max_bytes, " bytes)"));
   }
   v1::PlanRequest request;
   FLASHCP_RETURN_IF_ERROR(ParseMessage(bytes, &request));

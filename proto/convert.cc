@@ -141,6 +141,9 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
     in.options.cost = *c;
     in.cost_profile = request.cost_profile();
   }
+  in.options.rank_speed.assign(request.rank_speed().begin(), request.rank_speed().end());
+  FLASHCP_RETURN_IF_ERROR(
+      core::ValidateRankSpeeds(in.options.rank_speed, in.batch.cp_size, in.options.cost));
   return in;
 }
 
@@ -166,6 +169,7 @@ v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
   } else if (!core::IsPairsModel(options.cost)) {
     CostToProto(options.cost, request.mutable_cost());
   }
+  request.mutable_rank_speed()->Add(options.rank_speed.begin(), options.rank_speed.end());
   return request;
 }
 
@@ -196,6 +200,8 @@ v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
     m->mutable_rank_predicted_cost()->Add(cost->prediction.rank_cost.begin(),
                                           cost->prediction.rank_cost.end());
     m->set_predicted_cost_imbalance(cost->prediction.imbalance);
+    m->mutable_rank_speed()->Add(cost->prediction.rank_speed.begin(),
+                                 cost->prediction.rank_speed.end());
   }
   if (layout != nullptr) LayoutToProto(*layout, response.mutable_layout());
   if (ilp != nullptr) {
@@ -234,9 +240,11 @@ int64_t MaxRequestBytes(const core::BatchLimits& limits) {
   // Each doc_lens entry with its own tag (unpacked) is the widest form.
   const int64_t doc_lens = limits.max_docs * (1 + VarintBytes(limits.max_tokens));
   const int64_t cost = Delimited(kMaxCostProfileBytes) + Delimited(4 * kDouble);
+  // rank_speed: one per rank, each with its own tag (unpacked) at the widest.
+  const int64_t rank_speed = int64_t{limits.max_cp_size} * kDouble;
   // ... min_shard_tokens, ranks_per_node, then the cost.
   return kInt64 + doc_lens + kInt64 + strategy + kDouble + 3 * kInt64 + 2 + kInt64 + kInt64 +
-         cost;
+         cost + rank_speed;
 }
 
 int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
@@ -269,9 +277,10 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
   const int64_t metrics = 3 * kDouble + kInt64 + per_rank(tokens) + per_rank(8) +
                           per_rank(tokens) + per_rank(shard_index) + 2 * kInt64 +
                           core::kNumCommSchemes * scheme_bytes + kDouble +
-                          // cost_profile, cost, cost_calibrated, rank_predicted_cost, imbalance
+                          // cost_profile, cost, cost_calibrated, rank_predicted_cost,
+                          // imbalance, rank_speed
                           Delimited(kMaxCostProfileBytes) + Delimited(4 * kDouble) + 2 +
-                          per_rank(8) + kDouble;
+                          per_rank(8) + kDouble + per_rank(8);
   bytes += Delimited(metrics);
   if (input.strategy == core::Strategy::kIlp) bytes += Delimited(2 + kDouble + kInt64);  // ilp
   if (input.include_layout) {
@@ -328,6 +337,9 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
   if (wire.rank_predicted_cost_size() != 0) {  // absent from servers before the cost model
     FLASHCP_RETURN_IF_ERROR(
         CheckPerRank("rank_predicted_cost", wire.rank_predicted_cost_size(), cp_size));
+  }
+  if (wire.rank_speed_size() != 0) {  // only where the request gave speeds
+    FLASHCP_RETURN_IF_ERROR(CheckPerRank("rank_speed", wire.rank_speed_size(), cp_size));
   }
   for (int i = 0; i < wire.bytes_size(); ++i) {
     const v1::SchemeBytes& b = wire.bytes(i);
@@ -403,6 +415,7 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
   out.cost.prediction.rank_cost.assign(m.rank_predicted_cost().begin(),
                                        m.rank_predicted_cost().end());
   out.cost.prediction.imbalance = m.predicted_cost_imbalance();
+  out.cost.prediction.rank_speed.assign(m.rank_speed().begin(), m.rank_speed().end());
   return out;
 }
 

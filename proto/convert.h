@@ -59,7 +59,7 @@ struct PlanInput {
 // (0: one node; else <= 65536), heads, head_dim and dtype_bytes, then the
 // cost (cost_profile at most kMaxCostProfileBytes and a known profile, not
 // both it and cost, cost's coefficients core::ValidateCostCoefficients,
-// "cost.<field>: ..."); every error is InvalidArgument unless noted and its
+// "cost.<field>: ..."), rank_speed (core::ValidateRankSpeeds); every error is InvalidArgument unless noted and its
 // message starts with the field's name.
 absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
                                            const core::BatchLimits& limits);

@@ -92,6 +92,18 @@ TEST(RequestFromProtoTest, RequestToProtoRoundTrips) {
   EXPECT_TRUE(in->include_layout);
 }
 
+TEST(RequestFromProtoTest, RankSpeedsRoundTripWithACostModel) {
+  core::Batch batch{{10, 20, 30}, 4};
+  core::PlanOptions options;
+  options.rank_speed = {1.0, 0.5, 2.0, 1.25};
+  const v1::PlanRequest r = RequestToProto(1, batch, core::Strategy::kFlashCp, options,
+                                           core::ModelShape{}, false, "cpu-fp32");
+  absl::StatusOr<PlanInput> in = RequestFromProto(r, core::BatchLimits{});
+  ASSERT_THAT(in, IsOk());
+  EXPECT_THAT(in->options.rank_speed, ElementsAre(1.0, 0.5, 2.0, 1.25));
+  EXPECT_EQ(in->cost_profile, "cpu-fp32");
+}
+
 TEST(RequestFromProtoTest, MinShardTokensMinusOneTurnsTheRuleOff) {
   struct Case {
     int64_t wire;
@@ -178,6 +190,27 @@ TEST(RequestFromProtoTest, EveryBadFieldIsNamedWithItsCode) {
        absl::StatusCode::kInvalidArgument, "head_dim: must be in [1, 1024], got 2048"},
       {"dtype 3 bytes", [](v1::PlanRequest& r) { r.set_dtype_bytes(3); },
        absl::StatusCode::kInvalidArgument, "dtype_bytes: must be 1, 2 or 4, got 3"},
+      {"rank_speed on pairs",
+       [](v1::PlanRequest& r) {
+         r.add_rank_speed(1);
+         r.add_rank_speed(1);
+       },
+       absl::StatusCode::kInvalidArgument,
+       "rank_speed: needs a cost model other than pairs (cost_profile or cost)"},
+      {"rank_speed count",
+       [](v1::PlanRequest& r) {
+         r.set_cost_profile("cpu-fp32");
+         r.add_rank_speed(1);
+       },
+       absl::StatusCode::kInvalidArgument,
+       "rank_speed: 1 entries for 2 ranks (give none or one per rank)"},
+      {"rank_speed above 2",
+       [](v1::PlanRequest& r) {
+         r.set_cost_profile("cpu-fp32");
+         r.add_rank_speed(1);
+         r.add_rank_speed(3);
+       },
+       absl::StatusCode::kInvalidArgument, "rank_speed[1]: must be finite and in [0.5, 2], got 3"},
   };
   for (const BadCase& c : cases) {
     v1::PlanRequest r = GoodRequest();
@@ -377,6 +410,8 @@ TEST(ResponseFromProtoTest, PerRankListsMustHaveCpSizeEntries) {
        "metrics.bytes[1].sent_bytes: want cp_size = 2 entries (one per rank), got 1"},
       {[](v1::PlanMetrics& m) { m.mutable_bytes(2)->add_received_bytes(0); },
        "metrics.bytes[2].received_bytes: want cp_size = 2 entries (one per rank), got 3"},
+      {[](v1::PlanMetrics& m) { m.add_rank_speed(1.0); },
+       "metrics.rank_speed: want cp_size = 2 entries (one per rank), got 1"},
   };
   const RingPlan ring = MakeRingPlan();
   for (const Case& c : cases) {
@@ -413,8 +448,8 @@ TEST(MaxRequestBytesTest, HandWorkedAndAboveTheWidestValidRequest) {
   // Per field: batch_id 11, 65,536 unpacked doc_lens of 1 + 4 bytes, cp_size
   // 11, "flashcp_paper" 15, target_imbalance 9, heads, head_dim, dtype_bytes
   // 33, include_layout 2, min_shard_tokens 11, ranks_per_node 11,
-  // cost_profile 2 + 64, cost 2 + 4 x 9.
-  EXPECT_EQ(MaxRequestBytes(core::BatchLimits{65536, int64_t{1} << 24, 1024}), 327'887);
+  // cost_profile 2 + 64, cost 2 + 4 x 9, 1,024 unpacked rank_speed of 9.
+  EXPECT_EQ(MaxRequestBytes(core::BatchLimits{65536, int64_t{1} << 24, 1024}), 337'103);
   const core::BatchLimits limits{100, 1000, 8};
   v1::PlanRequest r;
   r.set_batch_id(UINT64_MAX);
@@ -433,6 +468,7 @@ TEST(MaxRequestBytesTest, HandWorkedAndAboveTheWidestValidRequest) {
   r.mutable_cost()->set_prefixed_pair(1.5);
   r.mutable_cost()->set_sequence(1.5);
   r.mutable_cost()->set_token(1.5);
+  for (int i = 0; i < 8; ++i) r.add_rank_speed(1.5);
   EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()), MaxRequestBytes(limits));
   // Unpacked doc_lens of the largest length: tag and varint each.
   EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()) - (2 + 100) + 100 * (1 + 2),
@@ -467,7 +503,9 @@ TEST(MaxResponseBytesTest, BoundsRealResponsesOnRandomBatches) {
         in.include_layout = with_layout;
         const core::PlanCostReport cost{std::string(kMaxCostProfileBytes, 'p'),
                                         {1.5, 1.5, 1.5, 1.5}, true,
-                                        core::PredictPlanCost({1.5, 1.5, 1.5, 1.5}, *plan)};
+                                        core::PredictPlanCost(
+                                            {1.5, 1.5, 1.5, 1.5}, *plan,
+                                            std::vector<double>(in.batch.cp_size, 1.5))};
         const v1::PlanResponse r = ResponseToProto(in.batch_id, s, *plan, *metrics,
                                                    with_layout ? &*layout : nullptr, 123.25,
                                                    /*ilp=*/nullptr, &cost);

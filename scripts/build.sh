@@ -2,10 +2,12 @@
 # Configures and builds FlashCP into build/ (binaries in build/bin, tests in build/tests).
 # Installs the Debian packages first, then the Python client's venv (.prefix/venv,
 # scripts/setup-python.sh). Extra arguments go to cmake's configure step.
+# FLASHCP_SETUP_PYTHON=0 skips the venv (a C++-only build, as the worker images do: CMake then
+# skips the Python native module); BUILD_TARGETS="t1 t2" builds only those targets.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-bash scripts/setup-python.sh
+[[ ${FLASHCP_SETUP_PYTHON:-1} == 0 ]] || bash scripts/setup-python.sh
 # The GPU backend's header-only cuDNN frontend (.prefix/cudnn-frontend), where
 # CMake would find nvcc (FLASHCP_CUDA=AUTO looks in PATH and /usr/local/cuda).
 if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
@@ -15,4 +17,5 @@ fi
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DFLASHCP_WERROR="${FLASHCP_WERROR:-ON}" "$@"
-cmake --build "$BUILD_DIR" -j "$JOBS"
+read -r -a targets <<<"${BUILD_TARGETS:-}"
+cmake --build "$BUILD_DIR" -j "$JOBS" ${targets[@]:+--target "${targets[@]}"}

@@ -18,7 +18,9 @@
 #        STEPS (40 per strategy), CONTEXT (4096), HEADS (2), HEAD_DIM (32),
 #        DATASET (pile), RANKS (4), CONFIGS ("llama3:full_kv per_doc:full_kv
 #        whole_doc:allgather flashcp:allgather flashcp:targeted
-#        flashcp:allgather:cpu-fp32"), TIMEOUT_S (60)
+#        flashcp:allgather:cpu-fp32"), CALIBRATION_STEPS (80: steps of a
+#        configuration with a cost profile, so that the fit and then the rank
+#        speeds take over with steps to spare), TIMEOUT_S (60)
 set -euo pipefail
 bin=${1:?usage: $0 BIN_DIR}
 STEPS=${STEPS:-40}
@@ -28,6 +30,7 @@ HEAD_DIM=${HEAD_DIM:-32}
 DATASET=${DATASET:-pile}
 RANKS=${RANKS:-4}
 TIMEOUT_S=${TIMEOUT_S:-60}
+CALIBRATION_STEPS=${CALIBRATION_STEPS:-80}
 CONFIGS=${CONFIGS:-llama3:full_kv per_doc:full_kv whole_doc:allgather flashcp:allgather flashcp:targeted flashcp:allgather:cpu-fp32}
 
 tmp=$(mktemp -d /tmp/flashcp-run.XXXXXX)
@@ -83,10 +86,12 @@ for config in $CONFIGS; do
   IFS=: read -r strategy scheme profile <<<"$config"
   group="main-${strategy//_/-}-$scheme${profile:+-$profile}"
   group_pids=()
+  steps=$STEPS
+  if [[ -n $profile && $profile != pairs ]]; then steps=$CALIBRATION_STEPS; fi
   for ((r = 0; r < RANKS; r++)); do
     "$bin/flashcp-worker" --rank "$r" --world_size "$RANKS" --group "$group" --planner "$planner" \
       --dataset "$DATASET" --context "$CONTEXT" --heads "$HEADS" --head_dim "$HEAD_DIM" \
-      --strategy "$strategy" --scheme "$scheme" --steps "$STEPS" --timeout_s "$TIMEOUT_S" \
+      --strategy "$strategy" --scheme "$scheme" --steps "$steps" --timeout_s "$TIMEOUT_S" \
       --progress_every 25 ${profile:+--cost_profile "$profile"} \
       >"$tmp/$group.$r.out" 2>"$tmp/$group.$r.err" &
     group_pids+=($!)
@@ -135,19 +140,26 @@ for r in rows:
 cal = [r for r in rows if r["cost_profile"] != "pairs"]
 if cal:
     print()
-    print("Calibration: steps planned on the shipped profile, then on the planner fit of the")
-    print("reported step times (thread CPU time); imbalance measured (CPU) and predicted (the cost")
-    print("model), per step and over the phase\x27s window.")
-    hdr = ("strategy", "scheme", "cost", "first fitted step", "before: meas. CPU", "before: pred.",
-           "before, window: meas. CPU", "before, window: pred.", "after: steps", "after: meas. CPU",
-           "after: pred.", "after, window: meas. CPU", "after, window: pred.")
+    print("Calibration, per phase: plans on the shipped profile, then on the planner\x27s fit of the")
+    print("reported step times (thread CPU time), then on the fit with the driver\x27s rank speeds;")
+    print("imbalance measured (CPU) and predicted (the cost model, with the speeds), per step (mean")
+    print("of max/mean) and over the phase\x27s window (max/mean of per-rank sums).")
+    hdr = ("strategy", "scheme", "cost", "phase", "steps", "first step", "meas. CPU", "pred.", "gap",
+           "window: meas. CPU", "window: pred.", "window gap")
     print("| " + " | ".join(hdr) + " |")
     print("|" + "|".join("---" for _ in hdr) + "|")
     for r in cal:
-        u, c = r["uncalibrated"], r["calibrated"]
-        print("| %s | %s | %s | %d | %.3f | %.3f | %.3f | %.3f | %d | %.3f | %.3f | %.3f | %.3f |" % (
-            r["strategy"], r["scheme"], r["cost_profile"], r["first_calibrated_step"],
-            u["measured_cpu"], u["predicted"], u["windowed_measured_cpu"], u["windowed_predicted"],
-            r["calibrated_steps"], c["measured_cpu"], c["predicted"], c["windowed_measured_cpu"],
-            c["windowed_predicted"]))
+        firsts = (0, r["first_calibrated_step"], r["first_speed_step"])
+        for name, key, first in zip(("shipped profile", "fit", "fit + rank speeds"),
+                                    ("uncalibrated", "calibrated", "speed_adjusted"), firsts):
+            p = r[key]
+            if p["steps"] == 0:
+                continue
+            print("| %s | %s | %s | %s | %d | %d | %.3f | %.3f | %+.3f | %.3f | %.3f | %+.3f |" % (
+                r["strategy"], r["scheme"], r["cost_profile"], name, p["steps"], first,
+                p["measured_cpu"], p["predicted"], p["measured_cpu"] - p["predicted"],
+                p["windowed_measured_cpu"], p["windowed_predicted"],
+                p["windowed_measured_cpu"] - p["windowed_predicted"]))
+        print("rank speeds at the end (%s): %s" % (r["cost_profile"],
+              ", ".join("%.3f" % v for v in r["rank_speed"]) or "none"))
 ' "$RANKS"

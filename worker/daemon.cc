@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "core/backoff.h"
 #include "core/cost_model.h"
@@ -239,7 +240,11 @@ absl::Status WorkerDaemon::DriverRound(int32_t cp_size, StepHeader& header,
                                .count = config.steps,
                                .prefetch = options_.prefetch,
                                .timeout = options_.timeout,
-                               .cost_profile = options_.cost_profile};
+                               .cost_profile = options_.cost_profile,
+                               .rank_speed = [this] {
+                                 absl::MutexLock lock(&speed_mu_);
+                                 return rank_speed_;
+                               }};
       // Before the feed starts: its first plan's wait is all plan wait.
       last_end_ = clock_.Now();
       run_ = DriverRun{config, std::make_unique<PlanFeed>(planner_, c, &clock_), 0};
@@ -479,7 +484,7 @@ void WorkerDaemon::Account(const proto::PlanResult& plan, core::CommScheme schem
     AddPerRank(summary_.rank_pairs, plan.metrics.rank_workload);
   }
   if (!plan.cost.prediction.rank_cost.empty()) {
-    const int c = plan.cost.calibrated ? 1 : 0;
+    const int c = !plan.cost.calibrated ? 0 : plan.cost.prediction.rank_speed.empty() ? 1 : 2;
     summary_.predicted_cost_imbalance += plan.cost.prediction.imbalance;
     summary_.cost_steps[c] += 1;
     summary_.cost_measured[c] += group.measured_imbalance;
@@ -489,8 +494,12 @@ void WorkerDaemon::Account(const proto::PlanResult& plan, core::CommScheme schem
       AddPerRank(summary_.cost_rank_cpu[c], cpu);
       AddPerRank(summary_.cost_rank_predicted[c], plan.cost.prediction.rank_cost);
     }
-    if (c == 1 && summary_.first_calibrated_step < 0) {
+    if (c >= 1 && summary_.first_calibrated_step < 0) {
       summary_.first_calibrated_step = summary_.steps - 1;
+    }
+    if (c == 2 && summary_.first_speed_step < 0) summary_.first_speed_step = summary_.steps - 1;
+    if (run_.has_value() /* the driver */ && plan.cost.calibrated && !cpu.empty()) {
+      UpdateRankSpeeds(plan, cpu);
     }
   }
   const int32_t cp_size = static_cast<int32_t>(all.size());
@@ -512,31 +521,58 @@ void WorkerDaemon::Account(const proto::PlanResult& plan, core::CommScheme schem
   }
 }
 
+// Rank speeds: measured over predicted CPU seconds per rank over the window,
+// all its steps' costs under the newest plan's coefficients (the planner's
+// latest fit), so that a refit changes them at once.
+void WorkerDaemon::UpdateRankSpeeds(const proto::PlanResult& plan, const std::vector<double>& cpu) {
+  const int32_t window = options_.rank_speed_window;
+  if (window < 1) return;
+  speed_window_.push_back({core::PlanRankFeatures(plan.plan), cpu});
+  while (static_cast<int32_t>(speed_window_.size()) > window) speed_window_.pop_front();
+  if (2 * static_cast<int32_t>(speed_window_.size()) < window) return;
+  std::vector<std::vector<double>> measured, predicted;
+  for (const SpeedStep& s : speed_window_) {
+    measured.push_back(s.seconds);
+    predicted.push_back(core::PredictCost(plan.cost.coefficients, s.features).rank_cost);
+  }
+  std::vector<double> speeds = core::FitRankSpeeds(measured, predicted);
+  absl::MutexLock lock(&speed_mu_);
+  rank_speed_ = std::move(speeds);
+}
+
+std::vector<double> WorkerDaemon::LastRankSpeeds() {
+  absl::MutexLock lock(&speed_mu_);
+  return rank_speed_;
+}
+
 void WorkerDaemon::FinishRun(int32_t cp_size) {
   const int64_t n = std::max<int64_t>(1, summary_.steps);
   if (!pending_report_.empty()) FlushReport(cp_size);
   const auto mean_of = [](double sum, int64_t k) { return k > 0 ? sum / k : 0.0; };
+  // One phase's figures (Summary::kPhases).
+  const auto phase = [&](int c) {
+    return absl::StrFormat(
+        "{\"steps\":%d,\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f,"
+        "\"windowed_measured_cpu\":%.4f,\"windowed_predicted\":%.4f}",
+        summary_.cost_steps[c], mean_of(summary_.cost_measured[c], summary_.cost_steps[c]),
+        mean_of(summary_.cost_measured_cpu[c], summary_.cost_steps[c]),
+        mean_of(summary_.cost_predicted[c], summary_.cost_steps[c]),
+        Windowed(summary_.cost_rank_cpu[c]), Windowed(summary_.cost_rank_predicted[c]));
+  };
   const std::string cost = absl::StrFormat(
       ",\"measured_cpu_imbalance\":%.4f,\"cost_profile\":\"%s\","
       "\"predicted_cost_imbalance\":%.4f,\"calibrated_steps\":%d,"
-      "\"first_calibrated_step\":%d,"
+      "\"first_calibrated_step\":%d,\"speed_steps\":%d,\"first_speed_step\":%d,"
+      "\"rank_speed\":[%s],"
       "\"windowed\":{\"measured_cpu\":%.4f,\"predicted\":%.4f},"
-      "\"uncalibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f,"
-      "\"windowed_measured_cpu\":%.4f,\"windowed_predicted\":%.4f},"
-      "\"calibrated\":{\"measured\":%.4f,\"measured_cpu\":%.4f,\"predicted\":%.4f,"
-      "\"windowed_measured_cpu\":%.4f,\"windowed_predicted\":%.4f}",
+      "\"uncalibrated\":%s,\"calibrated\":%s,\"speed_adjusted\":%s",
       summary_.measured_cpu_imbalance / n,
       options_.cost_profile.empty() ? std::string(core::kPairsProfile) : options_.cost_profile,
-      summary_.predicted_cost_imbalance / n, summary_.cost_steps[1],
-      summary_.first_calibrated_step, Windowed(summary_.rank_cpu),
-      Windowed(summary_.rank_pairs), mean_of(summary_.cost_measured[0], summary_.cost_steps[0]),
-      mean_of(summary_.cost_measured_cpu[0], summary_.cost_steps[0]),
-      mean_of(summary_.cost_predicted[0], summary_.cost_steps[0]),
-      Windowed(summary_.cost_rank_cpu[0]), Windowed(summary_.cost_rank_predicted[0]),
-      mean_of(summary_.cost_measured[1], summary_.cost_steps[1]),
-      mean_of(summary_.cost_measured_cpu[1], summary_.cost_steps[1]),
-      mean_of(summary_.cost_predicted[1], summary_.cost_steps[1]),
-      Windowed(summary_.cost_rank_cpu[1]), Windowed(summary_.cost_rank_predicted[1]));
+      summary_.predicted_cost_imbalance / n, summary_.cost_steps[1] + summary_.cost_steps[2],
+      summary_.first_calibrated_step, summary_.cost_steps[2], summary_.first_speed_step,
+      absl::StrJoin(LastRankSpeeds(), ",",
+                    [](std::string* out, double v) { absl::StrAppendFormat(out, "%.4f", v); }),
+      Windowed(summary_.rank_cpu), Windowed(summary_.rank_pairs), phase(0), phase(1), phase(2));
   const RunConfig& run = run_->config;
   const std::string line = SummaryLine(
       run.strategy, std::string(core::CommSchemeName(run.scheme)), summary_.steps,

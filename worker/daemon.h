@@ -22,6 +22,7 @@
 #define FLASHCP_WORKER_DAEMON_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -99,15 +100,20 @@ class WorkerDaemon {
     // max / mean of thread CPU attention seconds (0 for a step where some
     // rank did not measure it).
     double measured_cpu_imbalance = 0;
-    int64_t cost_steps[2] = {0, 0};
-    double cost_measured[2] = {0, 0}, cost_measured_cpu[2] = {0, 0}, cost_predicted[2] = {0, 0};
+    // Phases by the plan's cost: 0 the shipped profile, 1 the planner's fit,
+    // 2 the fit with rank speeds (PlanRequest.rank_speed).
+    static constexpr int kPhases = 3;
+    int64_t cost_steps[kPhases] = {0, 0, 0};
+    double cost_measured[kPhases] = {0, 0, 0}, cost_measured_cpu[kPhases] = {0, 0, 0},
+           cost_predicted[kPhases] = {0, 0, 0};
     int64_t first_calibrated_step = -1;  // 0-based step of the run; -1: none
+    int64_t first_speed_step = -1;       // the first of phase 2; -1: none
     // Windowed figures (docs/workers.md, "Calibration"): per rank, the sums
     // over the same steps of its thread CPU attention seconds and of its
     // predicted cost (pairs for the whole run, the cost model per phase), so
     // max/mean of the sums is the imbalance over the window, as Prometheus
     // computes it from rates. Empty until a step measured CPU time.
-    std::vector<double> rank_cpu, rank_pairs, cost_rank_cpu[2], cost_rank_predicted[2];
+    std::vector<double> rank_cpu, rank_pairs, cost_rank_cpu[kPhases], cost_rank_predicted[kPhases];
   };
   // The driver's run in progress.
   struct DriverRun {
@@ -135,6 +141,10 @@ class WorkerDaemon {
   // This rank's report, and the group's.
   absl::StatusOr<std::vector<RankReport>> Gather(Communicator& comm, RankReport mine);
   // Adds a step to the run's summary and (driver) to the pending report.
+  // Driver: adds a calibrated step's CPU seconds to the rank speeds' window
+  // and refits them (DaemonOptions::rank_speed_window).
+  void UpdateRankSpeeds(const proto::PlanResult& plan, const std::vector<double>& cpu);
+  std::vector<double> LastRankSpeeds();
   void Account(const proto::PlanResult& plan, core::CommScheme scheme,
                const std::vector<RankReport>& all, const GroupTimes& group,
                const StepRecord& r, const StepMeasurement& m);
@@ -169,6 +179,16 @@ class WorkerDaemon {
   Summary summary_;
   // Driver: measured rank-steps not yet reported (ReportStepTimes).
   std::vector<core::CostSample> pending_report_;
+  // Driver: the last rank_speed_window steps planned on the calibrated fit,
+  // per step each rank's features and thread CPU seconds (the rank speeds' input).
+  struct SpeedStep {
+    std::vector<core::RankFeatures> features;
+    std::vector<double> seconds;
+  };
+  std::deque<SpeedStep> speed_window_;
+  // The speeds the plan feed sends (its thread reads them); empty: none yet.
+  absl::Mutex speed_mu_;
+  std::vector<double> rank_speed_ ABSL_GUARDED_BY(speed_mu_);
 };
 
 // The run summary line the driver prints to stdout at the end of each run:

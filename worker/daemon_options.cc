@@ -45,6 +45,10 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
                                                    proto::kMaxReportSteps, "], got ",
                                                    o.report_every));
   }
+  if (o.rank_speed_window < 0 || o.rank_speed_window > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rank_speed_window: must be in [0, 1024], got ", o.rank_speed_window));
+  }
   if (o.prefetch < 1 || o.prefetch > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("--prefetch: must be in [1, 1024], got ", o.prefetch));

@@ -42,6 +42,12 @@ struct DaemonOptions {
   // calibrates the profile (docs/workers.md, "Calibration").
   std::string cost_profile;
   int32_t report_every = 8;
+  // With such a profile: the driver also fits per-rank speeds (measured over
+  // predicted time, core::FitRankSpeeds) over its last `rank_speed_window`
+  // steps planned on the calibrated fit, once it holds at least half of
+  // them, and sends them with every later plan request (PlanRequest.rank_speed).
+  // 0 turns it off; at most 1024.
+  int32_t rank_speed_window = 16;
 };
 
 // InvalidArgument naming the flag. Whether a cuda:K device can be used is the

@@ -461,6 +461,11 @@ TEST(ValidateDaemonOptionsTest, Table) {
        absl::StatusCode::kInvalidArgument, "--world_size: must be in [1, 1024], got 1025"},
       {[](DaemonOptions& o) { o.context = 2; }, absl::StatusCode::kInvalidArgument, "--context"},
       {[](DaemonOptions& o) { o.steps = -1; }, absl::StatusCode::kInvalidArgument, "--steps"},
+      {[](DaemonOptions& o) { o.rank_speed_window = -1; }, absl::StatusCode::kInvalidArgument,
+       "--rank_speed_window: must be in [0, 1024], got -1"},
+      {[](DaemonOptions& o) { o.rank_speed_window = 1025; }, absl::StatusCode::kInvalidArgument,
+       "--rank_speed_window: must be in [0, 1024], got 1025"},
+      {[](DaemonOptions& o) { o.rank_speed_window = 0; }, absl::StatusCode::kOk, ""},
   };
   for (const Case& c : cases) {
     DaemonOptions o;

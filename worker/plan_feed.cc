@@ -133,6 +133,7 @@ void PlanFeed::Loop() {
       }
       core::Batch batch{*std::move(lens), config_.cp_size};
       ++next;
+      if (config_.rank_speed) plan_options.rank_speed = config_.rank_speed();
       return proto::RequestToProto(0, batch, *strategy, plan_options, shape, false,
                                    config_.cost_profile);
     };

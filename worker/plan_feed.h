@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -46,6 +48,9 @@ class PlanFeed {
     int32_t prefetch = 4;
     absl::Duration timeout = absl::Seconds(30);
     std::string cost_profile;  // PlanRequest.cost_profile; "" sends none
+    // PlanRequest.rank_speed of each request, called (on the feed's thread)
+    // as the request is made; null or empty: none.
+    std::function<std::vector<double>()> rank_speed;
   };
   // `clock` (the watchdog's, Next's and the backoff's time) must outlive the feed.
   PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config,

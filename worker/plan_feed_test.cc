@@ -28,7 +28,7 @@ PlanFeed::Config FeedConfig(int64_t count, absl::Duration timeout) {
   return {.dataset = core::Dataset::kPile, .context = 4096, .cp_size = 4, .strategy = "flashcp",
           .target_imbalance = 0, .heads = 2, .head_dim = 32, .dtype_bytes = 4, .seed = 7,
           .first_batch = 3, .count = count, .prefetch = 2, .timeout = timeout,
-          .cost_profile = ""};
+          .cost_profile = "", .rank_speed = nullptr};
 }
 
 TEST(PlanFeedTest, ResumesFromTheFirstUndeliveredBatchAfterTheStreamBreaks) {
@@ -47,6 +47,29 @@ TEST(PlanFeedTest, ResumesFromTheFirstUndeliveredBatchAfterTheStreamBreaks) {
         << "batch " << k;
   }
   EXPECT_EQ(planner->opened(), 3);
+}
+
+TEST(PlanFeedTest, EachRequestCarriesTheRankSpeedsOfWhenItWasMade) {
+  // The callback's answer changes after its second call: the first two
+  // requests carry none, the later ones the speeds.
+  auto planner =
+      std::make_shared<ScriptedPlanner>(/*broken_streams=*/0, /*answers_before_break=*/0);
+  const core::RealClock clock;
+  PlanFeed::Config config = FeedConfig(4, absl::Seconds(30));
+  config.cost_profile = "cpu-fp32";
+  int calls = 0;  // the feed's thread only
+  config.rank_speed = [&calls] {
+    return ++calls <= 2 ? std::vector<double>{} : std::vector<double>{1.0, 1.25, 0.75, 1.0};
+  };
+  PlanFeed feed(planner, config, &clock);
+  for (int64_t k = 0; k < 4; ++k) {
+    absl::StatusOr<std::optional<v1::PlanResponse>> next = feed.Next(absl::Seconds(30));
+    ASSERT_THAT(next.status(), IsOk()) << k;
+    ASSERT_TRUE(next->has_value()) << k;
+  }
+  const std::vector<double> none, speeds = {1.0, 1.25, 0.75, 1.0};
+  EXPECT_EQ(planner->request_rank_speeds(),
+            (std::vector<std::vector<double>>{none, none, speeds, speeds}));
 }
 
 TEST(PlanFeedTest, GivesUpWithUnavailableAfterTheTimeoutWithoutPlans) {

@@ -99,6 +99,9 @@ ABSL_FLAG(std::string, cost_profile, "",
           "the cost profile plans balance (pairs, h200-cudnn, cpu-fp32; empty: pairs); any "
           "but pairs: the driver reports measured step times so the planner calibrates it");
 ABSL_FLAG(int32_t, report_every, 8, "driver: steps per ReportStepTimes call (1..64)");
+ABSL_FLAG(int32_t, rank_speed_window, 16,
+          "driver, with a calibrated cost profile: fit per-rank speeds over this many steps "
+          "and plan with them (0: off; docs/workers.md, \"Calibration\")");
 
 namespace fc = flashcp::client;
 namespace fw = flashcp::worker;
@@ -161,7 +164,8 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
                  .progress_every = absl::GetFlag(FLAGS_progress_every),
                  .gloo_hostname = absl::GetFlag(FLAGS_gloo_host),
                  .cost_profile = absl::GetFlag(FLAGS_cost_profile),
-                 .report_every = absl::GetFlag(FLAGS_report_every)},
+                 .report_every = absl::GetFlag(FLAGS_report_every),
+                 .rank_speed_window = absl::GetFlag(FLAGS_rank_speed_window)},
       .planner = absl::GetFlag(FLAGS_planner),
       .rendezvous = absl::GetFlag(FLAGS_rendezvous),
       .channel = {},

@@ -102,34 +102,156 @@ class SliverRepair {
       }
       docs[slot[s.doc]].push_back(Piece{s.start, s.len, s.rank});
     }
+    int64_t total = 0;
+    for (const Shard& s : shards) total += s.len;
+    exact_ = RangeWorkload(0, total) < 0x1p53;
     for (std::vector<Piece>& p : docs) {
       std::sort(p.begin(), p.end(),
                 [](const Piece& a, const Piece& b) { return a.start < b.start; });
     }
   }
 
-  // Per-rank attention workload (SPEC Eq. 3) of the current pieces: cut
-  // documents' pieces first, then whole documents (a fixed summation order,
-  // so the bounds compare the same sums every time).
-  std::vector<double> RankWorkloads() const {
-    std::vector<double> work(n_, 0.0);
-    for (const std::vector<Piece>& d : docs) {
-      for (const Piece& x : d) work[x.rank] += RangeWorkload(x.start, x.len);
+  // Per-rank attention workload (SPEC Eq. 3) of the current pieces, summed
+  // on first use in a fixed order (cut documents' pieces first, then whole
+  // documents), then kept up to date by every edit (BeginEdit, EndEdit,
+  // MoveWholeWork) in O(the edited pieces), not O(all pieces) per fix.
+  // Each piece's workload is an integer, and while the batch's whole
+  // workload is below 2^53 every partial sum is an exact double, so the
+  // kept sums equal a fresh sum in any order (exact_); above that an edit
+  // makes them stale and they are summed again in the fixed order, so the
+  // bounds always compare the same sums.
+  const std::vector<double>& RankWorkloads() {
+    if (!work_valid_) {
+      work_.assign(n_, 0.0);
+      for (const std::vector<Piece>& d : docs) {
+        for (const Piece& x : d) work_[x.rank] += RangeWorkload(x.start, x.len);
+      }
+      for (int32_t r = 0; r < n_; ++r) {
+        for (const auto& [len, doc] : whole[r]) work_[r] += RangeWorkload(0, len);
+      }
+      work_valid_ = true;
     }
-    for (int32_t r = 0; r < n_; ++r) {
-      for (const auto& [len, doc] : whole[r]) work[r] += RangeWorkload(0, len);
-    }
-    return work;
+    return work_;
   }
 
   // Per-rank non-last tokens (SPEC Eq. 5) of the cut documents' pieces
-  // (whole documents have none).
-  std::vector<int64_t> RankNonlast() const {
-    std::vector<int64_t> nonlast(n_, 0);
-    for (const std::vector<Piece>& d : docs) {
-      for (size_t k = 0; k + 1 < d.size(); ++k) nonlast[d[k].rank] += d[k].len;
+  // (whole documents have none); summed on first use, then kept up to date
+  // by every edit (integers: exact).
+  const std::vector<int64_t>& RankNonlast() {
+    if (!nonlast_valid_) {
+      nonlast_.assign(n_, 0);
+      for (const std::vector<Piece>& d : docs) {
+        for (size_t k = 0; k + 1 < d.size(); ++k) nonlast_[d[k].rank] += d[k].len;
+      }
+      nonlast_valid_ = true;
     }
-    return nonlast;
+    return nonlast_;
+  }
+
+  // Every edit of cut document c's pieces is bracketed by these: BeginEdit
+  // takes its part out of the sums and the boundary graph, EndEdit puts its
+  // new part in (a document new in `docs` needs EndEdit only).
+  void BeginEdit(size_t c) {
+    const std::vector<Piece>& p = docs[c];
+    if (work_valid_) {
+      if (exact_) {
+        for (const Piece& x : p) work_[x.rank] -= RangeWorkload(x.start, x.len);
+      } else {
+        work_valid_ = false;
+      }
+    }
+    if (nonlast_valid_) {
+      for (size_t k = 0; k + 1 < p.size(); ++k) nonlast_[p[k].rank] -= p[k].len;
+    }
+    if (!dirty_) {
+      const auto doc = static_cast<int32_t>(c);
+      for (const Piece& x : p) {
+        std::vector<Edge>& edges = adj_[x.rank];
+        const auto lo = std::lower_bound(edges.begin(), edges.end(), doc,
+                                         [](const Edge& e, int32_t d) { return e.shift.doc < d; });
+        const auto hi =
+            std::find_if(lo, edges.end(), [&](const Edge& e) { return e.shift.doc != doc; });
+        edges.erase(lo, hi);
+      }
+    }
+  }
+  void EndEdit(size_t c) {
+    const std::vector<Piece>& p = docs[c];
+    if (work_valid_) {  // exact_ (else BeginEdit made them stale)
+      for (const Piece& x : p) work_[x.rank] += RangeWorkload(x.start, x.len);
+    }
+    if (nonlast_valid_) {
+      for (size_t k = 0; k + 1 < p.size(); ++k) nonlast_[p[k].rank] += p[k].len;
+    }
+    if (!dirty_) {
+      // Each rank's edges stay in the order a rebuild makes them.
+      DocEdges(c, [&](int32_t rank, const Edge& e) {
+        std::vector<Edge>& edges = adj_[rank];
+        edges.insert(std::upper_bound(edges.begin(), edges.end(), e,
+                                      [](const Edge& x, const Edge& y) {
+                                        return EdgeKey(x) < EdgeKey(y);
+                                      }),
+                     e);
+      });
+    }
+  }
+  // ShiftCut(docs[c], i, side, delta) with the sums and the boundary graph
+  // kept up to date: only pieces i and i + side change (their lengths, not
+  // their ranks), so only their terms and the edges they give along change.
+  void ShiftTracked(size_t c, size_t i, int side, int64_t delta) {
+    std::vector<Piece>& p = docs[c];
+    const size_t j = static_cast<size_t>(static_cast<int64_t>(i) + side);
+    const auto terms = [&](double sign) {
+      for (const size_t k : {i, j}) {
+        const Piece& x = p[k];
+        if (work_valid_) work_[x.rank] += sign * RangeWorkload(x.start, x.len);
+        if (nonlast_valid_ && k + 1 < p.size()) {
+          nonlast_[x.rank] += sign > 0 ? x.len : -x.len;
+        }
+      }
+    };
+    if (work_valid_ && !exact_) work_valid_ = false;
+    terms(-1.0);
+    ShiftCut(p, i, side, delta);
+    terms(+1.0);
+    if (dirty_) return;
+    // Piece k gives along boundary k - 1 (as the right piece) and k (as the
+    // left one), sparing len - m tokens; an edge exists while len > m.
+    for (const size_t k : {i, j}) {
+      const Piece& x = p[k];
+      std::vector<Edge>& edges = adj_[x.rank];
+      for (const bool left : {false, true}) {
+        if (left ? k + 1 >= p.size() : k == 0) continue;
+        const size_t other = left ? k + 1 : k - 1;
+        const Edge e{p[other].rank, x.len - m_,
+                     {static_cast<int32_t>(c), static_cast<int32_t>(left ? k : k - 1), left}};
+        const auto at = std::lower_bound(
+            edges.begin(), edges.end(), e,
+            [](const Edge& a, const Edge& b) { return EdgeKey(a) < EdgeKey(b); });
+        const bool found = at != edges.end() && EdgeKey(*at) == EdgeKey(e);
+        if (x.len > m_) {
+          if (found) {
+            at->spare = e.spare;
+          } else {
+            edges.insert(at, e);
+          }
+        } else if (found) {
+          edges.erase(at);
+        }
+      }
+    }
+  }
+
+  // A whole document of `len` tokens leaves rank `from` (-1: none) for rank
+  // `to` (-1: none).
+  void MoveWholeWork(int32_t from, int32_t to, int64_t len) {
+    if (!work_valid_) return;
+    if (!exact_) {
+      work_valid_ = false;
+      return;
+    }
+    if (from >= 0) work_[from] -= RangeWorkload(0, len);
+    if (to >= 0) work_[to] += RangeWorkload(0, len);
   }
 
   // Appends the current pieces to `out`: the cut documents' pieces, then
@@ -170,8 +292,10 @@ class SliverRepair {
                          path)) {
         continue;
       }
-      Apply(path, s);  // marks the graph dirty
+      Apply(path, s);
+      BeginEdit(c);
       AbsorbPiece(p, i, side);
+      EndEdit(c);
       return true;
     }
     // Grow the sliver to m out of a neighbour that keeps >= m; A returns the
@@ -188,7 +312,7 @@ class SliverRepair {
         continue;
       }
       Apply(path, g);
-      ShiftCut(p, i, side, g);
+      ShiftTracked(c, i, side, g);
       return true;
     }
     return FixByWhole(c, i) || FixByNewCut(c, i);
@@ -214,9 +338,9 @@ class SliverRepair {
     std::vector<Piece>& p = docs[c];
     const int64_t s = p[i].len;
     const int32_t a = p[i].rank;
-    std::vector<double> work = RankWorkloads();
+    const std::vector<double>& work = RankWorkloads();
     const double limit = std::max(max_work_, *std::max_element(work.begin(), work.end()));
-    const std::vector<int64_t> nonlast = RankNonlast();
+    const std::vector<int64_t>& nonlast = RankNonlast();
     // The plan's maximum non-last tokens once this document's pieces are
     // `after` instead of p (only ranks A and B change).
     const auto max_nonlast_after = [&](const std::vector<Piece>& after, int32_t b) {
@@ -315,14 +439,17 @@ class SliverRepair {
     const int64_t j = static_cast<int64_t>(i) + best.side;
     const int32_t b = p[j].rank;
     // The whole documents change ranks (kept ascending).
+    // `work` and `nonlast` are not used after this: the edits change them.
     const auto take = [&](int32_t from, size_t index) {
       const std::pair<int64_t, int32_t> d = whole[from][index];
       whole[from].erase(whole[from].begin() + static_cast<std::ptrdiff_t>(index));
+      MoveWholeWork(from, -1, d.first);
       return d;
     };
     const auto put = [&](int32_t to, std::pair<int64_t, int32_t> d) {
       auto& w = whole[to];
       w.insert(std::lower_bound(w.begin(), w.end(), d), d);
+      MoveWholeWork(-1, to, d.first);
     };
     std::pair<int64_t, int32_t> da{0, -1}, db{0, -1};
     if (best.from_a > 0) da = take(a, best.from_a - 1);
@@ -330,16 +457,16 @@ class SliverRepair {
     if (da.second >= 0) put(b, da);
     if (db.second >= 0) put(a, db);
     if (best.grow) {
-      ShiftCut(p, i, best.side, best.g);
-      dirty_ = true;
+      ShiftTracked(c, i, best.side, best.g);
       return true;
     }
+    BeginEdit(c);
     AbsorbPiece(p, i, best.side);
     if (p.size() == 1) {  // the document is whole again
       put(p[0].rank, {p[0].len, doc_index[c]});
       p.clear();
     }
-    dirty_ = true;
+    EndEdit(c);
     return true;
   }
 
@@ -363,8 +490,8 @@ class SliverRepair {
     const auto cut =
         std::lower_bound(wa.begin(), wa.end(), std::pair<int64_t, int32_t>{2 * m_, -1});
     if (cut == wa.end()) return false;
-    const std::vector<double> work = RankWorkloads();
-    const std::vector<int64_t> nonlast = RankNonlast();
+    const std::vector<double>& work = RankWorkloads();
+    const std::vector<int64_t>& nonlast = RankNonlast();
     const double limit = std::max(max_work_, *std::max_element(work.begin(), work.end()));
     const int64_t max_nonlast_now = *std::max_element(nonlast.begin(), nonlast.end());
     const int64_t g = m_;
@@ -394,13 +521,15 @@ class SliverRepair {
     if (best_side == 0) return false;
     const int64_t j = static_cast<int64_t>(i) + best_side;
     const int32_t b = p[j].rank;
-    ShiftCut(p, i, best_side, g);
+    // `work` and `nonlast` are not used after this: the edits change them.
+    ShiftTracked(c, i, best_side, g);
     const auto [len, doc] = *cut;
     whole[a].erase(cut);
+    MoveWholeWork(a, -1, len);
     // `p` is not used after this: docs may reallocate.
     docs.push_back({Piece{0, g, b}, Piece{g, len - g, a}});
     doc_index.push_back(doc);
-    dirty_ = true;
+    EndEdit(docs.size() - 1);
     return true;
   }
 
@@ -435,7 +564,8 @@ class SliverRepair {
   // the ranks over the bound in over_.
   bool KeepsBalance(const std::vector<Shift>& path, int64_t delta, int32_t a, int32_t b,
                     double gain_a) {
-    std::vector<double> work = RankWorkloads();
+    std::vector<double>& work = balance_work_;
+    work = RankWorkloads();
     const double limit = std::max(max_work_, *std::max_element(work.begin(), work.end()));
     work[a] += gain_a;
     work[b] -= gain_a;
@@ -464,28 +594,23 @@ class SliverRepair {
   // path leaves each rank once, so no piece shrinks twice.
   bool FindChain(int32_t from, int32_t to, int64_t delta, int32_t skip,
                  std::vector<Shift>& path) {
-    // The boundary graph is rebuilt only after a successful fix (pieces
-    // moved); each edge keeps how many tokens its shrinking piece can spare.
+    // The boundary graph is built on first use, then kept up to date by
+    // every edit (BeginEdit, EndEdit); each edge keeps how many tokens its
+    // shrinking piece can spare.
     if (dirty_) {
       adj_.assign(n_, {});
       for (size_t c = 0; c < docs.size(); ++c) {
-        const std::vector<Piece>& p = docs[c];
-        for (size_t b = 0; b + 1 < p.size(); ++b) {
-          const Shift base{static_cast<int32_t>(c), static_cast<int32_t>(b), false};
-          if (p[b].len > m_) {
-            Shift sh = base;
-            sh.left_gives = true;
-            adj_[p[b].rank].push_back({p[b + 1].rank, p[b].len - m_, sh});
-          }
-          if (p[b + 1].len > m_) adj_[p[b + 1].rank].push_back({p[b].rank, p[b + 1].len - m_, base});
-        }
+        DocEdges(c, [&](int32_t rank, const Edge& e) { adj_[rank].push_back(e); });
       }
       dirty_ = false;
     }
     const auto& adj = adj_;
-    std::vector<int32_t> parent(n_, -2);
-    std::vector<Shift> via(n_);
-    std::vector<int32_t> queue = {from};
+    std::vector<int32_t>& parent = parent_;
+    std::vector<Shift>& via = via_;
+    std::vector<int32_t>& queue = queue_;
+    parent.assign(n_, -2);
+    via.resize(n_);
+    queue.assign(1, from);
     parent[from] = -1;
     for (size_t q = 0; q < queue.size() && parent[to] == -2; ++q) {
       const int32_t x = queue[q];
@@ -504,13 +629,12 @@ class SliverRepair {
   }
 
   void Apply(const std::vector<Shift>& path, int64_t delta) {
-    dirty_ = true;
     for (const Shift& sh : path) {
       const size_t b = static_cast<size_t>(sh.boundary);
       if (sh.left_gives) {
-        ShiftCut(docs[sh.doc], b + 1, -1, delta);
+        ShiftTracked(static_cast<size_t>(sh.doc), b + 1, -1, delta);
       } else {
-        ShiftCut(docs[sh.doc], b, +1, delta);
+        ShiftTracked(static_cast<size_t>(sh.doc), b, +1, delta);
       }
     }
   }
@@ -520,13 +644,43 @@ class SliverRepair {
     int64_t spare;  // tokens the shrinking piece can give and keep >= m
     Shift shift;
   };
+  // A rank's edges are in this order: by document, boundary, then the
+  // left piece giving before the right one.
+  static std::tuple<int32_t, int32_t, bool> EdgeKey(const Edge& e) {
+    return {e.shift.doc, e.shift.boundary, !e.shift.left_gives};
+  }
+  // Calls f(giving rank, edge) for the edges of cut document c's boundaries
+  // in EdgeKey order.
+  template <typename F>
+  void DocEdges(size_t c, F f) const {
+    const std::vector<Piece>& p = docs[c];
+    for (size_t b = 0; b + 1 < p.size(); ++b) {
+      const Shift base{static_cast<int32_t>(c), static_cast<int32_t>(b), false};
+      if (p[b].len > m_) {
+        Shift sh = base;
+        sh.left_gives = true;
+        f(p[b].rank, Edge{p[b + 1].rank, p[b].len - m_, sh});
+      }
+      if (p[b + 1].len > m_) f(p[b + 1].rank, Edge{p[b].rank, p[b + 1].len - m_, base});
+    }
+  }
 
   int32_t n_;
   int64_t m_;
   double max_work_;  // no whole-document fix leaves a rank above this (or the current max)
   int64_t max_nonlast_growth_;  // nor raises the plan's max non-last tokens by more
-  bool dirty_ = true;
+  bool dirty_ = true;  // adj_ not built yet
   std::vector<std::vector<Edge>> adj_;
+  // RankWorkloads' and RankNonlast's sums, once made; exact_: the batch's
+  // workload is below 2^53 (set by Load).
+  bool exact_ = false;
+  bool work_valid_ = false, nonlast_valid_ = false;
+  std::vector<double> work_;
+  std::vector<int64_t> nonlast_;
+  // Buffers reused by every chain search and balance check.
+  std::vector<double> balance_work_;
+  std::vector<int32_t> parent_, queue_;
+  std::vector<Shift> via_;
   std::vector<char> banned_;  // per rank: FindChain avoids it (empty: none)
   std::vector<char> over_;    // per rank: over the bound in the last KeepsBalance
 };
@@ -567,8 +721,11 @@ bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>
 std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
                                  int64_t min_shard, double max_workload,
                                  int64_t max_nonlast_growth) {
-  std::vector<Shard> shards = FinishPlan(batch, std::move(pieces)).shards;
-  if (min_shard <= 1) return shards;
+  Plan merged = FinishPlan(batch, std::move(pieces));
+  // Nothing to fix: the merged shards as they are (what the loop below
+  // would emit, in another order).
+  if (min_shard <= 1 || CountSlivers(merged, min_shard) == 0) return std::move(merged.shards);
+  const std::vector<Shard>& shards = merged.shards;
   // Cut documents: those with a shard shorter than the document.
   SliverRepair repair(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
   repair.Load(batch, shards);
@@ -576,7 +733,7 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
   // Passes until nothing changes: a fix can open a chain for a sliver that
   // had none. Each fix removes one sliver and creates none. Bounded work:
   // each attempt is O(cut pieces + documents) (up to four chain searches and
-  // workload sums, plus at most 17^2 whole-document pairs per side). N + 16
+  // balance checks, plus at most 17^2 whole-document pairs per side). N + 16
   // attempts always; then up to four more per sliver at the start, so that a
   // plan of many slivers (a full 2N-chunk zigzag of short documents) gets the
   // passes it needs, but only while those extra attempts stay within 2^20

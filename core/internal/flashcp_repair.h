@@ -26,8 +26,8 @@ namespace flashcp::core::internal {
 // zigzags with it, RecutPieces its rounded cut points. On success replaces
 // `pieces` (merged) and `room` and returns true; else leaves both as they
 // were. Bounded: at most 4N + 16 moves, each up to log2(overflow) chain
-// searches, each O(N + pieces) with the boundary graph rebuilt after every
-// move (docs/planner.md, "Complexity").
+// searches, each O(N + pieces), over a boundary graph built once and
+// updated in place by each move (docs/planner.md, "Complexity").
 bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>& pieces,
                        std::vector<int64_t>& room);
 

@@ -37,8 +37,8 @@ const CompactedSearch::ReducedZig& CompactedSearch::ReducedZigOf(size_t k) {
   return z;
 }
 
-bool CompactedSearch::Consider(size_t k, bool reduced, const std::vector<Shard>& zig,
-                               const PartialScore& zig_part, bool& feasible) {
+bool CompactedSearch::Consider(size_t k, bool reduced, const PartialScore& zig_part,
+                               int64_t zig_slivers, bool& feasible) {
   const int64_t m = o_.min_shard;
   // The cheap score first (Per-Doc pieces counted once per k).
   part_.nonlast.assign(zig_part.nonlast.begin(), zig_part.nonlast.end());
@@ -57,10 +57,8 @@ bool CompactedSearch::Consider(size_t k, bool reduced, const std::vector<Shard>&
   // (RepairSlivers costs O(slivers x cut pieces), too much for every
   // candidate at large N).
   if (slivers) {
+    score.slivers = zig_slivers;
     for (const Shard& sh : pieces_) {
-      if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++score.slivers;
-    }
-    for (const Shard& sh : zig) {
       if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++score.slivers;
     }
   }
@@ -95,6 +93,13 @@ void CompactedSearch::TryVariants(size_t k, bool reduced, const std::vector<Shar
   const std::vector<double> zig_workload = PieceWorkloads(batch_.cp_size, zig);
   PartialScore zig_part{std::vector<int64_t>(batch_.cp_size, 0), 0, 0};
   AddPieces(batch_, zig, zig_part);
+  // The Per-Doc part's slivers, counted once for all its variants.
+  int64_t zig_slivers = 0;
+  if (m > 1) {
+    for (const Shard& sh : zig) {
+      if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++zig_slivers;
+    }
+  }
   // rho = 0 is plain LPT; larger rho anticipates the workload that
   // equalization moves. Whole moves always: they never cost communication,
   // and head-only equalization never won (docs/planner.md). Head swaps for
@@ -113,7 +118,7 @@ void CompactedSearch::TryVariants(size_t k, bool reduced, const std::vector<Shar
       used_ = last ? &placement_ : &trial_;
       EqualizeWholeDocs(batch_, need, *used_, workload_, pieces_,
                         WholeDocOptions{rho, true, m, cap}, scratch_);
-      if (!Consider(k, reduced, zig, zig_part, feasible) || last) break;
+      if (!Consider(k, reduced, zig_part, zig_slivers, feasible) || last) break;
     }
   }
 }

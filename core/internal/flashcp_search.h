@@ -86,11 +86,11 @@ class CompactedSearch {
   void TryVariants(size_t k, bool reduced, const std::vector<Shard>& zig,
                    const std::vector<int64_t>& need, const std::vector<int32_t>& rest,
                    bool& feasible);
-  // Scores the current candidate (pieces_, used_, workload_ on top of
-  // `zig`), keeps it if best (and in pool_); returns whether it had short
-  // cut pieces.
-  bool Consider(size_t k, bool reduced, const std::vector<Shard>& zig,
-                const PartialScore& zig_part, bool& feasible);
+  // Scores the current candidate (pieces_, used_, workload_ on top of a
+  // Per-Doc part scoring `zig_part` with `zig_slivers` slivers), keeps it if
+  // best (and in pool_); returns whether it had short cut pieces.
+  bool Consider(size_t k, bool reduced, const PartialScore& zig_part, int64_t zig_slivers,
+                bool& feasible);
 
   const Batch& batch_;
   const FlashCpOptions& o_;

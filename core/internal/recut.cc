@@ -178,14 +178,15 @@ class RecutLp {
 // Per-rank cost of merged shards: SPEC Eq. 3 for the pairs model (exactly
 // PieceWorkloads), else the model's.
 std::vector<double> RankCosts(int32_t n, const std::vector<Shard>& shards,
-                              const CostCoefficients& cost) {
-  if (IsPairsModel(cost)) return PieceWorkloads(n, shards);
+                              const CostCoefficients& cost, absl::Span<const double> rank_speed) {
+  if (IsPairsModel(cost) && rank_speed.empty()) return PieceWorkloads(n, shards);
   std::vector<double> w(n, 0.0);
   for (const Shard& s : shards) {
     w[s.rank] += (s.start == 0 ? cost.whole_pair : cost.prefixed_pair) *
                      RangeWorkload(s.start, s.len) +
                  cost.sequence + cost.token * static_cast<double>(s.len);
   }
+  for (size_t r = 0; r < rank_speed.size() && r < w.size(); ++r) w[r] *= rank_speed[r];
   return w;
 }
 
@@ -193,7 +194,8 @@ std::vector<double> RankCosts(int32_t n, const std::vector<Shard>& shards,
 
 std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces,
                                   int64_t min_shard, int32_t rounds, double accept_below,
-                                  const CostCoefficients& cost) {
+                                  const CostCoefficients& cost,
+                                  absl::Span<const double> rank_speed) {
   const bool pairs = IsPairsModel(cost);
   const int32_t n = batch.cp_size;
   // Cheap early out before merging, a heuristic: far more raw cut points
@@ -254,6 +256,12 @@ std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces
     for (int32_t r = 0; r < n; ++r) {
       p.fixed_work[r] += cost.token * static_cast<double>(targets[r]);
     }
+  }
+  // Rank speeds scale every term of a rank's cost: its pieces' pair weights
+  // and its constants.
+  if (static_cast<int32_t>(rank_speed.size()) == n) {
+    for (Piece& pc : p.pieces) pc.weight *= rank_speed[pc.rank];
+    for (int32_t r = 0; r < n; ++r) p.fixed_work[r] *= rank_speed[r];
   }
   const int64_t keep = std::max<int64_t>(min_shard, 1);
   // Plain infeasibility first (CLP takes longer to prove it): a rank whose
@@ -318,7 +326,7 @@ std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces
   if (std::any_of(room.begin(), room.end(), [](int64_t r) { return r != 0; })) {
     return std::nullopt;
   }
-  const std::vector<double> w = RankCosts(n, out, cost);
+  const std::vector<double> w = RankCosts(n, out, cost, rank_speed);
   const double max_w = *std::max_element(w.begin(), w.end());
   if (!(max_w < accept_below)) return std::nullopt;
   pieces = std::move(out);

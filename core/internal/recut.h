@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "core/cost_model.h"
 #include "core/types.h"
 
@@ -37,6 +38,9 @@ inline constexpr int64_t kMaxRecutCuts = 256;
 // instead: each piece's pairs weighted by a (a piece starting at 0) or b, and
 // the per-sequence and per-token terms, which no cut point changes, as
 // per-rank constants. The pairs model (the default) is SPEC Eq. 3 exactly.
+// With `rank_speed` (one per rank, core::ValidateRankSpeeds; empty: all 1)
+// rank r's cost, in the program and in the result, is rank_speed[r] times
+// the model's.
 // Which rank holds each piece and the pieces' order in each document stay.
 // Returns the maximum rank workload (cost) of the result, exact, and replaces
 // `pieces` (merged shards) only when it is below `accept_below`; otherwise
@@ -44,7 +48,8 @@ inline constexpr int64_t kMaxRecutCuts = 256;
 // kMaxRecutCuts cut points) returns nullopt and leaves `pieces` as they were.
 std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces,
                                   int64_t min_shard, int32_t rounds, double accept_below,
-                                  const CostCoefficients& cost = {});
+                                  const CostCoefficients& cost = {},
+                                  absl::Span<const double> rank_speed = {});
 
 }  // namespace flashcp::core::internal
 

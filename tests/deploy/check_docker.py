@@ -4,7 +4,9 @@
 .dockerignore; the build stage runs the README's scripts/install-deps.sh and scripts/build.sh;
 the CUDA image builds with FLASHCP_CUDA=ON and the others with OFF; base images carry explicit
 tags; the final stage runs as a non-root user and has an ENTRYPOINT; and the helper scripts
-parse (bash -n). Then docker/runtime-packages.sh runs for real on /bin/ls."""
+parse (bash -n); the CUDA image takes its CUDA from docker/cuda-wheels.sh's pinned wheels in both
+stages. Then docker/runtime-packages.sh runs for real on /bin/ls, with and without --ship.
+tests/deploy/check_cuda_image.sh builds the CUDA image and starts it (a container engine needed)."""
 import fnmatch
 import pathlib
 import re
@@ -108,18 +110,34 @@ def main():
             failures.append(f"missing docker/{name}")
             continue
         check_dockerfile(name, cuda)
-    for script in ("flashcp-launch-ranks.sh", "runtime-packages.sh"):
+    cuda = (DOCKER / "worker-cuda.Dockerfile").read_text()
+    if cuda.count("cuda-wheels.sh devel") != 1 or cuda.count("cuda-wheels.sh runtime") != 1:
+        failures.append("worker-cuda.Dockerfile: must run cuda-wheels.sh devel (build) and runtime once each")
+    wheels = (DOCKER / "cuda-wheels.sh").read_text()
+    pins = re.findall(r"\b(nvidia-[a-z0-9-]+)(==[0-9.]+)?", wheels)
+    if not pins or any(not version for _, version in pins):
+        failures.append(f"cuda-wheels.sh: every wheel must be pinned name==version: {pins}")
+    for script in ("flashcp-launch-ranks.sh", "runtime-packages.sh", "cuda-wheels.sh"):
         res = subprocess.run(["bash", "-n", str(DOCKER / script)], capture_output=True, text=True)
         if res.returncode != 0:
             failures.append(f"bash -n docker/{script}: {res.stderr}")
     res = subprocess.run(["bash", str(DOCKER / "runtime-packages.sh"), "/bin/ls"], capture_output=True, text=True)
     if res.returncode != 0 or "libc6" not in res.stdout.split():
         failures.append(f"runtime-packages.sh /bin/ls: rc {res.returncode}, {res.stdout!r} {res.stderr!r}")
+    # Libraries under a --ship directory are the image's own: no package for them.
+    res = subprocess.run(["bash", str(DOCKER / "runtime-packages.sh"), "--ship", "/lib/x86_64-linux-gnu", "/bin/ls"],
+                         capture_output=True, text=True)
+    if res.returncode != 0 or res.stdout != "":
+        failures.append(f"runtime-packages.sh --ship /lib/x86_64-linux-gnu /bin/ls: rc {res.returncode}, {res.stdout!r}")
+    res = subprocess.run(["bash", str(DOCKER / "runtime-packages.sh"), "--ship", "/nonexistent", "/bin/ls"],
+                         capture_output=True, text=True)
+    if res.returncode != 2 or "--ship needs a directory" not in res.stderr:
+        failures.append(f"runtime-packages.sh --ship /nonexistent: rc {res.returncode}, {res.stderr!r}")
     if failures:
         for msg in failures:
             print("FAIL: " + msg, file=sys.stderr)
         return 1
-    print("PASS: Dockerfiles (static checks; images not built here)")
+    print("PASS: Dockerfiles (static checks; tests/deploy/check_cuda_image.sh builds and starts the CUDA image)")
     return 0
 
 

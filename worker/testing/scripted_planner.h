@@ -137,14 +137,21 @@ class ScriptedPlanner final : public client::PlannerClient {
     absl::MutexLock lock(&mu_);
     return request_dtype_bytes_;
   }
+  // The rank_speed of every request written, in order.
+  std::vector<std::vector<double>> request_rank_speeds() {
+    absl::MutexLock lock(&mu_);
+    return request_rank_speeds_;
+  }
   void RecordRequest(const v1::PlanRequest& request) {
     absl::MutexLock lock(&mu_);
     request_dtype_bytes_.push_back(request.dtype_bytes());
+    request_rank_speeds_.emplace_back(request.rank_speed().begin(), request.rank_speed().end());
   }
 
  private:
   absl::Mutex mu_;
   std::vector<int32_t> request_dtype_bytes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<double>> request_rank_speeds_ ABSL_GUARDED_BY(mu_);
   const int broken_streams_, answers_before_break_;
   int opened_ ABSL_GUARDED_BY(mu_) = 0;
   core::ManualClock* const clock_ = nullptr;
