@@ -40,6 +40,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
   room = RankTargets(batch);
   workload.assign(n, 0.0);
   std::vector<int32_t> ranks(n), group, node_order;
+  std::vector<double> load(n);
   std::vector<std::vector<int32_t>> by_node((n + per_node - 1) / per_node);
   // filled: the documents of more than small_share x group_bound pairs
   // (a prefix of `order`) are placed one by one, the rest (`small` on) by
@@ -101,9 +102,10 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
       projection = projections[t];
       // The least-loaded ranks first (ties: more room, then lower index).
       std::iota(ranks.begin(), ranks.end(), 0);
+      // Each rank's projected load, computed once for the sort.
+      for (int32_t r = 0; r < n; ++r) load[r] = projected(workload[r], room[r]);
       std::sort(ranks.begin(), ranks.end(), [&](int32_t a, int32_t b) {
-        const double pa = projected(workload[a], room[a]), pb = projected(workload[b], room[b]);
-        if (pa != pb) return pa < pb;
+        if (load[a] != load[b]) return load[a] < load[b];
         if (room[a] != room[b]) return room[a] > room[b];
         return a < b;
       });
