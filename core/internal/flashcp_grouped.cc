@@ -40,6 +40,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
   room = RankTargets(batch);
   workload.assign(n, 0.0);
   std::vector<int32_t> ranks(n), group, node_order;
+  std::vector<double> load(n);
   std::vector<std::vector<int32_t>> by_node((n + per_node - 1) / per_node);
   // filled: the documents of more than small_share x group_bound pairs
   // (a prefix of `order`) are placed one by one, the rest (`small` on) by
@@ -101,9 +102,10 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
       projection = projections[t];
       // The least-loaded ranks first (ties: more room, then lower index).
       std::iota(ranks.begin(), ranks.end(), 0);
+      // Each rank's projected load, computed once for the sort.
+      for (int32_t r = 0; r < n; ++r) load[r] = projected(workload[r], room[r]);
       std::sort(ranks.begin(), ranks.end(), [&](int32_t a, int32_t b) {
-        const double pa = projected(workload[a], room[a]), pb = projected(workload[b], room[b]);
-        if (pa != pb) return pa < pb;
+        if (load[a] != load[b]) return load[a] < load[b];
         if (room[a] != room[b]) return room[a] > room[b];
         return a < b;
       });
@@ -177,14 +179,16 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
 }
 
 // `groups` completed with the rest Whole-Doc at `rho`: GroupedPieces' pieces.
+// `scratch`: WholeDocPieces' buffers, reused across calls.
 std::vector<Shard> WithWholeRest(const Batch& batch, const std::vector<int32_t>& order,
-                                 const Groups& groups, double rho, int64_t m) {
+                                 const Groups& groups, double rho, int64_t m,
+                                 WholeDocScratch& scratch) {
   std::vector<Shard> out = groups.pieces;
   std::vector<int64_t> room = groups.room;
   std::vector<double> workload = groups.workload;
   const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(groups.rest),
                                   order.end());
-  WholeDocPieces(batch, rest, room, workload, out, WholeDocOptions{rho, true, m, 4 * m});
+  WholeDocPieces(batch, rest, room, workload, out, WholeDocOptions{rho, true, m, 4 * m}, scratch);
   return out;
 }
 
@@ -197,7 +201,8 @@ bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double
   if (!GroupDocuments(batch, order, group_bound, m, ranks_per_node, small_share, groups)) {
     return false;
   }
-  std::vector<Shard> pieces = WithWholeRest(batch, order, groups, rho, m);
+  WholeDocScratch scratch;
+  std::vector<Shard> pieces = WithWholeRest(batch, order, groups, rho, m, scratch);
   out.insert(out.end(), pieces.begin(), pieces.end());
   return true;
 }
@@ -225,6 +230,7 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
     for (double bound : FlashCpOptions::kGroupBounds) variants.emplace_back(bound, 0.0);
   }
   Groups groups;
+  WholeDocScratch scratch;  // reused by every candidate
   for (const auto& [bound, small_share] : variants) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
     // The groups do not depend on the scale: found once per variant.
@@ -234,7 +240,8 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
     }
     for (double scale : FlashCpOptions::kScales) {
       FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-      pieces = WithWholeRest(batch, options.order, groups, scale * options.median_density, m);
+      pieces =
+          WithWholeRest(batch, options.order, groups, scale * options.median_density, m, scratch);
       if (m > 1) pieces = RepairSlivers(batch, std::move(pieces), m, options.max_work);
       Plan plan = FinishPlan(batch, std::move(pieces));
       pieces = {};

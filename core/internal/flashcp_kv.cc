@@ -67,11 +67,24 @@ std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, dou
   std::vector<double> load(n, 0.0);
   std::vector<int32_t> count(n, 0);
   std::vector<int32_t> owner(chunks, -1);
+  // The least-loaded rank with room, lowest index on ties (what a scan over
+  // the ranks picks): a tournament tree whose node i (1 <= i < leaves) holds
+  // the winner below it, -1 where none has room; leaf leaves + r is rank r
+  // (-1 from N on, and once the rank is full). Every rank of a left subtree
+  // is below every rank of its right sibling, so on equal loads the left
+  // wins. Per chunk only the picked rank changes: one leaf-to-root walk.
+  size_t leaves = 1;
+  while (leaves < static_cast<size_t>(n)) leaves *= 2;
+  std::vector<int32_t> tree(2 * leaves, -1);
+  for (int32_t r = 0; r < n; ++r) tree[leaves + r] = chunks_per_rank > 0 ? r : -1;
+  const auto winner = [&](int32_t a, int32_t b) {
+    if (a < 0) return b;
+    if (b < 0) return a;
+    return load[b] < load[a] ? b : a;
+  };
+  for (size_t i = leaves - 1; i >= 1; --i) tree[i] = winner(tree[2 * i], tree[2 * i + 1]);
   for (int64_t k : order) {
-    int32_t least = -1;
-    for (int32_t r = 0; r < n; ++r) {
-      if (count[r] < chunks_per_rank && (least < 0 || load[r] < load[least])) least = r;
-    }
+    const int32_t least = tree[1];
     int32_t pick = least;
     for (const int64_t j : {k - 1, k + 1, tail_affinity ? tail_chunk[k] : int64_t{-1}}) {
       if (j < 0 || j >= chunks || owner[j] < 0 || j == k) continue;
@@ -83,6 +96,10 @@ std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, dou
     owner[k] = pick;
     ++count[pick];
     load[pick] += area[k];
+    if (count[pick] >= chunks_per_rank) tree[leaves + pick] = -1;
+    for (size_t i = (leaves + static_cast<size_t>(pick)) / 2; i >= 1; i /= 2) {
+      tree[i] = winner(tree[2 * i], tree[2 * i + 1]);
+    }
   }
   // Each rank's last chunk takes up the difference to its token target
   // (near-equal chunks differ by a token; the last ranks hold one padding

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
-#include <tuple>
 #include <vector>
 
 #include "core/internal/flashcp_util.h"
@@ -47,13 +46,23 @@ struct RoleTable {
 RoleTable BuildRoles(const Plan& plan) {
   const int32_t n = plan.cp_size;
   RoleTable t;
-  // Shards by document, in document order.
+  // Shards by (document, start), a total order (a document's shards do not
+  // overlap): bucketed by document, then each document's few sorted by start.
   std::vector<int32_t> by_doc(plan.shards.size());
-  std::iota(by_doc.begin(), by_doc.end(), 0);
-  std::sort(by_doc.begin(), by_doc.end(), [&](int32_t a, int32_t b) {
-    return std::tie(plan.shards[a].doc, plan.shards[a].start) <
-           std::tie(plan.shards[b].doc, plan.shards[b].start);
-  });
+  {
+    std::vector<int32_t> begin(plan.doc_lens.size() + 1, 0);
+    for (const Shard& s : plan.shards) ++begin[s.doc + 1];
+    std::partial_sum(begin.begin(), begin.end(), begin.begin());
+    std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
+    for (size_t i = 0; i < plan.shards.size(); ++i) {
+      by_doc[fill[plan.shards[i].doc]++] = static_cast<int32_t>(i);
+    }
+    for (size_t d = 0; d + 1 < begin.size(); ++d) {
+      if (begin[d + 1] - begin[d] < 2) continue;
+      std::sort(by_doc.begin() + begin[d], by_doc.begin() + begin[d + 1],
+                [&](int32_t a, int32_t b) { return plan.shards[a].start < plan.shards[b].start; });
+    }
+  }
   t.send.assign(n, 0);
   t.recv.assign(n, 0);
   t.nonlast.assign(n, 0);
@@ -304,7 +313,12 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
   }
   bool changed = false;
   std::vector<int32_t> ranks(n);
-  std::vector<int32_t> by_len;  // B's whole shards by length, for the z look-up
+  // Per rank, its whole shards stably sorted by length (ties: their order in
+  // `whole`), and those lengths, for the z look-up: sorted again only after
+  // an exchange changed the rank's whole shards.
+  std::vector<std::vector<int32_t>> by_len(n);
+  std::vector<std::vector<int64_t>> len_of(n);
+  std::vector<uint8_t> stale(n, 1);
   for (int32_t move = 0; move < max_moves; ++move) {
     const int32_t a = static_cast<int32_t>(
         std::max_element(workload.begin(), workload.end()) - workload.begin());
@@ -348,9 +362,16 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
     for (int32_t p = 0; p < std::min(partners, n); ++p) {
       const int32_t b = ranks[p];
       if (b == a) continue;
-      by_len = whole[b];
-      std::stable_sort(by_len.begin(), by_len.end(),
-                       [&](int32_t x, int32_t y) { return pieces[x].len < pieces[y].len; });
+      if (stale[b]) {
+        by_len[b] = whole[b];
+        std::stable_sort(by_len[b].begin(), by_len[b].end(),
+                         [&](int32_t x, int32_t y) { return pieces[x].len < pieces[y].len; });
+        len_of[b].resize(by_len[b].size());
+        for (size_t i = 0; i < by_len[b].size(); ++i) len_of[b][i] = pieces[by_len[b][i]].len;
+        stale[b] = 0;
+      }
+      const std::vector<int32_t>& sorted = by_len[b];
+      const std::vector<int64_t>& lens = len_of[b];
       const auto try_x = [&](int32_t x, bool is_cut) {
         const Shard& sx = pieces[x];
         const int64_t lx = sx.len;
@@ -369,28 +390,24 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
           const int64_t lz = lx - ly;
           const double pairs = above + static_cast<double>(ly) * static_cast<double>(lz);
           // x for y and a whole z of lz tokens: len(y) len(z) pairs, no KV.
-          auto it = std::lower_bound(by_len.begin(), by_len.end(), lz,
-                                     [&](int32_t s, int64_t len) { return pieces[s].len < len; });
-          while (it != by_len.end() && pieces[*it].len == lz && *it == y) ++it;
-          if (it != by_len.end() && pieces[*it].len == lz) {
-            offer(pairs, moved, b, x, y, *it, 0);
-          }
+          size_t it = static_cast<size_t>(std::lower_bound(lens.begin(), lens.end(), lz) -
+                                          lens.begin());
+          while (it < lens.size() && lens[it] == lz && sorted[it] == y) ++it;
+          if (it < lens.size() && lens[it] == lz) offer(pairs, moved, b, x, y, sorted[it], 0);
           // x for y and the lz-token head of a longer whole z (>= m tokens
           // each side): len(y) lz pairs, lz tokens more to move.
           if (lz < m) continue;
-          auto longer = std::lower_bound(
-              by_len.begin(), by_len.end(), lz + m,
-              [&](int32_t s, int64_t len) { return pieces[s].len < len; });
-          while (longer != by_len.end() && *longer == y) ++longer;
-          if (longer != by_len.end()) {
-            offer(pairs, moved + lz, b, x, y, *longer, lz);
-          }
+          size_t longer = static_cast<size_t>(
+              std::lower_bound(lens.begin(), lens.end(), lz + m) - lens.begin());
+          while (longer < lens.size() && sorted[longer] == y) ++longer;
+          if (longer < lens.size()) offer(pairs, moved + lz, b, x, y, sorted[longer], lz);
         }
       };
       for (int32_t x : whole[a]) try_x(x, false);
       for (int32_t x : cut[a]) try_x(x, true);
     }
     if (best_b < 0) break;
+    stale[a] = stale[best_b] = 1;
     workload[a] -= best_shift;
     workload[best_b] += best_shift;
     pieces[best_x].rank = best_b;
