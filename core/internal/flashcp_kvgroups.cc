@@ -102,20 +102,17 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
       // Pairs less r_rho x tokens per token of a pair's length (a pair of l
       // tokens each side: l (L + 1) pairs, 2 l tokens).
       const double unit = std::max(1.0, static_cast<double>(len + 1) - 2.0 * r_rho);
-      // The ranks by `free` descending (ties: lower rank first), popped off
-      // a heap as visited: most documents stop after a few ranks. A popped
-      // rank's `free` changes only once it is out of the heap.
+      // The ranks by `free` descending, ties by rank (a total order: no
+      // stable sort's buffer needed).
       std::iota(ranks.begin(), ranks.end(), 0);
-      const auto after = [&](int32_t x, int32_t y) {
-        return free[x] < free[y] || (free[x] == free[y] && x > y);
-      };
-      std::make_heap(ranks.begin(), ranks.end(), after);
+      std::sort(ranks.begin(), ranks.end(), [&](int32_t x, int32_t y) {
+        return free[x] > free[y] || (free[x] == free[y] && x < y);
+      });
       std::vector<Pair>& group = groups[h];
       group.clear();
       int64_t remaining = len / 2;
-      for (auto heap_end = ranks.end(); remaining > 0 && heap_end != ranks.begin(); --heap_end) {
-        std::pop_heap(ranks.begin(), heap_end, after);
-        const int32_t r = *(heap_end - 1);
+      for (int32_t r : ranks) {
+        if (remaining == 0) break;
         // Room for both chunks and (should it be the innermost) the middle token.
         const int64_t fit_room = (space[r] - odd) / 2;
         int64_t take = std::min(
@@ -373,22 +370,30 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
     Plan plan = std::move(raw.plan);
     PlanScore score = raw.score;
+    bool as_raw = true;  // plan is still the raw candidate (raw.targeted holds)
     if (m > 1 && CountSlivers(plan, m) > 0) {
       plan = FinishPlan(batch, RepairSlivers(batch, std::move(raw.pieces), m, options.max_work));
       score = ScorePlan(plan);
+      as_raw = false;
     }
     if (score.imbalance > target) {
       plan = BalanceByWholeExchanges(batch, plan, options.max_work, kPartners, 4 * n, m);
       score = ScorePlan(plan);
+      as_raw = false;
       if (score.imbalance > target) continue;
     }
     if (m > 1 && CountSlivers(plan, m) > chosen_slivers) continue;
-    plan = SwapRolesForTargeted(batch, plan, options.max_work, n);
-    // The all-gather's test first: it needs only the score (Measure's
-    // first half), the targeted phase costs more.
-    score = ScorePlan(plan);
+    Plan swapped = SwapRolesForTargeted(batch, plan, options.max_work, n);
+    if (swapped.shards != plan.shards) {  // else score (and raw.targeted) still hold
+      plan = std::move(swapped);
+      score = ScorePlan(plan);
+      as_raw = false;
+    }
+    // The all-gather's test first: it needs only the score, the targeted
+    // phase costs more.
     if (n <= 8 && allgather(score) > reference.allgather) continue;
-    const Exchange exchange = Measure(plan, score);
+    const Exchange exchange =
+        as_raw ? Exchange{allgather(score), raw.targeted} : Measure(plan, score);
     if (exchange.cheaper() >= best) continue;
     best = exchange.cheaper();
     chosen = std::move(plan);
