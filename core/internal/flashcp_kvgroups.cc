@@ -219,7 +219,8 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
         // Sixty halvings, stopped early once every length's floor is the
         // same at both ends: lengths are monotone in the level (so are their
         // rounded values) and the final level lies between the two, so the
-        // floors it yields are already known.
+        // floors it yields are already known. Tried only once the interval
+        // is under 1/16 token of length, where it mostly succeeds.
         const auto settled = [&] {
           for (size_t i = 0; i < group.size(); ++i) {
             if (std::floor(length(i, lo_level)) != std::floor(length(i, hi_level))) return false;
@@ -229,7 +230,7 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
         for (int it = 0; it < 60; ++it) {
           const double mid = 0.5 * (lo_level + hi_level);
           (total_at(mid) < static_cast<double>(half) ? lo_level : hi_level) = mid;
-          if (hi_level - lo_level < per && settled()) break;
+          if (16.0 * (hi_level - lo_level) < per && settled()) break;
         }
         int64_t sum = 0;
         for (size_t i = 0; i < group.size(); ++i) {
@@ -303,7 +304,15 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
       out.insert(out.end(), attempt.begin(), attempt.end());
     }
     if (peak <= options.max_work) break;  // within R: no pass does better
-    for (int32_t r = 0; r < n; ++r) moved[r] = work[r] - group_work[r] - whole[r];
+    // A pass is a function of `moved` alone: where it comes back the same,
+    // every later pass repeats this one.
+    bool same = true;
+    for (int32_t r = 0; r < n; ++r) {
+      const double next = work[r] - group_work[r] - whole[r];
+      same = same && next == moved[r];
+      moved[r] = next;
+    }
+    if (same) break;
   }
   return best_max < std::numeric_limits<double>::infinity();
 }
