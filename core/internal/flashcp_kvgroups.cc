@@ -102,9 +102,12 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
       // Pairs less r_rho x tokens per token of a pair's length (a pair of l
       // tokens each side: l (L + 1) pairs, 2 l tokens).
       const double unit = std::max(1.0, static_cast<double>(len + 1) - 2.0 * r_rho);
+      // The ranks by `free` descending, ties by rank (a total order: no
+      // stable sort's buffer needed).
       std::iota(ranks.begin(), ranks.end(), 0);
-      std::stable_sort(ranks.begin(), ranks.end(),
-                       [&](int32_t x, int32_t y) { return free[x] > free[y]; });
+      std::sort(ranks.begin(), ranks.end(), [&](int32_t x, int32_t y) {
+        return free[x] > free[y] || (free[x] == free[y] && x < y);
+      });
       std::vector<Pair>& group = groups[h];
       group.clear();
       int64_t remaining = len / 2;
@@ -161,6 +164,7 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
   std::vector<double> base;
   std::vector<int64_t> hi;
   std::vector<Shard> attempt;
+  WholeDocPlacement equalized;
   double best_max = std::numeric_limits<double>::infinity();
   for (int pass = 0; pass < kKvGroupPasses; ++pass) {
     for (int32_t r = 0; r < n; ++r) {
@@ -212,9 +216,21 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
         double lo_level = *std::min_element(base.begin(), base.end());
         double hi_level =
             *std::max_element(base.begin(), base.end()) + per * static_cast<double>(half);
+        // Sixty halvings, stopped early once every length's floor is the
+        // same at both ends: lengths are monotone in the level (so are their
+        // rounded values) and the final level lies between the two, so the
+        // floors it yields are already known. Tried only once the interval
+        // is under 1/16 token of length, where it mostly succeeds.
+        const auto settled = [&] {
+          for (size_t i = 0; i < group.size(); ++i) {
+            if (std::floor(length(i, lo_level)) != std::floor(length(i, hi_level))) return false;
+          }
+          return true;
+        };
         for (int it = 0; it < 60; ++it) {
           const double mid = 0.5 * (lo_level + hi_level);
           (total_at(mid) < static_cast<double>(half) ? lo_level : hi_level) = mid;
+          if (16.0 * (hi_level - lo_level) < per && settled()) break;
         }
         int64_t sum = 0;
         for (size_t i = 0; i < group.size(); ++i) {
@@ -277,7 +293,7 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
       over = over || needed[r] < 0;
     }
     if (over) break;
-    WholeDocPlacement equalized = placement;
+    equalized = placement;  // reuses last pass's buffers
     EqualizeWholeDocs(batch, needed, equalized, work, attempt,
                       WholeDocOptions{lpt_rho, true, m, 4 * m}, scratch);
     AppendHeldWhole(batch, equalized, attempt);
@@ -288,7 +304,15 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
       out.insert(out.end(), attempt.begin(), attempt.end());
     }
     if (peak <= options.max_work) break;  // within R: no pass does better
-    for (int32_t r = 0; r < n; ++r) moved[r] = work[r] - group_work[r] - whole[r];
+    // A pass is a function of `moved` alone: where it comes back the same,
+    // every later pass repeats this one.
+    bool same = true;
+    for (int32_t r = 0; r < n; ++r) {
+      const double next = work[r] - group_work[r] - whole[r];
+      same = same && next == moved[r];
+      moved[r] = next;
+    }
+    if (same) break;
   }
   return best_max < std::numeric_limits<double>::infinity();
 }
@@ -312,6 +336,8 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
   const int64_t m = options.min_shard;
   const int64_t chosen_slivers = m > 1 ? CountSlivers(chosen, m) : 0;
   const Exchange reference = Measure(chosen, chosen_score);
+  // Exchange::allgather (Measure's) from the score alone.
+  const auto allgather = [n](const PlanScore& score) { return score.max_nonlast * (n - 1); };
   int64_t best = reference.cheaper();
   // A raw candidate further than this off the target, or moving more than
   // this times the best so far (at N <= 8 also under the all-gather, than
@@ -336,13 +362,14 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
     if (!KvGroupPieces(batch, options, p, pieces)) continue;
     Plan plan = FinishPlan(batch, pieces);
     const PlanScore score = ScorePlan(plan);
-    const int64_t targeted = TargetedPhaseBottleneck(plan);
+    // The score's tests first: the targeted phase costs more to find.
     if (score.imbalance > kReach * target ||
-        static_cast<double>(targeted) > kReach * static_cast<double>(best) ||
-        (n <= 8 && static_cast<double>(score.max_nonlast * (n - 1)) >
+        (n <= 8 && static_cast<double>(allgather(score)) >
                        kReach * static_cast<double>(reference.allgather))) {
       continue;
     }
+    const int64_t targeted = TargetedPhaseBottleneck(plan);
+    if (static_cast<double>(targeted) > kReach * static_cast<double>(best)) continue;
     raws.push_back(Raw{targeted, std::move(pieces), std::move(plan), score});
   }
   std::stable_sort(raws.begin(), raws.end(),
@@ -352,20 +379,31 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
     Plan plan = std::move(raw.plan);
     PlanScore score = raw.score;
+    bool as_raw = true;  // plan is still the raw candidate (raw.targeted holds)
     if (m > 1 && CountSlivers(plan, m) > 0) {
       plan = FinishPlan(batch, RepairSlivers(batch, std::move(raw.pieces), m, options.max_work));
       score = ScorePlan(plan);
+      as_raw = false;
     }
     if (score.imbalance > target) {
       plan = BalanceByWholeExchanges(batch, plan, options.max_work, kPartners, 4 * n, m);
       score = ScorePlan(plan);
+      as_raw = false;
       if (score.imbalance > target) continue;
     }
     if (m > 1 && CountSlivers(plan, m) > chosen_slivers) continue;
-    plan = SwapRolesForTargeted(batch, plan, options.max_work, n);
-    const Exchange exchange = Measure(plan, ScorePlan(plan));
+    Plan swapped = SwapRolesForTargeted(batch, plan, options.max_work, n);
+    if (swapped.shards != plan.shards) {  // else score (and raw.targeted) still hold
+      plan = std::move(swapped);
+      score = ScorePlan(plan);
+      as_raw = false;
+    }
+    // The all-gather's test first: it needs only the score, the targeted
+    // phase costs more.
+    if (n <= 8 && allgather(score) > reference.allgather) continue;
+    const Exchange exchange =
+        as_raw ? Exchange{allgather(score), raw.targeted} : Measure(plan, score);
     if (exchange.cheaper() >= best) continue;
-    if (n <= 8 && exchange.allgather > reference.allgather) continue;
     best = exchange.cheaper();
     chosen = std::move(plan);
   }
