@@ -336,8 +336,7 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
   const int64_t m = options.min_shard;
   const int64_t chosen_slivers = m > 1 ? CountSlivers(chosen, m) : 0;
   const Exchange reference = Measure(chosen, chosen_score);
-  // Exchange::allgather (Measure's) from the score alone.
-  const auto allgather = [n](const PlanScore& score) { return score.max_nonlast * (n - 1); };
+  const auto allgather = [n](const PlanScore& score) { return AllgatherTokens(score, n); };
   int64_t best = reference.cheaper();
   // A raw candidate further than this off the target, or moving more than
   // this times the best so far (at N <= 8 also under the all-gather, than

@@ -72,8 +72,10 @@ int64_t CountSlivers(const Plan& plan, int64_t m) {
   return slivers;
 }
 
+int64_t AllgatherTokens(const PlanScore& score, int32_t n) { return score.max_nonlast * (n - 1); }
+
 Exchange Measure(const Plan& plan, const PlanScore& score) {
-  return Exchange{score.max_nonlast * (plan.cp_size - 1), TargetedPhaseBottleneck(plan)};
+  return Exchange{AllgatherTokens(score, plan.cp_size), TargetedPhaseBottleneck(plan)};
 }
 
 }  // namespace flashcp::core::internal

@@ -62,6 +62,9 @@ struct Exchange {
   int64_t targeted = 0;   // max over ranks of max(send, receive)
   int64_t cheaper() const { return std::min(allgather, targeted); }
 };
+// The compacted all-gather's phase tokens from a plan's score alone
+// (Exchange::allgather), for N ranks.
+int64_t AllgatherTokens(const PlanScore& score, int32_t n);
 // `score` is ScorePlan(plan).
 Exchange Measure(const Plan& plan, const PlanScore& score);
 
