@@ -20,6 +20,130 @@
 #include "core/status_macros.h"
 
 namespace flashcp::core::internal {
+namespace {
+
+// One rank's share of a cut document: two mirrored chunks of `len` tokens.
+struct Pair {
+  int32_t rank;
+  int64_t len;  // tokens of each of its two chunks
+};
+
+// Levels the pair lengths of one document of `len` tokens so that its ranks
+// end level in `work` (a pair of l tokens is l (L + 1) pairs wherever it
+// sits), each pair in [m, what its rank's target leaves]; updates `work`
+// and `group_tokens` with the new lengths. Leaves all as they are where
+// the group cannot hold the document within its ranks' targets. `base`
+// and `hi` are scratch.
+void LevelGroup(int64_t len, int64_t m, const std::vector<int64_t>& targets,
+                std::vector<Pair>& group, std::vector<double>& work,
+                std::vector<int64_t>& group_tokens, std::vector<double>& base,
+                std::vector<int64_t>& hi) {
+  const int64_t odd = len % 2;
+  const double per = static_cast<double>(len + 1);
+  const int64_t half = len / 2;
+  base.clear();
+  hi.clear();
+  int64_t hi_sum = 0;
+  bool fits = true;
+  for (const Pair& p : group) {
+    base.push_back(work[p.rank] - static_cast<double>(p.len) * per);
+    const int64_t other = group_tokens[p.rank] - 2 * p.len - odd;
+    hi.push_back((targets[p.rank] - other - odd) / 2);
+    fits = fits && hi.back() >= m;
+    hi_sum += hi.back();
+  }
+  if (!fits || hi_sum < half) return;
+  const auto length = [&](size_t i, double level) {
+    return std::clamp((level - base[i]) / per, static_cast<double>(m),
+                      static_cast<double>(hi[i]));
+  };
+  const auto total_at = [&](double level) {
+    double sum = 0;
+    for (size_t i = 0; i < group.size(); ++i) sum += length(i, level);
+    return sum;
+  };
+  double lo_level = *std::min_element(base.begin(), base.end());
+  double hi_level =
+      *std::max_element(base.begin(), base.end()) + per * static_cast<double>(half);
+  // Sixty halvings, stopped early once every length's floor is the
+  // same at both ends: lengths are monotone in the level (so are their
+  // rounded values) and the final level lies between the two, so the
+  // floors it yields are already known. Tried only once the interval
+  // is under 1/16 token of length, where it mostly succeeds.
+  const auto settled = [&] {
+    for (size_t i = 0; i < group.size(); ++i) {
+      if (std::floor(length(i, lo_level)) != std::floor(length(i, hi_level))) return false;
+    }
+    return true;
+  };
+  for (int it = 0; it < 60; ++it) {
+    const double mid = 0.5 * (lo_level + hi_level);
+    (total_at(mid) < static_cast<double>(half) ? lo_level : hi_level) = mid;
+    if (16.0 * (hi_level - lo_level) < per && settled()) break;
+  }
+  int64_t sum = 0;
+  for (size_t i = 0; i < group.size(); ++i) {
+    group_tokens[group[i].rank] -= 2 * group[i].len;
+    group[i].len = static_cast<int64_t>(std::floor(length(i, hi_level)));
+    sum += group[i].len;
+  }
+  // Rounding: the tokens short go one each to the ranks below their
+  // cap, those over come off ranks above the minimum shard.
+  for (size_t i = 0; sum < half; i = (i + 1) % group.size()) {
+    if (group[i].len < hi[i]) {
+      ++group[i].len;
+      ++sum;
+    }
+  }
+  for (size_t i = 0; sum > half; i = (i + 1) % group.size()) {
+    if (group[i].len > m) {
+      --group[i].len;
+      --sum;
+    }
+  }
+  for (size_t i = 0; i < group.size(); ++i) {
+    const Pair& p = group[i];
+    work[p.rank] = base[i] + static_cast<double>(p.len) * per;
+    group_tokens[p.rank] += 2 * p.len;
+  }
+}
+
+// The groups as pieces into `attempt` (cleared): per document (order[h],
+// h < groups.size()) the longest pair outermost (ties: the order taken),
+// the middle token of an odd document with the innermost pair; each rank's
+// pairs and tokens of them into `group_work` and `group_tokens`.
+void EmitGroups(const Batch& batch, const std::vector<int32_t>& order,
+                std::vector<std::vector<Pair>>& groups, std::vector<Shard>& attempt,
+                std::vector<double>& group_work, std::vector<int64_t>& group_tokens) {
+  const size_t cut = groups.size();
+  attempt.clear();
+  std::fill(group_tokens.begin(), group_tokens.end(), 0);
+  std::fill(group_work.begin(), group_work.end(), 0.0);
+  for (size_t h = 0; h < cut; ++h) {
+    std::vector<Pair>& group = groups[h];
+    const int32_t d = order[h];
+    const int64_t len = batch.doc_lens[d];
+    std::stable_sort(group.begin(), group.end(),
+                     [](const Pair& x, const Pair& y) { return x.len > y.len; });
+    int64_t front = 0, back = len;
+    for (const Pair& p : group) {
+      attempt.push_back(Shard{d, front, p.len, p.rank});
+      attempt.push_back(Shard{d, back - p.len, p.len, p.rank});
+      group_work[p.rank] += RangeWorkload(front, p.len) + RangeWorkload(back - p.len, p.len);
+      group_tokens[p.rank] += 2 * p.len;
+      front += p.len;
+      back -= p.len;
+    }
+    if (back > front) {
+      const int32_t r = group.back().rank;
+      attempt.push_back(Shard{d, front, back - front, r});
+      group_work[r] += RangeWorkload(front, back - front);
+      group_tokens[r] += back - front;
+    }
+  }
+}
+
+}  // namespace
 
 bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGroupParams& params,
                    std::vector<Shard>& out) {
@@ -84,10 +208,6 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
   std::vector<double> workload(n, 0.0);
   std::vector<double> left(n, capacity);  // effective pairs still free per rank
   std::vector<int32_t> ranks(n);
-  struct Pair {
-    int32_t rank;
-    int64_t len;  // tokens of each of its two chunks
-  };
   // Per cut document (order[h], h < cut), its ranks and pair lengths.
   std::vector<std::vector<Pair>> groups(cut);
   // Deals each cut document's pairs to the ranks with the most `free`
@@ -187,105 +307,11 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
     }
     for (int round = 0; round < 3; ++round) {
       for (size_t h = 0; h < cut; ++h) {
-        std::vector<Pair>& group = groups[h];
-        const int64_t len = batch.doc_lens[order[h]];
-        const int64_t odd = len % 2;
-        const double per = static_cast<double>(len + 1);
-        const int64_t half = len / 2;
-        base.clear();
-        hi.clear();
-        int64_t hi_sum = 0;
-        bool fits = true;
-        for (const Pair& p : group) {
-          base.push_back(work[p.rank] - static_cast<double>(p.len) * per);
-          const int64_t other = group_tokens[p.rank] - 2 * p.len - odd;
-          hi.push_back((targets[p.rank] - other - odd) / 2);
-          fits = fits && hi.back() >= m;
-          hi_sum += hi.back();
-        }
-        if (!fits || hi_sum < half) continue;
-        const auto length = [&](size_t i, double level) {
-          return std::clamp((level - base[i]) / per, static_cast<double>(m),
-                            static_cast<double>(hi[i]));
-        };
-        const auto total_at = [&](double level) {
-          double sum = 0;
-          for (size_t i = 0; i < group.size(); ++i) sum += length(i, level);
-          return sum;
-        };
-        double lo_level = *std::min_element(base.begin(), base.end());
-        double hi_level =
-            *std::max_element(base.begin(), base.end()) + per * static_cast<double>(half);
-        // Sixty halvings, stopped early once every length's floor is the
-        // same at both ends: lengths are monotone in the level (so are their
-        // rounded values) and the final level lies between the two, so the
-        // floors it yields are already known. Tried only once the interval
-        // is under 1/16 token of length, where it mostly succeeds.
-        const auto settled = [&] {
-          for (size_t i = 0; i < group.size(); ++i) {
-            if (std::floor(length(i, lo_level)) != std::floor(length(i, hi_level))) return false;
-          }
-          return true;
-        };
-        for (int it = 0; it < 60; ++it) {
-          const double mid = 0.5 * (lo_level + hi_level);
-          (total_at(mid) < static_cast<double>(half) ? lo_level : hi_level) = mid;
-          if (16.0 * (hi_level - lo_level) < per && settled()) break;
-        }
-        int64_t sum = 0;
-        for (size_t i = 0; i < group.size(); ++i) {
-          group_tokens[group[i].rank] -= 2 * group[i].len;
-          group[i].len = static_cast<int64_t>(std::floor(length(i, hi_level)));
-          sum += group[i].len;
-        }
-        // Rounding: the tokens short go one each to the ranks below their
-        // cap, those over come off ranks above the minimum shard.
-        for (size_t i = 0; sum < half; i = (i + 1) % group.size()) {
-          if (group[i].len < hi[i]) {
-            ++group[i].len;
-            ++sum;
-          }
-        }
-        for (size_t i = 0; sum > half; i = (i + 1) % group.size()) {
-          if (group[i].len > m) {
-            --group[i].len;
-            --sum;
-          }
-        }
-        for (size_t i = 0; i < group.size(); ++i) {
-          const Pair& p = group[i];
-          work[p.rank] = base[i] + static_cast<double>(p.len) * per;
-          group_tokens[p.rank] += 2 * p.len;
-        }
+        LevelGroup(batch.doc_lens[order[h]], m, targets, groups[h], work, group_tokens, base,
+                   hi);
       }
     }
-    // Emit the groups: longest pair outermost (ties: the order taken), the
-    // middle token of an odd document with the innermost pair.
-    attempt.clear();
-    std::fill(group_tokens.begin(), group_tokens.end(), 0);
-    std::fill(group_work.begin(), group_work.end(), 0.0);
-    for (size_t h = 0; h < cut; ++h) {
-      std::vector<Pair>& group = groups[h];
-      const int32_t d = order[h];
-      const int64_t len = batch.doc_lens[d];
-      std::stable_sort(group.begin(), group.end(),
-                       [](const Pair& x, const Pair& y) { return x.len > y.len; });
-      int64_t front = 0, back = len;
-      for (const Pair& p : group) {
-        attempt.push_back(Shard{d, front, p.len, p.rank});
-        attempt.push_back(Shard{d, back - p.len, p.len, p.rank});
-        group_work[p.rank] += RangeWorkload(front, p.len) + RangeWorkload(back - p.len, p.len);
-        group_tokens[p.rank] += 2 * p.len;
-        front += p.len;
-        back -= p.len;
-      }
-      if (back > front) {
-        const int32_t r = group.back().rank;
-        attempt.push_back(Shard{d, front, back - front, r});
-        group_work[r] += RangeWorkload(front, back - front);
-        group_tokens[r] += back - front;
-      }
-    }
+    EmitGroups(batch, order, groups, attempt, group_work, group_tokens);
     bool over = false;  // some rank holds more group tokens than its target
     for (int32_t r = 0; r < n; ++r) {
       needed[r] = targets[r] - group_tokens[r];
