@@ -63,6 +63,7 @@ class RetryingPlannerClient final : public PlannerClient {
   PlanResult Plan(const v1::PlanRequest& request, const CallOptions& options) override;
   absl::StatusOr<v1::ListStrategiesResponse> ListStrategies(const CallOptions& options) override;
   absl::StatusOr<v1::ServerInfo> GetServerInfo(const CallOptions& options) override;
+  // Not retried: passed straight to the wrapped client (planner_client.h).
   absl::StatusOr<v1::ReportStepTimesResponse> ReportStepTimes(
       const v1::ReportStepTimesRequest& request, const CallOptions& options) override;
   // A failed attempt's callback schedules the next attempt with

@@ -1,5 +1,6 @@
-// The flashcp-plan command line: argument parsing and the per-strategy
-// summary statistics are pure; RunCli does the I/O, through the streams and
+// The flashcp-plan command line: the per-strategy summary statistics are
+// pure; argument parsing reads the process's absl flags (not thread-safe);
+// RunCli does the I/O, through the streams and
 // the file path it is given. main() (flashcp_plan_main.cc) only wires
 // argv and the standard streams to these.
 #ifndef FLASHCP_CORE_CLI_H_

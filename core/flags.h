@@ -5,8 +5,8 @@
 // the process, and --help is generated from the program's own flags.
 //
 // Old spellings: a flag written with dashes (--min-shard-tokens) is taken as
-// its underscore name (--min_shard_tokens) with a deprecation warning; the
-// dashed spelling is accepted for one release.
+// its underscore name (--min_shard_tokens) with a warning naming that
+// spelling.
 #ifndef FLASHCP_CORE_FLAGS_H_
 #define FLASHCP_CORE_FLAGS_H_
 
@@ -46,7 +46,7 @@ struct CommandLine {
 // nothing else and returns help = true. InvalidArgument naming the flag for
 // an unknown flag (absl's own, such as --flagfile, included), a missing value
 // or a value the flag's type refuses; flags set before the error keep their
-// values. Range checks are the program's (FlagRangeError).
+// values. Range checks are the program's (FlagValueError, IntFlagIn).
 absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args);
 
 // Sets every program flag (those FlagsHelp lists) back to its default, for a

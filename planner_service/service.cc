@@ -30,8 +30,8 @@ constexpr char kApiVersion[] = "flashcp.v1";
 
 // A client whose deadline passes cancels the call itself, and that reaches us
 // before our copy of the deadline (arrival time + the grpc-timeout header)
-// passes: by the request's transit time, measured 8 ms for a 1 s deadline on
-// a loaded 2-core machine. A cancellation this close to the deadline is
+// passes: by the request's transit time, milliseconds on a loaded machine.
+// A cancellation this close to the deadline is
 // counted as the deadline's: within 50 ms, and within a tenth of the call's
 // budget, so that an explicit cancel of a short call still counts as one.
 constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(50);

@@ -146,7 +146,7 @@ TEST_F(WorkerTlsTest, WorkerTheMutualTlsPlannerRefusesExitsWithinItsTimeout) {
 }
 
 // The TLS flags are checked as flashcp-client checks them, with its messages
-// (client::internal::TlsOptionsFromArgs, WithTls); a bad value is a failure
+// (client::internal::TlsOptionsFromGiven, WithTls); a bad value is a failure
 // before the worker binds or joins anything.
 TEST_F(WorkerTlsTest, BadTlsFlagsNameTheFlag) {
   const std::string missing = tls_.dir + "/no_such_ca.pem";

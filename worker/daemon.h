@@ -13,7 +13,7 @@
 //     rank_backend.h: the CPU engine over the group's Gloo communicator, or
 //     the CUDA backend over NCCL), and
 //  3. after a step or heartbeat all ranks gather each other's RankReport
-//     {attention compute seconds, stop wanted}: each rank's measured
+//     {attention seconds, attention CPU seconds, stop wanted}: each rank's measured
 //     imbalance is its time over the group mean, and a stop anywhere
 //     (SIGTERM, StopRun) ends the group after the same round.
 // A failure on any rank (peer death, timeout, planner error) aborts the

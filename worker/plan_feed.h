@@ -25,8 +25,8 @@ namespace flashcp::worker {
 
 // The driver's supply of plans: one thread runs PlanStream (client/
 // PlanPipelined) with `prefetch` batches in flight and, when the stream
-// breaks with UNAVAILABLE (planner restart), reopens it from the first batch
-// not yet delivered with backoff. A watchdog thread gives up when no plan has
+// breaks with UNAVAILABLE, CANCELLED or ABORTED (a planner restart or
+// drain), reopens it from the first batch not yet delivered with backoff. A watchdog thread gives up when no plan has
 // arrived for `timeout` while the feed had room for one (a planner that is
 // down, or one that hangs without dropping the connection): it cancels the
 // stream and the feed delivers UNAVAILABLE. A per-item error is delivered as

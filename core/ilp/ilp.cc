@@ -378,7 +378,7 @@ class CbcStop final : public CbcEventHandler {
 // Ends an LP solve at its next simplex iteration once StopOrTimeUp: CBC's
 // first LP and the check of the incumbent are simplex runs of seconds on
 // large models, outside CBC's events and time limit. The stopped LP leaves
-// CBC without a solution of its own; PlanIlp then keeps the incumbent.
+// CBC without a solution of its own; Solve then keeps the incumbent.
 class ClpStop final : public ClpEventHandler {
  public:
   explicit ClpStop(StopOrTimeUp stopped) : stopped_(stopped) {}

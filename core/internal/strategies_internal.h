@@ -38,8 +38,9 @@ Plan PlanWholeDoc(const Batch& batch);
 Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
 // flashcp (flashcp.cc): PlanFlashCpCompacted's plan, or a grouped
 // one where that moves less, its roles then swapped (flashcp_roles.h), then
-// beyond 8 ranks a chunk-heap one where that moves less (flashcp_kv.h;
-// docs/planner.md, "Least KV moved").
+// beyond 8 ranks a chunk-heap one and at N >= 3 a capacity-group one, each
+// where it moves less (flashcp_kv.h, flashcp_kvgroups.h; flashcp.cc lists
+// the stages; docs/planner.md, "Least KV moved").
 // Both flashcp planners return options.stop's status once it says stop (the
 // ILP, core/ilp/ilp.h, too).
 absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options);
