@@ -4,8 +4,10 @@
 The planner balances attention pairs (SPEC Eq. 3), but a pair does not cost
 the same everywhere: each sequence has a fixed cost and prefixed shards' pairs
 cost more than whole documents'. This replans the timed batches with
-flashcp-plan (same data set, context, seed and batch indices as the bench, so
-the same plans, if flashcp-plan is built from the commit that ran the bench),
+flashcp-plan (same data set, context, seed and batch indices as the bench),
+refuses to fit if any replanned plan's imbalance differs from the one the
+bench recorded (then flashcp-plan plans differently from the commit that ran
+the bench: build that commit's), computes each rank's features,
 computes each rank's features, and least-squares fits
     ms = a*pairs_whole + b*pairs_prefixed + c*sequences + d*tokens
 (and simpler models beside it), in sample. Needs numpy.
@@ -15,6 +17,7 @@ Usage: fit_rank_cost.py CP_RESULTS.jsonl FLASHCP_PLAN_BINARY [--context 131072] 
 import argparse
 import json
 import subprocess
+import sys
 
 import numpy as np
 
@@ -45,12 +48,14 @@ def main():
     ap.add_argument("--context", type=int, default=131072)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
-    times = {}
+    times, recorded = {}, {}
     for line in open(a.results):
         if line.startswith("{"):
             r = json.loads(line)
             if r.get("bench") == "cp" and "rank_ms" in r:
-                times[(r["dataset"], r["batch"], r["cp"], r["strategy"])] = r["rank_ms"]
+                key = (r["dataset"], r["batch"], r["cp"], r["strategy"])
+                times[key] = r["rank_ms"]
+                recorded[key] = r.get("predicted_imbalance")
     cells = sorted({(d, n) for d, _, n, _ in times})
     batches = 1 + max(b for _, b, _, _ in times)
     x, y, keys = [], [], []
@@ -61,13 +66,22 @@ def main():
                              check=True, capture_output=True, text=True).stdout
         for line in out.splitlines():
             p = json.loads(line)
-            t = times.get((d, p["batch_id"], n, p["strategy"]))
+            # flashcp-plan's JSON before 2f96066 said "batch" and "imbalance".
+            batch = p["batch_id"] if "batch_id" in p else p["batch"]
+            key = (d, batch, n, p["strategy"])
+            t = times.get(key)
             if t is None:
                 continue
+            # The bench records 4 decimals.
+            want, got = recorded[key], p["metrics"].get("imbalance_ratio", p["metrics"].get("imbalance"))
+            if want is not None and abs(got - want) > 6e-5:
+                sys.exit(f"{a.flashcp_plan} plans {key} at imbalance {got:.4f}, the bench's plan "
+                         f"was {want:.4f}: not the timed plans; build flashcp-plan from the "
+                         f"commit that ran the bench")
             for r, f in enumerate(rank_features(p)):
                 x.append(f)
                 y.append(t[r])
-                keys.append((d, p["batch_id"], n, p["strategy"]))
+                keys.append(key)
     x, y = np.array(x), np.array(y)
     pairs, seqs, tokens = x[:, 0] + x[:, 1], x[:, 2] + x[:, 3], x[:, 4] + x[:, 5]
     print(f"{len(y)} rank timings, {len({k[:3] for k in keys})} cells")
