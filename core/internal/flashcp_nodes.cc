@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -113,25 +114,67 @@ void KernighanLin(const Graph& g, std::vector<int32_t>& node_of) {
   };
   std::vector<uint8_t> locked(n);
   std::vector<std::pair<int32_t, int32_t>> swaps;
+  // Scratch of one swap's search (below).
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
+  std::vector<int64_t> here(n);                                     // conn(x, node of x)
+  std::vector<int64_t> lift(static_cast<size_t>(2) * g.nodes * g.nodes);  // [class][k1][k2]
+  std::vector<std::vector<int32_t>> members(g.nodes);               // free ranks per node
+  struct NodePair {
+    int64_t bound;
+    int32_t cls, k1, k2;
+  };
+  std::vector<NodePair> pairs;
   for (int32_t pass = 0; pass < kNodePlacementPasses; ++pass) {
     std::fill(locked.begin(), locked.end(), 0);
     swaps.clear();
     int64_t total = 0, best_total = 0;
     size_t best_len = 0;
     while (true) {
+      // The best swap of free ranks a (node ka) and b (node kb) of one
+      // class: it gains lift(a, kb) + lift(b, ka) - 2 w(a, b), where
+      // lift(x, k) = conn(x, k) - conn(x, node of x) is what moving x alone
+      // to k gains. With w >= 0, the best lifts of a node pair bound its
+      // swaps: node pairs are tried by bound, highest first, until one falls
+      // below the best gain found (equal ones are still tried, for the
+      // lowest ids).
+      for (int32_t x = 0; x < n; ++x) here[x] = at(x, node_of[x]);
+      std::fill(lift.begin(), lift.end(), kNone);
+      for (auto& m : members) m.clear();
+      for (int32_t x = 0; x < n; ++x) {
+        if (locked[x]) continue;
+        members[node_of[x]].push_back(x);
+        int64_t* row = &lift[(static_cast<size_t>(g.cls[x]) * g.nodes + node_of[x]) * g.nodes];
+        for (int32_t k = 0; k < g.nodes; ++k) row[k] = std::max(row[k], at(x, k) - here[x]);
+      }
+      pairs.clear();
+      for (int32_t c = 0; c < 2; ++c) {
+        for (int32_t k1 = 0; k1 < g.nodes; ++k1) {
+          for (int32_t k2 = k1 + 1; k2 < g.nodes; ++k2) {
+            const int64_t u = lift[(static_cast<size_t>(c) * g.nodes + k1) * g.nodes + k2];
+            const int64_t v = lift[(static_cast<size_t>(c) * g.nodes + k2) * g.nodes + k1];
+            if (u != kNone && v != kNone) pairs.push_back({u + v, c, k1, k2});
+          }
+        }
+      }
+      std::stable_sort(pairs.begin(), pairs.end(),
+                       [](const NodePair& x, const NodePair& y) { return x.bound > y.bound; });
       int32_t best_a = -1, best_b = -1;
-      int64_t best_gain = std::numeric_limits<int64_t>::min();
-      for (int32_t a = 0; a < n; ++a) {
-        if (locked[a]) continue;
-        for (int32_t b = a + 1; b < n; ++b) {
-          if (locked[b] || g.cls[a] != g.cls[b] || node_of[a] == node_of[b]) continue;
-          const int32_t ka = node_of[a], kb = node_of[b];
-          const int64_t gain =
-              at(a, kb) - at(a, ka) + at(b, ka) - at(b, kb) - 2 * g.weight(a, b);
-          if (gain > best_gain) {
-            best_gain = gain;
-            best_a = a;
-            best_b = b;
+      int64_t best_gain = 0;
+      for (const NodePair& p : pairs) {
+        if (best_a >= 0 && p.bound < best_gain) break;
+        for (int32_t a : members[p.k1]) {
+          if (g.cls[a] != p.cls) continue;
+          for (int32_t b : members[p.k2]) {
+            if (g.cls[b] != p.cls) continue;
+            const int64_t gain =
+                at(a, p.k2) - here[a] + at(b, p.k1) - here[b] - 2 * g.weight(a, b);
+            const int32_t lo = std::min(a, b), hi = std::max(a, b);
+            if (best_a < 0 || gain > best_gain ||
+                (gain == best_gain && std::tie(lo, hi) < std::tie(best_a, best_b))) {
+              best_gain = gain;
+              best_a = lo;
+              best_b = hi;
+            }
           }
         }
       }
