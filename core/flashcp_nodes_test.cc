@@ -50,101 +50,91 @@ Plan CrossedPairs() {
   return plan;
 }
 
-// Nodes {0, 1} and {2, 3}: both sends cross nodes (8 tokens). From the
-// plan's own nodes the best first swap is ranks 0 and 3 (gain 16: each
-// joins its partner; 1 and 2 gain as much, later ids): nodes {1, 3} and
-// {0, 2}, which take ids 0, 1 and 2, 3 in rank order. Nothing crosses.
-TEST(NodePlacementTest, CrossedPairsShareNodes) {
-  const Plan plan = CrossedPairs();
-  ASSERT_THAT(ValidatePlan(plan), IsOk());
-  EXPECT_EQ(PlanInterTokens(plan, 2), 8);
-  EXPECT_EQ(AnalyzedInterTokens(plan, 2), 8);
-  EXPECT_THAT(NodePlacement(plan, 2), ElementsAre(2, 0, 3, 1));
-  const Plan placed = PlaceRanksOnNodes(plan, 2, {});
-  EXPECT_EQ(placed.shards, (std::vector<Shard>{{1, 0, 4, 0}, {1, 4, 4, 1}, {0, 0, 4, 2},
-                                                {0, 4, 4, 3}}));
-  EXPECT_THAT(ValidatePlan(placed), IsOk());
-  EXPECT_EQ(PlanInterTokens(placed, 2), 0);
-  EXPECT_EQ(AnalyzedInterTokens(placed, 2), 0);
+struct PlacementCase {
+  const char* name;
+  Plan plan;
+  int32_t per_node;
+  int64_t inter_before;           // targeted inter-node tokens of one phase
+  std::vector<int32_t> new_rank;  // NodePlacement
+  int64_t inter_after;
+};
+
+// Hand-checked placements. Each plan's ranks hold C/N = 4 tokens (3 where
+// padded); "a-b" is the pair of ranks a and b, its weight the tokens they
+// exchange both ways.
+std::vector<PlacementCase> PlacementCases() {
+  return {
+      // Nodes {0, 1}, {2, 3}; weights 0-2 and 1-3 of 4, both across. From
+      // the plan's own nodes the best first swap is 0 and 3 (gain 8: each
+      // joins its partner; 1 and 2 gain as much, later ids): nodes {1, 3},
+      // {0, 2}, which take ids 0, 1 and 2, 3 in rank order.
+      {"crossed pairs", CrossedPairs(), 2, 8, {2, 0, 3, 1}, 0},
+      // Docs [8, 7] (15 tokens: one padding token, on rank 3): doc 0 over
+      // ranks 0 and 2, doc 1 over 1 and 3. Rank 3 is the only one of its
+      // count, so it keeps id 3 and node 1; swapping 1 and 2 pairs everyone.
+      {"padded rank keeps its count",
+       Plan{4, {8, 7}, 1, {{0, 0, 4, 0}, {1, 0, 4, 1}, {0, 4, 4, 2}, {1, 4, 3, 3}}},
+       2,
+       8,
+       {0, 2, 1, 3},
+       0},
+      // Docs [7, 7] (two padding tokens, ranks 2 and 3): pairs 0-2 and 1-3
+      // across nodes {0, 1}, {2, 3}, but every relabeling that keeps the
+      // counts keeps those nodes: nothing changes.
+      {"no swap within counts",
+       Plan{4, {7, 7}, 2, {{0, 0, 4, 0}, {1, 0, 4, 1}, {0, 4, 3, 2}, {1, 4, 3, 3}}},
+       2,
+       8,
+       {0, 1, 2, 3},
+       8},
+      // N = 5, nodes {0, 1}, {2, 3} and {4} (the last one smaller,
+      // AnalyzePlan's rule). Docs [8, 8, 4]: doc 0 over ranks 0 and 4, doc 1
+      // over 1 and 2, doc 2 whole on 3. Kernighan-Lin from the plan's nodes:
+      // swap 0 and 2 (gain 4: 1 joins 2), then 3 and 4 (gain 4: 4 joins 0):
+      // nodes {1, 2}, {0, 4}, {3}.
+      {"last node smaller",
+       Plan{5,
+            {8, 8, 4},
+            0,
+            {{0, 0, 4, 0}, {1, 0, 4, 1}, {1, 4, 4, 2}, {2, 0, 4, 3}, {0, 4, 4, 4}}},
+       2,
+       8,
+       {2, 0, 1, 4, 3},
+       0},
+      // Docs [12, 12] on 6 ranks, 3 a node: doc 0 over ranks 0, 1, 3, doc 1
+      // over 2, 4, 5, each in that order (rank 0 sends [0, 4) to 1 and 3,
+      // rank 1 sends [4, 8) to 3: weights 0-1, 0-3, 1-3 of 4; doc 1 alike).
+      // Own nodes {0, 1, 2}, {3, 4, 5}: 0-3, 1-3, 2-4, 2-5 cross. Swapping
+      // 2 and 3 gains 16 (0 and 3, or 2 and 4, gain 0): nodes {0, 1, 3},
+      // {2, 4, 5}.
+      {"two triangles join",
+       Plan{6,
+            {12, 12},
+            0,
+            {{0, 0, 4, 0}, {0, 4, 4, 1}, {1, 0, 4, 2}, {0, 8, 4, 3}, {1, 4, 4, 4}, {1, 8, 4, 5}}},
+       3,
+       16,
+       {0, 1, 3, 2, 4, 5},
+       0},
+  };
 }
 
-// Docs [8, 7] on 4 ranks (15 tokens: C/N = 4, one padding token on rank 3,
-// which holds 3 real tokens): doc 0 over ranks 0 and 2, doc 1 over ranks 1
-// and 3. Rank 3 is the only one of its count, so it keeps id 3 and node 1;
-// the swap of ranks 1 and 2 (gain 16) pairs everyone: new ids 0, 2, 1, 3.
-TEST(NodePlacementTest, PaddedRankKeepsItsCount) {
-  Plan plan;
-  plan.cp_size = 4;
-  plan.doc_lens = {8, 7};
-  plan.padding = 1;
-  plan.shards = {{0, 0, 4, 0}, {1, 0, 4, 1}, {0, 4, 4, 2}, {1, 4, 3, 3}};
-  ASSERT_THAT(ValidatePlan(plan), IsOk());
-  EXPECT_EQ(AnalyzedInterTokens(plan, 2), 8);
-  EXPECT_THAT(NodePlacement(plan, 2), ElementsAre(0, 2, 1, 3));
-  const Plan placed = PlaceRanksOnNodes(plan, 2, {});
-  EXPECT_EQ(placed.shards, (std::vector<Shard>{{0, 0, 4, 0}, {0, 4, 4, 1}, {1, 0, 4, 2},
-                                                {1, 4, 3, 3}}));
-  EXPECT_THAT(ValidatePlan(placed), IsOk());
-  EXPECT_EQ(AnalyzedInterTokens(placed, 2), 0);
-}
-
-// Every padded rank in a node of its own count: no relabeling keeps the
-// counts and moves anything (docs [7, 7]: ranks 2 and 3 hold 3 tokens each;
-// doc 0 over ranks 0 and 2, doc 1 over ranks 1 and 3; nodes {0, 1}, {2, 3}).
-TEST(NodePlacementTest, NoSwapWithinCountsLeavesPlan) {
-  Plan plan;
-  plan.cp_size = 4;
-  plan.doc_lens = {7, 7};
-  plan.padding = 2;
-  plan.shards = {{0, 0, 4, 0}, {1, 0, 4, 1}, {0, 4, 3, 2}, {1, 4, 3, 3}};
-  ASSERT_THAT(ValidatePlan(plan), IsOk());
-  EXPECT_EQ(AnalyzedInterTokens(plan, 2), 8);
-  EXPECT_THAT(NodePlacement(plan, 2), ElementsAre(0, 1, 2, 3));
-  const Plan placed = PlaceRanksOnNodes(plan, 2, {});
-  EXPECT_EQ(placed.shards, plan.shards);
-}
-
-// N = 5, 2 ranks a node: nodes {0, 1}, {2, 3} and {4} (the last one
-// smaller, AnalyzePlan's rule). Docs [8, 8, 4], 4 tokens a rank: doc 0 over
-// ranks 0 and 4, doc 1 over ranks 1 and 2, doc 2 whole on rank 3; 8 tokens
-// cross. Kernighan-Lin from the plan's nodes: swap 0 and 2 (gain 4: 1 joins
-// 2), then 3 and 4 (gain 4: 4 joins 0): nodes {1, 2}, {0, 4}, {3}, ids in
-// rank order: 2, 0, 1, 4, 3. Nothing crosses.
-TEST(NodePlacementTest, LastNodeSmaller) {
-  Plan plan;
-  plan.cp_size = 5;
-  plan.doc_lens = {8, 8, 4};
-  plan.shards = {{0, 0, 4, 0}, {1, 0, 4, 1}, {1, 4, 4, 2}, {2, 0, 4, 3}, {0, 4, 4, 4}};
-  ASSERT_THAT(ValidatePlan(plan), IsOk());
-  EXPECT_EQ(AnalyzedInterTokens(plan, 2), 8);
-  EXPECT_EQ(PlanInterTokens(plan, 2), 8);
-  EXPECT_THAT(NodePlacement(plan, 2), ElementsAre(2, 0, 1, 4, 3));
-  const Plan placed = PlaceRanksOnNodes(plan, 2, {});
-  EXPECT_EQ(placed.shards, (std::vector<Shard>{{1, 0, 4, 0}, {1, 4, 4, 1}, {0, 0, 4, 2},
-                                                {0, 4, 4, 3}, {2, 0, 4, 4}}));
-  EXPECT_THAT(ValidatePlan(placed), IsOk());
-  EXPECT_EQ(AnalyzedInterTokens(placed, 2), 0);
-}
-
-// Docs [12, 12] on 6 ranks, 4 tokens each, 3 ranks a node: doc 0 over
-// ranks 0, 1, 3 and doc 1 over ranks 2, 4, 5, each in that order. Doc 0:
-// rank 0 sends [0, 4) to ranks 1 and 3, rank 1 sends [4, 8) to rank 3:
-// weights 0-1, 0-3, 1-3 of 4 each; doc 1 likewise over 2, 4, 5. Own nodes
-// {0, 1, 2}, {3, 4, 5}: 16 tokens cross (0-3, 1-3, 2-4, 2-5). The best swap
-// is 2 and 3 (gain 16; 0-3, 1-3, 2-4, 2-5, 0-4 ... gain 0): nodes {0, 1, 3}
-// and {2, 4, 5}, ids 0, 1, 3 -> 0, 1, 2 and 2, 4, 5 -> 3, 4, 5.
-TEST(NodePlacementTest, TwoTrianglesJoin) {
-  Plan plan;
-  plan.cp_size = 6;
-  plan.doc_lens = {12, 12};
-  plan.shards = {{0, 0, 4, 0}, {0, 4, 4, 1}, {1, 0, 4, 2},
-                 {0, 8, 4, 3}, {1, 4, 4, 4}, {1, 8, 4, 5}};
-  ASSERT_THAT(ValidatePlan(plan), IsOk());
-  EXPECT_EQ(AnalyzedInterTokens(plan, 3), 16);
-  EXPECT_THAT(NodePlacement(plan, 3), ElementsAre(0, 1, 3, 2, 4, 5));
-  const Plan placed = PlaceRanksOnNodes(plan, 3, {});
-  EXPECT_THAT(ValidatePlan(placed), IsOk());
-  EXPECT_EQ(AnalyzedInterTokens(placed, 3), 0);
+TEST(NodePlacementTest, HandChecked) {
+  for (const PlacementCase& c : PlacementCases()) {
+    SCOPED_TRACE(c.name);
+    ASSERT_THAT(ValidatePlan(c.plan), IsOk());
+    EXPECT_EQ(AnalyzedInterTokens(c.plan, c.per_node), c.inter_before);
+    EXPECT_EQ(PlanInterTokens(c.plan, c.per_node), c.inter_before);
+    EXPECT_EQ(NodePlacement(c.plan, c.per_node), c.new_rank);
+    const Plan placed = PlaceRanksOnNodes(c.plan, c.per_node, {});
+    EXPECT_EQ(placed.shards, RelabelRanks(c.plan, c.new_rank).shards);
+    EXPECT_THAT(ValidatePlan(placed), IsOk());
+    EXPECT_EQ(AnalyzedInterTokens(placed, c.per_node), c.inter_after);
+    EXPECT_EQ(PlanInterTokens(placed, c.per_node), c.inter_after);
+  }
+  // The first case in full: rank 0 <- old 1, 1 <- 3, 2 <- 0, 3 <- 2.
+  EXPECT_EQ(PlaceRanksOnNodes(CrossedPairs(), 2, {}).shards,
+            (std::vector<Shard>{{1, 0, 4, 0}, {1, 4, 4, 1}, {0, 0, 4, 2}, {0, 4, 4, 3}}));
 }
 
 TEST(NodePlacementTest, OneNodeOrSpeedsLeavePlan) {

@@ -156,8 +156,9 @@ void KernighanLin(const Graph& g, std::vector<int32_t>& node_of) {
           }
         }
       }
-      std::stable_sort(pairs.begin(), pairs.end(),
-                       [](const NodePair& x, const NodePair& y) { return x.bound > y.bound; });
+      std::sort(pairs.begin(), pairs.end(), [](const NodePair& x, const NodePair& y) {
+        return std::tie(y.bound, x.cls, x.k1, x.k2) < std::tie(x.bound, y.cls, y.k1, y.k2);
+      });
       int32_t best_a = -1, best_b = -1;
       int64_t best_gain = 0;
       for (const NodePair& p : pairs) {
