@@ -83,10 +83,12 @@ absl::Status FillSchemeBytes(const std::vector<int64_t>& phase_sent,
 // One phase's targeted tokens per rank (SPEC "Targeted exchange, per
 // phase"), from a valid plan's shards grouped by document.
 // With `inter` set, also the tokens sent to ranks on other nodes (node of
-// rank r: r / ranks_per_node; ranks_per_node 0: one node), summed over ranks.
+// rank r: r / ranks_per_node; ranks_per_node 0: one node), summed over ranks;
+// with `pairs` set (N x N, zeroed by the caller), the tokens each rank sends
+// each other one, pairs[src * N + dest].
 void TargetedPhase(const Plan& plan, const DocIndex& index, std::vector<int64_t>& fwd_sent,
                    std::vector<int64_t>& fwd_recv, int32_t ranks_per_node = 0,
-                   int64_t* inter = nullptr) {
+                   int64_t* inter = nullptr, std::vector<int64_t>* pairs = nullptr) {
   const int32_t n = plan.cp_size;
   const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
   std::vector<int32_t> node_distinct((n + per_node - 1) / per_node, 0);
@@ -102,6 +104,7 @@ void TargetedPhase(const Plan& plan, const DocIndex& index, std::vector<int64_t>
   std::vector<int64_t> own_before;     // per rank: its tokens among the pieces seen so far
   own_before.assign(n, 0);
   std::vector<int32_t> distinct_after;
+  std::vector<int32_t> later;  // distinct owners of the pieces after the current one
   for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
     const int32_t b = index.begin[d], e = index.begin[d + 1], count = e - b;
     if (count <= 1 || n == 1) continue;
@@ -144,6 +147,17 @@ void TargetedPhase(const Plan& plan, const DocIndex& index, std::vector<int64_t>
         if (last_pos[s.rank] == k) ++node_distinct[node];
       }
       for (int32_t r : touched) node_distinct[r / per_node] = 0;
+    }
+    if (pairs != nullptr) {
+      // Piece k goes to each distinct owner of a later piece but its own.
+      later.clear();
+      for (int32_t k = count - 1; k >= 0; --k) {
+        const Shard& s = plan.shards[index.shards[b + k]];
+        for (int32_t dest : later) {
+          if (dest != s.rank) (*pairs)[static_cast<size_t>(s.rank) * n + dest] += s.len;
+        }
+        if (last_pos[s.rank] == k) later.push_back(s.rank);
+      }
     }
     for (int32_t r : touched) {
       fwd_recv[r] += prefix_tokens[last_pos[r]] - own_before[r];
@@ -346,6 +360,13 @@ int64_t TargetedPhaseBottleneck(const Plan& plan) {
   int64_t bottleneck = 0;
   for (size_t r = 0; r < sent.size(); ++r) bottleneck = std::max({bottleneck, sent[r], recv[r]});
   return bottleneck;
+}
+
+std::vector<int64_t> TargetedPairTokens(const Plan& plan) {
+  const size_t n = static_cast<size_t>(plan.cp_size);
+  std::vector<int64_t> sent, recv, pairs(n * n, 0);
+  TargetedPhase(plan, IndexByDoc(plan), sent, recv, 0, nullptr, &pairs);
+  return pairs;
 }
 
 int64_t TargetedPhaseLowerBound(const Batch& batch, double max_workload) {

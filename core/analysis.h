@@ -166,6 +166,15 @@ struct PlanMetrics {
 // not checked). O(shards log shards).
 int64_t TargetedPhaseBottleneck(const Plan& plan);
 
+// One phase of the targeted exchange between each pair of ranks: tokens
+// rank a sends rank b at [a * N + b] (0 on the diagonal), the sends
+// PlanMetrics' targeted bytes sum (row a sums to phase.sent_tokens[a]; the
+// cells between nodes to inter_node_bytes / (2 H D dtype)) and
+// BuildCommLayout's TargetedSend::tokens. The plan must be valid
+// (ValidatePlan; not checked). O(shards log shards + the pieces of each
+// document x the ranks it spans), N^2 memory.
+std::vector<int64_t> TargetedPairTokens(const Plan& plan);
+
 // A lower bound on the targeted exchange's phase bottleneck (SPEC "Targeted
 // exchange, per phase", tokens) of every plan of `batch` whose ranks each
 // keep at most `max_workload` pairs: the rank holding a document's last

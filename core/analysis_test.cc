@@ -161,6 +161,18 @@ TEST(AnalyzePlanTest, IntraAndInterNodeBytes) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ranks_per_node")));
 }
 
+// The pair matrix of the plans above: one 9-token document over 3 ranks
+// (r0 sends 3 to r1 and 3 to r2, r1 sends 3 to r2), and SPEC's 16-token
+// per_doc at N = 2 (r0 sends [0, 4) to r1, r1 sends [4, 12) to r0; r0's
+// tail [12, 16) is the last piece and goes nowhere).
+TEST(TargetedPairTokensTest, HandWorked) {
+  EXPECT_THAT(TargetedPairTokens(Plan{3, {9}, 0, {{0, 0, 3, 0}, {0, 3, 3, 1}, {0, 6, 3, 2}}}),
+              ElementsAre(0, 3, 3, 0, 0, 3, 0, 0, 0));
+  EXPECT_THAT(TargetedPairTokens(Plan{2, {16}, 0, {{0, 0, 4, 0}, {0, 12, 4, 0}, {0, 4, 8, 1}}}),
+              ElementsAre(0, 4, 8, 0));
+  EXPECT_THAT(TargetedPairTokens(HeadTailPlan()), ElementsAre(0, 0, 2, 0));
+}
+
 TEST(AnalyzePlanTest, RejectsBadShape) {
   EXPECT_THAT(AnalyzePlan(HeadTailPlan(), ModelShape{0, 128, 2}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("heads")));

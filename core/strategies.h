@@ -107,7 +107,9 @@ struct PlanOptions {
   int64_t min_shard_tokens = 128;
   // Topology: rank r is on node r / ranks_per_node (0: all N on one node).
   // flashcp's grouped cuts keep a document within one node where a node has
-  // the ranks for it; other strategies ignore it. 0 <= ranks_per_node <= 65536.
+  // the ranks for it, and its last stage relabels ranks so that those
+  // exchanging most share a node (not with rank speeds that differ); other
+  // strategies ignore it. 0 <= ranks_per_node <= 65536.
   int32_t ranks_per_node = 0;
   IlpOptions ilp;
   // The rank cost the plan balances (core/cost_model.h; docs/planner.md,

@@ -16,7 +16,10 @@
 //  6. post-passes over the final plan (PlanFlashCp): beyond 8 ranks,
 //     chunk-heap candidates (flashcp_kv.h), then at every N >= 3
 //     capacity-group candidates (flashcp_kvgroups.h), each where it moves
-//     less.
+//     less;
+//  7. node placement (flashcp_nodes.h), last: the ranks relabeled so that
+//     those exchanging most share a node (ranks_per_node), which moves
+//     nothing else.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -26,6 +29,7 @@
 #include "core/internal/flashcp_grouped.h"
 #include "core/internal/flashcp_kv.h"
 #include "core/internal/flashcp_kvgroups.h"
+#include "core/internal/flashcp_nodes.h"
 #include "core/internal/flashcp_options.h"
 #include "core/internal/flashcp_recut.h"
 #include "core/internal/flashcp_repair.h"
@@ -114,7 +118,9 @@ absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& plan_opt
   // Beyond 8 ranks, chunk-heap candidates where they move less (flashcp_kv.h).
   FLASHCP_ASSIGN_OR_RETURN(plan, PreferLeastKv(batch, options, std::move(plan)));
   // Capacity groups where they move less (flashcp_kvgroups.h).
-  return PreferKvGroups(batch, options, std::move(plan));
+  FLASHCP_ASSIGN_OR_RETURN(plan, PreferKvGroups(batch, options, std::move(plan)));
+  // Stage 7, last: ranks placed on nodes (flashcp_nodes.h).
+  return PlaceRanksOnNodes(std::move(plan), options.ranks_per_node, plan_options.rank_speed);
 }
 
 }  // namespace flashcp::core::internal
