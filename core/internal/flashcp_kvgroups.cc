@@ -354,6 +354,20 @@ absl::StatusOr<Plan> PreferKvGroups(const Batch& batch, const FlashCpOptions& op
 
 absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& options,
                                       Plan chosen, const std::vector<KvGroupParams>& params) {
+  if (batch.cp_size <= 2) return chosen;  // at N = 2 a cut document moves the same either way
+  if (ScorePlan(chosen).cut_docs == 0) return chosen;  // nothing is exchanged to begin with
+  std::vector<std::vector<Shard>> candidates;
+  for (const KvGroupParams& p : params) {
+    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
+    std::vector<Shard> pieces;
+    if (KvGroupPieces(batch, options, p, pieces)) candidates.push_back(std::move(pieces));
+  }
+  return PreferRawCandidates(batch, options, std::move(chosen), std::move(candidates));
+}
+
+absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOptions& options,
+                                         Plan chosen,
+                                         std::vector<std::vector<Shard>> candidates) {
   const int32_t n = batch.cp_size;
   if (n <= 2) return chosen;  // at N = 2 a cut document moves the same either way
   const PlanScore chosen_score = ScorePlan(chosen);
@@ -381,10 +395,8 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
     PlanScore score;
   };
   std::vector<Raw> raws;
-  for (const KvGroupParams& p : params) {
+  for (std::vector<Shard>& pieces : candidates) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-    std::vector<Shard> pieces;
-    if (!KvGroupPieces(batch, options, p, pieces)) continue;
     Plan plan = FinishPlan(batch, pieces);
     const PlanScore score = ScorePlan(plan);
     // The score's tests first: the targeted phase costs more to find.
