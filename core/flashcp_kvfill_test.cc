@@ -191,9 +191,9 @@ TEST(KvFillPropertyTest, FillsAreValidAndKeptOnlyWhenBetter) {
     }
   }
   // Fills built, raw fills within R, plans replaced: the test sees each.
-  EXPECT_EQ(built, 5217);
-  EXPECT_EQ(within, 1719);
-  EXPECT_EQ(replaced, 761);
+  EXPECT_EQ(built, 5349);
+  EXPECT_EQ(within, 3069);
+  EXPECT_EQ(replaced, 1417);
 }
 
 }  // namespace

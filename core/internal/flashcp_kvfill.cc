@@ -22,17 +22,54 @@ namespace {
 constexpr int64_t kScan = 64;
 constexpr double kTolerance = 5e-3;
 
+// The tokens of one document not yet dealt, [lo, hi), and how they are
+// peeled: mirrored (a head and a tail of equal length, or the head alone
+// where too short for two pieces of the minimum) or heads alone.
+struct Shell {
+  int32_t doc = -1;  // -1: none
+  int64_t lo = 0;
+  int64_t hi = 0;
+  bool mirrored = true;
+};
+
 // Where the deal stands between ranks.
 struct FillState {
-  size_t dense_next = 0;  // next dense document to start peeling
-  int32_t shell = -1;     // the dense document being peeled (-1: none)
-  int64_t shell_lo = 0;   // its tokens not yet dealt: [shell_lo, shell_hi)
-  int64_t shell_hi = 0;
+  size_t dense_next = 0;    // next dense document to start peeling
+  Shell shell;              // the dense document being peeled
   int64_t dense_left = 0;   // dense tokens not yet dealt
-  int32_t part = -1;        // the sparse document whose head was dealt (-1: none)
-  int64_t part_off = 0;     // its tokens dealt so far (its head)
+  Shell part;               // the sparse document being cut
   int64_t sparse_left = 0;  // sparse tokens not yet dealt
 };
+
+// Takes x of the shell's tokens for `rank` (all that is left where x
+// covers it), every piece and what is left >= m: the tokens taken, 0 where
+// x cannot be taken so.
+int64_t Peel(Shell& shell, int64_t x, int64_t m, int32_t rank, std::vector<Shard>* out,
+             double& work) {
+  const auto emit = [&](int64_t start, int64_t len) {
+    work += ShardWorkload(start, len);
+    if (out != nullptr) out->push_back(Shard{shell.doc, start, len, rank});
+  };
+  const int64_t rest = shell.hi - shell.lo;
+  if (x >= rest) {
+    emit(shell.lo, rest);
+    shell.doc = -1;
+    return rest;
+  }
+  if (rest - x < m || x < m) return 0;
+  if (shell.mirrored && x >= 2 * m) {
+    const int64_t head = (x + 1) / 2;
+    const int64_t tail = x - head;
+    emit(shell.lo, head);
+    emit(shell.hi - tail, tail);
+    shell.lo += head;
+    shell.hi -= tail;
+  } else {
+    emit(shell.lo, x);
+    shell.lo += x;
+  }
+  return x;
+}
 
 // Sums of tokens and pairs over a prefix of positions, with point updates
 // (a Fenwick tree): whole documents a rank takes are a run of positions.
@@ -82,9 +119,10 @@ class PrefixSums {
 
 class Filler {
  public:
-  Filler(const Batch& batch, SparseOrder order, std::vector<int32_t> dense,
+  Filler(const Batch& batch, SparseOrder order, int64_t max_tokens, std::vector<int32_t> dense,
          std::vector<int32_t> sparse)
       : lens_(batch.doc_lens),
+        max_tokens_(max_tokens),
         order_(order),
         dense_(std::move(dense)),
         asc_(std::move(sparse)),
@@ -129,12 +167,6 @@ class Filler {
     return out;
   }
 
-  static void Emit(std::vector<Shard>* out, int32_t doc, int64_t start, int64_t len,
-                   int32_t rank, double& work) {
-    work += ShardWorkload(start, len);
-    if (out != nullptr) out->push_back(Shard{doc, start, len, rank});
-  }
-
   // y sparse tokens into `s`: the cut document's rest first, then whole
   // documents from the order's end while they fit, then the head of the
   // shortest document left that keeps both pieces >= m (shortest first:
@@ -142,20 +174,15 @@ class Filler {
   int64_t TakeSparse(FillState& s, int64_t y, int64_t m, int32_t rank, std::vector<Shard>* out,
                      double& work) {
     int64_t taken = 0;
-    if (s.part >= 0) {
-      const int64_t rest = lens_[s.part] - s.part_off;
-      if (y >= rest) {
-        Emit(out, s.part, s.part_off, rest, rank, work);
-        taken += rest;
-        y -= rest;
-        s.part = -1;
-      } else {
-        if (y < m || rest - y < m) return 0;
-        Emit(out, s.part, s.part_off, y, rank, work);
-        s.part_off += y;
-        s.sparse_left -= y;
-        return y;
+    if (s.part.doc >= 0) {
+      const int64_t rest = s.part.hi - s.part.lo;
+      const int64_t got = Peel(s.part, std::min(y, rest), m, rank, out, work);
+      if (got < rest) {  // the part not finished: nothing else fits
+        s.sparse_left -= got;
+        return got;
       }
+      taken += got;
+      y -= got;
     }
     // The whole documents: the untaken ones of asc_[first, last), found
     // on the Fenwick sums (taken ones count 0).
@@ -206,10 +233,10 @@ class Filler {
       }
     }
     if (head > 0) {
-      Emit(out, asc_[cut], 0, head, rank, work);
-      taken += head;
-      s.part = asc_[cut];
-      s.part_off = head;
+      // A document longer than any rank's tokens is peeled mirrored, so
+      // that the ranks taking its rest get the same pairs per token.
+      s.part = Shell{asc_[cut], 0, Len(cut), Len(cut) > max_tokens_};
+      taken += Peel(s.part, head, m, rank, out, work);
       if (out != nullptr) Take(cut);
     }
     if (out != nullptr) {
@@ -246,40 +273,22 @@ class Filler {
                     double& work) {
     int64_t taken = 0;
     while (x > 0) {
-      if (s.shell < 0) {
+      if (s.shell.doc < 0) {
         if (s.dense_next >= dense_.size()) break;
-        s.shell = dense_[s.dense_next++];
-        s.shell_lo = 0;
-        s.shell_hi = lens_[s.shell];
+        const int32_t d = dense_[s.dense_next++];
+        s.shell = Shell{d, 0, lens_[d], true};
       }
-      const int64_t rest = s.shell_hi - s.shell_lo;
-      if (x >= rest) {
-        Emit(out, s.shell, s.shell_lo, rest, rank, work);
-        x -= rest;
-        taken += rest;
-        s.shell = -1;
-        continue;
-      }
-      if (rest - x < m || x < m) break;
-      if (x >= 2 * m) {
-        const int64_t head = (x + 1) / 2;
-        const int64_t tail = x - head;
-        Emit(out, s.shell, s.shell_lo, head, rank, work);
-        Emit(out, s.shell, s.shell_hi - tail, tail, rank, work);
-        s.shell_lo += head;
-        s.shell_hi -= tail;
-      } else {
-        Emit(out, s.shell, s.shell_lo, x, rank, work);
-        s.shell_lo += x;
-      }
-      taken += x;
-      x = 0;
+      const int64_t got = Peel(s.shell, x, m, rank, out, work);
+      if (got == 0) break;
+      x -= got;
+      taken += got;
     }
     s.dense_left -= taken;
     return taken;
   }
 
   const std::vector<int64_t>& lens_;
+  const int64_t max_tokens_;  // the most tokens a rank holds
   const SparseOrder order_;
   const std::vector<int32_t> dense_;  // longest first
   const std::vector<int32_t> asc_;    // sparse, shortest first
@@ -311,7 +320,8 @@ bool KvFillPieces(const Batch& batch, const FlashCpOptions& options, SparseOrder
   }
   if (dense.empty()) return false;
   std::reverse(sparse.begin(), sparse.end());  // shortest first
-  Filler filler(batch, order, std::move(dense), std::move(sparse));
+  const int64_t max_tokens = *std::max_element(targets.begin(), targets.end());
+  Filler filler(batch, order, max_tokens, std::move(dense), std::move(sparse));
   const size_t out_size = out.size();
   double left = options.total_work;
   for (int32_t r = 0; r + 1 < n; ++r) {
