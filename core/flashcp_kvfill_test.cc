@@ -75,6 +75,33 @@ TEST(KvFillPiecesTest, ShortSparseHeadTakesAWholeDocumentsPlace) {
   EXPECT_EQ(internal::CountSlivers(plan, 2), 0);
 }
 
+// Docs {22, 13, 1}, N = 3, minimum shard 1: C/N = 12, 253 + 91 + 1 = 345
+// pairs, mean 115, 9.58 per token. Doc 0 (11.5) is dense; docs 1 (7) and 2
+// (1) sparse, doc 1 longer than C/N, so peeled mirrored too. Rank 0: doc
+// 2, a 1-token head of doc 1 (too short for a pair) and [0,5) [17,22) of
+// doc 0: 1 + 1 + 15 + 100 = 117, the nearest to 115 (y = 3, a pair of doc
+// 1: 112; y = 1: 122). Rank 1 aims at (345 - 117) / 2 = 114: doc 1's next
+// pair [1,4) [10,13) (9 + 36) and doc 0's [5,8) [14,17) (21 + 48): 114.
+// Rank 2 takes the middles, [8,14) of doc 0 (69) and [4,10) of doc 1
+// (45): 114.
+TEST(KvFillPiecesTest, SparseDocumentLongerThanARankPeeledMirrored) {
+  const Batch batch{{22, 13, 1}, 3};
+  const internal::FlashCpOptions options = internal::FlashCpOptions::For(batch, MinShard(1));
+  std::vector<Shard> pieces;
+  ASSERT_TRUE(internal::KvFillPieces(batch, options, SparseOrder::kShortestFirst, pieces));
+  const Plan plan = internal::FinishPlan(batch, pieces);
+  EXPECT_EQ(plan.shards,
+            (std::vector<Shard>{Shard{0, 0, 5, 0}, Shard{0, 17, 5, 0}, Shard{1, 0, 1, 0},
+                                Shard{2, 0, 1, 0}, Shard{0, 5, 3, 1}, Shard{0, 14, 3, 1},
+                                Shard{1, 1, 3, 1}, Shard{1, 10, 3, 1}, Shard{0, 8, 6, 2},
+                                Shard{1, 4, 6, 2}}));
+  EXPECT_THAT(ValidatePlan(plan), IsOk());
+  EXPECT_DOUBLE_EQ(internal::ScorePlan(plan).imbalance, 117.0 / 115.0);
+  // Rank 1 receives 11 of doc 0 and 7 of doc 1; rank 2 sends [8,14) twice
+  // and [4,10) once (to rank 1).
+  EXPECT_EQ(TargetedPhaseBottleneck(plan), 18);
+}
+
 // Nothing denser than the mean rank (equal documents): false, `out` as it
 // was.
 TEST(KvFillPiecesTest, NoDenseDocumentIsFalse) {

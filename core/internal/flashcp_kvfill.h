@@ -10,8 +10,10 @@
 // rank that takes x dense tokens from the dense end (longest first, each
 // document peeled from the outside in: its first rank holds its head and
 // tail, the one needing its longest prefix) and its other tokens from the
-// sparse end (whole documents, the last one's head cut to fit) reaches the
-// mean workload at one x, found by bisection. A long document then lies on
+// sparse end (whole documents, the last one's head cut to fit; a document
+// longer than C/N peeled mirrored, so that the ranks taking its rest get
+// the same pairs per token) reaches the mean workload at one x, found by
+// interpolation. A long document then lies on
 // consecutive ranks, the groups of different documents disjoint but where
 // one rank's dense share ends one and starts the next: the rank holding its
 // tail receives about L minus its pair, the innermost sends about as much,
@@ -38,8 +40,10 @@ enum class SparseOrder {
 // exactly its RankTargets tokens, every cut piece >= options.min_shard
 // (at least 1). Rank r aims at (the pairs not yet dealt) / (N - r); the
 // last rank takes what is left. A rank's sparse head is cut from the
-// shortest sparse document that keeps both pieces >= the minimum (or, if
-// none, one whole document fewer). False (and `out` as it was) where N < 2,
+// shortest sparse document that keeps both pieces >= the minimum (with
+// shortest first, failing that, one whole document fewer and a longer
+// head); of the splits near the one found without the minimum, the one
+// nearest the aim. False (and `out` as it was) where N < 2,
 // no document is dense, or some rank finds no split that gives it exactly
 // its tokens.
 bool KvFillPieces(const Batch& batch, const FlashCpOptions& options, SparseOrder order,
