@@ -21,6 +21,10 @@ namespace {
 // mean rank workloads, that ends the search early.
 constexpr int64_t kScan = 64;
 constexpr double kTolerance = 5e-3;
+// A raw fill moving more than this times the best plan so far is not
+// repaired: its balancing exchanges (tens of ms on batches of many
+// documents) seldom bring it below.
+constexpr double kMovedReach = 1.0;
 
 // The tokens of one document not yet dealt, [lo, hi), and how they are
 // peeled: mirrored (a head and a tail of equal length, or the head alone
@@ -399,7 +403,8 @@ absl::StatusOr<Plan> PreferKvFill(const Batch& batch, const FlashCpOptions& opti
     std::vector<Shard> pieces;
     if (KvFillPieces(batch, options, order, pieces)) candidates.push_back(std::move(pieces));
   }
-  return PreferRawCandidates(batch, options, std::move(chosen), std::move(candidates));
+  return PreferRawCandidates(batch, options, std::move(chosen), std::move(candidates),
+                             kMovedReach);
 }
 
 }  // namespace flashcp::core::internal

@@ -52,7 +52,8 @@ bool KvFillPieces(const Batch& batch, const FlashCpOptions& options, SparseOrder
 // `chosen`, or beyond 8 ranks the fill candidate (both orders) that
 // PreferRawCandidates (flashcp_kvgroups.h) keeps: within the target after
 // its repairs, no more cut shards under the minimum, moving strictly less
-// under its cheaper exchange. The stop token's status once it says stop.
+// under its cheaper exchange; a raw fill moving more than the best so far
+// is not repaired. The stop token's status once it says stop.
 absl::StatusOr<Plan> PreferKvFill(const Batch& batch, const FlashCpOptions& options,
                                   Plan chosen);
 

@@ -366,8 +366,8 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
 }
 
 absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOptions& options,
-                                         Plan chosen,
-                                         std::vector<std::vector<Shard>> candidates) {
+                                         Plan chosen, std::vector<std::vector<Shard>> candidates,
+                                         double moved_reach) {
   const int32_t n = batch.cp_size;
   if (n <= 2) return chosen;  // at N = 2 a cut document moves the same either way
   const PlanScore chosen_score = ScorePlan(chosen);
@@ -406,7 +406,7 @@ absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOption
       continue;
     }
     const int64_t targeted = TargetedPhaseBottleneck(plan);
-    if (static_cast<double>(targeted) > kReach * static_cast<double>(best)) continue;
+    if (static_cast<double>(targeted) > moved_reach * static_cast<double>(best)) continue;
     raws.push_back(Raw{targeted, std::move(pieces), std::move(plan), score});
   }
   std::stable_sort(raws.begin(), raws.end(),
@@ -414,6 +414,8 @@ absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOption
   if (raws.size() > max_repaired) raws.resize(max_repaired);
   for (Raw& raw : raws) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
+    // Out of reach of one kept before it: not worth its repairs.
+    if (static_cast<double>(raw.targeted) > moved_reach * static_cast<double>(best)) continue;
     Plan plan = std::move(raw.plan);
     PlanScore score = raw.score;
     bool as_raw = true;  // plan is still the raw candidate (raw.targeted holds)

@@ -78,10 +78,11 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
 // The judge behind PreferKvGroupsOf (and other stages' candidates, e.g.
 // flashcp_kvfill.h): `chosen`, or the best of `candidates` (raw pieces for
 // FinishPlan, each rank exactly its RankTargets tokens, in the order
-// given) by the rules of PreferKvGroups above.
+// given) by the rules of PreferKvGroups above, a raw candidate moving more
+// than moved_reach x the best so far (1.1 there) dropped unrepaired.
 absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOptions& options,
-                                         Plan chosen,
-                                         std::vector<std::vector<Shard>> candidates);
+                                         Plan chosen, std::vector<std::vector<Shard>> candidates,
+                                         double moved_reach = 1.1);
 
 // The candidates, in the order tried: at N <= 8 the first kKvGroupsSmall
 // (the plan-time budget there is 1 ms), beyond 16 ranks the first
