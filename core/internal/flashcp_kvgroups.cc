@@ -343,35 +343,19 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
   return best_max < std::numeric_limits<double>::infinity();
 }
 
-absl::StatusOr<Plan> PreferKvGroups(const Batch& batch, const FlashCpOptions& options,
-                                    Plan chosen) {
-  const size_t count = batch.cp_size <= 8    ? kKvGroupsSmall
-                       : batch.cp_size > 16 ? kKvGroupsLarge
-                                            : std::size(kKvGroupParams);
-  return PreferKvGroupsOf(batch, options, std::move(chosen),
-                          std::vector<KvGroupParams>(kKvGroupParams, kKvGroupParams + count));
-}
+namespace {
 
-absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& options,
-                                      Plan chosen, const std::vector<KvGroupParams>& params) {
-  if (batch.cp_size <= 2) return chosen;  // at N = 2 a cut document moves the same either way
-  if (ScorePlan(chosen).cut_docs == 0) return chosen;  // nothing is exchanged to begin with
-  std::vector<std::vector<Shard>> candidates;
-  for (const KvGroupParams& p : params) {
-    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-    std::vector<Shard> pieces;
-    if (KvGroupPieces(batch, options, p, pieces)) candidates.push_back(std::move(pieces));
-  }
-  return PreferRawCandidates(batch, options, std::move(chosen), std::move(candidates));
-}
+// A raw capacity-group candidate moving more than this times the best so
+// far is dropped unrepaired.
+constexpr double kGroupsMovedReach = 1.1;
 
-absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOptions& options,
-                                         Plan chosen, std::vector<std::vector<Shard>> candidates,
-                                         double moved_reach) {
+// PreferRawCandidates with chosen's score known (N > 2, chosen cuts
+// something).
+absl::StatusOr<Plan> JudgeRawCandidates(const Batch& batch, const FlashCpOptions& options,
+                                        Plan chosen, const PlanScore& chosen_score,
+                                        std::vector<std::vector<Shard>> candidates,
+                                        double moved_reach) {
   const int32_t n = batch.cp_size;
-  if (n <= 2) return chosen;  // at N = 2 a cut document moves the same either way
-  const PlanScore chosen_score = ScorePlan(chosen);
-  if (chosen_score.cut_docs == 0) return chosen;  // nothing is exchanged to begin with
   const double target = options.target;
   const int64_t m = options.min_shard;
   const int64_t chosen_slivers = m > 1 ? CountSlivers(chosen, m) : 0;
@@ -448,5 +432,42 @@ absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOption
   }
   return chosen;
 }
+
+}  // namespace
+
+absl::StatusOr<Plan> PreferKvGroups(const Batch& batch, const FlashCpOptions& options,
+                                    Plan chosen) {
+  const size_t count = batch.cp_size <= 8    ? kKvGroupsSmall
+                       : batch.cp_size > 16 ? kKvGroupsLarge
+                                            : std::size(kKvGroupParams);
+  return PreferKvGroupsOf(batch, options, std::move(chosen),
+                          std::vector<KvGroupParams>(kKvGroupParams, kKvGroupParams + count));
+}
+
+absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& options,
+                                      Plan chosen, const std::vector<KvGroupParams>& params) {
+  if (batch.cp_size <= 2) return chosen;  // at N = 2 a cut document moves the same either way
+  const PlanScore chosen_score = ScorePlan(chosen);
+  if (chosen_score.cut_docs == 0) return chosen;  // nothing is exchanged to begin with
+  std::vector<std::vector<Shard>> candidates;
+  for (const KvGroupParams& p : params) {
+    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
+    std::vector<Shard> pieces;
+    if (KvGroupPieces(batch, options, p, pieces)) candidates.push_back(std::move(pieces));
+  }
+  return JudgeRawCandidates(batch, options, std::move(chosen), chosen_score,
+                            std::move(candidates), kGroupsMovedReach);
+}
+
+absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOptions& options,
+                                         Plan chosen, std::vector<std::vector<Shard>> candidates,
+                                         double moved_reach) {
+  if (batch.cp_size <= 2) return chosen;  // at N = 2 a cut document moves the same either way
+  const PlanScore chosen_score = ScorePlan(chosen);
+  if (chosen_score.cut_docs == 0) return chosen;  // nothing is exchanged to begin with
+  return JudgeRawCandidates(batch, options, std::move(chosen), chosen_score,
+                            std::move(candidates), moved_reach);
+}
+
 
 }  // namespace flashcp::core::internal
