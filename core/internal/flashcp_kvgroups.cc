@@ -345,10 +345,6 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
 
 namespace {
 
-// A raw capacity-group candidate moving more than this times the best so
-// far is dropped unrepaired.
-constexpr double kGroupsMovedReach = 1.1;
-
 // PreferRawCandidates with chosen's score known (N > 2, chosen cuts
 // something).
 absl::StatusOr<Plan> JudgeRawCandidates(const Batch& batch, const FlashCpOptions& options,
@@ -456,7 +452,7 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
     if (KvGroupPieces(batch, options, p, pieces)) candidates.push_back(std::move(pieces));
   }
   return JudgeRawCandidates(batch, options, std::move(chosen), chosen_score,
-                            std::move(candidates), kGroupsMovedReach);
+                            std::move(candidates), kKvGroupsMovedReach);
 }
 
 absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOptions& options,
@@ -468,6 +464,5 @@ absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOption
   return JudgeRawCandidates(batch, options, std::move(chosen), chosen_score,
                             std::move(candidates), moved_reach);
 }
-
 
 }  // namespace flashcp::core::internal

@@ -79,10 +79,11 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
 // flashcp_kvfill.h): `chosen`, or the best of `candidates` (raw pieces for
 // FinishPlan, each rank exactly its RankTargets tokens, in the order
 // given) by the rules of PreferKvGroups above, a raw candidate moving more
-// than moved_reach x the best so far (1.1 there) dropped unrepaired.
+// than moved_reach x the best so far dropped unrepaired.
+inline constexpr double kKvGroupsMovedReach = 1.1;  // PreferKvGroups' reach
 absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOptions& options,
                                          Plan chosen, std::vector<std::vector<Shard>> candidates,
-                                         double moved_reach = 1.1);
+                                         double moved_reach = kKvGroupsMovedReach);
 
 // The candidates, in the order tried: at N <= 8 the first kKvGroupsSmall
 // (the plan-time budget there is 1 ms), beyond 16 ranks the first
