@@ -14,9 +14,9 @@
 //     which of its pieces, so that the heads and tails of different
 //     documents land on different ranks;
 //  6. post-passes over the final plan (PlanFlashCp): beyond 8 ranks,
-//     chunk-heap candidates (flashcp_kv.h), then at every N >= 3
-//     capacity-group candidates (flashcp_kvgroups.h), each where it moves
-//     less;
+//     chunk-heap candidates (flashcp_kv.h) and density fills
+//     (flashcp_kvfill.h), then at every N >= 3 capacity-group candidates
+//     (flashcp_kvgroups.h), each where it moves less;
 //  7. node placement (flashcp_nodes.h), last: the ranks relabeled so that
 //     those exchanging most share a node (ranks_per_node), which moves
 //     nothing else.
@@ -28,6 +28,7 @@
 
 #include "core/internal/flashcp_grouped.h"
 #include "core/internal/flashcp_kv.h"
+#include "core/internal/flashcp_kvfill.h"
 #include "core/internal/flashcp_kvgroups.h"
 #include "core/internal/flashcp_nodes.h"
 #include "core/internal/flashcp_options.h"
@@ -117,6 +118,7 @@ absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& plan_opt
   // whole plan, keeping every rank's tokens. Add them here, in order.
   // Beyond 8 ranks, chunk-heap candidates where they move less (flashcp_kv.h).
   FLASHCP_ASSIGN_OR_RETURN(plan, PreferLeastKv(batch, options, std::move(plan)));
+  FLASHCP_ASSIGN_OR_RETURN(plan, PreferKvFill(batch, options, std::move(plan)));  // kvfill.h
   // Capacity groups where they move less (flashcp_kvgroups.h).
   FLASHCP_ASSIGN_OR_RETURN(plan, PreferKvGroups(batch, options, std::move(plan)));
   // Stage 7, last: ranks placed on nodes (flashcp_nodes.h).

@@ -343,21 +343,15 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
   return best_max < std::numeric_limits<double>::infinity();
 }
 
-absl::StatusOr<Plan> PreferKvGroups(const Batch& batch, const FlashCpOptions& options,
-                                    Plan chosen) {
-  const size_t count = batch.cp_size <= 8    ? kKvGroupsSmall
-                       : batch.cp_size > 16 ? kKvGroupsLarge
-                                            : std::size(kKvGroupParams);
-  return PreferKvGroupsOf(batch, options, std::move(chosen),
-                          std::vector<KvGroupParams>(kKvGroupParams, kKvGroupParams + count));
-}
+namespace {
 
-absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& options,
-                                      Plan chosen, const std::vector<KvGroupParams>& params) {
+// PreferRawCandidates with chosen's score known (N > 2, chosen cuts
+// something).
+absl::StatusOr<Plan> JudgeRawCandidates(const Batch& batch, const FlashCpOptions& options,
+                                        Plan chosen, const PlanScore& chosen_score,
+                                        std::vector<std::vector<Shard>> candidates,
+                                        double moved_reach) {
   const int32_t n = batch.cp_size;
-  if (n <= 2) return chosen;  // at N = 2 a cut document moves the same either way
-  const PlanScore chosen_score = ScorePlan(chosen);
-  if (chosen_score.cut_docs == 0) return chosen;  // nothing is exchanged to begin with
   const double target = options.target;
   const int64_t m = options.min_shard;
   const int64_t chosen_slivers = m > 1 ? CountSlivers(chosen, m) : 0;
@@ -381,10 +375,8 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
     PlanScore score;
   };
   std::vector<Raw> raws;
-  for (const KvGroupParams& p : params) {
+  for (std::vector<Shard>& pieces : candidates) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-    std::vector<Shard> pieces;
-    if (!KvGroupPieces(batch, options, p, pieces)) continue;
     Plan plan = FinishPlan(batch, pieces);
     const PlanScore score = ScorePlan(plan);
     // The score's tests first: the targeted phase costs more to find.
@@ -394,7 +386,7 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
       continue;
     }
     const int64_t targeted = TargetedPhaseBottleneck(plan);
-    if (static_cast<double>(targeted) > kReach * static_cast<double>(best)) continue;
+    if (static_cast<double>(targeted) > moved_reach * static_cast<double>(best)) continue;
     raws.push_back(Raw{targeted, std::move(pieces), std::move(plan), score});
   }
   std::stable_sort(raws.begin(), raws.end(),
@@ -402,6 +394,8 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
   if (raws.size() > max_repaired) raws.resize(max_repaired);
   for (Raw& raw : raws) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
+    // Out of reach of one kept before it: not worth its repairs.
+    if (static_cast<double>(raw.targeted) > moved_reach * static_cast<double>(best)) continue;
     Plan plan = std::move(raw.plan);
     PlanScore score = raw.score;
     bool as_raw = true;  // plan is still the raw candidate (raw.targeted holds)
@@ -433,6 +427,42 @@ absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& 
     chosen = std::move(plan);
   }
   return chosen;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> PreferKvGroups(const Batch& batch, const FlashCpOptions& options,
+                                    Plan chosen) {
+  const size_t count = batch.cp_size <= 8    ? kKvGroupsSmall
+                       : batch.cp_size > 16 ? kKvGroupsLarge
+                                            : std::size(kKvGroupParams);
+  return PreferKvGroupsOf(batch, options, std::move(chosen),
+                          std::vector<KvGroupParams>(kKvGroupParams, kKvGroupParams + count));
+}
+
+absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& options,
+                                      Plan chosen, const std::vector<KvGroupParams>& params) {
+  if (batch.cp_size <= 2) return chosen;  // at N = 2 a cut document moves the same either way
+  const PlanScore chosen_score = ScorePlan(chosen);
+  if (chosen_score.cut_docs == 0) return chosen;  // nothing is exchanged to begin with
+  std::vector<std::vector<Shard>> candidates;
+  for (const KvGroupParams& p : params) {
+    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
+    std::vector<Shard> pieces;
+    if (KvGroupPieces(batch, options, p, pieces)) candidates.push_back(std::move(pieces));
+  }
+  return JudgeRawCandidates(batch, options, std::move(chosen), chosen_score,
+                            std::move(candidates), kKvGroupsMovedReach);
+}
+
+absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOptions& options,
+                                         Plan chosen, std::vector<std::vector<Shard>> candidates,
+                                         double moved_reach) {
+  if (batch.cp_size <= 2) return chosen;  // at N = 2 a cut document moves the same either way
+  const PlanScore chosen_score = ScorePlan(chosen);
+  if (chosen_score.cut_docs == 0) return chosen;  // nothing is exchanged to begin with
+  return JudgeRawCandidates(batch, options, std::move(chosen), chosen_score,
+                            std::move(candidates), moved_reach);
 }
 
 }  // namespace flashcp::core::internal

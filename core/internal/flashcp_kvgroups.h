@@ -75,6 +75,16 @@ absl::StatusOr<Plan> PreferKvGroups(const Batch& batch, const FlashCpOptions& op
 absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& options,
                                       Plan chosen, const std::vector<KvGroupParams>& params);
 
+// The judge behind PreferKvGroupsOf (and other stages' candidates, e.g.
+// flashcp_kvfill.h): `chosen`, or the best of `candidates` (raw pieces for
+// FinishPlan, each rank exactly its RankTargets tokens, in the order
+// given) by the rules of PreferKvGroups above, a raw candidate moving more
+// than moved_reach x the best so far dropped unrepaired.
+inline constexpr double kKvGroupsMovedReach = 1.1;  // PreferKvGroups' reach
+absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOptions& options,
+                                         Plan chosen, std::vector<std::vector<Shard>> candidates,
+                                         double moved_reach = kKvGroupsMovedReach);
+
 // The candidates, in the order tried: at N <= 8 the first kKvGroupsSmall
 // (the plan-time budget there is 1 ms), beyond 16 ranks the first
 // kKvGroupsLarge (20 ms at N = 64), else all; of those within reach,
@@ -84,7 +94,7 @@ inline constexpr KvGroupParams kKvGroupParams[] = {
     {1.0, 2.0, 0.0}, {1.0, 1.0, 0.0}, {0.98, 1.0, 0.0}, {1.0, 1.3, 0.0}, {0.98, 1.6, 0.0},
     {1.0, 1.6, 0.0}};
 inline constexpr size_t kKvGroupsSmall = 1;
-inline constexpr size_t kKvGroupsLarge = 4;
+inline constexpr size_t kKvGroupsLarge = 2;
 // Deal-level-equalize passes per candidate (KvGroupPieces).
 inline constexpr int kKvGroupPasses = 3;
 
