@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "core/internal/flashcp_options.h"
 #include "core/internal/flashcp_search.h"
+#include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
@@ -60,6 +61,34 @@ TEST(CompactedSearchTest, WalksToTheFewestPerDocDocuments) {
       batch, search.Assemble(std::move(best.pieces), best.placement, best.k, best.reduced));
   EXPECT_THAT(plan.shards, ElementsAre(Shard{0, 0, 2, 0}, Shard{0, 6, 2, 0}, Shard{1, 0, 2, 0},
                                        Shard{0, 2, 4, 1}, Shard{2, 0, 2, 1}));
+}
+
+// Docs [40, 20] on 2 ranks, each where LPT put it, needing 38 and 22
+// tokens, m = 4: rank 0 must hand 2 tokens to rank 1, a sliver head, so it
+// sends the head [0, 22) instead and takes doc 1 (20 tokens) back whole.
+internal::WholeDocPlacement TwoRankPlacement() {
+  return internal::WholeDocPlacement{{40, 20}, {{0}, {1}}, 2};
+}
+
+TEST(EqualizeWholeDocsTest, SaysWhetherTheSwapCapDecided) {
+  const Batch batch{{40, 20}, 2};
+  const std::vector<int64_t> need = {38, 22};
+  internal::WholeDocScratch scratch;
+  const auto equalize = [&](int64_t cap, std::vector<Shard>& out) {
+    internal::WholeDocPlacement placement = TwoRankPlacement();
+    std::vector<double> work = {820, 210};  // W(0, 40), W(0, 20)
+    return internal::EqualizeWholeDocs(batch, need, placement, work, out,
+                                       internal::WholeDocOptions{0, true, 4, cap}, scratch);
+  };
+  // Uncapped, and capped at 32 >= 22: the swap.
+  std::vector<Shard> uncapped, at32, at16;
+  EXPECT_FALSE(equalize(0, uncapped));
+  EXPECT_THAT(uncapped, ElementsAre(Shard{1, 0, 20, 0}, Shard{0, 0, 22, 1}, Shard{0, 22, 18, 0}));
+  EXPECT_FALSE(equalize(32, at32));  // the cap decided nothing: the same as uncapped
+  EXPECT_EQ(at32, uncapped);
+  // Capped at 16 < 22: the 2-token sliver head.
+  EXPECT_TRUE(equalize(16, at16));
+  EXPECT_THAT(at16, ElementsAre(Shard{0, 0, 2, 1}, Shard{0, 2, 38, 0}));
 }
 
 TEST(CompactedSearchTest, StopsWithTheTokensStatus) {

@@ -106,6 +106,9 @@ void CompactedSearch::TryVariants(size_t k, bool reduced, const std::vector<Shar
   // would-be slivers first capped at 4m tokens; only if slivers remain, once
   // more uncapped. Both caps equalize the same LPT placement, so it is made
   // once per rho and copied for the first cap only when a second may follow.
+  // Where the cap decided nothing, the uncapped equalization would be the
+  // same step for step, hence the same candidate, which changes nothing
+  // (Better is strict, the pool keeps distinct ones): it is not made.
   for (double scale : scales_) {
     const double rho = scale * o_.median_density;
     placed_workload_.assign(zig_workload.begin(), zig_workload.end());
@@ -116,9 +119,9 @@ void CompactedSearch::TryVariants(size_t k, bool reduced, const std::vector<Shar
       workload_.assign(placed_workload_.begin(), placed_workload_.end());
       if (!last) trial_ = placement_;  // element-wise: keeps trial_'s capacity
       used_ = last ? &placement_ : &trial_;
-      EqualizeWholeDocs(batch_, need, *used_, workload_, pieces_,
-                        WholeDocOptions{rho, true, m, cap}, scratch_);
-      if (!Consider(k, reduced, zig_part, zig_slivers, feasible) || last) break;
+      const bool cap_decided = EqualizeWholeDocs(batch_, need, *used_, workload_, pieces_,
+                                                 WholeDocOptions{rho, true, m, cap}, scratch_);
+      if (!Consider(k, reduced, zig_part, zig_slivers, feasible) || last || !cap_decided) break;
     }
   }
 }

@@ -146,11 +146,12 @@ void PlaceWholeDocs(const Batch& batch, const std::vector<int32_t>& docs,
   }
 }
 
-void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_needed,
+bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_needed,
                        WholeDocPlacement& placement, std::vector<double>& workload,
                        std::vector<Shard>& out, const WholeDocOptions& options,
                        WholeDocScratch& scratch) {
   const int32_t n = batch.cp_size;
+  bool cap_decided = false;  // max_swap_head stopped a swap that would else be made
   // About one piece per document plus the cut heads: reserving for that
   // avoids most regrowth of `out` (a capacity hint only).
   out.reserve(out.size() + static_cast<size_t>(placement.docs) + 2 * static_cast<size_t>(n));
@@ -256,12 +257,16 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
             const int64_t l = batch.doc_lens[theirs[i]];
             if (l < m - take) continue;
             const int64_t h = take + l;
-            // The head is communicated: capped by max_swap_head. The donor
-            // must still hold enough to give the rest of its excess (the
-            // document it takes back is not given on).
-            if ((options.max_swap_head > 0 && h > options.max_swap_head) || h > len - head ||
-                (h < len - head && len - head - h < m) ||
+            // The donor must still hold enough to give the rest of its
+            // excess (the document it takes back is not given on).
+            if (h > len - head || (h < len - head && len - head - h < m) ||
                 len - head - h + later < excess - take) {
+              break;
+            }
+            // The head is communicated: capped by max_swap_head. Only here
+            // does the cap decide anything.
+            if (options.max_swap_head > 0 && h > options.max_swap_head) {
+              cap_decided = true;
               break;
             }
             swap = theirs[i];
@@ -315,6 +320,7 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
     mine.resize(kept);
     if (deficit[r] < 0) deficit[r] = 0;  // the donor now holds exactly its need
   }
+  return cap_decided;
 }
 
 void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,

@@ -114,6 +114,9 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
 //    piece that is cut or moved off its LPT rank, and leaves in
 //    `placement.held` the documents that stay whole where LPT put them
 //    (never cut, never communicated, so they change no score but workload).
+//    Returns whether options.max_swap_head decided anything: where it did
+//    not, equalizing the same placement with max_swap_head = 0 gives the
+//    same result (the cap is read nowhere else).
 //  - AppendHeldWhole appends those as whole shards.
 // WholeDocPieces is the three in turn; `scratch.placement` is used by none
 // of them.
@@ -121,7 +124,7 @@ void PlaceWholeDocs(const Batch& batch, const std::vector<int32_t>& docs,
                     const std::vector<int64_t>& tokens_needed, double rho,
                     std::vector<double>& workload, WholeDocPlacement& placement,
                     WholeDocScratch& scratch);
-void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_needed,
+bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_needed,
                        WholeDocPlacement& placement, std::vector<double>& workload,
                        std::vector<Shard>& out, const WholeDocOptions& options,
                        WholeDocScratch& scratch);
