@@ -179,18 +179,27 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
     if (deficit[q] > 0) receivers.push_back(q);
   }
   std::sort(receivers.begin(), receivers.end(), before);
+  // The other receivers stay in strict (workload, rank) order, so q's new
+  // slot is unique: a binary search finds it where a step-by-step walk costs
+  // one comparison per receiver passed.
   const auto place = [&](int32_t q) {
-    size_t i = static_cast<size_t>(std::find(receivers.begin(), receivers.end(), q) -
-                                   receivers.begin());
+    const auto it = std::find(receivers.begin(), receivers.end(), q);
     if (deficit[q] <= 0) {
-      receivers.erase(receivers.begin() + static_cast<std::ptrdiff_t>(i));
+      receivers.erase(it);
       return;
     }
-    for (; i + 1 < receivers.size() && before(receivers[i + 1], q); ++i) {
-      receivers[i] = receivers[i + 1];
+    const auto next = it + 1;
+    if (next != receivers.end() && before(*next, q)) {
+      // Heavier now: [next, to) are before q and shift back one slot.
+      const auto to = std::lower_bound(next, receivers.end(), q, before);
+      std::move(next, to, it);
+      *(to - 1) = q;
+    } else {
+      // Lighter now (or in place): [to, it) come after q and shift up one slot.
+      const auto to = std::upper_bound(receivers.begin(), it, q, before);
+      std::move_backward(to, it, next);
+      *to = q;
     }
-    for (; i > 0 && before(q, receivers[i - 1]); --i) receivers[i] = receivers[i - 1];
-    receivers[i] = q;
   };
   const auto least_loaded_receiver = [&](int64_t min_deficit) {
     for (int32_t q : receivers) {
