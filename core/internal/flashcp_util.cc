@@ -193,12 +193,12 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
     const auto next = it + 1;
     if (next != receivers.end() && before(*next, q)) {
       // Heavier now: [next, to) are before q and shift back one slot.
-      const auto to = std::lower_bound(next, receivers.end(), q, before);
+      const auto to = std::lower_bound(next + 1, receivers.end(), q, before);
       std::move(next, to, it);
       *(to - 1) = q;
-    } else {
-      // Lighter now (or in place): [to, it) come after q and shift up one slot.
-      const auto to = std::upper_bound(receivers.begin(), it, q, before);
+    } else if (it != receivers.begin() && before(q, *(it - 1))) {
+      // Lighter now: [to, it) come after q and shift up one slot.
+      const auto to = std::upper_bound(receivers.begin(), it - 1, q, before);
       std::move_backward(to, it, next);
       *to = q;
     }
