@@ -180,24 +180,36 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
     if (deficit[q] > 0) receivers.push_back(q);
   }
   std::sort(receivers.begin(), receivers.end(), before);
-  const auto place = [&](int32_t q) {
-    size_t i = static_cast<size_t>(std::find(receivers.begin(), receivers.end(), q) -
-                                   receivers.begin());
+  // The other receivers stay in strict (workload, rank) order, so q's new
+  // slot is unique: a binary search finds it where a step-by-step walk costs
+  // one comparison per receiver passed. `at` is q's index in `receivers`
+  // (from least_loaded_receiver: nothing reorders them in between).
+  const auto place = [&](size_t at) {
+    const auto it = receivers.begin() + static_cast<std::ptrdiff_t>(at);
+    const int32_t q = *it;
     if (deficit[q] <= 0) {
-      receivers.erase(receivers.begin() + static_cast<std::ptrdiff_t>(i));
+      receivers.erase(it);
       return;
     }
-    for (; i + 1 < receivers.size() && before(receivers[i + 1], q); ++i) {
-      receivers[i] = receivers[i + 1];
+    const auto next = it + 1;
+    if (next != receivers.end() && before(*next, q)) {
+      // Heavier now: [next, to) are before q and shift back one slot.
+      const auto to = std::lower_bound(next + 1, receivers.end(), q, before);
+      std::move(next, to, it);
+      *(to - 1) = q;
+    } else if (it != receivers.begin() && before(q, *(it - 1))) {
+      // Lighter now: [to, it) come after q and shift up one slot.
+      const auto to = std::upper_bound(receivers.begin(), it - 1, q, before);
+      std::move_backward(to, it, next);
+      *to = q;
     }
-    for (; i > 0 && before(q, receivers[i - 1]); --i) receivers[i] = receivers[i - 1];
-    receivers[i] = q;
   };
+  // The index in `receivers` of the least-loaded one with a deficit of at
+  // least min_deficit, or receivers.size() if none has.
   const auto least_loaded_receiver = [&](int64_t min_deficit) {
-    for (int32_t q : receivers) {
-      if (deficit[q] >= min_deficit) return q;
-    }
-    return int32_t{-1};
+    size_t i = 0;
+    while (i < receivers.size() && deficit[receivers[i]] < min_deficit) ++i;
+    return i;
   };
   const int64_t m = options.min_shard;
   for (int32_t r = 0; r < n; ++r) {
@@ -212,14 +224,15 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
       for (size_t i = mine.size(); i-- > 0 && excess > 0;) {
         const int64_t len = batch.doc_lens[mine[i]];
         if (len > excess || len > max_deficit) break;
-        const int32_t to = least_loaded_receiver(len);
-        if (to < 0) continue;
+        const size_t at = least_loaded_receiver(len);
+        if (at == receivers.size()) continue;
+        const int32_t to = receivers[at];
         const double moved = RangeWorkload(0, len);
         out.push_back(Shard{mine[i], 0, len, to});
         workload[to] += moved;
         workload[r] -= moved;
         deficit[to] -= len;
-        place(to);
+        place(at);
         excess -= len;
         mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(i));
         // Only deficit[to] fell: the maximum changes only if it was there.
@@ -243,8 +256,9 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
       int64_t head = 0;  // tokens [0, head) of d already handed out
       while (excess > 0 && head < len) {
         // Total need equals total tokens, so an excess implies some deficit.
-        int32_t to = m > 0 ? least_loaded_receiver(std::min(m, excess)) : -1;
-        if (to < 0) to = least_loaded_receiver(1);
+        size_t at = m > 0 ? least_loaded_receiver(std::min(m, excess)) : receivers.size();
+        if (at == receivers.size()) at = least_loaded_receiver(1);
+        const int32_t to = receivers[at];
         int64_t take = std::min({excess, deficit[to], len - head});
         bool last_cut = false;
         int32_t swap = -1;  // a whole document of `to` that comes back to r
@@ -285,7 +299,7 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
           workload[to] += moved;
           workload[r] -= moved;
           deficit[to] -= take;
-          place(to);
+          place(at);
           excess -= take;
           head += take + l;
           continue;
@@ -306,7 +320,7 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
         workload[to] += moved;
         workload[r] -= moved;
         deficit[to] -= take;
-        place(to);
+        place(at);
         excess -= take;
         head += take;
         if (last_cut) break;
