@@ -183,7 +183,11 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
   // The other receivers stay in strict (workload, rank) order, so q's new
   // slot is unique: a binary search finds it where a step-by-step walk costs
   // one comparison per receiver passed. `at` is q's index in `receivers`
-  // (from least_loaded_receiver: nothing reorders them in between).
+  // (from least_loaded_receiver: nothing reorders them in between). A
+  // receiver's workload never falls in exact arithmetic (every handed piece
+  // adds pairs; a swap's head outweighs the document it returns), so q
+  // moves back; it can move forward only where a swap's two rounded steps
+  // (x - back + moved) round below x, i.e. once workloads pass 2^53 pairs.
   const auto place = [&](size_t at) {
     const auto it = receivers.begin() + static_cast<std::ptrdiff_t>(at);
     const int32_t q = *it;
@@ -198,7 +202,7 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
       std::move(next, to, it);
       *(to - 1) = q;
     } else if (it != receivers.begin() && before(q, *(it - 1))) {
-      // Lighter now: [to, it) come after q and shift up one slot.
+      // Lighter now (rounding only): [to, it) come after q and shift up one slot.
       const auto to = std::upper_bound(receivers.begin(), it - 1, q, before);
       std::move_backward(to, it, next);
       *to = q;
