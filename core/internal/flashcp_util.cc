@@ -1,6 +1,7 @@
 #include "core/internal/flashcp_util.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -26,7 +27,7 @@ std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& 
   int32_t next = 0;   // leftover round robin (over positions 0..c-1)
   int32_t first = 0;  // first rank of the next reduced zigzag
   std::vector<int32_t> chosen;
-  std::vector<int32_t> ids(n);  // reused: ranks by room, for a reduced zigzag
+  std::vector<int64_t> rooms;  // reused: the ranks' rooms, for a reduced zigzag's selection
   for (int32_t d : docs) {
     const int64_t len = batch.doc_lens[d];
     int32_t c = n;
@@ -43,13 +44,19 @@ std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& 
     if (c < n) first = (first + c) % n;
     if (room != nullptr && c < n) {
       // The c ranks with the most room left (ties: lowest index), in rank
-      // order, take the 2c chunks as positions 0..c-1.
-      std::iota(ids.begin(), ids.end(), 0);
-      std::partial_sort(ids.begin(), ids.begin() + c, ids.end(), [&](int32_t a, int32_t b) {
-        return (*room)[a] != (*room)[b] ? (*room)[a] > (*room)[b] : a < b;
-      });
-      chosen.assign(ids.begin(), ids.begin() + c);
-      std::sort(chosen.begin(), chosen.end());
+      // order, take the 2c chunks as positions 0..c-1. They are every rank
+      // with more room than the c-th most, then the lowest-index ones with
+      // exactly that much: one selection and two passes in rank order, not a
+      // sort by room.
+      rooms.assign(room->begin(), room->end());
+      std::nth_element(rooms.begin(), rooms.begin() + (c - 1), rooms.end(), std::greater<>());
+      const int64_t cth = rooms[c - 1];
+      int32_t at_cth = c;  // how many ranks with exactly `cth` room are taken
+      for (int32_t q = 0; q < n; ++q) at_cth -= (*room)[q] > cth ? 1 : 0;
+      chosen.clear();
+      for (int32_t q = 0; q < n; ++q) {
+        if ((*room)[q] > cth || ((*room)[q] == cth && at_cth-- > 0)) chosen.push_back(q);
+      }
     } else {
       chosen.resize(c);
       for (int32_t i = 0; i < c; ++i) chosen[i] = (base_rank + i) % n;
