@@ -195,6 +195,9 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
   // adds pairs; a swap's head outweighs the document it returns), so q
   // moves back; it can move forward only where a swap's two rounded steps
   // (x - back + moved) round below x, i.e. once workloads pass 2^53 pairs.
+  // Whole moves scan from `skip` (below): receivers before it are known to
+  // be too full; a receiver moved forward invalidates that.
+  size_t skip = 0;
   const auto place = [&](size_t at) {
     const auto it = receivers.begin() + static_cast<std::ptrdiff_t>(at);
     const int32_t q = *it;
@@ -213,6 +216,7 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
       const auto to = std::upper_bound(receivers.begin(), it - 1, q, before);
       std::move_backward(to, it, next);
       *to = q;
+      skip = 0;
     }
   };
   // The index in `receivers` of the least-loaded one with a deficit of at
@@ -231,11 +235,23 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
       // Shortest first; a moved document leaves `mine`. A document longer
       // than both the excess and the largest deficit cannot move, nor can any
       // longer one after it.
+      // `mine` is longest first, so lengths only grow here while deficits
+      // only fall: a receiver passed over for one document (deficit below
+      // its length) is passed over for every later one, and serving a
+      // receiver moves it back, behind those. So the scan goes on from
+      // where the last one stopped (from the front again should a length
+      // ever fall).
       int64_t max_deficit = *std::max_element(deficit.begin(), deficit.end());
+      int64_t skip_len = 0;  // receivers [0, skip) have deficits below skip_len
+      skip = 0;
       for (size_t i = mine.size(); i-- > 0 && excess > 0;) {
         const int64_t len = batch.doc_lens[mine[i]];
         if (len > excess || len > max_deficit) break;
-        const size_t at = least_loaded_receiver(len);
+        if (len < skip_len) skip = 0;
+        size_t at = skip;
+        while (at < receivers.size() && deficit[receivers[at]] < len) ++at;
+        skip = at;
+        skip_len = len;
         if (at == receivers.size()) continue;
         const int32_t to = receivers[at];
         const double moved = RangeWorkload(0, len);
