@@ -146,7 +146,13 @@ void PlaceWholeDocs(const Batch& batch, const std::vector<int32_t>& docs,
     workload[r] += RangeWorkload(0, len);
     tokens[r] += len;
     held[r].push_back(d);
-    keys[r] = workload[r] - rho * static_cast<double>(tokens[r] - tokens_needed[r]);
+    const double key = workload[r] - rho * static_cast<double>(tokens[r] - tokens_needed[r]);
+    // r won every node above its leaf; with a key no larger (a document
+    // shorter than about 2 rho moves the key down) it wins each again, so
+    // the walk would change nothing.
+    const bool fell = key <= keys[r];
+    keys[r] = key;
+    if (fell) continue;
     for (size_t i = (leaves + static_cast<size_t>(r)) / 2; i >= 1; i /= 2) {
       tree[i] = winner(tree[2 * i], tree[2 * i + 1]);
     }
