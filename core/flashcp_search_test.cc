@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/datasets.h"
 #include "core/internal/flashcp_options.h"
 #include "core/internal/flashcp_search.h"
 #include "core/internal/flashcp_util.h"
@@ -89,6 +90,40 @@ TEST(EqualizeWholeDocsTest, SaysWhetherTheSwapCapDecided) {
   // Capped at 16 < 22: the 2-token sliver head.
   EXPECT_TRUE(equalize(16, at16));
   EXPECT_THAT(at16, ElementsAre(Shard{0, 0, 2, 1}, Shard{0, 2, 38, 0}));
+}
+
+// The fallback's first pass takes the candidates FindBoundary made; a
+// search that never ran FindBoundary makes them all anew. Both pools must
+// be the same, in the same order.
+TEST(CompactedSearchTest, FallbackPoolIsTheSameWithoutTheSearch) {
+  absl::StatusOr<std::vector<std::vector<int64_t>>> docs =
+      SampleBatches(Dataset::kPile, 131072, 4, 1);
+  ASSERT_THAT(docs, IsOk());
+  size_t compared = 0;
+  for (const std::vector<int64_t>& d : *docs) {
+    const Batch batch{d, 8};
+    const PlanOptions plan_options;
+    const internal::FlashCpOptions o = internal::FlashCpOptions::For(batch, plan_options);
+    internal::CompactedSearch searched(batch, o), fresh(batch, o);
+    ASSERT_THAT(searched.FindBoundary(), IsOk());
+    const size_t k0 = searched.TakeBest().k;
+    absl::StatusOr<std::vector<internal::SearchCandidate>> a = searched.FallbackCandidates(k0);
+    absl::StatusOr<std::vector<internal::SearchCandidate>> b = fresh.FallbackCandidates(k0);
+    ASSERT_THAT(a, IsOk());
+    ASSERT_THAT(b, IsOk());
+    ASSERT_EQ(a->size(), b->size());
+    for (size_t i = 0; i < a->size(); ++i) {
+      const internal::SearchCandidate& x = (*a)[i];
+      const internal::SearchCandidate& y = (*b)[i];
+      EXPECT_EQ(x.k, y.k);
+      EXPECT_EQ(x.reduced, y.reduced);
+      EXPECT_TRUE(internal::SameScore(x.score, y.score));
+      EXPECT_EQ(x.pieces, y.pieces);
+      EXPECT_EQ(x.placement.held, y.placement.held);
+    }
+    compared += a->size();
+  }
+  EXPECT_GT(compared, 0u);
 }
 
 TEST(CompactedSearchTest, StopsWithTheTokensStatus) {

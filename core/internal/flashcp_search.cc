@@ -12,6 +12,7 @@ CompactedSearch::CompactedSearch(const Batch& batch, const FlashCpOptions& optio
       o_(options),
       scales_(FlashCpOptions::kScales),
       tried_(options.order.size() + 1, -1),
+      searched_(options.order.size() + 1),
       part_{std::vector<int64_t>(batch.cp_size, 0), 0, 0} {}
 
 SearchCandidate CompactedSearch::TakeBest() {
@@ -35,6 +36,17 @@ const CompactedSearch::ReducedZig& CompactedSearch::ReducedZigOf(size_t k) {
                                       o_.order.begin() + static_cast<std::ptrdiff_t>(k));
   z.pieces = PerDocPieces(batch_, zig_docs, o_.min_shard, &z.need, &z.refit);
   return z;
+}
+
+void CompactedSearch::AddToPool(SearchCandidate c) {
+  // Equal candidates would take several of the fallback's repair slots (at
+  // k = n no document is left to place, so every scale and cap gives the
+  // same one).
+  const bool seen = std::any_of(pool_->begin(), pool_->end(), [&](const SearchCandidate& x) {
+    return x.k == c.k && x.reduced == c.reduced && SameScore(x.score, c.score) &&
+           x.pieces == c.pieces && x.placement.held == c.placement.held;
+  });
+  if (!seen) pool_->push_back(std::move(c));
 }
 
 bool CompactedSearch::Consider(size_t k, bool reduced, const PartialScore& zig_part,
@@ -62,16 +74,19 @@ bool CompactedSearch::Consider(size_t k, bool reduced, const PartialScore& zig_p
       if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++score.slivers;
     }
   }
-  if (pool_ != nullptr && (score.imbalance <= o_.target || !slivers)) {
-    // Equal candidates would take several of the fallback's repair slots (at
-    // k = n no document is left to place, so every scale and cap gives the
-    // same one).
-    const bool seen = std::any_of(pool_->begin(), pool_->end(), [&](const SearchCandidate& c) {
-      return c.k == k && c.reduced == reduced && SameScore(c.score, score) && c.pieces == pieces_ &&
-             c.placement.held == used_->held;
-    });
-    if (!seen) {
-      pool_->push_back(SearchCandidate{pieces_, {{}, used_->held, 0}, k, reduced, score});
+  if (score.imbalance <= o_.target || !slivers) {
+    if (pool_ != nullptr) {
+      AddToPool(SearchCandidate{pieces_, {{}, used_->held, 0}, k, reduced, score});
+    } else {
+      Searched& c = searched_[k].emplace_back();
+      c.pieces = pieces_;
+      c.held_end.reserve(used_->held.size());
+      for (const std::vector<int32_t>& docs : used_->held) {
+        c.held.insert(c.held.end(), docs.begin(), docs.end());
+        c.held_end.push_back(static_cast<uint32_t>(c.held.size()));
+      }
+      c.reduced = reduced;
+      c.score = score;
     }
   }
   if (!have_ || Better(score, best_.score, o_.target, o_.sliver_cost)) {
@@ -224,20 +239,48 @@ absl::Status CompactedSearch::FindBoundary() {
       lo = mid;
     }
   }
+  searched_met_ = tried_;
   return stopped_;
+}
+
+void CompactedSearch::TryKAgain(size_t k) {
+  if (k >= searched_met_.size() || searched_met_[k] < 0 || tried_[k] >= 0) {
+    TryK(k);
+    return;
+  }
+  // As TryK: the stop token is asked once per k made.
+  if (stopped_.ok()) stopped_ = o_.CheckStop();
+  if (!stopped_.ok()) return;
+  for (Searched& c : searched_[k]) {
+    SearchCandidate x{std::move(c.pieces), {}, k, c.reduced, c.score};
+    x.placement.held.resize(c.held_end.size());
+    uint32_t begin = 0;
+    for (size_t r = 0; r < c.held_end.size(); ++r) {
+      x.placement.held[r].assign(c.held.begin() + begin, c.held.begin() + c.held_end[r]);
+      begin = c.held_end[r];
+    }
+    AddToPool(std::move(x));
+  }
+  searched_[k].clear();
+  tried_[k] = searched_met_[k];
 }
 
 absl::StatusOr<std::vector<SearchCandidate>> CompactedSearch::FallbackCandidates(size_t k0) {
   const size_t n_docs = o_.order.size();
   std::vector<SearchCandidate> candidates;
   pool_ = &candidates;
-  for (const std::span<const double> set : {std::span<const double>(FlashCpOptions::kScales),
-                                            std::span<const double>(FlashCpOptions::kMoreScales)}) {
-    scales_ = set;
-    std::fill(tried_.begin(), tried_.end(), int8_t{-1});
-    TryK(k0);
-    if (k0 < n_docs) TryK(k0 + 1);
-  }
+  // The first pass (kScales) repeats candidates FindBoundary made: none
+  // beats the best, which it already compared them with, so only the pool
+  // gains them.
+  scales_ = FlashCpOptions::kScales;
+  std::fill(tried_.begin(), tried_.end(), int8_t{-1});
+  TryKAgain(k0);
+  if (k0 < n_docs) TryKAgain(k0 + 1);
+  searched_met_.clear();  // taken: a later call makes its candidates anew
+  scales_ = FlashCpOptions::kMoreScales;
+  std::fill(tried_.begin(), tried_.end(), int8_t{-1});
+  TryK(k0);
+  if (k0 < n_docs) TryK(k0 + 1);
   // And every document Per-Doc (k = n): where the winner's k is near n, the
   // reduced zigzag of all of them, its cut points shifted to fit, can meet R
   // without a sliver while the search stopped at a full 2N-chunk zigzag with
