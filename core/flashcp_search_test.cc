@@ -1,5 +1,6 @@
 // flashcp's search stage (flashcp_search.h): the walk over k and the
 // candidates it keeps, hand-worked.
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -124,6 +125,30 @@ TEST(CompactedSearchTest, FallbackPoolIsTheSameWithoutTheSearch) {
     compared += a->size();
   }
   EXPECT_GT(compared, 0u);
+}
+
+// A reduced zigzag over a list made in two steps (a prefix, then the rest
+// from the prefix's cursor and rooms) is the one made in one step.
+TEST(AppendPerDocPiecesTest, APrefixContinues) {
+  const Batch batch{{3000, 1500, 900, 700, 520, 300, 130}, 4};
+  const std::vector<int32_t> docs = {0, 1, 2, 3, 4, 5, 6};
+  std::vector<int64_t> room_once = {1800, 1800, 1800, 1800}, room_split = room_once;
+  internal::PerDocCursor once, split;
+  std::vector<Shard> all, parts;
+  std::vector<size_t> begins;
+  internal::AppendPerDocPieces(batch, docs, 128, &room_once, once, all, &begins);
+  const std::span<const int32_t> list(docs);
+  internal::AppendPerDocPieces(batch, list.first(3), 128, &room_split, split, parts);
+  EXPECT_EQ(parts.size(), begins[3]);  // the prefix's pieces end where doc 3 begins
+  internal::AppendPerDocPieces(batch, list.subspan(3), 128, &room_split, split, parts);
+  EXPECT_EQ(parts, all);
+  EXPECT_EQ(room_split, room_once);
+  ASSERT_EQ(begins.size(), docs.size());
+  EXPECT_EQ(begins[0], 0u);
+  // Doc 0 (3000 tokens, c = 4 ranks) is 8 chunks; doc 6 (130 tokens) stays whole.
+  EXPECT_EQ(begins[1], 8u);
+  EXPECT_EQ(all.back(), (Shard{6, 0, 130, all.back().rank}));
+  EXPECT_EQ(all.size(), begins[6] + 1);
 }
 
 TEST(CompactedSearchTest, StopsWithTheTokensStatus) {

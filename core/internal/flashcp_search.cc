@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/internal/flashcp_repair.h"
 #include "core/internal/strategies_internal.h"
 
 namespace flashcp::core::internal {
@@ -29,12 +30,27 @@ const CompactedSearch::ReducedZig& CompactedSearch::ReducedZigOf(size_t k) {
   for (const ReducedZig& z : reduced_zigs_) {
     if (z.k == k) return z;
   }
+  // PerDocPieces of the k longest documents: the prefix of one run over the
+  // order, extended as far as a k asks (the room of a shorter prefix is the
+  // run's plus the pieces after it), then fitted to the rooms as there.
+  const int64_t m = o_.min_shard;
+  if (run_.begins.empty()) run_.room = o_.targets;
+  const size_t done = run_.begins.size();
+  if (k > done) {
+    AppendPerDocPieces(batch_,
+                       std::span<const int32_t>(o_.order).subspan(done, k - done), m,
+                       &run_.room, run_.cursor, run_.pieces, &run_.begins);
+  }
+  const size_t end = k < run_.begins.size() ? run_.begins[k] : run_.pieces.size();
   ReducedZig& z = reduced_zigs_.emplace_back();
   z.k = k;
-  z.need = o_.targets;
-  const std::vector<int32_t> zig_docs(o_.order.begin(),
-                                      o_.order.begin() + static_cast<std::ptrdiff_t>(k));
-  z.pieces = PerDocPieces(batch_, zig_docs, o_.min_shard, &z.need, &z.refit);
+  z.pieces.assign(run_.pieces.begin(), run_.pieces.begin() + static_cast<std::ptrdiff_t>(end));
+  z.need = run_.room;
+  for (size_t i = end; i < run_.pieces.size(); ++i) z.need[run_.pieces[i].rank] += run_.pieces[i].len;
+  if (m > 0 && *std::min_element(z.need.begin(), z.need.end()) < 0) {
+    ShiftPiecesToRoom(batch_, m, z.pieces, z.need);
+    z.refit = true;
+  }
   return z;
 }
 

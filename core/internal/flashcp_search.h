@@ -77,6 +77,15 @@ class CompactedSearch {
     bool refit = false;         // the pieces were shifted to fit (or could not be)
   };
   const ReducedZig& ReducedZigOf(size_t k);
+  // The reduced zigzags of a growing prefix of the order, unfitted: each
+  // document's first piece (begins), the rooms left after all of them.
+  struct ZigRun {
+    std::vector<Shard> pieces;
+    std::vector<size_t> begins;
+    std::vector<int64_t> room;
+    PerDocCursor cursor;
+  };
+  ZigRun run_;
 
   // Every Whole-Doc variant with the k longest documents Per-Doc; true if
   // one meets the target (or the stop token said stop).

@@ -13,6 +13,20 @@ namespace flashcp::core::internal {
 std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
                                 int64_t min_shard, std::vector<int64_t>* room, bool* refit) {
   if (refit != nullptr) *refit = false;
+  std::vector<Shard> pieces;
+  pieces.reserve(docs.size() * 2 * static_cast<size_t>(batch.cp_size));
+  PerDocCursor cursor;
+  AppendPerDocPieces(batch, docs, min_shard, room, cursor, pieces);
+  if (room != nullptr && min_shard > 0 && *std::min_element(room->begin(), room->end()) < 0) {
+    ShiftPiecesToRoom(batch, min_shard, pieces, *room);
+    if (refit != nullptr) *refit = true;
+  }
+  return pieces;
+}
+
+void AppendPerDocPieces(const Batch& batch, std::span<const int32_t> docs, int64_t min_shard,
+                        std::vector<int64_t>* room, PerDocCursor& cursor,
+                        std::vector<Shard>& pieces, std::vector<size_t>* begins) {
   // PlanPerDoc's zigzag (baselines.cc) on the sub-batch, without its sort:
   // each document in 2N chunks of L / 2N tokens, chunks k and 2N-1-k to rank
   // k, the L % 2N leftovers dealt one at a time round robin across documents
@@ -21,14 +35,14 @@ std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& 
   // With min_shard, a document uses c <= N ranks (first, first + 1, ... mod
   // N) in 2c chunks; the leftover dealing is the same over those c.
   const int32_t n = batch.cp_size;
-  std::vector<Shard> pieces;
-  pieces.reserve(docs.size() * 2 * static_cast<size_t>(n));
-  std::vector<int64_t> chunk(2 * static_cast<size_t>(n));
-  int32_t next = 0;   // leftover round robin (over positions 0..c-1)
-  int32_t first = 0;  // first rank of the next reduced zigzag
-  std::vector<int32_t> chosen;
-  std::vector<int64_t> rooms;  // reused: the ranks' rooms, for a reduced zigzag's selection
+  std::vector<int64_t>& chunk = cursor.chunk;
+  chunk.resize(2 * static_cast<size_t>(n));
+  int32_t& next = cursor.next;    // leftover round robin (over positions 0..c-1)
+  int32_t& first = cursor.first;  // first rank of the next reduced zigzag
+  std::vector<int32_t>& chosen = cursor.chosen;
+  std::vector<int64_t>& rooms = cursor.rooms;  // the ranks' rooms, for a reduced zigzag's selection
   for (int32_t d : docs) {
+    if (begins != nullptr) begins->push_back(pieces.size());
     const int64_t len = batch.doc_lens[d];
     int32_t c = n;
     if (min_shard > 0) c = static_cast<int32_t>(std::clamp<int64_t>(len / (2 * min_shard), 1, n));
@@ -83,11 +97,6 @@ std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& 
       start += chunk[k];
     }
   }
-  if (room != nullptr && min_shard > 0 && *std::min_element(room->begin(), room->end()) < 0) {
-    ShiftPiecesToRoom(batch, min_shard, pieces, *room);
-    if (refit != nullptr) *refit = true;
-  }
-  return pieces;
 }
 
 void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -42,6 +43,22 @@ inline double RangeWorkload(int64_t start, int64_t len) { return ShardWorkload(s
 std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
                                 int64_t min_shard = 0, std::vector<int64_t>* room = nullptr,
                                 bool* refit = nullptr);
+// PerDocPieces document by document, without its final fitting: appends the
+// zigzags of `docs` to `pieces` (and, if given, to `begins` each
+// document's first index in `pieces`), decreasing `room` if given. What
+// carries from one document to the next is in `cursor` (fresh for a list's
+// first document) and `room`, so a longer prefix of one list continues
+// where a shorter one stopped: PerDocPieces is this from a fresh cursor,
+// then the fitting.
+struct PerDocCursor {
+  int32_t next = 0;   // the leftover round robin
+  int32_t first = 0;  // first rank of the next reduced zigzag
+  std::vector<int64_t> chunk, rooms;  // buffers, reused
+  std::vector<int32_t> chosen;
+};
+void AppendPerDocPieces(const Batch& batch, std::span<const int32_t> docs, int64_t min_shard,
+                        std::vector<int64_t>* room, PerDocCursor& cursor,
+                        std::vector<Shard>& pieces, std::vector<size_t>* begins = nullptr);
 
 // The paper's Whole-Doc sharding of `docs` (indices, longest first) onto
 // ranks that already carry `workload[r]` from other pieces and must take
