@@ -1,11 +1,14 @@
 // flashcp's search stage (flashcp_search.h): the walk over k and the
 // candidates it keeps, hand-worked.
+#include <span>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/datasets.h"
 #include "core/internal/flashcp_options.h"
 #include "core/internal/flashcp_search.h"
+#include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
@@ -60,6 +63,92 @@ TEST(CompactedSearchTest, WalksToTheFewestPerDocDocuments) {
       batch, search.Assemble(std::move(best.pieces), best.placement, best.k, best.reduced));
   EXPECT_THAT(plan.shards, ElementsAre(Shard{0, 0, 2, 0}, Shard{0, 6, 2, 0}, Shard{1, 0, 2, 0},
                                        Shard{0, 2, 4, 1}, Shard{2, 0, 2, 1}));
+}
+
+// Docs [40, 20] on 2 ranks, each where LPT put it, needing 38 and 22
+// tokens, m = 4: rank 0 must hand 2 tokens to rank 1, a sliver head, so it
+// sends the head [0, 22) instead and takes doc 1 (20 tokens) back whole.
+internal::WholeDocPlacement TwoRankPlacement() {
+  return internal::WholeDocPlacement{{40, 20}, {{0}, {1}}, 2};
+}
+
+TEST(EqualizeWholeDocsTest, SaysWhetherTheSwapCapDecided) {
+  const Batch batch{{40, 20}, 2};
+  const std::vector<int64_t> need = {38, 22};
+  internal::WholeDocScratch scratch;
+  const auto equalize = [&](int64_t cap, std::vector<Shard>& out) {
+    internal::WholeDocPlacement placement = TwoRankPlacement();
+    std::vector<double> work = {820, 210};  // W(0, 40), W(0, 20)
+    return internal::EqualizeWholeDocs(batch, need, placement, work, out,
+                                       internal::WholeDocOptions{0, true, 4, cap}, scratch);
+  };
+  // Uncapped, and capped at 32 >= 22: the swap.
+  std::vector<Shard> uncapped, at32, at16;
+  EXPECT_FALSE(equalize(0, uncapped));
+  EXPECT_THAT(uncapped, ElementsAre(Shard{1, 0, 20, 0}, Shard{0, 0, 22, 1}, Shard{0, 22, 18, 0}));
+  EXPECT_FALSE(equalize(32, at32));  // the cap decided nothing: the same as uncapped
+  EXPECT_EQ(at32, uncapped);
+  // Capped at 16 < 22: the 2-token sliver head.
+  EXPECT_TRUE(equalize(16, at16));
+  EXPECT_THAT(at16, ElementsAre(Shard{0, 0, 2, 1}, Shard{0, 2, 38, 0}));
+}
+
+// The fallback's first pass takes the candidates FindBoundary made; a
+// search that never ran FindBoundary makes them all anew. Both pools must
+// be the same, in the same order.
+TEST(CompactedSearchTest, FallbackPoolIsTheSameWithoutTheSearch) {
+  absl::StatusOr<std::vector<std::vector<int64_t>>> docs =
+      SampleBatches(Dataset::kPile, 131072, 4, 1);
+  ASSERT_THAT(docs, IsOk());
+  size_t compared = 0;
+  for (const std::vector<int64_t>& d : *docs) {
+    const Batch batch{d, 8};
+    const PlanOptions plan_options;
+    const internal::FlashCpOptions o = internal::FlashCpOptions::For(batch, plan_options);
+    internal::CompactedSearch searched(batch, o), fresh(batch, o);
+    ASSERT_THAT(searched.FindBoundary(), IsOk());
+    const size_t k0 = searched.TakeBest().k;
+    absl::StatusOr<std::vector<internal::SearchCandidate>> a = searched.FallbackCandidates(k0);
+    absl::StatusOr<std::vector<internal::SearchCandidate>> b = fresh.FallbackCandidates(k0);
+    ASSERT_THAT(a, IsOk());
+    ASSERT_THAT(b, IsOk());
+    ASSERT_EQ(a->size(), b->size());
+    for (size_t i = 0; i < a->size(); ++i) {
+      const internal::SearchCandidate& x = (*a)[i];
+      const internal::SearchCandidate& y = (*b)[i];
+      EXPECT_EQ(x.k, y.k);
+      EXPECT_EQ(x.reduced, y.reduced);
+      EXPECT_TRUE(internal::SameScore(x.score, y.score));
+      EXPECT_EQ(x.pieces, y.pieces);
+      EXPECT_EQ(x.placement.held, y.placement.held);
+    }
+    compared += a->size();
+  }
+  EXPECT_GT(compared, 0u);
+}
+
+// A reduced zigzag over a list made in two steps (a prefix, then the rest
+// from the prefix's cursor and rooms) is the one made in one step.
+TEST(AppendPerDocPiecesTest, APrefixContinues) {
+  const Batch batch{{3000, 1500, 900, 700, 520, 300, 130}, 4};
+  const std::vector<int32_t> docs = {0, 1, 2, 3, 4, 5, 6};
+  std::vector<int64_t> room_once = {1800, 1800, 1800, 1800}, room_split = room_once;
+  internal::PerDocCursor once, split;
+  std::vector<Shard> all, parts;
+  std::vector<size_t> begins;
+  internal::AppendPerDocPieces(batch, docs, 128, &room_once, once, all, &begins);
+  const std::span<const int32_t> list(docs);
+  internal::AppendPerDocPieces(batch, list.first(3), 128, &room_split, split, parts);
+  EXPECT_EQ(parts.size(), begins[3]);  // the prefix's pieces end where doc 3 begins
+  internal::AppendPerDocPieces(batch, list.subspan(3), 128, &room_split, split, parts);
+  EXPECT_EQ(parts, all);
+  EXPECT_EQ(room_split, room_once);
+  ASSERT_EQ(begins.size(), docs.size());
+  EXPECT_EQ(begins[0], 0u);
+  // Doc 0 (3000 tokens, c = 4 ranks) is 8 chunks; doc 6 (130 tokens) stays whole.
+  EXPECT_EQ(begins[1], 8u);
+  EXPECT_EQ(all.back(), (Shard{6, 0, 130, all.back().rank}));
+  EXPECT_EQ(all.size(), begins[6] + 1);
 }
 
 TEST(CompactedSearchTest, StopsWithTheTokensStatus) {

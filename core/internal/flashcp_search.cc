@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/internal/flashcp_repair.h"
 #include "core/internal/strategies_internal.h"
 
 namespace flashcp::core::internal {
@@ -12,6 +13,7 @@ CompactedSearch::CompactedSearch(const Batch& batch, const FlashCpOptions& optio
       o_(options),
       scales_(FlashCpOptions::kScales),
       tried_(options.order.size() + 1, -1),
+      searched_(options.order.size() + 1),
       part_{std::vector<int64_t>(batch.cp_size, 0), 0, 0} {}
 
 SearchCandidate CompactedSearch::TakeBest() {
@@ -28,13 +30,39 @@ const CompactedSearch::ReducedZig& CompactedSearch::ReducedZigOf(size_t k) {
   for (const ReducedZig& z : reduced_zigs_) {
     if (z.k == k) return z;
   }
+  // PerDocPieces of the k longest documents: the prefix of one run over the
+  // order, extended as far as a k asks (the room of a shorter prefix is the
+  // run's plus the pieces after it), then fitted to the rooms as there.
+  const int64_t m = o_.min_shard;
+  if (run_.begins.empty()) run_.room = o_.targets;
+  const size_t done = run_.begins.size();
+  if (k > done) {
+    AppendPerDocPieces(batch_,
+                       std::span<const int32_t>(o_.order).subspan(done, k - done), m,
+                       &run_.room, run_.cursor, run_.pieces, &run_.begins);
+  }
+  const size_t end = k < run_.begins.size() ? run_.begins[k] : run_.pieces.size();
   ReducedZig& z = reduced_zigs_.emplace_back();
   z.k = k;
-  z.need = o_.targets;
-  const std::vector<int32_t> zig_docs(o_.order.begin(),
-                                      o_.order.begin() + static_cast<std::ptrdiff_t>(k));
-  z.pieces = PerDocPieces(batch_, zig_docs, o_.min_shard, &z.need, &z.refit);
+  z.pieces.assign(run_.pieces.begin(), run_.pieces.begin() + static_cast<std::ptrdiff_t>(end));
+  z.need = run_.room;
+  for (size_t i = end; i < run_.pieces.size(); ++i) z.need[run_.pieces[i].rank] += run_.pieces[i].len;
+  if (m > 0 && *std::min_element(z.need.begin(), z.need.end()) < 0) {
+    ShiftPiecesToRoom(batch_, m, z.pieces, z.need);
+    z.refit = true;
+  }
   return z;
+}
+
+void CompactedSearch::AddToPool(SearchCandidate c) {
+  // Equal candidates would take several of the fallback's repair slots (at
+  // k = n no document is left to place, so every scale and cap gives the
+  // same one).
+  const bool seen = std::any_of(pool_->begin(), pool_->end(), [&](const SearchCandidate& x) {
+    return x.k == c.k && x.reduced == c.reduced && SameScore(x.score, c.score) &&
+           x.pieces == c.pieces && x.placement.held == c.placement.held;
+  });
+  if (!seen) pool_->push_back(std::move(c));
 }
 
 bool CompactedSearch::Consider(size_t k, bool reduced, const PartialScore& zig_part,
@@ -62,16 +90,19 @@ bool CompactedSearch::Consider(size_t k, bool reduced, const PartialScore& zig_p
       if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++score.slivers;
     }
   }
-  if (pool_ != nullptr && (score.imbalance <= o_.target || !slivers)) {
-    // Equal candidates would take several of the fallback's repair slots (at
-    // k = n no document is left to place, so every scale and cap gives the
-    // same one).
-    const bool seen = std::any_of(pool_->begin(), pool_->end(), [&](const SearchCandidate& c) {
-      return c.k == k && c.reduced == reduced && SameScore(c.score, score) && c.pieces == pieces_ &&
-             c.placement.held == used_->held;
-    });
-    if (!seen) {
-      pool_->push_back(SearchCandidate{pieces_, {{}, used_->held, 0}, k, reduced, score});
+  if (score.imbalance <= o_.target || !slivers) {
+    if (pool_ != nullptr) {
+      AddToPool(SearchCandidate{pieces_, {{}, used_->held, 0}, k, reduced, score});
+    } else {
+      Searched& c = searched_[k].emplace_back();
+      c.pieces = pieces_;
+      c.held_end.reserve(used_->held.size());
+      for (const std::vector<int32_t>& docs : used_->held) {
+        c.held.insert(c.held.end(), docs.begin(), docs.end());
+        c.held_end.push_back(static_cast<uint32_t>(c.held.size()));
+      }
+      c.reduced = reduced;
+      c.score = score;
     }
   }
   if (!have_ || Better(score, best_.score, o_.target, o_.sliver_cost)) {
@@ -106,6 +137,9 @@ void CompactedSearch::TryVariants(size_t k, bool reduced, const std::vector<Shar
   // would-be slivers first capped at 4m tokens; only if slivers remain, once
   // more uncapped. Both caps equalize the same LPT placement, so it is made
   // once per rho and copied for the first cap only when a second may follow.
+  // Where the cap decided nothing, the uncapped equalization would be the
+  // same step for step, hence the same candidate, which changes nothing
+  // (Better is strict, the pool keeps distinct ones): it is not made.
   for (double scale : scales_) {
     const double rho = scale * o_.median_density;
     placed_workload_.assign(zig_workload.begin(), zig_workload.end());
@@ -116,9 +150,9 @@ void CompactedSearch::TryVariants(size_t k, bool reduced, const std::vector<Shar
       workload_.assign(placed_workload_.begin(), placed_workload_.end());
       if (!last) trial_ = placement_;  // element-wise: keeps trial_'s capacity
       used_ = last ? &placement_ : &trial_;
-      EqualizeWholeDocs(batch_, need, *used_, workload_, pieces_,
-                        WholeDocOptions{rho, true, m, cap}, scratch_);
-      if (!Consider(k, reduced, zig_part, zig_slivers, feasible) || last) break;
+      const bool cap_decided = EqualizeWholeDocs(batch_, need, *used_, workload_, pieces_,
+                                                 WholeDocOptions{rho, true, m, cap}, scratch_);
+      if (!Consider(k, reduced, zig_part, zig_slivers, feasible) || last || !cap_decided) break;
     }
   }
 }
@@ -221,20 +255,48 @@ absl::Status CompactedSearch::FindBoundary() {
       lo = mid;
     }
   }
+  searched_met_ = tried_;
   return stopped_;
+}
+
+void CompactedSearch::TryKAgain(size_t k) {
+  if (k >= searched_met_.size() || searched_met_[k] < 0 || tried_[k] >= 0) {
+    TryK(k);
+    return;
+  }
+  // As TryK: the stop token is asked once per k made.
+  if (stopped_.ok()) stopped_ = o_.CheckStop();
+  if (!stopped_.ok()) return;
+  for (Searched& c : searched_[k]) {
+    SearchCandidate x{std::move(c.pieces), {}, k, c.reduced, c.score};
+    x.placement.held.resize(c.held_end.size());
+    uint32_t begin = 0;
+    for (size_t r = 0; r < c.held_end.size(); ++r) {
+      x.placement.held[r].assign(c.held.begin() + begin, c.held.begin() + c.held_end[r]);
+      begin = c.held_end[r];
+    }
+    AddToPool(std::move(x));
+  }
+  searched_[k].clear();
+  tried_[k] = searched_met_[k];
 }
 
 absl::StatusOr<std::vector<SearchCandidate>> CompactedSearch::FallbackCandidates(size_t k0) {
   const size_t n_docs = o_.order.size();
   std::vector<SearchCandidate> candidates;
   pool_ = &candidates;
-  for (const std::span<const double> set : {std::span<const double>(FlashCpOptions::kScales),
-                                            std::span<const double>(FlashCpOptions::kMoreScales)}) {
-    scales_ = set;
-    std::fill(tried_.begin(), tried_.end(), int8_t{-1});
-    TryK(k0);
-    if (k0 < n_docs) TryK(k0 + 1);
-  }
+  // The first pass (kScales) repeats candidates FindBoundary made: none
+  // beats the best, which it already compared them with, so only the pool
+  // gains them.
+  scales_ = FlashCpOptions::kScales;
+  std::fill(tried_.begin(), tried_.end(), int8_t{-1});
+  TryKAgain(k0);
+  if (k0 < n_docs) TryKAgain(k0 + 1);
+  searched_met_.clear();  // taken: a later call makes its candidates anew
+  scales_ = FlashCpOptions::kMoreScales;
+  std::fill(tried_.begin(), tried_.end(), int8_t{-1});
+  TryK(k0);
+  if (k0 < n_docs) TryK(k0 + 1);
   // And every document Per-Doc (k = n): where the winner's k is near n, the
   // reduced zigzag of all of them, its cut points shifted to fit, can meet R
   // without a sliver while the search stopped at a full 2N-chunk zigzag with

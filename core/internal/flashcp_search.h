@@ -77,10 +77,24 @@ class CompactedSearch {
     bool refit = false;         // the pieces were shifted to fit (or could not be)
   };
   const ReducedZig& ReducedZigOf(size_t k);
+  // The reduced zigzags of a growing prefix of the order, unfitted: each
+  // document's first piece (begins), the rooms left after all of them.
+  struct ZigRun {
+    std::vector<Shard> pieces;
+    std::vector<size_t> begins;
+    std::vector<int64_t> room;
+    PerDocCursor cursor;
+  };
+  ZigRun run_;
 
   // Every Whole-Doc variant with the k longest documents Per-Doc; true if
   // one meets the target (or the stop token said stop).
   bool TryK(size_t k);
+  // The fallback's TryK(k) under kScales: where FindBoundary already made
+  // those candidates, the ones it kept for the pool (searched_) go to the
+  // pool as TryK would put them there (the same stop check first); else
+  // TryK(k).
+  void TryKAgain(size_t k);
   // The variants on top of one Per-Doc part `zig` leaving `need` tokens per
   // rank; sets `feasible` if one meets the target.
   void TryVariants(size_t k, bool reduced, const std::vector<Shard>& zig,
@@ -91,6 +105,8 @@ class CompactedSearch {
   // best (and in pool_); returns whether it had short cut pieces.
   bool Consider(size_t k, bool reduced, const PartialScore& zig_part, int64_t zig_slivers,
                 bool& feasible);
+  // Appends `c` to pool_ unless an equal candidate is there.
+  void AddToPool(SearchCandidate c);
 
   const Batch& batch_;
   const FlashCpOptions& o_;
@@ -102,6 +118,21 @@ class CompactedSearch {
   // While set (FallbackCandidates), every candidate that meets the target
   // or has no sliver is also kept here.
   std::vector<SearchCandidate>* pool_ = nullptr;
+  // Until then (FindBoundary, under kScales), the same candidates per k, in
+  // the order made, and per k whether it met the target (-1: not tried):
+  // the fallback's first pass is those again, made by the same steps from
+  // the same state, so it takes them from here instead of making them anew.
+  // A candidate's held documents are kept flat (all ranks' in one list,
+  // each rank's end in it), which copies in two allocations, not N.
+  struct Searched {
+    std::vector<Shard> pieces;
+    std::vector<int32_t> held;
+    std::vector<uint32_t> held_end;  // per rank, the end of its documents in `held`
+    bool reduced = true;
+    PlanScore score;
+  };
+  std::vector<std::vector<Searched>> searched_;
+  std::vector<int8_t> searched_met_;
   // The stop token's answer once it says stop: every TryK then returns at
   // once (as feasible, which ends the search).
   absl::Status stopped_;

@@ -1,6 +1,7 @@
 #include "core/internal/flashcp_util.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -12,6 +13,20 @@ namespace flashcp::core::internal {
 std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
                                 int64_t min_shard, std::vector<int64_t>* room, bool* refit) {
   if (refit != nullptr) *refit = false;
+  std::vector<Shard> pieces;
+  pieces.reserve(docs.size() * 2 * static_cast<size_t>(batch.cp_size));
+  PerDocCursor cursor;
+  AppendPerDocPieces(batch, docs, min_shard, room, cursor, pieces);
+  if (room != nullptr && min_shard > 0 && *std::min_element(room->begin(), room->end()) < 0) {
+    ShiftPiecesToRoom(batch, min_shard, pieces, *room);
+    if (refit != nullptr) *refit = true;
+  }
+  return pieces;
+}
+
+void AppendPerDocPieces(const Batch& batch, std::span<const int32_t> docs, int64_t min_shard,
+                        std::vector<int64_t>* room, PerDocCursor& cursor,
+                        std::vector<Shard>& pieces, std::vector<size_t>* begins) {
   // PlanPerDoc's zigzag (baselines.cc) on the sub-batch, without its sort:
   // each document in 2N chunks of L / 2N tokens, chunks k and 2N-1-k to rank
   // k, the L % 2N leftovers dealt one at a time round robin across documents
@@ -20,14 +35,14 @@ std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& 
   // With min_shard, a document uses c <= N ranks (first, first + 1, ... mod
   // N) in 2c chunks; the leftover dealing is the same over those c.
   const int32_t n = batch.cp_size;
-  std::vector<Shard> pieces;
-  pieces.reserve(docs.size() * 2 * static_cast<size_t>(n));
-  std::vector<int64_t> chunk(2 * static_cast<size_t>(n));
-  int32_t next = 0;   // leftover round robin (over positions 0..c-1)
-  int32_t first = 0;  // first rank of the next reduced zigzag
-  std::vector<int32_t> chosen;
-  std::vector<int32_t> ids(n);  // reused: ranks by room, for a reduced zigzag
+  std::vector<int64_t>& chunk = cursor.chunk;
+  chunk.resize(2 * static_cast<size_t>(n));
+  int32_t& next = cursor.next;    // leftover round robin (over positions 0..c-1)
+  int32_t& first = cursor.first;  // first rank of the next reduced zigzag
+  std::vector<int32_t>& chosen = cursor.chosen;
+  std::vector<int64_t>& rooms = cursor.rooms;  // the ranks' rooms, for a reduced zigzag's selection
   for (int32_t d : docs) {
+    if (begins != nullptr) begins->push_back(pieces.size());
     const int64_t len = batch.doc_lens[d];
     int32_t c = n;
     if (min_shard > 0) c = static_cast<int32_t>(std::clamp<int64_t>(len / (2 * min_shard), 1, n));
@@ -43,13 +58,19 @@ std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& 
     if (c < n) first = (first + c) % n;
     if (room != nullptr && c < n) {
       // The c ranks with the most room left (ties: lowest index), in rank
-      // order, take the 2c chunks as positions 0..c-1.
-      std::iota(ids.begin(), ids.end(), 0);
-      std::partial_sort(ids.begin(), ids.begin() + c, ids.end(), [&](int32_t a, int32_t b) {
-        return (*room)[a] != (*room)[b] ? (*room)[a] > (*room)[b] : a < b;
-      });
-      chosen.assign(ids.begin(), ids.begin() + c);
-      std::sort(chosen.begin(), chosen.end());
+      // order, take the 2c chunks as positions 0..c-1. They are every rank
+      // with more room than the c-th most, then the lowest-index ones with
+      // exactly that much: one selection and two passes in rank order, not a
+      // sort by room.
+      rooms.assign(room->begin(), room->end());
+      std::nth_element(rooms.begin(), rooms.begin() + (c - 1), rooms.end(), std::greater<>());
+      const int64_t cth = rooms[c - 1];
+      int32_t at_cth = c;  // how many ranks with exactly `cth` room are taken
+      for (int32_t q = 0; q < n; ++q) at_cth -= (*room)[q] > cth ? 1 : 0;
+      chosen.clear();
+      for (int32_t q = 0; q < n; ++q) {
+        if ((*room)[q] > cth || ((*room)[q] == cth && at_cth-- > 0)) chosen.push_back(q);
+      }
     } else {
       chosen.resize(c);
       for (int32_t i = 0; i < c; ++i) chosen[i] = (base_rank + i) % n;
@@ -76,11 +97,6 @@ std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& 
       start += chunk[k];
     }
   }
-  if (room != nullptr && min_shard > 0 && *std::min_element(room->begin(), room->end()) < 0) {
-    ShiftPiecesToRoom(batch, min_shard, pieces, *room);
-    if (refit != nullptr) *refit = true;
-  }
-  return pieces;
 }
 
 void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
@@ -139,18 +155,25 @@ void PlaceWholeDocs(const Batch& batch, const std::vector<int32_t>& docs,
     workload[r] += RangeWorkload(0, len);
     tokens[r] += len;
     held[r].push_back(d);
-    keys[r] = workload[r] - rho * static_cast<double>(tokens[r] - tokens_needed[r]);
+    const double key = workload[r] - rho * static_cast<double>(tokens[r] - tokens_needed[r]);
+    // r won every node above its leaf; with a key no larger (a document
+    // shorter than about 2 rho moves the key down) it wins each again, so
+    // the walk would change nothing.
+    const bool fell = key <= keys[r];
+    keys[r] = key;
+    if (fell) continue;
     for (size_t i = (leaves + static_cast<size_t>(r)) / 2; i >= 1; i /= 2) {
       tree[i] = winner(tree[2 * i], tree[2 * i + 1]);
     }
   }
 }
 
-void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_needed,
+bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_needed,
                        WholeDocPlacement& placement, std::vector<double>& workload,
                        std::vector<Shard>& out, const WholeDocOptions& options,
                        WholeDocScratch& scratch) {
   const int32_t n = batch.cp_size;
+  bool cap_decided = false;  // max_swap_head stopped a swap that would else be made
   // About one piece per document plus the cut heads: reserving for that
   // avoids most regrowth of `out` (a capacity hint only).
   out.reserve(out.size() + static_cast<size_t>(placement.docs) + 2 * static_cast<size_t>(n));
@@ -179,24 +202,44 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
     if (deficit[q] > 0) receivers.push_back(q);
   }
   std::sort(receivers.begin(), receivers.end(), before);
-  const auto place = [&](int32_t q) {
-    size_t i = static_cast<size_t>(std::find(receivers.begin(), receivers.end(), q) -
-                                   receivers.begin());
+  // The other receivers stay in strict (workload, rank) order, so q's new
+  // slot is unique: a binary search finds it where a step-by-step walk costs
+  // one comparison per receiver passed. `at` is q's index in `receivers`
+  // (from least_loaded_receiver: nothing reorders them in between). A
+  // receiver's workload never falls in exact arithmetic (every handed piece
+  // adds pairs; a swap's head outweighs the document it returns), so q
+  // moves back; it can move forward only where a swap's two rounded steps
+  // (x - back + moved) round below x, i.e. once workloads pass 2^53 pairs.
+  // Whole moves scan from `skip` (below): receivers before it are known to
+  // be too full; a receiver moved forward invalidates that.
+  size_t skip = 0;
+  const auto place = [&](size_t at) {
+    const auto it = receivers.begin() + static_cast<std::ptrdiff_t>(at);
+    const int32_t q = *it;
     if (deficit[q] <= 0) {
-      receivers.erase(receivers.begin() + static_cast<std::ptrdiff_t>(i));
+      receivers.erase(it);
       return;
     }
-    for (; i + 1 < receivers.size() && before(receivers[i + 1], q); ++i) {
-      receivers[i] = receivers[i + 1];
+    const auto next = it + 1;
+    if (next != receivers.end() && before(*next, q)) {
+      // Heavier now: [next, to) are before q and shift back one slot.
+      const auto to = std::lower_bound(next + 1, receivers.end(), q, before);
+      std::move(next, to, it);
+      *(to - 1) = q;
+    } else if (it != receivers.begin() && before(q, *(it - 1))) {
+      // Lighter now (rounding only): [to, it) come after q and shift up one slot.
+      const auto to = std::upper_bound(receivers.begin(), it - 1, q, before);
+      std::move_backward(to, it, next);
+      *to = q;
+      skip = 0;
     }
-    for (; i > 0 && before(q, receivers[i - 1]); --i) receivers[i] = receivers[i - 1];
-    receivers[i] = q;
   };
+  // The index in `receivers` of the least-loaded one with a deficit of at
+  // least min_deficit, or receivers.size() if none has.
   const auto least_loaded_receiver = [&](int64_t min_deficit) {
-    for (int32_t q : receivers) {
-      if (deficit[q] >= min_deficit) return q;
-    }
-    return int32_t{-1};
+    size_t i = 0;
+    while (i < receivers.size() && deficit[receivers[i]] < min_deficit) ++i;
+    return i;
   };
   const int64_t m = options.min_shard;
   for (int32_t r = 0; r < n; ++r) {
@@ -207,18 +250,31 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
       // Shortest first; a moved document leaves `mine`. A document longer
       // than both the excess and the largest deficit cannot move, nor can any
       // longer one after it.
+      // `mine` is longest first, so lengths only grow here while deficits
+      // only fall: a receiver passed over for one document (deficit below
+      // its length) is passed over for every later one, and serving a
+      // receiver moves it back, behind those. So the scan goes on from
+      // where the last one stopped (from the front again should a length
+      // ever fall).
       int64_t max_deficit = *std::max_element(deficit.begin(), deficit.end());
+      int64_t skip_len = 0;  // receivers [0, skip) have deficits below skip_len
+      skip = 0;
       for (size_t i = mine.size(); i-- > 0 && excess > 0;) {
         const int64_t len = batch.doc_lens[mine[i]];
         if (len > excess || len > max_deficit) break;
-        const int32_t to = least_loaded_receiver(len);
-        if (to < 0) continue;
+        if (len < skip_len) skip = 0;
+        size_t at = skip;
+        while (at < receivers.size() && deficit[receivers[at]] < len) ++at;
+        skip = at;
+        skip_len = len;
+        if (at == receivers.size()) continue;
+        const int32_t to = receivers[at];
         const double moved = RangeWorkload(0, len);
         out.push_back(Shard{mine[i], 0, len, to});
         workload[to] += moved;
         workload[r] -= moved;
         deficit[to] -= len;
-        place(to);
+        place(at);
         excess -= len;
         mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(i));
         // Only deficit[to] fell: the maximum changes only if it was there.
@@ -242,8 +298,9 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
       int64_t head = 0;  // tokens [0, head) of d already handed out
       while (excess > 0 && head < len) {
         // Total need equals total tokens, so an excess implies some deficit.
-        int32_t to = m > 0 ? least_loaded_receiver(std::min(m, excess)) : -1;
-        if (to < 0) to = least_loaded_receiver(1);
+        size_t at = m > 0 ? least_loaded_receiver(std::min(m, excess)) : receivers.size();
+        if (at == receivers.size()) at = least_loaded_receiver(1);
+        const int32_t to = receivers[at];
         int64_t take = std::min({excess, deficit[to], len - head});
         bool last_cut = false;
         int32_t swap = -1;  // a whole document of `to` that comes back to r
@@ -256,12 +313,16 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
             const int64_t l = batch.doc_lens[theirs[i]];
             if (l < m - take) continue;
             const int64_t h = take + l;
-            // The head is communicated: capped by max_swap_head. The donor
-            // must still hold enough to give the rest of its excess (the
-            // document it takes back is not given on).
-            if ((options.max_swap_head > 0 && h > options.max_swap_head) || h > len - head ||
-                (h < len - head && len - head - h < m) ||
+            // The donor must still hold enough to give the rest of its
+            // excess (the document it takes back is not given on).
+            if (h > len - head || (h < len - head && len - head - h < m) ||
                 len - head - h + later < excess - take) {
+              break;
+            }
+            // The head is communicated: capped by max_swap_head. Only here
+            // does the cap decide anything.
+            if (options.max_swap_head > 0 && h > options.max_swap_head) {
+              cap_decided = true;
               break;
             }
             swap = theirs[i];
@@ -280,7 +341,7 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
           workload[to] += moved;
           workload[r] -= moved;
           deficit[to] -= take;
-          place(to);
+          place(at);
           excess -= take;
           head += take + l;
           continue;
@@ -301,7 +362,7 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
         workload[to] += moved;
         workload[r] -= moved;
         deficit[to] -= take;
-        place(to);
+        place(at);
         excess -= take;
         head += take;
         if (last_cut) break;
@@ -315,6 +376,7 @@ void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
     mine.resize(kept);
     if (deficit[r] < 0) deficit[r] = 0;  // the donor now holds exactly its need
   }
+  return cap_decided;
 }
 
 void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,

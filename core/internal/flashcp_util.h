@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -42,6 +43,22 @@ inline double RangeWorkload(int64_t start, int64_t len) { return ShardWorkload(s
 std::vector<Shard> PerDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
                                 int64_t min_shard = 0, std::vector<int64_t>* room = nullptr,
                                 bool* refit = nullptr);
+// PerDocPieces document by document, without its final fitting: appends the
+// zigzags of `docs` to `pieces` (and, if given, to `begins` each
+// document's first index in `pieces`), decreasing `room` if given. What
+// carries from one document to the next is in `cursor` (fresh for a list's
+// first document) and `room`, so a longer prefix of one list continues
+// where a shorter one stopped: PerDocPieces is this from a fresh cursor,
+// then the fitting.
+struct PerDocCursor {
+  int32_t next = 0;   // the leftover round robin
+  int32_t first = 0;  // first rank of the next reduced zigzag
+  std::vector<int64_t> chunk, rooms;  // buffers, reused
+  std::vector<int32_t> chosen;
+};
+void AppendPerDocPieces(const Batch& batch, std::span<const int32_t> docs, int64_t min_shard,
+                        std::vector<int64_t>* room, PerDocCursor& cursor,
+                        std::vector<Shard>& pieces, std::vector<size_t>* begins = nullptr);
 
 // The paper's Whole-Doc sharding of `docs` (indices, longest first) onto
 // ranks that already carry `workload[r]` from other pieces and must take
@@ -114,6 +131,9 @@ void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
 //    piece that is cut or moved off its LPT rank, and leaves in
 //    `placement.held` the documents that stay whole where LPT put them
 //    (never cut, never communicated, so they change no score but workload).
+//    Returns whether options.max_swap_head decided anything: where it did
+//    not, equalizing the same placement with max_swap_head = 0 gives the
+//    same result (the cap is read nowhere else).
 //  - AppendHeldWhole appends those as whole shards.
 // WholeDocPieces is the three in turn; `scratch.placement` is used by none
 // of them.
@@ -121,7 +141,7 @@ void PlaceWholeDocs(const Batch& batch, const std::vector<int32_t>& docs,
                     const std::vector<int64_t>& tokens_needed, double rho,
                     std::vector<double>& workload, WholeDocPlacement& placement,
                     WholeDocScratch& scratch);
-void EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_needed,
+bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_needed,
                        WholeDocPlacement& placement, std::vector<double>& workload,
                        std::vector<Shard>& out, const WholeDocOptions& options,
                        WholeDocScratch& scratch);
