@@ -30,13 +30,21 @@ constexpr size_t kMaxLineBytes = size_t{16} << 20;
 enum class LineRead { kLine, kEof, kTooLong };
 
 // Reads one line (without its '\n') into `line`, holding at most
-// kMaxLineBytes characters.
+// kMaxLineBytes characters. A read error (a directory given as --input, EIO)
+// sets `in`'s badbit and reads as the end: libstdc++'s filebuf throws it
+// from sbumpc, which the stream's own reads would have caught.
 LineRead ReadLine(std::istream& in, std::string& line) {
   line.clear();
   std::streambuf* buf = in.rdbuf();
   if (buf == nullptr) return LineRead::kEof;
   while (true) {
-    const int c = buf->sbumpc();
+    int c;
+    try {
+      c = buf->sbumpc();
+    } catch (const std::ios_base::failure&) {
+      in.setstate(std::ios_base::badbit);
+      return LineRead::kEof;
+    }
     if (c == std::char_traits<char>::eof()) {
       return line.empty() ? LineRead::kEof : LineRead::kLine;
     }
