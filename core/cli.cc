@@ -21,25 +21,14 @@
 #include "core/types.h"
 
 namespace flashcp::core {
-namespace {
 
-// A longer input line is refused before it is held in memory: 10^6 documents
-// of 2^40 tokens take at most 14 characters each.
-constexpr size_t kMaxLineBytes = size_t{16} << 20;
-
-enum class LineRead { kLine, kEof, kTooLong };
-
-// Reads one line (without its '\n') into `line`, holding at most
-// kMaxLineBytes characters. A read error (a directory given as --input, EIO)
-// sets `in`'s badbit and reads as the end: libstdc++'s filebuf throws it
-// from sbumpc, which the stream's own reads would have caught.
-LineRead ReadLine(std::istream& in, std::string& line) {
+LineRead ReadInputLine(std::istream& in, std::string& line) {
   line.clear();
   std::streambuf* buf = in.rdbuf();
   if (buf == nullptr) return LineRead::kEof;
   while (true) {
     int c;
-    try {
+    try {  // libstdc++'s filebuf throws read errors; the stream's own reads would catch them
       c = buf->sbumpc();
     } catch (const std::ios_base::failure&) {
       in.setstate(std::ios_base::badbit);
@@ -61,6 +50,8 @@ bool IsBlankOrComment(absl::string_view line) {
   }
   return true;
 }
+
+namespace {
 
 // Yields batches, with where each came from for error messages, from one of
 // the three sources.
@@ -116,7 +107,7 @@ class BatchSource {
     std::string line;
     while (true) {
       ++line_no_;
-      const LineRead r = ReadLine(*in_, line);
+      const LineRead r = ReadInputLine(*in_, line);
       if (r == LineRead::kEof) {
         if (in_->bad()) return absl::DataLossError(absl::StrCat(name, ": read error"));
         return false;

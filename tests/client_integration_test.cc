@@ -4,9 +4,11 @@
 // Nothing sleeps for luck: waits are on the LISTENING line, on RPC answers or
 // on a retry hook, each with a deadline.
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <regex>
@@ -23,6 +25,7 @@
 #include "client/grpc_planner_client.h"
 #include "client/pipelined_planner.h"
 #include "client/retrying_planner_client.h"
+#include "core/cli.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -166,6 +169,35 @@ TEST(FlashcpClientCliTest, PerItemErrorsNameTheLineAndTheRestIsPlanned) {
   EXPECT_THAT(err_lines[1], ::testing::StartsWith(
                                 "flashcp-client: stdin line 3: INVALID_ARGUMENT: cp_size"));
   EXPECT_EQ(err_lines[2], "flashcp-client: 2 item(s) failed");
+}
+
+// A line longer than core::kMaxLineBytes is refused before it is held (it
+// was read whole, however long: /dev/zero grew the client until memory ran
+// out), and reading stops there, since its end may never come; the lines
+// before it are planned.
+TEST(FlashcpClientCliTest, ALineTooLongIsRefusedUnheldAndEndsTheInput) {
+  auto planner = StartPlanner();
+  ASSERT_NE(planner, nullptr);
+  const std::string path = ::testing::TempDir() + "/client_long_line.txt";
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << "5,3\n";
+    const std::string chunk(1 << 20, '1');
+    for (size_t n = 0; n <= core::kMaxLineBytes; n += chunk.size()) f << chunk;
+    f << "\n8 8\n";
+  }
+  const ToolRun got = RunTool({FLASHCP_CLIENT_BIN, "--server", planner->grpc_address(), "--cp",
+                               "2", "--strategy", "ring", "--input", path});
+  const ToolRun want =
+      RunTool({FLASHCP_PLAN_BIN, "--quiet", "--cp", "2", "--strategy", "ring"}, "5,3\n");
+  unlink(path.c_str());
+  ASSERT_EQ(want.exit_code, 0) << want.err;
+  EXPECT_EQ(got.exit_code, 1);
+  EXPECT_EQ(got.out, want.out);
+  EXPECT_EQ(got.err, absl::StrCat("flashcp-client: ", path,
+                                  " line 2: INVALID_ARGUMENT: longer than 16777216 bytes; the "
+                                  "input after it is not read\nflashcp-client: 1 item(s) "
+                                  "failed\n"));
 }
 
 TEST(FlashcpClientCliTest, SummaryPrintsTheQualityTable) {
