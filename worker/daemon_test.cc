@@ -3,6 +3,7 @@
 // the summary line.
 #include "worker/daemon.h"
 
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -466,6 +467,18 @@ TEST(ValidateDaemonOptionsTest, Table) {
       {[](DaemonOptions& o) { o.rank_speed_window = 1025; }, absl::StatusCode::kInvalidArgument,
        "--rank_speed_window: must be in [0, 1024], got 1025"},
       {[](DaemonOptions& o) { o.rank_speed_window = 0; }, absl::StatusCode::kOk, ""},
+      // A bad target was silently the planner's default (only > 0 was sent).
+      {[](DaemonOptions& o) { o.target_imbalance = -1; }, absl::StatusCode::kInvalidArgument,
+       "--target_imbalance: must be 0 (the planner's default) or a finite ratio >= 1, got -1"},
+      {[](DaemonOptions& o) { o.target_imbalance = std::nan(""); },
+       absl::StatusCode::kInvalidArgument, "--target_imbalance: must be 0 (the planner's "
+       "default) or a finite ratio >= 1, got nan"},
+      {[](DaemonOptions& o) { o.target_imbalance = 0.99; }, absl::StatusCode::kInvalidArgument,
+       "--target_imbalance"},
+      {[](DaemonOptions& o) { o.target_imbalance = HUGE_VAL; },
+       absl::StatusCode::kInvalidArgument, "--target_imbalance"},
+      {[](DaemonOptions& o) { o.target_imbalance = 1; }, absl::StatusCode::kOk, ""},
+      {[](DaemonOptions& o) { o.target_imbalance = 1.05; }, absl::StatusCode::kOk, ""},
   };
   for (const Case& c : cases) {
     DaemonOptions o;
