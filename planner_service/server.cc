@@ -13,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/log.h"
 #include "core/status_macros.h"
@@ -23,6 +22,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "planner_service/log_limiter.h"
 #include "planner_service/metrics.h"
+#include "planner_service/process/host_port.h"
 #include "planner_service/process/signals.h"
 #include "prometheus/exposer.h"
 #include "proto/convert.h"
@@ -72,8 +72,8 @@ absl::StatusOr<ServeRole> ParseServeRole(absl::string_view name) {
 }
 
 absl::Status ValidateOptions(const ServerOptions& o) {
-  FLASHCP_RETURN_IF_ERROR(SplitHostPort(o.listen, "--listen").status());
-  if (!o.metrics.empty()) FLASHCP_RETURN_IF_ERROR(SplitHostPort(o.metrics, "--metrics").status());
+  FLASHCP_RETURN_IF_ERROR(process::SplitHostPort(o.listen, "--listen").status());
+  if (!o.metrics.empty()) FLASHCP_RETURN_IF_ERROR(process::SplitHostPort(o.metrics, "--metrics").status());
   if (o.threads < 1 || o.threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("--threads: must be in [1, 1024], got ",
                                                    o.threads));
@@ -178,21 +178,6 @@ int MaxMessageBytes(const ServerOptions& o) {
       std::max({proto::MaxRequestBytes(o.limits), kRendezvous, proto::kMaxReportBytes}));
 }
 
-absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address,
-                                                          absl::string_view flag) {
-  const size_t colon = address.rfind(':');
-  if (colon == absl::string_view::npos || colon == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": want HOST:PORT, got \"", address, "\""));
-  }
-  int port = 0;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": the port must be 0..65535, got \"", address, "\""));
-  }
-  return std::make_pair(std::string(address.substr(0, colon)), port);
-}
-
 std::string ListeningLine(absl::string_view grpc_address, absl::string_view metrics_address) {
   return absl::StrCat("LISTENING grpc=", grpc_address,
                       " metrics=", metrics_address.empty() ? "-" : metrics_address);
@@ -227,7 +212,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     const ServerOptions& options, ServiceObserver* observer, const core::Clock* clock,
     RendezvousObserver* rendezvous_observer) {
   FLASHCP_RETURN_IF_ERROR(ValidateOptions(options));
-  FLASHCP_ASSIGN_OR_RETURN(const auto host_port, SplitHostPort(options.listen, "--listen"));
+  FLASHCP_ASSIGN_OR_RETURN(const auto host_port, process::SplitHostPort(options.listen, "--listen"));
   FLASHCP_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                            MakeCredentials(options));
 
@@ -362,7 +347,7 @@ absl::Status RunPlanner(const ServerOptions& options,
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string metrics_address;
   if (!options.metrics.empty()) {
-    FLASHCP_ASSIGN_OR_RETURN(const auto host_port, SplitHostPort(options.metrics, "--metrics"));
+    FLASHCP_ASSIGN_OR_RETURN(const auto host_port, process::SplitHostPort(options.metrics, "--metrics"));
     FLASHCP_ASSIGN_OR_RETURN(exposer,
                              metrics_endpoint::StartExposer(options.metrics, options.metrics_http));
     exposer->RegisterCollectable(registry);
