@@ -169,6 +169,14 @@ TEST(WorkerDaemonTest, ControlRequestsBeforeTheGroupForms) {
   EXPECT_THAT(driver.StartRun(5, "nope", ""),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("strategy: unknown")));
   EXPECT_THAT(driver.StartRun(5, "", "nope"), StatusIs(absl::StatusCode::kInvalidArgument));
+  // A huge name is quoted short: gRPC carries the message in a header, and
+  // an 8 KB one came back RESOURCE_EXHAUSTED (metadata too large) from
+  // WorkerControl, not INVALID_ARGUMENT.
+  const std::string huge(8192, 'x');
+  for (const absl::Status& s : {driver.StartRun(5, huge, ""), driver.StartRun(5, "", huge)}) {
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"... (8192 bytes)")));
+    EXPECT_LT(s.message().size(), 400u) << s;
+  }
   EXPECT_THAT(driver.StartRun(5, "llama3", "full_kv"), IsOk());
   EXPECT_THAT(driver.StartRun(5, "", ""),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already going")));
