@@ -298,6 +298,7 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
         << core::FormatSummaryTable(rows);
   }
   out.flush();
+  if (!out) err << kPrefix << "error writing the output\n";
   const int64_t failures = batches.failures() + item_failures;
   if (failures > 0) err << kPrefix << failures << " item(s) failed\n";
   return status.ok() && failures == 0 && out ? kExitOk : kExitFailed;

@@ -392,6 +392,27 @@ TEST(RetryingPlannerClientIntegrationTest, RetriesUnavailableUntilTheServerStart
   EXPECT_EQ(*exit_code, 0);
 }
 
+// A report that cannot be written is an error saying so, exit 1: flashcp-client
+// exited 1 without a word, flashcp-loadgen exited 0 with its report lost.
+TEST(ToolOutputTest, AnUnwritableStdoutIsAnErrorNamingIt) {
+  auto planner = StartPlanner();
+  ASSERT_NE(planner, nullptr);
+  // sh runs the tool ($0, with "$@") with its stdout on /dev/full (ENOSPC).
+  const auto to_full = [](std::vector<std::string> argv) {
+    argv.insert(argv.begin(), {"/bin/sh", "-c", "exec \"$0\" \"$@\" >/dev/full"});
+    return argv;
+  };
+  const ToolRun client = RunTool(
+      to_full({FLASHCP_CLIENT_BIN, "--server", planner->grpc_address(), "--cp", "2"}), "5,3\n");
+  EXPECT_EQ(client.exit_code, 1);
+  EXPECT_EQ(client.err, "flashcp-client: error writing the output\n");
+  const ToolRun loadgen =
+      RunTool(to_full({FLASHCP_LOADGEN_BIN, "--server", planner->grpc_address(), "--duration",
+                       "30", "--max_requests", "5", "--strategy", "ring", "--json"}));
+  EXPECT_EQ(loadgen.exit_code, 1);
+  EXPECT_EQ(loadgen.err, "flashcp-loadgen: error writing the output\n");
+}
+
 // ---- flashcp-loadgen ----------------------------------------------------------
 
 // The number after "key": in a flat JSON object; -1 when absent.
