@@ -4,9 +4,8 @@
 // planner's Rendezvous service, runs --steps steps (the driver, rank 0, also
 // prints a `RUN {...}` summary line per run) and exits 0; a failure (a bad
 // flag value and an unwritable stdout included) exits 1 with the reason on
-// stderr; a positional
-// argument exits 2. SIGTERM or SIGINT: the group finishes the step in flight
-// and every rank exits 0.
+// stderr; a positional argument exits 2. SIGTERM or SIGINT: the group
+// finishes the step in flight and every rank exits 0.
 //
 // --tls_ca (with --tls_cert/--tls_key for mTLS, --tls_server_name) makes the
 // planner channel TLS, as flashcp-client's flags of the same names do; the
