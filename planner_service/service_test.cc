@@ -2,9 +2,12 @@
 // recording observer: exact planning_seconds and latencies, no sleeps.
 #include "planner_service/service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <atomic>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <set>
@@ -214,6 +217,37 @@ TEST(ServerOptionsTest, MissingTlsFilesAreNotFound) {
   core::RealClock clock;
   EXPECT_EQ(PlannerServer::Start(o, &observer, &clock).status(),
             absl::NotFoundError("--tls_cert: cannot open \"/nonexistent/cert.pem\""));
+}
+
+// A TLS file that is not PEM is INVALID_ARGUMENT naming the flag, as the
+// clients say it; it was UNAVAILABLE "--listen: cannot listen on ...
+// (address in use?)" once gRPC refused the credentials.
+TEST(ServerOptionsTest, TlsFilesThatAreNotPemAreInvalidArgumentNamingTheFlag) {
+  NullObserver observer;
+  core::RealClock clock;
+  const std::string not_pem = ::testing::TempDir() + "/not_pem.txt";
+  {
+    std::ofstream f(not_pem, std::ios::binary | std::ios::trunc);
+    f << "not a certificate\n";
+  }
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.metrics = "";
+  o.tls_cert = not_pem;
+  o.tls_key = not_pem;
+  EXPECT_THAT(PlannerServer::Start(o, &observer, &clock).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("--tls_cert: \"", not_pem, "\" holds no PEM CERTIFICATE")));
+  unlink(not_pem.c_str());
+  // Read to a bound: /dev/zero was read until memory ran out (bad_alloc).
+  o.tls_cert = "/dev/zero";
+  EXPECT_THAT(PlannerServer::Start(o, &observer, &clock).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--tls_cert: \"/dev/zero\" is larger than 16777216 bytes"));
+  o.tls_cert = ::testing::TempDir();  // a directory opens, and reading it fails
+  EXPECT_THAT(PlannerServer::Start(o, &observer, &clock).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       absl::StrCat("--tls_cert: cannot read \"", o.tls_cert, "\"")));
 }
 
 // ---------------------------------------------------------------------------
