@@ -335,6 +335,32 @@ TEST(PlanPipelinedIntegrationTest, InOrderWithABadItemMidStream) {
   }
 }
 
+// A planner that dies mid-stream is UNAVAILABLE, the transport's word, with
+// how many results arrived: the helper's own Cancel() before Finish() made it
+// CANCELLED, as if the caller had given up.
+TEST(PlanPipelinedIntegrationTest, APlannerKilledMidStreamIsUnavailable) {
+  auto planner = StartPlanner();
+  ASSERT_NE(planner, nullptr);
+  GrpcPlannerClient client(MakeChannel(planner->grpc_address()));
+  int next = 0;
+  int64_t delivered = 0;
+  auto source = [&]() -> std::optional<v1::PlanRequest> {
+    if (next == 10000) return std::nullopt;  // never reached: the planner is gone by then
+    return Request(std::vector<int64_t>(64, 1000 + next++), 8, "ring");
+  };
+  auto sink = [&](int64_t, PlanResult result) {
+    EXPECT_THAT(result, IsOk());
+    if (++delivered == 20) {
+      EXPECT_THAT(planner->process().Signal(SIGKILL), IsOk());
+    }
+  };
+  const absl::Status status =
+      PlanPipelined(client, {.inflight = 8}, std::ref(source), std::ref(sink));
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable,
+                               ::testing::StartsWith("PlanStream ended after ")));
+  EXPECT_GE(delivered, 20);
+}
+
 TEST(RetryingPlannerClientIntegrationTest, RetriesUnavailableUntilTheServerStartsLate) {
   const absl::StatusOr<int> port = tests::testing::FreeLoopbackPort();
   ASSERT_THAT(port.status(), IsOk());
