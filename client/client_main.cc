@@ -165,15 +165,27 @@ class Batches {
       return std::nullopt;
     }
     std::string line;
-    while (std::getline(*in_, line)) {
+    while (!stopped_) {
+      const core::LineRead r = core::ReadInputLine(*in_, line);
+      if (r == core::LineRead::kEof) break;
       ++line_no_;
-      if (IsBlankOrComment(line)) continue;
       std::string where = absl::StrCat(name_, " line ", line_no_);
+      if (r == core::LineRead::kTooLong) {  // its end may never come (/dev/zero)
+        Fail(where, absl::InvalidArgumentError(absl::StrCat(
+                        "longer than ", core::kMaxLineBytes,
+                        " bytes; the input after it is not read")));
+        stopped_ = true;
+        break;
+      }
+      if (core::IsBlankOrComment(line)) continue;
       auto b = core::ParseBatchLine(line);
       if (b.ok()) return std::make_pair(*std::move(b), std::move(where));
       Fail(where, b.status());
     }
-    if (in_->bad()) Fail(name_, absl::DataLossError("read error"));
+    if (in_->bad() && !stopped_) {
+      Fail(name_, absl::DataLossError("read error"));
+      stopped_ = true;
+    }
     return std::nullopt;
   }
 
@@ -185,14 +197,6 @@ class Batches {
   int64_t failures() const { return failures_; }
 
  private:
-  static bool IsBlankOrComment(absl::string_view line) {
-    for (char c : line) {
-      if (c == '#') return true;
-      if (c != ' ' && c != '\t' && c != '\r') return false;
-    }
-    return true;
-  }
-
   const Options& o_;
   std::istream* in_;
   std::ifstream file_;
@@ -201,6 +205,7 @@ class Batches {
   int64_t next_ = 0;
   int64_t line_no_ = 0;
   int64_t failures_ = 0;
+  bool stopped_ = false;  // a line too long or a read error: nothing more is read
 };
 
 int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err) {
@@ -293,6 +298,7 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
         << core::FormatSummaryTable(rows);
   }
   out.flush();
+  if (!out) err << kPrefix << "error writing the output\n";
   const int64_t failures = batches.failures() + item_failures;
   if (failures > 0) err << kPrefix << failures << " item(s) failed\n";
   return status.ok() && failures == 0 && out ? kExitOk : kExitFailed;

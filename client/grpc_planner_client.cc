@@ -3,7 +3,6 @@
 #include <chrono>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -65,18 +64,22 @@ absl::StatusOr<Response> Unary(const CallOptions& options, Call call) {
   return response;
 }
 
-// The file at `path` for `flag`: NotFound naming both if it cannot be opened;
-// InvalidArgument unless it holds a PEM block whose BEGIN line ends in
-// `pem_label` ("CERTIFICATE", "PRIVATE KEY"; "EC PRIVATE KEY" and
-// "RSA PRIVATE KEY" end in the latter).
+}  // namespace
+
 absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag,
                                     absl::string_view pem_label) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot open \"", path, "\""));
-  std::ostringstream s;
-  s << in.rdbuf();
+  std::string pem;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {  // the stream catches read errors
+    pem.append(chunk, static_cast<size_t>(in.gcount()));
+    if (static_cast<int64_t>(pem.size()) > kMaxPemFileBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": \"", path, "\" is larger than ",
+                                                     kMaxPemFileBytes, " bytes"));
+    }
+  }
   if (in.bad()) return absl::DataLossError(absl::StrCat(flag, ": cannot read \"", path, "\""));
-  std::string pem = s.str();
   const size_t begin = pem.find("-----BEGIN ");
   const size_t end = begin == std::string::npos ? begin : pem.find("-----", begin + 11);
   if (end == std::string::npos ||
@@ -86,8 +89,6 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view f
   }
   return pem;
 }
-
-}  // namespace
 
 absl::StatusOr<ChannelOptions> WithTls(ChannelOptions options, const TlsOptions& tls) {
   if (tls.ca_file.empty()) {

@@ -58,6 +58,18 @@ struct TlsOptions {
 // DataLoss naming both for one that fails while being read.
 absl::StatusOr<ChannelOptions> WithTls(ChannelOptions options, const TlsOptions& tls);
 
+// PEM files (certificates, CA bundles, keys) are read whole, at most this
+// many bytes: a path that is no such file (/dev/zero) is refused, not held.
+inline constexpr int64_t kMaxPemFileBytes = int64_t{16} << 20;
+
+// The file at `path` for `flag`, as WithTls and flashcp-planner's TLS flags
+// read it: NotFound naming both if it cannot be opened; DataLoss if reading
+// it fails (a directory); InvalidArgument if it is above kMaxPemFileBytes or
+// holds no PEM block whose BEGIN line ends in `pem_label` ("CERTIFICATE",
+// "PRIVATE KEY"; "EC PRIVATE KEY" and "RSA PRIVATE KEY" end in the latter).
+absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag,
+                                    absl::string_view pem_label);
+
 // A channel to `target` ("host:port", "unix:path"): TLS when
 // options.credentials is set (WithTls), else plaintext.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,

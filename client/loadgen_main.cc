@@ -305,6 +305,11 @@ int Run(const Options& o) {
                 << e.status.message() << "\n";
     }
   }
+  std::cout.flush();
+  if (!std::cout) {
+    std::cerr << kPrefix << "error writing the output\n";
+    return 1;
+  }
   return errors == 0 ? 0 : 1;
 }
 

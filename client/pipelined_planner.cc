@@ -152,7 +152,10 @@ absl::Status PlanPipelined(PlannerClient& client, const PipelineOptions& options
     absl::MutexLock lock(&inbox.mu);
     protocol_error = inbox.protocol_error;
   }
-  if (broken || write_failed || !protocol_error.ok()) stream->Cancel();
+  // Only a stream the server still sends on is cancelled: one that broke
+  // (a failed write or the read side ended) is over already, and a Cancel
+  // here would replace the transport's status (UNAVAILABLE) with CANCELLED.
+  if (!protocol_error.ok()) stream->Cancel();
   reader.join();
   const absl::Status final_status = stream->Finish();
   if (options.canceller != nullptr) options.canceller->Detach();

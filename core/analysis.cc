@@ -6,6 +6,7 @@
 
 #include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
+#include "core/echo.h"
 #include "core/status_macros.h"
 
 namespace flashcp::core {
@@ -185,8 +186,8 @@ absl::StatusOr<CommScheme> ParseCommScheme(absl::string_view name) {
   for (CommScheme s : kAllCommSchemes) {
     if (CommSchemeName(s) == name) return s;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "scheme: unknown communication scheme \"", name, "\" (full_kv, allgather, targeted)"));
+  return absl::InvalidArgumentError(absl::StrCat("scheme: unknown communication scheme ",
+                                                 Echo(name), " (full_kv, allgather, targeted)"));
 }
 
 absl::Status ValidateModelShape(const ModelShape& shape) {

@@ -21,22 +21,19 @@
 #include "core/types.h"
 
 namespace flashcp::core {
-namespace {
 
-// A longer input line is refused before it is held in memory: 10^6 documents
-// of 2^40 tokens take at most 14 characters each.
-constexpr size_t kMaxLineBytes = size_t{16} << 20;
-
-enum class LineRead { kLine, kEof, kTooLong };
-
-// Reads one line (without its '\n') into `line`, holding at most
-// kMaxLineBytes characters.
-LineRead ReadLine(std::istream& in, std::string& line) {
+LineRead ReadInputLine(std::istream& in, std::string& line) {
   line.clear();
   std::streambuf* buf = in.rdbuf();
   if (buf == nullptr) return LineRead::kEof;
   while (true) {
-    const int c = buf->sbumpc();
+    int c;
+    try {  // libstdc++'s filebuf throws read errors; the stream's own reads would catch them
+      c = buf->sbumpc();
+    } catch (const std::ios_base::failure&) {
+      in.setstate(std::ios_base::badbit);
+      return LineRead::kEof;
+    }
     if (c == std::char_traits<char>::eof()) {
       return line.empty() ? LineRead::kEof : LineRead::kLine;
     }
@@ -53,6 +50,8 @@ bool IsBlankOrComment(absl::string_view line) {
   }
   return true;
 }
+
+namespace {
 
 // Yields batches, with where each came from for error messages, from one of
 // the three sources.
@@ -108,7 +107,7 @@ class BatchSource {
     std::string line;
     while (true) {
       ++line_no_;
-      const LineRead r = ReadLine(*in_, line);
+      const LineRead r = ReadInputLine(*in_, line);
       if (r == LineRead::kEof) {
         if (in_->bad()) return absl::DataLossError(absl::StrCat(name, ": read error"));
         return false;

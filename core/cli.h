@@ -6,6 +6,7 @@
 #ifndef FLASHCP_CORE_CLI_H_
 #define FLASHCP_CORE_CLI_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <iosfwd>
 #include <optional>
@@ -68,6 +69,22 @@ std::string CliUsage();
 // What every figure computed from a data set's batches must state beside it
 // (../shared/datasets/README.md).
 absl::string_view DatasetAssumptions(Dataset dataset);
+
+// Batch input, one batch per line (flashcp-plan --input, flashcp-client): a
+// longer line is refused before it is held in memory; 10^6 documents of 2^40
+// tokens take at most 14 characters each.
+inline constexpr size_t kMaxLineBytes = size_t{16} << 20;
+
+enum class LineRead { kLine, kEof, kTooLong };
+
+// Reads one line (without its '\n') into `line`, holding at most
+// kMaxLineBytes characters (kTooLong then; the rest of the line is left
+// unread). A read error (a directory, EIO) sets `in`'s badbit and reads as
+// kEof.
+LineRead ReadInputLine(std::istream& in, std::string& line);
+
+// A line with nothing but spaces, tabs and '\r' before its end or a '#'.
+bool IsBlankOrComment(absl::string_view line);
 
 // Per-strategy statistics over batches, for the summary table.
 struct StrategySummary {

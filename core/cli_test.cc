@@ -277,6 +277,20 @@ TEST(RunCliTest, MissingInputFile) {
             "flashcp-plan: --input: cannot open \"/nonexistent/flashcp/batches.txt\"\n");
 }
 
+// A path that opens but cannot be read (a directory) is an I/O error naming
+// it, exit 1; it was an uncaught std::ios_base::failure from the stream
+// buffer (abort, exit 134).
+TEST(RunCliTest, UnreadableInputIsAnErrorNotAnAbort) {
+  const std::string dir = ::testing::TempDir();
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--input", dir, "--quiet"});
+  ASSERT_THAT(o, IsOk());
+  std::istringstream in;
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), kExitBadInput);
+  EXPECT_EQ(err.str(), absl::StrCat("flashcp-plan: ", dir, ": read error\n"));
+  EXPECT_EQ(out.str(), "");
+}
+
 TEST(RunCliTest, SummaryOfDataSetBatches) {
   absl::StatusOr<CliOptions> o =
       ParseCliArgs({"--dataset", "wlbllm", "--context", "16384", "--batches", "4", "--cp", "4",

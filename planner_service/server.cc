@@ -8,13 +8,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/grpc_planner_client.h"
 #include "core/log.h"
 #include "core/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -23,6 +21,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "planner_service/log_limiter.h"
 #include "planner_service/metrics.h"
+#include "planner_service/process/host_port.h"
 #include "planner_service/process/signals.h"
 #include "prometheus/exposer.h"
 #include "proto/convert.h"
@@ -37,24 +36,18 @@ constexpr char kRendezvousServiceName[] = "flashcp.v1.Rendezvous";
 bool ServesPlanning(ServeRole r) { return r != ServeRole::kRendezvous; }
 bool ServesRendezvous(ServeRole r) { return r != ServeRole::kPlanning; }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot open \"", path, "\""));
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(flag, ": cannot read \"", path, "\""));
-  return s.str();
-}
-
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
     const ServerOptions& options) {
   if (options.tls_cert.empty()) return grpc::InsecureServerCredentials();
-  FLASHCP_ASSIGN_OR_RETURN(const std::string cert, ReadFile(options.tls_cert, "--tls_cert"));
-  FLASHCP_ASSIGN_OR_RETURN(const std::string key, ReadFile(options.tls_key, "--tls_key"));
+  FLASHCP_ASSIGN_OR_RETURN(const std::string cert,
+                           client::ReadPem(options.tls_cert, "--tls_cert", "CERTIFICATE"));
+  FLASHCP_ASSIGN_OR_RETURN(const std::string key,
+                           client::ReadPem(options.tls_key, "--tls_key", "PRIVATE KEY"));
   grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   if (!options.tls_client_ca.empty()) {
     FLASHCP_ASSIGN_OR_RETURN(ssl.pem_root_certs,
-                             ReadFile(options.tls_client_ca, "--tls_client_ca"));
+                             client::ReadPem(options.tls_client_ca, "--tls_client_ca",
+                                             "CERTIFICATE"));
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   ssl.pem_key_cert_pairs.push_back({key, cert});
@@ -72,8 +65,8 @@ absl::StatusOr<ServeRole> ParseServeRole(absl::string_view name) {
 }
 
 absl::Status ValidateOptions(const ServerOptions& o) {
-  FLASHCP_RETURN_IF_ERROR(SplitHostPort(o.listen, "--listen").status());
-  if (!o.metrics.empty()) FLASHCP_RETURN_IF_ERROR(SplitHostPort(o.metrics, "--metrics").status());
+  FLASHCP_RETURN_IF_ERROR(process::SplitHostPort(o.listen, "--listen").status());
+  if (!o.metrics.empty()) FLASHCP_RETURN_IF_ERROR(process::SplitHostPort(o.metrics, "--metrics").status());
   if (o.threads < 1 || o.threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("--threads: must be in [1, 1024], got ",
                                                    o.threads));
@@ -178,21 +171,6 @@ int MaxMessageBytes(const ServerOptions& o) {
       std::max({proto::MaxRequestBytes(o.limits), kRendezvous, proto::kMaxReportBytes}));
 }
 
-absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address,
-                                                          absl::string_view flag) {
-  const size_t colon = address.rfind(':');
-  if (colon == absl::string_view::npos || colon == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": want HOST:PORT, got \"", address, "\""));
-  }
-  int port = 0;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": the port must be 0..65535, got \"", address, "\""));
-  }
-  return std::make_pair(std::string(address.substr(0, colon)), port);
-}
-
 std::string ListeningLine(absl::string_view grpc_address, absl::string_view metrics_address) {
   return absl::StrCat("LISTENING grpc=", grpc_address,
                       " metrics=", metrics_address.empty() ? "-" : metrics_address);
@@ -227,7 +205,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     const ServerOptions& options, ServiceObserver* observer, const core::Clock* clock,
     RendezvousObserver* rendezvous_observer) {
   FLASHCP_RETURN_IF_ERROR(ValidateOptions(options));
-  FLASHCP_ASSIGN_OR_RETURN(const auto host_port, SplitHostPort(options.listen, "--listen"));
+  FLASHCP_ASSIGN_OR_RETURN(const auto host_port, process::SplitHostPort(options.listen, "--listen"));
   FLASHCP_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                            MakeCredentials(options));
 
@@ -362,7 +340,7 @@ absl::Status RunPlanner(const ServerOptions& options,
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string metrics_address;
   if (!options.metrics.empty()) {
-    FLASHCP_ASSIGN_OR_RETURN(const auto host_port, SplitHostPort(options.metrics, "--metrics"));
+    FLASHCP_ASSIGN_OR_RETURN(const auto host_port, process::SplitHostPort(options.metrics, "--metrics"));
     FLASHCP_ASSIGN_OR_RETURN(exposer,
                              metrics_endpoint::StartExposer(options.metrics, options.metrics_http));
     exposer->RegisterCollectable(registry);

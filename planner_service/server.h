@@ -82,11 +82,6 @@ absl::Status ValidateOptions(const ServerOptions& options);
 // largest valid request of either service at the options' limits.
 int MaxMessageBytes(const ServerOptions& options);
 
-// "host:port" -> ("host", port); the host may be bracketed IPv6 ("[::1]").
-// InvalidArgument naming `flag` unless the port is 0..65535 and the host non-empty.
-absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address,
-                                                          absl::string_view flag);
-
 // The one startup line other tools parse; keep it stable:
 //   LISTENING grpc=HOST:PORT metrics=HOST:PORT    (metrics=- when disabled)
 std::string ListeningLine(absl::string_view grpc_address, absl::string_view metrics_address);

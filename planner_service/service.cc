@@ -217,7 +217,8 @@ class PlanReactor final : public grpc::ServerUnaryReactor {
 // writes complete and room opens. Every item is answered exactly once: a
 // response (plan or per-item error), or, once the call is cancelled, dropped.
 // Finish() is called once, when the client is done sending (or the call is
-// cancelled), no item is in flight and no wake-up is pending.
+// cancelled), no item is in flight, no read or write is outstanding and no
+// wake-up is pending.
 //
 // State changes happen under mu_; the operations they decide on (gRPC's
 // read, write, finish; the pool's Cancel and the byte bound's Sub, which may
@@ -521,8 +522,11 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
         a.read = true;
       }
     }
-    if ((reads_done_ || cancelled_) && in_flight_ == 0 && !writing_ && pool_wait_ == 0 &&
-        bytes_wait_ == 0 && a.cancel.empty()) {
+    // Not while a read or write is decided or outstanding: another thread's
+    // Do() may not have started it yet, and nothing may start after Finish.
+    // A cancelled call completes both (ok = false), which comes back here.
+    if ((reads_done_ || cancelled_) && in_flight_ == 0 && !reading_ && !writing_ &&
+        pool_wait_ == 0 && bytes_wait_ == 0 && a.cancel.empty()) {
       finished_ = true;
       a.finish = true;
       a.finish_cancelled = cancelled_;

@@ -2,9 +2,12 @@
 // recording observer: exact planning_seconds and latencies, no sleeps.
 #include "planner_service/service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <atomic>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <set>
@@ -216,6 +219,37 @@ TEST(ServerOptionsTest, MissingTlsFilesAreNotFound) {
             absl::NotFoundError("--tls_cert: cannot open \"/nonexistent/cert.pem\""));
 }
 
+// A TLS file that is not PEM is INVALID_ARGUMENT naming the flag, as the
+// clients say it; it was UNAVAILABLE "--listen: cannot listen on ...
+// (address in use?)" once gRPC refused the credentials.
+TEST(ServerOptionsTest, TlsFilesThatAreNotPemAreInvalidArgumentNamingTheFlag) {
+  NullObserver observer;
+  core::RealClock clock;
+  const std::string not_pem = ::testing::TempDir() + "/not_pem.txt";
+  {
+    std::ofstream f(not_pem, std::ios::binary | std::ios::trunc);
+    f << "not a certificate\n";
+  }
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.metrics = "";
+  o.tls_cert = not_pem;
+  o.tls_key = not_pem;
+  EXPECT_THAT(PlannerServer::Start(o, &observer, &clock).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("--tls_cert: \"", not_pem, "\" holds no PEM CERTIFICATE")));
+  unlink(not_pem.c_str());
+  // Read to a bound: /dev/zero was read until memory ran out (bad_alloc).
+  o.tls_cert = "/dev/zero";
+  EXPECT_THAT(PlannerServer::Start(o, &observer, &clock).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--tls_cert: \"/dev/zero\" is larger than 16777216 bytes"));
+  o.tls_cert = ::testing::TempDir();  // a directory opens, and reading it fails
+  EXPECT_THAT(PlannerServer::Start(o, &observer, &clock).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       absl::StrCat("--tls_cert: cannot read \"", o.tls_cert, "\"")));
+}
+
 // ---------------------------------------------------------------------------
 // Abuse and bounds (issue 12): real in-process servers on loopback, raw
 // bytes through a generic stub where the typed one cannot send them.
@@ -259,11 +293,13 @@ absl::Status UnaryPlan(v1::Planner::Stub& stub, const v1::PlanRequest& request,
 }
 
 // A PlanStream that writes raw messages in order, then half-closes, and
-// reads every response (unless `read` is false: a client that never reads).
+// reads every response (unless `read` is false: a client that never reads),
+// or cancels the call once it has read `cancel_after` responses (0: never).
 class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  RawStream(grpc::GenericStub& stub, std::vector<std::string> items, bool read = true)
-      : items_(std::move(items)), read_(read) {
+  RawStream(grpc::GenericStub& stub, std::vector<std::string> items, bool read = true,
+            size_t cancel_after = 0)
+      : items_(std::move(items)), read_(read), cancel_after_(cancel_after) {
     context_.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
     stub.PrepareBidiStreamingCall(&context_, "/flashcp.v1.Planner/PlanStream",
                                   grpc::StubOptions(), this);
@@ -281,9 +317,15 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     if (!ok) return;
     v1::PlanResponse r;
     EXPECT_TRUE(grpc::SerializationTraits<v1::PlanResponse>::Deserialize(&in_, &r).ok());
+    size_t n;
     {
       absl::MutexLock lock(&mu_);
       responses_.push_back(std::move(r));
+      n = responses_.size();
+    }
+    if (n == cancel_after_) {
+      context_.TryCancel();
+      return;
     }
     StartRead(&in_);
   }
@@ -318,6 +360,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   grpc::ClientContext context_;
   const std::vector<std::string> items_;
   const bool read_;
+  const size_t cancel_after_;
   size_t next_ = 0;
   std::atomic<int> written_{0};
   grpc::ByteBuffer out_, in_;
@@ -589,6 +632,40 @@ TEST(StreamWindowTest, AClientThatNeverReadsHoldsAtMostTheByteWindow) {
   EXPECT_EQ(observer.held_bytes, 0);  // all given back
   // The window, passed by at most the one item read while below it.
   EXPECT_LE(observer.max_held_bytes, o.stream_window_bytes + bound);
+}
+
+// A client that cancels its stream while plans are being written: the
+// reactor must not start a read after another thread finished the call (it
+// did: a planning thread's Do() wrote, the write failed on the cancelled call,
+// OnWriteDone finished and deleted the reactor, then the same Do() called
+// StartRead on it: SIGSEGV or a pure virtual call, the planner gone). Each
+// round's responses are a few MB, so that cancels land mid-write.
+TEST(StreamCancelTest, CancellingWhileResponsesAreWrittenNeitherCrashesNorLosesCounts) {
+  core::RealClock clock;
+  RecordingObserver observer;
+  std::unique_ptr<PlannerServer> server = StartServer(LoopbackOptions(), &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  grpc::GenericStub stub(NewChannel(*server));
+  v1::PlanRequest heavy = PlanRequestOf(0, std::vector<int64_t>(1024, 1 << 14), 64, "flashcp");
+  heavy.set_include_layout(true);
+  const std::vector<std::string> items(64, heavy.SerializeAsString());
+  constexpr int kRounds = 60;
+  for (int round = 0; round < kRounds; ++round) {
+    RawStream stream(stub, items, /*read=*/true, /*cancel_after=*/1 + round % 2);
+    EXPECT_EQ(stream.Wait().error_code(), grpc::StatusCode::CANCELLED) << round;
+  }
+  // Every item read was answered or dropped exactly once, and the server
+  // still plans.
+  ASSERT_TRUE(WaitUntil([&] {
+    absl::MutexLock lock(&observer.mu_);
+    return observer.inflight == 0;
+  }));
+  v1::Planner::Stub planner(NewChannel(*server, 1));
+  v1::PlanResponse response;
+  EXPECT_THAT(UnaryPlan(planner, PlanRequestOf(1, {5, 3}, 2), &response), IsOk());
+  server->Shutdown();
+  absl::MutexLock lock(&observer.mu_);
+  EXPECT_EQ(observer.held_bytes, 0);
 }
 
 TEST(HeldBytesTest, WakesWaitersWhenBelowTheLimit) {

@@ -4,9 +4,11 @@
 // Nothing sleeps for luck: waits are on the LISTENING line, on RPC answers or
 // on a retry hook, each with a deadline.
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <regex>
@@ -23,6 +25,7 @@
 #include "client/grpc_planner_client.h"
 #include "client/pipelined_planner.h"
 #include "client/retrying_planner_client.h"
+#include "core/cli.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -168,6 +171,35 @@ TEST(FlashcpClientCliTest, PerItemErrorsNameTheLineAndTheRestIsPlanned) {
   EXPECT_EQ(err_lines[2], "flashcp-client: 2 item(s) failed");
 }
 
+// A line longer than core::kMaxLineBytes is refused before it is held (it
+// was read whole, however long: /dev/zero grew the client until memory ran
+// out), and reading stops there, since its end may never come; the lines
+// before it are planned.
+TEST(FlashcpClientCliTest, ALineTooLongIsRefusedUnheldAndEndsTheInput) {
+  auto planner = StartPlanner();
+  ASSERT_NE(planner, nullptr);
+  const std::string path = ::testing::TempDir() + "/client_long_line.txt";
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << "5,3\n";
+    const std::string chunk(1 << 20, '1');
+    for (size_t n = 0; n <= core::kMaxLineBytes; n += chunk.size()) f << chunk;
+    f << "\n8 8\n";
+  }
+  const ToolRun got = RunTool({FLASHCP_CLIENT_BIN, "--server", planner->grpc_address(), "--cp",
+                               "2", "--strategy", "ring", "--input", path});
+  const ToolRun want =
+      RunTool({FLASHCP_PLAN_BIN, "--quiet", "--cp", "2", "--strategy", "ring"}, "5,3\n");
+  unlink(path.c_str());
+  ASSERT_EQ(want.exit_code, 0) << want.err;
+  EXPECT_EQ(got.exit_code, 1);
+  EXPECT_EQ(got.out, want.out);
+  EXPECT_EQ(got.err, absl::StrCat("flashcp-client: ", path,
+                                  " line 2: INVALID_ARGUMENT: longer than 16777216 bytes; the "
+                                  "input after it is not read\nflashcp-client: 1 item(s) "
+                                  "failed\n"));
+}
+
 TEST(FlashcpClientCliTest, SummaryPrintsTheQualityTable) {
   auto planner = StartPlanner();
   ASSERT_NE(planner, nullptr);
@@ -303,6 +335,32 @@ TEST(PlanPipelinedIntegrationTest, InOrderWithABadItemMidStream) {
   }
 }
 
+// A planner that dies mid-stream is UNAVAILABLE, the transport's word, with
+// how many results arrived: the helper's own Cancel() before Finish() made it
+// CANCELLED, as if the caller had given up.
+TEST(PlanPipelinedIntegrationTest, APlannerKilledMidStreamIsUnavailable) {
+  auto planner = StartPlanner();
+  ASSERT_NE(planner, nullptr);
+  GrpcPlannerClient client(MakeChannel(planner->grpc_address()));
+  int next = 0;
+  int64_t delivered = 0;
+  auto source = [&]() -> std::optional<v1::PlanRequest> {
+    if (next == 10000) return std::nullopt;  // never reached: the planner is gone by then
+    return Request(std::vector<int64_t>(64, 1000 + next++), 8, "ring");
+  };
+  auto sink = [&](int64_t, PlanResult result) {
+    EXPECT_THAT(result, IsOk());
+    if (++delivered == 20) {
+      EXPECT_THAT(planner->process().Signal(SIGKILL), IsOk());
+    }
+  };
+  const absl::Status status =
+      PlanPipelined(client, {.inflight = 8}, std::ref(source), std::ref(sink));
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable,
+                               ::testing::StartsWith("PlanStream ended after ")));
+  EXPECT_GE(delivered, 20);
+}
+
 TEST(RetryingPlannerClientIntegrationTest, RetriesUnavailableUntilTheServerStartsLate) {
   const absl::StatusOr<int> port = tests::testing::FreeLoopbackPort();
   ASSERT_THAT(port.status(), IsOk());
@@ -358,6 +416,27 @@ TEST(RetryingPlannerClientIntegrationTest, RetriesUnavailableUntilTheServerStart
   absl::StatusOr<int> exit_code = (*server)->Wait(absl::Now() + kTimeout);
   ASSERT_THAT(exit_code, IsOk());
   EXPECT_EQ(*exit_code, 0);
+}
+
+// A report that cannot be written is an error saying so, exit 1: flashcp-client
+// exited 1 without a word, flashcp-loadgen exited 0 with its report lost.
+TEST(ToolOutputTest, AnUnwritableStdoutIsAnErrorNamingIt) {
+  auto planner = StartPlanner();
+  ASSERT_NE(planner, nullptr);
+  // sh runs the tool ($0, with "$@") with its stdout on /dev/full (ENOSPC).
+  const auto to_full = [](std::vector<std::string> argv) {
+    argv.insert(argv.begin(), {"/bin/sh", "-c", "exec \"$0\" \"$@\" >/dev/full"});
+    return argv;
+  };
+  const ToolRun client = RunTool(
+      to_full({FLASHCP_CLIENT_BIN, "--server", planner->grpc_address(), "--cp", "2"}), "5,3\n");
+  EXPECT_EQ(client.exit_code, 1);
+  EXPECT_EQ(client.err, "flashcp-client: error writing the output\n");
+  const ToolRun loadgen =
+      RunTool(to_full({FLASHCP_LOADGEN_BIN, "--server", planner->grpc_address(), "--duration",
+                       "30", "--max_requests", "5", "--strategy", "ring", "--json"}));
+  EXPECT_EQ(loadgen.exit_code, 1);
+  EXPECT_EQ(loadgen.err, "flashcp-loadgen: error writing the output\n");
 }
 
 // ---- flashcp-loadgen ----------------------------------------------------------

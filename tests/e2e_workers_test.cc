@@ -617,6 +617,24 @@ TEST(E2eWorkersTest, ControlPortServesGrpcHealth) {
   EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
 }
 
+// The WORKER and RUN lines are the run's report: when stdout cannot take
+// them (/dev/full) the worker says so and exits 1; it exited 0, the report lost.
+TEST(E2eWorkersTest, AnUnwritableStdoutFailsTheRunSayingSo) {
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  // sh runs the worker ($0, with "$@"), stderr to the pipe, stdout on /dev/full.
+  auto r = tests::testing::RunCommand(
+      {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1 >/dev/full", FLASHCP_WORKER_BIN, "--planner",
+       (*planner)->grpc_address(), "--group", "full", "--steps", "1", "--context", "1024",
+       "--heads", "1", "--head_dim", "8"},
+      "", In(absl::Seconds(60)));
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->exit_code, 1) << r->output;
+  EXPECT_THAT(r->output, HasSubstr("flashcp-worker rank 0: DATA_LOSS: error writing the output "
+                                   "(the WORKER and RUN lines) to stdout"));
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
 TEST(E2eWorkersTest, StrayPositionalArgumentIsRefused) {
   struct Case {
     std::vector<std::string> args;

@@ -89,9 +89,7 @@ absl::Status WorkerDaemon::StartRun(int64_t steps, const std::string& strategy,
   }
   absl::MutexLock lock(&mu_);
   RunConfig run{steps, strategy.empty() ? status_.strategy() : strategy, options_.scheme};
-  if (!core::ParseStrategy(run.strategy).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("strategy: unknown \"", run.strategy, "\""));
-  }
+  FLASHCP_RETURN_IF_ERROR(core::ParseStrategy(run.strategy).status());  // quotes it short
   FLASHCP_ASSIGN_OR_RETURN(run.scheme,
                            core::ParseCommScheme(scheme.empty() ? status_.scheme() : scheme));
   if (pending_run_.has_value() || status_.state() == v1::WorkerStatus::RUNNING ||

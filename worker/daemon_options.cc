@@ -1,5 +1,7 @@
 #include "worker/daemon_options.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "core/cost_model.h"
 #include "core/status_macros.h"
@@ -31,6 +33,13 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   if (o.heads < 1 || o.heads > 1024 || o.head_dim < 1 || o.head_dim > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("--heads, --head_dim: must be in [1, 1024], got ",
                                                    o.heads, ", ", o.head_dim));
+  }
+  // Written so that NaN fails too; the planner takes the same values.
+  if (o.target_imbalance != 0 &&
+      !(o.target_imbalance >= 1 && std::isfinite(o.target_imbalance))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--target_imbalance: must be 0 (the planner's default) or a finite ratio >= 1, got ",
+        o.target_imbalance));
   }
   if (o.steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--steps: must be >= 0, got ", o.steps));

@@ -3,6 +3,7 @@
 // the summary line.
 #include "worker/daemon.h"
 
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -168,6 +169,14 @@ TEST(WorkerDaemonTest, ControlRequestsBeforeTheGroupForms) {
   EXPECT_THAT(driver.StartRun(5, "nope", ""),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("strategy: unknown")));
   EXPECT_THAT(driver.StartRun(5, "", "nope"), StatusIs(absl::StatusCode::kInvalidArgument));
+  // A huge name is quoted short: gRPC carries the message in a header, and
+  // an 8 KB one came back RESOURCE_EXHAUSTED (metadata too large) from
+  // WorkerControl, not INVALID_ARGUMENT.
+  const std::string huge(8192, 'x');
+  for (const absl::Status& s : {driver.StartRun(5, huge, ""), driver.StartRun(5, "", huge)}) {
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"... (8192 bytes)")));
+    EXPECT_LT(s.message().size(), 400u) << s;
+  }
   EXPECT_THAT(driver.StartRun(5, "llama3", "full_kv"), IsOk());
   EXPECT_THAT(driver.StartRun(5, "", ""),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already going")));
@@ -466,6 +475,18 @@ TEST(ValidateDaemonOptionsTest, Table) {
       {[](DaemonOptions& o) { o.rank_speed_window = 1025; }, absl::StatusCode::kInvalidArgument,
        "--rank_speed_window: must be in [0, 1024], got 1025"},
       {[](DaemonOptions& o) { o.rank_speed_window = 0; }, absl::StatusCode::kOk, ""},
+      // A bad target was silently the planner's default (only > 0 was sent).
+      {[](DaemonOptions& o) { o.target_imbalance = -1; }, absl::StatusCode::kInvalidArgument,
+       "--target_imbalance: must be 0 (the planner's default) or a finite ratio >= 1, got -1"},
+      {[](DaemonOptions& o) { o.target_imbalance = std::nan(""); },
+       absl::StatusCode::kInvalidArgument, "--target_imbalance: must be 0 (the planner's "
+       "default) or a finite ratio >= 1, got nan"},
+      {[](DaemonOptions& o) { o.target_imbalance = 0.99; }, absl::StatusCode::kInvalidArgument,
+       "--target_imbalance"},
+      {[](DaemonOptions& o) { o.target_imbalance = HUGE_VAL; },
+       absl::StatusCode::kInvalidArgument, "--target_imbalance"},
+      {[](DaemonOptions& o) { o.target_imbalance = 1; }, absl::StatusCode::kOk, ""},
+      {[](DaemonOptions& o) { o.target_imbalance = 1.05; }, absl::StatusCode::kOk, ""},
   };
   for (const Case& c : cases) {
     DaemonOptions o;

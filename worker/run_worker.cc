@@ -15,6 +15,7 @@
 #include "core/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "planner_service/process/host_port.h"
 #include "planner_service/process/signals.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
@@ -36,6 +37,8 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--local_rank: must be in [-1, 4095], got ", o.local_rank));
   }
+  FLASHCP_RETURN_IF_ERROR(planner_service::process::SplitHostPort(o.control, "--control").status());
+  FLASHCP_RETURN_IF_ERROR(planner_service::process::SplitHostPort(o.metrics, "--metrics").status());
   return absl::OkStatus();
 }
 

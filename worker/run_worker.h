@@ -30,7 +30,8 @@ struct WorkerOptions {
   CudaBackendFactory cuda;              // --device cuda:K's backend; empty: built without CUDA
 };
 
-// ValidateDaemonOptions, and InvalidArgument naming --local_rank.
+// ValidateDaemonOptions, and InvalidArgument naming --local_rank, or --control
+// or --metrics unless HOST:PORT with a port in 0..65535.
 absl::Status ValidateWorkerOptions(const WorkerOptions& options);
 
 // The binary's life. Blocks SIGTERM and SIGINT (call before any thread

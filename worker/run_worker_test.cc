@@ -1,6 +1,9 @@
 #include "worker/run_worker.h"
 
 #include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -32,6 +35,30 @@ TEST(ValidateWorkerOptionsTest, DaemonOptionsAndLocalRank) {
   o.daemon.rank = 1;  // of a one-rank group
   EXPECT_THAT(ValidateWorkerOptions(o),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--rank")));
+}
+
+// A malformed listen address is refused naming the flag before anything
+// binds; --control 127.0.0.1:99999 was accepted (gRPC bound another port).
+TEST(ValidateWorkerOptionsTest, ListenAddressesAreHostAndPort) {
+  for (const auto& [control, metrics, message] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"127.0.0.1:99999", "127.0.0.1:0",
+            "--control: the port must be 0..65535, got \"127.0.0.1:99999\""},
+           {"127.0.0.1:-1", "127.0.0.1:0",
+            "--control: the port must be 0..65535, got \"127.0.0.1:-1\""},
+           {"127.0.0.1", "127.0.0.1:0", "--control: want HOST:PORT, got \"127.0.0.1\""},
+           {"127.0.0.1:0", "bogus", "--metrics: want HOST:PORT, got \"bogus\""},
+           {"127.0.0.1:0", ":9464", "--metrics: want HOST:PORT, got \":9464\""},
+       }) {
+    WorkerOptions o;
+    o.control = control;
+    o.metrics = metrics;
+    EXPECT_THAT(ValidateWorkerOptions(o), StatusIs(absl::StatusCode::kInvalidArgument, message));
+  }
+  WorkerOptions o;
+  o.control = "[::1]:0";
+  o.metrics = "0.0.0.0:65535";
+  EXPECT_THAT(ValidateWorkerOptions(o), IsOk());
 }
 
 // Setup failures come back as the Status naming the flag, before the daemon

@@ -3,9 +3,9 @@
 // to stdout once its endpoints are bound, forms the group through the
 // planner's Rendezvous service, runs --steps steps (the driver, rank 0, also
 // prints a `RUN {...}` summary line per run) and exits 0; a failure (a bad
-// flag value included) exits 1 with the reason on stderr; a positional
-// argument exits 2. SIGTERM or SIGINT: the group finishes the step in flight
-// and every rank exits 0.
+// flag value and an unwritable stdout included) exits 1 with the reason on
+// stderr; a positional argument exits 2. SIGTERM or SIGINT: the group
+// finishes the step in flight and every rank exits 0.
 //
 // --tls_ca (with --tls_cert/--tls_key for mTLS, --tls_server_name) makes the
 // planner channel TLS, as flashcp-client's flags of the same names do; the
@@ -195,9 +195,14 @@ int main(int argc, char** argv) {
     return *rc;  // 0 after --help; 2 for a bad flag or a stray word
   }
   absl::StatusOr<fw::WorkerOptions> options = OptionsFromFlags(line);
-  const absl::Status status =
+  absl::Status status =
       options.ok() ? fw::RunWorker(*options, std::make_shared<prometheus::Registry>())
                    : options.status();
+  // The WORKER and RUN lines are the run's report; a full disk or a closed
+  // pipe must not pass for success.
+  if (status.ok() && (std::fflush(stdout) != 0 || std::ferror(stdout))) {
+    status = absl::DataLossError("error writing the output (the WORKER and RUN lines) to stdout");
+  }
   if (!status.ok()) {
     FLASHCP_LOG(ERROR) << "flashcp-worker rank " << absl::GetFlag(FLAGS_rank) << ": "
                        << status.ToString();

@@ -23,16 +23,22 @@ class PlanError(ValueError):
 def plan(doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
          target_imbalance: float = 0.0, min_shard_tokens: Optional[int] = None,
          heads: int = 0, head_dim: int = 0, dtype_bytes: int = 0,
-         include_layout: bool = False, batch_id: int = 0) -> planner_pb2.PlanResponse:
+         include_layout: bool = False, batch_id: int = 0, ranks_per_node: int = 0,
+         cost_profile: str = "", cost: Any = None,
+         rank_speed: Iterable[float] = ()) -> planner_pb2.PlanResponse:
     """Plans one batch in this process with the service's own code (request
     validation, core::MakePlan, AnalyzePlan, the response conversion): the
     PlanResponse equals the service's for the same request, byte for byte,
     except metrics.planning_seconds (this process's time). Zero values mean
     the defaults (planner.proto); min_shard_tokens None is the default 128,
-    -1 turns the rule off. Raises PlanError naming the field."""
+    -1 turns the rule off; ranks_per_node, cost_profile (the named profiles:
+    calibration lives in a planner), cost and rank_speed as Client.request.
+    Raises PlanError naming the field."""
     req = Client.request(doc_lens, cp_size, strategy, target_imbalance=target_imbalance,
                          heads=heads, head_dim=head_dim, dtype_bytes=dtype_bytes,
-                         include_layout=include_layout, batch_id=batch_id)
+                         include_layout=include_layout, batch_id=batch_id,
+                         ranks_per_node=ranks_per_node, cost_profile=cost_profile, cost=cost,
+                         rank_speed=rank_speed)
     if min_shard_tokens is not None:
         req.min_shard_tokens = int(min_shard_tokens)
     try:

@@ -54,13 +54,20 @@ class RetryPolicy:
     total_timeout: float = 60.0
 
     def __post_init__(self):
-        if self.max_attempts < 1:
+        # Comparisons written so that NaN fails them too.
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            try:
+                operator.index(self.max_attempts)
+            except TypeError:
+                raise ValueError("RetryPolicy.max_attempts must be an integer, got "
+                                 f"{self.max_attempts!r}") from None
+        if not self.max_attempts >= 1:
             raise ValueError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts}")
-        if self.backoff_multiplier < 1:
+        if not self.backoff_multiplier >= 1:
             raise ValueError("RetryPolicy.backoff_multiplier must be >= 1, got "
                              f"{self.backoff_multiplier}")
         for name in ("initial_backoff", "max_backoff", "total_timeout"):
-            if getattr(self, name) < 0:
+            if not getattr(self, name) >= 0:
                 raise ValueError(f"RetryPolicy.{name} must be >= 0 seconds, got "
                                  f"{getattr(self, name)}")
 
@@ -387,14 +394,23 @@ class Client:
     def request(doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
                 target_imbalance: float = 0.0, heads: int = 0, head_dim: int = 0,
                 dtype_bytes: int = 0, include_layout: bool = False,
-                batch_id: int = 0, min_shard_tokens: int = 0) -> planner_pb2.PlanRequest:
+                batch_id: int = 0, min_shard_tokens: int = 0, ranks_per_node: int = 0,
+                cost_profile: str = "", cost: Any = None,
+                rank_speed: Iterable[float] = ()) -> planner_pb2.PlanRequest:
         """A PlanRequest; zero values mean the server's defaults (planner.proto).
-        min_shard_tokens: flashcp's minimum cut shard, tokens; -1 turns it off."""
+        min_shard_tokens: flashcp's minimum cut shard, tokens; -1 turns it off.
+        ranks_per_node: ranks per node (0: one node). cost_profile: a named
+        rank cost ("h200-cudnn", "cpu-fp32", a calibrated one), or cost: the
+        coefficients, a planner_pb2.CostCoefficients or a dict of its fields
+        (not both; None: no coefficients). rank_speed: one speed per rank."""
+        if isinstance(cost, dict):
+            cost = planner_pb2.CostCoefficients(**cost)  # ValueError naming an unknown field
         return planner_pb2.PlanRequest(
             batch_id=batch_id, doc_lens=_doc_lens(doc_lens), cp_size=cp_size,
             strategy=strategy, target_imbalance=target_imbalance, heads=heads,
             head_dim=head_dim, dtype_bytes=dtype_bytes, include_layout=include_layout,
-            min_shard_tokens=min_shard_tokens)
+            min_shard_tokens=min_shard_tokens, ranks_per_node=ranks_per_node,
+            cost_profile=cost_profile, cost=cost, rank_speed=rank_speed)
 
     def plan(self, doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
              timeout: Optional[float] = None, **fields: Any) -> planner_pb2.PlanResponse:

@@ -68,6 +68,39 @@ def test_min_shard_tokens_reaches_the_planner(client):
                                    "or a token count in [1, 2^40], got -2")
 
 
+def test_every_plan_request_field_reaches_the_planner(client):
+    # ranks_per_node, cost_profile, cost and rank_speed were TypeErrors.
+    batch = [4096, 100, 30000, 2000]
+    plan = client.plan(batch, cp_size=4, cost_profile="cpu-fp32", rank_speed=[1, 1, 1.5, 0.5],
+                       ranks_per_node=2)
+    assert plan.metrics.cost_profile == "cpu-fp32"
+    assert list(plan.metrics.rank_speed) == [1, 1, 1.5, 0.5]
+    assert plan.metrics.bytes[0].phase_inter_node_bytes > 0  # two nodes of 2 ranks
+    explicit = planner_pb2.CostCoefficients(whole_pair=2, prefixed_pair=3, sequence=0, token=1)
+    for cost in (explicit, {"whole_pair": 2, "prefixed_pair": 3, "token": 1}):
+        plan = client.plan(batch, cp_size=4, cost=cost)
+        assert plan.metrics.cost_profile == ""
+        assert plan.metrics.cost == explicit
+    req = Client.request(batch, 4, ranks_per_node=8, cost_profile="h200-cudnn",
+                         rank_speed=(2, 1, 1, 1))
+    assert (req.ranks_per_node, req.cost_profile, list(req.rank_speed)) == (
+        8, "h200-cudnn", [2, 1, 1, 1])
+    assert not req.HasField("cost") and not Client.request(batch, 4).HasField("cost")
+
+    with pytest.raises(grpc.RpcError) as err:
+        client.plan(batch, cp_size=4, ranks_per_node=-1)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details() == "ranks_per_node: must be in [0, 65536] (0: one node), got -1"
+    with pytest.raises(grpc.RpcError) as err:
+        client.plan(batch, cp_size=4, cost_profile="cpu-fp32", rank_speed=[1, 1, 1])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details() == ("rank_speed: 3 entries for 4 ranks (give none or one per "
+                                   "rank)")
+    with pytest.raises(ValueError) as terr:
+        Client.request(batch, 4, cost={"whole_pair": 1, "bogus": 2})
+    assert "bogus" in str(terr.value)
+
+
 def test_list_strategies_and_server_info(client):
     names = {s.name for s in client.list_strategies()}
     assert {"ring", "llama3", "flashcp"} <= names

@@ -74,6 +74,13 @@ def test_backoff_is_the_cpp_formula():
     ({"backoff_multiplier": 0.5}, "RetryPolicy.backoff_multiplier must be >= 1, got 0.5"),
     ({"initial_backoff": -1}, "RetryPolicy.initial_backoff must be >= 0 seconds, got -1"),
     ({"total_timeout": -2}, "RetryPolicy.total_timeout must be >= 0 seconds, got -2"),
+    # NaN passed every check and failed later, at the first retry (time.sleep).
+    ({"initial_backoff": float("nan")},
+     "RetryPolicy.initial_backoff must be >= 0 seconds, got nan"),
+    ({"total_timeout": float("nan")}, "RetryPolicy.total_timeout must be >= 0 seconds, got nan"),
+    ({"backoff_multiplier": float("nan")},
+     "RetryPolicy.backoff_multiplier must be >= 1, got nan"),
+    ({"max_attempts": 2.5}, "RetryPolicy.max_attempts must be an integer, got 2.5"),
 ])
 def test_bad_policies_are_refused(kwargs, message):
     with pytest.raises(ValueError) as err:

@@ -48,7 +48,10 @@ def test_in_process_plan_equals_service_and_cli_on_a_dataset(plan_bin, planner_a
 
 def test_in_process_options_and_ilp_match_the_service(planner_address):
     client = flashcp.Client(planner_address, options=CLIENT_OPTIONS)
-    for kwargs in ({"target_imbalance": 1.3}, {"heads": 8, "head_dim": 64, "dtype_bytes": 4}):
+    for kwargs in ({"target_imbalance": 1.3}, {"heads": 8, "head_dim": 64, "dtype_bytes": 4},
+                   {"cost_profile": "cpu-fp32", "rank_speed": [1, 1.5, 0.5, 1],
+                    "ranks_per_node": 2},
+                   {"cost": {"whole_pair": 2, "prefixed_pair": 3, "token": 1}}):
         remote = client.plan([300, 5, 1, 77, 1000], 4, "flashcp", **kwargs)
         local = flashcp.plan([300, 5, 1, 77, 1000], 4, "flashcp", **kwargs)
         assert _bytes_without_time(local) == _bytes_without_time(remote)
