@@ -262,10 +262,7 @@ int Main(int argc, char** argv) {
     return *rc;
   }
   absl::StatusOr<Args> parsed = ArgsFromFlags();
-  if (!parsed.ok()) {
-    std::cerr << "plan_quality: " << parsed.status().message() << "\n";
-    return 2;
-  }
+  if (!parsed.ok()) return UsageError("plan_quality", parsed.status(), std::cerr);
   const Args args = *std::move(parsed);
   PlanOptions defaults;
   defaults.min_shard_tokens = args.min_shard_tokens;

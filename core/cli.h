@@ -15,14 +15,15 @@
 #include "absl/strings/string_view.h"
 #include "core/analysis.h"
 #include "core/datasets.h"
+#include "core/flags.h"
 #include "core/strategies.h"
 
 namespace flashcp::core {
 
-// Exit codes of flashcp-plan.
+// Exit codes of flashcp-plan; a bad flag or flag value is kExitUsage
+// (core/flags.h), as in every program.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitBadInput = 1;  // a bad batch line or batch, a failed plan, an I/O error
-inline constexpr int kExitUsage = 2;     // a bad flag or flag value
 
 struct CliOptions {
   int32_t cp_size = 8;

@@ -43,9 +43,9 @@ ABSL_FLAG(int64_t, batches, flashcp::core::CliOptions{}.batches,
           "sampled batches (with --dataset)");
 ABSL_FLAG(uint64_t, seed, flashcp::core::CliOptions{}.seed, "sampling seed (with --dataset)");
 ABSL_FLAG(bool, summary, false, "print a table of per-strategy statistics instead of JSON");
-ABSL_FLAG(int64_t, heads, flashcp::core::ModelShape{}.heads, "KV heads, for byte counts");
-ABSL_FLAG(int64_t, head_dim, flashcp::core::ModelShape{}.head_dim, "head dimension");
-ABSL_FLAG(int64_t, dtype_bytes, flashcp::core::ModelShape{}.dtype_bytes,
+ABSL_FLAG(int32_t, heads, flashcp::core::ModelShape{}.heads, "KV heads, for byte counts");
+ABSL_FLAG(int32_t, head_dim, flashcp::core::ModelShape{}.head_dim, "head dimension");
+ABSL_FLAG(int32_t, dtype_bytes, flashcp::core::ModelShape{}.dtype_bytes,
           "bytes per element: 1, 2 or 4");
 ABSL_FLAG(int64_t, ilp_granularity, flashcp::core::PlanOptions{}.ilp.granularity,
           "ILP block size in tokens (0: C / (16 N))");
@@ -96,28 +96,17 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   FLASHCP_ASSIGN_OR_RETURN(
       o.plan.min_shard_tokens,
       IntFlagIn("min_shard_tokens", absl::GetFlag(FLAGS_min_shard_tokens), 0, kMaxTokens));
-  const std::string dataset = absl::GetFlag(FLAGS_dataset);
   if (line.given.count("dataset") > 0) {
-    absl::StatusOr<Dataset> d = ParseDataset(dataset);
-    if (!d.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--dataset: unknown data set ", Echo(dataset),
-                                                     " (wlbllm, pile, redpajama)"));
-    }
-    o.dataset = *d;
+    FLASHCP_ASSIGN_OR_RETURN(o.dataset, DatasetFromFlag(absl::GetFlag(FLAGS_dataset)));
   }
   FLASHCP_ASSIGN_OR_RETURN(o.context,
                            IntFlagIn("context", absl::GetFlag(FLAGS_context), 1, kMaxTokens));
   FLASHCP_ASSIGN_OR_RETURN(o.batches,
                            IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 1, kMaxBatches));
   o.seed = absl::GetFlag(FLAGS_seed);
-  FLASHCP_ASSIGN_OR_RETURN(o.shape.heads, IntFlagIn("heads", absl::GetFlag(FLAGS_heads), 1, 1024));
-  FLASHCP_ASSIGN_OR_RETURN(o.shape.head_dim,
-                           IntFlagIn("head_dim", absl::GetFlag(FLAGS_head_dim), 1, 1024));
-  const int64_t dtype_bytes = absl::GetFlag(FLAGS_dtype_bytes);
-  if (dtype_bytes != 1 && dtype_bytes != 2 && dtype_bytes != 4) {
-    return FlagValueError("dtype_bytes", "1, 2 or 4", absl::StrCat(dtype_bytes));
-  }
-  o.shape.dtype_bytes = static_cast<int32_t>(dtype_bytes);
+  FLASHCP_ASSIGN_OR_RETURN(o.shape, ModelShapeFromFlags(absl::GetFlag(FLAGS_heads),
+                                                       absl::GetFlag(FLAGS_head_dim),
+                                                       absl::GetFlag(FLAGS_dtype_bytes)));
   for (const std::string& docs : absl::GetFlag(FLAGS_docs).items) {
     absl::StatusOr<std::vector<int64_t>> lens = ParseBatchLine(docs);
     if (!lens.ok())
@@ -177,7 +166,6 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   if (!strategies.ok()) return strategies.status();
   o.strategies = *std::move(strategies);
   o.from_all = all;
-  if (absl::Status s = ValidateModelShape(o.shape); !s.ok()) return s;
   return o;
 }
 

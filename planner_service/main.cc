@@ -108,10 +108,7 @@ int main(int argc, char** argv) {
   fps::ServerOptions o;
   o.listen = absl::GetFlag(FLAGS_listen);
   const absl::StatusOr<fps::ServeRole> serve = fps::ParseServeRole(absl::GetFlag(FLAGS_serve));
-  if (!serve.ok()) {
-    FLASHCP_LOG(ERROR) << "flashcp-planner: " << serve.status().ToString();
-    return 1;
-  }
+  if (!serve.ok()) return flashcp::core::UsageError("flashcp-planner", serve.status(), std::cerr);
   o.serve = *serve;
   o.metrics = absl::GetFlag(FLAGS_metrics);
   o.threads = absl::GetFlag(FLAGS_threads);
@@ -150,6 +147,9 @@ int main(int argc, char** argv) {
                     absl::GetFlag(FLAGS_metrics_request_timeout)};
   o.testing_hold_planning = absl::GetFlag(FLAGS_testing_hold_planning);
   o.version = FLASHCP_VERSION;
+  if (absl::Status s = fps::ValidateOptions(o); !s.ok()) {
+    return flashcp::core::UsageError("flashcp-planner", s, std::cerr);
+  }
   const absl::Status status = fps::RunPlanner(o, std::make_shared<prometheus::Registry>());
   if (!status.ok()) {
     FLASHCP_LOG(ERROR) << "flashcp-planner: " << status.ToString();

@@ -207,6 +207,16 @@ TEST(FlashcpClientCliTest, BadFlagIsUsageError) {
   EXPECT_EQ(m.err,
             "flashcp-client: --min_shard_tokens: must be an integer in [0, 1099511627776], got "
             "\"-1\"\nRun 'flashcp-client --help' for the flags.\n");
+  const ToolRun d = RunTool({FLASHCP_CLIENT_BIN, "--server", "x:1", "--dataset", "foo"});
+  EXPECT_EQ(d.exit_code, 2);
+  EXPECT_EQ(d.err,
+            "flashcp-client: --dataset: unknown data set \"foo\" (wlbllm, pile, redpajama)\n"
+            "Run 'flashcp-client --help' for the flags.\n");
+  const ToolRun h = RunTool({FLASHCP_CLIENT_BIN, "--server", "x:1", "--heads", "0"});
+  EXPECT_EQ(h.exit_code, 2);
+  EXPECT_EQ(h.err,
+            "flashcp-client: --heads: must be in [1, 1024], got 0\n"
+            "Run 'flashcp-client --help' for the flags.\n");
 }
 
 // ---- the C++ library ----------------------------------------------------------

@@ -644,10 +644,10 @@ TEST(E2eWorkersTest, LocalRankOutOfRangeIsRefused) {
                                          absl::StrCat(local_rank), "--planner", "127.0.0.1:1"},
                                         "", In(absl::Seconds(30)));
     ASSERT_THAT(r.status(), IsOk());
-    EXPECT_EQ(r->exit_code, 1) << local_rank;
-    EXPECT_THAT(r->output, HasSubstr(absl::StrCat(
-                               "INVALID_ARGUMENT: --local_rank: must be in [-1, 4095], got ",
-                               local_rank)));
+    EXPECT_EQ(r->exit_code, 2) << local_rank;
+    EXPECT_EQ(r->output, absl::StrCat("flashcp-worker: --local_rank: must be in [-1, 4095], got ",
+                                      local_rank,
+                                      "\nRun 'flashcp-worker --help' for the flags.\n"));
   }
 }
 
@@ -657,27 +657,28 @@ TEST(E2eWorkersTest, LocalRankOutOfRangeIsRefused) {
 TEST(E2eWorkersTest, CudaDeviceIsRefusedClearly) {
   struct Case {
     std::string device;
+    int exit_code;                  // 2: a usage error; 1: a run that cannot start
     std::vector<std::string> want;  // any one of these
   };
   const std::vector<Case> cases = {
 #ifdef FLASHCP_E2E_WORKER_CUDA
-      {"cuda:4095",
+      {"cuda:4095", 1,
        {"FAILED_PRECONDITION: --device cuda:4095: cudaGetDeviceCount",
         "FAILED_PRECONDITION: --device cuda:4095: this machine has "}},
 #else
-      {"cuda:0",
+      {"cuda:0", 1,
        {"FAILED_PRECONDITION: --device cuda:0: this flashcp-worker was built without CUDA; use "
         "--device cpu"}},
 #endif
-      {"cuda:x", {"INVALID_ARGUMENT: --device: want cpu or cuda:K"}},
-      {"cuda:-1", {"INVALID_ARGUMENT: --device: want cpu or cuda:K"}},
+      {"cuda:x", 2, {"flashcp-worker: --device: want cpu or cuda:K"}},
+      {"cuda:-1", 2, {"flashcp-worker: --device: want cpu or cuda:K"}},
   };
   for (const Case& c : cases) {
     auto r = tests::testing::RunCommand(
         {FLASHCP_WORKER_BIN, "--device", c.device, "--planner", "127.0.0.1:1"}, "",
         In(absl::Seconds(30)));
     ASSERT_THAT(r.status(), IsOk());
-    EXPECT_EQ(r->exit_code, 1) << c.device;
+    EXPECT_EQ(r->exit_code, c.exit_code) << c.device;
     bool found = false;
     for (const std::string& w : c.want) found |= absl::StrContains(r->output, w);
     EXPECT_TRUE(found) << c.device << ": " << r->output;

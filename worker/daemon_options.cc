@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cost_model.h"
+#include "core/flags.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
 #include "proto/convert.h"
@@ -28,10 +29,9 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   if (!core::ParseStrategy(o.strategy).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--strategy: unknown \"", o.strategy, "\""));
   }
-  if (o.heads < 1 || o.heads > 1024 || o.head_dim < 1 || o.head_dim > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("--heads, --head_dim: must be in [1, 1024], got ",
-                                                   o.heads, ", ", o.head_dim));
-  }
+  // The element size is the backend's (RankBackend::dtype_bytes), not a flag.
+  FLASHCP_RETURN_IF_ERROR(
+      core::ModelShapeFromFlags(o.heads, o.head_dim, core::ModelShape{}.dtype_bytes).status());
   if (o.steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--steps: must be >= 0, got ", o.steps));
   }

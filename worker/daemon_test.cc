@@ -466,6 +466,10 @@ TEST(ValidateDaemonOptionsTest, Table) {
       {[](DaemonOptions& o) { o.rank_speed_window = 1025; }, absl::StatusCode::kInvalidArgument,
        "--rank_speed_window: must be in [0, 1024], got 1025"},
       {[](DaemonOptions& o) { o.rank_speed_window = 0; }, absl::StatusCode::kOk, ""},
+      {[](DaemonOptions& o) { o.heads = 0; }, absl::StatusCode::kInvalidArgument,
+       "--heads: must be in [1, 1024], got 0"},
+      {[](DaemonOptions& o) { o.head_dim = 1025; }, absl::StatusCode::kInvalidArgument,
+       "--head_dim: must be in [1, 1024], got 1025"},
   };
   for (const Case& c : cases) {
     DaemonOptions o;

@@ -2,10 +2,10 @@
 //   WORKER rank=R control=HOST:PORT metrics=HOST:PORT
 // to stdout once its endpoints are bound, forms the group through the
 // planner's Rendezvous service, runs --steps steps (the driver, rank 0, also
-// prints a `RUN {...}` summary line per run) and exits 0; a failure (a bad
-// flag value included) exits 1 with the reason on stderr; a positional
-// argument exits 2. SIGTERM or SIGINT: the group finishes the step in flight
-// and every rank exits 0.
+// prints a `RUN {...}` summary line per run) and exits 0; a failure exits 1
+// with the reason on stderr; a usage error (a bad flag or flag value, a
+// positional argument) exits 2. SIGTERM or SIGINT: the group finishes the
+// step in flight and every rank exits 0.
 //
 // --tls_ca (with --tls_cert/--tls_key for mTLS, --tls_server_name) makes the
 // planner channel TLS, as flashcp-client's flags of the same names do; the
@@ -108,12 +108,12 @@ namespace fw = flashcp::worker;
 
 namespace {
 
-// The planner channel's options from the --tls_* flags given in `line`, read
-// by the client library as flashcp-client reads its own (TlsOptionsFromGiven,
-// then WithTls): plaintext without them; InvalidArgument naming the flag for
-// a bad combination or an empty value, NotFound naming the flag and the path
-// for a file that cannot be opened.
-absl::StatusOr<fc::ChannelOptions> PlannerChannelOptions(const flashcp::core::CommandLine& line) {
+// The planner channel's TLS from the --tls_* flags given in `line`, checked
+// as flashcp-client checks its own (TlsOptionsFromGiven): nullopt for
+// plaintext; InvalidArgument naming the flag for a bad combination or an
+// empty value. The files are read later (fc::WithTls), a failure to read one
+// being a run error, not a usage error.
+absl::StatusOr<std::optional<fc::TlsOptions>> TlsFromFlags(const flashcp::core::CommandLine& line) {
   const std::pair<const char*, const absl::Flag<std::string>*> flags[] = {
       {"tls_ca", &FLAGS_tls_ca},
       {"tls_cert", &FLAGS_tls_cert},
@@ -123,18 +123,15 @@ absl::StatusOr<fc::ChannelOptions> PlannerChannelOptions(const flashcp::core::Co
   for (const auto& [name, flag] : flags) {
     if (line.given.count(name) > 0) given[name] = absl::GetFlag(*flag);
   }
-  FLASHCP_ASSIGN_OR_RETURN(const std::optional<fc::TlsOptions> tls,
-                           fc::internal::TlsOptionsFromGiven(given));
-  if (!tls.has_value()) return fc::ChannelOptions();
-  return fc::WithTls(fc::ChannelOptions(), *tls);
+  return fc::internal::TlsOptionsFromGiven(given);
 }
 
-// The flags as WorkerOptions: InvalidArgument naming the flag for a bad value.
-absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandLine& line) {
-  const auto dataset = flashcp::core::ParseDataset(absl::GetFlag(FLAGS_dataset));
-  if (!dataset.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--dataset: ", dataset.status().message()));
-  }
+// The flags as WorkerOptions, `tls` the --tls_* flags (TlsFromFlags), not yet
+// in WorkerOptions::channel: InvalidArgument naming the flag for a bad value.
+absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandLine& line,
+                                                   std::optional<fc::TlsOptions>& tls) {
+  FLASHCP_ASSIGN_OR_RETURN(const flashcp::core::Dataset dataset,
+                           flashcp::core::DatasetFromFlag(absl::GetFlag(FLAGS_dataset)));
   const auto scheme = flashcp::core::ParseCommScheme(absl::GetFlag(FLAGS_scheme));
   if (!scheme.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--scheme: ", scheme.status().message()));
@@ -145,7 +142,7 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
                  .world_size = absl::GetFlag(FLAGS_world_size),
                  .group = absl::GetFlag(FLAGS_group),
                  .device = absl::GetFlag(FLAGS_device),
-                 .dataset = *dataset,
+                 .dataset = dataset,
                  .context = absl::GetFlag(FLAGS_context),
                  .strategy = absl::GetFlag(FLAGS_strategy),
                  .scheme = *scheme,
@@ -180,7 +177,7 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
   w.cuda = flashcp::worker::cuda::MakeCudaRankBackend;
 #endif
   FLASHCP_RETURN_IF_ERROR(fw::ValidateWorkerOptions(w));
-  FLASHCP_ASSIGN_OR_RETURN(w.channel, PlannerChannelOptions(line));
+  FLASHCP_ASSIGN_OR_RETURN(tls, TlsFromFlags(line));
   return w;
 }
 
@@ -194,10 +191,16 @@ int main(int argc, char** argv) {
           std::cout, std::cerr)) {
     return *rc;  // 0 after --help; 2 for a bad flag or a stray word
   }
-  absl::StatusOr<fw::WorkerOptions> options = OptionsFromFlags(line);
-  const absl::Status status =
-      options.ok() ? fw::RunWorker(*options, std::make_shared<prometheus::Registry>())
-                   : options.status();
+  std::optional<fc::TlsOptions> tls;
+  absl::StatusOr<fw::WorkerOptions> options = OptionsFromFlags(line, tls);
+  if (!options.ok()) return flashcp::core::UsageError("flashcp-worker", options.status(), std::cerr);
+  absl::Status status = absl::OkStatus();
+  if (tls.has_value()) {
+    absl::StatusOr<fc::ChannelOptions> channel = fc::WithTls(fc::ChannelOptions(), *tls);
+    if (channel.ok()) options->channel = *std::move(channel);
+    status = channel.status();
+  }
+  if (status.ok()) status = fw::RunWorker(*options, std::make_shared<prometheus::Registry>());
   if (!status.ok()) {
     FLASHCP_LOG(ERROR) << "flashcp-worker rank " << absl::GetFlag(FLAGS_rank) << ": "
                        << status.ToString();
