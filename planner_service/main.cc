@@ -16,6 +16,7 @@
 #include "core/flags.h"
 #include "core/log.h"
 #include "core/types.h"
+#include "planner_service/metrics_endpoint/endpoint_flags.h"
 #include "planner_service/server.h"
 #include "prometheus/registry.h"
 
@@ -89,9 +90,6 @@ ABSL_FLAG(absl::Duration, listener_check_interval, absl::Seconds(1),
           "how often the listener's accept queue is checked; 0 disables the check");
 ABSL_FLAG(int32_t, listener_stall_checks, 5,
           "checks in a row with connections left unaccepted before health says NOT_SERVING");
-ABSL_FLAG(int32_t, metrics_threads, 8, "connections the /metrics server serves at once");
-ABSL_FLAG(absl::Duration, metrics_request_timeout, absl::Seconds(2),
-          "a /metrics connection that has not sent its request in this is closed");
 ABSL_FLAG(bool, testing_hold_planning, false,
           "tests only: plan nothing until SIGUSR1 (makes queue-full and deadline tests "
           "deterministic)");
@@ -143,8 +141,7 @@ int main(int argc, char** argv) {
   o.grpc_max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
   o.listener_check_interval = absl::GetFlag(FLAGS_listener_check_interval);
   o.listener_stall_checks = absl::GetFlag(FLAGS_listener_stall_checks);
-  o.metrics_http = {absl::GetFlag(FLAGS_metrics_threads),
-                    absl::GetFlag(FLAGS_metrics_request_timeout)};
+  o.metrics_http = fps::metrics_endpoint::EndpointOptionsFromFlags();
   o.testing_hold_planning = absl::GetFlag(FLAGS_testing_hold_planning);
   o.version = FLASHCP_VERSION;
   if (absl::Status s = fps::ValidateOptions(o); !s.ok()) {

@@ -561,12 +561,13 @@ TEST(E2eWorkersTest, LateAndDuplicateRanksGiveClearErrors) {
 
 // Issue 12 item 11, the worker's side: its /metrics had one civetweb thread,
 // so one silent TCP connection stopped every scrape for 30 s. A rank waiting
-// for its group serves /metrics; three silent connections leave a thread
-// (--metrics_threads 4 by default) for the scrape.
+// for its group serves /metrics; three silent connections leave one of
+// --metrics_threads 4 for the scrape.
 TEST(E2eWorkersTest, IdleConnectionsDoNotStopTheWorkersScrape) {
   auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
   ASSERT_THAT(planner.status(), IsOk());
-  auto w = StartWorker(0, "idle-metrics", (*planner)->grpc_address(), {"--timeout_s", "20"});
+  auto w = StartWorker(0, "idle-metrics", (*planner)->grpc_address(),
+                       {"--timeout_s", "20", "--metrics_threads", "4"});
   ASSERT_THAT(w.status(), IsOk());
   tests::testing::IdleConnections idle;
   ASSERT_THAT(idle.Open(w->metrics, 3, In(absl::Seconds(30))), IsOk());

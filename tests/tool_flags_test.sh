@@ -69,11 +69,13 @@ warn() {
   fi
 }
 
-help flashcp-planner planner_service/main.cc
-help flashcp-worker worker/worker_main.cc
+help flashcp-planner planner_service/main.cc planner_service/metrics_endpoint/endpoint_flags.cc
+help flashcp-worker worker/worker_main.cc client/internal/tls_flags.cc \
+  planner_service/metrics_endpoint/endpoint_flags.cc
 help flashcp-plan core/cli_args.cc
-help flashcp-client client/client_main.cc client/internal/tool_flags.cc
-help flashcp-loadgen client/loadgen_main.cc client/internal/tool_flags.cc
+help flashcp-client client/client_main.cc client/internal/tool_flags.cc client/internal/tls_flags.cc
+help flashcp-loadgen client/loadgen_main.cc client/internal/tool_flags.cc \
+  client/internal/tls_flags.cc
 help flashcp-cpstep worker/cpstep_main.cc
 if [[ -x $bin/flashcp-gpu-bench ]]; then
   help flashcp-gpu-bench worker/cuda/gpu_bench_main.cc

@@ -27,7 +27,6 @@
 #include <memory>
 #include <optional>
 #include <random>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,11 +35,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/grpc_planner_client.h"
-#include "client/internal/tool_args.h"  // TlsOptionsFromGiven
+#include "client/internal/tls_flags.h"
 #include "core/flags.h"
 #include "core/log.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
+#include "planner_service/metrics_endpoint/endpoint_flags.h"
 #include "prometheus/registry.h"
 #include "worker/run_worker.h"
 #ifdef FLASHCP_WORKER_CUDA
@@ -55,9 +55,6 @@ ABSL_FLAG(std::string, rendezvous, "",
           "address HOST:PORT of the flashcp.v1.Rendezvous that forms the group (a "
           "flashcp-planner --serve=rendezvous); empty: the --planner");
 ABSL_FLAG(std::string, metrics, "127.0.0.1:0", "Prometheus /metrics HOST:PORT; port 0 picks one");
-ABSL_FLAG(int32_t, metrics_threads, 4, "connections the /metrics server serves at once");
-ABSL_FLAG(absl::Duration, metrics_request_timeout, absl::Seconds(2),
-          "a /metrics connection that has not sent its request in this is closed");
 ABSL_FLAG(std::string, control, "127.0.0.1:0",
           "flashcp.v1.WorkerControl HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda:K (a build with CUDA; K the device index)");
@@ -81,19 +78,6 @@ ABSL_FLAG(int32_t, local_rank, -1,
           "(the launcher sets it); -1: no label");
 ABSL_FLAG(std::string, gloo_host, "127.0.0.1",
           "address this rank's Gloo TCP transport listens on (the pod IP across nodes)");
-// The planner connection's TLS, spelled and checked as flashcp-client's
-// (client::internal::TlsOptionsFromGiven; README, "TLS"): TLS iff --tls_ca.
-// A flag given with an empty value is refused, as flashcp-client refuses it,
-// rather than taken for an absent flag (CommandLine::given tells them apart).
-ABSL_FLAG(std::string, tls_ca, "",
-          "TLS to the planner: PEM CA bundle its certificate must chain to; plaintext without it");
-ABSL_FLAG(std::string, tls_cert, "",
-          "mTLS: PEM client certificate (for a planner run with --tls_client_ca); needs "
-          "--tls_ca and --tls_key");
-ABSL_FLAG(std::string, tls_key, "", "mTLS: PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_server_name, "",
-          "TLS: the name the planner's certificate must carry, when it is not the host of "
-          "--planner");
 ABSL_FLAG(int64_t, progress_every, 0, "driver: log progress every N steps to stderr; 0: never");
 ABSL_FLAG(std::string, cost_profile, "",
           "the cost profile plans balance (pairs, h200-cudnn, cpu-fp32; empty: pairs); any "
@@ -108,26 +92,10 @@ namespace fw = flashcp::worker;
 
 namespace {
 
-// The planner channel's TLS from the --tls_* flags given in `line`, checked
-// as flashcp-client checks its own (TlsOptionsFromGiven): nullopt for
-// plaintext; InvalidArgument naming the flag for a bad combination or an
-// empty value. The files are read later (fc::WithTls), a failure to read one
-// being a run error, not a usage error.
-absl::StatusOr<std::optional<fc::TlsOptions>> TlsFromFlags(const flashcp::core::CommandLine& line) {
-  const std::pair<const char*, const absl::Flag<std::string>*> flags[] = {
-      {"tls_ca", &FLAGS_tls_ca},
-      {"tls_cert", &FLAGS_tls_cert},
-      {"tls_key", &FLAGS_tls_key},
-      {"tls_server_name", &FLAGS_tls_server_name}};
-  std::map<std::string, std::string> given;
-  for (const auto& [name, flag] : flags) {
-    if (line.given.count(name) > 0) given[name] = absl::GetFlag(*flag);
-  }
-  return fc::internal::TlsOptionsFromGiven(given);
-}
-
-// The flags as WorkerOptions, `tls` the --tls_* flags (TlsFromFlags), not yet
-// in WorkerOptions::channel: InvalidArgument naming the flag for a bad value.
+// The flags as WorkerOptions, `tls` the --tls_* flags (the planner channel's,
+// client/internal/tls_flags.h: spelled and checked as flashcp-client's), not
+// yet in WorkerOptions::channel: InvalidArgument naming the flag for a bad
+// value.
 absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandLine& line,
                                                    std::optional<fc::TlsOptions>& tls) {
   FLASHCP_ASSIGN_OR_RETURN(const flashcp::core::Dataset dataset,
@@ -167,8 +135,7 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
       .rendezvous = absl::GetFlag(FLAGS_rendezvous),
       .channel = {},
       .metrics = absl::GetFlag(FLAGS_metrics),
-      .metrics_http = {absl::GetFlag(FLAGS_metrics_threads),
-                       absl::GetFlag(FLAGS_metrics_request_timeout)},
+      .metrics_http = flashcp::planner_service::metrics_endpoint::EndpointOptionsFromFlags(),
       .control = absl::GetFlag(FLAGS_control),
       .local_rank = absl::GetFlag(FLAGS_local_rank),
       .version = FLASHCP_VERSION,
@@ -177,7 +144,7 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
   w.cuda = flashcp::worker::cuda::MakeCudaRankBackend;
 #endif
   FLASHCP_RETURN_IF_ERROR(fw::ValidateWorkerOptions(w));
-  FLASHCP_ASSIGN_OR_RETURN(tls, TlsFromFlags(line));
+  FLASHCP_ASSIGN_OR_RETURN(tls, fc::internal::TlsFromFlags(line));
   return w;
 }
 
