@@ -205,6 +205,25 @@ TEST(ServerOptionsTest, BadOptionsNameTheFlag) {
   EXPECT_EQ(ListeningLine("[::]:1", ""), "LISTENING grpc=[::]:1 metrics=-");
 }
 
+// The library's defaults are the binary's: its flags default to these, and
+// a server started on ServerOptions{} bounds batches as flashcp-planner does.
+TEST(ServerOptionsTest, DefaultsAreTheProductionLimits) {
+  const ServerOptions o;
+  EXPECT_EQ(o.limits.max_docs, 65536);
+  EXPECT_EQ(o.limits.max_tokens, int64_t{1} << 24);
+  EXPECT_EQ(o.limits.max_cp_size, 1024);
+  const ServiceConfig c;
+  EXPECT_EQ(c.limits.max_docs, o.limits.max_docs);
+  EXPECT_EQ(c.limits.max_tokens, o.limits.max_tokens);
+  EXPECT_EQ(c.limits.max_cp_size, o.limits.max_cp_size);
+  EXPECT_EQ(c.stream_window, o.stream_window);
+  EXPECT_EQ(c.stream_window_bytes, o.stream_window_bytes);
+  EXPECT_EQ(c.ilp_time_limit, o.ilp_time_limit);
+  // The largest Rendezvous request, above the largest PlanRequest at these
+  // limits (337,103 bytes), not one at core::BatchLimits{}.
+  EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);
+}
+
 TEST(ServerOptionsTest, MissingTlsFilesAreNotFound) {
   ServerOptions o;
   o.listen = "127.0.0.1:0";
@@ -222,12 +241,12 @@ TEST(ServerOptionsTest, MissingTlsFilesAreNotFound) {
 
 constexpr absl::Duration kWait = absl::Seconds(60);  // generous: the box is shared
 
-// The binary's defaults (main.cc's flags) for the limits.
+// The binary's defaults (main.cc's flags default to ServerOptions{}'s), on
+// loopback without /metrics.
 ServerOptions LoopbackOptions() {
   ServerOptions o;
   o.listen = "127.0.0.1:0";
   o.metrics = "";
-  o.limits = core::BatchLimits{65536, int64_t{1} << 24, 1024};
   return o;
 }
 

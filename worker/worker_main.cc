@@ -47,43 +47,61 @@
 #include "worker/cuda/cuda_rank_backend.h"
 #endif
 
-ABSL_FLAG(int32_t, rank, 0, "this process's rank in the group, 0 is the driver");
-ABSL_FLAG(int32_t, world_size, 1, "ranks in the CP group (N)");
-ABSL_FLAG(std::string, group, "g0", "CP group name, [A-Za-z0-9._-]{1,64}");
-ABSL_FLAG(std::string, planner, "127.0.0.1:50051", "planner gRPC address HOST:PORT");
-ABSL_FLAG(std::string, rendezvous, "",
+ABSL_FLAG(int32_t, rank, flashcp::worker::DaemonOptions{}.rank,
+          "this process's rank in the group, 0 is the driver");
+ABSL_FLAG(int32_t, world_size, flashcp::worker::DaemonOptions{}.world_size,
+          "ranks in the CP group (N)");
+ABSL_FLAG(std::string, group, flashcp::worker::DaemonOptions{}.group,
+          "CP group name, [A-Za-z0-9._-]{1,64}");
+ABSL_FLAG(std::string, planner, flashcp::worker::WorkerOptions{}.planner,
+          "planner gRPC address HOST:PORT");
+ABSL_FLAG(std::string, rendezvous, flashcp::worker::WorkerOptions{}.rendezvous,
           "address HOST:PORT of the flashcp.v1.Rendezvous that forms the group (a "
           "flashcp-planner --serve=rendezvous); empty: the --planner");
-ABSL_FLAG(std::string, metrics, "127.0.0.1:0", "Prometheus /metrics HOST:PORT; port 0 picks one");
-ABSL_FLAG(std::string, control, "127.0.0.1:0",
+ABSL_FLAG(std::string, metrics, flashcp::worker::WorkerOptions{}.metrics,
+          "Prometheus /metrics HOST:PORT; port 0 picks one");
+ABSL_FLAG(std::string, control, flashcp::worker::WorkerOptions{}.control,
           "flashcp.v1.WorkerControl HOST:PORT; port 0 picks one");
-ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda:K (a build with CUDA; K the device index)");
-ABSL_FLAG(std::string, dataset, "pile", "document-length distribution: wlbllm, pile, redpajama");
-ABSL_FLAG(int64_t, context, 16384, "tokens per batch (C)");
-ABSL_FLAG(std::string, strategy,
-          std::string(flashcp::core::StrategyName(flashcp::core::kDefaultStrategy)),
-          "planner strategy");
-ABSL_FLAG(std::string, scheme, "allgather", "KV exchange: full_kv, allgather, targeted");
-ABSL_FLAG(double, target_imbalance, 0, "target imbalance for flashcp; 0: the planner's default");
-ABSL_FLAG(int32_t, heads, 4, "attention heads (H)");
-ABSL_FLAG(int32_t, head_dim, 64, "head dimension (D)");
-ABSL_FLAG(int64_t, steps, 100, "steps of the first run; 0: wait for WorkerControl.StartRun");
-ABSL_FLAG(int32_t, prefetch, 4, "plans requested ahead of the step (driver)");
-ABSL_FLAG(int32_t, timeout_s, 30, "bound on group formation and on every collective, seconds");
-ABSL_FLAG(int32_t, threads, 1, "attention kernel threads of this rank");
-ABSL_FLAG(uint64_t, seed, 1, "seed of the batches and of Q, K, V");
-ABSL_FLAG(bool, linger, false, "after a run, keep serving (metrics, control) until SIGTERM");
-ABSL_FLAG(int32_t, local_rank, -1,
+ABSL_FLAG(std::string, device, flashcp::worker::DaemonOptions{}.device,
+          "cpu, or cuda:K (a build with CUDA; K the device index)");
+ABSL_FLAG(std::string, dataset,
+          std::string(flashcp::core::DatasetName(flashcp::worker::DaemonOptions{}.dataset)),
+          "document-length distribution: wlbllm, pile, redpajama");
+ABSL_FLAG(int64_t, context, flashcp::worker::DaemonOptions{}.context, "tokens per batch (C)");
+ABSL_FLAG(std::string, strategy, flashcp::worker::DaemonOptions{}.strategy, "planner strategy");
+ABSL_FLAG(std::string, scheme,
+          std::string(flashcp::core::CommSchemeName(flashcp::worker::DaemonOptions{}.scheme)),
+          "KV exchange: full_kv, allgather, targeted");
+ABSL_FLAG(double, target_imbalance, flashcp::worker::DaemonOptions{}.target_imbalance,
+          "target imbalance for flashcp; 0: the planner's default");
+ABSL_FLAG(int32_t, heads, flashcp::worker::DaemonOptions{}.heads, "attention heads (H)");
+ABSL_FLAG(int32_t, head_dim, flashcp::worker::DaemonOptions{}.head_dim, "head dimension (D)");
+ABSL_FLAG(int64_t, steps, flashcp::worker::DaemonOptions{}.steps,
+          "steps of the first run; 0: wait for WorkerControl.StartRun");
+ABSL_FLAG(int32_t, prefetch, flashcp::worker::DaemonOptions{}.prefetch,
+          "plans requested ahead of the step (driver)");
+ABSL_FLAG(int32_t, timeout_s,
+          static_cast<int32_t>(absl::ToInt64Seconds(flashcp::worker::DaemonOptions{}.timeout)),
+          "bound on group formation and on every collective, seconds");
+ABSL_FLAG(int32_t, threads, flashcp::worker::DaemonOptions{}.threads,
+          "attention kernel threads of this rank");
+ABSL_FLAG(uint64_t, seed, flashcp::worker::DaemonOptions{}.seed,
+          "seed of the batches and of Q, K, V");
+ABSL_FLAG(bool, linger, flashcp::worker::DaemonOptions{}.linger,
+          "after a run, keep serving (metrics, control) until SIGTERM");
+ABSL_FLAG(int32_t, local_rank, flashcp::worker::WorkerOptions{}.local_rank,
           "this rank's index on its host, exported as the local_rank label of every metric "
           "(the launcher sets it); -1: no label");
-ABSL_FLAG(std::string, gloo_host, "127.0.0.1",
+ABSL_FLAG(std::string, gloo_host, flashcp::worker::DaemonOptions{}.gloo_hostname,
           "address this rank's Gloo TCP transport listens on (the pod IP across nodes)");
-ABSL_FLAG(int64_t, progress_every, 0, "driver: log progress every N steps to stderr; 0: never");
-ABSL_FLAG(std::string, cost_profile, "",
+ABSL_FLAG(int64_t, progress_every, flashcp::worker::DaemonOptions{}.progress_every,
+          "driver: log progress every N steps to stderr; 0: never");
+ABSL_FLAG(std::string, cost_profile, flashcp::worker::DaemonOptions{}.cost_profile,
           "the cost profile plans balance (pairs, h200-cudnn, cpu-fp32; empty: pairs); any "
           "but pairs: the driver reports measured step times so the planner calibrates it");
-ABSL_FLAG(int32_t, report_every, 8, "driver: steps per ReportStepTimes call (1..64)");
-ABSL_FLAG(int32_t, rank_speed_window, 16,
+ABSL_FLAG(int32_t, report_every, flashcp::worker::DaemonOptions{}.report_every,
+          "driver: steps per ReportStepTimes call (1..64)");
+ABSL_FLAG(int32_t, rank_speed_window, flashcp::worker::DaemonOptions{}.rank_speed_window,
           "driver, with a calibrated cost profile: fit per-rank speeds over this many steps "
           "and plan with them (0: off; docs/workers.md, \"Calibration\")");
 
@@ -160,7 +178,9 @@ int main(int argc, char** argv) {
   }
   std::optional<fc::TlsOptions> tls;
   absl::StatusOr<fw::WorkerOptions> options = OptionsFromFlags(line, tls);
-  if (!options.ok()) return flashcp::core::UsageError("flashcp-worker", options.status(), std::cerr);
+  if (!options.ok()) {
+    return flashcp::core::UsageError("flashcp-worker", options.status(), std::cerr);
+  }
   absl::Status status = absl::OkStatus();
   if (tls.has_value()) {
     absl::StatusOr<fc::ChannelOptions> channel = fc::WithTls(fc::ChannelOptions(), *tls);
