@@ -10,6 +10,7 @@
 // an unreachable server: 1. A bad flag: 2.
 #include <cstdint>
 #include <deque>
+#include <cerrno>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -28,6 +29,7 @@
 #include "client/pipelined_planner.h"
 #include "core/cli.h"
 #include "core/datasets.h"
+#include "core/file.h"
 #include "core/flags.h"
 #include "core/plan_json.h"
 #include "core/status_macros.h"
@@ -134,7 +136,7 @@ class Batches {
   absl::Status Open() {
     if (!o_.dataset.has_value() && o_.input != "-") {
       file_.open(o_.input);
-      if (!file_.is_open()) return absl::NotFoundError(absl::StrCat("--input: cannot open \"", o_.input, "\""));
+      if (!file_.is_open()) return core::FileError("--input", "open", o_.input, errno);
       in_ = &file_;
       name_ = o_.input;
     }

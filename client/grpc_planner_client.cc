@@ -1,14 +1,13 @@
 #include "client/grpc_planner_client.h"
 
 #include <chrono>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/file.h"
 #include "core/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -65,18 +64,14 @@ absl::StatusOr<Response> Unary(const CallOptions& options, Call call) {
   return response;
 }
 
-// The file at `path` for `flag`: NotFound naming both if it cannot be opened;
-// InvalidArgument unless it holds a PEM block whose BEGIN line ends in
+// The file at `path` for `flag` (core::ReadFile: the errno's code, naming
+// both, if it cannot be read); InvalidArgument unless it holds a PEM block
+// whose BEGIN line ends in
 // `pem_label` ("CERTIFICATE", "PRIVATE KEY"; "EC PRIVATE KEY" and
 // "RSA PRIVATE KEY" end in the latter).
 absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag,
                                     absl::string_view pem_label) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot open \"", path, "\""));
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(flag, ": cannot read \"", path, "\""));
-  std::string pem = s.str();
+  FLASHCP_ASSIGN_OR_RETURN(std::string pem, core::ReadFile(flag, path));
   const size_t begin = pem.find("-----BEGIN ");
   const size_t end = begin == std::string::npos ? begin : pem.find("-----", begin + 11);
   if (end == std::string::npos ||

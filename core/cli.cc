@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <fstream>
 #include <istream>
 #include <limits>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "core/cost_model.h"
 #include "core/echo.h"
+#include "core/file.h"
 #include "core/plan_json.h"
 #include "core/plan_svg.h"
 #include "core/types.h"
@@ -64,10 +66,7 @@ class BatchSource {
   absl::Status Open() {
     if (!options_.input_path.empty() && options_.input_path != "-") {
       file_.open(options_.input_path);
-      if (!file_.is_open()) {
-        return absl::NotFoundError(
-            absl::StrCat("--input: cannot open ", Echo(options_.input_path)));
-      }
+      if (!file_.is_open()) return FileError("--input", "open", options_.input_path, errno);
       in_ = &file_;
     }
     return absl::OkStatus();
@@ -175,13 +174,10 @@ absl::Status WriteSvg(const std::string& path, const std::vector<PlanPanel>& pan
                       int64_t batches) {
   if (batches == 0) return absl::InvalidArgumentError("--svg: no batch to draw");
   absl::StatusOr<std::string> svg = PlansToSvg(panels);
-  if (!svg.ok()) return absl::InternalError(absl::StrCat("--svg: ", svg.status().message()));
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  if (!file) return absl::PermissionDeniedError(absl::StrCat("--svg: cannot open ", Echo(path)));
-  file << *svg;
-  file.close();
-  if (!file) return absl::DataLossError(absl::StrCat("--svg: error writing ", Echo(path)));
-  return absl::OkStatus();
+  if (!svg.ok()) {
+    return absl::Status(svg.status().code(), absl::StrCat("--svg: ", svg.status().message()));
+  }
+  return WriteFile("--svg", path, *svg);
 }
 
 }  // namespace

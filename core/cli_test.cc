@@ -276,7 +276,8 @@ TEST(RunCliTest, MissingInputFile) {
   std::ostringstream out, err;
   EXPECT_EQ(RunCli(*o, in, out, err), kExitBadInput);
   EXPECT_EQ(err.str(),
-            "flashcp-plan: --input: cannot open \"/nonexistent/flashcp/batches.txt\"\n");
+            "flashcp-plan: --input: cannot open \"/nonexistent/flashcp/batches.txt\": No such file "
+            "or directory\n");
 }
 
 TEST(RunCliTest, SummaryOfDataSetBatches) {
@@ -330,7 +331,9 @@ TEST(RunCliTest, SvgUnwritablePathIsAnError) {
   std::istringstream in;
   std::ostringstream out, err;
   EXPECT_EQ(RunCli(*o, in, out, err), kExitBadInput);
-  EXPECT_EQ(err.str(), "flashcp-plan: --svg: cannot open \"/nonexistent/flashcp/plan.svg\"\n");
+  EXPECT_EQ(err.str(),
+            "flashcp-plan: --svg: cannot open \"/nonexistent/flashcp/plan.svg\": No such file or "
+            "directory\n");
 }
 
 TEST(RunCliTest, SvgWithNoBatchIsAnError) {

@@ -8,13 +8,12 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "core/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -37,24 +36,15 @@ constexpr char kRendezvousServiceName[] = "flashcp.v1.Rendezvous";
 bool ServesPlanning(ServeRole r) { return r != ServeRole::kRendezvous; }
 bool ServesRendezvous(ServeRole r) { return r != ServeRole::kPlanning; }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot open \"", path, "\""));
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(flag, ": cannot read \"", path, "\""));
-  return s.str();
-}
-
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
     const ServerOptions& options) {
   if (options.tls_cert.empty()) return grpc::InsecureServerCredentials();
-  FLASHCP_ASSIGN_OR_RETURN(const std::string cert, ReadFile(options.tls_cert, "--tls_cert"));
-  FLASHCP_ASSIGN_OR_RETURN(const std::string key, ReadFile(options.tls_key, "--tls_key"));
+  FLASHCP_ASSIGN_OR_RETURN(const std::string cert, core::ReadFile("--tls_cert", options.tls_cert));
+  FLASHCP_ASSIGN_OR_RETURN(const std::string key, core::ReadFile("--tls_key", options.tls_key));
   grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   if (!options.tls_client_ca.empty()) {
     FLASHCP_ASSIGN_OR_RETURN(ssl.pem_root_certs,
-                             ReadFile(options.tls_client_ca, "--tls_client_ca"));
+                             core::ReadFile("--tls_client_ca", options.tls_client_ca));
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   ssl.pem_key_cert_pairs.push_back({key, cert});

@@ -232,7 +232,8 @@ TEST(ServerOptionsTest, MissingTlsFilesAreNotFound) {
   NullObserver observer;
   core::RealClock clock;
   EXPECT_EQ(PlannerServer::Start(o, &observer, &clock).status(),
-            absl::NotFoundError("--tls_cert: cannot open \"/nonexistent/cert.pem\""));
+            absl::NotFoundError(
+                "--tls_cert: cannot open \"/nonexistent/cert.pem\": No such file or directory"));
 }
 
 // ---------------------------------------------------------------------------

@@ -152,7 +152,9 @@ TEST(FlashcpPlanCliTest, UnknownFlagAndUnknownDataSet) {
 TEST(FlashcpPlanCliTest, MissingInputFile) {
   const ToolRun r = RunPlan({"--input", "/nonexistent/flashcp/batches.txt"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err, "flashcp-plan: --input: cannot open \"/nonexistent/flashcp/batches.txt\"\n");
+  EXPECT_EQ(r.err,
+            "flashcp-plan: --input: cannot open \"/nonexistent/flashcp/batches.txt\": No such file "
+            "or directory\n");
 }
 
 TEST(FlashcpPlanCliTest, DataSetSummaryHasATableAndACleanStdout) {
