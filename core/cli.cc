@@ -15,9 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/clock.h"
 #include "core/cost_model.h"
 #include "core/echo.h"
 #include "core/file.h"
+#include "core/ilp_deadline.h"
 #include "core/plan_json.h"
 #include "core/plan_svg.h"
 #include "core/types.h"
@@ -292,6 +294,9 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
   std::vector<int64_t> docs;
   std::string where;
   std::vector<PlanPanel> svg_panels;
+  // Each ILP plan stops --ilp_time_limit after its call starts.
+  const RealClock real_clock;
+  PlanOptions plan_options = options.plan;
   while (true) {
     absl::StatusOr<bool> more = source.Next(docs, where);
     if (!more.ok()) {
@@ -307,7 +312,10 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
     for (const Strategy strategy : options.strategies) {
       PlanInfo info;
       const Clock::time_point t0 = Clock::now();
-      absl::StatusOr<Plan> plan = MakePlan(strategy, batch, options.plan, &info);
+      if (strategy == Strategy::kIlp) {
+        SetIlpDeadline(options.ilp_time_limit, real_clock.Now(), &real_clock, plan_options.ilp);
+      }
+      absl::StatusOr<Plan> plan = MakePlan(strategy, batch, plan_options, &info);
       const double ms = Ms(Clock::now() - t0);
       if (!plan.ok()) {
         err << kPrefix << where << ": " << StrategyName(strategy) << ": "

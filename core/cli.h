@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "core/analysis.h"
 #include "core/datasets.h"
 #include "core/flags.h"
@@ -34,6 +35,9 @@ struct CliOptions {
   // notes which strategies "all" leaves out (InAllList).
   bool from_all = false;
   PlanOptions plan;
+  // --ilp_time_limit: each ILP plan's whole call (core/ilp_deadline.h);
+  // RunCli sets plan.ilp's time limit from it per call.
+  absl::Duration ilp_time_limit = absl::Seconds(10);
   ModelShape shape;
 
   // Exactly one source of batches: `batches_text` (positional arguments, all

@@ -49,8 +49,9 @@ ABSL_FLAG(int32_t, dtype_bytes, flashcp::core::ModelShape{}.dtype_bytes,
           "bytes per element: 1, 2 or 4");
 ABSL_FLAG(int64_t, ilp_granularity, flashcp::core::PlanOptions{}.ilp.granularity,
           "ILP block size in tokens (0: C / (16 N))");
-ABSL_FLAG(double, ilp_time_limit, flashcp::core::PlanOptions{}.ilp.time_limit_seconds,
-          "ILP time limit in seconds per batch, in [0.001, 86400]");
+ABSL_FLAG(absl::Duration, ilp_time_limit, flashcp::core::CliOptions{}.ilp_time_limit,
+          "wall-clock limit of one ILP plan (a batch), model setup included; then its best plan "
+          "so far. In [1ms, 1d]");
 ABSL_FLAG(std::string, svg, "",
           "also draw the first batch's plans as SVG to this file, one panel per strategy side "
           "by side: a row per rank, shards coloured by document, the shards whose KV moves "
@@ -124,9 +125,9 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   FLASHCP_ASSIGN_OR_RETURN(
       o.plan.ilp.granularity,
       IntFlagIn("ilp_granularity", absl::GetFlag(FLAGS_ilp_granularity), 0, kMaxTokens));
-  FLASHCP_ASSIGN_OR_RETURN(
-      o.plan.ilp.time_limit_seconds,
-      DoubleFlagIn("ilp_time_limit", absl::GetFlag(FLAGS_ilp_time_limit), 0.001, 86400));
+  FLASHCP_ASSIGN_OR_RETURN(o.ilp_time_limit,
+                           DurationFlagIn("ilp_time_limit", absl::GetFlag(FLAGS_ilp_time_limit),
+                                          absl::Milliseconds(1), absl::Hours(24)));
   o.summary = absl::GetFlag(FLAGS_summary);
   o.progress = !absl::GetFlag(FLAGS_quiet);
 

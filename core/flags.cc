@@ -190,6 +190,17 @@ absl::StatusOr<double> DoubleFlagIn(absl::string_view flag, double value, double
   return value;
 }
 
+absl::StatusOr<absl::Duration> DurationFlagIn(absl::string_view flag, absl::Duration value,
+                                              absl::Duration lo, absl::Duration hi) {
+  if (value < lo || value > hi) {
+    return FlagValueError(flag,
+                          absl::StrCat("a duration in [", absl::FormatDuration(lo), ", ",
+                                       absl::FormatDuration(hi), "]"),
+                          absl::FormatDuration(value));
+  }
+  return value;
+}
+
 absl::Status AsFlagError(const absl::Status& field_error) {
   if (field_error.ok()) return field_error;
   return absl::Status(field_error.code(), absl::StrCat("--", field_error.message()));

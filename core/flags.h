@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "core/analysis.h"
 #include "core/datasets.h"
 
@@ -70,6 +71,9 @@ absl::Status FlagValueError(absl::string_view flag, absl::string_view what,
 // FlagValueError "an integer in [lo, hi]" / "a number in [lo, hi]".
 absl::StatusOr<int64_t> IntFlagIn(absl::string_view flag, int64_t value, int64_t lo, int64_t hi);
 absl::StatusOr<double> DoubleFlagIn(absl::string_view flag, double value, double lo, double hi);
+// The same for an absl::Duration flag: "a duration in [lo, hi]".
+absl::StatusOr<absl::Duration> DurationFlagIn(absl::string_view flag, absl::Duration value,
+                                              absl::Duration lo, absl::Duration hi);
 
 // A core error naming its field ("heads: must be ...") as the error of the
 // flag of that name ("--heads: must be ..."), same code; OK stays OK.

@@ -49,7 +49,8 @@ ABSL_FLAG(bool, allow_ilp, flashcp::planner_service::ServerOptions{}.allow_ilp,
 ABSL_FLAG(int32_t, ilp_threads, flashcp::planner_service::ServerOptions{}.ilp_threads,
           "ILP plans run at once (as many more may wait)");
 ABSL_FLAG(absl::Duration, ilp_time_limit, flashcp::planner_service::ServerOptions{}.ilp_time_limit,
-          "wall-clock limit of one ILP call from its arrival; then its best plan so far");
+          "wall-clock limit of one ILP plan (a request), from its arrival: queueing and model "
+          "setup included; then its best plan so far");
 ABSL_FLAG(int64_t, max_docs, flashcp::planner_service::ServerOptions{}.limits.max_docs,
           "documents per batch; above: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_tokens, flashcp::planner_service::ServerOptions{}.limits.max_tokens,
