@@ -32,6 +32,8 @@ ABSL_FLAG(int64_t, min_shard_tokens, flashcp::core::PlanOptions{}.min_shard_toke
           "re-cuts those left, but keeps one where no plan it finds (heuristics) meets R "
           "without it, or where the only such plan costs more than 8x this many non-last "
           "tokens per sliver (a cut shard shorter than this)");
+// absl flag help is a constant string: the "8x" above is kSliverCostFactor.
+static_assert(flashcp::core::kSliverCostFactor == 8, "update --min_shard_tokens' help");
 ABSL_FLAG(flashcp::core::RepeatedFlag, docs, {},
           "one batch: document lengths (tokens), commas or spaces; repeat for more batches, "
           "e.g. --docs 5,3 --docs \"8 8\"");
