@@ -87,20 +87,16 @@ int main(int argc, char** argv) {
   absl::Status bad;
   if (!contexts_or.ok()) bad = contexts_or.status();
   else if (!cps_or.ok()) bad = cps_or.status();
-  else if (heads < 1 || heads > 1024) bad = absl::InvalidArgumentError(absl::StrCat("--heads: must be in [1, 1024], got ", heads));
-  else if (head_dim < 1 || head_dim > 1024) bad = absl::InvalidArgumentError(absl::StrCat("--head_dim: must be in [1, 1024], got ", head_dim));
+  else if (absl::Status s =
+               core::ModelShapeFromFlags(heads, head_dim, core::ModelShape{}.dtype_bytes).status();
+           !s.ok())
+    bad = s;
   else if (seed < 0) bad = absl::InvalidArgumentError(absl::StrCat("--seed: must be >= 0, got ", seed));
-  if (!bad.ok()) {
-    std::fprintf(stderr, "engine_step_bench: %s\n", std::string(bad.message()).c_str());
-    return 2;
-  }
+  if (!bad.ok()) return core::UsageError("engine_step_bench", bad, std::cerr);
   const std::vector<int64_t>& contexts = *contexts_or;
   const std::vector<int64_t>& cps = *cps_or;
-  absl::StatusOr<core::Dataset> dataset = core::ParseDataset(absl::GetFlag(FLAGS_dataset));
-  if (!dataset.ok()) {
-    std::fprintf(stderr, "engine_step_bench: %s\n", std::string(dataset.status().message()).c_str());
-    return 2;
-  }
+  absl::StatusOr<core::Dataset> dataset = core::DatasetFromFlag(absl::GetFlag(FLAGS_dataset));
+  if (!dataset.ok()) return core::UsageError("engine_step_bench", dataset.status(), std::cerr);
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::printf("| context | N | strategy | imbalance | scheme | max bytes sent/rank | saving vs full_kv | step s |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");

@@ -16,7 +16,7 @@
 //
 //   build/bin/plan_quality [--batches K] [--seed S] [--cells C:N,C:N...] [--datasets D,D...]
 //                          [--ranks_per_node R]
-//                          [--ilp_batches K] [--ilp_time_limit S]
+//                          [--ilp_batches K] [--ilp_time_limit DURATION]
 //                          [--ilp_granularity G] [--ilp_context C] [--ilp_comm_weight W]
 //                          [--ilp_datasets D,D...] [--ilp_cps N,N...] [--min_shard_tokens M]
 #include <algorithm>
@@ -37,9 +37,11 @@
 #include "absl/strings/str_split.h"
 #include "core/analysis.h"
 #include "core/cli.h"
+#include "core/clock.h"
 #include "core/datasets.h"
 #include "core/flags.h"
 #include "core/ilp/ilp.h"
+#include "core/ilp_deadline.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
 #include "core/types.h"
@@ -56,7 +58,8 @@ ABSL_FLAG(int64_t, ilp_batches, 8, "batches per ILP cell, 0 to 10000");
 ABSL_FLAG(int64_t, ilp_context, 16384, "tokens per ILP batch, 4 to 1000000");
 ABSL_FLAG(std::string, ilp_cps, "4", "ILP group sizes, 1 to 64, comma-separated");
 ABSL_FLAG(std::string, ilp_datasets, "pile", "ILP data sets, comma-separated");
-ABSL_FLAG(double, ilp_time_limit, 10, "ILP seconds per batch, (0, 86400]");
+ABSL_FLAG(absl::Duration, ilp_time_limit, flashcp::core::CliOptions{}.ilp_time_limit,
+          "wall-clock limit of one ILP plan (a batch), model setup included, in [1ms, 1d]");
 ABSL_FLAG(int64_t, ilp_granularity, 0, "ILP block tokens (0: the default)");
 ABSL_FLAG(double, ilp_comm_weight, 0, "ILP comm weight, >= 0 (0: the default)");
 
@@ -70,7 +73,7 @@ struct Args {
   int64_t batches = 0;
   uint64_t seed = 0;
   int64_t ilp_batches = 0;
-  double ilp_time_limit = 0;
+  absl::Duration ilp_time_limit;
   int64_t ilp_granularity = 0;
   int64_t ilp_context = 0;
   double ilp_comm_weight = 0;
@@ -110,8 +113,8 @@ absl::StatusOr<Args> ArgsFromFlags() {
   FLASHCP_ASSIGN_OR_RETURN(a.ilp_batches,
                            IntFlagIn("ilp_batches", absl::GetFlag(FLAGS_ilp_batches), 0, 10000));
   FLASHCP_ASSIGN_OR_RETURN(
-      a.ilp_time_limit,
-      DoubleFlagIn("ilp_time_limit", absl::GetFlag(FLAGS_ilp_time_limit), 1e-6, 86400));
+      a.ilp_time_limit, DurationFlagIn("ilp_time_limit", absl::GetFlag(FLAGS_ilp_time_limit),
+                                       absl::Milliseconds(1), absl::Hours(24)));
   FLASHCP_ASSIGN_OR_RETURN(
       a.ilp_granularity,
       IntFlagIn("ilp_granularity", absl::GetFlag(FLAGS_ilp_granularity), 0, kMaxTokens));
@@ -172,15 +175,22 @@ int64_t Percentile(const std::vector<int64_t>& sorted, double q) {
 }
 
 // Plans every batch with each strategy. Returns false on any error.
+// `ilp_time_limit` bounds each ILP call (core/ilp_deadline.h).
 bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& strategies,
-              const PlanOptions& options, const std::string& label, std::vector<Row>& rows) {
+              const PlanOptions& options, absl::Duration ilp_time_limit,
+              const std::string& label, std::vector<Row>& rows) {
+  const RealClock clock;
+  PlanOptions call_options = options;
   for (Strategy s : strategies) {
     SummaryAccumulator acc(s);
     Row row;
     for (size_t k = 0; k < batches.size(); ++k) {
       PlanInfo info;
       const auto t0 = std::chrono::steady_clock::now();
-      absl::StatusOr<Plan> plan = MakePlan(s, batches[k], options, &info);
+      if (s == Strategy::kIlp) {
+        SetIlpDeadline(ilp_time_limit, clock.Now(), &clock, call_options.ilp);
+      }
+      absl::StatusOr<Plan> plan = MakePlan(s, batches[k], call_options, &info);
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!plan.ok()) {
@@ -262,10 +272,7 @@ int Main(int argc, char** argv) {
     return *rc;
   }
   absl::StatusOr<Args> parsed = ArgsFromFlags();
-  if (!parsed.ok()) {
-    std::cerr << "plan_quality: " << parsed.status().message() << "\n";
-    return 2;
-  }
+  if (!parsed.ok()) return UsageError("plan_quality", parsed.status(), std::cerr);
   const Args args = *std::move(parsed);
   PlanOptions defaults;
   defaults.min_shard_tokens = args.min_shard_tokens;
@@ -300,7 +307,7 @@ int Main(int argc, char** argv) {
         const std::vector<Batch> batches = Draw(d, args.batches, args.seed, n, context);
         const std::string label = absl::StrFormat("%s C=%d N=%d", DatasetName(d), context, n);
         std::vector<Row> rows;
-        if (!Evaluate(batches, heuristics, defaults, label, rows)) return 1;
+        if (!Evaluate(batches, heuristics, defaults, args.ilp_time_limit, label, rows)) return 1;
         double magi_phase = 0;
         for (const Row& r : rows) {
           if (r.summary.strategy == Strategy::kMagi) magi_phase = r.summary.targeted_phase_mean;
@@ -342,7 +349,6 @@ int Main(int argc, char** argv) {
   // (SPEC.md).
   PlanOptions ilp_options = defaults;
   ilp_options.ilp.solver = ilp::Solve;
-  ilp_options.ilp.time_limit_seconds = args.ilp_time_limit;
   ilp_options.ilp.granularity = args.ilp_granularity;
   ilp_options.ilp.comm_weight = args.ilp_comm_weight;
   const std::string granularity = args.ilp_granularity == 0
@@ -358,7 +364,8 @@ int Main(int argc, char** argv) {
                   std::string(DatasetName(d)).c_str(), n,
                   static_cast<long long>(args.ilp_context),
                   static_cast<long long>(args.ilp_batches),
-                  static_cast<unsigned long long>(args.seed), args.ilp_time_limit,
+                  static_cast<unsigned long long>(args.seed),
+                  absl::ToDoubleSeconds(args.ilp_time_limit),
                   granularity.c_str(), weight.c_str());
       const std::vector<Batch> small = Draw(d, args.ilp_batches, args.seed, n, args.ilp_context);
       const std::string label = absl::StrFormat("ilp %s N=%d", DatasetName(d), n);
@@ -366,7 +373,7 @@ int Main(int argc, char** argv) {
       if (!Evaluate(small,
                     {Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp,
                      Strategy::kIlp},
-                    ilp_options, label, rows)) {
+                    ilp_options, args.ilp_time_limit, label, rows)) {
         return 1;
       }
       std::printf("| strategy | imb mean | imb p95 | save allgather | save targeted | "

@@ -137,12 +137,8 @@ int main(int argc, char** argv) {
           line, std::cout, std::cerr)) {
     return *rc;
   }
-  absl::StatusOr<core::Dataset> dataset = core::ParseDataset(absl::GetFlag(FLAGS_dataset));
-  if (!dataset.ok()) {
-    std::fprintf(stderr, "rank_cost_fit: --dataset: %s\n",
-                 std::string(dataset.status().message()).c_str());
-    return 2;
-  }
+  absl::StatusOr<core::Dataset> dataset = core::DatasetFromFlag(absl::GetFlag(FLAGS_dataset));
+  if (!dataset.ok()) return core::UsageError("rank_cost_fit", dataset.status(), std::cerr);
   int64_t context = 0, cp = 0, batches = 0, heads = 0, head_dim = 0, reps = 0;
   const std::pair<const char*, int64_t*> positive[] = {{"context", &context},   {"cp", &cp},
                                                        {"batches", &batches},   {"heads", &heads},
@@ -152,10 +148,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < std::size(positive); ++i) {
     absl::StatusOr<int64_t> v =
         core::IntFlagIn(positive[i].first, absl::GetFlag(*flags[i]), 1, core::kMaxTokens);
-    if (!v.ok()) {
-      std::fprintf(stderr, "rank_cost_fit: %s\n", std::string(v.status().message()).c_str());
-      return 2;
-    }
+    if (!v.ok()) return core::UsageError("rank_cost_fit", v.status(), std::cerr);
     *positive[i].second = *v;
   }
   const uint64_t seed = absl::GetFlag(FLAGS_seed);

@@ -10,6 +10,7 @@
 // an unreachable server: 1. A bad flag: 2.
 #include <cstdint>
 #include <deque>
+#include <cerrno>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -28,6 +29,7 @@
 #include "client/pipelined_planner.h"
 #include "core/cli.h"
 #include "core/datasets.h"
+#include "core/file.h"
 #include "core/flags.h"
 #include "core/plan_json.h"
 #include "core/status_macros.h"
@@ -41,7 +43,6 @@ namespace {
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
 constexpr char kPrefix[] = "flashcp-client: ";
 
 constexpr char kUsage[] = R"(Usage: flashcp-client --server HOST:PORT [--flag=value ...] < batches
@@ -68,9 +69,9 @@ ABSL_FLAG(std::optional<int64_t>, min_shard_tokens, std::nullopt,
           absl::StrCat("flashcp's minimum cut shard, tokens, as flashcp-plan's flag (0 turns the "
                        "rule off); empty: the server's, ",
                        flashcp::core::PlanOptions{}.min_shard_tokens));
-ABSL_FLAG(int64_t, heads, flashcp::core::ModelShape{}.heads, "KV heads, for byte counts");
-ABSL_FLAG(int64_t, head_dim, flashcp::core::ModelShape{}.head_dim, "head dimension");
-ABSL_FLAG(int64_t, dtype_bytes, flashcp::core::ModelShape{}.dtype_bytes,
+ABSL_FLAG(int32_t, heads, flashcp::core::ModelShape{}.heads, "KV heads, for byte counts");
+ABSL_FLAG(int32_t, head_dim, flashcp::core::ModelShape{}.head_dim, "head dimension");
+ABSL_FLAG(int32_t, dtype_bytes, flashcp::core::ModelShape{}.dtype_bytes,
           "bytes per element: 1, 2 or 4");
 ABSL_FLAG(std::string, input, "-", "batches, one per line (\"-\" is stdin)");
 ABSL_FLAG(std::string, dataset, "", "sampled batches: wlbllm, pile or redpajama");
@@ -104,25 +105,16 @@ absl::StatusOr<Options> ParseOptions(const core::CommandLine& line) {
   }
   FLASHCP_ASSIGN_OR_RETURN(
       o.min_shard_tokens, fc::internal::MinShardTokensField(absl::GetFlag(FLAGS_min_shard_tokens)));
-  FLASHCP_ASSIGN_OR_RETURN(const int64_t heads,
-                           core::IntFlagIn("heads", absl::GetFlag(FLAGS_heads), 1, 1024));
-  FLASHCP_ASSIGN_OR_RETURN(const int64_t head_dim,
-                           core::IntFlagIn("head_dim", absl::GetFlag(FLAGS_head_dim), 1, 1024));
-  const int64_t dtype = absl::GetFlag(FLAGS_dtype_bytes);
-  if (dtype != 1 && dtype != 2 && dtype != 4) {
-    return core::FlagValueError("dtype_bytes", "1, 2 or 4", absl::StrCat(dtype));
-  }
-  o.shape = {static_cast<int32_t>(heads), static_cast<int32_t>(head_dim),
-             static_cast<int32_t>(dtype)};
+  FLASHCP_ASSIGN_OR_RETURN(o.shape, core::ModelShapeFromFlags(absl::GetFlag(FLAGS_heads),
+                                                             absl::GetFlag(FLAGS_head_dim),
+                                                             absl::GetFlag(FLAGS_dtype_bytes)));
   o.input = absl::GetFlag(FLAGS_input);
   if (o.input.empty()) return absl::InvalidArgumentError("--input: missing file name");
   if (line.given.count("dataset") > 0) {
     if (line.given.count("input") > 0) {
       return absl::InvalidArgumentError("--dataset and --input exclude each other");
     }
-    auto d = core::ParseDataset(absl::GetFlag(FLAGS_dataset));
-    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--dataset: ", d.status().message()));
-    o.dataset = *d;
+    FLASHCP_ASSIGN_OR_RETURN(o.dataset, core::DatasetFromFlag(absl::GetFlag(FLAGS_dataset)));
   }
   FLASHCP_ASSIGN_OR_RETURN(o.batches,
                            core::IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 0, 1'000'000));
@@ -144,7 +136,7 @@ class Batches {
   absl::Status Open() {
     if (!o_.dataset.has_value() && o_.input != "-") {
       file_.open(o_.input);
-      if (!file_.is_open()) return absl::NotFoundError(absl::StrCat("--input: cannot open \"", o_.input, "\""));
+      if (!file_.is_open()) return core::FileError("--input", "open", o_.input, errno);
       in_ = &file_;
       name_ = o_.input;
     }
@@ -313,10 +305,6 @@ int main(int argc, char** argv) {
     return *rc;
   }
   absl::StatusOr<Options> options = ParseOptions(line);
-  if (!options.ok()) {
-    std::cerr << kPrefix << options.status().message()
-              << "\nRun 'flashcp-client --help' for the flags.\n";
-    return kExitUsage;
-  }
+  if (!options.ok()) return core::UsageError("flashcp-client", options.status(), std::cerr);
   return Run(*options, std::cin, std::cout, std::cerr);
 }

@@ -1,13 +1,13 @@
 #include "client/grpc_planner_client.h"
 
 #include <chrono>
-#include <fstream>
 #include <memory>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/file.h"
 #include "core/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -68,18 +68,7 @@ absl::StatusOr<Response> Unary(const CallOptions& options, Call call) {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag,
                                     absl::string_view pem_label) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot open \"", path, "\""));
-  std::string pem;
-  char chunk[1 << 16];
-  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {  // the stream catches read errors
-    pem.append(chunk, static_cast<size_t>(in.gcount()));
-    if (static_cast<int64_t>(pem.size()) > kMaxPemFileBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, ": \"", path, "\" is larger than ",
-                                                     kMaxPemFileBytes, " bytes"));
-    }
-  }
-  if (in.bad()) return absl::DataLossError(absl::StrCat(flag, ": cannot read \"", path, "\""));
+  FLASHCP_ASSIGN_OR_RETURN(std::string pem, core::ReadFile(flag, path, kMaxPemFileBytes));
   const size_t begin = pem.find("-----BEGIN ");
   const size_t end = begin == std::string::npos ? begin : pem.find("-----", begin + 11);
   if (end == std::string::npos ||

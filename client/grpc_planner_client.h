@@ -53,9 +53,9 @@ struct TlsOptions {
 // `options` with TLS credentials read from the files of `tls` now (a later
 // change to the files does not affect the channel) and tls_server_name set.
 // InvalidArgument naming the flag for an empty ca_file, for cert_file without
-// key_file or the reverse, or for a file that holds no PEM block of its kind;
-// NotFound naming the flag and the path for a file that cannot be opened;
-// DataLoss naming both for one that fails while being read.
+// key_file or the reverse, or for a file that holds no PEM block of its kind
+// or is too large; ReadPem's errno-coded errors, naming the flag and the
+// path, for one that cannot be opened or read.
 absl::StatusOr<ChannelOptions> WithTls(ChannelOptions options, const TlsOptions& tls);
 
 // PEM files (certificates, CA bundles, keys) are read whole, at most this
@@ -63,9 +63,9 @@ absl::StatusOr<ChannelOptions> WithTls(ChannelOptions options, const TlsOptions&
 inline constexpr int64_t kMaxPemFileBytes = int64_t{16} << 20;
 
 // The file at `path` for `flag`, as WithTls and flashcp-planner's TLS flags
-// read it: NotFound naming both if it cannot be opened; DataLoss if reading
-// it fails (a directory); InvalidArgument if it is above kMaxPemFileBytes or
-// holds no PEM block whose BEGIN line ends in `pem_label` ("CERTIFICATE",
+// read it: core::ReadFile's errors (the errno's code, naming both) if it
+// cannot be opened or read; InvalidArgument if it is above kMaxPemFileBytes
+// or holds no PEM block whose BEGIN line ends in `pem_label` ("CERTIFICATE",
 // "PRIVATE KEY"; "EC PRIVATE KEY" and "RSA PRIVATE KEY" end in the latter).
 absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag,
                                     absl::string_view pem_label);

@@ -102,14 +102,10 @@ absl::StatusOr<Options> ParseOptions(const core::CommandLine& line) {
                            core::IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 1, 100'000));
   FLASHCP_ASSIGN_OR_RETURN(const double timeout,
                            core::DoubleFlagIn("timeout", absl::GetFlag(FLAGS_timeout), 0.001, 1e7));
-  auto dataset = core::ParseDataset(absl::GetFlag(FLAGS_dataset));
-  if (!dataset.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--dataset: ", dataset.status().message()));
-  }
+  FLASHCP_ASSIGN_OR_RETURN(o.dataset, core::DatasetFromFlag(absl::GetFlag(FLAGS_dataset)));
   o.stream = absl::GetFlag(FLAGS_stream);
   o.concurrency = static_cast<int>(concurrency);
   o.inflight = static_cast<int>(inflight);
-  o.dataset = *dataset;
   o.timeout = absl::Seconds(timeout);
   o.json = absl::GetFlag(FLAGS_json);
   return o;
@@ -321,10 +317,6 @@ int main(int argc, char** argv) {
     return *rc;
   }
   absl::StatusOr<Options> options = ParseOptions(line);
-  if (!options.ok()) {
-    std::cerr << kPrefix << options.status().message()
-              << "\nRun 'flashcp-loadgen --help' for the flags.\n";
-    return 2;
-  }
+  if (!options.ok()) return core::UsageError("flashcp-loadgen", options.status(), std::cerr);
   return Run(*options);
 }

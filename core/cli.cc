@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <fstream>
 #include <istream>
 #include <limits>
@@ -14,8 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/clock.h"
 #include "core/cost_model.h"
 #include "core/echo.h"
+#include "core/file.h"
+#include "core/ilp_deadline.h"
 #include "core/plan_json.h"
 #include "core/plan_svg.h"
 #include "core/types.h"
@@ -63,10 +67,7 @@ class BatchSource {
   absl::Status Open() {
     if (!options_.input_path.empty() && options_.input_path != "-") {
       file_.open(options_.input_path);
-      if (!file_.is_open()) {
-        return absl::NotFoundError(
-            absl::StrCat("--input: cannot open ", Echo(options_.input_path)));
-      }
+      if (!file_.is_open()) return FileError("--input", "open", options_.input_path, errno);
       in_ = &file_;
     }
     return absl::OkStatus();
@@ -174,13 +175,10 @@ absl::Status WriteSvg(const std::string& path, const std::vector<PlanPanel>& pan
                       int64_t batches) {
   if (batches == 0) return absl::InvalidArgumentError("--svg: no batch to draw");
   absl::StatusOr<std::string> svg = PlansToSvg(panels);
-  if (!svg.ok()) return absl::InternalError(absl::StrCat("--svg: ", svg.status().message()));
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  if (!file) return absl::PermissionDeniedError(absl::StrCat("--svg: cannot open ", Echo(path)));
-  file << *svg;
-  file.close();
-  if (!file) return absl::DataLossError(absl::StrCat("--svg: error writing ", Echo(path)));
-  return absl::OkStatus();
+  if (!svg.ok()) {
+    return absl::Status(svg.status().code(), absl::StrCat("--svg: ", svg.status().message()));
+  }
+  return WriteFile("--svg", path, *svg);
 }
 
 }  // namespace
@@ -295,6 +293,9 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
   std::vector<int64_t> docs;
   std::string where;
   std::vector<PlanPanel> svg_panels;
+  // Each ILP plan stops --ilp_time_limit after its call starts.
+  const RealClock real_clock;
+  PlanOptions plan_options = options.plan;
   while (true) {
     absl::StatusOr<bool> more = source.Next(docs, where);
     if (!more.ok()) {
@@ -310,7 +311,10 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
     for (const Strategy strategy : options.strategies) {
       PlanInfo info;
       const Clock::time_point t0 = Clock::now();
-      absl::StatusOr<Plan> plan = MakePlan(strategy, batch, options.plan, &info);
+      if (strategy == Strategy::kIlp) {
+        SetIlpDeadline(options.ilp_time_limit, real_clock.Now(), &real_clock, plan_options.ilp);
+      }
+      absl::StatusOr<Plan> plan = MakePlan(strategy, batch, plan_options, &info);
       const double ms = Ms(Clock::now() - t0);
       if (!plan.ok()) {
         err << kPrefix << where << ": " << StrategyName(strategy) << ": "

@@ -15,16 +15,18 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "core/analysis.h"
 #include "core/datasets.h"
+#include "core/flags.h"
 #include "core/strategies.h"
 
 namespace flashcp::core {
 
-// Exit codes of flashcp-plan.
+// Exit codes of flashcp-plan; a bad flag or flag value is kExitUsage
+// (core/flags.h), as in every program.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitBadInput = 1;  // a bad batch line or batch, a failed plan, an I/O error
-inline constexpr int kExitUsage = 2;     // a bad flag or flag value
 
 struct CliOptions {
   int32_t cp_size = 8;
@@ -35,6 +37,9 @@ struct CliOptions {
   // notes which strategies "all" leaves out (InAllList).
   bool from_all = false;
   PlanOptions plan;
+  // --ilp_time_limit: each ILP plan's whole call (core/ilp_deadline.h);
+  // RunCli sets plan.ilp's time limit from it per call.
+  absl::Duration ilp_time_limit = absl::Seconds(10);
   ModelShape shape;
 
   // Exactly one source of batches: `batches_text` (positional arguments, all

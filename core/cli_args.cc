@@ -32,6 +32,8 @@ ABSL_FLAG(int64_t, min_shard_tokens, flashcp::core::PlanOptions{}.min_shard_toke
           "re-cuts those left, but keeps one where no plan it finds (heuristics) meets R "
           "without it, or where the only such plan costs more than 8x this many non-last "
           "tokens per sliver (a cut shard shorter than this)");
+// absl flag help is a constant string: the "8x" above is kSliverCostFactor.
+static_assert(flashcp::core::kSliverCostFactor == 8, "update --min_shard_tokens' help");
 ABSL_FLAG(flashcp::core::RepeatedFlag, docs, {},
           "one batch: document lengths (tokens), commas or spaces; repeat for more batches, "
           "e.g. --docs 5,3 --docs \"8 8\"");
@@ -43,14 +45,15 @@ ABSL_FLAG(int64_t, batches, flashcp::core::CliOptions{}.batches,
           "sampled batches (with --dataset)");
 ABSL_FLAG(uint64_t, seed, flashcp::core::CliOptions{}.seed, "sampling seed (with --dataset)");
 ABSL_FLAG(bool, summary, false, "print a table of per-strategy statistics instead of JSON");
-ABSL_FLAG(int64_t, heads, flashcp::core::ModelShape{}.heads, "KV heads, for byte counts");
-ABSL_FLAG(int64_t, head_dim, flashcp::core::ModelShape{}.head_dim, "head dimension");
-ABSL_FLAG(int64_t, dtype_bytes, flashcp::core::ModelShape{}.dtype_bytes,
+ABSL_FLAG(int32_t, heads, flashcp::core::ModelShape{}.heads, "KV heads, for byte counts");
+ABSL_FLAG(int32_t, head_dim, flashcp::core::ModelShape{}.head_dim, "head dimension");
+ABSL_FLAG(int32_t, dtype_bytes, flashcp::core::ModelShape{}.dtype_bytes,
           "bytes per element: 1, 2 or 4");
 ABSL_FLAG(int64_t, ilp_granularity, flashcp::core::PlanOptions{}.ilp.granularity,
           "ILP block size in tokens (0: C / (16 N))");
-ABSL_FLAG(double, ilp_time_limit, flashcp::core::PlanOptions{}.ilp.time_limit_seconds,
-          "ILP time limit in seconds per batch, in [0.001, 86400]");
+ABSL_FLAG(absl::Duration, ilp_time_limit, flashcp::core::CliOptions{}.ilp_time_limit,
+          "wall-clock limit of one ILP plan (a batch), model setup included; then its best plan "
+          "so far. In [1ms, 1d]");
 ABSL_FLAG(std::string, svg, "",
           "also draw the first batch's plans as SVG to this file, one panel per strategy side "
           "by side: a row per rank, shards coloured by document, the shards whose KV moves "
@@ -96,28 +99,17 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   FLASHCP_ASSIGN_OR_RETURN(
       o.plan.min_shard_tokens,
       IntFlagIn("min_shard_tokens", absl::GetFlag(FLAGS_min_shard_tokens), 0, kMaxTokens));
-  const std::string dataset = absl::GetFlag(FLAGS_dataset);
   if (line.given.count("dataset") > 0) {
-    absl::StatusOr<Dataset> d = ParseDataset(dataset);
-    if (!d.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--dataset: unknown data set ", Echo(dataset),
-                                                     " (wlbllm, pile, redpajama)"));
-    }
-    o.dataset = *d;
+    FLASHCP_ASSIGN_OR_RETURN(o.dataset, DatasetFromFlag(absl::GetFlag(FLAGS_dataset)));
   }
   FLASHCP_ASSIGN_OR_RETURN(o.context,
                            IntFlagIn("context", absl::GetFlag(FLAGS_context), 1, kMaxTokens));
   FLASHCP_ASSIGN_OR_RETURN(o.batches,
                            IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 1, kMaxBatches));
   o.seed = absl::GetFlag(FLAGS_seed);
-  FLASHCP_ASSIGN_OR_RETURN(o.shape.heads, IntFlagIn("heads", absl::GetFlag(FLAGS_heads), 1, 1024));
-  FLASHCP_ASSIGN_OR_RETURN(o.shape.head_dim,
-                           IntFlagIn("head_dim", absl::GetFlag(FLAGS_head_dim), 1, 1024));
-  const int64_t dtype_bytes = absl::GetFlag(FLAGS_dtype_bytes);
-  if (dtype_bytes != 1 && dtype_bytes != 2 && dtype_bytes != 4) {
-    return FlagValueError("dtype_bytes", "1, 2 or 4", absl::StrCat(dtype_bytes));
-  }
-  o.shape.dtype_bytes = static_cast<int32_t>(dtype_bytes);
+  FLASHCP_ASSIGN_OR_RETURN(o.shape, ModelShapeFromFlags(absl::GetFlag(FLAGS_heads),
+                                                       absl::GetFlag(FLAGS_head_dim),
+                                                       absl::GetFlag(FLAGS_dtype_bytes)));
   for (const std::string& docs : absl::GetFlag(FLAGS_docs).items) {
     absl::StatusOr<std::vector<int64_t>> lens = ParseBatchLine(docs);
     if (!lens.ok())
@@ -135,9 +127,9 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   FLASHCP_ASSIGN_OR_RETURN(
       o.plan.ilp.granularity,
       IntFlagIn("ilp_granularity", absl::GetFlag(FLAGS_ilp_granularity), 0, kMaxTokens));
-  FLASHCP_ASSIGN_OR_RETURN(
-      o.plan.ilp.time_limit_seconds,
-      DoubleFlagIn("ilp_time_limit", absl::GetFlag(FLAGS_ilp_time_limit), 0.001, 86400));
+  FLASHCP_ASSIGN_OR_RETURN(o.ilp_time_limit,
+                           DurationFlagIn("ilp_time_limit", absl::GetFlag(FLAGS_ilp_time_limit),
+                                          absl::Milliseconds(1), absl::Hours(24)));
   o.summary = absl::GetFlag(FLAGS_summary);
   o.progress = !absl::GetFlag(FLAGS_quiet);
 
@@ -177,7 +169,6 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   if (!strategies.ok()) return strategies.status();
   o.strategies = *std::move(strategies);
   o.from_all = all;
-  if (absl::Status s = ValidateModelShape(o.shape); !s.ok()) return s;
   return o;
 }
 

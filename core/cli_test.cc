@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/ilp_deadline.h"
 #include "core/plan_svg.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
+#include "core/testing/ticking_clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -57,7 +59,7 @@ TEST(ParseCliArgsTest, EveryFlagBothSyntaxes) {
                                                "4",
                                                "--ilp_granularity",
                                                "512",
-                                               "--ilp_time_limit=2.5",
+                                               "--ilp_time_limit=2.5s",
                                                "--min_shard_tokens",
                                                "64",
                                                "--quiet"});
@@ -75,7 +77,7 @@ TEST(ParseCliArgsTest, EveryFlagBothSyntaxes) {
   EXPECT_EQ(o->shape.head_dim, 64);
   EXPECT_EQ(o->shape.dtype_bytes, 4);
   EXPECT_EQ(o->plan.ilp.granularity, 512);
-  EXPECT_DOUBLE_EQ(o->plan.ilp.time_limit_seconds, 2.5);
+  EXPECT_EQ(o->ilp_time_limit, absl::Milliseconds(2500));
   EXPECT_EQ(o->plan.min_shard_tokens, 64);
   EXPECT_FALSE(o->progress);
   EXPECT_TRUE(o->warnings.empty());
@@ -108,11 +110,25 @@ TEST(ParseCliArgsTest, HelpListsEveryFlagWithItsDefault) {
   const std::string usage = CliUsage();
   for (const char* flag :
        {"--batches=64", "--context=131072", "--cp=8", "--dataset=", "--docs=", "--dtype_bytes=2",
-        "--head_dim=128", "--heads=32", "--ilp_granularity=0", "--ilp_time_limit=10",
+        "--head_dim=128", "--heads=32", "--ilp_granularity=0", "--ilp_time_limit=10s",
         "--input=", "--min_shard_tokens=128", "--quiet=false", "--seed=1",
         "--strategy=", "--summary=false", "--svg=", "--target_imbalance=1.02"}) {
     EXPECT_THAT(usage, HasSubstr(absl::StrCat("\n  ", flag, "\n"))) << flag;
   }
+}
+
+// --ilp_time_limit bounds the whole ILP call from its start, as in the
+// planner: seconds_left counts down on the caller's clock.
+TEST(SetIlpDeadlineTest, CountsFromTheCallsStart) {
+  const core::testing::TickingClock clock(absl::Seconds(3));  // each Now() 3 s on
+  IlpOptions ilp;
+  SetIlpDeadline(absl::Seconds(10), clock.Now(), &clock, ilp);  // start 3 s, end 13 s
+  EXPECT_DOUBLE_EQ(ilp.time_limit_seconds, 10);
+  ASSERT_TRUE(ilp.seconds_left);
+  EXPECT_DOUBLE_EQ(ilp.seconds_left(), 7);   // now 6 s
+  EXPECT_DOUBLE_EQ(ilp.seconds_left(), 4);   // 9 s
+  EXPECT_DOUBLE_EQ(ilp.seconds_left(), 1);   // 12 s
+  EXPECT_DOUBLE_EQ(ilp.seconds_left(), -2);  // 15 s: spent, CBC stops
 }
 
 TEST(ParseCliArgsTest, SummaryDefaultsToAllButIlp) {
@@ -163,9 +179,14 @@ TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
        "--batches: must be an integer in [1, 1000000], got \"1000001\""},
       {{"--dataset", "pile", "--seed", "-1"},
        "--seed: Illegal value '-1' specified for flag 'seed'"},
-      {{"--heads", "0"}, "--heads: must be an integer in [1, 1024], got \"0\""},
-      {{"--head_dim", "2048"}, "--head_dim: must be an integer in [1, 1024], got \"2048\""},
-      {{"--dtype_bytes", "3"}, "--dtype_bytes: must be 1, 2 or 4, got \"3\""},
+      {{"--ilp_time_limit", "10"},
+       "--ilp_time_limit: Illegal value '10' specified for flag 'ilp_time_limit'"},
+      {{"--ilp_time_limit", "0s"}, "--ilp_time_limit: must be a duration in [1ms, 24h], got \"0\""},
+      {{"--heads", "0"}, "--heads: must be in [1, 1024], got 0"},
+      {{"--head_dim", "2048"}, "--head_dim: must be in [1, 1024], got 2048"},
+      {{"--head_dim", "4294967297"},
+       "--head_dim: Illegal value '4294967297' specified for flag 'head_dim'"},
+      {{"--dtype_bytes", "3"}, "--dtype_bytes: must be 1, 2 or 4, got 3"},
       {{"--docs", "5,,3"}, "--docs: token 1: empty (two commas in a row, or a leading comma)"},
       {{"--docs="}, "--docs: empty line: no document lengths"},
       {{"--summary=maybe"}, "--summary: Illegal value 'maybe' specified for flag 'summary'"},
@@ -274,7 +295,8 @@ TEST(RunCliTest, MissingInputFile) {
   std::ostringstream out, err;
   EXPECT_EQ(RunCli(*o, in, out, err), kExitBadInput);
   EXPECT_EQ(err.str(),
-            "flashcp-plan: --input: cannot open \"/nonexistent/flashcp/batches.txt\"\n");
+            "flashcp-plan: --input: cannot open \"/nonexistent/flashcp/batches.txt\": No such file "
+            "or directory\n");
 }
 
 // A path that opens but cannot be read (a directory) is an I/O error naming
@@ -342,7 +364,9 @@ TEST(RunCliTest, SvgUnwritablePathIsAnError) {
   std::istringstream in;
   std::ostringstream out, err;
   EXPECT_EQ(RunCli(*o, in, out, err), kExitBadInput);
-  EXPECT_EQ(err.str(), "flashcp-plan: --svg: cannot open \"/nonexistent/flashcp/plan.svg\"\n");
+  EXPECT_EQ(err.str(),
+            "flashcp-plan: --svg: cannot open \"/nonexistent/flashcp/plan.svg\": No such file or "
+            "directory\n");
 }
 
 TEST(RunCliTest, SvgWithNoBatchIsAnError) {

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "core/echo.h"
 #include "core/random.h"
 #include "core/types.h"
 
@@ -267,7 +268,7 @@ absl::StatusOr<Dataset> ParseDataset(absl::string_view name) {
     if (DatasetName(d) == name) return d;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("dataset: unknown data set \"", name, "\" (wlbllm, pile, redpajama)"));
+      absl::StrCat("dataset: unknown data set ", Echo(name), " (wlbllm, pile, redpajama)"));
 }
 
 absl::StatusOr<std::vector<int64_t>> SampleBatch(Dataset dataset, int64_t context, uint64_t seed,

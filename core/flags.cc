@@ -190,6 +190,42 @@ absl::StatusOr<double> DoubleFlagIn(absl::string_view flag, double value, double
   return value;
 }
 
+absl::StatusOr<absl::Duration> DurationFlagIn(absl::string_view flag, absl::Duration value,
+                                              absl::Duration lo, absl::Duration hi) {
+  if (value < lo || value > hi) {
+    return FlagValueError(flag,
+                          absl::StrCat("a duration in [", absl::FormatDuration(lo), ", ",
+                                       absl::FormatDuration(hi), "]"),
+                          absl::FormatDuration(value));
+  }
+  return value;
+}
+
+absl::Status AsFlagError(const absl::Status& field_error) {
+  if (field_error.ok()) return field_error;
+  return absl::Status(field_error.code(), absl::StrCat("--", field_error.message()));
+}
+
+absl::StatusOr<ModelShape> ModelShapeFromFlags(int32_t heads, int32_t head_dim,
+                                               int32_t dtype_bytes) {
+  const ModelShape shape{heads, head_dim, dtype_bytes};
+  if (absl::Status s = ValidateModelShape(shape); !s.ok()) return AsFlagError(s);
+  return shape;
+}
+
+absl::StatusOr<Dataset> DatasetFromFlag(absl::string_view value) {
+  absl::StatusOr<Dataset> d = ParseDataset(value);
+  if (!d.ok()) return AsFlagError(d.status());
+  return d;
+}
+
+int UsageError(absl::string_view program, const absl::Status& status, std::ostream& err) {
+  err << program << ": " << status.message() << "\nRun '" << program
+      << " --help' for the flags.\n";
+  err.flush();
+  return kExitUsage;
+}
+
 std::optional<int> ParseMain(int argc, char** argv, absl::string_view usage, CommandLine& line,
                              std::ostream& out, std::ostream& err, bool allow_positional) {
   absl::string_view program = usage;
@@ -205,19 +241,14 @@ std::optional<int> ParseMain(int argc, char** argv, absl::string_view usage, Com
     out.flush();
     return 0;
   }
-  if (!parsed.ok()) {
-    err << program << ": " << parsed.status().message() << "\nRun '" << program
-        << " --help' for the flags.\n";
-    err.flush();
-    return 2;
-  }
+  if (!parsed.ok()) return UsageError(program, parsed.status(), err);
   if (!allow_positional && !parsed->positional.empty()) {
     // A stray word (a command a container runtime appended) would otherwise
     // be ignored and the program run on defaults.
     err << program << ": unexpected argument " << Echo(parsed->positional.front())
         << "; every option is a --flag\n";
     err.flush();
-    return 2;
+    return kExitUsage;
   }
   line = *std::move(parsed);
   return std::nullopt;

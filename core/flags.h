@@ -17,8 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "core/analysis.h"
+#include "core/datasets.h"
 
 namespace flashcp::core {
 
@@ -67,14 +71,39 @@ absl::Status FlagValueError(absl::string_view flag, absl::string_view what,
 // FlagValueError "an integer in [lo, hi]" / "a number in [lo, hi]".
 absl::StatusOr<int64_t> IntFlagIn(absl::string_view flag, int64_t value, int64_t lo, int64_t hi);
 absl::StatusOr<double> DoubleFlagIn(absl::string_view flag, double value, double lo, double hi);
+// The same for an absl::Duration flag: "a duration in [lo, hi]".
+absl::StatusOr<absl::Duration> DurationFlagIn(absl::string_view flag, absl::Duration value,
+                                              absl::Duration lo, absl::Duration hi);
+
+// A core error naming its field ("heads: must be ...") as the error of the
+// flag of that name ("--heads: must be ..."), same code; OK stays OK.
+absl::Status AsFlagError(const absl::Status& field_error);
+
+// --heads, --head_dim and --dtype_bytes (int32_t flags, as ModelShape's
+// fields) as a ModelShape, checked by core::ValidateModelShape:
+// InvalidArgument "--heads: must be in [1, 1024], got 0" and so on.
+absl::StatusOr<ModelShape> ModelShapeFromFlags(int32_t heads, int32_t head_dim,
+                                               int32_t dtype_bytes);
+
+// --dataset's value as a Dataset: InvalidArgument "--dataset: unknown data
+// set "foo" (wlbllm, pile, redpajama)".
+absl::StatusOr<Dataset> DatasetFromFlag(absl::string_view value);
+
+// Every program's exit status for a usage error: a bad flag, a bad flag
+// value, flags that exclude each other, a stray word.
+inline constexpr int kExitUsage = 2;
+
+// For main(), a usage error found after ParseMain (a flag value out of range,
+// flags that exclude each other): writes "PROGRAM: MESSAGE" and "Run 'PROGRAM
+// --help' for the flags." to `err`; returns kExitUsage.
+int UsageError(absl::string_view program, const absl::Status& status, std::ostream& err);
 
 // For main(): ParseCommandLine(argv[1..]), writing the warnings to `err`.
 // Returns the status main returns at once: 0 after writing FlagsHelp(usage)
-// to `out` for --help; 2 after writing "PROGRAM: MESSAGE" and a pointer to
-// --help (PROGRAM the first word after "Usage: " in `usage`) to `err` for a
-// bad flag, or "PROGRAM: unexpected argument "WORD"; every option is a
-// --flag" for a positional argument unless `allow_positional`. nullopt
-// otherwise, `line` then holding the result.
+// to `out` for --help; kExitUsage after UsageError (PROGRAM the first word
+// after "Usage: " in `usage`) for a bad flag, or after "PROGRAM: unexpected
+// argument "WORD"; every option is a --flag" for a positional argument unless
+// `allow_positional`. nullopt otherwise, `line` then holding the result.
 std::optional<int> ParseMain(int argc, char** argv, absl::string_view usage, CommandLine& line,
                              std::ostream& out, std::ostream& err, bool allow_positional = false);
 

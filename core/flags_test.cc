@@ -152,5 +152,34 @@ TEST_F(ParseMainTest, ExitStatusesAndMessages) {
   EXPECT_EQ(absl::GetFlag(FLAGS_test_count), 5);
 }
 
+TEST(AsFlagErrorTest, PrefixesTheFieldKeepsTheCode) {
+  EXPECT_THAT(AsFlagError(absl::OutOfRangeError("n: too big")),
+              StatusIs(absl::StatusCode::kOutOfRange, "--n: too big"));
+  EXPECT_THAT(AsFlagError(absl::OkStatus()), StatusIs(absl::StatusCode::kOk));
+}
+
+TEST(ModelShapeFromFlagsTest, ValidateModelShapesBoundsAsFlagErrors) {
+  const absl::StatusOr<ModelShape> ok = ModelShapeFromFlags(1024, 1, 4);
+  ASSERT_THAT(ok.status(), StatusIs(absl::StatusCode::kOk));
+  EXPECT_EQ(ok->heads, 1024);
+  EXPECT_EQ(ok->head_dim, 1);
+  EXPECT_EQ(ok->dtype_bytes, 4);
+  EXPECT_THAT(ModelShapeFromFlags(0, 1, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--heads: must be in [1, 1024], got 0"));
+  EXPECT_THAT(ModelShapeFromFlags(1, 1025, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--head_dim: must be in [1, 1024], got 1025"));
+  EXPECT_THAT(ModelShapeFromFlags(1, 1, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--dtype_bytes: must be 1, 2 or 4, got 3"));
+}
+
+TEST(DatasetFromFlagTest, NamesTheFlagOnce) {
+  EXPECT_THAT(DatasetFromFlag("redpajama").status(), StatusIs(absl::StatusCode::kOk));
+  EXPECT_EQ(*DatasetFromFlag("redpajama"), Dataset::kRedPajama);
+  EXPECT_THAT(DatasetFromFlag("foo"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--dataset: unknown data set \"foo\" (wlbllm, pile, redpajama)"));
+}
+
 }  // namespace
 }  // namespace flashcp::core

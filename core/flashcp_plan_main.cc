@@ -14,11 +14,7 @@ int main(int argc, char** argv) {
   std::ios::sync_with_stdio(false);
   const std::vector<std::string> args(argv + 1, argv + argc);
   absl::StatusOr<flashcp::core::CliOptions> options = flashcp::core::ParseCliArgs(args);
-  if (!options.ok()) {
-    std::cerr << "flashcp-plan: " << options.status().message()
-              << "\nRun 'flashcp-plan --help' for usage.\n";
-    return flashcp::core::kExitUsage;
-  }
+  if (!options.ok()) return flashcp::core::UsageError("flashcp-plan", options.status(), std::cerr);
   for (const std::string& w : options->warnings) std::cerr << "flashcp-plan: " << w << "\n";
   if (options->help) {
     std::cout << flashcp::core::CliUsage();

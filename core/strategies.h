@@ -87,6 +87,12 @@ struct IlpOptions {
   std::function<double()> seconds_left;
 };
 
+// What flashcp charges each cut shard shorter than min_shard_tokens (m) left
+// in a plan, in non-last tokens per m: the score adds kSliverCostFactor * m
+// per such shard, so one stays only where removing it costs more
+// communication than that (docs/planner.md, "Scoring").
+inline constexpr int64_t kSliverCostFactor = 8;
+
 struct PlanOptions {
   double target_imbalance = 1.02;  // R for flashcp / flashcp_paper; >= 1
   // flashcp only: the minimum length m of a cut shard (a shard of a document

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,7 +39,7 @@ int ListeningTcpPort(int fd) {
 absl::StatusOr<std::unique_ptr<AcceptQueue>> AcceptQueue::Find(int port) {
   DIR* dir = opendir("/proc/self/fd");
   if (dir == nullptr) {
-    return absl::InternalError(absl::StrCat("/proc/self/fd: ", std::strerror(errno)));
+    return absl::ErrnoToStatus(errno, "opendir /proc/self/fd");
   }
   std::vector<int> candidates;
   while (const dirent* e = readdir(dir)) {
@@ -54,8 +53,9 @@ absl::StatusOr<std::unique_ptr<AcceptQueue>> AcceptQueue::Find(int port) {
     if (ListeningTcpPort(fd) != port) continue;
     const int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (copy < 0) {
+      const int error = errno;  // before close() may change it
       for (int c : fds) close(c);
-      return absl::InternalError(absl::StrCat("dup: ", std::strerror(errno)));
+      return absl::ErrnoToStatus(error, absl::StrCat("dup of listening fd ", fd));
     }
     fds.push_back(copy);
   }
@@ -77,7 +77,7 @@ absl::StatusOr<int64_t> AcceptQueue::Length() const {
     tcp_info info{};
     socklen_t len = sizeof(info);
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) {
-      return absl::InternalError(absl::StrCat("TCP_INFO: ", std::strerror(errno)));
+      return absl::ErrnoToStatus(errno, absl::StrCat("getsockopt TCP_INFO of fd ", fd));
     }
     longest = std::max<int64_t>(longest, info.tcpi_unacked);
   }

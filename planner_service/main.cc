@@ -16,43 +16,53 @@
 #include "core/flags.h"
 #include "core/log.h"
 #include "core/types.h"
+#include "planner_service/metrics_endpoint/endpoint_flags.h"
 #include "planner_service/server.h"
 #include "prometheus/registry.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address HOST:PORT; port 0 picks one");
+ABSL_FLAG(std::string, listen, flashcp::planner_service::ServerOptions{}.listen,
+          "gRPC address HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, serve, "all",
           "services: all (Planner and Rendezvous), planning (Planner only: stateless, run as "
           "many replicas as needed) or rendezvous (Rendezvous only: one replica)");
-ABSL_FLAG(std::string, metrics, "0.0.0.0:9464",
+ABSL_FLAG(std::string, metrics, flashcp::planner_service::ServerOptions{}.metrics,
           "Prometheus /metrics address HOST:PORT; port 0 picks one; empty disables");
-ABSL_FLAG(int32_t, threads, 2, "planning threads");
-ABSL_FLAG(int32_t, queue_size, 256,
+ABSL_FLAG(int32_t, threads, flashcp::planner_service::ServerOptions{}.threads, "planning threads");
+ABSL_FLAG(int32_t, queue_size, flashcp::planner_service::ServerOptions{}.queue_size,
           "planning jobs that may wait; unary calls beyond get RESOURCE_EXHAUSTED");
-ABSL_FLAG(int32_t, queue_per_client, 0,
+ABSL_FLAG(int32_t, queue_per_client, flashcp::planner_service::ServerOptions{}.queue_per_client,
           "planning jobs one client (connection) may have waiting; 0: queue_size / 4");
-ABSL_FLAG(int32_t, stream_window, 64, "items one PlanStream may have in flight");
-ABSL_FLAG(int64_t, stream_window_bytes, int64_t{128} << 20,
+ABSL_FLAG(int32_t, stream_window, flashcp::planner_service::ServerOptions{}.stream_window,
+          "items one PlanStream may have in flight");
+ABSL_FLAG(int64_t, stream_window_bytes,
+          flashcp::planner_service::ServerOptions{}.stream_window_bytes,
           "unread response bytes one PlanStream may hold before it stops reading");
-ABSL_FLAG(int64_t, stream_buffer_bytes, int64_t{512} << 20,
+ABSL_FLAG(int64_t, stream_buffer_bytes,
+          flashcp::planner_service::ServerOptions{}.stream_buffer_bytes,
           "unread response bytes all PlanStreams together may hold before they stop reading");
 ABSL_FLAG(int64_t, max_shard_ranks, flashcp::planner_service::PlanBounds{}.max_shard_ranks,
           "bound on a plan's shards x ranks, from the request; above: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_response_bytes, flashcp::planner_service::PlanBounds{}.max_response_bytes,
           "bound on a response's bytes, from the request; above: RESOURCE_EXHAUSTED");
-ABSL_FLAG(bool, allow_ilp, false,
+ABSL_FLAG(bool, allow_ilp, flashcp::planner_service::ServerOptions{}.allow_ilp,
           "serve the ilp strategy (slow: own pool, --ilp_threads, --ilp_time_limit)");
-ABSL_FLAG(int32_t, ilp_threads, 1, "ILP plans run at once (as many more may wait)");
-ABSL_FLAG(absl::Duration, ilp_time_limit, absl::Seconds(10),
-          "wall-clock limit of one ILP call from its arrival; then its best plan so far");
-ABSL_FLAG(int64_t, max_docs, 65536, "documents per batch; above: RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, max_tokens, int64_t{1} << 24, "tokens per batch; above: RESOURCE_EXHAUSTED");
-ABSL_FLAG(int32_t, max_cp_size, 1024, "CP group size; above: RESOURCE_EXHAUSTED");
-ABSL_FLAG(int32_t, max_message_bytes, 0,
+ABSL_FLAG(int32_t, ilp_threads, flashcp::planner_service::ServerOptions{}.ilp_threads,
+          "ILP plans run at once (as many more may wait)");
+ABSL_FLAG(absl::Duration, ilp_time_limit, flashcp::planner_service::ServerOptions{}.ilp_time_limit,
+          "wall-clock limit of one ILP plan (a request), from its arrival: queueing and model "
+          "setup included; then its best plan so far");
+ABSL_FLAG(int64_t, max_docs, flashcp::planner_service::ServerOptions{}.limits.max_docs,
+          "documents per batch; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_tokens, flashcp::planner_service::ServerOptions{}.limits.max_tokens,
+          "tokens per batch; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, max_cp_size, flashcp::planner_service::ServerOptions{}.limits.max_cp_size,
+          "CP group size; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, max_message_bytes, flashcp::planner_service::ServerOptions{}.max_message_bytes,
           "largest request message, bytes; 0: the largest valid request at the limits");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate; TLS when set");
 ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients need a cert it signed");
-ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+ABSL_FLAG(absl::Duration, drain_timeout, flashcp::planner_service::ServerOptions{}.drain_timeout,
           "on SIGTERM, how long in-flight calls may take before they are cancelled");
 ABSL_FLAG(int64_t, rendezvous_max_bytes, flashcp::planner_service::kDefaultMaxTotalValueBytes,
           "bytes all rendezvous groups may hold together, an entry counting key + value + 256 "
@@ -75,24 +85,28 @@ ABSL_FLAG(int32_t, rendezvous_max_groups_per_peer,
           flashcp::planner_service::kDefaultMaxGroupsPerPeer,
           "rendezvous groups one peer (mTLS identity, else IP address) created that still exist, "
           "formed or not; above: RESOURCE_EXHAUSTED");
-ABSL_FLAG(absl::Duration, handshake_timeout, absl::Seconds(10),
+ABSL_FLAG(absl::Duration, handshake_timeout,
+          flashcp::planner_service::ServerOptions{}.handshake_timeout,
           "a connection that has not completed its HTTP/2 (and TLS) handshake in this is closed");
-ABSL_FLAG(absl::Duration, max_connection_idle, absl::Minutes(5),
+ABSL_FLAG(absl::Duration, max_connection_idle,
+          flashcp::planner_service::ServerOptions{}.max_connection_idle,
           "a connection with no call for this long is closed (GOAWAY); 0 never");
-ABSL_FLAG(absl::Duration, max_connection_age, absl::ZeroDuration(),
+ABSL_FLAG(absl::Duration, max_connection_age,
+          flashcp::planner_service::ServerOptions{}.max_connection_age,
           "a connection is closed (GOAWAY) after this long; 0 never");
-ABSL_FLAG(absl::Duration, max_connection_age_grace, absl::Minutes(1),
+ABSL_FLAG(absl::Duration, max_connection_age_grace,
+          flashcp::planner_service::ServerOptions{}.max_connection_age_grace,
           "after --max_connection_age, how long its calls may take before it is cut");
-ABSL_FLAG(int32_t, grpc_max_threads, 2048,
+ABSL_FLAG(int32_t, grpc_max_threads, flashcp::planner_service::ServerOptions{}.grpc_max_threads,
           "threads gRPC may make for synchronous handlers (health, reflection)");
-ABSL_FLAG(absl::Duration, listener_check_interval, absl::Seconds(1),
+ABSL_FLAG(absl::Duration, listener_check_interval,
+          flashcp::planner_service::ServerOptions{}.listener_check_interval,
           "how often the listener's accept queue is checked; 0 disables the check");
-ABSL_FLAG(int32_t, listener_stall_checks, 5,
+ABSL_FLAG(int32_t, listener_stall_checks,
+          flashcp::planner_service::ServerOptions{}.listener_stall_checks,
           "checks in a row with connections left unaccepted before health says NOT_SERVING");
-ABSL_FLAG(int32_t, metrics_threads, 8, "connections the /metrics server serves at once");
-ABSL_FLAG(absl::Duration, metrics_request_timeout, absl::Seconds(2),
-          "a /metrics connection that has not sent its request in this is closed");
-ABSL_FLAG(bool, testing_hold_planning, false,
+ABSL_FLAG(bool, testing_hold_planning,
+          flashcp::planner_service::ServerOptions{}.testing_hold_planning,
           "tests only: plan nothing until SIGUSR1 (makes queue-full and deadline tests "
           "deterministic)");
 
@@ -108,10 +122,7 @@ int main(int argc, char** argv) {
   fps::ServerOptions o;
   o.listen = absl::GetFlag(FLAGS_listen);
   const absl::StatusOr<fps::ServeRole> serve = fps::ParseServeRole(absl::GetFlag(FLAGS_serve));
-  if (!serve.ok()) {
-    FLASHCP_LOG(ERROR) << "flashcp-planner: " << serve.status().ToString();
-    return 1;
-  }
+  if (!serve.ok()) return flashcp::core::UsageError("flashcp-planner", serve.status(), std::cerr);
   o.serve = *serve;
   o.metrics = absl::GetFlag(FLAGS_metrics);
   o.threads = absl::GetFlag(FLAGS_threads);
@@ -146,10 +157,12 @@ int main(int argc, char** argv) {
   o.grpc_max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
   o.listener_check_interval = absl::GetFlag(FLAGS_listener_check_interval);
   o.listener_stall_checks = absl::GetFlag(FLAGS_listener_stall_checks);
-  o.metrics_http = {absl::GetFlag(FLAGS_metrics_threads),
-                    absl::GetFlag(FLAGS_metrics_request_timeout)};
+  o.metrics_http = fps::metrics_endpoint::EndpointOptionsFromFlags();
   o.testing_hold_planning = absl::GetFlag(FLAGS_testing_hold_planning);
   o.version = FLASHCP_VERSION;
+  if (absl::Status s = fps::ValidateOptions(o); !s.ok()) {
+    return flashcp::core::UsageError("flashcp-planner", s, std::cerr);
+  }
   const absl::Status status = fps::RunPlanner(o, std::make_shared<prometheus::Registry>());
   if (!status.ok()) {
     FLASHCP_LOG(ERROR) << "flashcp-planner: " << status.ToString();

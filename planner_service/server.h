@@ -42,17 +42,18 @@ struct ServerOptions {
   int threads = 2;                       // planning threads
   int queue_size = 256;                  // planning jobs that may wait
   int queue_per_client = 0;              // of those, one client's; 0: queue_size / 4
-  int stream_window = 64;                // in-flight items per PlanStream
-  int64_t stream_window_bytes = int64_t{128} << 20;  // unread response bytes per PlanStream
+  int stream_window = ServiceConfig{}.stream_window;  // in-flight items per PlanStream
+  // Unread response bytes per PlanStream.
+  int64_t stream_window_bytes = ServiceConfig{}.stream_window_bytes;
   int64_t stream_buffer_bytes = int64_t{512} << 20;  // unread response bytes, all streams
-  core::BatchLimits limits;
+  core::BatchLimits limits = ServiceConfig{}.limits;  // kDefaultBatchLimits
   PlanBounds bounds;                     // --max_shard_ranks, --max_response_bytes
   // Largest message accepted, bytes; 0 sizes it from the limits (the largest
   // valid PlanRequest, proto::MaxRequestBytes, or Rendezvous request).
   int max_message_bytes = 0;
-  bool allow_ilp = false;                // `ilp` plans; refused (UNIMPLEMENTED) when off
+  bool allow_ilp = ServiceConfig{}.allow_ilp;  // `ilp` plans; refused (UNIMPLEMENTED) when off
   int ilp_threads = 1;                   // ILP plans at once (their own pool; as many may wait)
-  absl::Duration ilp_time_limit = absl::Seconds(10);  // per ILP call, from its arrival
+  absl::Duration ilp_time_limit = ServiceConfig{}.ilp_time_limit;  // per ILP call, from its arrival
   std::string tls_cert;                  // PEM files; TLS when tls_cert is set
   std::string tls_key;
   std::string tls_client_ca;             // mTLS: clients must present a cert it signed

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/ilp_deadline.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -100,12 +101,7 @@ PlanningPool* PoolFor(const ServiceDeps& deps, core::Strategy strategy) {
 // and queueing included: CBC stops when it is spent.
 void SetIlpBudget(const ServiceDeps& deps, absl::Time received, proto::PlanInput& input) {
   if (input.strategy != core::Strategy::kIlp) return;
-  const absl::Time end = received + deps.config.ilp_time_limit;
-  const core::Clock* clock = deps.clock;
-  input.options.ilp.time_limit_seconds = absl::ToDoubleSeconds(deps.config.ilp_time_limit);
-  input.options.ilp.seconds_left = [clock, end] {
-    return absl::ToDoubleSeconds(end - clock->Now());
-  };
+  core::SetIlpDeadline(deps.config.ilp_time_limit, received, deps.clock, input.options.ilp);
 }
 
 template <typename Message>

@@ -26,8 +26,13 @@
 
 namespace flashcp::planner_service {
 
+// The batch bounds a planner enforces unless told otherwise (flashcp-planner's
+// --max_docs, --max_tokens and --max_cp_size default to these, through
+// ServerOptions); core::BatchLimits{} is the model's own ceiling, far above.
+inline constexpr core::BatchLimits kDefaultBatchLimits{65536, int64_t{1} << 24, 1024};
+
 struct ServiceConfig {
-  core::BatchLimits limits;  // above these: RESOURCE_EXHAUSTED
+  core::BatchLimits limits = kDefaultBatchLimits;  // above these: RESOURCE_EXHAUSTED
   PlanBounds bounds;         // shards x ranks and response bytes, before planning
   // PlanStream items one stream may have read and not yet answered; the
   // stream stops reading at this many and resumes as answers are written.

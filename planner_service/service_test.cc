@@ -208,6 +208,25 @@ TEST(ServerOptionsTest, BadOptionsNameTheFlag) {
   EXPECT_EQ(ListeningLine("[::]:1", ""), "LISTENING grpc=[::]:1 metrics=-");
 }
 
+// The library's defaults are the binary's: its flags default to these, and
+// a server started on ServerOptions{} bounds batches as flashcp-planner does.
+TEST(ServerOptionsTest, DefaultsAreTheProductionLimits) {
+  const ServerOptions o;
+  EXPECT_EQ(o.limits.max_docs, 65536);
+  EXPECT_EQ(o.limits.max_tokens, int64_t{1} << 24);
+  EXPECT_EQ(o.limits.max_cp_size, 1024);
+  const ServiceConfig c;
+  EXPECT_EQ(c.limits.max_docs, o.limits.max_docs);
+  EXPECT_EQ(c.limits.max_tokens, o.limits.max_tokens);
+  EXPECT_EQ(c.limits.max_cp_size, o.limits.max_cp_size);
+  EXPECT_EQ(c.stream_window, o.stream_window);
+  EXPECT_EQ(c.stream_window_bytes, o.stream_window_bytes);
+  EXPECT_EQ(c.ilp_time_limit, o.ilp_time_limit);
+  // The largest Rendezvous request, above the largest PlanRequest at these
+  // limits (337,103 bytes), not one at core::BatchLimits{}.
+  EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);
+}
+
 TEST(ServerOptionsTest, MissingTlsFilesAreNotFound) {
   ServerOptions o;
   o.listen = "127.0.0.1:0";
@@ -216,7 +235,8 @@ TEST(ServerOptionsTest, MissingTlsFilesAreNotFound) {
   NullObserver observer;
   core::RealClock clock;
   EXPECT_EQ(PlannerServer::Start(o, &observer, &clock).status(),
-            absl::NotFoundError("--tls_cert: cannot open \"/nonexistent/cert.pem\""));
+            absl::NotFoundError(
+                "--tls_cert: cannot open \"/nonexistent/cert.pem\": No such file or directory"));
 }
 
 // A TLS file that is not PEM is INVALID_ARGUMENT naming the flag, as the
@@ -246,8 +266,9 @@ TEST(ServerOptionsTest, TlsFilesThatAreNotPemAreInvalidArgumentNamingTheFlag) {
                        "--tls_cert: \"/dev/zero\" is larger than 16777216 bytes"));
   o.tls_cert = ::testing::TempDir();  // a directory opens, and reading it fails
   EXPECT_THAT(PlannerServer::Start(o, &observer, &clock).status(),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       absl::StrCat("--tls_cert: cannot read \"", o.tls_cert, "\"")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       absl::StrCat("--tls_cert: cannot read \"", o.tls_cert,
+                                    "\": Is a directory")));
 }
 
 // ---------------------------------------------------------------------------
@@ -256,12 +277,12 @@ TEST(ServerOptionsTest, TlsFilesThatAreNotPemAreInvalidArgumentNamingTheFlag) {
 
 constexpr absl::Duration kWait = absl::Seconds(60);  // generous: the box is shared
 
-// The binary's defaults (main.cc's flags) for the limits.
+// The binary's defaults (main.cc's flags default to ServerOptions{}'s), on
+// loopback without /metrics.
 ServerOptions LoopbackOptions() {
   ServerOptions o;
   o.listen = "127.0.0.1:0";
   o.metrics = "";
-  o.limits = core::BatchLimits{65536, int64_t{1} << 24, 1024};
   return o;
 }
 

@@ -14,6 +14,7 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -229,16 +230,21 @@ TEST(FlashcpClientCliTest, UnreachableServerFailsClearly) {
 }
 
 TEST(FlashcpClientCliTest, BadFlagIsUsageError) {
-  const ToolRun got = RunTool({FLASHCP_CLIENT_BIN, "--server", "x:1", "--cp", "zero"});
-  EXPECT_EQ(got.exit_code, 2);
-  EXPECT_EQ(got.err,
-            "flashcp-client: --cp: Illegal value 'zero' specified for flag 'cp'\n"
-            "Run 'flashcp-client --help' for the flags.\n");
-  const ToolRun m = RunTool({FLASHCP_CLIENT_BIN, "--server", "x:1", "--min_shard_tokens", "-1"});
-  EXPECT_EQ(m.exit_code, 2);
-  EXPECT_EQ(m.err,
-            "flashcp-client: --min_shard_tokens: must be an integer in [0, 1099511627776], got "
-            "\"-1\"\nRun 'flashcp-client --help' for the flags.\n");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--cp", "zero"}, "--cp: Illegal value 'zero' specified for flag 'cp'"},
+      {{"--min_shard_tokens", "-1"},
+       "--min_shard_tokens: must be an integer in [0, 1099511627776], got \"-1\""},
+      {{"--dataset", "foo"}, "--dataset: unknown data set \"foo\" (wlbllm, pile, redpajama)"},
+      {{"--heads", "0"}, "--heads: must be in [1, 1024], got 0"},
+  };
+  for (const auto& [flags, message] : cases) {
+    std::vector<std::string> argv = {FLASHCP_CLIENT_BIN, "--server", "x:1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const ToolRun got = RunTool(argv);
+    EXPECT_EQ(got.exit_code, 2) << flags[0];
+    EXPECT_EQ(got.err, absl::StrCat("flashcp-client: ", message,
+                                    "\nRun 'flashcp-client --help' for the flags.\n"));
+  }
 }
 
 // ---- the C++ library ----------------------------------------------------------

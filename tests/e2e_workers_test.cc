@@ -561,12 +561,13 @@ TEST(E2eWorkersTest, LateAndDuplicateRanksGiveClearErrors) {
 
 // Issue 12 item 11, the worker's side: its /metrics had one civetweb thread,
 // so one silent TCP connection stopped every scrape for 30 s. A rank waiting
-// for its group serves /metrics; three silent connections leave a thread
-// (--metrics_threads 4 by default) for the scrape.
+// for its group serves /metrics; three silent connections leave one of
+// --metrics_threads 4 for the scrape.
 TEST(E2eWorkersTest, IdleConnectionsDoNotStopTheWorkersScrape) {
   auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
   ASSERT_THAT(planner.status(), IsOk());
-  auto w = StartWorker(0, "idle-metrics", (*planner)->grpc_address(), {"--timeout_s", "20"});
+  auto w = StartWorker(0, "idle-metrics", (*planner)->grpc_address(),
+                       {"--timeout_s", "20", "--metrics_threads", "4"});
   ASSERT_THAT(w.status(), IsOk());
   tests::testing::IdleConnections idle;
   ASSERT_THAT(idle.Open(w->metrics, 3, In(absl::Seconds(30))), IsOk());
@@ -662,10 +663,10 @@ TEST(E2eWorkersTest, LocalRankOutOfRangeIsRefused) {
                                          absl::StrCat(local_rank), "--planner", "127.0.0.1:1"},
                                         "", In(absl::Seconds(30)));
     ASSERT_THAT(r.status(), IsOk());
-    EXPECT_EQ(r->exit_code, 1) << local_rank;
-    EXPECT_THAT(r->output, HasSubstr(absl::StrCat(
-                               "INVALID_ARGUMENT: --local_rank: must be in [-1, 4095], got ",
-                               local_rank)));
+    EXPECT_EQ(r->exit_code, 2) << local_rank;
+    EXPECT_EQ(r->output, absl::StrCat("flashcp-worker: --local_rank: must be in [-1, 4095], got ",
+                                      local_rank,
+                                      "\nRun 'flashcp-worker --help' for the flags.\n"));
   }
 }
 
@@ -675,27 +676,28 @@ TEST(E2eWorkersTest, LocalRankOutOfRangeIsRefused) {
 TEST(E2eWorkersTest, CudaDeviceIsRefusedClearly) {
   struct Case {
     std::string device;
+    int exit_code;                  // 2: a usage error; 1: a run that cannot start
     std::vector<std::string> want;  // any one of these
   };
   const std::vector<Case> cases = {
 #ifdef FLASHCP_E2E_WORKER_CUDA
-      {"cuda:4095",
+      {"cuda:4095", 1,
        {"FAILED_PRECONDITION: --device cuda:4095: cudaGetDeviceCount",
         "FAILED_PRECONDITION: --device cuda:4095: this machine has "}},
 #else
-      {"cuda:0",
+      {"cuda:0", 1,
        {"FAILED_PRECONDITION: --device cuda:0: this flashcp-worker was built without CUDA; use "
         "--device cpu"}},
 #endif
-      {"cuda:x", {"INVALID_ARGUMENT: --device: want cpu or cuda:K"}},
-      {"cuda:-1", {"INVALID_ARGUMENT: --device: want cpu or cuda:K"}},
+      {"cuda:x", 2, {"flashcp-worker: --device: want cpu or cuda:K"}},
+      {"cuda:-1", 2, {"flashcp-worker: --device: want cpu or cuda:K"}},
   };
   for (const Case& c : cases) {
     auto r = tests::testing::RunCommand(
         {FLASHCP_WORKER_BIN, "--device", c.device, "--planner", "127.0.0.1:1"}, "",
         In(absl::Seconds(30)));
     ASSERT_THAT(r.status(), IsOk());
-    EXPECT_EQ(r->exit_code, 1) << c.device;
+    EXPECT_EQ(r->exit_code, c.exit_code) << c.device;
     bool found = false;
     for (const std::string& w : c.want) found |= absl::StrContains(r->output, w);
     EXPECT_TRUE(found) << c.device << ": " << r->output;

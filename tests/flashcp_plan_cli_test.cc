@@ -125,7 +125,7 @@ TEST(FlashcpPlanCliTest, BadFlagValueIsAUsageError) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err,
             "flashcp-plan: --cp: must be an integer in [1, 65536], got \"0\"\n"
-            "Run 'flashcp-plan --help' for usage.\n");
+            "Run 'flashcp-plan --help' for the flags.\n");
   EXPECT_EQ(r.out, "");
 }
 
@@ -135,7 +135,7 @@ TEST(FlashcpPlanCliTest, BadMinShardTokensIsAUsageError) {
   EXPECT_EQ(r.err,
             "flashcp-plan: --min_shard_tokens: must be an integer in [0, 1099511627776], "
             "got \"-5\"\n"
-            "Run 'flashcp-plan --help' for usage.\n");
+            "Run 'flashcp-plan --help' for the flags.\n");
   EXPECT_EQ(r.out, "");
 }
 
@@ -152,7 +152,9 @@ TEST(FlashcpPlanCliTest, UnknownFlagAndUnknownDataSet) {
 TEST(FlashcpPlanCliTest, MissingInputFile) {
   const ToolRun r = RunPlan({"--input", "/nonexistent/flashcp/batches.txt"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err, "flashcp-plan: --input: cannot open \"/nonexistent/flashcp/batches.txt\"\n");
+  EXPECT_EQ(r.err,
+            "flashcp-plan: --input: cannot open \"/nonexistent/flashcp/batches.txt\": No such file "
+            "or directory\n");
 }
 
 TEST(FlashcpPlanCliTest, DataSetSummaryHasATableAndACleanStdout) {

@@ -500,9 +500,10 @@ TEST(PlannerServiceTest, ServeRoleServesOnlyItsService) {
   absl::StatusOr<tests::testing::CommandResult> r = tests::testing::RunCommand(
       {FLASHCP_PLANNER_BIN, "--listen", "127.0.0.1:0", "--serve", "store"}, "", Deadline());
   ASSERT_THAT(r, IsOk());
-  EXPECT_EQ(r->exit_code, 1);
-  EXPECT_THAT(r->output,
-              HasSubstr("--serve: want all, planning or rendezvous, got \"store\""));
+  EXPECT_EQ(r->exit_code, 2);
+  EXPECT_EQ(r->output,
+            "flashcp-planner: --serve: want all, planning or rendezvous, got \"store\"\n"
+            "Run 'flashcp-planner --help' for the flags.\n");
 }
 
 TEST(PlannerServiceTest, ReflectionListsThePlanner) {

@@ -223,7 +223,8 @@ TEST_F(PlannerTlsTest, FlashcpClientTlsErrors) {
   run = RunTool({FLASHCP_CLIENT_BIN, "--server", server, "--tls_ca", missing}, "5,3\n");
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_EQ(run.out, "");
-  EXPECT_EQ(run.err, absl::StrCat("flashcp-client: --tls_ca: cannot open \"", missing, "\"\n"));
+  EXPECT_EQ(run.err, absl::StrCat("flashcp-client: --tls_ca: cannot open \"", missing,
+                                  "\": No such file or directory\n"));
   // No client certificate for the mTLS server: the handshake never succeeds,
   // so the client gives up after --connect_timeout and plans nothing.
   run = RunTool({FLASHCP_CLIENT_BIN, "--server", server, "--tls_ca", tls_.ca_cert,

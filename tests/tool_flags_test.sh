@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every program's command line (core/flags.h): --help exits 0 and lists every
 # flag the program's sources define (ABSL_FLAG) and no other; an unknown flag,
-# a value the flag's type refuses and a value out of range exit non-zero
-# naming the flag; the dashed spelling of one release ago still works, with a
+# a value the flag's type refuses and a value out of range exit 2 (a usage
+# error, every program alike) naming the flag; the dashed spelling of one release ago still works, with a
 # one-line warning naming the new spelling.
 #   tool_flags_test.sh BIN_DIR bench|nobench SRC_DIR   (nobench: bench/ was not built)
 set -uo pipefail
@@ -36,13 +36,13 @@ help() {
   fi
 }
 
-# bad PROGRAM FLAG_NAME ARGS...: PROGRAM ARGS exits non-zero naming --FLAG_NAME.
+# bad PROGRAM FLAG_NAME ARGS...: PROGRAM ARGS exits 2 naming --FLAG_NAME.
 bad() {
   local prog=$1 name=$2 out rc
   shift 2
   out=$(timeout 20 "$bin/$prog" "$@" 2>&1 </dev/null); rc=$?
-  if [[ $rc -eq 0 || $rc -eq 124 ]]; then
-    echo "FAIL: $prog $* exited $rc"; failed=1
+  if [[ $rc -ne 2 ]]; then
+    echo "FAIL: $prog $* exited $rc, not 2: $out"; failed=1
   elif [[ $out != *"$name"* ]]; then
     echo "FAIL: $prog $* does not name $name: $out"; failed=1
   else
@@ -69,11 +69,13 @@ warn() {
   fi
 }
 
-help flashcp-planner planner_service/main.cc
-help flashcp-worker worker/worker_main.cc
+help flashcp-planner planner_service/main.cc planner_service/metrics_endpoint/endpoint_flags.cc
+help flashcp-worker worker/worker_main.cc client/internal/tls_flags.cc \
+  planner_service/metrics_endpoint/endpoint_flags.cc
 help flashcp-plan core/cli_args.cc
-help flashcp-client client/client_main.cc client/internal/tool_flags.cc
-help flashcp-loadgen client/loadgen_main.cc client/internal/tool_flags.cc
+help flashcp-client client/client_main.cc client/internal/tool_flags.cc client/internal/tls_flags.cc
+help flashcp-loadgen client/loadgen_main.cc client/internal/tool_flags.cc \
+  client/internal/tls_flags.cc
 help flashcp-cpstep worker/cpstep_main.cc
 if [[ -x $bin/flashcp-gpu-bench ]]; then
   help flashcp-gpu-bench worker/cuda/gpu_bench_main.cc
@@ -87,8 +89,13 @@ done
 bad flashcp-planner "--threads" --threads=abc
 bad flashcp-planner "--threads" --threads=1.5
 bad flashcp-planner "stray" stray
+bad flashcp-planner "--handshake_timeout" --handshake_timeout=0
+bad flashcp-planner "--serve" --serve=store
 bad flashcp-worker "--world_size" --world_size=two
 bad flashcp-worker "--world_size" --world-size=two
+bad flashcp-worker "--heads" --heads=0
+bad flashcp-worker "--dataset" --dataset=c4
+bad flashcp-loadgen "--dataset" --server 127.0.0.1:1 --dataset=c4
 bad flashcp-plan "--cp" --cp=abc
 bad flashcp-plan "--cp" --cp -3 8 8
 bad flashcp-plan "--min_shard_tokens" --min_shard_tokens=-1 8 8

@@ -7,7 +7,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -18,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "core/file.h"
 #include "core/random.h"
 #include "core/status_macros.h"
 #include "gloo/rendezvous/file_store.h"
@@ -86,8 +86,13 @@ std::string PlanText(const core::Plan& plan) {
   return out.str();
 }
 
+// What the files the parent and its rank processes exchange are, in their
+// errors (core/file.h).
+constexpr char kRankFile[] = "rank file";
+
 absl::StatusOr<core::Plan> ReadPlan(const std::string& path) {
-  std::ifstream in(path);
+  FLASHCP_ASSIGN_OR_RETURN(const std::string text, core::ReadFile(kRankFile, path));
+  std::istringstream in(text);
   core::Plan plan;
   size_t docs = 0, shards = 0;
   if (!(in >> plan.cp_size >> plan.padding >> docs >> shards) || docs > size_t{core::kMaxDocs} ||
@@ -102,25 +107,15 @@ absl::StatusOr<core::Plan> ReadPlan(const std::string& path) {
   return plan;
 }
 
-absl::Status WriteFile(const std::string& path, const std::string& data) {
+// `data` as the file at `path`, whole or not at all: written beside it, then
+// renamed over it, so the parent never reads a half-written result.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& data) {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out.write(data.data(), static_cast<std::streamsize>(data.size()));
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  FLASHCP_RETURN_IF_ERROR(core::WriteFile(kRankFile, tmp, data));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return core::FileError(kRankFile, "rename", tmp, errno);
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 template <typename T>
@@ -294,13 +289,13 @@ absl::Status RankProcessMain(int32_t rank, const StepConfig& config, uint64_t se
       };
     }
     FLASHCP_ASSIGN_OR_RETURN(RankResult res, RunRank(plan, rank, config, inputs, *comm, fault));
-    return WriteFile(RankPath(dir, rank, "bin"), SerializeResult(res));
+    return WriteFileAtomically(RankPath(dir, rank, "bin"), SerializeResult(res));
   };
   absl::Status s = run();
   if (!s.ok()) {
     // First line: the numeric code; then the message, for the parent.
-    (void)WriteFile(RankPath(dir, rank, "err"),
-                    absl::StrCat(static_cast<int>(s.code()), "\n", s.message()));
+    (void)WriteFileAtomically(RankPath(dir, rank, "err"),
+                              absl::StrCat(static_cast<int>(s.code()), "\n", s.message()));
   }
   return s;
 }
@@ -323,7 +318,7 @@ absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
   const char* tmp = getenv("TMPDIR");
   std::string tmpl = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/flashcp-cpstep-XXXXXX");
   if (mkdtemp(tmpl.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat("mkdtemp ", tmpl, ": ", strerror(errno)));
+    return absl::ErrnoToStatus(errno, absl::StrCat("mkdtemp ", tmpl));
   }
   const std::string dir = tmpl;
   struct Cleanup {
@@ -335,8 +330,8 @@ absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
   } cleanup{dir};
   std::error_code ec;
   std::filesystem::create_directory(dir + "/store", ec);
-  if (ec) return absl::InternalError(absl::StrCat("mkdir ", dir, "/store: ", ec.message()));
-  FLASHCP_RETURN_IF_ERROR(WriteFile(dir + "/plan.txt", PlanText(plan)));
+  if (ec) return absl::ErrnoToStatus(ec.value(), absl::StrCat("mkdir ", dir, "/store"));
+  FLASHCP_RETURN_IF_ERROR(WriteFileAtomically(dir + "/plan.txt", PlanText(plan)));
 
   std::vector<pid_t> pids(n, -1);
   for (int32_t r = 0; r < n; ++r) {
@@ -397,7 +392,7 @@ absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
   for (int32_t r = 0; r < n; ++r) {
     const int st = wstatus[r];
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-      absl::StatusOr<std::string> data = ReadFile(RankPath(dir, r, "bin"));
+      absl::StatusOr<std::string> data = core::ReadFile(kRankFile, RankPath(dir, r, "bin"));
       absl::StatusOr<RankResult> res =
           data.ok() ? ParseResult(*data, RankPath(dir, r, "bin")) : data.status();
       if (res.ok()) {
@@ -407,7 +402,7 @@ absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
       }
       continue;
     }
-    absl::StatusOr<std::string> err = ReadFile(RankPath(dir, r, "err"));
+    absl::StatusOr<std::string> err = core::ReadFile(kRankFile, RankPath(dir, r, "err"));
     if (err.ok()) {
       statuses[r] = ParseRankError(*err);
     } else if (WIFSIGNALED(st)) {

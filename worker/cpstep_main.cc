@@ -79,9 +79,7 @@ int Run(int argc, char** argv) {
     return *rc;
   }
   auto usage_error = [](const absl::Status& s) {
-    std::cerr << "flashcp-cpstep: " << s.message()
-              << "\nRun 'flashcp-cpstep --help' for the flags.\n";
-    return 2;
+    return core::UsageError("flashcp-cpstep", s, std::cerr);
   };
   for (const char* flag : {"cp", "strategy", "scheme", "heads", "head_dim"}) {
     if (absl::Status s = Required(line, flag); !s.ok()) return usage_error(s);
@@ -97,7 +95,7 @@ int Run(int argc, char** argv) {
        {core::IntFlagIn("cp", cp, 1, core::kMaxCpSize).status(),
         core::IntFlagIn("timeout_ms", timeout_ms, 1, INT64_MAX).status(),
         core::IntFlagIn("threads_per_rank", threads_per_rank, 0, 4096).status(),
-        core::ValidateModelShape(model)}) {
+        core::ModelShapeFromFlags(heads, head_dim, model.dtype_bytes).status()}) {
     if (!s.ok()) return usage_error(s);
   }
   absl::StatusOr<core::Strategy> strategy = core::ParseStrategy(absl::GetFlag(FLAGS_strategy));

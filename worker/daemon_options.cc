@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cost_model.h"
+#include "core/flags.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
 #include "proto/convert.h"
@@ -30,10 +31,9 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   if (!core::ParseStrategy(o.strategy).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--strategy: unknown \"", o.strategy, "\""));
   }
-  if (o.heads < 1 || o.heads > 1024 || o.head_dim < 1 || o.head_dim > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("--heads, --head_dim: must be in [1, 1024], got ",
-                                                   o.heads, ", ", o.head_dim));
-  }
+  // The element size is the backend's (RankBackend::dtype_bytes), not a flag.
+  FLASHCP_RETURN_IF_ERROR(
+      core::ModelShapeFromFlags(o.heads, o.head_dim, core::ModelShape{}.dtype_bytes).status());
   // Written so that NaN fails too; the planner takes the same values.
   if (o.target_imbalance != 0 &&
       !(o.target_imbalance >= 1 && std::isfinite(o.target_imbalance))) {

@@ -487,6 +487,10 @@ TEST(ValidateDaemonOptionsTest, Table) {
        absl::StatusCode::kInvalidArgument, "--target_imbalance"},
       {[](DaemonOptions& o) { o.target_imbalance = 1; }, absl::StatusCode::kOk, ""},
       {[](DaemonOptions& o) { o.target_imbalance = 1.05; }, absl::StatusCode::kOk, ""},
+      {[](DaemonOptions& o) { o.heads = 0; }, absl::StatusCode::kInvalidArgument,
+       "--heads: must be in [1, 1024], got 0"},
+      {[](DaemonOptions& o) { o.head_dim = 1025; }, absl::StatusCode::kInvalidArgument,
+       "--head_dim: must be in [1, 1024], got 1025"},
   };
   for (const Case& c : cases) {
     DaemonOptions o;

@@ -216,8 +216,10 @@ TEST(RunProcessesTest, LeavesOtherChildrenToTheirOwner) {
   // Rank processes that exit 0 without writing a result.
   EXPECT_THAT(RunProcesses(ZigzagPlan(2), config, {"/bin/true"}),
               StatusIs(absl::StatusCode::kNotFound,
-                       AllOf(HasSubstr("rank 0: NOT_FOUND: cannot read"),
-                             HasSubstr("rank 1: NOT_FOUND: cannot read"))));
+                       AllOf(HasSubstr("rank 0: NOT_FOUND: rank file: cannot open \""),
+                             HasSubstr("/rank-0.bin\": No such file or directory"),
+                             HasSubstr("rank 1: NOT_FOUND: rank file: cannot open \""),
+                             HasSubstr("/rank-1.bin\": No such file or directory"))));
   int st = 0;
   ASSERT_EQ(waitpid(other, &st, 0), other);
   ASSERT_TRUE(WIFEXITED(st));

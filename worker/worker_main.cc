@@ -2,10 +2,10 @@
 //   WORKER rank=R control=HOST:PORT metrics=HOST:PORT
 // to stdout once its endpoints are bound, forms the group through the
 // planner's Rendezvous service, runs --steps steps (the driver, rank 0, also
-// prints a `RUN {...}` summary line per run) and exits 0; a failure (a bad
-// flag value and an unwritable stdout included) exits 1 with the reason on
-// stderr; a positional argument exits 2. SIGTERM or SIGINT: the group
-// finishes the step in flight and every rank exits 0.
+// prints a `RUN {...}` summary line per run) and exits 0; a failure (an
+// unwritable stdout included) exits 1 with the reason on stderr; a usage
+// error (a bad flag or flag value, a positional argument) exits 2. SIGTERM or
+// SIGINT: the group finishes the step in flight and every rank exits 0.
 //
 // --tls_ca (with --tls_cert/--tls_key for mTLS, --tls_server_name) makes the
 // planner channel TLS, as flashcp-client's flags of the same names do; the
@@ -27,7 +27,6 @@
 #include <memory>
 #include <optional>
 #include <random>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,70 +35,73 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/grpc_planner_client.h"
-#include "client/internal/tool_args.h"  // TlsOptionsFromGiven
+#include "client/internal/tls_flags.h"
 #include "core/flags.h"
 #include "core/log.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
+#include "planner_service/metrics_endpoint/endpoint_flags.h"
 #include "prometheus/registry.h"
 #include "worker/run_worker.h"
 #ifdef FLASHCP_WORKER_CUDA
 #include "worker/cuda/cuda_rank_backend.h"
 #endif
 
-ABSL_FLAG(int32_t, rank, 0, "this process's rank in the group, 0 is the driver");
-ABSL_FLAG(int32_t, world_size, 1, "ranks in the CP group (N)");
-ABSL_FLAG(std::string, group, "g0", "CP group name, [A-Za-z0-9._-]{1,64}");
-ABSL_FLAG(std::string, planner, "127.0.0.1:50051", "planner gRPC address HOST:PORT");
-ABSL_FLAG(std::string, rendezvous, "",
+ABSL_FLAG(int32_t, rank, flashcp::worker::DaemonOptions{}.rank,
+          "this process's rank in the group, 0 is the driver");
+ABSL_FLAG(int32_t, world_size, flashcp::worker::DaemonOptions{}.world_size,
+          "ranks in the CP group (N)");
+ABSL_FLAG(std::string, group, flashcp::worker::DaemonOptions{}.group,
+          "CP group name, [A-Za-z0-9._-]{1,64}");
+ABSL_FLAG(std::string, planner, flashcp::worker::WorkerOptions{}.planner,
+          "planner gRPC address HOST:PORT");
+ABSL_FLAG(std::string, rendezvous, flashcp::worker::WorkerOptions{}.rendezvous,
           "address HOST:PORT of the flashcp.v1.Rendezvous that forms the group (a "
           "flashcp-planner --serve=rendezvous); empty: the --planner");
-ABSL_FLAG(std::string, metrics, "127.0.0.1:0", "Prometheus /metrics HOST:PORT; port 0 picks one");
-ABSL_FLAG(int32_t, metrics_threads, 4, "connections the /metrics server serves at once");
-ABSL_FLAG(absl::Duration, metrics_request_timeout, absl::Seconds(2),
-          "a /metrics connection that has not sent its request in this is closed");
-ABSL_FLAG(std::string, control, "127.0.0.1:0",
+ABSL_FLAG(std::string, metrics, flashcp::worker::WorkerOptions{}.metrics,
+          "Prometheus /metrics HOST:PORT; port 0 picks one");
+ABSL_FLAG(std::string, control, flashcp::worker::WorkerOptions{}.control,
           "flashcp.v1.WorkerControl HOST:PORT; port 0 picks one");
-ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda:K (a build with CUDA; K the device index)");
-ABSL_FLAG(std::string, dataset, "pile", "document-length distribution: wlbllm, pile, redpajama");
-ABSL_FLAG(int64_t, context, 16384, "tokens per batch (C)");
-ABSL_FLAG(std::string, strategy,
-          std::string(flashcp::core::StrategyName(flashcp::core::kDefaultStrategy)),
-          "planner strategy");
-ABSL_FLAG(std::string, scheme, "allgather", "KV exchange: full_kv, allgather, targeted");
-ABSL_FLAG(double, target_imbalance, 0, "target imbalance for flashcp; 0: the planner's default");
-ABSL_FLAG(int32_t, heads, 4, "attention heads (H)");
-ABSL_FLAG(int32_t, head_dim, 64, "head dimension (D)");
-ABSL_FLAG(int64_t, steps, 100, "steps of the first run; 0: wait for WorkerControl.StartRun");
-ABSL_FLAG(int32_t, prefetch, 4, "plans requested ahead of the step (driver)");
-ABSL_FLAG(int32_t, timeout_s, 30, "bound on group formation and on every collective, seconds");
-ABSL_FLAG(int32_t, threads, 1, "attention kernel threads of this rank");
-ABSL_FLAG(uint64_t, seed, 1, "seed of the batches and of Q, K, V");
-ABSL_FLAG(bool, linger, false, "after a run, keep serving (metrics, control) until SIGTERM");
-ABSL_FLAG(int32_t, local_rank, -1,
+ABSL_FLAG(std::string, device, flashcp::worker::DaemonOptions{}.device,
+          "cpu, or cuda:K (a build with CUDA; K the device index)");
+ABSL_FLAG(std::string, dataset,
+          std::string(flashcp::core::DatasetName(flashcp::worker::DaemonOptions{}.dataset)),
+          "document-length distribution: wlbllm, pile, redpajama");
+ABSL_FLAG(int64_t, context, flashcp::worker::DaemonOptions{}.context, "tokens per batch (C)");
+ABSL_FLAG(std::string, strategy, flashcp::worker::DaemonOptions{}.strategy, "planner strategy");
+ABSL_FLAG(std::string, scheme,
+          std::string(flashcp::core::CommSchemeName(flashcp::worker::DaemonOptions{}.scheme)),
+          "KV exchange: full_kv, allgather, targeted");
+ABSL_FLAG(double, target_imbalance, flashcp::worker::DaemonOptions{}.target_imbalance,
+          "target imbalance for flashcp; 0: the planner's default");
+ABSL_FLAG(int32_t, heads, flashcp::worker::DaemonOptions{}.heads, "attention heads (H)");
+ABSL_FLAG(int32_t, head_dim, flashcp::worker::DaemonOptions{}.head_dim, "head dimension (D)");
+ABSL_FLAG(int64_t, steps, flashcp::worker::DaemonOptions{}.steps,
+          "steps of the first run; 0: wait for WorkerControl.StartRun");
+ABSL_FLAG(int32_t, prefetch, flashcp::worker::DaemonOptions{}.prefetch,
+          "plans requested ahead of the step (driver)");
+ABSL_FLAG(int32_t, timeout_s,
+          static_cast<int32_t>(absl::ToInt64Seconds(flashcp::worker::DaemonOptions{}.timeout)),
+          "bound on group formation and on every collective, seconds");
+ABSL_FLAG(int32_t, threads, flashcp::worker::DaemonOptions{}.threads,
+          "attention kernel threads of this rank");
+ABSL_FLAG(uint64_t, seed, flashcp::worker::DaemonOptions{}.seed,
+          "seed of the batches and of Q, K, V");
+ABSL_FLAG(bool, linger, flashcp::worker::DaemonOptions{}.linger,
+          "after a run, keep serving (metrics, control) until SIGTERM");
+ABSL_FLAG(int32_t, local_rank, flashcp::worker::WorkerOptions{}.local_rank,
           "this rank's index on its host, exported as the local_rank label of every metric "
           "(the launcher sets it); -1: no label");
-ABSL_FLAG(std::string, gloo_host, "127.0.0.1",
+ABSL_FLAG(std::string, gloo_host, flashcp::worker::DaemonOptions{}.gloo_hostname,
           "address this rank's Gloo TCP transport listens on (the pod IP across nodes)");
-// The planner connection's TLS, spelled and checked as flashcp-client's
-// (client::internal::TlsOptionsFromGiven; README, "TLS"): TLS iff --tls_ca.
-// A flag given with an empty value is refused, as flashcp-client refuses it,
-// rather than taken for an absent flag (CommandLine::given tells them apart).
-ABSL_FLAG(std::string, tls_ca, "",
-          "TLS to the planner: PEM CA bundle its certificate must chain to; plaintext without it");
-ABSL_FLAG(std::string, tls_cert, "",
-          "mTLS: PEM client certificate (for a planner run with --tls_client_ca); needs "
-          "--tls_ca and --tls_key");
-ABSL_FLAG(std::string, tls_key, "", "mTLS: PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_server_name, "",
-          "TLS: the name the planner's certificate must carry, when it is not the host of "
-          "--planner");
-ABSL_FLAG(int64_t, progress_every, 0, "driver: log progress every N steps to stderr; 0: never");
-ABSL_FLAG(std::string, cost_profile, "",
+ABSL_FLAG(int64_t, progress_every, flashcp::worker::DaemonOptions{}.progress_every,
+          "driver: log progress every N steps to stderr; 0: never");
+ABSL_FLAG(std::string, cost_profile, flashcp::worker::DaemonOptions{}.cost_profile,
           "the cost profile plans balance (pairs, h200-cudnn, cpu-fp32; empty: pairs); any "
           "but pairs: the driver reports measured step times so the planner calibrates it");
-ABSL_FLAG(int32_t, report_every, 8, "driver: steps per ReportStepTimes call (1..64)");
-ABSL_FLAG(int32_t, rank_speed_window, 16,
+ABSL_FLAG(int32_t, report_every, flashcp::worker::DaemonOptions{}.report_every,
+          "driver: steps per ReportStepTimes call (1..64)");
+ABSL_FLAG(int32_t, rank_speed_window, flashcp::worker::DaemonOptions{}.rank_speed_window,
           "driver, with a calibrated cost profile: fit per-rank speeds over this many steps "
           "and plan with them (0: off; docs/workers.md, \"Calibration\")");
 
@@ -108,33 +110,14 @@ namespace fw = flashcp::worker;
 
 namespace {
 
-// The planner channel's options from the --tls_* flags given in `line`, read
-// by the client library as flashcp-client reads its own (TlsOptionsFromGiven,
-// then WithTls): plaintext without them; InvalidArgument naming the flag for
-// a bad combination or an empty value, NotFound naming the flag and the path
-// for a file that cannot be opened.
-absl::StatusOr<fc::ChannelOptions> PlannerChannelOptions(const flashcp::core::CommandLine& line) {
-  const std::pair<const char*, const absl::Flag<std::string>*> flags[] = {
-      {"tls_ca", &FLAGS_tls_ca},
-      {"tls_cert", &FLAGS_tls_cert},
-      {"tls_key", &FLAGS_tls_key},
-      {"tls_server_name", &FLAGS_tls_server_name}};
-  std::map<std::string, std::string> given;
-  for (const auto& [name, flag] : flags) {
-    if (line.given.count(name) > 0) given[name] = absl::GetFlag(*flag);
-  }
-  FLASHCP_ASSIGN_OR_RETURN(const std::optional<fc::TlsOptions> tls,
-                           fc::internal::TlsOptionsFromGiven(given));
-  if (!tls.has_value()) return fc::ChannelOptions();
-  return fc::WithTls(fc::ChannelOptions(), *tls);
-}
-
-// The flags as WorkerOptions: InvalidArgument naming the flag for a bad value.
-absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandLine& line) {
-  const auto dataset = flashcp::core::ParseDataset(absl::GetFlag(FLAGS_dataset));
-  if (!dataset.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--dataset: ", dataset.status().message()));
-  }
+// The flags as WorkerOptions, `tls` the --tls_* flags (the planner channel's,
+// client/internal/tls_flags.h: spelled and checked as flashcp-client's), not
+// yet in WorkerOptions::channel: InvalidArgument naming the flag for a bad
+// value.
+absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandLine& line,
+                                                   std::optional<fc::TlsOptions>& tls) {
+  FLASHCP_ASSIGN_OR_RETURN(const flashcp::core::Dataset dataset,
+                           flashcp::core::DatasetFromFlag(absl::GetFlag(FLAGS_dataset)));
   const auto scheme = flashcp::core::ParseCommScheme(absl::GetFlag(FLAGS_scheme));
   if (!scheme.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--scheme: ", scheme.status().message()));
@@ -145,7 +128,7 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
                  .world_size = absl::GetFlag(FLAGS_world_size),
                  .group = absl::GetFlag(FLAGS_group),
                  .device = absl::GetFlag(FLAGS_device),
-                 .dataset = *dataset,
+                 .dataset = dataset,
                  .context = absl::GetFlag(FLAGS_context),
                  .strategy = absl::GetFlag(FLAGS_strategy),
                  .scheme = *scheme,
@@ -170,8 +153,7 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
       .rendezvous = absl::GetFlag(FLAGS_rendezvous),
       .channel = {},
       .metrics = absl::GetFlag(FLAGS_metrics),
-      .metrics_http = {absl::GetFlag(FLAGS_metrics_threads),
-                       absl::GetFlag(FLAGS_metrics_request_timeout)},
+      .metrics_http = flashcp::planner_service::metrics_endpoint::EndpointOptionsFromFlags(),
       .control = absl::GetFlag(FLAGS_control),
       .local_rank = absl::GetFlag(FLAGS_local_rank),
       .version = FLASHCP_VERSION,
@@ -180,7 +162,7 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
   w.cuda = flashcp::worker::cuda::MakeCudaRankBackend;
 #endif
   FLASHCP_RETURN_IF_ERROR(fw::ValidateWorkerOptions(w));
-  FLASHCP_ASSIGN_OR_RETURN(w.channel, PlannerChannelOptions(line));
+  FLASHCP_ASSIGN_OR_RETURN(tls, fc::internal::TlsFromFlags(line));
   return w;
 }
 
@@ -194,10 +176,18 @@ int main(int argc, char** argv) {
           std::cout, std::cerr)) {
     return *rc;  // 0 after --help; 2 for a bad flag or a stray word
   }
-  absl::StatusOr<fw::WorkerOptions> options = OptionsFromFlags(line);
-  absl::Status status =
-      options.ok() ? fw::RunWorker(*options, std::make_shared<prometheus::Registry>())
-                   : options.status();
+  std::optional<fc::TlsOptions> tls;
+  absl::StatusOr<fw::WorkerOptions> options = OptionsFromFlags(line, tls);
+  if (!options.ok()) {
+    return flashcp::core::UsageError("flashcp-worker", options.status(), std::cerr);
+  }
+  absl::Status status = absl::OkStatus();
+  if (tls.has_value()) {
+    absl::StatusOr<fc::ChannelOptions> channel = fc::WithTls(fc::ChannelOptions(), *tls);
+    if (channel.ok()) options->channel = *std::move(channel);
+    status = channel.status();
+  }
+  if (status.ok()) status = fw::RunWorker(*options, std::make_shared<prometheus::Registry>());
   // The WORKER and RUN lines are the run's report; a full disk or a closed
   // pipe must not pass for success.
   if (status.ok() && (std::fflush(stdout) != 0 || std::ferror(stdout))) {

@@ -1,26 +1,16 @@
 #include "client/internal/tool_flags.h"
 
-#include <map>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "client/internal/tool_args.h"
+#include "client/internal/tls_flags.h"
 #include "core/status_macros.h"
 #include "core/types.h"
 
 ABSL_FLAG(std::string, server, "", "the planner, HOST:PORT (required)");
 ABSL_FLAG(double, connect_timeout, 10,
           "seconds to wait (retrying) for the planner to answer first, in [0, 1e7]");
-ABSL_FLAG(std::string, tls_ca, "",
-          "TLS: PEM CA bundle the server's certificate must chain to; plaintext without it");
-ABSL_FLAG(std::string, tls_cert, "",
-          "mTLS: PEM client certificate (for a planner run with --tls_client_ca); needs "
-          "--tls_ca and --tls_key");
-ABSL_FLAG(std::string, tls_key, "", "mTLS: PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_server_name, "",
-          "TLS: the name the server's certificate must carry, when it is not the host of "
-          "--server");
 ABSL_FLAG(int64_t, cp, 8, "ranks in the CP group");
 ABSL_FLAG(std::string, strategy, "", "a strategy the server lists; empty: the server's default");
 ABSL_FLAG(int64_t, context, 131072, "tokens per sampled batch");
@@ -36,18 +26,7 @@ absl::StatusOr<ToolFlags> ToolFlagsFromCommandLine(const core::CommandLine& line
       const double connect,
       core::DoubleFlagIn("connect_timeout", absl::GetFlag(FLAGS_connect_timeout), 0, 1e7));
   f.connect_timeout = absl::Seconds(connect);
-  std::map<std::string, std::string> tls;
-  const std::pair<const char*, const absl::Flag<std::string>*> tls_flags[] = {
-      {"tls_ca", &FLAGS_tls_ca},
-      {"tls_cert", &FLAGS_tls_cert},
-      {"tls_key", &FLAGS_tls_key},
-      {"tls_server_name", &FLAGS_tls_server_name}};
-  for (const auto& [name, flag] : tls_flags) {
-    if (line.given.count(name) > 0) tls[name] = absl::GetFlag(*flag);
-  }
-  absl::StatusOr<std::optional<TlsOptions>> t = TlsOptionsFromGiven(tls);
-  if (!t.ok()) return t.status();
-  f.tls = *t;
+  FLASHCP_ASSIGN_OR_RETURN(f.tls, TlsFromFlags(line));
   FLASHCP_ASSIGN_OR_RETURN(const int64_t cp,
                            core::IntFlagIn("cp", absl::GetFlag(FLAGS_cp), 1, core::kMaxCpSize));
   f.cp_size = static_cast<int32_t>(cp);

@@ -1,5 +1,6 @@
 // The flags flashcp-client and flashcp-loadgen share (absl flags, read by
-// core/flags.h): the planner to reach and how, and the batches' common knobs.
+// core/flags.h): the planner to reach and how (with client/internal/tls_flags.h),
+// and the batches' common knobs.
 // Its own target (flashcp_client_tool_flags): no other program gets them.
 #ifndef FLASHCP_CLIENT_INTERNAL_TOOL_FLAGS_H_
 #define FLASHCP_CLIENT_INTERNAL_TOOL_FLAGS_H_
@@ -16,10 +17,6 @@
 
 ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(double, connect_timeout);
-ABSL_DECLARE_FLAG(std::string, tls_ca);
-ABSL_DECLARE_FLAG(std::string, tls_cert);
-ABSL_DECLARE_FLAG(std::string, tls_key);
-ABSL_DECLARE_FLAG(std::string, tls_server_name);
 ABSL_DECLARE_FLAG(int64_t, cp);
 ABSL_DECLARE_FLAG(std::string, strategy);
 ABSL_DECLARE_FLAG(int64_t, context);

@@ -18,7 +18,7 @@ FlashCpOptions FlashCpOptions::For(const Batch& batch, const PlanOptions& option
   o.max_work = o.target * o.mean_work;
   o.median_density =
       (static_cast<double>(batch.doc_lens[o.order[o.order.size() / 2]]) + 1.0) / 2.0;
-  o.sliver_cost = 8 * o.min_shard;
+  o.sliver_cost = kSliverCostFactor * o.min_shard;
   return o;
 }
 

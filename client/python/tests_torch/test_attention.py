@@ -21,7 +21,7 @@ def _ilp_json(plan_bin, lens, n):
     # flashcp-plan's JSON (CpContext's third input form), with a short MILP
     # time limit and coarse blocks: the service's default limit is 10 s.
     return subprocess.run([plan_bin, "--cp", str(n), "--strategy", "ilp", "--ilp_time_limit",
-                           "1", "--ilp_granularity", "8", *map(str, lens)], check=True,
+                           "1s", "--ilp_granularity", "8", *map(str, lens)], check=True,
                           capture_output=True, text=True, timeout=120).stdout
 
 
