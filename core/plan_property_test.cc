@@ -316,7 +316,11 @@ TEST(PlanPropertyTest, RandomBatches) {
   // longer ones). Density fills beyond 8 ranks (flashcp_kvfill.cc, no cut
   // shard under the minimum), with two capacity-group candidates beyond 16
   // ranks instead of four: not shown needed 419 -> 393 (4,147 -> 4,098
-  // slivers of short documents, 32,255 -> 29,800 of longer ones).
+  // slivers of short documents, 32,255 -> 29,800 of longer ones). Beyond
+  // 32 ranks no chunk-heap candidates and one capacity-group candidate (the
+  // plan-time budget): one plan a chunk-heap candidate had brought to R
+  // misses it again (missing R 2,818 -> 2,819; 4,098 -> 4,100 slivers of
+  // short documents, 29,800 -> 29,463 of longer ones).
   EXPECT_EQ(g_min_shard.excused_plans, 69);
   // The workload bound shows 369 plans (365 before chunk-heap candidates)
   // that met R with slivers not shown needed by C/N < m to need them. Before role swaps it showed 358 of the
@@ -324,9 +328,9 @@ TEST(PlanPropertyTest, RandomBatches) {
   // / 59,741) the fallback's re-cut (RecutPieces) freed 187 of slivers.
   EXPECT_EQ(g_min_shard.bound_plans, 369);
   EXPECT_EQ(g_min_shard.unneeded_plans, 393);
-  EXPECT_EQ(g_min_shard.unneeded_short_docs, 4098);
-  EXPECT_EQ(g_min_shard.unneeded_long_docs, 29800);
-  EXPECT_EQ(g_min_shard.missing_r, 2818);
+  EXPECT_EQ(g_min_shard.unneeded_short_docs, 4100);
+  EXPECT_EQ(g_min_shard.unneeded_long_docs, 29463);
+  EXPECT_EQ(g_min_shard.missing_r, 2819);
 }
 
 TEST(PlanPropertyTest, EdgeShapes) {

@@ -128,6 +128,10 @@ absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const FlashCpOptions& opt
   // At N <= 8 the compacted search's plan and its grouped rivals already
   // move little, and the plan-time budget there is 1 ms.
   if (n <= 8) return chosen;
+  // Beyond kChunkHeapMaxRanks the plan-time budget goes to the density fills
+  // and capacity groups after this stage, which find plans moving as little
+  // on all but a few batches.
+  if (n > kChunkHeapMaxRanks) return chosen;
   const double target = options.target;
   const int64_t m = options.min_shard;
   const double max_work = options.max_work;

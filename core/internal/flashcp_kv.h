@@ -38,8 +38,11 @@ namespace flashcp::core::internal {
 std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, double slack,
                                 bool tail_affinity = false);
 
-// `chosen` (a valid flashcp plan), or, beyond 8 ranks, the chunk-heap
-// candidate with the lowest targeted phase bottleneck where that is below
+// The most ranks PreferLeastKv tries chunk-heap candidates for.
+inline constexpr int32_t kChunkHeapMaxRanks = 32;
+
+// `chosen` (a valid flashcp plan), or, beyond 8 ranks and up to
+// kChunkHeapMaxRanks, the chunk-heap candidate with the lowest targeted phase bottleneck where that is below
 // chosen's. Candidates: 8 and 16 chunks per rank x slacks of 0, 1, 3 and 10%
 // of the mean rank workload, with and without tail affinity (14 distinct;
 // beyond 16 ranks six of them, the plan-time budget); a raw one more

@@ -434,6 +434,7 @@ absl::StatusOr<Plan> JudgeRawCandidates(const Batch& batch, const FlashCpOptions
 absl::StatusOr<Plan> PreferKvGroups(const Batch& batch, const FlashCpOptions& options,
                                     Plan chosen) {
   const size_t count = batch.cp_size <= 8    ? kKvGroupsSmall
+                       : batch.cp_size > 32 ? kKvGroupsHuge
                        : batch.cp_size > 16 ? kKvGroupsLarge
                                             : std::size(kKvGroupParams);
   return PreferKvGroupsOf(batch, options, std::move(chosen),

@@ -86,8 +86,9 @@ absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOption
                                          double moved_reach = kKvGroupsMovedReach);
 
 // The candidates, in the order tried: at N <= 8 the first kKvGroupsSmall
-// (the plan-time budget there is 1 ms), beyond 16 ranks the first
-// kKvGroupsLarge (20 ms at N = 64), else all; of those within reach,
+// (the plan-time budget there is 1 ms), from 17 to 32 ranks the first
+// kKvGroupsLarge and beyond 32 the first kKvGroupsHuge (20 ms at N = 64),
+// else all; of those within reach,
 // the one (N <= 8) or two that move least raw are repaired and judged.
 // Deal-level-equalize passes stop at the first within R.
 inline constexpr KvGroupParams kKvGroupParams[] = {
@@ -95,6 +96,7 @@ inline constexpr KvGroupParams kKvGroupParams[] = {
     {1.0, 1.6, 0.0}};
 inline constexpr size_t kKvGroupsSmall = 1;
 inline constexpr size_t kKvGroupsLarge = 2;
+inline constexpr size_t kKvGroupsHuge = 1;
 // Deal-level-equalize passes per candidate (KvGroupPieces).
 inline constexpr int kKvGroupPasses = 3;
 
