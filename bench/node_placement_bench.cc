@@ -10,8 +10,6 @@
 // for MakePlan itself (timed once per batch while the pool is built).
 //
 //   build/bin/node_placement_bench [--benchmark_filter=pile/C:1048576]
-#include <time.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -22,7 +20,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/thread_cpu.h"
 #include "benchmark/benchmark.h"
+#include "core/cli.h"
 #include "core/datasets.h"
 #include "core/internal/flashcp_nodes.h"
 #include "core/random.h"
@@ -42,19 +42,7 @@ struct Config {
 };
 constexpr Config kConfigs[] = {{131072, 16}, {int64_t{1} << 20, 64}};
 
-double ThreadCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  const size_t rank = std::clamp<size_t>(
-      static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))), 1, v.size());
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(rank - 1), v.end());
-  return v[rank - 1];
-}
 
 struct Pool {
   std::vector<Plan> shuffled;       // flashcp's plans, ranks shuffled
@@ -73,10 +61,10 @@ Pool MakePool(Dataset dataset, const Config& config) {
   SplitMix64Rng rng(kSeed);
   Pool pool;
   for (std::vector<int64_t>& d : *docs) {
-    const double c0 = ThreadCpuSeconds();
+    const double c0 = bench::ThreadCpuSeconds();
     absl::StatusOr<Plan> plan = MakePlan(Strategy::kFlashCp, Batch{std::move(d), config.cp_size},
                                          options);
-    pool.plan_cpu_us.push_back((ThreadCpuSeconds() - c0) * 1e6);
+    pool.plan_cpu_us.push_back((bench::ThreadCpuSeconds() - c0) * 1e6);
     if (!plan.ok()) {
       std::fprintf(stderr, "node_placement_bench: %s\n",
                    std::string(plan.status().message()).c_str());
@@ -100,9 +88,9 @@ void BM_Place(benchmark::State& state, const Pool* pool) {
   std::vector<double> cpu_us;
   for (auto _ : state) {
     for (const Plan& plan : pool->shuffled) {
-      const double c0 = ThreadCpuSeconds();
+      const double c0 = bench::ThreadCpuSeconds();
       const Plan placed = internal::PlaceRanksOnNodes(plan, kRanksPerNode, {});
-      cpu_us.push_back((ThreadCpuSeconds() - c0) * 1e6);
+      cpu_us.push_back((bench::ThreadCpuSeconds() - c0) * 1e6);
       benchmark::DoNotOptimize(placed.shards.data());
     }
   }

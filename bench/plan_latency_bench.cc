@@ -17,8 +17,6 @@
 // (issue 2): flashcp p99 <= 1 ms at 128K, N = 8; <= 20 ms at 1M, N = 64.
 //
 //   build/bin/plan_latency_bench [--benchmark_filter=flashcp/] [--benchmark_min_time=1]
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -31,7 +29,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/thread_cpu.h"
 #include "benchmark/benchmark.h"
+#include "core/cli.h"
 #include "core/datasets.h"
 #include "core/strategies.h"
 #include "core/types.h"
@@ -63,19 +63,7 @@ std::vector<Batch> MakePool(Dataset dataset, const Config& config) {
   return pool;
 }
 
-double ThreadCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  const size_t rank = std::clamp<size_t>(
-      static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))), 1, v.size());
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(rank - 1), v.end());
-  return v[rank - 1];
-}
 
 void BM_Plan(benchmark::State& state, Strategy strategy, const std::vector<Batch>* pool) {
   const PlanOptions options;
@@ -83,11 +71,11 @@ void BM_Plan(benchmark::State& state, Strategy strategy, const std::vector<Batch
   for (auto _ : state) {
     double pass_seconds = 0;
     for (const Batch& batch : *pool) {
-      const double c0 = ThreadCpuSeconds();
+      const double c0 = bench::ThreadCpuSeconds();
       const auto t0 = std::chrono::steady_clock::now();
       absl::StatusOr<Plan> plan = MakePlan(strategy, batch, options);
       const auto t1 = std::chrono::steady_clock::now();
-      const double c1 = ThreadCpuSeconds();
+      const double c1 = bench::ThreadCpuSeconds();
       if (!plan.ok()) {
         state.SkipWithError(std::string(plan.status().message()).c_str());
         return;

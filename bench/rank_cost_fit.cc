@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <iostream>
 #include <iterator>
 #include <optional>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "bench/thread_cpu.h"
 #include "core/cost_model.h"
 #include "core/datasets.h"
 #include "core/flags.h"
@@ -44,13 +44,6 @@ namespace {
 
 using namespace flashcp;  // NOLINT: a tool's main file
 
-// CPU time of this thread: the pool has one thread, the caller, so this is
-// the kernels' compute time without the waits a shared machine adds.
-double ThreadSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 // Forward + backward thread CPU seconds of one rank's shards, once per rep: each shard
 // attends to its document's keys [0, start + len). Empty on a kernel error.
@@ -83,7 +76,7 @@ std::vector<double> TimeRank(const core::Plan& plan, int32_t rank, int heads, in
   const worker::AttentionShape shape{heads, head_dim, 1.0f / std::sqrt(float(head_dim))};
   std::vector<double> times;
   for (int r = 0; r < reps; ++r) {
-    const double t0 = ThreadSeconds();
+    const double t0 = bench::ThreadCpuSeconds();
     if (!worker::AttentionForwardCpu(shape, docs, rows, q.data(), o.data(), lse.data(), pool)
              .ok() ||
         !worker::AttentionBackwardCpu(shape, docs, rows, q.data(), o.data(), lse.data(),
@@ -91,7 +84,7 @@ std::vector<double> TimeRank(const core::Plan& plan, int32_t rank, int heads, in
              .ok()) {
       return {};
     }
-    times.push_back(ThreadSeconds() - t0);
+    times.push_back(bench::ThreadCpuSeconds() - t0);
   }
   return times;
 }
