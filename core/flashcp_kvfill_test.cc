@@ -13,6 +13,7 @@
 #include "core/internal/strategies_internal.h"
 #include "core/random.h"
 #include "core/strategies.h"
+#include "core/testing/candidates.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -21,13 +22,10 @@ namespace flashcp::core {
 namespace {
 
 using ::flashcp::core::testing::IsOk;
+using ::flashcp::core::testing::ExpectKeptOnlyWhenBetter;
+using ::flashcp::core::testing::LogUniformDocs;
+using ::flashcp::core::testing::MinShard;
 using internal::SparseOrder;
-
-PlanOptions MinShard(int64_t m) {
-  PlanOptions options;
-  options.min_shard_tokens = m;
-  return options;
-}
 
 // Docs {8, 1, 1, 1, 1}, N = 2, minimum shard 1: C/N = 6, 36 + 4 = 40
 // pairs, mean 20, 40 / 12 = 3.33 pairs per token. Doc 0 (4.5 per token) is
@@ -179,14 +177,7 @@ TEST(KvFillPropertyTest, FillsAreValidAndKeptOnlyWhenBetter) {
     const int32_t n = static_cast<int32_t>(2 + below(63));
     const int64_t context = 64 * n + below(256 * n);
     const int64_t m = trial % 3 == 0 ? 0 : 1 + below(64);
-    std::vector<int64_t> docs;
-    for (int64_t total = 0; total < context;) {
-      // Log-uniform lengths: many short documents, a few long ones.
-      const double x = std::exp(rng.Uniform() * std::log(static_cast<double>(context)));
-      const int64_t len = std::clamp<int64_t>(static_cast<int64_t>(x), 1, context - total);
-      docs.push_back(len);
-      total += len;
-    }
+    const std::vector<int64_t> docs = LogUniformDocs(rng, context);
     const Batch batch{docs, n};
     const PlanOptions plan_options = MinShard(m);
     const internal::FlashCpOptions options = internal::FlashCpOptions::For(batch, plan_options);
@@ -206,16 +197,8 @@ TEST(KvFillPropertyTest, FillsAreValidAndKeptOnlyWhenBetter) {
     if (plan->shards == chosen.shards) continue;
     ++replaced;
     EXPECT_GT(n, 8) << "trial " << trial;
-    const internal::PlanScore score = internal::ScorePlan(*plan);
-    const internal::PlanScore chosen_score = internal::ScorePlan(chosen);
-    EXPECT_LE(score.imbalance, plan_options.target_imbalance) << "trial " << trial;
-    EXPECT_LT(internal::Measure(*plan, score).cheaper(),
-              internal::Measure(chosen, chosen_score).cheaper())
-        << "trial " << trial;
-    if (m > 1) {
-      EXPECT_LE(internal::CountSlivers(*plan, m), internal::CountSlivers(chosen, m))
-          << "trial " << trial;
-    }
+    ExpectKeptOnlyWhenBetter(chosen, *plan, plan_options.target_imbalance, m,
+                             /*allgather_held=*/false, trial);
   }
   // Fills built, raw fills within R, plans replaced: the test sees each.
   EXPECT_EQ(built, 5349);
