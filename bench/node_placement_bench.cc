@@ -42,8 +42,6 @@ struct Config {
 };
 constexpr Config kConfigs[] = {{131072, 16}, {int64_t{1} << 20, 64}};
 
-
-
 struct Pool {
   std::vector<Plan> shuffled;       // flashcp's plans, ranks shuffled
   std::vector<double> plan_cpu_us;  // MakePlan's CPU time per batch
@@ -119,6 +117,7 @@ void RegisterAll() {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   flashcp::core::RegisterAll();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

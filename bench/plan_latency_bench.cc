@@ -63,8 +63,6 @@ std::vector<Batch> MakePool(Dataset dataset, const Config& config) {
   return pool;
 }
 
-
-
 void BM_Plan(benchmark::State& state, Strategy strategy, const std::vector<Batch>* pool) {
   const PlanOptions options;
   std::vector<double> us, cpu_us;
