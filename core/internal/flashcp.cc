@@ -13,8 +13,8 @@
 //  5. role swaps (flashcp_roles.h): which of a cut document's ranks holds
 //     which of its pieces, so that the heads and tails of different
 //     documents land on different ranks;
-//  6. post-passes over the final plan (PlanFlashCp): beyond 8 ranks,
-//     chunk-heap candidates (flashcp_kv.h) and density fills
+//  6. post-passes over the final plan (PlanFlashCp): from 9 to 32 ranks
+//     chunk-heap candidates (flashcp_kv.h), beyond 8 ranks density fills
 //     (flashcp_kvfill.h), then at every N >= 3 capacity-group candidates
 //     (flashcp_kvgroups.h), each where it moves less;
 //  7. node placement (flashcp_nodes.h), last: the ranks relabeled so that
@@ -116,9 +116,11 @@ absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& plan_opt
   FLASHCP_ASSIGN_OR_RETURN(plan, LeastMovedPlan(batch, options, std::move(plan)));
   // Stage 6, post-passes over the final plan: each takes and returns the
   // whole plan, keeping every rank's tokens. Add them here, in order.
-  // Beyond 8 ranks, chunk-heap candidates where they move less (flashcp_kv.h).
+  // From 9 to kChunkHeapMaxRanks ranks, chunk-heap candidates where they
+  // move less (flashcp_kv.h).
   FLASHCP_ASSIGN_OR_RETURN(plan, PreferLeastKv(batch, options, std::move(plan)));
-  FLASHCP_ASSIGN_OR_RETURN(plan, PreferKvFill(batch, options, std::move(plan)));  // kvfill.h
+  // Beyond 8 ranks, density fills where they move less (flashcp_kvfill.h).
+  FLASHCP_ASSIGN_OR_RETURN(plan, PreferKvFill(batch, options, std::move(plan)));
   // Capacity groups where they move less (flashcp_kvgroups.h).
   FLASHCP_ASSIGN_OR_RETURN(plan, PreferKvGroups(batch, options, std::move(plan)));
   // Stage 7, last: ranks placed on nodes (flashcp_nodes.h).

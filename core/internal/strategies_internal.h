@@ -38,9 +38,11 @@ Plan PlanWholeDoc(const Batch& batch);
 Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
 // flashcp (flashcp.cc): PlanFlashCpCompacted's plan, or a grouped
 // one where that moves less, its roles then swapped (flashcp_roles.h), then
-// beyond 8 ranks a chunk-heap one and at N >= 3 a capacity-group one, each
-// where it moves less (flashcp_kv.h, flashcp_kvgroups.h; flashcp.cc lists
-// the stages; docs/planner.md, "Least KV moved").
+// from 9 to 32 ranks a chunk-heap one, beyond 8 a density fill and at
+// N >= 3 a capacity-group one, each where it moves less (flashcp_kv.h,
+// flashcp_kvfill.h, flashcp_kvgroups.h), then its ranks placed on nodes
+// (flashcp_nodes.h; flashcp.cc lists the stages; docs/planner.md, "Least KV
+// moved").
 // Both flashcp planners return options.stop's status once it says stop (the
 // ILP, core/ilp/ilp.h, too).
 absl::StatusOr<Plan> PlanFlashCp(const Batch& batch, const PlanOptions& options);
