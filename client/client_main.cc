@@ -117,7 +117,7 @@ absl::StatusOr<Options> ParseOptions(const core::CommandLine& line) {
     FLASHCP_ASSIGN_OR_RETURN(o.dataset, core::DatasetFromFlag(absl::GetFlag(FLAGS_dataset)));
   }
   FLASHCP_ASSIGN_OR_RETURN(o.batches,
-                           core::IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 0, 1'000'000));
+                           core::IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 1, 1'000'000));
   FLASHCP_ASSIGN_OR_RETURN(const int64_t inflight,
                            core::IntFlagIn("inflight", absl::GetFlag(FLAGS_inflight), 1, 4096));
   o.inflight = static_cast<int>(inflight);

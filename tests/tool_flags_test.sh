@@ -79,6 +79,7 @@ help flashcp-loadgen client/loadgen_main.cc client/internal/tool_flags.cc \
 help flashcp-cpstep worker/cpstep_main.cc
 if [[ -x $bin/flashcp-gpu-bench ]]; then
   help flashcp-gpu-bench worker/cuda/gpu_bench_main.cc
+  bad flashcp-gpu-bench "--mode" --mode=bogus
 fi
 
 for prog in flashcp-planner flashcp-worker flashcp-plan flashcp-client flashcp-loadgen \
@@ -96,6 +97,7 @@ bad flashcp-worker "--world_size" --world-size=two
 bad flashcp-worker "--heads" --heads=0
 bad flashcp-worker "--dataset" --dataset=c4
 bad flashcp-loadgen "--dataset" --server 127.0.0.1:1 --dataset=c4
+bad flashcp-client "--batches" --server 127.0.0.1:1 --dataset=pile --batches=0
 bad flashcp-plan "--cp" --cp=abc
 bad flashcp-plan "--cp" --cp -3 8 8
 bad flashcp-plan "--min_shard_tokens" --min_shard_tokens=-1 8 8

@@ -480,6 +480,15 @@ int main(int argc, char** argv) {
     return *rc;
   }
   using namespace flashcp::worker::cuda;
+  // A bad --mode is a usage error (exit 2), found before the device is probed.
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "check" && mode != "kernels" && mode != "cp") {
+    return flashcp::core::UsageError(
+        "flashcp-gpu-bench",
+        absl::InvalidArgumentError(absl::StrCat("--mode: must be check, kernels or cp, got \"",
+                                                mode, "\"")),
+        std::cerr);
+  }
   std::ofstream file;
   if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
     file.open(path, std::ios::app);
@@ -493,12 +502,10 @@ int main(int argc, char** argv) {
   if (seed == 0) seed = std::random_device{}() | 1;
   std::cerr << "flashcp-gpu-bench: mode " << absl::GetFlag(FLAGS_mode) << ", seed " << seed
             << ", cuDNN " << CudnnRuntimeVersion() << "\n";
-  const std::string mode = absl::GetFlag(FLAGS_mode);
   absl::Status status;
   if (mode == "check") status = RunCheck(seed);
   else if (mode == "kernels") status = RunKernels(seed);
-  else if (mode == "cp") status = RunCp(seed);
-  else status = absl::InvalidArgumentError(absl::StrCat("unknown --mode=", mode));
+  else status = RunCp(seed);
   if (!status.ok()) {
     std::cerr << "flashcp-gpu-bench: " << status << "\n";
     return 1;
