@@ -1,7 +1,6 @@
 #include "worker/daemon.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <utility>
 #include <vector>
 
@@ -577,8 +576,7 @@ void WorkerDaemon::FinishRun(int32_t cp_size) {
       summary_.step_seconds / n, summary_.attention_seconds / n, summary_.comm_seconds / n,
       summary_.plan_wait_seconds / n, summary_.measured_imbalance / n,
       summary_.predicted_imbalance / n, summary_.bytes_sent, summary_.full_kv_bytes, cost);
-  std::fprintf(stdout, "%s\n", line.c_str());
-  std::fflush(stdout);
+  observer_.OnRunEnd(line);
   run_.reset();
 }
 

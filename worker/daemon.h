@@ -191,7 +191,8 @@ class WorkerDaemon {
   std::vector<double> rank_speed_ ABSL_GUARDED_BY(speed_mu_);
 };
 
-// The run summary line the driver prints to stdout at the end of each run:
+// The run summary line the driver reports (WorkerObserver::OnRunEnd) at the
+// end of each run:
 //   RUN {"strategy":...,"scheme":...,"steps":N,"step_seconds":mean,...}
 std::string SummaryLine(const std::string& strategy, const std::string& scheme, int64_t steps,
                         double mean_step_s, double mean_attention_s, double mean_comm_s,

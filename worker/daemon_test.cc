@@ -354,7 +354,9 @@ class RecordingObserver final : public WorkerObserver {
     events.push_back(event);
     last_status = status;
   }
+  void OnRunEnd(absl::string_view summary) override { summaries.emplace_back(summary); }
   std::vector<std::string> runs;
+  std::vector<std::string> summaries;
   std::vector<StepRecord> steps;
   std::vector<GroupEvent> events;
   absl::Status last_status;
@@ -384,6 +386,11 @@ TEST_F(RendezvousFixture, TheDaemonReportsThroughItsObserver) {
   using Event = WorkerObserver::GroupEvent;
   EXPECT_THAT(observer.events, ElementsAre(Event::kForming, Event::kFormed, Event::kEnded));
   EXPECT_THAT(observer.last_status, IsOk());
+  // The run's summary goes to the observer (flashcp-worker prints it), once.
+  ASSERT_EQ(observer.summaries.size(), 1u);
+  EXPECT_THAT(observer.summaries[0],
+              ::testing::StartsWith("RUN {\"strategy\":\"llama3\",\"scheme\":\"full_kv\","
+                                    "\"steps\":2,\"step_seconds\":1.250000,"));
 
   // A group that cannot form: forming, then failed with the reason.
   RecordingObserver failed;

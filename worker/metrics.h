@@ -49,6 +49,7 @@ class PrometheusWorkerMetrics final : public WorkerObserver {
   void OnStep(absl::string_view strategy, absl::string_view scheme,
               const StepRecord& r) override;
   void OnGroupEvent(GroupEvent, const absl::Status&) override {}
+  void OnRunEnd(absl::string_view) override {}  // a line, not a series
 
  private:
   prometheus::Family<prometheus::Histogram>& step_;

@@ -48,6 +48,10 @@ class WorkerObserver {
 
   // The group's life; `status` is OK except for kFailed.
   virtual void OnGroupEvent(GroupEvent event, const absl::Status& status) = 0;
+
+  // The driver's (rank 0's) summary of a run that ended: SummaryLine's
+  // `RUN {...}` line, without a newline (flashcp-worker prints it).
+  virtual void OnRunEnd(absl::string_view summary) = 0;
 };
 
 // Reports nothing.
@@ -56,6 +60,7 @@ class NullWorkerObserver final : public WorkerObserver {
   void OnRunStart(absl::string_view, absl::string_view) override {}
   void OnStep(absl::string_view, absl::string_view, const StepRecord&) override {}
   void OnGroupEvent(GroupEvent, const absl::Status&) override {}
+  void OnRunEnd(absl::string_view) override {}
 };
 
 }  // namespace flashcp::worker

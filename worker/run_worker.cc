@@ -29,6 +29,31 @@ namespace {
 
 std::string Host(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
+// The process's observer: the metrics, and each run's summary line on stdout
+// (the run's report, with the WORKER line).
+class PrintingObserver final : public WorkerObserver {
+ public:
+  explicit PrintingObserver(WorkerObserver& metrics) : metrics_(metrics) {}
+  void OnRunStart(absl::string_view strategy, absl::string_view scheme) override {
+    metrics_.OnRunStart(strategy, scheme);
+  }
+  void OnStep(absl::string_view strategy, absl::string_view scheme,
+              const StepRecord& record) override {
+    metrics_.OnStep(strategy, scheme, record);
+  }
+  void OnGroupEvent(GroupEvent event, const absl::Status& status) override {
+    metrics_.OnGroupEvent(event, status);
+  }
+  void OnRunEnd(absl::string_view summary) override {
+    metrics_.OnRunEnd(summary);
+    std::fprintf(stdout, "%.*s\n", static_cast<int>(summary.size()), summary.data());
+    std::fflush(stdout);
+  }
+
+ private:
+  WorkerObserver& metrics_;
+};
+
 }  // namespace
 
 absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
@@ -76,7 +101,8 @@ absl::Status RunWorker(const WorkerOptions& options,
   backend_config.clock = &clock;
   FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<RankBackend> backend,
                            MakeRankBackend(o.device, backend_config, options.cuda));
-  WorkerDaemon daemon(o, rendezvous, planner, std::move(backend), &metrics, &clock);
+  PrintingObserver observer(metrics);
+  WorkerDaemon daemon(o, rendezvous, planner, std::move(backend), &observer, &clock);
 
   WorkerControlService control(&daemon);
   grpc::EnableDefaultHealthCheckService(true);
