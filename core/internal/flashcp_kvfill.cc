@@ -84,6 +84,7 @@ class PrefixSums {
     for (size_t i = 0; i < tokens.size(); ++i) {
       Add(i, tokens[i], ShardWorkload(0, tokens[i]));
     }
+    while (top_ * 2 < tokens_.size()) top_ *= 2;
   }
   void Add(size_t pos, int64_t tokens, double work) {
     for (size_t i = pos + 1; i < tokens_.size(); i += i & (~i + 1)) {
@@ -102,23 +103,25 @@ class PrefixSums {
     for (size_t i = end; i > 0; i -= i & (~i + 1)) sum += work_[i];
     return sum;
   }
-  // The largest end with Tokens(end) <= v (v >= 0; values are >= 0).
-  size_t Search(int64_t v) const {
+  // The largest end with Tokens(end) <= v (v >= 0; values are >= 0), and
+  // into `below` that Tokens(end).
+  size_t Search(int64_t v, int64_t& below) const {
     size_t pos = 0;
-    size_t step = 1;
-    while (step * 2 < tokens_.size()) step *= 2;
-    for (; step > 0; step /= 2) {
-      if (pos + step < tokens_.size() && tokens_[pos + step] <= v) {
+    int64_t left = v;
+    for (size_t step = top_; step > 0; step /= 2) {
+      if (pos + step < tokens_.size() && tokens_[pos + step] <= left) {
         pos += step;
-        v -= tokens_[pos];
+        left -= tokens_[pos];
       }
     }
+    below = v - left;
     return pos;
   }
 
  private:
   std::vector<int64_t> tokens_;
   std::vector<double> work_;
+  size_t top_ = 1;  // Search's first step: the largest power of 2 below tokens_.size()
 };
 
 class Filler {
@@ -193,15 +196,25 @@ class Filler {
     const bool up = order_ == SparseOrder::kShortestFirst;
     size_t first = 0;
     size_t last = 0;
+    int64_t first_tokens = 0;  // tree_.Tokens(first)
+    int64_t last_tokens = 0;   // tree_.Tokens(last)
     if (up) {
       first = lo_;
-      last = tree_.Search(tree_.Tokens(lo_) + y);
+      first_tokens = tree_.Tokens(lo_);
+      last = tree_.Search(first_tokens + y, last_tokens);
     } else {
       last = hi_;
-      const int64_t x = tree_.Tokens(hi_) - y;
-      first = x <= 0 ? 0 : tree_.Search(x - 1) + 1;
+      last_tokens = tree_.Tokens(hi_);
+      const int64_t x = last_tokens - y;
+      if (x > 0) {
+        // Search's end is below hi_ (Tokens(hi_) > x - 1): a position,
+        // whose own tokens (0 once taken) end the range before `first`.
+        const size_t p = tree_.Search(x - 1, first_tokens);
+        if (!taken_[p]) first_tokens += Len(p);
+        first = p + 1;
+      }
     }
-    int64_t whole_tokens = tree_.Tokens(last) - tree_.Tokens(first);
+    int64_t whole_tokens = last_tokens - first_tokens;
     double whole_work = tree_.Work(last) - tree_.Work(first);
     y -= whole_tokens;
     // dropped: the last whole one in the walk's order, given back
