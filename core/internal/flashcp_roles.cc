@@ -316,10 +316,12 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
   const int32_t tried = std::clamp(partners, 0, n);
   // Per rank, its whole shards stably sorted by length (ties: their order in
   // `whole`), and those lengths, for the z look-up; and the lengths in
-  // `whole`'s order, for the y scan: built again only after an exchange
-  // changed the rank's whole shards.
+  // `whole`'s order, for the y scan, and a bit per length held, so that a
+  // look-up for a length none has is skipped: built again only after an
+  // exchange changed the rank's whole shards.
   std::vector<std::vector<int32_t>> by_len(n);
   std::vector<std::vector<int64_t>> len_of(n), whole_len(n);
+  std::vector<std::vector<uint64_t>> has_len(n);
   std::vector<uint8_t> stale(n, 1);
   for (int32_t move = 0; move < max_moves; ++move) {
     const int32_t a = static_cast<int32_t>(
@@ -371,8 +373,11 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
         for (size_t i = 0; i < by_len[b].size(); ++i) len_of[b][i] = pieces[by_len[b][i]].len;
         whole_len[b].resize(whole[b].size());
         for (size_t i = 0; i < whole[b].size(); ++i) whole_len[b][i] = pieces[whole[b][i]].len;
+        has_len[b].assign(len_of[b].empty() ? 0 : len_of[b].back() / 64 + 1, 0);
+        for (const int64_t len : len_of[b]) has_len[b][len / 64] |= uint64_t{1} << (len % 64);
         stale[b] = 0;
       }
+      const std::vector<uint64_t>& held = has_len[b];
       const std::vector<int64_t>& ylens = whole_len[b];
       const std::vector<int32_t>& sorted = by_len[b];
       const std::vector<int64_t>& lens = len_of[b];
@@ -414,13 +419,16 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
             continue;
           }
           // x for y and a whole z of lz tokens: len(y) len(z) pairs, no KV.
-          size_t it = static_cast<size_t>(std::lower_bound(lens.begin(), lens.end(), lz) -
-                                          lens.begin());
-          while (it < lens.size() && lens[it] == lz && sorted[it] == y) ++it;
-          if (it < lens.size() && lens[it] == lz) {
-            take(pairs, peak, moved, b, x, y, sorted[it], 0);
-            cap = limit();
-            continue;
+          if (static_cast<size_t>(lz / 64) < held.size() &&
+              (held[lz / 64] >> (lz % 64) & 1) != 0) {
+            size_t it = static_cast<size_t>(std::lower_bound(lens.begin(), lens.end(), lz) -
+                                            lens.begin());
+            while (it < lens.size() && lens[it] == lz && sorted[it] == y) ++it;
+            if (it < lens.size() && lens[it] == lz) {
+              take(pairs, peak, moved, b, x, y, sorted[it], 0);
+              cap = limit();
+              continue;
+            }
           }
           // x for y and the lz-token head of a longer whole z (>= m tokens
           // each side): len(y) lz pairs, lz tokens more to move.
