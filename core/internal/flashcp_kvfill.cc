@@ -194,17 +194,22 @@ class Filler {
     // The whole documents: the untaken ones of asc_[first, last), found
     // on the Fenwick sums (taken ones count 0).
     const bool up = order_ == SparseOrder::kShortestFirst;
+    if (!end_known_) {  // the walk's fixed end, lo_ or hi_, on the sums
+      end_tokens_ = tree_.Tokens(up ? lo_ : hi_);
+      end_work_ = tree_.Work(up ? lo_ : hi_);
+      end_known_ = true;
+    }
     size_t first = 0;
     size_t last = 0;
     int64_t first_tokens = 0;  // tree_.Tokens(first)
     int64_t last_tokens = 0;   // tree_.Tokens(last)
     if (up) {
       first = lo_;
-      first_tokens = tree_.Tokens(lo_);
+      first_tokens = end_tokens_;
       last = tree_.Search(first_tokens + y, last_tokens);
     } else {
       last = hi_;
-      last_tokens = tree_.Tokens(hi_);
+      last_tokens = end_tokens_;
       const int64_t x = last_tokens - y;
       if (x > 0) {
         // Search's end is below hi_ (Tokens(hi_) > x - 1): a position,
@@ -215,7 +220,7 @@ class Filler {
       }
     }
     int64_t whole_tokens = last_tokens - first_tokens;
-    double whole_work = tree_.Work(last) - tree_.Work(first);
+    double whole_work = up ? tree_.Work(last) - end_work_ : end_work_ - tree_.Work(first);
     y -= whole_tokens;
     // dropped: the last whole one in the walk's order, given back
     // (shortest first only; asc_.size(): none).
@@ -259,6 +264,7 @@ class Filler {
     if (out != nullptr) {
       while (lo_ < asc_.size() && taken_[lo_]) ++lo_;
       while (hi_ > 0 && taken_[hi_ - 1]) --hi_;
+      end_known_ = false;
     }
     s.sparse_left -= taken;
     return taken;
@@ -312,6 +318,11 @@ class Filler {
   std::vector<char> taken_;           // per position of asc_: dealt
   size_t lo_ = 0;                     // asc_[0, lo_) all dealt
   size_t hi_;                         // asc_[hi_, end) all dealt
+  // tree_'s Tokens and Work at the walk's fixed end (lo_ shortest first,
+  // else hi_), while end_known_: until the next deal is made.
+  bool end_known_ = false;
+  int64_t end_tokens_ = 0;
+  double end_work_ = 0;
   PrefixSums tree_;                   // over asc_, dealt ones 0
   FillState state_;
 };
