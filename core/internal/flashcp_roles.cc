@@ -46,19 +46,25 @@ struct RoleTable {
 RoleTable BuildRoles(const Plan& plan) {
   const int32_t n = plan.cp_size;
   RoleTable t;
-  // Shards by (document, start), a total order (a document's shards do not
-  // overlap): bucketed by document, then each document's few sorted by start.
-  std::vector<int32_t> by_doc(plan.shards.size());
+  // The cut documents' shards by (document, start), a total order (a
+  // document's shards do not overlap): bucketed by document, then each
+  // document's few sorted by start. A whole document has no role.
+  std::vector<int32_t> by_doc;
   {
     std::vector<int32_t> begin(plan.doc_lens.size() + 1, 0);
     for (const Shard& s : plan.shards) ++begin[s.doc + 1];
-    std::partial_sum(begin.begin(), begin.end(), begin.begin());
+    for (size_t d = 1; d < begin.size(); ++d) {
+      if (begin[d] < 2) begin[d] = 0;
+      begin[d] += begin[d - 1];
+    }
+    by_doc.resize(begin.back());
     std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
     for (size_t i = 0; i < plan.shards.size(); ++i) {
-      by_doc[fill[plan.shards[i].doc]++] = static_cast<int32_t>(i);
+      const int32_t d = plan.shards[i].doc;
+      if (begin[d + 1] != begin[d]) by_doc[fill[d]++] = static_cast<int32_t>(i);
     }
     for (size_t d = 0; d + 1 < begin.size(); ++d) {
-      if (begin[d + 1] - begin[d] < 2) continue;
+      if (begin[d + 1] == begin[d]) continue;
       std::sort(by_doc.begin() + begin[d], by_doc.begin() + begin[d + 1],
                 [&](int32_t a, int32_t b) { return plan.shards[a].start < plan.shards[b].start; });
     }
@@ -229,9 +235,17 @@ void RoleTable::SwapGreedily(int32_t n, double cap_workload, int64_t cap_nonlast
         const Role& rj = roles[j];
         if (j == i || rj.tokens != ri.tokens) continue;
         const int32_t q = rj.rank;
-        const int64_t value = std::max({send[b] - ri.send + rj.send, recv[b] - ri.recv + rj.recv,
-                                        send[q] - rj.send + ri.send, recv[q] - rj.recv + ri.recv});
-        if (value >= best_value) continue;
+        // The largest of the two ranks' sends and receives after the swap,
+        // given up on at the first at or over the best.
+        const int64_t send_b = send[b] - ri.send + rj.send;
+        if (send_b >= best_value) continue;
+        const int64_t recv_b = recv[b] - ri.recv + rj.recv;
+        if (recv_b >= best_value) continue;
+        const int64_t send_q = send[q] - rj.send + ri.send;
+        if (send_q >= best_value) continue;
+        const int64_t recv_q = recv[q] - rj.recv + ri.recv;
+        if (recv_q >= best_value) continue;
+        const int64_t value = std::max({send_b, recv_b, send_q, recv_q});
         if (workload[b] - ri.workload + rj.workload > cap_workload ||
             workload[q] - rj.workload + ri.workload > cap_workload ||
             nonlast[b] - ri.nonlast + rj.nonlast > cap_nonlast ||
