@@ -133,9 +133,10 @@ class Filler {
         order_(order),
         dense_(std::move(dense)),
         asc_(std::move(sparse)),
+        asc_lens_(SparseLens(lens_, asc_)),
         taken_(asc_.size(), 0),
         hi_(asc_.size()),
-        tree_(SparseLens(lens_, asc_)) {
+        tree_(asc_lens_) {
     for (int32_t d : dense_) state_.dense_left += lens_[d];
     for (int32_t d : asc_) state_.sparse_left += lens_[d];
   }
@@ -164,7 +165,7 @@ class Filler {
   }
 
  private:
-  int64_t Len(size_t pos) const { return lens_[asc_[pos]]; }
+  int64_t Len(size_t pos) const { return asc_lens_[pos]; }
 
   static std::vector<int64_t> SparseLens(const std::vector<int64_t>& lens,
                                          const std::vector<int32_t>& docs) {
@@ -278,10 +279,8 @@ class Filler {
   // The shortest untaken sparse document in asc_[from, to) of at least
   // `len` tokens; asc_.size() if none.
   size_t FindCut(int64_t len, size_t from, size_t to) const {
-    size_t p = static_cast<size_t>(
-        std::partition_point(asc_.begin(), asc_.end(),
-                             [&](int32_t d) { return lens_[d] < len; }) -
-        asc_.begin());
+    size_t p = static_cast<size_t>(std::lower_bound(asc_lens_.begin(), asc_lens_.end(), len) -
+                                   asc_lens_.begin());
     for (p = std::max(p, from); p < to; ++p) {
       if (!taken_[p]) return p;
     }
@@ -315,6 +314,7 @@ class Filler {
   const SparseOrder order_;
   const std::vector<int32_t> dense_;  // longest first
   const std::vector<int32_t> asc_;    // sparse, shortest first
+  const std::vector<int64_t> asc_lens_;  // per position of asc_: its tokens
   std::vector<char> taken_;           // per position of asc_: dealt
   size_t lo_ = 0;                     // asc_[0, lo_) all dealt
   size_t hi_;                         // asc_[hi_, end) all dealt
