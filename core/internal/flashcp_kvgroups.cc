@@ -53,6 +53,13 @@ void LevelGroup(int64_t len, int64_t m, const std::vector<int64_t>& targets,
     hi_sum += hi.back();
   }
   if (!fits || hi_sum < half) return;
+  if (group.size() == 1) {  // its one pair holds half the document, as the search would end
+    Pair& p = group[0];
+    group_tokens[p.rank] += 2 * (half - p.len);
+    p.len = half;
+    work[p.rank] = base[0] + static_cast<double>(half) * per;
+    return;
+  }
   const auto length = [&](size_t i, double level) {
     return std::clamp((level - base[i]) / per, static_cast<double>(m),
                       static_cast<double>(hi[i]));
