@@ -121,7 +121,7 @@ class PrefixSums {
  private:
   std::vector<int64_t> tokens_;
   std::vector<double> work_;
-  size_t top_ = 1;  // Search's first step: the largest power of 2 below tokens_.size()
+  size_t top_ = 1;  // Search's first step: the largest power of 2 below tokens_.size(), or 1
 };
 
 class Filler {
