@@ -82,6 +82,8 @@ RoleTable BuildRoles(const Plan& plan) {
   std::vector<int64_t>& nonlast = t.nonlast;
   std::vector<int32_t> slot(n, -1);      // rank -> its role in the current document
   std::vector<int32_t> last_pos(n, -1);
+  std::vector<int32_t> distinct_after;  // per piece of the current document
+  roles.reserve(by_doc.size());         // a role holds at least one cut shard
   for (size_t b = 0; b < by_doc.size();) {
     size_t e = b;
     while (e < by_doc.size() && plan.shards[by_doc[e]].doc == plan.shards[by_doc[b]].doc) ++e;
@@ -98,7 +100,7 @@ RoleTable BuildRoles(const Plan& plan) {
         last_pos[s.rank] = k;
       }
       // Sends: piece k goes to the distinct owners of later pieces but its own.
-      std::vector<int32_t> distinct_after(count, 0);
+      distinct_after.assign(count, 0);
       int32_t distinct = 0;
       for (int32_t k = count - 1; k >= 0; --k) {
         distinct_after[k] = distinct;
