@@ -78,6 +78,27 @@ TEST(KvGroupPiecesTest, OddDocumentMiddleTokenJoinsTheInnermostPair) {
   EXPECT_EQ(TargetedPhaseBottleneck(plan), 7);
 }
 
+// Docs {5, 5, 1, 1}, N = 2, minimum shard 1: C/N = 6, 32 pairs, mean 16.
+// Doc 0 is cut (over the first deal's budget) and dealt to rank 1 alone: a
+// group of one rank, its pair half the document (2 tokens a side) with the
+// middle token, [0,2) [3,5) [2,3), nothing to level. LPT puts doc 1 whole
+// on rank 0 and one short document on each rank: 6 tokens and 16 pairs
+// each. FinishPlan joins doc 0's pieces: nothing moves.
+TEST(KvGroupPiecesTest, GroupOfOneRankHoldsHalfTheDocument) {
+  const Batch batch{{5, 5, 1, 1}, 2};
+  const internal::FlashCpOptions options = internal::FlashCpOptions::For(batch, MinShard(1));
+  std::vector<Shard> pieces;
+  ASSERT_TRUE(internal::KvGroupPieces(batch, options, {1.0, 1.0, 0.0}, pieces));
+  EXPECT_EQ(pieces, (std::vector<Shard>{Shard{0, 0, 2, 1}, Shard{0, 3, 2, 1}, Shard{0, 2, 1, 1},
+                                        Shard{3, 0, 1, 0}, Shard{1, 0, 5, 0},
+                                        Shard{2, 0, 1, 1}}));
+  const Plan plan = internal::FinishPlan(batch, pieces);
+  EXPECT_EQ(plan.shards, (std::vector<Shard>{Shard{1, 0, 5, 0}, Shard{3, 0, 1, 0},
+                                             Shard{0, 0, 5, 1}, Shard{2, 0, 1, 1}}));
+  EXPECT_DOUBLE_EQ(internal::ScorePlan(plan).imbalance, 1.0);
+  EXPECT_EQ(TargetedPhaseBottleneck(plan), 0);
+}
+
 // Nothing longer than C/N or too heavy: nothing to group, false, `out`
 // untouched.
 TEST(KvGroupPiecesTest, NothingToGroupIsFalse) {

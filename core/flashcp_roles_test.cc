@@ -70,6 +70,27 @@ TEST(BalanceByWholeExchangesTest, OneForTwoWholeDocuments) {
   EXPECT_EQ(internal::BalanceByWholeExchanges(batch, plan, 20.0, 4, 8, 1).shards, plan.shards);
 }
 
+// Equal exchanges: the first offered wins. Rank 0 holds docs 0 and 1 (6
+// tokens each, 42 pairs), rank 1 docs 2..5 (2, 4, 4, 2 tokens, 26 pairs).
+// Doc 0 for doc 2 and doc 3 (2 x 4 pairs), for doc 3 and doc 2 (4 x 2,
+// the same exchange), for doc 4 and doc 2, for doc 5 and doc 3, and doc 1
+// for any of those, all move 8 pairs and cut nothing: 34 / 34. The first
+// in plan order (x, then y) is taken. Within 34, or not, it is the only
+// move: after it no exchange lowers the heavier rank.
+TEST(BalanceByWholeExchangesTest, EqualExchangesTakeTheFirst) {
+  const Batch batch{{6, 6, 2, 4, 4, 2}, 2};
+  const Plan plan = internal::FinishPlan(
+      batch, {Shard{0, 0, 6, 0}, Shard{1, 0, 6, 0}, Shard{2, 0, 2, 1}, Shard{3, 0, 4, 1},
+              Shard{4, 0, 4, 1}, Shard{5, 0, 2, 1}});
+  const std::vector<Shard> expected{Shard{1, 0, 6, 0}, Shard{2, 0, 2, 0}, Shard{3, 0, 4, 0},
+                                    Shard{0, 0, 6, 1}, Shard{4, 0, 4, 1}, Shard{5, 0, 2, 1}};
+  for (const double bound : {34.0, 0.0}) {
+    const Plan out = internal::BalanceByWholeExchanges(batch, plan, bound, 4, 8, 1);
+    EXPECT_EQ(out.shards, expected) << bound;
+    EXPECT_THAT(internal::PieceWorkloads(batch.cp_size, out.shards), ElementsAre(34.0, 34.0));
+  }
+}
+
 // Rank 0: docs 0 and 1 (5 and 3 tokens, 21 pairs); rank 1: docs 2, 3, 4
 // (4, 1, 3 tokens, 17 pairs); bound 19. No whole z matches; doc 1 for doc
 // 3 and the 2-token head of a longer whole document moves 1 x 2 = 2 pairs:

@@ -84,6 +84,7 @@ class PrefixSums {
     for (size_t i = 0; i < tokens.size(); ++i) {
       Add(i, tokens[i], ShardWorkload(0, tokens[i]));
     }
+    while (top_ * 2 < tokens_.size()) top_ *= 2;
   }
   void Add(size_t pos, int64_t tokens, double work) {
     for (size_t i = pos + 1; i < tokens_.size(); i += i & (~i + 1)) {
@@ -102,23 +103,25 @@ class PrefixSums {
     for (size_t i = end; i > 0; i -= i & (~i + 1)) sum += work_[i];
     return sum;
   }
-  // The largest end with Tokens(end) <= v (v >= 0; values are >= 0).
-  size_t Search(int64_t v) const {
+  // The largest end with Tokens(end) <= v (v >= 0; values are >= 0), and
+  // into `below` that Tokens(end).
+  size_t Search(int64_t v, int64_t& below) const {
     size_t pos = 0;
-    size_t step = 1;
-    while (step * 2 < tokens_.size()) step *= 2;
-    for (; step > 0; step /= 2) {
-      if (pos + step < tokens_.size() && tokens_[pos + step] <= v) {
+    int64_t left = v;
+    for (size_t step = top_; step > 0; step /= 2) {
+      if (pos + step < tokens_.size() && tokens_[pos + step] <= left) {
         pos += step;
-        v -= tokens_[pos];
+        left -= tokens_[pos];
       }
     }
+    below = v - left;
     return pos;
   }
 
  private:
   std::vector<int64_t> tokens_;
   std::vector<double> work_;
+  size_t top_ = 1;  // Search's first step: the largest power of 2 below tokens_.size(), or 1
 };
 
 class Filler {
@@ -130,9 +133,10 @@ class Filler {
         order_(order),
         dense_(std::move(dense)),
         asc_(std::move(sparse)),
+        asc_lens_(SparseLens(lens_, asc_)),
         taken_(asc_.size(), 0),
         hi_(asc_.size()),
-        tree_(SparseLens(lens_, asc_)) {
+        tree_(asc_lens_) {
     for (int32_t d : dense_) state_.dense_left += lens_[d];
     for (int32_t d : asc_) state_.sparse_left += lens_[d];
   }
@@ -161,7 +165,7 @@ class Filler {
   }
 
  private:
-  int64_t Len(size_t pos) const { return lens_[asc_[pos]]; }
+  int64_t Len(size_t pos) const { return asc_lens_[pos]; }
 
   static std::vector<int64_t> SparseLens(const std::vector<int64_t>& lens,
                                          const std::vector<int32_t>& docs) {
@@ -191,18 +195,33 @@ class Filler {
     // The whole documents: the untaken ones of asc_[first, last), found
     // on the Fenwick sums (taken ones count 0).
     const bool up = order_ == SparseOrder::kShortestFirst;
+    if (!end_known_) {  // the walk's fixed end, lo_ or hi_, on the sums
+      end_tokens_ = tree_.Tokens(up ? lo_ : hi_);
+      end_work_ = tree_.Work(up ? lo_ : hi_);
+      end_known_ = true;
+    }
     size_t first = 0;
     size_t last = 0;
+    int64_t first_tokens = 0;  // tree_.Tokens(first)
+    int64_t last_tokens = 0;   // tree_.Tokens(last)
     if (up) {
       first = lo_;
-      last = tree_.Search(tree_.Tokens(lo_) + y);
+      first_tokens = end_tokens_;
+      last = tree_.Search(first_tokens + y, last_tokens);
     } else {
       last = hi_;
-      const int64_t x = tree_.Tokens(hi_) - y;
-      first = x <= 0 ? 0 : tree_.Search(x - 1) + 1;
+      last_tokens = end_tokens_;
+      const int64_t x = last_tokens - y;
+      if (x > 0) {
+        // Search's end is below hi_ (Tokens(hi_) > x - 1): a position,
+        // whose own tokens (0 once taken) end the range before `first`.
+        const size_t p = tree_.Search(x - 1, first_tokens);
+        if (!taken_[p]) first_tokens += Len(p);
+        first = p + 1;
+      }
     }
-    int64_t whole_tokens = tree_.Tokens(last) - tree_.Tokens(first);
-    double whole_work = tree_.Work(last) - tree_.Work(first);
+    int64_t whole_tokens = last_tokens - first_tokens;
+    double whole_work = up ? tree_.Work(last) - end_work_ : end_work_ - tree_.Work(first);
     y -= whole_tokens;
     // dropped: the last whole one in the walk's order, given back
     // (shortest first only; asc_.size(): none).
@@ -246,6 +265,7 @@ class Filler {
     if (out != nullptr) {
       while (lo_ < asc_.size() && taken_[lo_]) ++lo_;
       while (hi_ > 0 && taken_[hi_ - 1]) --hi_;
+      end_known_ = false;
     }
     s.sparse_left -= taken;
     return taken;
@@ -259,10 +279,8 @@ class Filler {
   // The shortest untaken sparse document in asc_[from, to) of at least
   // `len` tokens; asc_.size() if none.
   size_t FindCut(int64_t len, size_t from, size_t to) const {
-    size_t p = static_cast<size_t>(
-        std::partition_point(asc_.begin(), asc_.end(),
-                             [&](int32_t d) { return lens_[d] < len; }) -
-        asc_.begin());
+    size_t p = static_cast<size_t>(std::lower_bound(asc_lens_.begin(), asc_lens_.end(), len) -
+                                   asc_lens_.begin());
     for (p = std::max(p, from); p < to; ++p) {
       if (!taken_[p]) return p;
     }
@@ -296,9 +314,15 @@ class Filler {
   const SparseOrder order_;
   const std::vector<int32_t> dense_;  // longest first
   const std::vector<int32_t> asc_;    // sparse, shortest first
+  const std::vector<int64_t> asc_lens_;  // per position of asc_: its tokens
   std::vector<char> taken_;           // per position of asc_: dealt
   size_t lo_ = 0;                     // asc_[0, lo_) all dealt
   size_t hi_;                         // asc_[hi_, end) all dealt
+  // tree_'s Tokens and Work at the walk's fixed end (lo_ shortest first,
+  // else hi_), while end_known_: until the next deal is made.
+  bool end_known_ = false;
+  int64_t end_tokens_ = 0;
+  double end_work_ = 0;
   PrefixSums tree_;                   // over asc_, dealt ones 0
   FillState state_;
 };

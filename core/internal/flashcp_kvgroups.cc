@@ -53,6 +53,13 @@ void LevelGroup(int64_t len, int64_t m, const std::vector<int64_t>& targets,
     hi_sum += hi.back();
   }
   if (!fits || hi_sum < half) return;
+  if (group.size() == 1) {  // its one pair holds half the document, as the search would end
+    Pair& p = group[0];
+    group_tokens[p.rank] += 2 * (half - p.len);
+    p.len = half;
+    work[p.rank] = base[0] + static_cast<double>(half) * per;
+    return;
+  }
   const auto length = [&](size_t i, double level) {
     return std::clamp((level - base[i]) / per, static_cast<double>(m),
                       static_cast<double>(hi[i]));
@@ -207,7 +214,10 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
   std::vector<int64_t> room = targets;
   std::vector<double> workload(n, 0.0);
   std::vector<double> left(n, capacity);  // effective pairs still free per rank
-  std::vector<int32_t> ranks(n);
+  std::vector<int32_t> ranks(n), kept, changed;
+  kept.reserve(n);
+  changed.reserve(n);
+  std::vector<uint8_t> in_group(n, 0);
   // Per cut document (order[h], h < cut), its ranks and pair lengths.
   std::vector<std::vector<Pair>> groups(cut);
   // Deals each cut document's pairs to the ranks with the most `free`
@@ -216,18 +226,31 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
   // does not fit.
   const auto assign = [&](double r_rho, std::vector<double>& free, std::vector<int64_t>& space,
                           std::vector<double>& work) {
+    // The ranks by `free` descending, ties by rank (a total order: no
+    // stable sort's buffer needed). A document's deal lowers only its
+    // group's `free`: those ranks are then taken out, sorted and merged
+    // back, which gives the same order as sorting all again.
+    const auto before = [&](int32_t x, int32_t y) {
+      return free[x] > free[y] || (free[x] == free[y] && x < y);
+    };
+    std::iota(ranks.begin(), ranks.end(), 0);
+    std::sort(ranks.begin(), ranks.end(), before);
     for (size_t h = 0; h < cut; ++h) {
       const int64_t len = batch.doc_lens[order[h]];
       const int64_t odd = len % 2;
       // Pairs less r_rho x tokens per token of a pair's length (a pair of l
       // tokens each side: l (L + 1) pairs, 2 l tokens).
       const double unit = std::max(1.0, static_cast<double>(len + 1) - 2.0 * r_rho);
-      // The ranks by `free` descending, ties by rank (a total order: no
-      // stable sort's buffer needed).
-      std::iota(ranks.begin(), ranks.end(), 0);
-      std::sort(ranks.begin(), ranks.end(), [&](int32_t x, int32_t y) {
-        return free[x] > free[y] || (free[x] == free[y] && x < y);
-      });
+      if (h > 0) {
+        for (const Pair& p : groups[h - 1]) in_group[p.rank] = 1;
+        kept.clear();
+        changed.clear();
+        for (int32_t r : ranks) (in_group[r] ? changed : kept).push_back(r);
+        for (const Pair& p : groups[h - 1]) in_group[p.rank] = 0;
+        std::sort(changed.begin(), changed.end(), before);
+        std::merge(kept.begin(), kept.end(), changed.begin(), changed.end(), ranks.begin(),
+                   before);
+      }
       std::vector<Pair>& group = groups[h];
       group.clear();
       int64_t remaining = len / 2;

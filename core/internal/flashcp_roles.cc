@@ -46,19 +46,25 @@ struct RoleTable {
 RoleTable BuildRoles(const Plan& plan) {
   const int32_t n = plan.cp_size;
   RoleTable t;
-  // Shards by (document, start), a total order (a document's shards do not
-  // overlap): bucketed by document, then each document's few sorted by start.
-  std::vector<int32_t> by_doc(plan.shards.size());
+  // The cut documents' shards by (document, start), a total order (a
+  // document's shards do not overlap): bucketed by document, then each
+  // document's few sorted by start. A whole document has no role.
+  std::vector<int32_t> by_doc;
   {
     std::vector<int32_t> begin(plan.doc_lens.size() + 1, 0);
     for (const Shard& s : plan.shards) ++begin[s.doc + 1];
-    std::partial_sum(begin.begin(), begin.end(), begin.begin());
+    for (size_t d = 1; d < begin.size(); ++d) {
+      if (begin[d] < 2) begin[d] = 0;
+      begin[d] += begin[d - 1];
+    }
+    by_doc.resize(begin.back());
     std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
     for (size_t i = 0; i < plan.shards.size(); ++i) {
-      by_doc[fill[plan.shards[i].doc]++] = static_cast<int32_t>(i);
+      const int32_t d = plan.shards[i].doc;
+      if (begin[d + 1] != begin[d]) by_doc[fill[d]++] = static_cast<int32_t>(i);
     }
     for (size_t d = 0; d + 1 < begin.size(); ++d) {
-      if (begin[d + 1] - begin[d] < 2) continue;
+      if (begin[d + 1] == begin[d]) continue;
       std::sort(by_doc.begin() + begin[d], by_doc.begin() + begin[d + 1],
                 [&](int32_t a, int32_t b) { return plan.shards[a].start < plan.shards[b].start; });
     }
@@ -76,6 +82,8 @@ RoleTable BuildRoles(const Plan& plan) {
   std::vector<int64_t>& nonlast = t.nonlast;
   std::vector<int32_t> slot(n, -1);      // rank -> its role in the current document
   std::vector<int32_t> last_pos(n, -1);
+  std::vector<int32_t> distinct_after;  // per piece of the current document
+  roles.reserve(by_doc.size());         // a role holds at least one cut shard
   for (size_t b = 0; b < by_doc.size();) {
     size_t e = b;
     while (e < by_doc.size() && plan.shards[by_doc[e]].doc == plan.shards[by_doc[b]].doc) ++e;
@@ -92,7 +100,7 @@ RoleTable BuildRoles(const Plan& plan) {
         last_pos[s.rank] = k;
       }
       // Sends: piece k goes to the distinct owners of later pieces but its own.
-      std::vector<int32_t> distinct_after(count, 0);
+      distinct_after.assign(count, 0);
       int32_t distinct = 0;
       for (int32_t k = count - 1; k >= 0; --k) {
         distinct_after[k] = distinct;
@@ -229,9 +237,17 @@ void RoleTable::SwapGreedily(int32_t n, double cap_workload, int64_t cap_nonlast
         const Role& rj = roles[j];
         if (j == i || rj.tokens != ri.tokens) continue;
         const int32_t q = rj.rank;
-        const int64_t value = std::max({send[b] - ri.send + rj.send, recv[b] - ri.recv + rj.recv,
-                                        send[q] - rj.send + ri.send, recv[q] - rj.recv + ri.recv});
-        if (value >= best_value) continue;
+        // The largest of the two ranks' sends and receives after the swap,
+        // given up on at the first at or over the best.
+        const int64_t send_b = send[b] - ri.send + rj.send;
+        if (send_b >= best_value) continue;
+        const int64_t recv_b = recv[b] - ri.recv + rj.recv;
+        if (recv_b >= best_value) continue;
+        const int64_t send_q = send[q] - rj.send + ri.send;
+        if (send_q >= best_value) continue;
+        const int64_t recv_q = recv[q] - rj.recv + ri.recv;
+        if (recv_q >= best_value) continue;
+        const int64_t value = std::max({send_b, recv_b, send_q, recv_q});
         if (workload[b] - ri.workload + rj.workload > cap_workload ||
             workload[q] - rj.workload + ri.workload > cap_workload ||
             nonlast[b] - ri.nonlast + rj.nonlast > cap_nonlast ||
@@ -313,53 +329,56 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
   }
   bool changed = false;
   std::vector<int32_t> ranks(n);
+  const int32_t tried = std::clamp(partners, 0, n);
   // Per rank, its whole shards stably sorted by length (ties: their order in
-  // `whole`), and those lengths, for the z look-up: sorted again only after
-  // an exchange changed the rank's whole shards.
+  // `whole`), and those lengths, for the z look-up; and the lengths in
+  // `whole`'s order, for the y scan, and a bit per length held, so that a
+  // look-up for a length none has is skipped: built again only after an
+  // exchange changed the rank's whole shards.
   std::vector<std::vector<int32_t>> by_len(n);
-  std::vector<std::vector<int64_t>> len_of(n);
+  std::vector<std::vector<int64_t>> len_of(n), whole_len(n);
+  std::vector<std::vector<uint64_t>> has_len(n);
   std::vector<uint8_t> stale(n, 1);
   for (int32_t move = 0; move < max_moves; ++move) {
     const int32_t a = static_cast<int32_t>(
         std::max_element(workload.begin(), workload.end()) - workload.begin());
     if (workload[a] <= max_workload) break;
+    // The `tried` lightest ranks, lightest first (ties: the lower rank).
     std::iota(ranks.begin(), ranks.end(), 0);
-    std::stable_sort(ranks.begin(), ranks.end(),
-                     [&](int32_t x, int32_t y) { return workload[x] < workload[y]; });
+    std::partial_sort(ranks.begin(), ranks.begin() + tried, ranks.end(),
+                      [&](int32_t x, int32_t y) {
+                        return workload[x] < workload[y] || (workload[x] == workload[y] && x < y);
+                      });
     // The best exchange: peak, then tokens it adds to the targeted exchange.
     double best_peak = workload[a];
     double best_shift = 0;
     int64_t best_cost = 0;
     int32_t best_b = -1, best_x = -1, best_y = -1, best_z = -1;
     int64_t best_head = 0;  // 0: z moves whole; else z's head of this many tokens moves
-    const auto offer = [&](double shift, int64_t cost, int32_t b, int32_t x, int32_t y,
-                           int32_t z, int64_t head) {
-      const double peak = std::max(workload[a] - shift, workload[b] + shift);
-      if (peak >= workload[a]) return;
-      // One that brings A within max_workload first, the fewest tokens cut
-      // among those; else the least peak.
+    // Whether an exchange of this peak and cost would replace the best so
+    // far: one that brings A within max_workload first, the fewest tokens
+    // cut among those; else the least peak. Checked before an exchange's z
+    // is looked up, as most are not taken.
+    const auto better = [&](double peak, int64_t cost) {
+      if (peak >= workload[a]) return false;
       const bool fits = peak <= max_workload;
       const bool best_fits = best_b >= 0 && best_peak <= max_workload;
-      bool take;
-      if (fits != best_fits) {
-        take = fits;
-      } else if (fits) {
-        take = cost < best_cost || (cost == best_cost && peak < best_peak);
-      } else {
-        take = peak < best_peak || (peak == best_peak && cost < best_cost);
-      }
-      if (take) {
-        best_shift = shift;
-        best_peak = peak;
-        best_cost = cost;
-        best_b = b;
-        best_x = x;
-        best_y = y;
-        best_z = z;
-        best_head = head;
-      }
+      if (fits != best_fits) return fits;
+      if (fits) return cost < best_cost || (cost == best_cost && peak < best_peak);
+      return peak < best_peak || (peak == best_peak && cost < best_cost);
     };
-    for (int32_t p = 0; p < std::min(partners, n); ++p) {
+    const auto take = [&](double shift, double peak, int64_t cost, int32_t b, int32_t x,
+                          int32_t y, int32_t z, int64_t head) {
+      best_shift = shift;
+      best_peak = peak;
+      best_cost = cost;
+      best_b = b;
+      best_x = x;
+      best_y = y;
+      best_z = z;
+      best_head = head;
+    };
+    for (int32_t p = 0; p < tried; ++p) {
       const int32_t b = ranks[p];
       if (b == a) continue;
       if (stale[b]) {
@@ -368,8 +387,14 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
                          [&](int32_t x, int32_t y) { return pieces[x].len < pieces[y].len; });
         len_of[b].resize(by_len[b].size());
         for (size_t i = 0; i < by_len[b].size(); ++i) len_of[b][i] = pieces[by_len[b][i]].len;
+        whole_len[b].resize(whole[b].size());
+        for (size_t i = 0; i < whole[b].size(); ++i) whole_len[b][i] = pieces[whole[b][i]].len;
+        has_len[b].assign(len_of[b].empty() ? 0 : len_of[b].back() / 64 + 1, 0);
+        for (const int64_t len : len_of[b]) has_len[b][len / 64] |= uint64_t{1} << (len % 64);
         stale[b] = 0;
       }
+      const std::vector<uint64_t>& held = has_len[b];
+      const std::vector<int64_t>& ylens = whole_len[b];
       const std::vector<int32_t>& sorted = by_len[b];
       const std::vector<int64_t>& lens = len_of[b];
       const auto try_x = [&](int32_t x, bool is_cut) {
@@ -380,27 +405,57 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
         const double above = static_cast<double>(lx) * static_cast<double>(sx.start);
         // A cut x's KV then comes from or goes to b: its tokens count as cut.
         const int64_t moved = is_cut ? lx : 0;
-        for (int32_t y : whole[b]) {
-          const int64_t ly = pieces[y].len;
+        // An exchange is taken only at a peak <= `limit` (better()), so
+        // only where it shifts between wa - limit and limit - wb pairs;
+        // x's exchanges shift at most above + floor(lx^2 / 4) (at len(y) =
+        // lx / 2). Tests on doubles that round as the peak's own do.
+        const double wa = workload[a], wb = workload[b];
+        const auto limit = [&] {
+          return best_b >= 0 && best_peak <= max_workload ? max_workload : best_peak;
+        };
+        double cap = limit();
+        if (wa - (above + static_cast<double>(lx / 2 * (lx - lx / 2))) > cap) return;
+        for (size_t k = 0; k < ylens.size(); ++k) {
+          const int64_t ly = ylens[k];
           if (ly > lx || (ly == lx && !is_cut)) continue;
-          if (ly == lx) {  // a cut x for a whole y of its length: its prefix's pairs
-            offer(above, moved, b, x, y, -1, 0);
-            continue;
-          }
+          // Both of (x, y)'s exchanges below shift the same pairs, so share
+          // a peak.
           const int64_t lz = lx - ly;
           const double pairs = above + static_cast<double>(ly) * static_cast<double>(lz);
+          if (wa - pairs > cap || wb + pairs > cap) continue;
+          const double peak = std::max(wa - pairs, wb + pairs);
+          // Each of the exchanges below costs no less than the one before
+          // it at the same peak: where one is not taken, neither is the next,
+          // and where one is taken, the next is not.
+          if (!better(peak, moved)) continue;
+          const int32_t y = whole[b][k];
+          if (ly == lx) {  // a cut x for a whole y of its length: its prefix's pairs
+            take(pairs, peak, moved, b, x, y, -1, 0);
+            cap = limit();
+            continue;
+          }
           // x for y and a whole z of lz tokens: len(y) len(z) pairs, no KV.
-          size_t it = static_cast<size_t>(std::lower_bound(lens.begin(), lens.end(), lz) -
-                                          lens.begin());
-          while (it < lens.size() && lens[it] == lz && sorted[it] == y) ++it;
-          if (it < lens.size() && lens[it] == lz) offer(pairs, moved, b, x, y, sorted[it], 0);
+          if (static_cast<size_t>(lz / 64) < held.size() &&
+              (held[lz / 64] >> (lz % 64) & 1) != 0) {
+            size_t it = static_cast<size_t>(std::lower_bound(lens.begin(), lens.end(), lz) -
+                                            lens.begin());
+            while (it < lens.size() && lens[it] == lz && sorted[it] == y) ++it;
+            if (it < lens.size() && lens[it] == lz) {
+              take(pairs, peak, moved, b, x, y, sorted[it], 0);
+              cap = limit();
+              continue;
+            }
+          }
           // x for y and the lz-token head of a longer whole z (>= m tokens
           // each side): len(y) lz pairs, lz tokens more to move.
-          if (lz < m) continue;
+          if (lz < m || !better(peak, moved + lz)) continue;
           size_t longer = static_cast<size_t>(
               std::lower_bound(lens.begin(), lens.end(), lz + m) - lens.begin());
           while (longer < lens.size() && sorted[longer] == y) ++longer;
-          if (longer < lens.size()) offer(pairs, moved + lz, b, x, y, sorted[longer], lz);
+          if (longer < lens.size()) {
+            take(pairs, peak, moved + lz, b, x, y, sorted[longer], lz);
+            cap = limit();
+          }
         }
       };
       for (int32_t x : whole[a]) try_x(x, false);
