@@ -93,6 +93,41 @@ TEST(EqualizeWholeDocsTest, SaysWhetherTheSwapCapDecided) {
   EXPECT_THAT(at16, ElementsAre(Shard{0, 0, 2, 1}, Shard{0, 2, 38, 0}));
 }
 
+// Rank 0 holds docs [6, 3, 2, 1] (12 tokens, W 31), rank 1 doc 4 (4
+// tokens, W 10), rank 2 nothing; they need 6, 5, 5. Whole moves, shortest
+// first, to the least-loaded receiver that fits: doc 3, then doc 2, to rank
+// 2 (W 1, then 4; deficit 2 left). Doc 1 (3 tokens) fits no deficit, so
+// heads follow: [0, 2) of doc 0 to rank 2 (full), [2, 3) to rank 1; rank 0
+// keeps the tail [3, 6) and doc 1 whole, in order.
+TEST(EqualizeWholeDocsTest, MovesShortDocumentsWholeThenCutsHeads) {
+  const Batch batch{{6, 3, 2, 1, 4}, 3};
+  internal::WholeDocPlacement placement{{12, 4, 0}, {{0, 1, 2, 3}, {4}, {}}, 5};
+  std::vector<double> work = {31, 10, 0};
+  std::vector<Shard> out;
+  internal::WholeDocScratch scratch;
+  EXPECT_FALSE(internal::EqualizeWholeDocs(batch, {6, 5, 5}, placement, work, out,
+                                           internal::WholeDocOptions{0, true}, scratch));
+  EXPECT_THAT(out, ElementsAre(Shard{3, 0, 1, 2}, Shard{2, 0, 2, 2}, Shard{0, 0, 2, 2},
+                               Shard{0, 2, 1, 1}, Shard{0, 3, 3, 0}));
+  EXPECT_THAT(placement.held, ElementsAre(ElementsAre(1), ElementsAre(4), ElementsAre()));
+  EXPECT_THAT(work, ElementsAre(21.0, 13.0, 7.0));
+}
+
+// Receivers of equal workload are served lowest rank first, and one served
+// goes behind the other.
+TEST(EqualizeWholeDocsTest, EqualReceiversTakeTurnsByRank) {
+  const Batch batch{{2, 1, 1}, 3};
+  internal::WholeDocPlacement placement{{4, 0, 0}, {{0, 1, 2}, {}, {}}, 3};
+  std::vector<double> work = {5, 0, 0};
+  std::vector<Shard> out;
+  internal::WholeDocScratch scratch;
+  internal::EqualizeWholeDocs(batch, {2, 1, 1}, placement, work, out,
+                              internal::WholeDocOptions{0, true}, scratch);
+  EXPECT_THAT(out, ElementsAre(Shard{2, 0, 1, 1}, Shard{1, 0, 1, 2}));
+  EXPECT_THAT(placement.held, ElementsAre(ElementsAre(0), ElementsAre(), ElementsAre()));
+  EXPECT_THAT(work, ElementsAre(3.0, 1.0, 1.0));
+}
+
 // The fallback's first pass takes the candidates FindBoundary made; a
 // search that never ran FindBoundary makes them all anew. Both pools must
 // be the same, in the same order.

@@ -193,13 +193,17 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
   // workload, and only the receiver's deficit changes; `place` moves the
   // receiver back into order, or drops it once its deficit is 0. Deficits
   // never grow, so no rank joins later.
-  const auto before = [&](int32_t a, int32_t b) {
-    return workload[a] < workload[b] || (workload[a] == workload[b] && a < b);
+  // Each receiver carries a copy of its rank's workload (refreshed by
+  // `place`, the only step after it changes), so that the searches below
+  // read one contiguous array.
+  using Receiver = WholeDocScratch::Receiver;
+  const auto before = [](const Receiver& a, const Receiver& b) {
+    return a.workload < b.workload || (a.workload == b.workload && a.rank < b.rank);
   };
-  std::vector<int32_t>& receivers = scratch.receivers;
+  std::vector<Receiver>& receivers = scratch.receivers;
   receivers.clear();
   for (int32_t q = 0; q < n; ++q) {
-    if (deficit[q] > 0) receivers.push_back(q);
+    if (deficit[q] > 0) receivers.push_back(Receiver{workload[q], q});
   }
   std::sort(receivers.begin(), receivers.end(), before);
   // The other receivers stay in strict (workload, rank) order, so q's new
@@ -213,32 +217,35 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
   // Whole moves scan from `skip` (below): receivers before it are known to
   // be too full; a receiver moved forward invalidates that.
   size_t skip = 0;
-  const auto place = [&](size_t at) {
+  const auto place = [&](size_t at) __attribute__((always_inline)) {
     const auto it = receivers.begin() + static_cast<std::ptrdiff_t>(at);
-    const int32_t q = *it;
+    const int32_t q = it->rank;
     if (deficit[q] <= 0) {
       receivers.erase(it);
       return;
     }
+    const Receiver now{workload[q], q};
     const auto next = it + 1;
-    if (next != receivers.end() && before(*next, q)) {
+    if (next != receivers.end() && before(*next, now)) {
       // Heavier now: [next, to) are before q and shift back one slot.
-      const auto to = std::lower_bound(next + 1, receivers.end(), q, before);
+      const auto to = std::lower_bound(next + 1, receivers.end(), now, before);
       std::move(next, to, it);
-      *(to - 1) = q;
-    } else if (it != receivers.begin() && before(q, *(it - 1))) {
+      *(to - 1) = now;
+    } else if (it != receivers.begin() && before(now, *(it - 1))) {
       // Lighter now (rounding only): [to, it) come after q and shift up one slot.
-      const auto to = std::upper_bound(receivers.begin(), it - 1, q, before);
+      const auto to = std::upper_bound(receivers.begin(), it - 1, now, before);
       std::move_backward(to, it, next);
-      *to = q;
+      *to = now;
       skip = 0;
+    } else {
+      *it = now;
     }
   };
   // The index in `receivers` of the least-loaded one with a deficit of at
   // least min_deficit, or receivers.size() if none has.
   const auto least_loaded_receiver = [&](int64_t min_deficit) {
     size_t i = 0;
-    while (i < receivers.size() && deficit[receivers[i]] < min_deficit) ++i;
+    while (i < receivers.size() && deficit[receivers[i].rank] < min_deficit) ++i;
     return i;
   };
   const int64_t m = options.min_shard;
@@ -259,16 +266,20 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
       int64_t max_deficit = *std::max_element(deficit.begin(), deficit.end());
       int64_t skip_len = 0;  // receivers [0, skip) have deficits below skip_len
       skip = 0;
+      // A moved document is marked -1 and the visited tail [low, end)
+      // compacted once after the loop (erasing each would shift the tail).
+      size_t low = mine.size();
       for (size_t i = mine.size(); i-- > 0 && excess > 0;) {
         const int64_t len = batch.doc_lens[mine[i]];
         if (len > excess || len > max_deficit) break;
+        low = i;
         if (len < skip_len) skip = 0;
         size_t at = skip;
-        while (at < receivers.size() && deficit[receivers[at]] < len) ++at;
+        while (at < receivers.size() && deficit[receivers[at].rank] < len) ++at;
         skip = at;
         skip_len = len;
         if (at == receivers.size()) continue;
-        const int32_t to = receivers[at];
+        const int32_t to = receivers[at].rank;
         const double moved = RangeWorkload(0, len);
         out.push_back(Shard{mine[i], 0, len, to});
         workload[to] += moved;
@@ -276,12 +287,14 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
         deficit[to] -= len;
         place(at);
         excess -= len;
-        mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(i));
+        mine[i] = -1;
         // Only deficit[to] fell: the maximum changes only if it was there.
         if (deficit[to] + len == max_deficit) {
           max_deficit = *std::max_element(deficit.begin(), deficit.end());
         }
       }
+      mine.erase(std::remove(mine.begin() + static_cast<std::ptrdiff_t>(low), mine.end(), -1),
+                 mine.end());
     }
     // `mine` is longest first, so with the minimum-shard rule the documents
     // that can be cut (>= 2m tokens) come first and shorter ones are cut only
@@ -300,7 +313,7 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
         // Total need equals total tokens, so an excess implies some deficit.
         size_t at = m > 0 ? least_loaded_receiver(std::min(m, excess)) : receivers.size();
         if (at == receivers.size()) at = least_loaded_receiver(1);
-        const int32_t to = receivers[at];
+        const int32_t to = receivers[at].rank;
         int64_t take = std::min({excess, deficit[to], len - head});
         bool last_cut = false;
         int32_t swap = -1;  // a whole document of `to` that comes back to r

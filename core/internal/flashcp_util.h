@@ -114,7 +114,12 @@ struct WholeDocScratch {
   std::vector<double> keys;    // LPT key per rank (+inf past N)
   std::vector<int32_t> tree;   // LPT tournament tree over the ranks
   std::vector<int64_t> deficit;
-  std::vector<int32_t> receivers;
+  // Equalization's receivers, each with a copy of its rank's workload.
+  struct Receiver {
+    double workload;
+    int32_t rank;
+  };
+  std::vector<Receiver> receivers;
 };
 // The same, with caller-owned scratch (identical results).
 void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
