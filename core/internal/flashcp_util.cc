@@ -207,9 +207,9 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
   }
   std::sort(receivers.begin(), receivers.end(), before);
   // The other receivers stay in strict (workload, rank) order, so q's new
-  // slot is unique: a binary search finds it where a step-by-step walk costs
-  // one comparison per receiver passed (the walk is cheaper only where at
-  // most kWalk receivers follow q). `at` is q's index in `receivers`
+  // slot is unique: a walk finds it, shifting each receiver it passes (a
+  // served receiver passes few, about a dozen at 64 ranks, where a binary
+  // search and a shift cost more). `at` is q's index in `receivers`
   // (from least_loaded_receiver: nothing reorders them in between). A
   // receiver's workload never falls in exact arithmetic (every handed piece
   // adds pairs; a swap's head outweighs the document it returns), so q
@@ -218,9 +218,8 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
   // Whole moves scan from `skip` (below): receivers before it are known to
   // be too full; a receiver moved forward invalidates that.
   size_t skip = 0;
-  constexpr std::ptrdiff_t kWalk = 8;
   // Inlined: it runs once per handed piece, and a call costs about as much
-  // as a short search.
+  // as a short walk.
   const auto place = [&](size_t at) __attribute__((always_inline)) {
     const auto it = receivers.begin() + static_cast<std::ptrdiff_t>(at);
     const int32_t q = it->rank;
@@ -231,15 +230,14 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
     const Receiver now{workload[q], q};
     const auto next = it + 1;
     if (next != receivers.end() && before(*next, now)) {
-      // Heavier now: [next, to) are before q and shift back one slot.
-      auto to = next + 1;
-      if (receivers.end() - to <= kWalk) {
-        while (to != receivers.end() && before(*to, now)) ++to;
-      } else {
-        to = std::lower_bound(to, receivers.end(), now, before);
-      }
-      std::move(next, to, it);
-      *(to - 1) = now;
+      // Heavier now: the receivers before it shift back one slot each.
+      auto slot = it;
+      auto after = next;
+      do {
+        *slot = *after;
+        slot = after++;
+      } while (after != receivers.end() && before(*after, now));
+      *slot = now;
     } else if (it != receivers.begin() && before(now, *(it - 1))) {
       // Lighter now (rounding only): [to, it) come after q and shift up one slot.
       const auto to = std::upper_bound(receivers.begin(), it - 1, now, before);
