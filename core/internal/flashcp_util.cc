@@ -262,15 +262,15 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
     std::vector<int32_t>& mine = held[r];
     if (options.whole_moves && excess > 0) {
       // Shortest first; a moved document leaves `mine`. A document longer
-      // than both the excess and the largest deficit cannot move, nor can any
+      // than the excess or than every deficit cannot move, nor can any
       // longer one after it.
       // `mine` is longest first, so lengths only grow here while deficits
       // only fall: a receiver passed over for one document (deficit below
       // its length) is passed over for every later one, and serving a
       // receiver moves it back, behind those. So the scan goes on from
       // where the last one stopped (from the front again should a length
-      // ever fall).
-      int64_t max_deficit = *std::max_element(deficit.begin(), deficit.end());
+      // ever fall). Every rank with a deficit is in `receivers`, so a scan
+      // that finds none means no deficit is as large: the moves end.
       int64_t skip_len = 0;  // receivers [0, skip) have deficits below skip_len
       skip = 0;
       // A moved document is marked -1 and the visited tail [low, end)
@@ -278,14 +278,14 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
       size_t low = mine.size();
       for (size_t i = mine.size(); i-- > 0 && excess > 0;) {
         const int64_t len = batch.doc_lens[mine[i]];
-        if (len > excess || len > max_deficit) break;
-        low = i;
+        if (len > excess) break;
         if (len < skip_len) skip = 0;
         size_t at = skip;
         while (at < receivers.size() && deficit[receivers[at].rank] < len) ++at;
+        if (at == receivers.size()) break;
         skip = at;
         skip_len = len;
-        if (at == receivers.size()) continue;
+        low = i;
         const int32_t to = receivers[at].rank;
         const double moved = RangeWorkload(0, len);
         out.push_back(Shard{mine[i], 0, len, to});
@@ -295,10 +295,6 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
         place(at);
         excess -= len;
         mine[i] = -1;
-        // Only deficit[to] fell: the maximum changes only if it was there.
-        if (deficit[to] + len == max_deficit) {
-          max_deficit = *std::max_element(deficit.begin(), deficit.end());
-        }
       }
       mine.erase(std::remove(mine.begin() + static_cast<std::ptrdiff_t>(low), mine.end(), -1),
                  mine.end());
