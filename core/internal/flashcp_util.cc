@@ -230,13 +230,18 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
     const Receiver now{workload[q], q};
     const auto next = it + 1;
     if (next != receivers.end() && before(*next, now)) {
-      // Heavier now: the receivers before it shift back one slot each.
+      // Heavier now: the receivers before it shift back one slot each:
+      // those of less workload, then those of equal workload and lower rank.
       auto slot = it;
       auto after = next;
       do {
         *slot = *after;
         slot = after++;
-      } while (after != receivers.end() && before(*after, now));
+      } while (after != receivers.end() && after->workload < now.workload);
+      while (after != receivers.end() && after->workload == now.workload && after->rank < q) {
+        *slot = *after;
+        slot = after++;
+      }
       *slot = now;
     } else if (it != receivers.begin() && before(now, *(it - 1))) {
       // Lighter now (rounding only): [to, it) come after q and shift up one slot.
