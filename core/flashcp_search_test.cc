@@ -114,18 +114,25 @@ TEST(EqualizeWholeDocsTest, MovesShortDocumentsWholeThenCutsHeads) {
 }
 
 // Receivers of equal workload are served lowest rank first, and one served
-// goes behind the other.
+// goes behind those it now ties with at a lower rank. Rank 0 holds docs
+// [3, 1, 1, 1] (6 tokens, W 9) and must keep 1; rank 1 holds a 1-token doc
+// (W 1) and needs 1 more, ranks 2 and 3 need 2 each. Doc 3 goes to rank 2
+// (W 0 -> 1: now after rank 3 at W 0 and rank 1 at W 1), doc 2 to rank 3
+// (then after ranks 1 and 2, all at W 1), doc 1 to rank 1 (full); doc 0's
+// head [0, 1) to rank 2, [1, 2) to rank 3, its tail stays.
 TEST(EqualizeWholeDocsTest, EqualReceiversTakeTurnsByRank) {
-  const Batch batch{{2, 1, 1}, 3};
-  internal::WholeDocPlacement placement{{4, 0, 0}, {{0, 1, 2}, {}, {}}, 3};
-  std::vector<double> work = {5, 0, 0};
+  const Batch batch{{1, 1, 1, 1, 3}, 4};
+  internal::WholeDocPlacement placement{{6, 1, 0, 0}, {{4, 1, 2, 3}, {0}, {}, {}}, 5};
+  std::vector<double> work = {9, 1, 0, 0};
   std::vector<Shard> out;
   internal::WholeDocScratch scratch;
-  internal::EqualizeWholeDocs(batch, {2, 1, 1}, placement, work, out,
+  internal::EqualizeWholeDocs(batch, {1, 2, 2, 2}, placement, work, out,
                               internal::WholeDocOptions{0, true}, scratch);
-  EXPECT_THAT(out, ElementsAre(Shard{2, 0, 1, 1}, Shard{1, 0, 1, 2}));
-  EXPECT_THAT(placement.held, ElementsAre(ElementsAre(0), ElementsAre(), ElementsAre()));
-  EXPECT_THAT(work, ElementsAre(3.0, 1.0, 1.0));
+  EXPECT_THAT(out, ElementsAre(Shard{3, 0, 1, 2}, Shard{2, 0, 1, 3}, Shard{1, 0, 1, 1},
+                               Shard{4, 0, 1, 2}, Shard{4, 1, 1, 3}, Shard{4, 2, 1, 0}));
+  EXPECT_THAT(placement.held,
+              ElementsAre(ElementsAre(), ElementsAre(0), ElementsAre(), ElementsAre()));
+  EXPECT_THAT(work, ElementsAre(3.0, 2.0, 2.0, 3.0));
 }
 
 // The fallback's first pass takes the candidates FindBoundary made; a
