@@ -264,6 +264,7 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
   for (int32_t r = 0; r < n; ++r) {
     int64_t excess = -deficit[r];
     if (excess <= 0) continue;  // receivers' documents are emitted at the end
+    deficit[r] = 0;             // the donor ends holding exactly its need
     std::vector<int32_t>& mine = held[r];
     if (options.whole_moves && excess > 0) {
       // Shortest first; a moved document leaves `mine`. A document longer
@@ -308,11 +309,13 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
     // that can be cut (>= 2m tokens) come first and shorter ones are cut only
     // when nothing else is left (RepairSlivers then tries to undo it).
     // Documents the donor keeps whole stay in `mine` (compacted to the first
-    // `kept` entries, still longest first).
+    // `kept` entries, still longest first); once the excess is given, the
+    // rest stay as they are.
+    if (excess <= 0) continue;
     int64_t later = 0;  // tokens of the documents after the current one in `mine`
     for (int32_t d : mine) later += batch.doc_lens[d];
-    size_t kept = 0;
-    for (size_t j = 0; j < mine.size(); ++j) {
+    size_t kept = 0, j = 0;
+    for (; j < mine.size() && excess > 0; ++j) {
       const int32_t d = mine[j];
       const int64_t len = batch.doc_lens[d];
       later -= len;
@@ -394,8 +397,8 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
         out.push_back(Shard{d, head, len - head, r});
       }
     }
-    mine.resize(kept);
-    if (deficit[r] < 0) deficit[r] = 0;  // the donor now holds exactly its need
+    mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(kept),
+               mine.begin() + static_cast<std::ptrdiff_t>(j));
   }
   return cap_decided;
 }
