@@ -193,6 +193,21 @@ TEST(AppendPerDocPiecesTest, APrefixContinues) {
   EXPECT_EQ(all.size(), begins[6] + 1);
 }
 
+// Workloads added a prefix at a time are PieceWorkloads' sums, exactly:
+// ranks 0 and 1 take [0, 3) and [3, 5) of doc 0 (W 6 and 9), then [5, 6)
+// (W 6) and doc 1 whole (W 3).
+TEST(AddPieceWorkloadsTest, PrefixThenRestIsTheWhole) {
+  const std::vector<Shard> pieces = {Shard{0, 0, 3, 0}, Shard{0, 3, 2, 1}, Shard{0, 5, 1, 0},
+                                     Shard{1, 0, 2, 1}};
+  std::vector<double> w(2, 0.0);
+  const std::span<const Shard> list(pieces);
+  internal::AddPieceWorkloads(list.first(2), w);
+  EXPECT_THAT(w, ElementsAre(6.0, 9.0));
+  internal::AddPieceWorkloads(list.subspan(2), w);
+  EXPECT_THAT(w, ElementsAre(12.0, 12.0));
+  EXPECT_EQ(w, internal::PieceWorkloads(2, pieces));
+}
+
 TEST(CompactedSearchTest, StopsWithTheTokensStatus) {
   PlanOptions plan_options = NoMinShard();
   plan_options.stop = StopToken([] { return absl::CancelledError("enough"); });

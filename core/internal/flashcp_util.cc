@@ -423,8 +423,12 @@ std::vector<int32_t> DocsLongestFirst(const Batch& batch) {
 
 std::vector<double> PieceWorkloads(int32_t cp_size, const std::vector<Shard>& pieces) {
   std::vector<double> w(cp_size, 0.0);
-  for (const Shard& s : pieces) w[s.rank] += RangeWorkload(s.start, s.len);
+  AddPieceWorkloads(pieces, w);
   return w;
+}
+
+void AddPieceWorkloads(std::span<const Shard> pieces, std::vector<double>& workload) {
+  for (const Shard& s : pieces) workload[s.rank] += RangeWorkload(s.start, s.len);
 }
 
 }  // namespace flashcp::core::internal

@@ -157,6 +157,9 @@ void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,
 std::vector<int32_t> DocsLongestFirst(const Batch& batch);
 // Per-rank workload of raw pieces (any order; merging does not change it).
 std::vector<double> PieceWorkloads(int32_t cp_size, const std::vector<Shard>& pieces);
+// Adds the pieces' workloads to `workload` (per rank), in their order: on a
+// list's prefix, then on the rest, the sums are exactly PieceWorkloads'.
+void AddPieceWorkloads(std::span<const Shard> pieces, std::vector<double>& workload);
 
 }  // namespace flashcp::core::internal
 
