@@ -194,8 +194,8 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
   // receiver back into order, or drops it once its deficit is 0. Deficits
   // never grow, so no rank joins later.
   // Each receiver carries a copy of its rank's workload (refreshed by
-  // `place`, the only step after it changes), so that the searches below
-  // read one contiguous array.
+  // `place`, the only step after it changes), so that finding a receiver's
+  // slot reads one contiguous array.
   using Receiver = WholeDocScratch::Receiver;
   const auto before = [](const Receiver& a, const Receiver& b) {
     return a.workload < b.workload || (a.workload == b.workload && a.rank < b.rank);
@@ -279,8 +279,9 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
       // that finds none means no deficit is as large: the moves end.
       int64_t skip_len = 0;  // receivers [0, skip) have deficits below skip_len
       skip = 0;
-      // A moved document is marked -1 and the visited tail [low, end)
-      // compacted once after the loop (erasing each would shift the tail).
+      // A moved document is marked -1, and the tail from the first moved
+      // one, [low, end), compacted once after the loop (erasing each would
+      // shift the tail).
       size_t low = mine.size();
       for (size_t i = mine.size(); i-- > 0 && excess > 0;) {
         const int64_t len = batch.doc_lens[mine[i]];
