@@ -279,7 +279,7 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
       // that finds none means no deficit is as large: the moves end.
       int64_t skip_len = 0;  // receivers [0, skip) have deficits below skip_len
       skip = 0;
-      // A moved document is marked -1, and the tail from the first moved
+      // A moved document is marked -1, and the tail holding every moved
       // one, [low, end), compacted once after the loop (erasing each would
       // shift the tail).
       size_t low = mine.size();
