@@ -93,6 +93,48 @@ TEST(EqualizeWholeDocsTest, SaysWhetherTheSwapCapDecided) {
   EXPECT_THAT(at16, ElementsAre(Shard{0, 0, 2, 1}, Shard{0, 2, 38, 0}));
 }
 
+// Rank 0 holds docs [6, 3, 2, 1] (12 tokens, W 31), rank 1 doc 4 (4
+// tokens, W 10), rank 2 nothing; they need 6, 5, 5. Whole moves, shortest
+// first, to the least-loaded receiver that fits: doc 3, then doc 2, to rank
+// 2 (W 1, then 4; deficit 2 left). Doc 1 (3 tokens) fits no deficit, so
+// heads follow: [0, 2) of doc 0 to rank 2 (full), [2, 3) to rank 1; rank 0
+// keeps the tail [3, 6) and doc 1 whole, in order.
+TEST(EqualizeWholeDocsTest, MovesShortDocumentsWholeThenCutsHeads) {
+  const Batch batch{{6, 3, 2, 1, 4}, 3};
+  internal::WholeDocPlacement placement{{12, 4, 0}, {{0, 1, 2, 3}, {4}, {}}, 5};
+  std::vector<double> work = {31, 10, 0};
+  std::vector<Shard> out;
+  internal::WholeDocScratch scratch;
+  EXPECT_FALSE(internal::EqualizeWholeDocs(batch, {6, 5, 5}, placement, work, out,
+                                           internal::WholeDocOptions{0, true}, scratch));
+  EXPECT_THAT(out, ElementsAre(Shard{3, 0, 1, 2}, Shard{2, 0, 2, 2}, Shard{0, 0, 2, 2},
+                               Shard{0, 2, 1, 1}, Shard{0, 3, 3, 0}));
+  EXPECT_THAT(placement.held, ElementsAre(ElementsAre(1), ElementsAre(4), ElementsAre()));
+  EXPECT_THAT(work, ElementsAre(21.0, 13.0, 7.0));
+}
+
+// Receivers of equal workload are served lowest rank first, and one served
+// goes behind those it now ties with at a lower rank. Rank 0 holds docs
+// [3, 1, 1, 1] (6 tokens, W 9) and must keep 1; rank 1 holds a 1-token doc
+// (W 1) and needs 1 more, ranks 2 and 3 need 2 each. Doc 3 goes to rank 2
+// (W 0 -> 1: now after rank 3 at W 0 and rank 1 at W 1), doc 2 to rank 3
+// (then after ranks 1 and 2, all at W 1), doc 1 to rank 1 (full); doc 0's
+// head [0, 1) to rank 2, [1, 2) to rank 3, its tail stays.
+TEST(EqualizeWholeDocsTest, EqualReceiversTakeTurnsByRank) {
+  const Batch batch{{1, 1, 1, 1, 3}, 4};
+  internal::WholeDocPlacement placement{{6, 1, 0, 0}, {{4, 1, 2, 3}, {0}, {}, {}}, 5};
+  std::vector<double> work = {9, 1, 0, 0};
+  std::vector<Shard> out;
+  internal::WholeDocScratch scratch;
+  internal::EqualizeWholeDocs(batch, {1, 2, 2, 2}, placement, work, out,
+                              internal::WholeDocOptions{0, true}, scratch);
+  EXPECT_THAT(out, ElementsAre(Shard{3, 0, 1, 2}, Shard{2, 0, 1, 3}, Shard{1, 0, 1, 1},
+                               Shard{4, 0, 1, 2}, Shard{4, 1, 1, 3}, Shard{4, 2, 1, 0}));
+  EXPECT_THAT(placement.held,
+              ElementsAre(ElementsAre(), ElementsAre(0), ElementsAre(), ElementsAre()));
+  EXPECT_THAT(work, ElementsAre(3.0, 2.0, 2.0, 3.0));
+}
+
 // The fallback's first pass takes the candidates FindBoundary made; a
 // search that never ran FindBoundary makes them all anew. Both pools must
 // be the same, in the same order.
@@ -149,6 +191,21 @@ TEST(AppendPerDocPiecesTest, APrefixContinues) {
   EXPECT_EQ(begins[1], 8u);
   EXPECT_EQ(all.back(), (Shard{6, 0, 130, all.back().rank}));
   EXPECT_EQ(all.size(), begins[6] + 1);
+}
+
+// Workloads added a prefix at a time are PieceWorkloads' sums, exactly:
+// ranks 0 and 1 take [0, 3) and [3, 5) of doc 0 (W 6 and 9), then [5, 6)
+// (W 6) and doc 1 whole (W 3).
+TEST(AddPieceWorkloadsTest, PrefixThenRestIsTheWhole) {
+  const std::vector<Shard> pieces = {Shard{0, 0, 3, 0}, Shard{0, 3, 2, 1}, Shard{0, 5, 1, 0},
+                                     Shard{1, 0, 2, 1}};
+  std::vector<double> w(2, 0.0);
+  const std::span<const Shard> list(pieces);
+  internal::AddPieceWorkloads(list.first(2), w);
+  EXPECT_THAT(w, ElementsAre(6.0, 9.0));
+  internal::AddPieceWorkloads(list.subspan(2), w);
+  EXPECT_THAT(w, ElementsAre(12.0, 12.0));
+  EXPECT_EQ(w, internal::PieceWorkloads(2, pieces));
 }
 
 TEST(CompactedSearchTest, StopsWithTheTokensStatus) {

@@ -50,8 +50,40 @@ const CompactedSearch::ReducedZig& CompactedSearch::ReducedZigOf(size_t k) {
   if (m > 0 && *std::min_element(z.need.begin(), z.need.end()) < 0) {
     ShiftPiecesToRoom(batch_, m, z.pieces, z.need);
     z.refit = true;
+    z.score = ScoreOf(z.pieces);
+    return z;
   }
+  // Unfitted, the pieces are the run's prefix [0, end): its score extends
+  // the longest prefix scored before below it.
+  const std::pair<size_t, ZigScore>* from = nullptr;
+  for (const auto& scored : run_.scored) {
+    if (scored.first <= end && (from == nullptr || scored.first > from->first)) from = &scored;
+  }
+  ZigScore score = from != nullptr ? from->second : ScoreOf({});
+  const size_t begin = from != nullptr ? from->first : 0;
+  AddToZigScore(std::span<const Shard>(run_.pieces).subspan(begin, end - begin), score);
+  z.score = score;
+  run_.scored.emplace_back(end, std::move(score));
   return z;
+}
+
+void CompactedSearch::AddToZigScore(std::span<const Shard> pieces, ZigScore& score) {
+  AddPieceWorkloads(pieces, score.workload);
+  zig_buffer_.assign(pieces.begin(), pieces.end());
+  AddPieces(batch_, zig_buffer_, score.part);
+  const int64_t m = o_.min_shard;
+  if (m > 1) {
+    for (const Shard& sh : pieces) {
+      if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++score.slivers;
+    }
+  }
+}
+
+CompactedSearch::ZigScore CompactedSearch::ScoreOf(std::span<const Shard> pieces) {
+  const size_t n = static_cast<size_t>(batch_.cp_size);
+  ZigScore score{std::vector<double>(n, 0.0), PartialScore{std::vector<int64_t>(n, 0), 0, 0}, 0};
+  AddToZigScore(pieces, score);
+  return score;
 }
 
 void CompactedSearch::AddToPool(SearchCandidate c) {
@@ -65,13 +97,12 @@ void CompactedSearch::AddToPool(SearchCandidate c) {
   if (!seen) pool_->push_back(std::move(c));
 }
 
-bool CompactedSearch::Consider(size_t k, bool reduced, const PartialScore& zig_part,
-                               int64_t zig_slivers, bool& feasible) {
+bool CompactedSearch::Consider(size_t k, bool reduced, const ZigScore& zig, bool& feasible) {
   const int64_t m = o_.min_shard;
   // The cheap score first (Per-Doc pieces counted once per k).
-  part_.nonlast.assign(zig_part.nonlast.begin(), zig_part.nonlast.end());
-  part_.cut_docs = zig_part.cut_docs;
-  part_.min_cut_len = zig_part.min_cut_len;
+  part_.nonlast.assign(zig.part.nonlast.begin(), zig.part.nonlast.end());
+  part_.cut_docs = zig.part.cut_docs;
+  part_.min_cut_len = zig.part.min_cut_len;
   AddPieces(batch_, pieces_, part_);
   double max_w = 0;
   for (double w : workload_) max_w = std::max(max_w, w);
@@ -85,7 +116,7 @@ bool CompactedSearch::Consider(size_t k, bool reduced, const PartialScore& zig_p
   // (RepairSlivers costs O(slivers x cut pieces), too much for every
   // candidate at large N).
   if (slivers) {
-    score.slivers = zig_slivers;
+    score.slivers = zig.slivers;
     for (const Shard& sh : pieces_) {
       if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++score.slivers;
     }
@@ -117,20 +148,10 @@ bool CompactedSearch::Consider(size_t k, bool reduced, const PartialScore& zig_p
   return slivers;
 }
 
-void CompactedSearch::TryVariants(size_t k, bool reduced, const std::vector<Shard>& zig,
+void CompactedSearch::TryVariants(size_t k, bool reduced, const ZigScore& zig,
                                   const std::vector<int64_t>& need,
                                   const std::vector<int32_t>& rest, bool& feasible) {
   const int64_t m = o_.min_shard;
-  const std::vector<double> zig_workload = PieceWorkloads(batch_.cp_size, zig);
-  PartialScore zig_part{std::vector<int64_t>(batch_.cp_size, 0), 0, 0};
-  AddPieces(batch_, zig, zig_part);
-  // The Per-Doc part's slivers, counted once for all its variants.
-  int64_t zig_slivers = 0;
-  if (m > 1) {
-    for (const Shard& sh : zig) {
-      if (sh.len < m && sh.len < batch_.doc_lens[sh.doc]) ++zig_slivers;
-    }
-  }
   // rho = 0 is plain LPT; larger rho anticipates the workload that
   // equalization moves. Whole moves always: they never cost communication,
   // and head-only equalization never won (docs/planner.md). Head swaps for
@@ -142,7 +163,7 @@ void CompactedSearch::TryVariants(size_t k, bool reduced, const std::vector<Shar
   // (Better is strict, the pool keeps distinct ones): it is not made.
   for (double scale : scales_) {
     const double rho = scale * o_.median_density;
-    placed_workload_.assign(zig_workload.begin(), zig_workload.end());
+    placed_workload_.assign(zig.workload.begin(), zig.workload.end());
     PlaceWholeDocs(batch_, rest, need, rho, placed_workload_, placement_, scratch_);
     for (int64_t cap : {4 * m, int64_t{0}}) {
       const bool last = m <= 1 || cap == 0;
@@ -152,7 +173,7 @@ void CompactedSearch::TryVariants(size_t k, bool reduced, const std::vector<Shar
       used_ = last ? &placement_ : &trial_;
       const bool cap_decided = EqualizeWholeDocs(batch_, need, *used_, workload_, pieces_,
                                                  WholeDocOptions{rho, true, m, cap}, scratch_);
-      if (!Consider(k, reduced, zig_part, zig_slivers, feasible) || last || !cap_decided) break;
+      if (!Consider(k, reduced, zig, feasible) || last || !cap_decided) break;
     }
   }
 }
@@ -168,20 +189,17 @@ bool CompactedSearch::TryK(size_t k) {
   bool feasible = false;
   // Per-Doc under the minimum-shard rule (fewer ranks for shorter
   // documents), then every Whole-Doc variant on top of it.
-  bool reduced = m > 0;
-  std::vector<int64_t> need = o_.targets;
   bool refit = false;
-  std::vector<Shard> zig;
-  if (reduced) {
-    const ReducedZig& z = ReducedZigOf(k);
-    zig = z.pieces;
-    need = z.need;
+  if (m > 0) {
+    const ReducedZig& z = ReducedZigOf(k);  // valid throughout: TryVariants adds none
     refit = z.refit;
+    if (*std::min_element(z.need.begin(), z.need.end()) >= 0) {
+      TryVariants(k, true, z.score, z.need, rest, feasible);
+    }
   } else {
-    zig = PerDocPieces(batch_, zig_docs, m, &need, &refit);
-  }
-  if (!reduced || *std::min_element(need.begin(), need.end()) >= 0) {
-    TryVariants(k, reduced, zig, need, rest, feasible);
+    std::vector<int64_t> need = o_.targets;
+    const std::vector<Shard> zig = PerDocPieces(batch_, zig_docs, m, &need, &refit);
+    TryVariants(k, false, ScoreOf(zig), need, rest, feasible);
   }
   // Where the reduced zigzag overfilled a rank (only when Per-Doc documents
   // are nearly the whole batch), PerDocPieces shifted its cut points to fit
@@ -190,11 +208,10 @@ bool CompactedSearch::TryK(size_t k) {
   // rank gets the same share of every document: the best balance, short
   // shards and all, which the score charges).
   if (refit) {
-    reduced = false;
-    zig = PerDocPieces(batch_, zig_docs);
-    need = o_.targets;
+    const std::vector<Shard> zig = PerDocPieces(batch_, zig_docs);
+    std::vector<int64_t> need = o_.targets;
     for (const Shard& s : zig) need[s.rank] -= s.len;
-    TryVariants(k, reduced, zig, need, rest, feasible);
+    TryVariants(k, false, ScoreOf(zig), need, rest, feasible);
   }
   tried_[k] = feasible ? 1 : 0;
   return feasible;

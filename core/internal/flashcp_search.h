@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -70,22 +71,39 @@ class CompactedSearch {
   // and fitting it to the ranks' rooms (ShiftPiecesToRoom) is costly
   // (docs/planner.md, "Complexity"). Few k are tried (O(log n) plus the
   // fallback's), so a list searched linearly.
+  // What a candidate's score takes from its Per-Doc part, made once per
+  // part: the part's workload per rank, its partial score (AddPieces) and
+  // its slivers (with min_shard > 1: cut pieces shorter than min_shard).
+  struct ZigScore {
+    std::vector<double> workload;
+    PartialScore part;
+    int64_t slivers = 0;
+  };
+  // Adds `pieces` to `score`, in order: on a list's prefix, then on the
+  // rest, it gives exactly the score of the whole list.
+  void AddToZigScore(std::span<const Shard> pieces, ZigScore& score);
+  ZigScore ScoreOf(std::span<const Shard> pieces);
   struct ReducedZig {
     size_t k;
     std::vector<Shard> pieces;
     std::vector<int64_t> need;  // targets less the pieces' tokens per rank
     bool refit = false;         // the pieces were shifted to fit (or could not be)
+    ZigScore score;             // of `pieces`
   };
   const ReducedZig& ReducedZigOf(size_t k);
   // The reduced zigzags of a growing prefix of the order, unfitted: each
-  // document's first piece (begins), the rooms left after all of them.
+  // document's first piece (begins), the rooms left after all of them. The
+  // prefixes scored so far (pieces [0, end), by end): a longer one extends
+  // the longest of them below it instead of scoring all its pieces.
   struct ZigRun {
     std::vector<Shard> pieces;
     std::vector<size_t> begins;
     std::vector<int64_t> room;
     PerDocCursor cursor;
+    std::vector<std::pair<size_t, ZigScore>> scored;
   };
   ZigRun run_;
+  std::vector<Shard> zig_buffer_;  // AddToZigScore's copy of its pieces
 
   // Every Whole-Doc variant with the k longest documents Per-Doc; true if
   // one meets the target (or the stop token said stop).
@@ -95,16 +113,14 @@ class CompactedSearch {
   // pool as TryK would put them there (the same stop check first); else
   // TryK(k).
   void TryKAgain(size_t k);
-  // The variants on top of one Per-Doc part `zig` leaving `need` tokens per
-  // rank; sets `feasible` if one meets the target.
-  void TryVariants(size_t k, bool reduced, const std::vector<Shard>& zig,
-                   const std::vector<int64_t>& need, const std::vector<int32_t>& rest,
-                   bool& feasible);
+  // The variants on top of one Per-Doc part (scoring `zig`) leaving `need`
+  // tokens per rank; sets `feasible` if one meets the target.
+  void TryVariants(size_t k, bool reduced, const ZigScore& zig, const std::vector<int64_t>& need,
+                   const std::vector<int32_t>& rest, bool& feasible);
   // Scores the current candidate (pieces_, used_, workload_ on top of a
-  // Per-Doc part scoring `zig_part` with `zig_slivers` slivers), keeps it if
-  // best (and in pool_); returns whether it had short cut pieces.
-  bool Consider(size_t k, bool reduced, const PartialScore& zig_part, int64_t zig_slivers,
-                bool& feasible);
+  // Per-Doc part scoring `zig`), keeps it if best (and in pool_); returns
+  // whether it had short cut pieces.
+  bool Consider(size_t k, bool reduced, const ZigScore& zig, bool& feasible);
   // Appends `c` to pool_ unless an equal candidate is there.
   void AddToPool(SearchCandidate c);
 

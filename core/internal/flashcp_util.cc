@@ -193,18 +193,23 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
   // workload, and only the receiver's deficit changes; `place` moves the
   // receiver back into order, or drops it once its deficit is 0. Deficits
   // never grow, so no rank joins later.
-  const auto before = [&](int32_t a, int32_t b) {
-    return workload[a] < workload[b] || (workload[a] == workload[b] && a < b);
+  // Each receiver carries a copy of its rank's workload (refreshed by
+  // `place`, the only step after it changes), so that finding a receiver's
+  // slot reads one contiguous array.
+  using Receiver = WholeDocScratch::Receiver;
+  const auto before = [](const Receiver& a, const Receiver& b) {
+    return a.workload < b.workload || (a.workload == b.workload && a.rank < b.rank);
   };
-  std::vector<int32_t>& receivers = scratch.receivers;
+  std::vector<Receiver>& receivers = scratch.receivers;
   receivers.clear();
   for (int32_t q = 0; q < n; ++q) {
-    if (deficit[q] > 0) receivers.push_back(q);
+    if (deficit[q] > 0) receivers.push_back(Receiver{workload[q], q});
   }
   std::sort(receivers.begin(), receivers.end(), before);
   // The other receivers stay in strict (workload, rank) order, so q's new
-  // slot is unique: a binary search finds it where a step-by-step walk costs
-  // one comparison per receiver passed. `at` is q's index in `receivers`
+  // slot is unique: a walk finds it, shifting each receiver it passes (a
+  // served receiver passes few, about a dozen at 64 ranks, where a binary
+  // search and a shift cost more). `at` is q's index in `receivers`
   // (from least_loaded_receiver: nothing reorders them in between). A
   // receiver's workload never falls in exact arithmetic (every handed piece
   // adds pairs; a swap's head outweighs the document it returns), so q
@@ -213,62 +218,82 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
   // Whole moves scan from `skip` (below): receivers before it are known to
   // be too full; a receiver moved forward invalidates that.
   size_t skip = 0;
-  const auto place = [&](size_t at) {
+  // Inlined: it runs once per handed piece, and a call costs about as much
+  // as a short walk.
+  const auto place = [&](size_t at) __attribute__((always_inline)) {
     const auto it = receivers.begin() + static_cast<std::ptrdiff_t>(at);
-    const int32_t q = *it;
+    const int32_t q = it->rank;
     if (deficit[q] <= 0) {
       receivers.erase(it);
       return;
     }
+    const Receiver now{workload[q], q};
     const auto next = it + 1;
-    if (next != receivers.end() && before(*next, q)) {
-      // Heavier now: [next, to) are before q and shift back one slot.
-      const auto to = std::lower_bound(next + 1, receivers.end(), q, before);
-      std::move(next, to, it);
-      *(to - 1) = q;
-    } else if (it != receivers.begin() && before(q, *(it - 1))) {
+    if (next != receivers.end() && before(*next, now)) {
+      // Heavier now: the receivers before it shift back one slot each:
+      // those of less workload, then those of equal workload and lower rank.
+      auto slot = it;
+      auto after = next;
+      do {
+        *slot = *after;
+        slot = after++;
+      } while (after != receivers.end() && after->workload < now.workload);
+      while (after != receivers.end() && after->workload == now.workload && after->rank < q) {
+        *slot = *after;
+        slot = after++;
+      }
+      *slot = now;
+    } else if (it != receivers.begin() && before(now, *(it - 1))) {
       // Lighter now (rounding only): [to, it) come after q and shift up one slot.
-      const auto to = std::upper_bound(receivers.begin(), it - 1, q, before);
+      const auto to = std::upper_bound(receivers.begin(), it - 1, now, before);
       std::move_backward(to, it, next);
-      *to = q;
+      *to = now;
       skip = 0;
+    } else {
+      *it = now;
     }
   };
   // The index in `receivers` of the least-loaded one with a deficit of at
   // least min_deficit, or receivers.size() if none has.
   const auto least_loaded_receiver = [&](int64_t min_deficit) {
     size_t i = 0;
-    while (i < receivers.size() && deficit[receivers[i]] < min_deficit) ++i;
+    while (i < receivers.size() && deficit[receivers[i].rank] < min_deficit) ++i;
     return i;
   };
   const int64_t m = options.min_shard;
   for (int32_t r = 0; r < n; ++r) {
     int64_t excess = -deficit[r];
     if (excess <= 0) continue;  // receivers' documents are emitted at the end
+    deficit[r] = 0;             // the donor ends holding exactly its need
     std::vector<int32_t>& mine = held[r];
     if (options.whole_moves && excess > 0) {
       // Shortest first; a moved document leaves `mine`. A document longer
-      // than both the excess and the largest deficit cannot move, nor can any
+      // than the excess or than every deficit cannot move, nor can any
       // longer one after it.
       // `mine` is longest first, so lengths only grow here while deficits
       // only fall: a receiver passed over for one document (deficit below
       // its length) is passed over for every later one, and serving a
       // receiver moves it back, behind those. So the scan goes on from
       // where the last one stopped (from the front again should a length
-      // ever fall).
-      int64_t max_deficit = *std::max_element(deficit.begin(), deficit.end());
+      // ever fall). Every rank with a deficit is in `receivers`, so a scan
+      // that finds none means no deficit is as large: the moves end.
       int64_t skip_len = 0;  // receivers [0, skip) have deficits below skip_len
       skip = 0;
+      // A moved document is marked -1, and the tail holding every moved
+      // one, [low, end), compacted once after the loop (erasing each would
+      // shift the tail).
+      size_t low = mine.size();
       for (size_t i = mine.size(); i-- > 0 && excess > 0;) {
         const int64_t len = batch.doc_lens[mine[i]];
-        if (len > excess || len > max_deficit) break;
+        if (len > excess) break;
         if (len < skip_len) skip = 0;
         size_t at = skip;
-        while (at < receivers.size() && deficit[receivers[at]] < len) ++at;
+        while (at < receivers.size() && deficit[receivers[at].rank] < len) ++at;
+        if (at == receivers.size()) break;
         skip = at;
         skip_len = len;
-        if (at == receivers.size()) continue;
-        const int32_t to = receivers[at];
+        low = i;
+        const int32_t to = receivers[at].rank;
         const double moved = RangeWorkload(0, len);
         out.push_back(Shard{mine[i], 0, len, to});
         workload[to] += moved;
@@ -276,22 +301,22 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
         deficit[to] -= len;
         place(at);
         excess -= len;
-        mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(i));
-        // Only deficit[to] fell: the maximum changes only if it was there.
-        if (deficit[to] + len == max_deficit) {
-          max_deficit = *std::max_element(deficit.begin(), deficit.end());
-        }
+        mine[i] = -1;
       }
+      mine.erase(std::remove(mine.begin() + static_cast<std::ptrdiff_t>(low), mine.end(), -1),
+                 mine.end());
     }
     // `mine` is longest first, so with the minimum-shard rule the documents
     // that can be cut (>= 2m tokens) come first and shorter ones are cut only
     // when nothing else is left (RepairSlivers then tries to undo it).
     // Documents the donor keeps whole stay in `mine` (compacted to the first
-    // `kept` entries, still longest first).
+    // `kept` entries, still longest first); once the excess is given, the
+    // rest stay as they are.
+    if (excess <= 0) continue;
     int64_t later = 0;  // tokens of the documents after the current one in `mine`
     for (int32_t d : mine) later += batch.doc_lens[d];
-    size_t kept = 0;
-    for (size_t j = 0; j < mine.size(); ++j) {
+    size_t kept = 0, j = 0;
+    for (; j < mine.size() && excess > 0; ++j) {
       const int32_t d = mine[j];
       const int64_t len = batch.doc_lens[d];
       later -= len;
@@ -300,7 +325,7 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
         // Total need equals total tokens, so an excess implies some deficit.
         size_t at = m > 0 ? least_loaded_receiver(std::min(m, excess)) : receivers.size();
         if (at == receivers.size()) at = least_loaded_receiver(1);
-        const int32_t to = receivers[at];
+        const int32_t to = receivers[at].rank;
         int64_t take = std::min({excess, deficit[to], len - head});
         bool last_cut = false;
         int32_t swap = -1;  // a whole document of `to` that comes back to r
@@ -373,8 +398,8 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
         out.push_back(Shard{d, head, len - head, r});
       }
     }
-    mine.resize(kept);
-    if (deficit[r] < 0) deficit[r] = 0;  // the donor now holds exactly its need
+    mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(kept),
+               mine.begin() + static_cast<std::ptrdiff_t>(j));
   }
   return cap_decided;
 }
@@ -399,8 +424,12 @@ std::vector<int32_t> DocsLongestFirst(const Batch& batch) {
 
 std::vector<double> PieceWorkloads(int32_t cp_size, const std::vector<Shard>& pieces) {
   std::vector<double> w(cp_size, 0.0);
-  for (const Shard& s : pieces) w[s.rank] += RangeWorkload(s.start, s.len);
+  AddPieceWorkloads(pieces, w);
   return w;
+}
+
+void AddPieceWorkloads(std::span<const Shard> pieces, std::vector<double>& workload) {
+  for (const Shard& s : pieces) workload[s.rank] += RangeWorkload(s.start, s.len);
 }
 
 }  // namespace flashcp::core::internal

@@ -114,7 +114,12 @@ struct WholeDocScratch {
   std::vector<double> keys;    // LPT key per rank (+inf past N)
   std::vector<int32_t> tree;   // LPT tournament tree over the ranks
   std::vector<int64_t> deficit;
-  std::vector<int32_t> receivers;
+  // Equalization's receivers, each with a copy of its rank's workload.
+  struct Receiver {
+    double workload;
+    int32_t rank;
+  };
+  std::vector<Receiver> receivers;
 };
 // The same, with caller-owned scratch (identical results).
 void WholeDocPieces(const Batch& batch, const std::vector<int32_t>& docs,
@@ -152,6 +157,9 @@ void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,
 std::vector<int32_t> DocsLongestFirst(const Batch& batch);
 // Per-rank workload of raw pieces (any order; merging does not change it).
 std::vector<double> PieceWorkloads(int32_t cp_size, const std::vector<Shard>& pieces);
+// Adds the pieces' workloads to `workload` (per rank), in their order: on a
+// list's prefix, then on the rest, the sums are exactly PieceWorkloads'.
+void AddPieceWorkloads(std::span<const Shard> pieces, std::vector<double>& workload);
 
 }  // namespace flashcp::core::internal
 
