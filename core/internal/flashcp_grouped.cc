@@ -20,12 +20,12 @@ namespace {
 
 // GroupedPieces before Whole-Doc (which alone depends on rho): the groups'
 // (and, filled, the whole documents') pieces, the ranks' room and
-// workload after them, and where in `order` the rest begins.
+// workload after them, and the rest of `order`.
 struct Groups {
   std::vector<Shard> pieces;
   std::vector<int64_t> room;
   std::vector<double> workload;
-  size_t rest = 0;
+  std::vector<int32_t> rest_docs;  // the documents left to Whole-Doc: `order`'s rest
 };
 
 bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
@@ -174,36 +174,73 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
       start += size;
     }
   }
-  groups.rest = k;
+  groups.rest_docs.assign(order.begin() + static_cast<std::ptrdiff_t>(k), order.end());
   return true;
 }
 
-// `groups` completed with the rest Whole-Doc at `rho`: GroupedPieces' pieces.
-// `scratch`: WholeDocPieces' buffers, reused across calls.
-std::vector<Shard> WithWholeRest(const Batch& batch, const std::vector<int32_t>& order,
-                                 const Groups& groups, double rho, int64_t m,
-                                 WholeDocScratch& scratch) {
-  std::vector<Shard> out = groups.pieces;
-  std::vector<int64_t> room = groups.room;
-  std::vector<double> workload = groups.workload;
-  const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(groups.rest),
-                                  order.end());
-  WholeDocPieces(batch, rest, room, workload, out, WholeDocOptions{rho, true, m, 4 * m}, scratch);
-  return out;
+// The buffers one candidate of BestGroupedPlan needs, reused by the next.
+struct CandidateScratch {
+  WholeDocScratch whole_doc;
+  std::vector<int64_t> room;
+};
+
+// `groups` completed with the rest Whole-Doc at `rho`: GroupedPieces' pieces
+// in `pieces`, and in `workload` each rank's workload as placed (the groups',
+// then WholeDocPieces' updates): the sum of its pieces' workloads.
+void WithWholeRest(const Batch& batch, const Groups& groups, double rho, int64_t m,
+                   CandidateScratch& scratch, std::vector<Shard>& pieces,
+                   std::vector<double>& workload) {
+  pieces = groups.pieces;
+  scratch.room = groups.room;
+  workload = groups.workload;
+  WholeDocPieces(batch, groups.rest_docs, scratch.room, workload, pieces,
+                 WholeDocOptions{rho, true, m, 4 * m}, scratch.whole_doc);
+}
+
+// Whether some piece of a cut document (0 < len < its document's) is
+// shorter than m: where none is, no shard FinishPlan merges them into is
+// (merging only joins pieces), so RepairSlivers has no sliver to fix.
+bool HasShortCutPiece(const Batch& batch, const std::vector<Shard>& pieces, int64_t m) {
+  return std::any_of(pieces.begin(), pieces.end(), [&](const Shard& s) {
+    return s.len > 0 && s.len < m && s.len < batch.doc_lens[s.doc];
+  });
 }
 
 }  // namespace
 
+bool CertainlyOverUnrepaired(const Batch& batch, const std::vector<Shard>& pieces,
+                             const std::vector<double>& workload, int64_t m, double limit) {
+  // Without a short cut piece the plan is FinishPlan(pieces) (RepairSlivers
+  // returns its merged shards unchanged), and ScorePlan's imbalance is
+  // WorkloadImbalance of its per-rank sums of ShardWorkload over the merged
+  // shards. Each term is an integer, and while the batch's whole workload
+  // W(0, total tokens) is below 2^53, so is every sum of terms of disjoint
+  // token ranges (W is superadditive), hence an exact double: in any order,
+  // however the ranges were split or merged (W(a, s) + W(a + s, t) =
+  // W(a, s + t)). `workload` is such sums and differences, every
+  // intermediate one the workload of the ranges then on a rank, so it equals
+  // ScorePlan's sums bit for bit, and so does the imbalance. The relative
+  // margin only leaves a near tie to the full path, should the tracked sums
+  // (kept by WholeDocPieces) ever stop being exact.
+  constexpr double kMargin = 1e-9;
+  if (m > 1 && HasShortCutPiece(batch, pieces, m)) return false;
+  if (!(RangeWorkload(0, TotalTokens(batch.doc_lens)) < 0x1p53)) return false;
+  return WorkloadImbalance(workload) > limit * (1 + kMargin);
+}
+
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
                    double rho, int64_t m, int32_t ranks_per_node, double small_share,
-                   std::vector<Shard>& out) {
+                   std::vector<Shard>& out, std::vector<double>* workload) {
   Groups groups;
   if (!GroupDocuments(batch, order, group_bound, m, ranks_per_node, small_share, groups)) {
     return false;
   }
-  WholeDocScratch scratch;
-  std::vector<Shard> pieces = WithWholeRest(batch, order, groups, rho, m, scratch);
+  CandidateScratch scratch;
+  std::vector<Shard> pieces;
+  std::vector<double> tracked;
+  WithWholeRest(batch, groups, rho, m, scratch, pieces, tracked);
   out.insert(out.end(), pieces.begin(), pieces.end());
+  if (workload != nullptr) *workload = std::move(tracked);
   return true;
 }
 
@@ -230,7 +267,13 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
     for (double bound : FlashCpOptions::kGroupBounds) variants.emplace_back(bound, 0.0);
   }
   Groups groups;
-  WholeDocScratch scratch;  // reused by every candidate
+  CandidateScratch scratch;  // reused by every candidate
+  std::vector<double> workload;
+  // Each candidate's plan; its shards' buffer is the next one's `pieces`
+  // unless it won.
+  Plan plan;
+  // Over the target: balanced below beyond 8 ranks if within reach.
+  const double limit = (n > 8 ? FlashCpOptions::kBalanceReach : 1.0) * target;
   for (const auto& [bound, small_share] : variants) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
     // The groups do not depend on the scale: found once per variant.
@@ -240,14 +283,22 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
     }
     for (double scale : FlashCpOptions::kScales) {
       FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-      pieces =
-          WithWholeRest(batch, options.order, groups, scale * options.median_density, m, scratch);
-      if (m > 1) pieces = RepairSlivers(batch, std::move(pieces), m, options.max_work);
-      Plan plan = FinishPlan(batch, std::move(pieces));
-      pieces = {};
+      // The last candidate's buffer: still `pieces` where it stopped before
+      // its plan, else that plan's shards (none if it won).
+      if (pieces.empty()) pieces = std::move(plan.shards);
+      WithWholeRest(batch, groups, scale * options.median_density, m, scratch, pieces,
+                    workload);
+      // Most candidates miss the limit; those without slivers are told so
+      // before their plan is finished.
+      if (CertainlyOverUnrepaired(batch, pieces, workload, m, limit)) continue;
+      // Without a short cut piece RepairSlivers would return FinishPlan's
+      // shards unchanged.
+      if (m > 1 && HasShortCutPiece(batch, pieces, m)) {
+        pieces = RepairSlivers(batch, std::move(pieces), m, options.max_work);
+      }
+      plan = FinishPlan(batch, std::move(pieces));
       PlanScore score = ScorePlan(plan);
-      // Over the target: balanced below beyond 8 ranks if within reach.
-      if (score.imbalance > (n > 8 ? FlashCpOptions::kBalanceReach : 1.0) * target) continue;
+      if (score.imbalance > limit) continue;
       Exchange exchange = Measure(plan, score);
       // Less moved under the cheaper exchange, and (N <= 8) never more
       // under the all-gather than the compacted plan.

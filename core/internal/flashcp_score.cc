@@ -12,17 +12,21 @@ PlanScore ScorePieces(const Batch& batch, const std::vector<Shard>& pieces) {
   const int32_t n = batch.cp_size;
   PartialScore part{std::vector<int64_t>(n, 0), 0, 0};
   AddPieces(batch, pieces, part);
-  double total = 0, max_w = 0;
-  for (double x : PieceWorkloads(n, pieces)) {
-    total += x;
-    max_w = std::max(max_w, x);
-  }
   PlanScore score;
-  score.imbalance = total > 0 ? max_w / (total / n) : 1.0;
+  score.imbalance = WorkloadImbalance(PieceWorkloads(n, pieces));
   score.max_nonlast = *std::max_element(part.nonlast.begin(), part.nonlast.end());
   score.cut_docs = part.cut_docs;
   score.min_cut_len = part.min_cut_len;
   return score;
+}
+
+double WorkloadImbalance(const std::vector<double>& workload) {
+  double total = 0, max_w = 0;
+  for (double x : workload) {
+    total += x;
+    max_w = std::max(max_w, x);
+  }
+  return total > 0 ? max_w / (total / static_cast<double>(workload.size())) : 1.0;
 }
 
 PlanScore ScorePlan(const Plan& plan) {

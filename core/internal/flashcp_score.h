@@ -20,6 +20,9 @@ struct PlanScore {
   int64_t slivers = 0;        // cut pieces shorter than the minimum shard (flashcp)
 };
 PlanScore ScorePlan(const Plan& plan);
+// ScorePlan's imbalance from per-rank workloads (SPEC Eq. 3 pairs): max /
+// (sum / N), summed in rank order; 1 where all are 0.
+double WorkloadImbalance(const std::vector<double>& workload);
 // The same on raw pieces (as FinishPlan takes them), without building a plan.
 // Exact when no two touching pieces of a document share a rank, else it
 // counts a merged shard as several (a tie-breaking score, never a metric).
