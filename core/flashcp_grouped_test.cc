@@ -69,13 +69,13 @@ TEST(GroupedPiecesTest, FilledGroupsLeaveRoomForTheRest) {
 
 // Random batches, every grouped candidate (BestGroupedPlan's group bounds,
 // filled beyond 8 ranks, and scales): the workload GroupedPieces tracks is
-// its pieces' per-rank workload exactly, and CertainlyOverUnrepaired says
-// "over" exactly where the full path (RepairSlivers, FinishPlan, ScorePlan)
-// scores the plan above the limit, for candidates without a short cut piece
-// (whose plan is FinishPlan's, the repair changing nothing), and never for
-// one with such a piece. At limits R and between the two sides of the
-// candidate's own imbalance, so that both answers are met.
-TEST(CertainlyOverUnrepairedTest, AgreesWithTheFullPath) {
+// its pieces' per-rank workload exactly; without a cut piece shorter than
+// m, RepairSlivers changes nothing; and ImbalanceCertainlyOver, told the
+// tracked workload (or the repaired pieces' where some piece is short),
+// says "over" exactly where the plan BestGroupedPlan finishes (RepairSlivers,
+// FinishPlan, ScorePlan) scores above the limit. At limits R and either side
+// of the candidate's own imbalance, so that both answers are met.
+TEST(GroupedPiecesTest, TrackedWorkloadTellsThePlansImbalance) {
   SplitMix64Rng rng(20261202);
   const auto below = [&](int64_t k) { return static_cast<int64_t>(rng.Next() % k); };
   int candidates = 0, short_pieces = 0, over = 0, not_over = 0;
@@ -104,24 +104,25 @@ TEST(CertainlyOverUnrepairedTest, AgreesWithTheFullPath) {
         }
         ++candidates;
         ASSERT_EQ(workload, internal::PieceWorkloads(n, pieces)) << "trial " << trial;
-        const Plan full = internal::FinishPlan(
-            batch, m > 1 ? internal::RepairSlivers(batch, pieces, m, o.max_work) : pieces);
-        const double imbalance = internal::ScorePlan(full).imbalance;
         const bool has_short = std::any_of(pieces.begin(), pieces.end(), [&](const Shard& s) {
           return m > 1 && s.len > 0 && s.len < m && s.len < batch.doc_lens[s.doc];
         });
-        short_pieces += has_short ? 1 : 0;
-        if (!has_short) {
+        std::vector<Shard> repaired = pieces;
+        if (m > 1) repaired = internal::RepairSlivers(batch, pieces, m, o.max_work);
+        const Plan full = internal::FinishPlan(batch, repaired);
+        const double imbalance = internal::ScorePlan(full).imbalance;
+        if (has_short) {
+          ++short_pieces;
+          workload = internal::PieceWorkloads(n, repaired);
+        } else {
           EXPECT_EQ(full.shards, internal::FinishPlan(batch, pieces).shards) << "trial " << trial;
-          EXPECT_EQ(internal::WorkloadImbalance(workload), imbalance) << "trial " << trial;
         }
+        EXPECT_EQ(internal::WorkloadImbalance(workload), imbalance) << "trial " << trial;
         for (double limit : {o.target, imbalance * (1 - 1e-6), imbalance * (1 + 1e-6)}) {
-          const bool certain =
-              internal::CertainlyOverUnrepaired(batch, pieces, workload, m, limit);
-          EXPECT_EQ(certain, !has_short && imbalance > limit)
+          const bool certain = internal::ImbalanceCertainlyOver(batch, workload, limit);
+          EXPECT_EQ(certain, imbalance > limit)
               << "trial " << trial << " limit " << limit << " imbalance " << imbalance;
-          over += certain ? 1 : 0;
-          not_over += !has_short && !certain ? 1 : 0;
+          (certain ? over : not_over) += 1;
         }
       }
     }
@@ -129,22 +130,8 @@ TEST(CertainlyOverUnrepairedTest, AgreesWithTheFullPath) {
   // Not vacuous: thousands of candidates, both answers, short pieces.
   EXPECT_GT(candidates, 3000);
   EXPECT_GT(short_pieces, 1000);
-  EXPECT_GT(over, 2000);
-  EXPECT_GT(not_over, 2000);
-}
-
-// Within the relative margin of 1e-9 the full path decides: a plan whose
-// imbalance is just above the limit is not told "over".
-TEST(CertainlyOverUnrepairedTest, LeavesANearTieToTheFullPath) {
-  // Docs {4, 4}, N = 2, each whole on its own rank: workloads 10 and 10.
-  const Batch batch{{4, 4}, 2};
-  const std::vector<Shard> pieces = {{0, 0, 4, 0}, {1, 0, 4, 1}};
-  EXPECT_FALSE(internal::CertainlyOverUnrepaired(batch, pieces, {10, 10}, 3, 1.0 - 1e-12));
-  EXPECT_TRUE(internal::CertainlyOverUnrepaired(batch, pieces, {10, 10}, 3, 1.0 - 1e-6));
-  // A cut piece shorter than m: never known.
-  const std::vector<Shard> cut = {{0, 0, 2, 0}, {0, 2, 2, 1}, {1, 0, 4, 0}};
-  EXPECT_FALSE(internal::CertainlyOverUnrepaired(batch, cut, {13, 7}, 3, 1.0));
-  EXPECT_TRUE(internal::CertainlyOverUnrepaired(batch, cut, {13, 7}, 2, 1.0));
+  EXPECT_GT(over, 3000);
+  EXPECT_GT(not_over, 3000);
 }
 
 }  // namespace

@@ -208,26 +208,6 @@ bool HasShortCutPiece(const Batch& batch, const std::vector<Shard>& pieces, int6
 
 }  // namespace
 
-bool CertainlyOverUnrepaired(const Batch& batch, const std::vector<Shard>& pieces,
-                             const std::vector<double>& workload, int64_t m, double limit) {
-  // Without a short cut piece the plan is FinishPlan(pieces) (RepairSlivers
-  // returns its merged shards unchanged), and ScorePlan's imbalance is
-  // WorkloadImbalance of its per-rank sums of ShardWorkload over the merged
-  // shards. Each term is an integer, and while the batch's whole workload
-  // W(0, total tokens) is below 2^53, so is every sum of terms of disjoint
-  // token ranges (W is superadditive), hence an exact double: in any order,
-  // however the ranges were split or merged (W(a, s) + W(a + s, t) =
-  // W(a, s + t)). `workload` is such sums and differences, every
-  // intermediate one the workload of the ranges then on a rank, so it equals
-  // ScorePlan's sums bit for bit, and so does the imbalance. The relative
-  // margin only leaves a near tie to the full path, should the tracked sums
-  // (kept by WholeDocPieces) ever stop being exact.
-  constexpr double kMargin = 1e-9;
-  if (m > 1 && HasShortCutPiece(batch, pieces, m)) return false;
-  if (!(RangeWorkload(0, TotalTokens(batch.doc_lens)) < 0x1p53)) return false;
-  return WorkloadImbalance(workload) > limit * (1 + kMargin);
-}
-
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
                    double rho, int64_t m, int32_t ranks_per_node, double small_share,
                    std::vector<Shard>& out, std::vector<double>* workload) {
@@ -288,14 +268,15 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
       if (pieces.empty()) pieces = std::move(plan.shards);
       WithWholeRest(batch, groups, scale * options.median_density, m, scratch, pieces,
                     workload);
-      // Most candidates miss the limit; those without slivers are told so
-      // before their plan is finished.
-      if (CertainlyOverUnrepaired(batch, pieces, workload, m, limit)) continue;
       // Without a short cut piece RepairSlivers would return FinishPlan's
-      // shards unchanged.
+      // shards unchanged. The repair may lower the maximum: its pieces'
+      // workload is summed again.
       if (m > 1 && HasShortCutPiece(batch, pieces, m)) {
         pieces = RepairSlivers(batch, std::move(pieces), m, options.max_work);
+        workload = PieceWorkloads(n, pieces);
       }
+      // Most candidates miss the limit: told before their plan is finished.
+      if (ImbalanceCertainlyOver(batch, workload, limit)) continue;
       plan = FinishPlan(batch, std::move(pieces));
       PlanScore score = ScorePlan(plan);
       if (score.imbalance > limit) continue;

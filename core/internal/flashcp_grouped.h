@@ -44,19 +44,12 @@ namespace flashcp::core::internal {
 //
 // Where `workload` is not null it receives each rank's workload (SPEC Eq. 3
 // pairs) of the pieces appended, as their placement tracked it
-// (BestGroupedPlan's CertainlyOverUnrepaired reads it).
+// (BestGroupedPlan tells most candidates over the target from it:
+// ImbalanceCertainlyOver).
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
                    double rho, int64_t m, int32_t ranks_per_node, double small_share,
                    std::vector<Shard>& out, std::vector<double>* workload = nullptr);
 
-// Whether the plan BestGroupedPlan finishes from a candidate's raw `pieces`
-// (RepairSlivers where m > 1, FinishPlan, ScorePlan) certainly has an
-// imbalance above `limit`, told from `workload`, each rank's workload of
-// `pieces` as their placement tracked it, without finishing it. False (not
-// known) where some piece of a cut document is shorter than m > 1: there
-// the repair may lower the maximum.
-bool CertainlyOverUnrepaired(const Batch& batch, const std::vector<Shard>& pieces,
-                             const std::vector<double>& workload, int64_t m, double limit);
 
 // Over every group bound (kGroupBounds x R * mean; beyond 8 ranks filled
 // groups at kFilledGroups' bounds and small shares) and rho scale, the
