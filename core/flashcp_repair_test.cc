@@ -1,10 +1,16 @@
 // flashcp's repair stage (flashcp_repair.h): slivers removed by chains of
 // cut-point shifts, whole-document moves and new cuts, hand-worked.
+#include <cstdint>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/analysis.h"
 #include "core/internal/flashcp_repair.h"
+#include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
+#include "core/random.h"
+#include "core/testing/candidates.h"
 #include "core/testing/status_matchers.h"
 #include "core/types.h"
 #include "gmock/gmock.h"
@@ -163,6 +169,46 @@ TEST(RepairSliversTest, ChainFixMustKeepBalance) {
             (std::vector<Shard>{{0, 0, 2, 0}, {1, 3, 7, 0}, {0, 2, 8, 1}, {1, 0, 3, 1}}));
   EXPECT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(batch, pieces, 3, 59.0)).shards,
             (std::vector<Shard>{{0, 0, 3, 0}, {1, 4, 6, 0}, {0, 3, 7, 1}, {1, 0, 4, 1}}));
+}
+
+// RepairSlivers takes raw pieces: split (touching pieces of one shard on its
+// rank, whole documents too), with empty pieces, in any order, they are
+// repaired exactly as the finished plan's shards are. Random batches, Per-Doc
+// and Llama3 plans (many slivers), minimum shards and workload bounds.
+TEST(RepairSliversTest, RawPiecesRepairAsTheirPlan) {
+  SplitMix64Rng rng(20261203);
+  const auto below = [&](int64_t k) { return static_cast<int64_t>(rng.Next() % k); };
+  int changed = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    const int32_t n = static_cast<int32_t>(2 + below(15));
+    const Batch batch{testing::LogUniformDocs(rng, 256 + below(8192)), n};
+    if (TotalTokens(batch.doc_lens) < n) continue;
+    const Plan plan = trial % 2 == 0 ? internal::PlanPerDoc(batch) : internal::PlanLlama3(batch);
+    const int64_t m = 2 + below(64);
+    double mean = 0;
+    for (double w : internal::PieceWorkloads(n, plan.shards)) mean += w / n;
+    const double max_work =
+        trial % 3 == 0 ? std::numeric_limits<double>::infinity() : mean * (1.0 + 0.01 * below(20));
+    std::vector<Shard> raw;
+    for (const Shard& s : plan.shards) {
+      if (s.len > 1 && below(3) == 0) {
+        const int64_t cut = 1 + below(s.len - 1);
+        raw.push_back(Shard{s.doc, s.start, cut, s.rank});
+        raw.push_back(Shard{s.doc, s.start + cut, s.len - cut, s.rank});
+      } else {
+        raw.push_back(s);
+      }
+      if (below(8) == 0) raw.push_back(Shard{s.doc, s.start, 0, s.rank});
+    }
+    for (size_t i = raw.size(); i > 1; --i) std::swap(raw[i - 1], raw[below(i)]);
+    const std::vector<Shard> expected = internal::FinishPlan(
+        batch, internal::RepairSlivers(batch, plan.shards, m, max_work)).shards;
+    ASSERT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(batch, raw, m, max_work)).shards,
+              expected)
+        << "trial " << trial;
+    changed += expected != plan.shards ? 1 : 0;
+  }
+  EXPECT_GT(changed, 100);  // repairs happened
 }
 
 TEST(SliverFreeWorkloadBoundTest, LastShardAndRankTokens) {

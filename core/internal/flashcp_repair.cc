@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -86,11 +87,19 @@ class SliverRepair {
   // Load met them (RepairSlivers sorts them ascending).
   std::vector<std::vector<std::pair<int64_t, int32_t>>> whole;
 
-  // Takes a finished plan's shards: whole documents per rank, cut ones as
-  // pieces sorted by start.
-  void Load(const Batch& batch, const std::vector<Shard>& shards) {
+  // Takes raw pieces (as FinishPlan takes them) or a finished plan's
+  // shards, and holds what that plan's shards hold: whole documents per rank
+  // (in the order met; for a plan's shards by document), cut ones as pieces
+  // sorted by start, touching pieces on one rank merged (FinishPlan's
+  // merge), the cut documents in the order the plan's shards first meet
+  // them: by their lowest rank, then by document. Raw pieces that merge into
+  // a whole document join their rank's list last.
+  void Load(const Batch& batch, const std::vector<Shard>& pieces) {
     std::vector<int32_t> slot(batch.doc_lens.size(), -1);
-    for (const Shard& s : shards) {
+    int64_t total = 0;
+    for (const Shard& s : pieces) {
+      total += s.len;
+      if (s.len == 0) continue;
       if (s.len == batch.doc_lens[s.doc]) {
         whole[s.rank].push_back({s.len, s.doc});
         continue;
@@ -102,12 +111,51 @@ class SliverRepair {
       }
       docs[slot[s.doc]].push_back(Piece{s.start, s.len, s.rank});
     }
-    int64_t total = 0;
-    for (const Shard& s : shards) total += s.len;
     exact_ = RangeWorkload(0, total) < 0x1p53;
-    for (std::vector<Piece>& p : docs) {
+    // Sorted and merged; documents left whole move to `whole`.
+    size_t kept = 0;
+    for (size_t c = 0; c < docs.size(); ++c) {
+      std::vector<Piece>& p = docs[c];
       std::sort(p.begin(), p.end(),
-                [](const Piece& a, const Piece& b) { return a.start < b.start; });
+                [](const Piece& x, const Piece& y) { return x.start < y.start; });
+      size_t k = 0;
+      for (size_t i = 0; i < p.size(); ++i) {
+        if (k > 0 && p[k - 1].rank == p[i].rank && p[k - 1].start + p[k - 1].len == p[i].start) {
+          p[k - 1].len += p[i].len;
+        } else {
+          p[k++] = p[i];
+        }
+      }
+      p.resize(k);
+      if (k == 1) {
+        whole[p[0].rank].push_back({p[0].len, doc_index[c]});
+        continue;
+      }
+      if (kept != c) {
+        docs[kept] = std::move(p);
+        doc_index[kept] = doc_index[c];
+      }
+      ++kept;
+    }
+    docs.resize(kept);
+    doc_index.resize(kept);
+    // The plan's order of cut documents (a plan's shards already have it).
+    std::vector<std::pair<int32_t, int32_t>> keys(kept);  // (lowest rank, document)
+    for (size_t c = 0; c < kept; ++c) {
+      int32_t low = docs[c][0].rank;
+      for (const Piece& x : docs[c]) low = std::min(low, x.rank);
+      keys[c] = {low, doc_index[c]};
+    }
+    if (!std::is_sorted(keys.begin(), keys.end())) {
+      std::vector<size_t> perm(kept);
+      std::iota(perm.begin(), perm.end(), size_t{0});
+      std::sort(perm.begin(), perm.end(), [&](size_t x, size_t y) { return keys[x] < keys[y]; });
+      std::vector<std::vector<Piece>> sorted(kept);
+      for (size_t c = 0; c < kept; ++c) {
+        sorted[c] = std::move(docs[perm[c]]);
+        doc_index[c] = keys[perm[c]].second;
+      }
+      docs = std::move(sorted);
     }
   }
 
@@ -721,15 +769,10 @@ bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>
 std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
                                  int64_t min_shard, double max_workload,
                                  int64_t max_nonlast_growth) {
-  Plan merged = FinishPlan(batch, std::move(pieces));
-  // Nothing to fix: the merged shards as they are (what the loop below
-  // would emit, in another order).
-  if (min_shard <= 1 || CountSlivers(merged, min_shard) == 0) return std::move(merged.shards);
-  const std::vector<Shard>& shards = merged.shards;
-  // Cut documents: those with a shard shorter than the document.
+  if (min_shard <= 1) return FinishPlan(batch, std::move(pieces)).shards;
+  // Cut documents: those with a shard shorter than the document (merged).
   SliverRepair repair(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
-  repair.Load(batch, shards);
-  for (auto& w : repair.whole) std::sort(w.begin(), w.end());
+  repair.Load(batch, pieces);
   // Passes until nothing changes: a fix can open a chain for a sliver that
   // had none. Each fix removes one sliver and creates none. Bounded work:
   // each attempt is O(cut pieces + documents) (up to four chain searches and
@@ -745,6 +788,14 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
     pieces_now += static_cast<int64_t>(p.size());
     for (const Piece& x : p) slivers += x.len < min_shard ? 1 : 0;
   }
+  std::vector<Shard> out;
+  out.reserve(pieces.size());
+  // Nothing to fix: the merged shards as they are.
+  if (slivers == 0) {
+    repair.Emit(out);
+    return out;
+  }
+  for (auto& w : repair.whole) std::sort(w.begin(), w.end());
   const int64_t visits = pieces_now + static_cast<int64_t>(batch.doc_lens.size()) + 1;
   int64_t attempts = static_cast<int64_t>(batch.cp_size) + 16 +
                      std::min(4 * slivers, (int64_t{1} << 20) / visits);
@@ -764,8 +815,6 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
       }
     }
   }
-  std::vector<Shard> out;
-  out.reserve(shards.size());
   repair.Emit(out);
   return out;
 }
