@@ -95,10 +95,26 @@ class SliverRepair {
   // them: by their lowest rank, then by document. Raw pieces that merge into
   // a whole document join their rank's list last.
   void Load(const Batch& batch, const std::vector<Shard>& pieces) {
-    std::vector<int32_t> slot(batch.doc_lens.size(), -1);
+    // Counted first, so that each list is allocated once: per document its
+    // cut pieces, per rank its whole documents.
+    std::vector<int32_t> count(batch.doc_lens.size(), 0);
+    std::vector<int32_t> whole_count(n_, 0);
     int64_t total = 0;
+    size_t cut_docs = 0;
     for (const Shard& s : pieces) {
       total += s.len;
+      if (s.len == 0) continue;
+      if (s.len == batch.doc_lens[s.doc]) {
+        ++whole_count[s.rank];
+      } else if (count[s.doc]++ == 0) {
+        ++cut_docs;
+      }
+    }
+    for (int32_t r = 0; r < n_; ++r) whole[r].reserve(whole_count[r]);
+    docs.reserve(cut_docs);
+    doc_index.reserve(cut_docs);
+    std::vector<int32_t> slot(batch.doc_lens.size(), -1);  // per document, its entry in `docs`
+    for (const Shard& s : pieces) {
       if (s.len == 0) continue;
       if (s.len == batch.doc_lens[s.doc]) {
         whole[s.rank].push_back({s.len, s.doc});
@@ -106,7 +122,7 @@ class SliverRepair {
       }
       if (slot[s.doc] < 0) {
         slot[s.doc] = static_cast<int32_t>(docs.size());
-        docs.emplace_back();
+        docs.emplace_back().reserve(count[s.doc]);
         doc_index.push_back(s.doc);
       }
       docs[slot[s.doc]].push_back(Piece{s.start, s.len, s.rank});
