@@ -804,12 +804,13 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
     pieces_now += static_cast<int64_t>(p.size());
     for (const Piece& x : p) slivers += x.len < min_shard ? 1 : 0;
   }
-  std::vector<Shard> out;
-  out.reserve(pieces.size());
+  // `repair` holds the pieces now: its output reuses their buffer.
+  std::vector<Shard>& out = pieces;
+  out.clear();
   // Nothing to fix: the merged shards as they are.
   if (slivers == 0) {
     repair.Emit(out);
-    return out;
+    return std::move(out);
   }
   for (auto& w : repair.whole) std::sort(w.begin(), w.end());
   const int64_t visits = pieces_now + static_cast<int64_t>(batch.doc_lens.size()) + 1;
@@ -832,7 +833,7 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
     }
   }
   repair.Emit(out);
-  return out;
+  return std::move(out);
 }
 
 double SliverFreeWorkloadBound(const Batch& batch, int64_t min_shard) {
