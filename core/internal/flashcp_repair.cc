@@ -662,7 +662,14 @@ class SliverRepair {
     // every edit (BeginEdit, EndEdit); each edge keeps how many tokens its
     // shrinking piece can spare.
     if (dirty_) {
+      // Counted first, so that each rank's list is allocated once.
+      std::vector<int32_t>& degree = parent_;  // its buffer: the search assigns it below
+      degree.assign(n_, 0);
+      for (size_t c = 0; c < docs.size(); ++c) {
+        DocEdges(c, [&](int32_t rank, const Edge&) { ++degree[rank]; });
+      }
       adj_.assign(n_, {});
+      for (int32_t r = 0; r < n_; ++r) adj_[r].reserve(degree[r]);
       for (size_t c = 0; c < docs.size(); ++c) {
         DocEdges(c, [&](int32_t rank, const Edge& e) { adj_[rank].push_back(e); });
       }
