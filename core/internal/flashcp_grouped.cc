@@ -280,6 +280,10 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
       plan = FinishPlan(batch, std::move(pieces));
       PlanScore score = ScorePlan(plan);
       if (score.imbalance > limit) continue;
+      // At N <= 8, more under the all-gather than the compacted plan fails
+      // moves_less below whatever the targeted exchange: known from the
+      // score, without Measure's pass over the plan.
+      if (n <= 8 && AllgatherTokens(score, n) > reference.allgather) continue;
       Exchange exchange = Measure(plan, score);
       // Less moved under the cheaper exchange, and (N <= 8) never more
       // under the all-gather than the compacted plan.
