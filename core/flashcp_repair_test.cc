@@ -63,6 +63,32 @@ TEST(RepairSliversTest, AbsorbsSliverAndShiftsAnotherCut) {
             (std::vector<Shard>{{0, 0, 10, 0}, {1, 0, 4, 0}, {1, 4, 6, 1}}));
 }
 
+// One scratch, two repairs: the second (AbsorbsSliverAndShiftsAnotherCut's)
+// finds its chain in its own boundary graph, not in the first's. The first,
+// docs [9, 9, 6] on 3 ranks, min 3: doc 0 [0,1) r2 (a sliver), [1,9) r0;
+// doc 1 [0,4) r1, [4,9) r2; doc 2 whole on r0. Its graph has no edge from r0
+// but doc 0's own, and none of r1's or r2's leads to r0: no chain, and
+// neither whole-document moves (r2 holds no whole document, r0's 6 tokens
+// match no growth) nor a new cut (r2 has nothing to cut) fix it: it stays.
+TEST(RepairSliversTest, ScratchKeepsNothingBetweenCalls) {
+  internal::RepairScratch scratch;
+  const Batch first{{9, 9, 6}, 3};
+  const std::vector<Shard> pieces = {
+      {0, 0, 1, 2}, {0, 1, 8, 0}, {1, 0, 4, 1}, {1, 4, 5, 2}, {2, 0, 6, 0}};
+  EXPECT_EQ(internal::FinishPlan(first, internal::RepairSlivers(
+                                            first, pieces, 3,
+                                            std::numeric_limits<double>::infinity(),
+                                            internal::kAnyNonlastGrowth, scratch))
+                .shards,
+            internal::FinishPlan(first, pieces).shards);
+  const Batch batch{{10, 10}, 2};
+  const std::vector<Shard> fixed = internal::RepairSlivers(
+      batch, {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 5, 0}, {1, 5, 5, 1}}, 3,
+      std::numeric_limits<double>::infinity(), internal::kAnyNonlastGrowth, scratch);
+  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
+            (std::vector<Shard>{{0, 0, 10, 0}, {1, 0, 4, 0}, {1, 4, 6, 1}}));
+}
+
 TEST(RepairSliversTest, GrowsSliverWhenAbsorbingHasNoChain) {
   // docs [10, 10] on 2 ranks, min 3. Doc 0: [0,2) r0 (sliver), [2,10) r1;
   // doc 1: [0,3) r1, [3,10) r0 (r1's piece is exactly the minimum: it
@@ -173,10 +199,13 @@ TEST(RepairSliversTest, ChainFixMustKeepBalance) {
 
 // RepairSlivers takes raw pieces: split (touching pieces of one shard on its
 // rank, whole documents too), with empty pieces, in any order, they are
-// repaired exactly as the finished plan's shards are. Random batches, Per-Doc
-// and Llama3 plans (many slivers), minimum shards and workload bounds.
+// repaired exactly as the finished plan's shards are; and one RepairScratch
+// reused by every call (each batch its own N) changes nothing. Random
+// batches, Per-Doc and Llama3 plans (many slivers), minimum shards and
+// workload bounds.
 TEST(RepairSliversTest, RawPiecesRepairAsTheirPlan) {
   SplitMix64Rng rng(20261203);
+  internal::RepairScratch scratch;
   const auto below = [&](int64_t k) { return static_cast<int64_t>(rng.Next() % k); };
   int changed = 0;
   for (int trial = 0; trial < 600; ++trial) {
@@ -204,6 +233,12 @@ TEST(RepairSliversTest, RawPiecesRepairAsTheirPlan) {
     const std::vector<Shard> expected = internal::FinishPlan(
         batch, internal::RepairSlivers(batch, plan.shards, m, max_work)).shards;
     ASSERT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(batch, raw, m, max_work)).shards,
+              expected)
+        << "trial " << trial;
+    ASSERT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(batch, raw, m, max_work,
+                                                                  internal::kAnyNonlastGrowth,
+                                                                  scratch))
+                  .shards,
               expected)
         << "trial " << trial;
     changed += expected != plan.shards ? 1 : 0;

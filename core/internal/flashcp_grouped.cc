@@ -182,6 +182,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
 struct CandidateScratch {
   WholeDocScratch whole_doc;
   std::vector<int64_t> room;
+  RepairScratch repair;
 };
 
 // `groups` completed with the rest Whole-Doc at `rho`: GroupedPieces' pieces
@@ -272,7 +273,8 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
       // shards unchanged. The repair may lower the maximum: its pieces'
       // workload is summed again.
       if (m > 1 && HasShortCutPiece(batch, pieces, m)) {
-        pieces = RepairSlivers(batch, std::move(pieces), m, options.max_work);
+        pieces = RepairSlivers(batch, std::move(pieces), m, options.max_work, kAnyNonlastGrowth,
+                               scratch.repair);
         workload = PieceWorkloads(n, pieces);
       }
       // Most candidates miss the limit: told before their plan is finished.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <tuple>
@@ -80,6 +81,29 @@ class SliverRepair {
       : n_(n), m_(m), max_work_(max_work), max_nonlast_growth_(max_nonlast_growth) {
     whole.resize(n);
   }
+  SliverRepair() : SliverRepair(0, 0, 0, 0) {}
+
+  // As if constructed anew with these bounds, the buffers kept (their
+  // capacity, and each cut document's vector for the next Load): a
+  // RepairScratch's repair serves one call after another.
+  void Reset(int32_t n, int64_t m, double max_work, int64_t max_nonlast_growth) {
+    n_ = n;
+    m_ = m;
+    max_work_ = max_work;
+    max_nonlast_growth_ = max_nonlast_growth;
+    for (std::vector<Piece>& p : docs) {
+      p.clear();
+      spare_docs_.push_back(std::move(p));
+    }
+    docs.clear();
+    doc_index.clear();
+    whole.resize(n);
+    for (auto& w : whole) w.clear();
+    dirty_ = true;
+    exact_ = false;
+    work_valid_ = nonlast_valid_ = false;
+    banned_.clear();
+  }
 
   std::vector<std::vector<Piece>> docs;  // cut documents only, pieces by start
   std::vector<int32_t> doc_index;        // document id per entry of `docs`
@@ -97,8 +121,10 @@ class SliverRepair {
   void Load(const Batch& batch, const std::vector<Shard>& pieces) {
     // Counted first, so that each list is allocated once: per document its
     // cut pieces, per rank its whole documents.
-    std::vector<int32_t> count(batch.doc_lens.size(), 0);
-    std::vector<int32_t> whole_count(n_, 0);
+    std::vector<int32_t>& count = count_;
+    count.assign(batch.doc_lens.size(), 0);
+    std::vector<int32_t>& whole_count = parent_;  // its buffer (FindChain assigns it)
+    whole_count.assign(n_, 0);
     int64_t total = 0;
     size_t cut_docs = 0;
     for (const Shard& s : pieces) {
@@ -113,7 +139,8 @@ class SliverRepair {
     for (int32_t r = 0; r < n_; ++r) whole[r].reserve(whole_count[r]);
     docs.reserve(cut_docs);
     doc_index.reserve(cut_docs);
-    std::vector<int32_t> slot(batch.doc_lens.size(), -1);  // per document, its entry in `docs`
+    std::vector<int32_t>& slot = slot_;  // per document, its entry in `docs`
+    slot.assign(batch.doc_lens.size(), -1);
     for (const Shard& s : pieces) {
       if (s.len == 0) continue;
       if (s.len == batch.doc_lens[s.doc]) {
@@ -122,7 +149,13 @@ class SliverRepair {
       }
       if (slot[s.doc] < 0) {
         slot[s.doc] = static_cast<int32_t>(docs.size());
-        docs.emplace_back().reserve(count[s.doc]);
+        if (spare_docs_.empty()) {
+          docs.emplace_back();
+        } else {
+          docs.push_back(std::move(spare_docs_.back()));
+          spare_docs_.pop_back();
+        }
+        docs.back().reserve(count[s.doc]);
         doc_index.push_back(s.doc);
       }
       docs[slot[s.doc]].push_back(Piece{s.start, s.len, s.rank});
@@ -152,6 +185,10 @@ class SliverRepair {
         doc_index[kept] = doc_index[c];
       }
       ++kept;
+    }
+    for (size_t c = kept; c < docs.size(); ++c) {
+      docs[c].clear();
+      spare_docs_.push_back(std::move(docs[c]));
     }
     docs.resize(kept);
     doc_index.resize(kept);
@@ -668,8 +705,11 @@ class SliverRepair {
       for (size_t c = 0; c < docs.size(); ++c) {
         DocEdges(c, [&](int32_t rank, const Edge&) { ++degree[rank]; });
       }
-      adj_.assign(n_, {});
-      for (int32_t r = 0; r < n_; ++r) adj_[r].reserve(degree[r]);
+      adj_.resize(n_);
+      for (int32_t r = 0; r < n_; ++r) {
+        adj_[r].clear();
+        adj_[r].reserve(degree[r]);
+      }
       for (size_t c = 0; c < docs.size(); ++c) {
         DocEdges(c, [&](int32_t rank, const Edge& e) { adj_[rank].push_back(e); });
       }
@@ -754,14 +794,23 @@ class SliverRepair {
   std::vector<Shift> via_;
   std::vector<char> banned_;  // per rank: FindChain avoids it (empty: none)
   std::vector<char> over_;    // per rank: over the bound in the last KeepsBalance
+  // Load's per-document counts and slots; emptied vectors for cut documents.
+  std::vector<int32_t> count_, slot_;
+  std::vector<std::vector<Piece>> spare_docs_;
 };
 
 }  // namespace
 
+struct RepairScratch::Buffers {
+  SliverRepair repair;
+};
+RepairScratch::RepairScratch() : buffers(std::make_unique<Buffers>()) {}
+RepairScratch::~RepairScratch() = default;
+
 bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>& pieces,
                        std::vector<int64_t>& room) {
   const int32_t n = batch.cp_size;
-  SliverRepair fit(n, min_shard, std::numeric_limits<double>::infinity(), int64_t{1} << 62);
+  SliverRepair fit(n, min_shard, std::numeric_limits<double>::infinity(), kAnyNonlastGrowth);
   fit.Load(batch, FinishPlan(batch, pieces).shards);
   std::vector<int64_t> left = room;
   for (int64_t tries = 4 * static_cast<int64_t>(n) + 16; tries > 0; --tries) {
@@ -792,9 +841,18 @@ bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>
 std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
                                  int64_t min_shard, double max_workload,
                                  int64_t max_nonlast_growth) {
+  RepairScratch scratch;
+  return RepairSlivers(batch, std::move(pieces), min_shard, max_workload, max_nonlast_growth,
+                       scratch);
+}
+
+std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
+                                 int64_t min_shard, double max_workload,
+                                 int64_t max_nonlast_growth, RepairScratch& scratch) {
   if (min_shard <= 1) return FinishPlan(batch, std::move(pieces)).shards;
   // Cut documents: those with a shard shorter than the document (merged).
-  SliverRepair repair(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
+  SliverRepair& repair = scratch.buffers->repair;
+  repair.Reset(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
   repair.Load(batch, pieces);
   // Passes until nothing changes: a fix can open a chain for a sliver that
   // had none. Each fix removes one sliver and creates none. Bounded work:
