@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -39,8 +40,20 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
   out.clear();
   room = RankTargets(batch);
   workload.assign(n, 0.0);
-  std::vector<int32_t> ranks(n), group, node_order;
+  std::vector<int32_t> ranks(n), group, node_order, merged;
   std::vector<double> load(n);
+  // `ranks` stays sorted from one document to the next: `sorted_for` is the
+  // projection it was sorted at (NaN: not yet), `changed` the ranks whose
+  // pairs or room changed since (flagged in is_changed).
+  double sorted_for = std::numeric_limits<double>::quiet_NaN();
+  std::vector<int32_t> changed;
+  std::vector<char> is_changed(n, 0);
+  const auto change = [&](int32_t r) {
+    if (!is_changed[r]) {
+      is_changed[r] = 1;
+      changed.push_back(r);
+    }
+  };
   std::vector<std::vector<int32_t>> by_node((n + per_node - 1) / per_node);
   // filled: the documents of more than small_share x group_bound pairs
   // (a prefix of `order`) are placed one by one, the rest (`small` on) by
@@ -89,6 +102,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
         out.push_back(Shard{d, 0, len, best});
         room[best] -= len;
         workload[best] += whole;
+        change(best);
         continue;
       }
     } else {
@@ -101,14 +115,30 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
     for (int32_t t = 0; t < (density > 0 ? 2 : 1) && c > n; ++t) {
       projection = projections[t];
       // The least-loaded ranks first (ties: more room, then lower index).
-      std::iota(ranks.begin(), ranks.end(), 0);
       // Each rank's projected load, computed once for the sort.
       for (int32_t r = 0; r < n; ++r) load[r] = projected(workload[r], room[r]);
-      std::sort(ranks.begin(), ranks.end(), [&](int32_t a, int32_t b) {
+      const auto before = [&](int32_t a, int32_t b) {
         if (load[a] != load[b]) return load[a] < load[b];
         if (room[a] != room[b]) return room[a] > room[b];
         return a < b;
-      });
+      };
+      // A total order: the sorted `ranks` is the same however it is made.
+      // Sorted at this projection before, only the changed ranks moved: the
+      // rest keep their order, and the changed ones, sorted, merge in.
+      if (projection != sorted_for) {
+        std::iota(ranks.begin(), ranks.end(), 0);
+        std::sort(ranks.begin(), ranks.end(), before);
+        sorted_for = projection;
+      } else if (!changed.empty()) {
+        std::erase_if(ranks, [&](int32_t r) { return is_changed[r] != 0; });
+        std::sort(changed.begin(), changed.end(), before);
+        merged.resize(n);
+        std::merge(ranks.begin(), ranks.end(), changed.begin(), changed.end(), merged.begin(),
+                   before);
+        ranks.swap(merged);
+      }
+      for (int32_t r : changed) is_changed[r] = 0;
+      changed.clear();
       c = std::max<int32_t>(2, static_cast<int32_t>(std::ceil(whole / group_bound)));
       // A rank r fits a group of c only if P_r + (W - rho L) / c - 2 rho <=
       // group_bound (P_r its projected load, rho the projection: a share has
@@ -171,6 +201,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
       out.push_back(Shard{d, start, size, r});
       room[r] -= size;
       workload[r] += RangeWorkload(start, size);
+      change(r);
       start += size;
     }
   }
