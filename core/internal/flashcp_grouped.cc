@@ -42,14 +42,16 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
   workload.assign(n, 0.0);
   std::vector<int32_t> ranks(n), group, node_order, merged;
   std::vector<double> load(n);
-  // `ranks` stays sorted from one document to the next: `sorted_for` is the
-  // projection it was sorted at (NaN: not yet), `changed` the ranks whose
-  // pairs or room changed since (flagged in is_changed).
+  // Beyond 16 ranks `ranks` stays sorted from one document to the next
+  // (below, sorting afresh costs as little): `sorted_for` is the projection
+  // it was sorted at (NaN: not yet), `changed` the ranks whose pairs or room
+  // changed since (flagged in is_changed).
+  const bool keep_order = n > 16;
   double sorted_for = std::numeric_limits<double>::quiet_NaN();
   std::vector<int32_t> changed;
-  std::vector<char> is_changed(n, 0);
+  std::vector<char> is_changed(keep_order ? n : 0, 0);
   const auto change = [&](int32_t r) {
-    if (!is_changed[r]) {
+    if (keep_order && !is_changed[r]) {
       is_changed[r] = 1;
       changed.push_back(r);
     }
@@ -124,8 +126,9 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
       };
       // A total order: the sorted `ranks` is the same however it is made.
       // Sorted at this projection before, only the changed ranks moved: the
-      // rest keep their order, and the changed ones, sorted, merge in.
-      if (projection != sorted_for) {
+      // rest keep their order, and the changed ones, sorted, merge in (where
+      // they are few enough for that to be cheaper than a sort).
+      if (!keep_order || projection != sorted_for || 4 * changed.size() >= ranks.size()) {
         std::iota(ranks.begin(), ranks.end(), 0);
         std::sort(ranks.begin(), ranks.end(), before);
         sorted_for = projection;
