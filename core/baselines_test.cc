@@ -43,20 +43,7 @@ TEST(FinishPlanTest, SortsAndMergesAsTheDefinition) {
     const Batch batch{testing::LogUniformDocs(rng, 16 + below(4096)), n};
     if (TotalTokens(batch.doc_lens) < n) continue;
     const Plan plan = trial % 2 == 0 ? internal::PlanPerDoc(batch) : internal::PlanLlama3(batch);
-    std::vector<Shard> raw;
-    for (const Shard& s : plan.shards) {
-      if (s.len > 1 && below(3) == 0) {
-        const int64_t cut = 1 + below(s.len - 1);
-        raw.push_back(Shard{s.doc, s.start, cut, s.rank});
-        raw.push_back(Shard{s.doc, s.start + cut, s.len - cut, s.rank});
-      } else {
-        raw.push_back(s);
-      }
-      if (below(8) == 0) raw.push_back(Shard{s.doc, s.start, 0, s.rank});
-    }
-    if (trial % 3 != 0) {
-      for (size_t i = raw.size(); i > 1; --i) std::swap(raw[i - 1], raw[below(i)]);
-    }
+    const std::vector<Shard> raw = testing::RawPiecesOf(plan.shards, rng, trial % 3 != 0);
     std::vector<Shard> expected = raw;
     std::erase_if(expected, [](const Shard& s) { return s.len == 0; });
     std::sort(expected.begin(), expected.end(), [](const Shard& a, const Shard& b) {

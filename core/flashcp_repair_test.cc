@@ -218,18 +218,7 @@ TEST(RepairSliversTest, RawPiecesRepairAsTheirPlan) {
     for (double w : internal::PieceWorkloads(n, plan.shards)) mean += w / n;
     const double max_work =
         trial % 3 == 0 ? std::numeric_limits<double>::infinity() : mean * (1.0 + 0.01 * below(20));
-    std::vector<Shard> raw;
-    for (const Shard& s : plan.shards) {
-      if (s.len > 1 && below(3) == 0) {
-        const int64_t cut = 1 + below(s.len - 1);
-        raw.push_back(Shard{s.doc, s.start, cut, s.rank});
-        raw.push_back(Shard{s.doc, s.start + cut, s.len - cut, s.rank});
-      } else {
-        raw.push_back(s);
-      }
-      if (below(8) == 0) raw.push_back(Shard{s.doc, s.start, 0, s.rank});
-    }
-    for (size_t i = raw.size(); i > 1; --i) std::swap(raw[i - 1], raw[below(i)]);
+    const std::vector<Shard> raw = testing::RawPiecesOf(plan.shards, rng, /*shuffle=*/true);
     const std::vector<Shard> expected = internal::FinishPlan(
         batch, internal::RepairSlivers(batch, plan.shards, m, max_work)).shards;
     ASSERT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(batch, raw, m, max_work)).shards,
