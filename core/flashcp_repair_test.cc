@@ -157,6 +157,19 @@ TEST(RepairSliversTest, AbsorbsSliverBySwappingWholeDocuments) {
             (std::vector<Shard>{{0, 0, 10, 0}, {1, 0, 5, 0}, {2, 0, 7, 1}}));
 }
 
+TEST(RepairSliversTest, AbsorbsIntoAShortNeighbourByAWholeDocument) {
+  // docs [3, 1, 5] on 2 ranks, min 4. Doc 0: [0,1) r0 (a 1-token sliver),
+  // [1,3) r1 (2 tokens: too short to grow the sliver out of, hi = 2 - 4 < 0);
+  // doc 1 whole on r1, doc 2 whole on r0. No other cut document: no chain.
+  // Absorbing needs r1 to hand r0 exactly 1 token more of whole documents
+  // than it gets back: doc 1. Doc 0 ends whole on r1; tokens stay 6 and 3.
+  const Batch batch{{3, 1, 5}, 2};
+  const std::vector<Shard> fixed =
+      internal::RepairSlivers(batch, {{0, 0, 1, 0}, {0, 1, 2, 1}, {1, 0, 1, 1}, {2, 0, 5, 0}}, 4);
+  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
+            (std::vector<Shard>{{1, 0, 1, 0}, {2, 0, 5, 0}, {0, 0, 3, 1}}));
+}
+
 TEST(RepairSliversTest, GrowsSliverByCuttingANewHead) {
   // docs [10, 8] on 2 ranks, min 3. Doc 0: [0,1) r1 (a 1-token sliver),
   // [1,10) r0; doc 1 (8 tokens) whole on r1. Tokens 9 and 9. No other cut

@@ -527,8 +527,24 @@ class SliverRepair {
       const int64_t lo = m_ - s, hi = bl - m_;  // grow range for g
       for (size_t x = 0; x <= na; ++x) {
         const int64_t la = x > 0 ? wa[x - 1].first : 0;
-        for (size_t y = 0; y <= nb; ++y) {
+        // g = la - lb must be in [lo, hi] or be -s: lb in [la - hi, la - lo]
+        // or lb = la + s, and la - lo < la + s (lo > 0). wb is ascending, so
+        // the y tried are a run: from the first with lb >= min(la - hi,
+        // la + s) (y = 0 has lb = 0) while lb <= la + s, in the same order.
+        const int64_t lb_min = std::min(la - hi, la + s);
+        size_t y = 0;
+        if (lb_min > 0) {
+          y = 1 + static_cast<size_t>(
+                      std::lower_bound(wb.begin(), wb.begin() + static_cast<std::ptrdiff_t>(nb),
+                                       lb_min,
+                                       [](const std::pair<int64_t, int32_t>& w, int64_t v) {
+                                         return w.first < v;
+                                       }) -
+                      wb.begin());
+        }
+        for (; y <= nb; ++y) {
           const int64_t lb = y > 0 ? wb[y - 1].first : 0;
+          if (lb > la + s) break;
           if (x == 0 && y == 0) continue;
           const int64_t g = la - lb;
           if (g >= lo && g <= hi) consider(true, g, x, y);
