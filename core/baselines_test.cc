@@ -1,6 +1,14 @@
+#include <algorithm>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+#include <vector>
+
 #include "core/analysis.h"
+#include "core/random.h"
 #include "core/strategies.h"
 #include "core/internal/strategies_internal.h"
+#include "core/testing/candidates.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -19,6 +27,46 @@ std::vector<Shard> PlanShards(Strategy s, const Batch& batch) {
   if (!plan.ok()) return {};
   EXPECT_THAT(ValidatePlan(*plan), IsOk());
   return plan->shards;
+}
+
+// FinishPlan against the plain definition (a comparison sort by rank,
+// document and start, then touching pieces of one document on one rank
+// merged) on raw pieces: Per-Doc and Llama3 plans' shards split (touching
+// pieces on one rank), with empty pieces, shuffled or left in order; below
+// and above the counting sort's 64 pieces.
+TEST(FinishPlanTest, SortsAndMergesAsTheDefinition) {
+  SplitMix64Rng rng(20261204);
+  const auto below = [&](int64_t k) { return static_cast<int64_t>(rng.Next() % k); };
+  int merged = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int32_t n = static_cast<int32_t>(1 + below(16));
+    const Batch batch{testing::LogUniformDocs(rng, 16 + below(4096)), n};
+    if (TotalTokens(batch.doc_lens) < n) continue;
+    const Plan plan = trial % 2 == 0 ? internal::PlanPerDoc(batch) : internal::PlanLlama3(batch);
+    const std::vector<Shard> raw = testing::RawPiecesOf(plan.shards, rng, trial % 3 != 0);
+    std::vector<Shard> expected = raw;
+    std::erase_if(expected, [](const Shard& s) { return s.len == 0; });
+    std::sort(expected.begin(), expected.end(), [](const Shard& a, const Shard& b) {
+      return std::tie(a.rank, a.doc, a.start) < std::tie(b.rank, b.doc, b.start);
+    });
+    size_t kept = 0;
+    for (const Shard& s : expected) {
+      if (kept > 0 && expected[kept - 1].rank == s.rank && expected[kept - 1].doc == s.doc &&
+          expected[kept - 1].start + expected[kept - 1].len == s.start) {
+        expected[kept - 1].len += s.len;
+      } else {
+        expected[kept++] = s;
+      }
+    }
+    expected.resize(kept);
+    merged += raw.size() > expected.size() + 8 ? 1 : 0;
+    const Plan finished = internal::FinishPlan(batch, raw);
+    ASSERT_EQ(finished.shards, expected) << "trial " << trial;
+    EXPECT_EQ(finished.shards, plan.shards) << "trial " << trial;  // the plan's own shards
+    EXPECT_EQ(finished.padding, plan.padding);
+    EXPECT_EQ(finished.doc_lens, batch.doc_lens);
+  }
+  EXPECT_GT(merged, 100);
 }
 
 TEST(RingTest, ContiguousChunks) {

@@ -1,10 +1,16 @@
 // flashcp's repair stage (flashcp_repair.h): slivers removed by chains of
 // cut-point shifts, whole-document moves and new cuts, hand-worked.
+#include <cstdint>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/analysis.h"
 #include "core/internal/flashcp_repair.h"
+#include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
+#include "core/random.h"
+#include "core/testing/candidates.h"
 #include "core/testing/status_matchers.h"
 #include "core/types.h"
 #include "gmock/gmock.h"
@@ -53,6 +59,32 @@ TEST(RepairSliversTest, AbsorbsSliverAndShiftsAnotherCut) {
   const Batch batch{{10, 10}, 2};
   const std::vector<Shard> fixed = internal::RepairSlivers(
       batch, {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 5, 0}, {1, 5, 5, 1}}, 3);
+  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
+            (std::vector<Shard>{{0, 0, 10, 0}, {1, 0, 4, 0}, {1, 4, 6, 1}}));
+}
+
+// One scratch, two repairs: the second (AbsorbsSliverAndShiftsAnotherCut's)
+// finds its chain in its own boundary graph, not in the first's. The first,
+// docs [9, 9, 6] on 3 ranks, min 3: doc 0 [0,1) r2 (a sliver), [1,9) r0;
+// doc 1 [0,4) r1, [4,9) r2; doc 2 whole on r0. Its graph has no edge from r0
+// but doc 0's own, and none of r1's or r2's leads to r0: no chain, and
+// neither whole-document moves (r2 holds no whole document, r0's 6 tokens
+// match no growth) nor a new cut (r2 has nothing to cut) fix it: it stays.
+TEST(RepairSliversTest, ScratchKeepsNothingBetweenCalls) {
+  internal::RepairScratch scratch;
+  const Batch first{{9, 9, 6}, 3};
+  const std::vector<Shard> pieces = {
+      {0, 0, 1, 2}, {0, 1, 8, 0}, {1, 0, 4, 1}, {1, 4, 5, 2}, {2, 0, 6, 0}};
+  EXPECT_EQ(internal::FinishPlan(first, internal::RepairSlivers(
+                                            first, pieces, 3,
+                                            std::numeric_limits<double>::infinity(),
+                                            internal::kAnyNonlastGrowth, scratch))
+                .shards,
+            internal::FinishPlan(first, pieces).shards);
+  const Batch batch{{10, 10}, 2};
+  const std::vector<Shard> fixed = internal::RepairSlivers(
+      batch, {{0, 0, 1, 1}, {0, 1, 9, 0}, {1, 0, 5, 0}, {1, 5, 5, 1}}, 3,
+      std::numeric_limits<double>::infinity(), internal::kAnyNonlastGrowth, scratch);
   EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
             (std::vector<Shard>{{0, 0, 10, 0}, {1, 0, 4, 0}, {1, 4, 6, 1}}));
 }
@@ -125,6 +157,19 @@ TEST(RepairSliversTest, AbsorbsSliverBySwappingWholeDocuments) {
             (std::vector<Shard>{{0, 0, 10, 0}, {1, 0, 5, 0}, {2, 0, 7, 1}}));
 }
 
+TEST(RepairSliversTest, AbsorbsIntoAShortNeighbourByAWholeDocument) {
+  // docs [3, 1, 5] on 2 ranks, min 4. Doc 0: [0,1) r0 (a 1-token sliver),
+  // [1,3) r1 (2 tokens: too short to grow the sliver out of, hi = 2 - 4 < 0);
+  // doc 1 whole on r1, doc 2 whole on r0. No other cut document: no chain.
+  // Absorbing needs r1 to hand r0 exactly 1 token more of whole documents
+  // than it gets back: doc 1. Doc 0 ends whole on r1; tokens stay 6 and 3.
+  const Batch batch{{3, 1, 5}, 2};
+  const std::vector<Shard> fixed =
+      internal::RepairSlivers(batch, {{0, 0, 1, 0}, {0, 1, 2, 1}, {1, 0, 1, 1}, {2, 0, 5, 0}}, 4);
+  EXPECT_EQ(internal::FinishPlan(batch, fixed).shards,
+            (std::vector<Shard>{{1, 0, 1, 0}, {2, 0, 5, 0}, {0, 0, 3, 1}}));
+}
+
 TEST(RepairSliversTest, GrowsSliverByCuttingANewHead) {
   // docs [10, 8] on 2 ranks, min 3. Doc 0: [0,1) r1 (a 1-token sliver),
   // [1,10) r0; doc 1 (8 tokens) whole on r1. Tokens 9 and 9. No other cut
@@ -163,6 +208,44 @@ TEST(RepairSliversTest, ChainFixMustKeepBalance) {
             (std::vector<Shard>{{0, 0, 2, 0}, {1, 3, 7, 0}, {0, 2, 8, 1}, {1, 0, 3, 1}}));
   EXPECT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(batch, pieces, 3, 59.0)).shards,
             (std::vector<Shard>{{0, 0, 3, 0}, {1, 4, 6, 0}, {0, 3, 7, 1}, {1, 0, 4, 1}}));
+}
+
+// RepairSlivers takes raw pieces: split (touching pieces of one shard on its
+// rank, whole documents too), with empty pieces, in any order, they are
+// repaired exactly as the finished plan's shards are; and one RepairScratch
+// reused by every call (each batch its own N) changes nothing. Random
+// batches, Per-Doc and Llama3 plans (many slivers), minimum shards and
+// workload bounds.
+TEST(RepairSliversTest, RawPiecesRepairAsTheirPlan) {
+  SplitMix64Rng rng(20261203);
+  internal::RepairScratch scratch;
+  const auto below = [&](int64_t k) { return static_cast<int64_t>(rng.Next() % k); };
+  int changed = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    const int32_t n = static_cast<int32_t>(2 + below(15));
+    const Batch batch{testing::LogUniformDocs(rng, 256 + below(8192)), n};
+    if (TotalTokens(batch.doc_lens) < n) continue;
+    const Plan plan = trial % 2 == 0 ? internal::PlanPerDoc(batch) : internal::PlanLlama3(batch);
+    const int64_t m = 2 + below(64);
+    double mean = 0;
+    for (double w : internal::PieceWorkloads(n, plan.shards)) mean += w / n;
+    const double max_work =
+        trial % 3 == 0 ? std::numeric_limits<double>::infinity() : mean * (1.0 + 0.01 * below(20));
+    const std::vector<Shard> raw = testing::RawPiecesOf(plan.shards, rng, /*shuffle=*/true);
+    const std::vector<Shard> expected = internal::FinishPlan(
+        batch, internal::RepairSlivers(batch, plan.shards, m, max_work)).shards;
+    ASSERT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(batch, raw, m, max_work)).shards,
+              expected)
+        << "trial " << trial;
+    ASSERT_EQ(internal::FinishPlan(batch, internal::RepairSlivers(batch, raw, m, max_work,
+                                                                  internal::kAnyNonlastGrowth,
+                                                                  scratch))
+                  .shards,
+              expected)
+        << "trial " << trial;
+    changed += expected != plan.shards ? 1 : 0;
+  }
+  EXPECT_GT(changed, 100);  // repairs happened
 }
 
 TEST(SliverFreeWorkloadBoundTest, LastShardAndRankTokens) {

@@ -5,6 +5,7 @@
 
 #include "core/analysis.h"
 #include "core/internal/flashcp_score.h"
+#include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 #include "core/testing/status_matchers.h"
 #include "core/types.h"
@@ -14,6 +15,30 @@
 namespace flashcp::core {
 namespace {
 
+
+// Docs {4, 4}, N = 2: workloads 13 and 7 (one cut document's pieces and a
+// whole one), imbalance 13 / 10 = 1.3. Over a limit below it by more than the
+// relative margin of 1e-9 only; a near tie is left to the plan's check.
+TEST(ImbalanceCertainlyOverTest, DecidesOnlyBeyondTheMargin) {
+  const Batch batch{{4, 4}, 2};
+  const std::vector<double> workload =
+      internal::PieceWorkloads(2, {{0, 0, 2, 0}, {0, 2, 2, 1}, {1, 0, 4, 0}});
+  ASSERT_EQ(workload, (std::vector<double>{13, 7}));
+  EXPECT_TRUE(internal::ImbalanceCertainlyOver(batch, workload, 1.3 * (1 - 1e-8)));
+  EXPECT_FALSE(internal::ImbalanceCertainlyOver(batch, workload, 1.3 * (1 - 1e-12)));
+  EXPECT_FALSE(internal::ImbalanceCertainlyOver(batch, workload, 1.3));
+  EXPECT_FALSE(internal::ImbalanceCertainlyOver(batch, workload, 1.4));
+  EXPECT_DOUBLE_EQ(internal::WorkloadImbalance(workload), 1.3);
+  EXPECT_EQ(internal::WorkloadImbalance({0, 0}), 1.0);
+}
+
+// Past 2^53 pairs the sums need not be exact: never known.
+TEST(ImbalanceCertainlyOverTest, UnknownPastExactSums) {
+  const Batch batch{{int64_t{1} << 27}, 2};  // W = 2^53 + 2^26
+  EXPECT_FALSE(internal::ImbalanceCertainlyOver(batch, {0x1p53, 0}, 1.0));
+  const Batch smaller{{(int64_t{1} << 26) + 1}, 2};  // below 2^53
+  EXPECT_TRUE(internal::ImbalanceCertainlyOver(smaller, {0x1p51, 0}, 1.0));
+}
 
 TEST(ScorePiecesTest, CountsNonLastAndCuts) {
   // docs [6, 2] on 2 ranks: r0 [2,6) of doc 0 (W 18), r1 [0,2) of doc 0 (W 3,

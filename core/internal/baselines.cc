@@ -41,73 +41,79 @@ std::vector<int64_t> RankTargets(const Batch& batch) {
 namespace {
 
 // Sorts valid pieces (documents and ranks in range, no two with one rank,
-// document and start) by (rank, document, start) in O(pieces + documents +
-// ranks): a counting sort by document, a stable one by rank, then each run
-// of one document on one rank (a few pieces) by start. The keys are
-// distinct, so the order is the one any sort gives. Planners finish many
-// candidates of thousands of pieces; a comparison sort was most of it.
-void SortPieces(const Batch& batch, std::vector<Shard>& pieces) {
+// document and start) by (rank, document, start) and merges touching ones of
+// one document on one rank, in place, in O(pieces + documents + ranks): a
+// counting sort by document, a stable one by rank, then one pass over each
+// run of one document on one rank (a few pieces), sorted by start and
+// merged. The keys are distinct, so the order is the one any sort gives.
+// Planners finish many candidates of thousands of pieces; a comparison sort
+// was most of it.
+void SortAndMerge(const Batch& batch, std::vector<Shard>& pieces) {
   const auto before = [](const Shard& a, const Shard& b) {
     return std::tie(a.rank, a.doc, a.start) < std::tie(b.rank, b.doc, b.start);
   };
-  // Pieces often come as a plan's shards, already in order.
-  if (std::adjacent_find(pieces.begin(), pieces.end(), [&](const Shard& a, const Shard& b) {
-        return !before(a, b);
-      }) == pieces.end()) {
-    return;
-  }
   constexpr size_t kSmall = 64;  // below this a comparison sort is cheaper
-  if (pieces.size() < kSmall) {
+  // Pieces often come as a plan's shards, already in order: only merges
+  // are left.
+  const bool sorted =
+      std::adjacent_find(pieces.begin(), pieces.end(),
+                         [&](const Shard& a, const Shard& b) { return !before(a, b); }) ==
+      pieces.end();
+  bool runs_sorted = true;  // each run of one document on one rank by start
+  if (!sorted && pieces.size() < kSmall) {
     std::sort(pieces.begin(), pieces.end(), before);
-    return;
+  } else if (!sorted) {
+    std::vector<Shard> by_doc(pieces.size());
+    std::vector<int32_t> doc_next(batch.doc_lens.size() + 1, 0);
+    std::vector<int32_t> rank_next(static_cast<size_t>(batch.cp_size) + 1, 0);
+    for (const Shard& s : pieces) {
+      ++doc_next[s.doc + 1];
+      ++rank_next[s.rank + 1];
+    }
+    std::partial_sum(doc_next.begin(), doc_next.end(), doc_next.begin());
+    std::partial_sum(rank_next.begin(), rank_next.end(), rank_next.begin());
+    for (const Shard& s : pieces) by_doc[doc_next[s.doc]++] = s;
+    for (const Shard& s : by_doc) pieces[rank_next[s.rank]++] = s;
+    runs_sorted = false;
   }
-  std::vector<Shard> by_doc(pieces.size());
-  std::vector<int32_t> next(batch.doc_lens.size() + 1, 0);
-  for (const Shard& s : pieces) ++next[s.doc + 1];
-  std::partial_sum(next.begin(), next.end(), next.begin());
-  for (const Shard& s : pieces) by_doc[next[s.doc]++] = s;
-  next.assign(static_cast<size_t>(batch.cp_size) + 1, 0);
-  for (const Shard& s : by_doc) ++next[s.rank + 1];
-  std::partial_sum(next.begin(), next.end(), next.begin());
-  for (const Shard& s : by_doc) pieces[next[s.rank]++] = s;
+  // Merged in place: the first `kept` entries are the shards so far.
+  size_t kept = 0;
   for (size_t b = 0; b < pieces.size();) {
     size_t e = b + 1;
     while (e < pieces.size() && pieces[e].rank == pieces[b].rank &&
            pieces[e].doc == pieces[b].doc) {
       ++e;
     }
-    if (e - b > 1) {
+    if (!runs_sorted && e - b > 1) {
       std::sort(pieces.begin() + static_cast<std::ptrdiff_t>(b),
                 pieces.begin() + static_cast<std::ptrdiff_t>(e),
                 [](const Shard& x, const Shard& y) { return x.start < y.start; });
     }
+    for (size_t i = b; i < e; ++i) {
+      if (i > b) {
+        Shard& prev = pieces[kept - 1];  // this run's last shard so far
+        if (prev.start + prev.len == pieces[i].start) {
+          prev.len += pieces[i].len;
+          continue;
+        }
+      }
+      if (kept != i) pieces[kept] = pieces[i];
+      ++kept;
+    }
     b = e;
   }
+  pieces.resize(kept);
 }
 
 }  // namespace
 
 Plan FinishPlan(const Batch& batch, std::vector<Shard> pieces) {
   std::erase_if(pieces, [](const Shard& s) { return s.len == 0; });
-  SortPieces(batch, pieces);
+  SortAndMerge(batch, pieces);
   Plan plan;
   plan.cp_size = batch.cp_size;
   plan.doc_lens = batch.doc_lens;
   plan.padding = PaddingTokens(TotalTokens(batch.doc_lens), batch.cp_size);
-  // Merged in place: the first `kept` entries are the shards so far.
-  size_t kept = 0;
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const Shard& s = pieces[i];
-    if (kept > 0) {
-      Shard& prev = pieces[kept - 1];
-      if (prev.rank == s.rank && prev.doc == s.doc && prev.start + prev.len == s.start) {
-        prev.len += s.len;
-        continue;
-      }
-    }
-    pieces[kept++] = s;
-  }
-  pieces.resize(kept);
   plan.shards = std::move(pieces);
   return plan;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -20,12 +21,12 @@ namespace {
 
 // GroupedPieces before Whole-Doc (which alone depends on rho): the groups'
 // (and, filled, the whole documents') pieces, the ranks' room and
-// workload after them, and where in `order` the rest begins.
+// workload after them, and the rest of `order`.
 struct Groups {
   std::vector<Shard> pieces;
   std::vector<int64_t> room;
   std::vector<double> workload;
-  size_t rest = 0;
+  std::vector<int32_t> rest_docs;  // the documents left to Whole-Doc: `order`'s rest
 };
 
 bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
@@ -39,8 +40,22 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
   out.clear();
   room = RankTargets(batch);
   workload.assign(n, 0.0);
-  std::vector<int32_t> ranks(n), group, node_order;
+  std::vector<int32_t> ranks(n), group, node_order, merged;
   std::vector<double> load(n);
+  // Beyond 16 ranks `ranks` stays sorted from one document to the next
+  // (below, sorting afresh costs as little): `sorted_for` is the projection
+  // it was sorted at (NaN: not yet), `changed` the ranks whose pairs or room
+  // changed since (flagged in is_changed).
+  const bool keep_order = n > 16;
+  double sorted_for = std::numeric_limits<double>::quiet_NaN();
+  std::vector<int32_t> changed;
+  std::vector<char> is_changed(keep_order ? n : 0, 0);
+  const auto change = [&](int32_t r) {
+    if (keep_order && !is_changed[r]) {
+      is_changed[r] = 1;
+      changed.push_back(r);
+    }
+  };
   std::vector<std::vector<int32_t>> by_node((n + per_node - 1) / per_node);
   // filled: the documents of more than small_share x group_bound pairs
   // (a prefix of `order`) are placed one by one, the rest (`small` on) by
@@ -89,6 +104,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
         out.push_back(Shard{d, 0, len, best});
         room[best] -= len;
         workload[best] += whole;
+        change(best);
         continue;
       }
     } else {
@@ -101,14 +117,31 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
     for (int32_t t = 0; t < (density > 0 ? 2 : 1) && c > n; ++t) {
       projection = projections[t];
       // The least-loaded ranks first (ties: more room, then lower index).
-      std::iota(ranks.begin(), ranks.end(), 0);
       // Each rank's projected load, computed once for the sort.
       for (int32_t r = 0; r < n; ++r) load[r] = projected(workload[r], room[r]);
-      std::sort(ranks.begin(), ranks.end(), [&](int32_t a, int32_t b) {
+      const auto before = [&](int32_t a, int32_t b) {
         if (load[a] != load[b]) return load[a] < load[b];
         if (room[a] != room[b]) return room[a] > room[b];
         return a < b;
-      });
+      };
+      // A total order: the sorted `ranks` is the same however it is made.
+      // Sorted at this projection before, only the changed ranks moved: the
+      // rest keep their order, and the changed ones, sorted, merge in (where
+      // they are few enough for that to be cheaper than a sort).
+      if (!keep_order || projection != sorted_for || 4 * changed.size() >= ranks.size()) {
+        std::iota(ranks.begin(), ranks.end(), 0);
+        std::sort(ranks.begin(), ranks.end(), before);
+        sorted_for = projection;
+      } else if (!changed.empty()) {
+        std::erase_if(ranks, [&](int32_t r) { return is_changed[r] != 0; });
+        std::sort(changed.begin(), changed.end(), before);
+        merged.resize(n);
+        std::merge(ranks.begin(), ranks.end(), changed.begin(), changed.end(), merged.begin(),
+                   before);
+        ranks.swap(merged);
+      }
+      for (int32_t r : changed) is_changed[r] = 0;
+      changed.clear();
       c = std::max<int32_t>(2, static_cast<int32_t>(std::ceil(whole / group_bound)));
       // A rank r fits a group of c only if P_r + (W - rho L) / c - 2 rho <=
       // group_bound (P_r its projected load, rho the projection: a share has
@@ -171,39 +204,58 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
       out.push_back(Shard{d, start, size, r});
       room[r] -= size;
       workload[r] += RangeWorkload(start, size);
+      change(r);
       start += size;
     }
   }
-  groups.rest = k;
+  groups.rest_docs.assign(order.begin() + static_cast<std::ptrdiff_t>(k), order.end());
   return true;
 }
 
-// `groups` completed with the rest Whole-Doc at `rho`: GroupedPieces' pieces.
-// `scratch`: WholeDocPieces' buffers, reused across calls.
-std::vector<Shard> WithWholeRest(const Batch& batch, const std::vector<int32_t>& order,
-                                 const Groups& groups, double rho, int64_t m,
-                                 WholeDocScratch& scratch) {
-  std::vector<Shard> out = groups.pieces;
-  std::vector<int64_t> room = groups.room;
-  std::vector<double> workload = groups.workload;
-  const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(groups.rest),
-                                  order.end());
-  WholeDocPieces(batch, rest, room, workload, out, WholeDocOptions{rho, true, m, 4 * m}, scratch);
-  return out;
+// The buffers one candidate of BestGroupedPlan needs, reused by the next.
+struct CandidateScratch {
+  WholeDocScratch whole_doc;
+  std::vector<int64_t> room;
+  RepairScratch repair;
+};
+
+// `groups` completed with the rest Whole-Doc at `rho`: GroupedPieces' pieces
+// in `pieces`, and in `workload` each rank's workload as placed (the groups',
+// then WholeDocPieces' updates): the sum of its pieces' workloads.
+void WithWholeRest(const Batch& batch, const Groups& groups, double rho, int64_t m,
+                   CandidateScratch& scratch, std::vector<Shard>& pieces,
+                   std::vector<double>& workload) {
+  pieces = groups.pieces;
+  scratch.room = groups.room;
+  workload = groups.workload;
+  WholeDocPieces(batch, groups.rest_docs, scratch.room, workload, pieces,
+                 WholeDocOptions{rho, true, m, 4 * m}, scratch.whole_doc);
+}
+
+// Whether some piece of a cut document (0 < len < its document's) is
+// shorter than m: where none is, no shard FinishPlan merges them into is
+// (merging only joins pieces), so RepairSlivers has no sliver to fix.
+bool HasShortCutPiece(const Batch& batch, const std::vector<Shard>& pieces, int64_t m) {
+  return std::any_of(pieces.begin(), pieces.end(), [&](const Shard& s) {
+    return s.len > 0 && s.len < m && s.len < batch.doc_lens[s.doc];
+  });
 }
 
 }  // namespace
 
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
                    double rho, int64_t m, int32_t ranks_per_node, double small_share,
-                   std::vector<Shard>& out) {
+                   std::vector<Shard>& out, std::vector<double>* workload) {
   Groups groups;
   if (!GroupDocuments(batch, order, group_bound, m, ranks_per_node, small_share, groups)) {
     return false;
   }
-  WholeDocScratch scratch;
-  std::vector<Shard> pieces = WithWholeRest(batch, order, groups, rho, m, scratch);
+  CandidateScratch scratch;
+  std::vector<Shard> pieces;
+  std::vector<double> tracked;
+  WithWholeRest(batch, groups, rho, m, scratch, pieces, tracked);
   out.insert(out.end(), pieces.begin(), pieces.end());
+  if (workload != nullptr) *workload = std::move(tracked);
   return true;
 }
 
@@ -230,7 +282,13 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
     for (double bound : FlashCpOptions::kGroupBounds) variants.emplace_back(bound, 0.0);
   }
   Groups groups;
-  WholeDocScratch scratch;  // reused by every candidate
+  CandidateScratch scratch;  // reused by every candidate
+  std::vector<double> workload;
+  // Each candidate's plan; its shards' buffer is the next one's `pieces`
+  // unless it won.
+  Plan plan;
+  // Over the target: balanced below beyond 8 ranks if within reach.
+  const double limit = (n > 8 ? FlashCpOptions::kBalanceReach : 1.0) * target;
   for (const auto& [bound, small_share] : variants) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
     // The groups do not depend on the scale: found once per variant.
@@ -240,14 +298,28 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
     }
     for (double scale : FlashCpOptions::kScales) {
       FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-      pieces =
-          WithWholeRest(batch, options.order, groups, scale * options.median_density, m, scratch);
-      if (m > 1) pieces = RepairSlivers(batch, std::move(pieces), m, options.max_work);
-      Plan plan = FinishPlan(batch, std::move(pieces));
-      pieces = {};
+      // The last candidate's buffer: still `pieces` where it stopped before
+      // its plan, else that plan's shards (none if it won).
+      if (pieces.empty()) pieces = std::move(plan.shards);
+      WithWholeRest(batch, groups, scale * options.median_density, m, scratch, pieces,
+                    workload);
+      // Without a short cut piece RepairSlivers would return FinishPlan's
+      // shards unchanged. The repair may lower the maximum: its pieces'
+      // workload is summed again.
+      if (m > 1 && HasShortCutPiece(batch, pieces, m)) {
+        pieces = RepairSlivers(batch, std::move(pieces), m, options.max_work, kAnyNonlastGrowth,
+                               scratch.repair);
+        workload = PieceWorkloads(n, pieces);
+      }
+      // Most candidates miss the limit: told before their plan is finished.
+      if (ImbalanceCertainlyOver(batch, workload, limit)) continue;
+      plan = FinishPlan(batch, std::move(pieces));
       PlanScore score = ScorePlan(plan);
-      // Over the target: balanced below beyond 8 ranks if within reach.
-      if (score.imbalance > (n > 8 ? FlashCpOptions::kBalanceReach : 1.0) * target) continue;
+      if (score.imbalance > limit) continue;
+      // At N <= 8, more under the all-gather than the compacted plan fails
+      // moves_less below whatever the targeted exchange: known from the
+      // score, without Measure's pass over the plan.
+      if (n <= 8 && AllgatherTokens(score, n) > reference.allgather) continue;
       Exchange exchange = Measure(plan, score);
       // Less moved under the cheaper exchange, and (N <= 8) never more
       // under the all-gather than the compacted plan.

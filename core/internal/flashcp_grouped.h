@@ -41,9 +41,15 @@ namespace flashcp::core::internal {
 // Unfilled, the groups' ranks end near the bound with most of their tokens
 // free, and the documents kept whole, placed after them by workload alone,
 // then push them over it.
+//
+// Where `workload` is not null it receives each rank's workload (SPEC Eq. 3
+// pairs) of the pieces appended, as their placement tracked it
+// (BestGroupedPlan tells most candidates over the target from it:
+// ImbalanceCertainlyOver).
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
                    double rho, int64_t m, int32_t ranks_per_node, double small_share,
-                   std::vector<Shard>& out);
+                   std::vector<Shard>& out, std::vector<double>* workload = nullptr);
+
 
 // Over every group bound (kGroupBounds x R * mean; beyond 8 ranks filled
 // groups at kFilledGroups' bounds and small shares) and rho scale, the

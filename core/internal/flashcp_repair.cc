@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
+#include <numeric>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -79,6 +81,29 @@ class SliverRepair {
       : n_(n), m_(m), max_work_(max_work), max_nonlast_growth_(max_nonlast_growth) {
     whole.resize(n);
   }
+  SliverRepair() : SliverRepair(0, 0, 0, 0) {}
+
+  // As if constructed anew with these bounds, the buffers kept (their
+  // capacity, and each cut document's vector for the next Load): a
+  // RepairScratch's repair serves one call after another.
+  void Reset(int32_t n, int64_t m, double max_work, int64_t max_nonlast_growth) {
+    n_ = n;
+    m_ = m;
+    max_work_ = max_work;
+    max_nonlast_growth_ = max_nonlast_growth;
+    for (std::vector<Piece>& p : docs) {
+      p.clear();
+      spare_docs_.push_back(std::move(p));
+    }
+    docs.clear();
+    doc_index.clear();
+    whole.resize(n);
+    for (auto& w : whole) w.clear();
+    dirty_ = true;
+    exact_ = false;
+    work_valid_ = nonlast_valid_ = false;
+    banned_.clear();
+  }
 
   std::vector<std::vector<Piece>> docs;  // cut documents only, pieces by start
   std::vector<int32_t> doc_index;        // document id per entry of `docs`
@@ -86,28 +111,104 @@ class SliverRepair {
   // Load met them (RepairSlivers sorts them ascending).
   std::vector<std::vector<std::pair<int64_t, int32_t>>> whole;
 
-  // Takes a finished plan's shards: whole documents per rank, cut ones as
-  // pieces sorted by start.
-  void Load(const Batch& batch, const std::vector<Shard>& shards) {
-    std::vector<int32_t> slot(batch.doc_lens.size(), -1);
-    for (const Shard& s : shards) {
+  // Takes raw pieces (as FinishPlan takes them) or a finished plan's
+  // shards, and holds what that plan's shards hold: whole documents per rank
+  // (in the order met; for a plan's shards by document), cut ones as pieces
+  // sorted by start, touching pieces on one rank merged (FinishPlan's
+  // merge), the cut documents in the order the plan's shards first meet
+  // them: by their lowest rank, then by document. Raw pieces that merge into
+  // a whole document join their rank's list last.
+  void Load(const Batch& batch, const std::vector<Shard>& pieces) {
+    // Counted first, so that each list is allocated once: per document its
+    // cut pieces, per rank its whole documents.
+    std::vector<int32_t>& count = count_;
+    count.assign(batch.doc_lens.size(), 0);
+    std::vector<int32_t>& whole_count = parent_;  // its buffer (FindChain assigns it)
+    whole_count.assign(n_, 0);
+    int64_t total = 0;
+    size_t cut_docs = 0;
+    for (const Shard& s : pieces) {
+      total += s.len;
+      if (s.len == 0) continue;
+      if (s.len == batch.doc_lens[s.doc]) {
+        ++whole_count[s.rank];
+      } else if (count[s.doc]++ == 0) {
+        ++cut_docs;
+      }
+    }
+    for (int32_t r = 0; r < n_; ++r) whole[r].reserve(whole_count[r]);
+    docs.reserve(cut_docs);
+    doc_index.reserve(cut_docs);
+    std::vector<int32_t>& slot = slot_;  // per document, its entry in `docs`
+    slot.assign(batch.doc_lens.size(), -1);
+    for (const Shard& s : pieces) {
+      if (s.len == 0) continue;
       if (s.len == batch.doc_lens[s.doc]) {
         whole[s.rank].push_back({s.len, s.doc});
         continue;
       }
       if (slot[s.doc] < 0) {
         slot[s.doc] = static_cast<int32_t>(docs.size());
-        docs.emplace_back();
+        if (spare_docs_.empty()) {
+          docs.emplace_back();
+        } else {
+          docs.push_back(std::move(spare_docs_.back()));
+          spare_docs_.pop_back();
+        }
+        docs.back().reserve(count[s.doc]);
         doc_index.push_back(s.doc);
       }
       docs[slot[s.doc]].push_back(Piece{s.start, s.len, s.rank});
     }
-    int64_t total = 0;
-    for (const Shard& s : shards) total += s.len;
     exact_ = RangeWorkload(0, total) < 0x1p53;
-    for (std::vector<Piece>& p : docs) {
+    // Sorted and merged; documents left whole move to `whole`.
+    size_t kept = 0;
+    for (size_t c = 0; c < docs.size(); ++c) {
+      std::vector<Piece>& p = docs[c];
       std::sort(p.begin(), p.end(),
-                [](const Piece& a, const Piece& b) { return a.start < b.start; });
+                [](const Piece& x, const Piece& y) { return x.start < y.start; });
+      size_t k = 0;
+      for (size_t i = 0; i < p.size(); ++i) {
+        if (k > 0 && p[k - 1].rank == p[i].rank && p[k - 1].start + p[k - 1].len == p[i].start) {
+          p[k - 1].len += p[i].len;
+        } else {
+          p[k++] = p[i];
+        }
+      }
+      p.resize(k);
+      if (k == 1) {
+        whole[p[0].rank].push_back({p[0].len, doc_index[c]});
+        continue;
+      }
+      if (kept != c) {
+        docs[kept] = std::move(p);
+        doc_index[kept] = doc_index[c];
+      }
+      ++kept;
+    }
+    for (size_t c = kept; c < docs.size(); ++c) {
+      docs[c].clear();
+      spare_docs_.push_back(std::move(docs[c]));
+    }
+    docs.resize(kept);
+    doc_index.resize(kept);
+    // The plan's order of cut documents (a plan's shards already have it).
+    std::vector<std::pair<int32_t, int32_t>> keys(kept);  // (lowest rank, document)
+    for (size_t c = 0; c < kept; ++c) {
+      int32_t low = docs[c][0].rank;
+      for (const Piece& x : docs[c]) low = std::min(low, x.rank);
+      keys[c] = {low, doc_index[c]};
+    }
+    if (!std::is_sorted(keys.begin(), keys.end())) {
+      std::vector<size_t> perm(kept);
+      std::iota(perm.begin(), perm.end(), size_t{0});
+      std::sort(perm.begin(), perm.end(), [&](size_t x, size_t y) { return keys[x] < keys[y]; });
+      std::vector<std::vector<Piece>> sorted(kept);
+      for (size_t c = 0; c < kept; ++c) {
+        sorted[c] = std::move(docs[perm[c]]);
+        doc_index[c] = keys[perm[c]].second;
+      }
+      docs = std::move(sorted);
     }
   }
 
@@ -426,8 +527,24 @@ class SliverRepair {
       const int64_t lo = m_ - s, hi = bl - m_;  // grow range for g
       for (size_t x = 0; x <= na; ++x) {
         const int64_t la = x > 0 ? wa[x - 1].first : 0;
-        for (size_t y = 0; y <= nb; ++y) {
+        // g = la - lb must be in [lo, hi] or be -s: lb in [la - hi, la - lo]
+        // or lb = la + s, and la - lo < la + s (lo > 0). wb is ascending, so
+        // the y tried are a run: from the first with lb >= min(la - hi,
+        // la + s) (y = 0 has lb = 0) while lb <= la + s, in the same order.
+        const int64_t lb_min = std::min(la - hi, la + s);
+        size_t y = 0;
+        if (lb_min > 0) {
+          y = 1 + static_cast<size_t>(
+                      std::lower_bound(wb.begin(), wb.begin() + static_cast<std::ptrdiff_t>(nb),
+                                       lb_min,
+                                       [](const std::pair<int64_t, int32_t>& w, int64_t v) {
+                                         return w.first < v;
+                                       }) -
+                      wb.begin());
+        }
+        for (; y <= nb; ++y) {
           const int64_t lb = y > 0 ? wb[y - 1].first : 0;
+          if (lb > la + s) break;
           if (x == 0 && y == 0) continue;
           const int64_t g = la - lb;
           if (g >= lo && g <= hi) consider(true, g, x, y);
@@ -598,7 +715,17 @@ class SliverRepair {
     // every edit (BeginEdit, EndEdit); each edge keeps how many tokens its
     // shrinking piece can spare.
     if (dirty_) {
-      adj_.assign(n_, {});
+      // Counted first, so that each rank's list is allocated once.
+      std::vector<int32_t>& degree = parent_;  // its buffer: the search assigns it below
+      degree.assign(n_, 0);
+      for (size_t c = 0; c < docs.size(); ++c) {
+        DocEdges(c, [&](int32_t rank, const Edge&) { ++degree[rank]; });
+      }
+      adj_.resize(n_);
+      for (int32_t r = 0; r < n_; ++r) {
+        adj_[r].clear();
+        adj_[r].reserve(degree[r]);
+      }
       for (size_t c = 0; c < docs.size(); ++c) {
         DocEdges(c, [&](int32_t rank, const Edge& e) { adj_[rank].push_back(e); });
       }
@@ -683,14 +810,23 @@ class SliverRepair {
   std::vector<Shift> via_;
   std::vector<char> banned_;  // per rank: FindChain avoids it (empty: none)
   std::vector<char> over_;    // per rank: over the bound in the last KeepsBalance
+  // Load's per-document counts and slots; emptied vectors for cut documents.
+  std::vector<int32_t> count_, slot_;
+  std::vector<std::vector<Piece>> spare_docs_;
 };
 
 }  // namespace
 
+struct RepairScratch::Buffers {
+  SliverRepair repair;
+};
+RepairScratch::RepairScratch() : buffers(std::make_unique<Buffers>()) {}
+RepairScratch::~RepairScratch() = default;
+
 bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>& pieces,
                        std::vector<int64_t>& room) {
   const int32_t n = batch.cp_size;
-  SliverRepair fit(n, min_shard, std::numeric_limits<double>::infinity(), int64_t{1} << 62);
+  SliverRepair fit(n, min_shard, std::numeric_limits<double>::infinity(), kAnyNonlastGrowth);
   fit.Load(batch, FinishPlan(batch, pieces).shards);
   std::vector<int64_t> left = room;
   for (int64_t tries = 4 * static_cast<int64_t>(n) + 16; tries > 0; --tries) {
@@ -721,15 +857,19 @@ bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>
 std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
                                  int64_t min_shard, double max_workload,
                                  int64_t max_nonlast_growth) {
-  Plan merged = FinishPlan(batch, std::move(pieces));
-  // Nothing to fix: the merged shards as they are (what the loop below
-  // would emit, in another order).
-  if (min_shard <= 1 || CountSlivers(merged, min_shard) == 0) return std::move(merged.shards);
-  const std::vector<Shard>& shards = merged.shards;
-  // Cut documents: those with a shard shorter than the document.
-  SliverRepair repair(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
-  repair.Load(batch, shards);
-  for (auto& w : repair.whole) std::sort(w.begin(), w.end());
+  RepairScratch scratch;
+  return RepairSlivers(batch, std::move(pieces), min_shard, max_workload, max_nonlast_growth,
+                       scratch);
+}
+
+std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
+                                 int64_t min_shard, double max_workload,
+                                 int64_t max_nonlast_growth, RepairScratch& scratch) {
+  if (min_shard <= 1) return FinishPlan(batch, std::move(pieces)).shards;
+  // Cut documents: those with a shard shorter than the document (merged).
+  SliverRepair& repair = scratch.buffers->repair;
+  repair.Reset(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
+  repair.Load(batch, pieces);
   // Passes until nothing changes: a fix can open a chain for a sliver that
   // had none. Each fix removes one sliver and creates none. Bounded work:
   // each attempt is O(cut pieces + documents) (up to four chain searches and
@@ -745,6 +885,15 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
     pieces_now += static_cast<int64_t>(p.size());
     for (const Piece& x : p) slivers += x.len < min_shard ? 1 : 0;
   }
+  // `repair` holds the pieces now: its output reuses their buffer.
+  std::vector<Shard>& out = pieces;
+  out.clear();
+  // Nothing to fix: the merged shards as they are.
+  if (slivers == 0) {
+    repair.Emit(out);
+    return std::move(out);
+  }
+  for (auto& w : repair.whole) std::sort(w.begin(), w.end());
   const int64_t visits = pieces_now + static_cast<int64_t>(batch.doc_lens.size()) + 1;
   int64_t attempts = static_cast<int64_t>(batch.cp_size) + 16 +
                      std::min(4 * slivers, (int64_t{1} << 20) / visits);
@@ -764,10 +913,8 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
       }
     }
   }
-  std::vector<Shard> out;
-  out.reserve(shards.size());
   repair.Emit(out);
-  return out;
+  return std::move(out);
 }
 
 double SliverFreeWorkloadBound(const Batch& batch, int64_t min_shard) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -58,10 +59,25 @@ bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>
 // max_nonlast_growth. At most N + 16 + min(4 x (initial slivers), the
 // attempts that fit 2^20 piece and document visits) attempts; a sliver
 // nothing removes stays (docs/planner.md, "Minimum shard").
+inline constexpr int64_t kAnyNonlastGrowth = int64_t{1} << 62;  // no bound
 std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
                                  int64_t min_shard,
                                  double max_workload = std::numeric_limits<double>::infinity(),
-                                 int64_t max_nonlast_growth = int64_t{1} << 62);
+                                 int64_t max_nonlast_growth = kAnyNonlastGrowth);
+// RepairSlivers' working buffers, owned by the caller and reused across
+// calls (a planner's candidates within one plan), so that a call allocates
+// little once they have grown. Contents between calls are meaningless;
+// never share one between threads.
+struct RepairScratch {
+  RepairScratch();
+  ~RepairScratch();
+  struct Buffers;  // flashcp_repair.cc
+  std::unique_ptr<Buffers> buffers;
+};
+// The same, with caller-owned scratch (identical results).
+std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
+                                 int64_t min_shard, double max_workload,
+                                 int64_t max_nonlast_growth, RepairScratch& scratch);
 
 // A lower bound on the maximum rank workload (SPEC Eq. 3 pairs) of every
 // plan of `batch` with no cut shard shorter than `min_shard` > 0: the rank

@@ -12,17 +12,39 @@ PlanScore ScorePieces(const Batch& batch, const std::vector<Shard>& pieces) {
   const int32_t n = batch.cp_size;
   PartialScore part{std::vector<int64_t>(n, 0), 0, 0};
   AddPieces(batch, pieces, part);
-  double total = 0, max_w = 0;
-  for (double x : PieceWorkloads(n, pieces)) {
-    total += x;
-    max_w = std::max(max_w, x);
-  }
   PlanScore score;
-  score.imbalance = total > 0 ? max_w / (total / n) : 1.0;
+  score.imbalance = WorkloadImbalance(PieceWorkloads(n, pieces));
   score.max_nonlast = *std::max_element(part.nonlast.begin(), part.nonlast.end());
   score.cut_docs = part.cut_docs;
   score.min_cut_len = part.min_cut_len;
   return score;
+}
+
+double WorkloadImbalance(const std::vector<double>& workload) {
+  double total = 0, max_w = 0;
+  for (double x : workload) {
+    total += x;
+    max_w = std::max(max_w, x);
+  }
+  return total > 0 ? max_w / (total / static_cast<double>(workload.size())) : 1.0;
+}
+
+bool ImbalanceCertainlyOver(const Batch& batch, const std::vector<double>& workload,
+                            double limit) {
+  // ScorePlan's imbalance is WorkloadImbalance of its per-rank sums of
+  // ShardWorkload over the plan's shards. Each term is an integer, and while
+  // the batch's whole workload W(0, total tokens) is below 2^53, so is every
+  // sum of terms of disjoint token ranges (W is superadditive), hence an
+  // exact double: in any order, however the ranges were split or merged
+  // (W(a, s) + W(a + s, t) = W(a, s + t)). `workload`, sums and differences
+  // of such terms whose every intermediate is the workload of the ranges
+  // then on one rank (WholeDocPieces' tracking), then equals ScorePlan's
+  // sums bit for bit, and so does the imbalance. The margin only leaves a
+  // near tie to the plan's own check, should a caller's sums ever stop
+  // being exact.
+  constexpr double kMargin = 1e-9;
+  if (!(ShardWorkload(0, TotalTokens(batch.doc_lens)) < 0x1p53)) return false;
+  return WorkloadImbalance(workload) > limit * (1 + kMargin);
 }
 
 PlanScore ScorePlan(const Plan& plan) {

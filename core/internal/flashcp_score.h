@@ -20,6 +20,17 @@ struct PlanScore {
   int64_t slivers = 0;        // cut pieces shorter than the minimum shard (flashcp)
 };
 PlanScore ScorePlan(const Plan& plan);
+// ScorePlan's imbalance from per-rank workloads (SPEC Eq. 3 pairs): max /
+// (sum / N), summed in rank order; 1 where all are 0.
+double WorkloadImbalance(const std::vector<double>& workload);
+// Whether ScorePlan(FinishPlan(batch, pieces)).imbalance is certainly above
+// `limit`, told without the plan from `workload`: each rank's workload of
+// `pieces` (SPEC Eq. 3 pairs), summed in any order and over any split or
+// merge of the pieces. Exactly that while the batch's whole workload is
+// below 2^53, but for a relative margin of 1e-9 left to the plan's own
+// check; false (not known) above.
+bool ImbalanceCertainlyOver(const Batch& batch, const std::vector<double>& workload,
+                            double limit);
 // The same on raw pieces (as FinishPlan takes them), without building a plan.
 // Exact when no two touching pieces of a document share a rank, else it
 // counts a merged shard as several (a tie-breaking score, never a metric).

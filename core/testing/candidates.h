@@ -1,12 +1,14 @@
-// What the least-KV candidate stages' tests share (flashcp_kvfill_test,
-// flashcp_kvgroups_test): options with a minimum shard, random batches, and
-// the property every stage's kept plan must have.
+// What the planner stages' property tests share (flashcp_kvfill_test,
+// flashcp_kvgroups_test, flashcp_grouped_test, flashcp_repair_test,
+// baselines_test): options with a minimum shard, random batches, a plan's
+// shards as raw pieces, and the property every stage's kept plan must have.
 #ifndef FLASHCP_CORE_TESTING_CANDIDATES_H_
 #define FLASHCP_CORE_TESTING_CANDIDATES_H_
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/internal/flashcp_score.h"
@@ -36,6 +38,32 @@ inline std::vector<int64_t> LogUniformDocs(SplitMix64Rng& rng, int64_t context) 
     total += len;
   }
   return docs;
+}
+
+// A plan's shards as raw pieces (as FinishPlan takes them) that finish to
+// the same plan: about a third of the shards split into two touching pieces
+// on their rank, an empty piece after about an eighth, then, with
+// `shuffle`, in random order.
+inline std::vector<Shard> RawPiecesOf(const std::vector<Shard>& shards, SplitMix64Rng& rng,
+                                      bool shuffle) {
+  const auto below = [&](int64_t k) { return static_cast<int64_t>(rng.Next() % k); };
+  std::vector<Shard> raw;
+  for (const Shard& s : shards) {
+    if (s.len > 1 && below(3) == 0) {
+      const int64_t cut = 1 + below(s.len - 1);
+      raw.push_back(Shard{s.doc, s.start, cut, s.rank});
+      raw.push_back(Shard{s.doc, s.start + cut, s.len - cut, s.rank});
+    } else {
+      raw.push_back(s);
+    }
+    if (below(8) == 0) raw.push_back(Shard{s.doc, s.start, 0, s.rank});
+  }
+  if (shuffle) {
+    for (size_t i = raw.size(); i > 1; --i) {
+      std::swap(raw[i - 1], raw[static_cast<size_t>(below(static_cast<int64_t>(i)))]);
+    }
+  }
+  return raw;
 }
 
 // A stage replaced `chosen` by `kept`: `kept` meets `target`, moves strictly
