@@ -175,10 +175,14 @@ void PlaceWholeDocs(const Batch& batch, const std::vector<int32_t>& docs,
   }
 }
 
-bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_needed,
-                       WholeDocPlacement& placement, std::vector<double>& workload,
-                       std::vector<Shard>& out, const WholeDocOptions& options,
-                       WholeDocScratch& scratch) {
+// Flattened: every call in it inlined. The compiler otherwise keeps
+// push_back (a call per handed piece) and the small vector steps out of line.
+[[gnu::flatten]] bool EqualizeWholeDocs(const Batch& batch,
+                                        const std::vector<int64_t>& tokens_needed,
+                                        WholeDocPlacement& placement,
+                                        std::vector<double>& workload, std::vector<Shard>& out,
+                                        const WholeDocOptions& options,
+                                        WholeDocScratch& scratch) {
   const int32_t n = batch.cp_size;
   bool cap_decided = false;  // max_swap_head stopped a swap that would else be made
   // About one piece per document plus the cut heads: reserving for that
@@ -413,9 +417,14 @@ bool EqualizeWholeDocs(const Batch& batch, const std::vector<int64_t>& tokens_ne
 
 void AppendHeldWhole(const Batch& batch, const WholeDocPlacement& placement,
                      std::vector<Shard>& out) {
+  // Sized once, then written in place: a push per shard costs a call (the
+  // compiler keeps push_back out of line) for each of many shards.
+  size_t at = out.size(), total = at;
+  for (const std::vector<int32_t>& docs : placement.held) total += docs.size();
+  out.resize(total);
   for (size_t r = 0; r < placement.held.size(); ++r) {
     for (int32_t d : placement.held[r]) {
-      out.push_back(Shard{d, 0, batch.doc_lens[d], static_cast<int32_t>(r)});
+      out[at++] = Shard{d, 0, batch.doc_lens[d], static_cast<int32_t>(r)};
     }
   }
 }
