@@ -11,6 +11,24 @@
 namespace flashcp::core::internal {
 namespace {
 
+// std::stable_sort's order (the one stable order of a strict weak `less`),
+// for the short ranges it is called on here (one cut document's roles)
+// without the buffer std::stable_sort allocates on every call: a stable
+// insertion sort, quadratic, so only up to 16 elements.
+template <typename It, typename Less>
+void StableSortShort(It first, It last, Less less) {
+  if (last - first > 16) {
+    std::stable_sort(first, last, less);
+    return;
+  }
+  for (It i = first; i != last; ++i) {
+    auto v = std::move(*i);
+    It j = i;
+    for (; j != first && less(v, *(j - 1)); --j) *j = std::move(*(j - 1));
+    *j = std::move(v);
+  }
+}
+
 // One rank's part of one cut document, with what it adds to that rank.
 struct Role {
   int32_t rank = 0;        // the rank playing it now
@@ -162,7 +180,7 @@ void RoleTable::Spread(int32_t n, double cap_workload, int64_t cap_nonlast) {
   for (int32_t d : doc_order) {
     ids.resize(doc_roles_begin[d + 1] - doc_roles_begin[d]);
     std::iota(ids.begin(), ids.end(), doc_roles_begin[d]);
-    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+    StableSortShort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
       if (roles[a].tokens != roles[b].tokens) return roles[a].tokens < roles[b].tokens;
       return roles[a].recv - roles[a].send > roles[b].recv - roles[b].send;
     });
