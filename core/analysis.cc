@@ -100,11 +100,18 @@ void TargetedPhase(const Plan& plan, const DocIndex& index, std::vector<int64_t>
   fwd_sent.assign(n, 0);
   fwd_recv.assign(n, 0);
   std::vector<int32_t> last_pos(n, -1);
+  // Capacity hints: at most n distinct owners per document, and usually at
+  // most two pieces per owner (a zigzag's), so the per-document buffers
+  // below are allocated once, not regrown document after document.
+  const size_t pieces_hint = 2 * static_cast<size_t>(n) + 1;
   std::vector<int32_t> touched;
+  touched.reserve(n);
   std::vector<int64_t> prefix_tokens;  // tokens of pieces [0, k)
+  prefix_tokens.reserve(pieces_hint);
   std::vector<int64_t> own_before;     // per rank: its tokens among the pieces seen so far
   own_before.assign(n, 0);
   std::vector<int32_t> distinct_after;
+  distinct_after.reserve(pieces_hint);
   std::vector<int32_t> later;  // distinct owners of the pieces after the current one
   for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
     const int32_t b = index.begin[d], e = index.begin[d + 1], count = e - b;
