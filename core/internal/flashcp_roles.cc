@@ -233,6 +233,12 @@ void RoleTable::Spread(int32_t n, double cap_workload, int64_t cap_nonlast) {
 void RoleTable::SwapGreedily(int32_t n, double cap_workload, int64_t cap_nonlast,
                              int32_t max_swaps) {
   std::vector<std::vector<int32_t>> roles_of(n);
+  {
+    // Counted first, so that each rank's list is allocated once.
+    std::vector<int32_t> count(n, 0);
+    for (const Role& role : roles) ++count[role.rank];
+    for (int32_t r = 0; r < n; ++r) roles_of[r].reserve(count[r]);
+  }
   for (int32_t i = 0; i < static_cast<int32_t>(roles.size()); ++i) {
     roles_of[roles[i].rank].push_back(i);
   }
