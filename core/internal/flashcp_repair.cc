@@ -751,6 +751,7 @@ class SliverRepair {
     }
     if (parent[to] == -2) return false;
     path.clear();
+    path.reserve(n_);  // a simple path: fewer than n_ shifts, allocated once
     for (int32_t x = to; parent[x] >= 0; x = parent[x]) path.push_back(via[x]);
     return true;
   }
