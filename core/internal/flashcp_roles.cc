@@ -101,7 +101,9 @@ RoleTable BuildRoles(const Plan& plan) {
   std::vector<int32_t> slot(n, -1);      // rank -> its role in the current document
   std::vector<int32_t> last_pos(n, -1);
   std::vector<int32_t> distinct_after;  // per piece of the current document
+  distinct_after.reserve(2 * static_cast<size_t>(n) + 1);  // a hint: a zigzag's pieces
   roles.reserve(by_doc.size());         // a role holds at least one cut shard
+  doc_roles_begin.reserve(by_doc.size() / 2 + 1);  // a cut document has >= 2 shards
   for (size_t b = 0; b < by_doc.size();) {
     size_t e = b;
     while (e < by_doc.size() && plan.shards[by_doc[e]].doc == plan.shards[by_doc[b]].doc) ++e;
