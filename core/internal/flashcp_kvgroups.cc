@@ -253,6 +253,7 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
       }
       std::vector<Pair>& group = groups[h];
       group.clear();
+      group.reserve(n);  // at most one pair per rank: allocated once, kept across passes
       int64_t remaining = len / 2;
       for (int32_t r : ranks) {
         if (remaining == 0) break;
