@@ -41,6 +41,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
   room = RankTargets(batch);
   workload.assign(n, 0.0);
   std::vector<int32_t> ranks(n), group, node_order, merged;
+  group.reserve(n);  // a group has at most N ranks: allocated once
   std::vector<double> load(n);
   // Beyond 16 ranks `ranks` stays sorted from one document to the next
   // (below, sorting afresh costs as little): `sorted_for` is the projection
