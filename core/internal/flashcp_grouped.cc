@@ -40,7 +40,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
   out.clear();
   room = RankTargets(batch);
   workload.assign(n, 0.0);
-  std::vector<int32_t> ranks(n), group, node_order, merged;
+  std::vector<int32_t> ranks(n), group, node_order, kept, moved;
   std::vector<double> load(n);
   // Beyond 16 ranks `ranks` stays sorted from one document to the next
   // (below, sorting afresh costs as little): `sorted_for` is the projection
@@ -133,12 +133,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
         std::sort(ranks.begin(), ranks.end(), before);
         sorted_for = projection;
       } else if (!changed.empty()) {
-        std::erase_if(ranks, [&](int32_t r) { return is_changed[r] != 0; });
-        std::sort(changed.begin(), changed.end(), before);
-        merged.resize(n);
-        std::merge(ranks.begin(), ranks.end(), changed.begin(), changed.end(), merged.begin(),
-                   before);
-        ranks.swap(merged);
+        ResortChangedRanks(ranks, is_changed, before, kept, moved);
       }
       for (int32_t r : changed) is_changed[r] = 0;
       changed.clear();
@@ -298,8 +293,9 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
     }
     for (double scale : FlashCpOptions::kScales) {
       FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-      // The last candidate's buffer: still `pieces` where it stopped before
-      // its plan, else that plan's shards (none if it won).
+      // `pieces` is only a buffer here (WithWholeRest overwrites it): the
+      // last candidate's, still `pieces` where it stopped before its plan,
+      // else that plan's shards (none if it won).
       if (pieces.empty()) pieces = std::move(plan.shards);
       WithWholeRest(batch, groups, scale * options.median_density, m, scratch, pieces,
                     workload);

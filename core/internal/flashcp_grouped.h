@@ -43,13 +43,12 @@ namespace flashcp::core::internal {
 // then push them over it.
 //
 // Where `workload` is not null it receives each rank's workload (SPEC Eq. 3
-// pairs) of the pieces appended, as their placement tracked it
-// (BestGroupedPlan tells most candidates over the target from it:
-// ImbalanceCertainlyOver).
+// pairs) of the pieces appended, as their placement tracked it: the sums
+// BestGroupedPlan's candidates track the same way and tell most candidates
+// over the target from (ImbalanceCertainlyOver); tests check them here.
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
                    double rho, int64_t m, int32_t ranks_per_node, double small_share,
                    std::vector<Shard>& out, std::vector<double>* workload = nullptr);
-
 
 // Over every group bound (kGroupBounds x R * mean; beyond 8 ranks filled
 // groups at kFilledGroups' bounds and small shares) and rho scale, the
