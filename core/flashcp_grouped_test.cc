@@ -88,18 +88,11 @@ TEST(GroupedPiecesTest, TrackedWorkloadTellsThePlansImbalance) {
     const Batch batch{LogUniformDocs(rng, context), n};
     if (TotalTokens(batch.doc_lens) < n) continue;
     const internal::FlashCpOptions o = internal::FlashCpOptions::For(batch, MinShard(m));
-    std::vector<std::pair<double, double>> variants;
-    if (n > 8) {
-      variants.assign(internal::FlashCpOptions::kFilledGroups.begin(),
-                      internal::FlashCpOptions::kFilledGroups.end());
-    } else {
-      for (double bound : internal::FlashCpOptions::kGroupBounds) variants.emplace_back(bound, 0.0);
-    }
-    for (const auto& [bound, share] : variants) {
+    for (const auto& [bound, share] : internal::GroupedVariants(n)) {
       for (double scale : internal::FlashCpOptions::kScales) {
         std::vector<Shard> pieces;
         std::vector<double> workload;
-        if (!internal::GroupedPieces(batch, o.order, bound * o.max_work,
+        if (!internal::GroupedPieces(batch, o.order, bound * o.target * o.mean_work,
                                      scale * o.median_density, m, o.ranks_per_node, share,
                                      pieces, &workload)) {
           continue;

@@ -238,6 +238,16 @@ bool HasShortCutPiece(const Batch& batch, const std::vector<Shard>& pieces, int6
 
 }  // namespace
 
+std::vector<std::pair<double, double>> GroupedVariants(int32_t n) {
+  std::vector<std::pair<double, double>> variants;
+  if (n > 8) {
+    variants.assign(FlashCpOptions::kFilledGroups.begin(), FlashCpOptions::kFilledGroups.end());
+  } else {
+    for (double bound : FlashCpOptions::kGroupBounds) variants.emplace_back(bound, 0.0);
+  }
+  return variants;
+}
+
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
                    double rho, int64_t m, int32_t ranks_per_node, double small_share,
                    std::vector<Shard>& out, std::vector<double>* workload) {
@@ -268,14 +278,7 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
       std::max<int32_t>(1, FlashCpOptions::kBalanceMoves / (2 * n));
   int32_t balanced = 0;
   std::vector<Shard> pieces;
-  // (bound, small share) per variant; beyond 8 ranks the filled groups
-  // (GroupedPieces), at bounds nearer R.
-  std::vector<std::pair<double, double>> variants;
-  if (n > 8) {
-    variants.assign(FlashCpOptions::kFilledGroups.begin(), FlashCpOptions::kFilledGroups.end());
-  } else {
-    for (double bound : FlashCpOptions::kGroupBounds) variants.emplace_back(bound, 0.0);
-  }
+  const std::vector<std::pair<double, double>> variants = GroupedVariants(n);
   Groups groups;
   CandidateScratch scratch;  // reused by every candidate
   std::vector<double> workload;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -49,6 +50,12 @@ namespace flashcp::core::internal {
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
                    double rho, int64_t m, int32_t ranks_per_node, double small_share,
                    std::vector<Shard>& out, std::vector<double>* workload = nullptr);
+
+// BestGroupedPlan's (bound, small share) variants at N ranks: the group
+// bound is `bound` x R x mean workload; beyond 8 ranks the filled groups
+// (small share > 0, kFilledGroups), at bounds nearer R, else kGroupBounds
+// unfilled.
+std::vector<std::pair<double, double>> GroupedVariants(int32_t n);
 
 // Over every group bound (kGroupBounds x R * mean; beyond 8 ranks filled
 // groups at kFilledGroups' bounds and small shares) and rho scale, the
