@@ -95,7 +95,7 @@ TEST(KvGroupPiecesTest, GroupOfOneRankHoldsHalfTheDocument) {
   const Plan plan = internal::FinishPlan(batch, pieces);
   EXPECT_EQ(plan.shards, (std::vector<Shard>{Shard{1, 0, 5, 0}, Shard{3, 0, 1, 0},
                                              Shard{0, 0, 5, 1}, Shard{2, 0, 1, 1}}));
-  EXPECT_DOUBLE_EQ(internal::ScorePlan(plan).imbalance, 1.0);
+  EXPECT_EQ(internal::ScorePlan(plan).imbalance, 1.0);
   EXPECT_EQ(TargetedPhaseBottleneck(plan), 0);
 }
 

@@ -28,7 +28,7 @@ TEST(ImbalanceCertainlyOverTest, DecidesOnlyBeyondTheMargin) {
   EXPECT_FALSE(internal::ImbalanceCertainlyOver(batch, workload, 1.3 * (1 - 1e-12)));
   EXPECT_FALSE(internal::ImbalanceCertainlyOver(batch, workload, 1.3));
   EXPECT_FALSE(internal::ImbalanceCertainlyOver(batch, workload, 1.4));
-  EXPECT_DOUBLE_EQ(internal::WorkloadImbalance(workload), 1.3);
+  EXPECT_EQ(internal::WorkloadImbalance(workload), 1.3);
   EXPECT_EQ(internal::WorkloadImbalance({0, 0}), 1.0);
 }
 

@@ -40,7 +40,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
   out.clear();
   room = RankTargets(batch);
   workload.assign(n, 0.0);
-  std::vector<int32_t> ranks(n), group, node_order, merged;
+  std::vector<int32_t> ranks(n), group, node_order, kept, moved;
   group.reserve(n);  // a group has at most N ranks: allocated once
   std::vector<double> load(n);
   // Beyond 16 ranks `ranks` stays sorted from one document to the next
@@ -134,12 +134,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
         std::sort(ranks.begin(), ranks.end(), before);
         sorted_for = projection;
       } else if (!changed.empty()) {
-        std::erase_if(ranks, [&](int32_t r) { return is_changed[r] != 0; });
-        std::sort(changed.begin(), changed.end(), before);
-        merged.resize(n);
-        std::merge(ranks.begin(), ranks.end(), changed.begin(), changed.end(), merged.begin(),
-                   before);
-        ranks.swap(merged);
+        ResortChangedRanks(ranks, is_changed, before, kept, moved);
       }
       for (int32_t r : changed) is_changed[r] = 0;
       changed.clear();
@@ -244,6 +239,16 @@ bool HasShortCutPiece(const Batch& batch, const std::vector<Shard>& pieces, int6
 
 }  // namespace
 
+std::vector<std::pair<double, double>> GroupedVariants(int32_t n) {
+  std::vector<std::pair<double, double>> variants;
+  if (n > 8) {
+    variants.assign(FlashCpOptions::kFilledGroups.begin(), FlashCpOptions::kFilledGroups.end());
+  } else {
+    for (double bound : FlashCpOptions::kGroupBounds) variants.emplace_back(bound, 0.0);
+  }
+  return variants;
+}
+
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
                    double rho, int64_t m, int32_t ranks_per_node, double small_share,
                    std::vector<Shard>& out, std::vector<double>* workload) {
@@ -274,14 +279,7 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
       std::max<int32_t>(1, FlashCpOptions::kBalanceMoves / (2 * n));
   int32_t balanced = 0;
   std::vector<Shard> pieces;
-  // (bound, small share) per variant; beyond 8 ranks the filled groups
-  // (GroupedPieces), at bounds nearer R.
-  std::vector<std::pair<double, double>> variants;
-  if (n > 8) {
-    variants.assign(FlashCpOptions::kFilledGroups.begin(), FlashCpOptions::kFilledGroups.end());
-  } else {
-    for (double bound : FlashCpOptions::kGroupBounds) variants.emplace_back(bound, 0.0);
-  }
+  const std::vector<std::pair<double, double>> variants = GroupedVariants(n);
   Groups groups;
   CandidateScratch scratch;  // reused by every candidate
   std::vector<double> workload;
@@ -299,8 +297,9 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
     }
     for (double scale : FlashCpOptions::kScales) {
       FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-      // The last candidate's buffer: still `pieces` where it stopped before
-      // its plan, else that plan's shards (none if it won).
+      // `pieces` is only a buffer here (WithWholeRest overwrites it): the
+      // last candidate's, still `pieces` where it stopped before its plan,
+      // else that plan's shards (none if it won).
       if (pieces.empty()) pieces = std::move(plan.shards);
       WithWholeRest(batch, groups, scale * options.median_density, m, scratch, pieces,
                     workload);

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,13 +44,18 @@ namespace flashcp::core::internal {
 // then push them over it.
 //
 // Where `workload` is not null it receives each rank's workload (SPEC Eq. 3
-// pairs) of the pieces appended, as their placement tracked it
-// (BestGroupedPlan tells most candidates over the target from it:
-// ImbalanceCertainlyOver).
+// pairs) of the pieces appended, as their placement tracked it: the sums
+// BestGroupedPlan's candidates track the same way and tell most candidates
+// over the target from (ImbalanceCertainlyOver); tests check them here.
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
                    double rho, int64_t m, int32_t ranks_per_node, double small_share,
                    std::vector<Shard>& out, std::vector<double>* workload = nullptr);
 
+// BestGroupedPlan's (bound, small share) variants at N ranks: the group
+// bound is `bound` x R x mean workload; beyond 8 ranks the filled groups
+// (small share > 0, kFilledGroups), at bounds nearer R, else kGroupBounds
+// unfilled.
+std::vector<std::pair<double, double>> GroupedVariants(int32_t n);
 
 // Over every group bound (kGroupBounds x R * mean; beyond 8 ranks filled
 // groups at kFilledGroups' bounds and small shares) and rho scale, the

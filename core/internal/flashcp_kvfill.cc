@@ -213,7 +213,8 @@ class Filler {
       last_tokens = end_tokens_;
       const int64_t x = last_tokens - y;
       if (x > 0) {
-        // Search's end is below hi_ (Tokens(hi_) > x - 1): a position,
+        // Search's end is below hi_ (Tokens(hi_) > x - 1, as y >= 0: the
+        // callers ask for y >= 0 tokens, and Peel takes at most y): a position,
         // whose own tokens (0 once taken) end the range before `first`.
         const size_t p = tree_.Search(x - 1, first_tokens);
         if (!taken_[p]) first_tokens += Len(p);

@@ -243,13 +243,8 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
       const double unit = std::max(1.0, static_cast<double>(len + 1) - 2.0 * r_rho);
       if (h > 0) {
         for (const Pair& p : groups[h - 1]) in_group[p.rank] = 1;
-        kept.clear();
-        changed.clear();
-        for (int32_t r : ranks) (in_group[r] ? changed : kept).push_back(r);
+        ResortChangedRanks(ranks, in_group, before, kept, changed);
         for (const Pair& p : groups[h - 1]) in_group[p.rank] = 0;
-        std::sort(changed.begin(), changed.end(), before);
-        std::merge(kept.begin(), kept.end(), changed.begin(), changed.end(), ranks.begin(),
-                   before);
       }
       std::vector<Pair>& group = groups[h];
       group.clear();

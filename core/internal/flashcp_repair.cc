@@ -160,7 +160,7 @@ class SliverRepair {
       }
       docs[slot[s.doc]].push_back(Piece{s.start, s.len, s.rank});
     }
-    exact_ = RangeWorkload(0, total) < 0x1p53;
+    exact_ = WorkloadsExact(total);
     // Sorted and merged; documents left whole move to `whole`.
     size_t kept = 0;
     for (size_t c = 0; c < docs.size(); ++c) {
@@ -828,6 +828,9 @@ bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>
                        std::vector<int64_t>& room) {
   const int32_t n = batch.cp_size;
   SliverRepair fit(n, min_shard, std::numeric_limits<double>::infinity(), kAnyNonlastGrowth);
+  // Finished first although Load takes raw pieces: Emit lists the whole
+  // documents in the order they were loaded, and the callers' later sums
+  // and searches follow that order.
   fit.Load(batch, FinishPlan(batch, pieces).shards);
   std::vector<int64_t> left = room;
   for (int64_t tries = 4 * static_cast<int64_t>(n) + 16; tries > 0; --tries) {

@@ -32,6 +32,9 @@ namespace flashcp::core::internal {
 bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>& pieces,
                        std::vector<int64_t>& room);
 
+// RepairSlivers' max_nonlast_growth when the non-last tokens are not bounded.
+inline constexpr int64_t kAnyNonlastGrowth = int64_t{1} << 62;
+
 // Removes cut shards shorter than `min_shard` from raw pieces (returns them
 // merged, as FinishPlan's shards, in no particular order), keeping every
 // rank's token count. For each such sliver of a document on rank A, next to
@@ -59,7 +62,6 @@ bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>
 // max_nonlast_growth. At most N + 16 + min(4 x (initial slivers), the
 // attempts that fit 2^20 piece and document visits) attempts; a sliver
 // nothing removes stays (docs/planner.md, "Minimum shard").
-inline constexpr int64_t kAnyNonlastGrowth = int64_t{1} << 62;  // no bound
 std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
                                  int64_t min_shard,
                                  double max_workload = std::numeric_limits<double>::infinity(),
@@ -71,6 +73,9 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
 struct RepairScratch {
   RepairScratch();
   ~RepairScratch();
+  // Not movable: a moved-from scratch would hold no buffers.
+  RepairScratch(const RepairScratch&) = delete;
+  RepairScratch& operator=(const RepairScratch&) = delete;
   struct Buffers;  // flashcp_repair.cc
   std::unique_ptr<Buffers> buffers;
 };

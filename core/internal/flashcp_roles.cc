@@ -1,6 +1,7 @@
 #include "core/internal/flashcp_roles.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -10,6 +11,28 @@
 
 namespace flashcp::core::internal {
 namespace {
+
+// A set of lengths that answers "maybe" for every member and for a few
+// others: one bit per hash (the low bits of a length), in at least 4 bits
+// per member, so that memory grows with the members, not with their
+// lengths. A "maybe" is confirmed by an exact search.
+class LengthFilter {
+ public:
+  void Build(const std::vector<int64_t>& lens) {
+    bits_ = std::max<uint64_t>(64, std::bit_ceil(4 * static_cast<uint64_t>(lens.size())));
+    words_.assign(bits_ / 64, 0);
+    for (const int64_t len : lens) Set(static_cast<uint64_t>(len) & (bits_ - 1));
+  }
+  bool MayHold(int64_t len) const {
+    const uint64_t h = static_cast<uint64_t>(len) & (bits_ - 1);
+    return (words_[h / 64] >> (h % 64) & 1) != 0;
+  }
+
+ private:
+  void Set(uint64_t h) { words_[h / 64] |= uint64_t{1} << (h % 64); }
+  uint64_t bits_ = 64;
+  std::vector<uint64_t> words_ = std::vector<uint64_t>(1, 0);
+};
 
 // std::stable_sort's order (the one stable order of a strict weak `less`),
 // for the short ranges it is called on here (one cut document's roles)
@@ -70,6 +93,9 @@ RoleTable BuildRoles(const Plan& plan) {
   std::vector<int32_t> by_doc;
   {
     std::vector<int32_t> begin(plan.doc_lens.size() + 1, 0);
+    // Counts, then their prefix sums, a whole document's count (1) taken
+    // as 0: begin[d + 1] - begin[d] is document d's shards if it is cut,
+    // else 0.
     for (const Shard& s : plan.shards) ++begin[s.doc + 1];
     for (size_t d = 1; d < begin.size(); ++d) {
       if (begin[d] < 2) begin[d] = 0;
@@ -358,12 +384,12 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
   const int32_t tried = std::clamp(partners, 0, n);
   // Per rank, its whole shards stably sorted by length (ties: their order in
   // `whole`), and those lengths, for the z look-up; and the lengths in
-  // `whole`'s order, for the y scan, and a bit per length held, so that a
-  // look-up for a length none has is skipped: built again only after an
-  // exchange changed the rank's whole shards.
+  // `whole`'s order, for the y scan, and a filter of the lengths held, so
+  // that most look-ups for a length none has are skipped: built again only
+  // after an exchange changed the rank's whole shards.
   std::vector<std::vector<int32_t>> by_len(n);
   std::vector<std::vector<int64_t>> len_of(n), whole_len(n);
-  std::vector<std::vector<uint64_t>> has_len(n);
+  std::vector<LengthFilter> has_len(n);
   std::vector<uint8_t> stale(n, 1);
   for (int32_t move = 0; move < max_moves; ++move) {
     const int32_t a = static_cast<int32_t>(
@@ -415,11 +441,10 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
         for (size_t i = 0; i < by_len[b].size(); ++i) len_of[b][i] = pieces[by_len[b][i]].len;
         whole_len[b].resize(whole[b].size());
         for (size_t i = 0; i < whole[b].size(); ++i) whole_len[b][i] = pieces[whole[b][i]].len;
-        has_len[b].assign(len_of[b].empty() ? 0 : len_of[b].back() / 64 + 1, 0);
-        for (const int64_t len : len_of[b]) has_len[b][len / 64] |= uint64_t{1} << (len % 64);
+        has_len[b].Build(len_of[b]);
         stale[b] = 0;
       }
-      const std::vector<uint64_t>& held = has_len[b];
+      const LengthFilter& has_len_b = has_len[b];
       const std::vector<int64_t>& ylens = whole_len[b];
       const std::vector<int32_t>& sorted = by_len[b];
       const std::vector<int64_t>& lens = len_of[b];
@@ -440,7 +465,11 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
           return best_b >= 0 && best_peak <= max_workload ? max_workload : best_peak;
         };
         double cap = limit();
-        if (wa - (above + static_cast<double>(lx / 2 * (lx - lx / 2))) > cap) return;
+        // In doubles: lx / 2 x (lx - lx / 2) overflows int64 beyond about
+        // 3e9 tokens, and the product rounds as the pairs' own below do.
+        if (wa - (above + static_cast<double>(lx / 2) * static_cast<double>(lx - lx / 2)) > cap) {
+          return;
+        }
         for (size_t k = 0; k < ylens.size(); ++k) {
           const int64_t ly = ylens[k];
           if (ly > lx || (ly == lx && !is_cut)) continue;
@@ -461,8 +490,7 @@ Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_wo
             continue;
           }
           // x for y and a whole z of lz tokens: len(y) len(z) pairs, no KV.
-          if (static_cast<size_t>(lz / 64) < held.size() &&
-              (held[lz / 64] >> (lz % 64) & 1) != 0) {
+          if (has_len_b.MayHold(lz)) {
             size_t it = static_cast<size_t>(std::lower_bound(lens.begin(), lens.end(), lz) -
                                             lens.begin());
             while (it < lens.size() && lens[it] == lz && sorted[it] == y) ++it;

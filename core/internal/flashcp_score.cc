@@ -33,17 +33,17 @@ bool ImbalanceCertainlyOver(const Batch& batch, const std::vector<double>& workl
                             double limit) {
   // ScorePlan's imbalance is WorkloadImbalance of its per-rank sums of
   // ShardWorkload over the plan's shards. Each term is an integer, and while
-  // the batch's whole workload W(0, total tokens) is below 2^53, so is every
-  // sum of terms of disjoint token ranges (W is superadditive), hence an
-  // exact double: in any order, however the ranges were split or merged
-  // (W(a, s) + W(a + s, t) = W(a, s + t)). `workload`, sums and differences
+  // the batch's whole workload W(0, total tokens) is below 2^53 every sum of
+  // terms of disjoint token ranges is an exact double (WorkloadsExact): in
+  // any order, however the ranges were split or merged (W(a, s) + W(a + s,
+  // t) = W(a, s + t)). `workload`, sums and differences
   // of such terms whose every intermediate is the workload of the ranges
   // then on one rank (WholeDocPieces' tracking), then equals ScorePlan's
   // sums bit for bit, and so does the imbalance. The margin only leaves a
   // near tie to the plan's own check, should a caller's sums ever stop
   // being exact.
   constexpr double kMargin = 1e-9;
-  if (!(ShardWorkload(0, TotalTokens(batch.doc_lens)) < 0x1p53)) return false;
+  if (!WorkloadsExact(TotalTokens(batch.doc_lens))) return false;
   return WorkloadImbalance(workload) > limit * (1 + kMargin);
 }
 

@@ -66,11 +66,6 @@ class CompactedSearch {
                               size_t k, bool reduced);
 
  private:
-  // The reduced zigzag of the k longest documents, made once per k: the same
-  // for every variant at k, for the winner's build and for the fallback,
-  // and fitting it to the ranks' rooms (ShiftPiecesToRoom) is costly
-  // (docs/planner.md, "Complexity"). Few k are tried (O(log n) plus the
-  // fallback's), so a list searched linearly.
   // What a candidate's score takes from its Per-Doc part, made once per
   // part: the part's workload per rank, its partial score (AddPieces) and
   // its slivers (with min_shard > 1: cut pieces shorter than min_shard).
@@ -83,6 +78,11 @@ class CompactedSearch {
   // rest, it gives exactly the score of the whole list.
   void AddToZigScore(std::span<const Shard> pieces, ZigScore& score);
   ZigScore ScoreOf(std::span<const Shard> pieces);
+  // The reduced zigzag of the k longest documents, made once per k: the same
+  // for every variant at k, for the winner's build and for the fallback,
+  // and fitting it to the ranks' rooms (ShiftPiecesToRoom) is costly
+  // (docs/planner.md, "Complexity"). Few k are tried (O(log n) plus the
+  // fallback's), so a list searched linearly.
   struct ReducedZig {
     size_t k;
     std::vector<Shard> pieces;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "absl/base/attributes.h"
 #include "core/internal/flashcp_repair.h"
 #include "core/internal/strategies_internal.h"
 
@@ -218,9 +219,9 @@ void PlaceWholeDocs(const Batch& batch, const std::vector<int32_t>& docs,
   }
   std::sort(receivers.begin(), receivers.end(), before);
   // The other receivers stay in strict (workload, rank) order, so q's new
-  // slot is unique: a walk finds it, shifting each receiver it passes (a
-  // served receiver passes few, about a dozen at 64 ranks, where a binary
-  // search and a shift cost more). `at` is q's index in `receivers`
+  // slot is unique. A served receiver (heavier now) finds it by a walk,
+  // shifting each receiver it passes: it passes few, where a binary search
+  // and a shift cost more; a lighter one by a binary search. `at` is q's index in `receivers`
   // (from least_loaded_receiver: nothing reorders them in between). A
   // receiver's workload never falls in exact arithmetic (every handed piece
   // adds pairs; a swap's head outweighs the document it returns), so q
@@ -229,9 +230,9 @@ void PlaceWholeDocs(const Batch& batch, const std::vector<int32_t>& docs,
   // Whole moves scan from `skip` (below): receivers before it are known to
   // be too full; a receiver moved forward invalidates that.
   size_t skip = 0;
-  // Inlined: it runs once per handed piece, and a call costs about as much
-  // as a short walk.
-  const auto place = [&](size_t at) __attribute__((always_inline)) {
+  // Inlined: it runs once per handed piece, and a call would cost as much as
+  // the short walk it makes.
+  const auto place = [&](size_t at) ABSL_ATTRIBUTE_ALWAYS_INLINE {
     const auto it = receivers.begin() + static_cast<std::ptrdiff_t>(at);
     const int32_t q = it->rank;
     if (deficit[q] <= 0) {

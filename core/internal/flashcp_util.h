@@ -5,6 +5,7 @@
 #ifndef FLASHCP_CORE_INTERNAL_FLASHCP_UTIL_H_
 #define FLASHCP_CORE_INTERNAL_FLASHCP_UTIL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -20,6 +21,25 @@ namespace flashcp::core::internal {
 // core::ShardWorkload, the one implementation. Additive over token ranges:
 // W(a, x) + W(a + x, y) = W(a, x + y).
 inline double RangeWorkload(int64_t start, int64_t len) { return ShardWorkload(start, len); }
+
+// Whether every sum of workloads of disjoint ranges within `tokens` tokens
+// (each term an integer) is an exact double, in any order: W(0, tokens) <
+// 2^53, which bounds every such sum (W is superadditive).
+inline bool WorkloadsExact(int64_t tokens) { return RangeWorkload(0, tokens) < 0x1p53; }
+
+// `ranks`, sorted by the strict total order `before` until the ranks r with
+// changed[r] != 0 changed their keys, sorted again: the others keep their
+// order, the changed ones are sorted and merged back, which gives the order
+// a full sort gives, for less where few changed. `kept`, `moved`: buffers.
+template <typename Flags, typename Before>
+void ResortChangedRanks(std::vector<int32_t>& ranks, const Flags& changed, Before before,
+                        std::vector<int32_t>& kept, std::vector<int32_t>& moved) {
+  kept.clear();
+  moved.clear();
+  for (int32_t r : ranks) (changed[r] != 0 ? moved : kept).push_back(r);
+  std::sort(moved.begin(), moved.end(), before);
+  std::merge(kept.begin(), kept.end(), moved.begin(), moved.end(), ranks.begin(), before);
+}
 
 // Per-Doc (WLB-LLM) zigzag of the documents `docs` (indices into
 // batch.doc_lens) alone: PlanPerDoc's pieces for the sub-batch, mapped back

@@ -22,6 +22,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -481,12 +482,22 @@ int main(int argc, char** argv) {
   }
   using namespace flashcp::worker::cuda;
   // A bad --mode is a usage error (exit 2), found before the device is probed.
+  using RunMode = absl::Status (*)(uint64_t seed);
+  constexpr std::pair<absl::string_view, RunMode> kModes[] = {
+      {"check", RunCheck}, {"kernels", RunKernels}, {"cp", RunCp}};
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode != "check" && mode != "kernels" && mode != "cp") {
+  RunMode run = nullptr;
+  for (const auto& [name, fn] : kModes) {
+    if (name == mode) run = fn;
+  }
+  if (run == nullptr) {
     return flashcp::core::UsageError(
         "flashcp-gpu-bench",
-        absl::InvalidArgumentError(absl::StrCat("--mode: must be check, kernels or cp, got \"",
-                                                mode, "\"")),
+        absl::InvalidArgumentError(absl::StrCat(
+            "--mode: must be one of ",
+            absl::StrJoin(kModes, ", ",
+                          [](std::string* out, const auto& m) { absl::StrAppend(out, m.first); }),
+            "; got \"", mode, "\"")),
         std::cerr);
   }
   std::ofstream file;
@@ -500,13 +511,9 @@ int main(int argc, char** argv) {
   }
   uint64_t seed = absl::GetFlag(FLAGS_seed);
   if (seed == 0) seed = std::random_device{}() | 1;
-  std::cerr << "flashcp-gpu-bench: mode " << absl::GetFlag(FLAGS_mode) << ", seed " << seed
-            << ", cuDNN " << CudnnRuntimeVersion() << "\n";
-  absl::Status status;
-  if (mode == "check") status = RunCheck(seed);
-  else if (mode == "kernels") status = RunKernels(seed);
-  else status = RunCp(seed);
-  if (!status.ok()) {
+  std::cerr << "flashcp-gpu-bench: mode " << mode << ", seed " << seed << ", cuDNN "
+            << CudnnRuntimeVersion() << "\n";
+  if (const absl::Status status = run(seed); !status.ok()) {
     std::cerr << "flashcp-gpu-bench: " << status << "\n";
     return 1;
   }
