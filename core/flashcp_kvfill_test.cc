@@ -23,6 +23,7 @@ namespace {
 
 using ::flashcp::core::testing::IsOk;
 using ::flashcp::core::testing::ExpectKeptOnlyWhenBetter;
+using ::flashcp::core::testing::ExpectStageReplacesCompacted;
 using ::flashcp::core::testing::LogUniformDocs;
 using ::flashcp::core::testing::MinShard;
 using internal::SparseOrder;
@@ -146,21 +147,7 @@ TEST(PreferKvFillTest, ReplacesAPlanThatMovesMore) {
   absl::StatusOr<std::vector<std::vector<int64_t>>> batches =
       SampleBatches(Dataset::kPile, 1 << 20, 12, /*seed=*/1);
   ASSERT_THAT(batches, IsOk());
-  const Batch batch{(*batches)[11], 64};
-  const PlanOptions plan_options;
-  const internal::FlashCpOptions options = internal::FlashCpOptions::For(batch, plan_options);
-  absl::StatusOr<Plan> compacted = internal::PlanFlashCpCompacted(batch, plan_options);
-  ASSERT_THAT(compacted, IsOk());
-  const internal::Exchange before = internal::Measure(*compacted, internal::ScorePlan(*compacted));
-  absl::StatusOr<Plan> plan = internal::PreferKvFill(batch, options, *compacted);
-  ASSERT_THAT(plan, IsOk());
-  EXPECT_THAT(ValidatePlan(*plan), IsOk());
-  const internal::PlanScore score = internal::ScorePlan(*plan);
-  EXPECT_LE(score.imbalance, plan_options.target_imbalance);
-  EXPECT_GE(score.min_cut_len, 128);
-  const internal::Exchange after = internal::Measure(*plan, score);
-  EXPECT_EQ(before.cheaper(), 530782);
-  EXPECT_EQ(after.cheaper(), 86125);
+  ExpectStageReplacesCompacted(Batch{(*batches)[11], 64}, internal::PreferKvFill, 530782, 86125);
 }
 
 // Random batches, N = 2 to 64: every fill KvFillPieces builds (both orders)

@@ -23,6 +23,7 @@ namespace {
 
 using ::flashcp::core::testing::IsOk;
 using ::flashcp::core::testing::ExpectKeptOnlyWhenBetter;
+using ::flashcp::core::testing::ExpectStageReplacesCompacted;
 using ::flashcp::core::testing::LogUniformDocs;
 using ::flashcp::core::testing::MinShard;
 
@@ -152,21 +153,8 @@ TEST(PreferKvGroupsTest, ReplacesAPlanThatMovesMore) {
   absl::StatusOr<std::vector<std::vector<int64_t>>> batches =
       SampleBatches(Dataset::kWlbLlm, 131072, 3, /*seed=*/1);
   ASSERT_THAT(batches, IsOk());
-  const Batch batch{(*batches)[2], 16};
-  const PlanOptions plan_options;
-  const internal::FlashCpOptions options = internal::FlashCpOptions::For(batch, plan_options);
-  absl::StatusOr<Plan> compacted = internal::PlanFlashCpCompacted(batch, plan_options);
-  ASSERT_THAT(compacted, IsOk());
-  const internal::Exchange before = internal::Measure(*compacted, internal::ScorePlan(*compacted));
-  absl::StatusOr<Plan> plan = internal::PreferKvGroups(batch, options, *compacted);
-  ASSERT_THAT(plan, IsOk());
-  EXPECT_THAT(ValidatePlan(*plan), IsOk());
-  const internal::PlanScore score = internal::ScorePlan(*plan);
-  EXPECT_LE(score.imbalance, plan_options.target_imbalance);
-  EXPECT_GE(score.min_cut_len, 128);
-  const internal::Exchange after = internal::Measure(*plan, score);
-  EXPECT_EQ(before.cheaper(), 106964);
-  EXPECT_EQ(after.cheaper(), 14612);
+  ExpectStageReplacesCompacted(Batch{(*batches)[2], 16}, internal::PreferKvGroups, 106964,
+                               14612);
 }
 
 // Random batches: every candidate KvGroupPieces builds is a valid plan

@@ -1,7 +1,8 @@
 // What the planner stages' property tests share (flashcp_kvfill_test,
 // flashcp_kvgroups_test, flashcp_grouped_test, flashcp_repair_test,
 // baselines_test): options with a minimum shard, random batches, a plan's
-// shards as raw pieces, and the property every stage's kept plan must have.
+// shards as raw pieces, the property every stage's kept plan must have, and
+// a stage's pinned result on a sampled batch.
 #ifndef FLASHCP_CORE_TESTING_CANDIDATES_H_
 #define FLASHCP_CORE_TESTING_CANDIDATES_H_
 
@@ -11,6 +12,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "core/analysis.h"
+#include "core/internal/flashcp_options.h"
 #include "core/internal/flashcp_score.h"
 #include "core/internal/strategies_internal.h"
 #include "core/random.h"
@@ -84,6 +88,27 @@ inline void ExpectKeptOnlyWhenBetter(const Plan& chosen, const Plan& kept, doubl
     EXPECT_LE(internal::CountSlivers(kept, m), internal::CountSlivers(chosen, m))
         << "trial " << trial;
   }
+}
+
+// A stage (PreferKvFill, PreferKvGroups) run on the compacted search's plan
+// of `batch` at default options: its plan is valid, meets R, has no cut
+// shard under 128 tokens, and the compacted plan and it move `before` and
+// `after` tokens a phase under their cheaper exchanges.
+template <typename Stage>
+void ExpectStageReplacesCompacted(const Batch& batch, Stage stage, int64_t before,
+                                  int64_t after) {
+  const PlanOptions plan_options;
+  const internal::FlashCpOptions options = internal::FlashCpOptions::For(batch, plan_options);
+  absl::StatusOr<Plan> compacted = internal::PlanFlashCpCompacted(batch, plan_options);
+  ASSERT_TRUE(compacted.ok()) << compacted.status();
+  EXPECT_EQ(internal::Measure(*compacted, internal::ScorePlan(*compacted)).cheaper(), before);
+  absl::StatusOr<Plan> plan = stage(batch, options, *compacted);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(ValidatePlan(*plan).ok());
+  const internal::PlanScore score = internal::ScorePlan(*plan);
+  EXPECT_LE(score.imbalance, plan_options.target_imbalance);
+  EXPECT_GE(score.min_cut_len, 128);
+  EXPECT_EQ(internal::Measure(*plan, score).cheaper(), after);
 }
 
 }  // namespace flashcp::core::testing
