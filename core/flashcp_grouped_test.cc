@@ -9,10 +9,11 @@
 #include "core/datasets.h"
 #include "core/internal/flashcp_grouped.h"
 #include "core/internal/flashcp_options.h"
+#include "core/internal/flashcp_repair.h"
 #include "core/internal/flashcp_score.h"
+#include "core/internal/flashcp_stages.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
-#include "core/internal/flashcp_repair.h"
 #include "core/random.h"
 #include "core/strategies.h"
 #include "core/testing/candidates.h"
@@ -89,7 +90,7 @@ TEST(GroupedPiecesTest, TrackedWorkloadTellsThePlansImbalance) {
     if (TotalTokens(batch.doc_lens) < n) continue;
     const internal::FlashCpOptions o = internal::FlashCpOptions::For(batch, MinShard(m));
     for (const auto& [bound, share] : internal::GroupedVariants(n)) {
-      for (double scale : internal::FlashCpOptions::kScales) {
+      for (double scale : internal::kScales) {
         std::vector<Shard> pieces;
         std::vector<double> workload;
         if (!internal::GroupedPieces(batch, o.order, bound * o.target * o.mean_work,

@@ -6,6 +6,7 @@
 #include "core/datasets.h"
 #include "core/internal/flashcp_kv.h"
 #include "core/internal/flashcp_score.h"
+#include "core/internal/flashcp_stages.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 #include "core/strategies.h"

@@ -10,6 +10,7 @@
 #include "core/internal/flashcp_kvfill.h"
 #include "core/internal/flashcp_options.h"
 #include "core/internal/flashcp_score.h"
+#include "core/internal/flashcp_stages.h"
 #include "core/internal/strategies_internal.h"
 #include "core/random.h"
 #include "core/strategies.h"

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "core/internal/flashcp_repair.h"
-#include "core/internal/flashcp_roles.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
@@ -47,7 +46,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
   // (below, sorting afresh costs as little): `sorted_for` is the projection
   // it was sorted at (NaN: not yet), `changed` the ranks whose pairs or room
   // changed since (flagged in is_changed).
-  const bool keep_order = n > 16;
+  const bool keep_order = BandOf(n).keep_rank_order;
   double sorted_for = std::numeric_limits<double>::quiet_NaN();
   std::vector<int32_t> changed;
   std::vector<char> is_changed(keep_order ? n : 0, 0);
@@ -208,7 +207,7 @@ bool GroupDocuments(const Batch& batch, const std::vector<int32_t>& order, doubl
   return true;
 }
 
-// The buffers one candidate of BestGroupedPlan needs, reused by the next.
+// The buffers one grouped candidate needs, reused by the next.
 struct CandidateScratch {
   WholeDocScratch whole_doc;
   std::vector<int64_t> room;
@@ -241,10 +240,10 @@ bool HasShortCutPiece(const Batch& batch, const std::vector<Shard>& pieces, int6
 
 std::vector<std::pair<double, double>> GroupedVariants(int32_t n) {
   std::vector<std::pair<double, double>> variants;
-  if (n > 8) {
-    variants.assign(FlashCpOptions::kFilledGroups.begin(), FlashCpOptions::kFilledGroups.end());
+  if (BandOf(n).filled_groups) {
+    variants.assign(kFilledGroups.begin(), kFilledGroups.end());
   } else {
-    for (double bound : FlashCpOptions::kGroupBounds) variants.emplace_back(bound, 0.0);
+    for (double bound : kGroupBounds) variants.emplace_back(bound, 0.0);
   }
   return variants;
 }
@@ -265,42 +264,28 @@ bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double
   return true;
 }
 
-absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
-                                                    const FlashCpOptions& options,
-                                                    const Plan& compacted,
-                                                    const PlanScore& compacted_score) {
+absl::Status GroupedCandidates(const Batch& batch, const FlashCpOptions& options,
+                               const RankBand& /*band*/, const StageAtN& at,
+                               CandidateJudge& judge) {
   const int32_t n = batch.cp_size;
-  const double target = options.target;
   const int64_t m = options.min_shard;
-  const Exchange reference = Measure(compacted, compacted_score);
-  Exchange best_exchange = reference;
-  std::optional<Plan> best;
-  const int32_t max_balanced =
-      std::max<int32_t>(1, FlashCpOptions::kBalanceMoves / (2 * n));
-  int32_t balanced = 0;
-  std::vector<Shard> pieces;
-  const std::vector<std::pair<double, double>> variants = GroupedVariants(n);
+  std::vector<std::pair<double, double>> variants = GroupedVariants(n);
+  if (variants.size() > at.variants) variants.resize(at.variants);
   Groups groups;
   CandidateScratch scratch;  // reused by every candidate
   std::vector<double> workload;
-  // Each candidate's plan; its shards' buffer is the next one's `pieces`
-  // unless it won.
-  Plan plan;
-  // Over the target: balanced below beyond 8 ranks if within reach.
-  const double limit = (n > 8 ? FlashCpOptions::kBalanceReach : 1.0) * target;
+  // A buffer: WithWholeRest overwrites it; the judge hands back the last
+  // candidate's (none where that won).
+  std::vector<Shard> pieces;
   for (const auto& [bound, small_share] : variants) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
     // The groups do not depend on the scale: found once per variant.
-    if (!GroupDocuments(batch, options.order, bound * target * options.mean_work, m,
+    if (!GroupDocuments(batch, options.order, bound * options.target * options.mean_work, m,
                         options.ranks_per_node, small_share, groups)) {
       continue;
     }
-    for (double scale : FlashCpOptions::kScales) {
+    for (double scale : kScales) {
       FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-      // `pieces` is only a buffer here (WithWholeRest overwrites it): the
-      // last candidate's, still `pieces` where it stopped before its plan,
-      // else that plan's shards (none if it won).
-      if (pieces.empty()) pieces = std::move(plan.shards);
       WithWholeRest(batch, groups, scale * options.median_density, m, scratch, pieces,
                     workload);
       // Without a short cut piece RepairSlivers would return FinishPlan's
@@ -311,44 +296,10 @@ absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
                                scratch.repair);
         workload = PieceWorkloads(n, pieces);
       }
-      // Most candidates miss the limit: told before their plan is finished.
-      if (ImbalanceCertainlyOver(batch, workload, limit)) continue;
-      plan = FinishPlan(batch, std::move(pieces));
-      PlanScore score = ScorePlan(plan);
-      if (score.imbalance > limit) continue;
-      // At N <= 8, more under the all-gather than the compacted plan fails
-      // moves_less below whatever the targeted exchange: known from the
-      // score, without Measure's pass over the plan.
-      if (n <= 8 && AllgatherTokens(score, n) > reference.allgather) continue;
-      Exchange exchange = Measure(plan, score);
-      // Less moved under the cheaper exchange, and (N <= 8) never more
-      // under the all-gather than the compacted plan.
-      const auto moves_less = [&](const Exchange& e) {
-        return e.cheaper() < best_exchange.cheaper() &&
-               (n > 8 || e.allgather <= reference.allgather);
-      };
-      if (!moves_less(exchange)) continue;
-      if (score.imbalance > target) {
-        // A little over the target: balancing exchanges (flashcp_roles.h),
-        // which add only the heads they cut, within the planning-time budget
-        // of kBalanceMoves moves (each O(partners x whole documents per
-        // rank^2)).
-        if (balanced == max_balanced) continue;
-        ++balanced;
-        plan = BalanceByWholeExchanges(batch, plan, options.max_work,
-                                       FlashCpOptions::kBalancePartners, 2 * n, m,
-                                       /*move_cut=*/true);
-        score = ScorePlan(plan);
-        if (score.imbalance > target) continue;
-        exchange = Measure(plan, score);
-        if (!moves_less(exchange)) continue;
-      }
-      if (m > 1 && score.min_cut_len != 0 && score.min_cut_len < m) continue;
-      best = std::move(plan);
-      best_exchange = exchange;
+      judge.Offer(pieces, &workload);
     }
   }
-  return best;
+  return absl::OkStatus();
 }
 
 }  // namespace flashcp::core::internal

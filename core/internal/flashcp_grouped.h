@@ -12,13 +12,13 @@
 #define FLASHCP_CORE_INTERNAL_FLASHCP_GROUPED_H_
 
 #include <cstdint>
-#include <optional>
 #include <utility>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
+#include "core/internal/flashcp_judge.h"
 #include "core/internal/flashcp_options.h"
-#include "core/internal/flashcp_score.h"
+#include "core/internal/flashcp_tuning.h"
 #include "core/types.h"
 
 namespace flashcp::core::internal {
@@ -31,7 +31,7 @@ namespace flashcp::core::internal {
 // to `out`; false where some group cannot be found or its zigzag chunks
 // would be shorter than `m`.
 //
-// With small_share > 0 (filled, beyond 8 ranks), a rank's load is
+// With small_share > 0 (filled: kRankBands' filled_groups), a rank's load is
 // projected as its pairs plus its free tokens at the density (pairs per
 // token) of the small documents (at most small_share x group_bound pairs
 // each, left to Whole-Doc): a rank holding a group's few dense tokens must still take its
@@ -45,33 +45,26 @@ namespace flashcp::core::internal {
 //
 // Where `workload` is not null it receives each rank's workload (SPEC Eq. 3
 // pairs) of the pieces appended, as their placement tracked it: the sums
-// BestGroupedPlan's candidates track the same way and tell most candidates
+// the grouped stage's candidates track the same way and tell most candidates
 // over the target from (ImbalanceCertainlyOver); tests check them here.
 bool GroupedPieces(const Batch& batch, const std::vector<int32_t>& order, double group_bound,
                    double rho, int64_t m, int32_t ranks_per_node, double small_share,
                    std::vector<Shard>& out, std::vector<double>* workload = nullptr);
 
-// BestGroupedPlan's (bound, small share) variants at N ranks: the group
-// bound is `bound` x R x mean workload; beyond 8 ranks the filled groups
-// (small share > 0, kFilledGroups), at bounds nearer R, else kGroupBounds
-// unfilled.
+// The grouped stage's (bound, small share) variants at N ranks: the group
+// bound is `bound` x R x mean workload; where kRankBands says filled, the
+// filled groups (small share > 0, kFilledGroups), at bounds nearer R, else
+// kGroupBounds unfilled.
 std::vector<std::pair<double, double>> GroupedVariants(int32_t n);
 
-// Over every group bound (kGroupBounds x R * mean; beyond 8 ranks filled
-// groups at kFilledGroups' bounds and small shares) and rho scale, the
-// grouped plan, repaired, that meets the target, adds no sliver, and moves
-// less than `compacted` (ScorePlan's `compacted_score`) under its cheaper
-// exchange and, at N <= 8, no more under the all-gather: where the
-// all-gather is the exchange to use, it does not get worse. Beyond 8 ranks
-// the all-gather is not held to the compacted plan's, and a candidate
-// within kBalanceReach x R that would move less is first balanced by
-// exchanges of whole documents and cut pieces (BalanceByWholeExchanges with
-// move_cut). nullopt where no
-// grouped plan qualifies; the stop token's status once it says stop.
-absl::StatusOr<std::optional<Plan>> BestGroupedPlan(const Batch& batch,
-                                                    const FlashCpOptions& options,
-                                                    const Plan& compacted,
-                                                    const PlanScore& compacted_score);
+// The grouped stage's generator (flashcp_stages.h): over the first
+// at.variants group bounds and small shares (GroupedVariants) and every rho
+// scale (kScales), the grouped pieces, cut pieces shorter than the minimum
+// shard repaired (RepairSlivers within R x mean), offered to `judge` with
+// their tracked per-rank workload. The stop token's status once it says
+// stop.
+absl::Status GroupedCandidates(const Batch& batch, const FlashCpOptions& options,
+                               const RankBand& band, const StageAtN& at, CandidateJudge& judge);
 
 }  // namespace flashcp::core::internal
 

@@ -3,13 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
-#include <utility>
 #include <vector>
 
 #include "core/analysis.h"
-#include "core/internal/flashcp_repair.h"
-#include "core/internal/flashcp_roles.h"
-#include "core/internal/flashcp_score.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
@@ -122,95 +118,19 @@ std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, dou
   return CutPacked(batch, sizes, owner);
 }
 
-absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const FlashCpOptions& options,
-                                   Plan chosen) {
-  const int32_t n = batch.cp_size;
-  // At N <= 8 the compacted search's plan and its grouped rivals already
-  // move little, and the plan-time budget there is 1 ms.
-  if (n <= 8) return chosen;
-  // Beyond kChunkHeapMaxRanks the plan-time budget goes to the density fills
-  // and capacity groups after this stage, which find plans moving as little
-  // on all but a few batches.
-  if (n > kChunkHeapMaxRanks) return chosen;
-  const double target = options.target;
-  const int64_t m = options.min_shard;
-  const double max_work = options.max_work;
-
-  const PlanScore chosen_score = ScorePlan(chosen);
-  if (chosen_score.cut_docs == 0) return chosen;
-  const bool chosen_slivers =
-      m > 1 && chosen_score.min_cut_len != 0 && chosen_score.min_cut_len < m;
-  const Exchange chosen_exchange = Measure(chosen, chosen_score);
-  int64_t best_targeted = chosen_exchange.targeted;
-  const int64_t cheaper = chosen_exchange.cheaper();
-  // Variants: chunks per rank (MagiAttention's 8, and finer), neighbour
-  // slack as a fraction of the mean rank workload (0: MagiAttention's rule;
-  // tail affinity then changes nothing) and tail affinity. Beyond 16 ranks
-  // (a 20 ms plan-time budget at N = 64) only the first six: the four that
-  // won most often without tail affinity on the data sets, and two with it.
-  struct Variant {
-    int32_t chunks_per_rank;
-    double slack;
-    bool tail_affinity;
-  };
-  static constexpr Variant kVariants[] = {
-      {8, 0.0, false},   {16, 0.0, false},  {16, 0.01, false}, {8, 0.03, false},
-      {16, 0.01, true},  {8, 0.03, true},   {8, 0.01, false},  {8, 0.1, false},
-      {16, 0.03, false}, {16, 0.1, false},  {8, 0.01, true},   {8, 0.1, true},
-      {16, 0.03, true},  {16, 0.1, true}};
-  const size_t variants = n > 16 ? 6 : std::size(kVariants);
-  constexpr int32_t kPartners = 8;  // lightest ranks a balancing exchange tries
-  // The repairs below cost far more than a raw candidate, so a raw one is
-  // dropped where it is more than kReach off the target or over the plan's
-  // targeted bottleneck (the repairs and role swaps seldom close such
-  // gaps), and beyond 16 ranks only the max_repaired that move least are
-  // repaired.
-  constexpr double kReach = 1.1;
-  const size_t max_repaired = n > 16 ? 2 : variants;
-  struct Raw {
-    int64_t targeted;
-    std::vector<Shard> pieces;
-    Plan plan;
-  };
-  std::vector<Raw> raws;
+absl::Status ChunkHeapCandidates(const Batch& batch, const FlashCpOptions& options,
+                                 const RankBand& /*band*/, const StageAtN& at,
+                                 CandidateJudge& judge) {
+  const size_t variants = std::min(at.variants, std::size(kChunkHeapVariants));
   for (size_t v = 0; v < variants; ++v) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-    std::vector<Shard> pieces =
-        KvHeapPieces(batch, kVariants[v].chunks_per_rank, kVariants[v].slack * options.mean_work,
-                     kVariants[v].tail_affinity);
-    Plan plan = FinishPlan(batch, pieces);
-    const int64_t targeted = TargetedPhaseBottleneck(plan);
-    if (ScorePlan(plan).imbalance > kReach * target ||
-        static_cast<double>(targeted) > kReach * static_cast<double>(best_targeted)) {
-      continue;
-    }
-    raws.push_back(Raw{targeted, std::move(pieces), std::move(plan)});
+    const ChunkHeapVariant& variant = kChunkHeapVariants[v];
+    std::vector<Shard> pieces = KvHeapPieces(batch, variant.chunks_per_rank,
+                                             variant.slack * options.mean_work,
+                                             variant.tail_affinity);
+    judge.Offer(pieces);
   }
-  std::stable_sort(raws.begin(), raws.end(),
-                   [](const Raw& a, const Raw& b) { return a.targeted < b.targeted; });
-  if (raws.size() > max_repaired) raws.resize(max_repaired);
-  for (Raw& raw : raws) {
-    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-    Plan plan = std::move(raw.plan);
-    PlanScore score = ScorePlan(plan);
-    if (m > 1 && score.min_cut_len != 0 && score.min_cut_len < m) {
-      plan = FinishPlan(batch, RepairSlivers(batch, std::move(raw.pieces), m, max_work));
-      score = ScorePlan(plan);
-    }
-    if (score.imbalance > target) {
-      plan = BalanceByWholeExchanges(batch, plan, max_work, kPartners, 4 * n, m, /*move_cut=*/true);
-      score = ScorePlan(plan);
-      if (score.imbalance > target) continue;
-    }
-    if (!chosen_slivers && m > 1 && score.min_cut_len != 0 && score.min_cut_len < m) continue;
-    if (TargetedPhaseBottleneck(plan) >= best_targeted) continue;
-    plan = SwapRolesForTargeted(batch, plan, max_work, n);
-    const Exchange exchange = Measure(plan, ScorePlan(plan));
-    if (exchange.targeted >= best_targeted || exchange.cheaper() > cheaper) continue;
-    best_targeted = exchange.targeted;
-    chosen = std::move(plan);
-  }
-  return chosen;
+  return absl::OkStatus();
 }
 
 }  // namespace flashcp::core::internal

@@ -6,18 +6,19 @@
 // (or its tail chunk) where that rank is within a slack of the least load, so
 // a long document sits on fewer ranks and each rank needs the prefixes of
 // fewer documents.
-// Beyond 8 ranks flashcp keeps such a candidate (slivers repaired, balanced
-// by whole-document exchanges, roles swapped) where it meets the target and
-// moves less.
+// flashcp keeps such a candidate (slivers repaired, balanced by
+// whole-document exchanges, roles swapped) where it meets the target and
+// moves less (flashcp_stages.h; at which N: kRankBands).
 #ifndef FLASHCP_CORE_INTERNAL_FLASHCP_KV_H_
 #define FLASHCP_CORE_INTERNAL_FLASHCP_KV_H_
 
 #include <cstdint>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
+#include "core/internal/flashcp_judge.h"
 #include "core/internal/flashcp_options.h"
-#include "core/strategies.h"
+#include "core/internal/flashcp_tuning.h"
 #include "core/types.h"
 
 namespace flashcp::core::internal {
@@ -38,24 +39,12 @@ namespace flashcp::core::internal {
 std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, double slack,
                                 bool tail_affinity = false);
 
-// The most ranks PreferLeastKv tries chunk-heap candidates for.
-inline constexpr int32_t kChunkHeapMaxRanks = 32;
-
-// `chosen` (a valid flashcp plan), or, beyond 8 ranks and up to
-// kChunkHeapMaxRanks, the chunk-heap candidate with the lowest targeted phase bottleneck where that is below
-// chosen's. Candidates: 8 and 16 chunks per rank x slacks of 0, 1, 3 and 10%
-// of the mean rank workload, with and without tail affinity (14 distinct;
-// beyond 16 ranks six of them, the plan-time budget); a raw one more
-// than 1.1 x the target off balance or moving over 1.1 x chosen's targeted
-// bottleneck is dropped; the rest, least moved first (beyond 16 ranks the
-// first two), get slivers repaired (RepairSlivers), balancing exchanges
-// (of whole documents and cut pieces, BalanceByWholeExchanges with
-// move_cut) where over the target and role swaps (SwapRolesForTargeted). One is
-// kept only if it meets options.target, has no sliver (cut shard under
-// options.min_shard) where chosen has none, and moves no more than chosen
-// under its cheaper exchange. Returns the stop token's status once it says
-// stop.
-absl::StatusOr<Plan> PreferLeastKv(const Batch& batch, const FlashCpOptions& options, Plan chosen);
+// The chunk-heap stage's generator (flashcp_stages.h): the first
+// at.variants of kChunkHeapVariants (chunks per rank, neighbour slack in
+// mean rank workloads, tail affinity), offered to `judge` raw. The stop
+// token's status once it says stop.
+absl::Status ChunkHeapCandidates(const Batch& batch, const FlashCpOptions& options,
+                                 const RankBand& band, const StageAtN& at, CandidateJudge& judge);
 
 }  // namespace flashcp::core::internal
 

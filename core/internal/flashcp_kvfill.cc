@@ -5,26 +5,16 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <utility>
 #include <vector>
 
 #include "core/analysis.h"
-#include "core/internal/flashcp_kvgroups.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
 
 namespace flashcp::core::internal {
 namespace {
-
-// Split points tried on each side of the one found without the minimum
-// shard (each O(log n + a rank's dense pieces)), and the workload error, in
-// mean rank workloads, that ends the search early.
-constexpr int64_t kScan = 64;
-constexpr double kTolerance = 5e-3;
-// A raw fill moving more than this times the best plan so far is not
-// repaired: its balancing exchanges (tens of ms on batches of many
-// documents) seldom bring it below.
-constexpr double kMovedReach = 1.0;
 
 // The tokens of one document not yet dealt, [lo, hi), and how they are
 // peeled: mirrored (a head and a tail of equal length, or the head alone
@@ -396,8 +386,8 @@ bool KvFillPieces(const Batch& batch, const FlashCpOptions& options, SparseOrder
     }
     int64_t best_y = -1;
     double best_error = 0;
-    const double tolerance = kTolerance * options.mean_work;
-    for (int64_t step = 0; step < kScan && !(best_y >= 0 && best_error <= tolerance); ++step) {
+    const double tolerance = kFillTolerance * options.mean_work;
+    for (int64_t step = 0; step < kFillScan && !(best_y >= 0 && best_error <= tolerance); ++step) {
       for (const int64_t y : {lo + step, lo - 1 - step}) {
         if (y < 0 || y > tokens) continue;
         const double w = filler.Deal(tokens, y, m, r, nullptr);
@@ -419,17 +409,16 @@ bool KvFillPieces(const Batch& batch, const FlashCpOptions& options, SparseOrder
   return true;
 }
 
-absl::StatusOr<Plan> PreferKvFill(const Batch& batch, const FlashCpOptions& options,
-                                  Plan chosen) {
-  if (batch.cp_size <= 8) return chosen;
-  std::vector<std::vector<Shard>> candidates;
-  for (const SparseOrder order : {SparseOrder::kShortestFirst, SparseOrder::kLongestFirst}) {
+absl::Status FillCandidates(const Batch& batch, const FlashCpOptions& options,
+                            const RankBand& /*band*/, const StageAtN& at,
+                            CandidateJudge& judge) {
+  constexpr SparseOrder kOrders[] = {SparseOrder::kShortestFirst, SparseOrder::kLongestFirst};
+  for (size_t v = 0; v < std::min(at.variants, std::size(kOrders)); ++v) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
     std::vector<Shard> pieces;
-    if (KvFillPieces(batch, options, order, pieces)) candidates.push_back(std::move(pieces));
+    if (KvFillPieces(batch, options, kOrders[v], pieces)) judge.Offer(pieces);
   }
-  return PreferRawCandidates(batch, options, std::move(chosen), std::move(candidates),
-                             kMovedReach);
+  return absl::OkStatus();
 }
 
 }  // namespace flashcp::core::internal

@@ -24,8 +24,10 @@
 
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
+#include "core/internal/flashcp_judge.h"
 #include "core/internal/flashcp_options.h"
+#include "core/internal/flashcp_tuning.h"
 #include "core/types.h"
 
 namespace flashcp::core::internal {
@@ -49,13 +51,12 @@ enum class SparseOrder {
 bool KvFillPieces(const Batch& batch, const FlashCpOptions& options, SparseOrder order,
                   std::vector<Shard>& out);
 
-// `chosen`, or beyond 8 ranks the fill candidate (both orders) that
-// PreferRawCandidates (flashcp_kvgroups.h) keeps: within the target after
-// its repairs, no more cut shards under the minimum, moving strictly less
-// under its cheaper exchange; a raw fill moving more than the best so far
-// is not repaired. The stop token's status once it says stop.
-absl::StatusOr<Plan> PreferKvFill(const Batch& batch, const FlashCpOptions& options,
-                                  Plan chosen);
+// The density-fill stage's generator (flashcp_stages.h): the fills of the
+// first at.variants sparse orders (shortest first, longest first) that
+// KvFillPieces makes, offered to `judge` raw. The stop token's status once
+// it says stop.
+absl::Status FillCandidates(const Batch& batch, const FlashCpOptions& options,
+                            const RankBand& band, const StageAtN& at, CandidateJudge& judge);
 
 }  // namespace flashcp::core::internal
 

@@ -12,9 +12,6 @@
 #include <vector>
 
 #include "core/analysis.h"
-#include "core/internal/flashcp_repair.h"
-#include "core/internal/flashcp_roles.h"
-#include "core/internal/flashcp_score.h"
 #include "core/internal/flashcp_util.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
@@ -362,127 +359,16 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
   return best_max < std::numeric_limits<double>::infinity();
 }
 
-namespace {
-
-// PreferRawCandidates with chosen's score known (N > 2, chosen cuts
-// something).
-absl::StatusOr<Plan> JudgeRawCandidates(const Batch& batch, const FlashCpOptions& options,
-                                        Plan chosen, const PlanScore& chosen_score,
-                                        std::vector<std::vector<Shard>> candidates,
-                                        double moved_reach) {
-  const int32_t n = batch.cp_size;
-  const double target = options.target;
-  const int64_t m = options.min_shard;
-  const int64_t chosen_slivers = m > 1 ? CountSlivers(chosen, m) : 0;
-  const Exchange reference = Measure(chosen, chosen_score);
-  const auto allgather = [n](const PlanScore& score) { return AllgatherTokens(score, n); };
-  int64_t best = reference.cheaper();
-  // A raw candidate further than this off the target, or moving more than
-  // this times the best so far (at N <= 8 also under the all-gather, than
-  // `chosen`), is dropped before its repairs (which cost
-  // far more than building it and seldom close such gaps).
-  constexpr double kReach = 1.1;
-  constexpr int32_t kPartners = 8;  // lightest ranks a balancing exchange tries
-  // Raw candidates repaired per plan (the plan-time budget: 1 ms at N = 8).
-  const size_t max_repaired = n <= 8 ? 1 : 2;
-  // Raw candidates, each built and scored once (cheap next to the repairs
-  // below); only the max_repaired that move least go on.
-  struct Raw {
-    int64_t targeted;
-    std::vector<Shard> pieces;
-    Plan plan;
-    PlanScore score;
-  };
-  std::vector<Raw> raws;
-  for (std::vector<Shard>& pieces : candidates) {
-    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-    Plan plan = FinishPlan(batch, pieces);
-    const PlanScore score = ScorePlan(plan);
-    // The score's tests first: the targeted phase costs more to find.
-    if (score.imbalance > kReach * target ||
-        (n <= 8 && static_cast<double>(allgather(score)) >
-                       kReach * static_cast<double>(reference.allgather))) {
-      continue;
-    }
-    const int64_t targeted = TargetedPhaseBottleneck(plan);
-    if (static_cast<double>(targeted) > moved_reach * static_cast<double>(best)) continue;
-    raws.push_back(Raw{targeted, std::move(pieces), std::move(plan), score});
-  }
-  std::stable_sort(raws.begin(), raws.end(),
-                   [](const Raw& a, const Raw& b) { return a.targeted < b.targeted; });
-  if (raws.size() > max_repaired) raws.resize(max_repaired);
-  for (Raw& raw : raws) {
-    FLASHCP_RETURN_IF_ERROR(options.CheckStop());
-    // Out of reach of one kept before it: not worth its repairs.
-    if (static_cast<double>(raw.targeted) > moved_reach * static_cast<double>(best)) continue;
-    Plan plan = std::move(raw.plan);
-    PlanScore score = raw.score;
-    bool as_raw = true;  // plan is still the raw candidate (raw.targeted holds)
-    if (m > 1 && CountSlivers(plan, m) > 0) {
-      plan = FinishPlan(batch, RepairSlivers(batch, std::move(raw.pieces), m, options.max_work));
-      score = ScorePlan(plan);
-      as_raw = false;
-    }
-    if (score.imbalance > target) {
-      plan = BalanceByWholeExchanges(batch, plan, options.max_work, kPartners, 4 * n, m);
-      score = ScorePlan(plan);
-      as_raw = false;
-      if (score.imbalance > target) continue;
-    }
-    if (m > 1 && CountSlivers(plan, m) > chosen_slivers) continue;
-    Plan swapped = SwapRolesForTargeted(batch, plan, options.max_work, n);
-    if (swapped.shards != plan.shards) {  // else score (and raw.targeted) still hold
-      plan = std::move(swapped);
-      score = ScorePlan(plan);
-      as_raw = false;
-    }
-    // The all-gather's test first: it needs only the score, the targeted
-    // phase costs more.
-    if (n <= 8 && allgather(score) > reference.allgather) continue;
-    const Exchange exchange =
-        as_raw ? Exchange{allgather(score), raw.targeted} : Measure(plan, score);
-    if (exchange.cheaper() >= best) continue;
-    best = exchange.cheaper();
-    chosen = std::move(plan);
-  }
-  return chosen;
-}
-
-}  // namespace
-
-absl::StatusOr<Plan> PreferKvGroups(const Batch& batch, const FlashCpOptions& options,
-                                    Plan chosen) {
-  const size_t count = batch.cp_size <= 8    ? kKvGroupsSmall
-                       : batch.cp_size > 32 ? kKvGroupsHuge
-                       : batch.cp_size > 16 ? kKvGroupsLarge
-                                            : std::size(kKvGroupParams);
-  return PreferKvGroupsOf(batch, options, std::move(chosen),
-                          std::vector<KvGroupParams>(kKvGroupParams, kKvGroupParams + count));
-}
-
-absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& options,
-                                      Plan chosen, const std::vector<KvGroupParams>& params) {
-  if (batch.cp_size <= 2) return chosen;  // at N = 2 a cut document moves the same either way
-  const PlanScore chosen_score = ScorePlan(chosen);
-  if (chosen_score.cut_docs == 0) return chosen;  // nothing is exchanged to begin with
-  std::vector<std::vector<Shard>> candidates;
-  for (const KvGroupParams& p : params) {
+absl::Status KvGroupCandidates(const Batch& batch, const FlashCpOptions& options,
+                               const RankBand& /*band*/, const StageAtN& at,
+                               CandidateJudge& judge) {
+  const size_t count = std::min(at.variants, std::size(kKvGroupParams));
+  for (size_t v = 0; v < count; ++v) {
     FLASHCP_RETURN_IF_ERROR(options.CheckStop());
     std::vector<Shard> pieces;
-    if (KvGroupPieces(batch, options, p, pieces)) candidates.push_back(std::move(pieces));
+    if (KvGroupPieces(batch, options, kKvGroupParams[v], pieces)) judge.Offer(pieces);
   }
-  return JudgeRawCandidates(batch, options, std::move(chosen), chosen_score,
-                            std::move(candidates), kKvGroupsMovedReach);
-}
-
-absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOptions& options,
-                                         Plan chosen, std::vector<std::vector<Shard>> candidates,
-                                         double moved_reach) {
-  if (batch.cp_size <= 2) return chosen;  // at N = 2 a cut document moves the same either way
-  const PlanScore chosen_score = ScorePlan(chosen);
-  if (chosen_score.cut_docs == 0) return chosen;  // nothing is exchanged to begin with
-  return JudgeRawCandidates(batch, options, std::move(chosen), chosen_score,
-                            std::move(candidates), moved_reach);
+  return absl::OkStatus();
 }
 
 }  // namespace flashcp::core::internal

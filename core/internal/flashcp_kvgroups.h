@@ -34,18 +34,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
+#include "core/internal/flashcp_judge.h"
 #include "core/internal/flashcp_options.h"
+#include "core/internal/flashcp_tuning.h"
 #include "core/types.h"
 
 namespace flashcp::core::internal {
-
-// One candidate's parameters.
-struct KvGroupParams {
-  double alpha = 1.0;      // the first deal's budget, in mean rank workloads
-  double rho_scale = 1.0;  // rho = rho_scale x the whole documents' pairs per token
-  double lpt_scale = 0.0;  // Whole-Doc's rho (WholeDocOptions), in median densities
-};
 
 // The raw pieces (for FinishPlan) of one candidate, appended to `out`:
 // every rank holds exactly its RankTargets tokens. A document (longest
@@ -56,49 +51,12 @@ struct KvGroupParams {
 bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGroupParams& params,
                    std::vector<Shard>& out);
 
-// `chosen` (a valid flashcp plan), or the capacity-group candidate
-// (kKvGroupParams) that, slivers repaired (RepairSlivers within R x mean),
-// balanced by whole-document exchanges where over the target
-// (BalanceByWholeExchanges) and roles swapped (SwapRolesForTargeted),
-// meets options.target, has no more cut shards under options.min_shard
-// than chosen, and moves strictly less than chosen (and than the
-// candidates before it) under its cheaper exchange; at N <= 8 also no more
-// under the compacted all-gather. A raw candidate more than 1.1 x the
-// target off balance or moving more than 1.1 x the best so far (at N <= 8
-// also 1.1 x chosen's all-gather) is dropped unrepaired. At N <= 2 or
-// where chosen cuts nothing, chosen. The stop token's status once it says
-// stop.
-absl::StatusOr<Plan> PreferKvGroups(const Batch& batch, const FlashCpOptions& options,
-                                    Plan chosen);
-
-// PreferKvGroups over the candidates of `params`, in that order.
-absl::StatusOr<Plan> PreferKvGroupsOf(const Batch& batch, const FlashCpOptions& options,
-                                      Plan chosen, const std::vector<KvGroupParams>& params);
-
-// The judge behind PreferKvGroupsOf (and other stages' candidates, e.g.
-// flashcp_kvfill.h): `chosen`, or the best of `candidates` (raw pieces for
-// FinishPlan, each rank exactly its RankTargets tokens, in the order
-// given) by the rules of PreferKvGroups above, a raw candidate moving more
-// than moved_reach x the best so far dropped unrepaired.
-inline constexpr double kKvGroupsMovedReach = 1.1;  // PreferKvGroups' reach
-absl::StatusOr<Plan> PreferRawCandidates(const Batch& batch, const FlashCpOptions& options,
-                                         Plan chosen, std::vector<std::vector<Shard>> candidates,
-                                         double moved_reach = kKvGroupsMovedReach);
-
-// The candidates, in the order tried: at N <= 8 the first kKvGroupsSmall
-// (the plan-time budget there is 1 ms), from 17 to 32 ranks the first
-// kKvGroupsLarge and beyond 32 the first kKvGroupsHuge (20 ms at N = 64),
-// else all; of those within reach,
-// the one (N <= 8) or two that move least raw are repaired and judged.
-// Deal-level-equalize passes stop at the first within R.
-inline constexpr KvGroupParams kKvGroupParams[] = {
-    {1.0, 2.0, 0.0}, {1.0, 1.0, 0.0}, {0.98, 1.0, 0.0}, {1.0, 1.3, 0.0}, {0.98, 1.6, 0.0},
-    {1.0, 1.6, 0.0}};
-inline constexpr size_t kKvGroupsSmall = 1;
-inline constexpr size_t kKvGroupsLarge = 2;
-inline constexpr size_t kKvGroupsHuge = 1;
-// Deal-level-equalize passes per candidate (KvGroupPieces).
-inline constexpr int kKvGroupPasses = 3;
+// The capacity-group stage's generator (flashcp_stages.h): the pieces of
+// the first at.variants of kKvGroupParams that KvGroupPieces makes (its
+// deal-level-equalize passes stop at the first within R), offered to
+// `judge` raw. The stop token's status once it says stop.
+absl::Status KvGroupCandidates(const Batch& batch, const FlashCpOptions& options,
+                               const RankBand& band, const StageAtN& at, CandidateJudge& judge);
 
 }  // namespace flashcp::core::internal
 

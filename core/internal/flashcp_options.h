@@ -1,16 +1,16 @@
 // flashcp's one options struct: what every stage of the planner
 // (flashcp.cc's orchestrator, docs/planner.md) reads, fixed for one plan:
-// the caller's PlanOptions, what follows from the batch, and the stages'
-// bounds.
+// the caller's PlanOptions and what follows from the batch (the stages'
+// tuning: flashcp_tuning.h).
 #ifndef FLASHCP_CORE_INTERNAL_FLASHCP_OPTIONS_H_
 #define FLASHCP_CORE_INTERNAL_FLASHCP_OPTIONS_H_
 
-#include <array>
+#include <cstddef>
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/internal/flashcp_tuning.h"
 #include "core/strategies.h"
 #include "core/types.h"
 
@@ -39,31 +39,19 @@ struct FlashCpOptions {
   // (Better's charge): 8m.
   int64_t sliver_cost = 0;
 
-  // Search: rho / median_density per Whole-Doc variant; the fallback also
-  // tries the ones between.
-  static constexpr std::array<double, 4> kScales = {0.0, 0.5, 1.0, 2.0};
-  static constexpr std::array<double, 4> kMoreScales = {0.25, 0.75, 1.5, 3.0};
-  // Fallback: candidates repaired, then re-cut, and re-cut rounds of each.
-  static constexpr size_t kMaxFallbacks = 5;
-  static constexpr size_t kMaxRecuts = 3;
-  static constexpr int32_t kRecutRounds = 8;
-  // Grouped plans (flashcp_grouped.h): group bounds as fractions of R * mean
-  // (a smaller bound: larger groups, better balance, more to move).
-  static constexpr std::array<double, 4> kGroupBounds = {1.0, 0.85, 0.7, 0.55};
-  // Beyond 8 ranks, where groups are filled (a rank's free tokens projected
-  // at the small documents' density, flashcp_grouped.h): (bound, small
-  // share) per variant, bounds nearer R, a document being small where it
-  // weighs at most the share x the bound (then left to Whole-Doc).
-  static constexpr std::array<std::pair<double, double>, 4> kFilledGroups = {
-      {{1.0, 0.1}, {0.97, 0.1}, {0.93, 0.1}, {1.0, 0.2}}};
-  // Balancing exchanges (flashcp_roles.h) beyond 8 ranks: the lightest ranks
-  // tried, the imbalance / R a candidate is balanced from, and the moves per
-  // plan (each call up to 2N), the planning-time budget.
-  static constexpr int32_t kBalancePartners = 4;
-  static constexpr double kBalanceReach = 1.05;
-  static constexpr int32_t kBalanceMoves = 512;
-  // Role swaps: at most this many times N per plan.
-  static constexpr int32_t kSwapsPerRank = 1;
+  // The stages' tuning is flashcp_tuning.h's; these names of it are kept
+  // for code written against them.
+  static constexpr const auto& kScales = internal::kScales;
+  static constexpr const auto& kMoreScales = internal::kMoreScales;
+  static constexpr size_t kMaxFallbacks = internal::kMaxFallbacks;
+  static constexpr size_t kMaxRecuts = internal::kMaxRecuts;
+  static constexpr int32_t kRecutRounds = internal::kRecutRounds;
+  static constexpr const auto& kGroupBounds = internal::kGroupBounds;
+  static constexpr const auto& kFilledGroups = internal::kFilledGroups;
+  static constexpr int32_t kBalancePartners = internal::kBalancePartners;
+  static constexpr double kBalanceReach = internal::kBalanceReach;
+  static constexpr int32_t kBalanceMoves = internal::kBalanceMoves;
+  static constexpr int32_t kSwapsPerRank = internal::kSwapsPerRank;
 
   static FlashCpOptions For(const Batch& batch, const PlanOptions& options);
 };

@@ -16,7 +16,7 @@ Plan RecutCandidates(const Batch& batch, const FlashCpOptions& options, Compacte
   plan_score.slivers = CountSlivers(plan, m);
   const auto recut = [&](std::vector<Shard> pieces) {
     // The margin absorbs the workload sums' rounding.
-    if (!RecutPieces(batch, pieces, m, FlashCpOptions::kRecutRounds,
+    if (!RecutPieces(batch, pieces, m, kRecutRounds,
                      options.max_work * (1 + 1e-9))) {
       return;
     }
@@ -32,7 +32,7 @@ Plan RecutCandidates(const Batch& batch, const FlashCpOptions& options, Compacte
   };
   size_t recuts = 0;
   for (const bool missed_r : {true, false}) {
-    for (size_t i = 0; i < candidates.size() && recuts < FlashCpOptions::kMaxRecuts; ++i) {
+    for (size_t i = 0; i < candidates.size() && recuts < kMaxRecuts; ++i) {
       const SearchCandidate& c = candidates[i];
       if ((c.score.imbalance > options.target) != missed_r) continue;
       ++recuts;

@@ -953,7 +953,7 @@ std::optional<Plan> RepairFallback(const Batch& batch, const FlashCpOptions& opt
   std::optional<Plan> found;
   PlanScore found_score;
   size_t repairs = 0;
-  for (size_t i = 0; i < candidates.size() && repairs < FlashCpOptions::kMaxFallbacks; ++i) {
+  for (size_t i = 0; i < candidates.size() && repairs < kMaxFallbacks; ++i) {
     const SearchCandidate& c = candidates[i];
     if (c.score.imbalance > options.target) break;  // sorted: the rest miss R too
     if (c.k == winner.k && c.reduced == winner.reduced && c.pieces.size() == winner.pieces &&

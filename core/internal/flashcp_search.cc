@@ -11,7 +11,7 @@ namespace flashcp::core::internal {
 CompactedSearch::CompactedSearch(const Batch& batch, const FlashCpOptions& options)
     : batch_(batch),
       o_(options),
-      scales_(FlashCpOptions::kScales),
+      scales_(kScales),
       tried_(options.order.size() + 1, -1),
       searched_(options.order.size() + 1),
       part_{std::vector<int64_t>(batch.cp_size, 0), 0, 0} {}
@@ -305,12 +305,12 @@ absl::StatusOr<std::vector<SearchCandidate>> CompactedSearch::FallbackCandidates
   // The first pass (kScales) repeats candidates FindBoundary made: none
   // beats the best, which it already compared them with, so only the pool
   // gains them.
-  scales_ = FlashCpOptions::kScales;
+  scales_ = kScales;
   std::fill(tried_.begin(), tried_.end(), int8_t{-1});
   TryKAgain(k0);
   if (k0 < n_docs) TryKAgain(k0 + 1);
   searched_met_.clear();  // taken: a later call makes its candidates anew
-  scales_ = FlashCpOptions::kMoreScales;
+  scales_ = kMoreScales;
   std::fill(tried_.begin(), tried_.end(), int8_t{-1});
   TryK(k0);
   if (k0 < n_docs) TryK(k0 + 1);
