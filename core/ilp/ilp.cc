@@ -63,6 +63,7 @@
 #include "coin/CoinPackedMatrix.hpp"
 #include "coin/OsiClpSolverInterface.hpp"
 #include "core/analysis.h"
+#include "core/ilp/model.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
 
@@ -78,272 +79,6 @@ namespace {
 // beat the incumbent by this much to be searched for. CBC's default (1e-5)
 // would hide improvements of a few pairs on a 10^5-pair batch.
 constexpr double kCutoffIncrement = 1e-7;
-
-// Largest value an integer column may take (see BuildModel).
-constexpr double kMaxIntegralColumn = 1 << 24;
-
-struct Block {
-  int32_t doc = 0;
-  int64_t start = 0;
-  int64_t len = 0;
-  bool final = false;  // the last block of its document
-};
-
-// The MILP's columns and rows, in CBC's terms.
-struct Model {
-  int32_t ranks = 0;
-  std::vector<Block> blocks;
-  std::vector<int> z_base;  // per block: column of z[b][0], -1 for a final block
-  std::vector<int32_t> group_start;  // per rank: first rank with the same token target
-  std::vector<int> c_base;  // per rank r: column of c[0][r], or -1 (see BuildModel)
-  int w_col = 0;            // max rank workload, (query, key) pairs
-  int m_col = 0;            // max rank non-last tokens
-  int num_cols = 0;
-  double mean_work = 1.0;  // mean rank workload, (query, key) pairs
-  bool w_integral = false;  // w_col is an integer column
-  bool m_integral = false;  // m_col is an integer column
-  std::vector<double> col_lb, col_ub, obj;
-  std::vector<int> row_idx, col_idx;
-  std::vector<double> elems;
-  std::vector<double> row_lb, row_ub;
-
-  int X(size_t b, int32_t r) const { return static_cast<int>(b) * ranks + r; }
-  int C(size_t b, int32_t r) const { return c_base[r] + static_cast<int>(b); }
-  int NextZ(size_t b, int32_t r) const {  // z[b+1][r], or x[b+1][r] when b+1 is final
-    return blocks[b + 1].final ? X(b + 1, r) : z_base[b + 1] + r;
-  }
-  int AddRow(double lb, double ub) {
-    row_lb.push_back(lb);
-    row_ub.push_back(ub);
-    return static_cast<int>(row_lb.size()) - 1;
-  }
-  void Add(int row, int col, double v) {
-    row_idx.push_back(row);
-    col_idx.push_back(col);
-    elems.push_back(v);
-  }
-};
-
-// Blocks of at most `g` tokens, also cut at every shard boundary of `plans`.
-std::vector<Block> MakeBlocks(const Batch& batch, int64_t g, const std::vector<Plan>& plans) {
-  std::vector<std::vector<int64_t>> cuts(batch.doc_lens.size());
-  for (const Plan& p : plans) {
-    for (const Shard& s : p.shards) {
-      cuts[s.doc].push_back(s.start);
-      cuts[s.doc].push_back(s.start + s.len);
-    }
-  }
-  std::vector<Block> blocks;
-  for (size_t d = 0; d < batch.doc_lens.size(); ++d) {
-    const int64_t len = batch.doc_lens[d];
-    std::vector<int64_t>& c = cuts[d];
-    for (int64_t a = 0; a < len; a += g) c.push_back(a);
-    c.push_back(len);
-    std::sort(c.begin(), c.end());
-    c.erase(std::unique(c.begin(), c.end()), c.end());
-    for (size_t i = 0; i + 1 < c.size(); ++i) {
-      blocks.push_back(Block{static_cast<int32_t>(d), c[i], c[i + 1] - c[i], i + 2 == c.size()});
-    }
-  }
-  return blocks;
-}
-
-Model BuildModel(const Batch& batch, std::vector<Block> blocks, double mean_work,
-                 double comm_weight) {
-  const int32_t n = batch.cp_size;
-  const int64_t total = TotalTokens(batch.doc_lens);
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-
-  Model m;
-  m.ranks = n;
-  m.mean_work = mean_work;
-  m.blocks = std::move(blocks);
-  const size_t nb = m.blocks.size();
-  int next = static_cast<int>(nb) * n;
-  m.z_base.assign(nb, -1);
-  for (size_t b = 0; b < nb; ++b) {
-    if (!m.blocks[b].final) {
-      m.z_base[b] = next;
-      next += n;
-    }
-  }
-  // Symmetry: ranks with equal token targets are interchangeable (the groups
-  // [0, N - pad) and [N - pad, N), pad = padding tokens), so the model keeps
-  // only plans whose ranks within a group are ordered by their first block:
-  // rank r above its group's start may hold block b only if rank r - 1 holds
-  // a block before b. With c[b][r-1] = sum_{b' <= b} x[b'][r-1] (continuous):
-  //   x[b][r] <= c[b-1][r-1]   and   x[b][r] = 0 for b < r - group start.
-  // Every rank holds >= 1 token (N <= total), so any plan has such a relabeling.
-  const int64_t pad = PaddingTokens(total, n);
-  m.group_start.resize(n);
-  m.c_base.assign(n, -1);
-  for (int32_t r = 0; r < n; ++r) m.group_start[r] = r < n - pad ? 0 : static_cast<int32_t>(n - pad);
-  for (int32_t r = 0; r + 1 < n; ++r) {
-    if (m.group_start[r + 1] == m.group_start[r] && nb > 1) {
-      m.c_base[r] = next;
-      next += static_cast<int>(nb) - 1;  // c[b][r] for b < nb - 1
-    }
-  }
-  m.w_col = next++;
-  m.m_col = next++;
-  m.num_cols = next;
-  m.col_lb.assign(next, 0.0);
-  m.col_ub.assign(next, 1.0);
-  m.obj.assign(next, 0.0);
-  m.col_ub[m.w_col] = kInf;
-  m.col_ub[m.m_col] = kInf;
-  m.obj[m.w_col] = 1.0 / mean_work;
-  m.obj[m.m_col] = comm_weight / mean_work;
-  // Both maxima are integers (pairs, tokens); declaring them so lets CBC round
-  // its bounds up, which is most of what proves small instances optimal. Past
-  // kMaxIntegralColumn a double no longer resolves CBC's integer tolerance.
-  m.w_integral = mean_work * n <= kMaxIntegralColumn;
-  m.m_integral = static_cast<double>(total) <= kMaxIntegralColumn;
-  // Valid lower bounds: some rank holds at least the mean, and every block.
-  double lb = m.w_integral ? std::ceil(mean_work - 1e-9) : mean_work;
-  for (const Block& k : m.blocks) lb = std::max(lb, ShardWorkload(k.start, k.len));
-  m.col_lb[m.w_col] = lb;
-
-  for (int32_t r = 0; r < n; ++r) {
-    for (size_t b = 0; b < nb && static_cast<int64_t>(b) < r - m.group_start[r]; ++b) {
-      m.col_ub[m.X(b, r)] = 0.0;
-    }
-    if (m.c_base[r] < 0) continue;
-    for (size_t b = 0; b + 1 < nb; ++b) {  // c[b][r] = c[b-1][r] + x[b][r]
-      const int row = m.AddRow(0.0, 0.0);
-      m.Add(row, m.C(b, r), 1.0);
-      m.Add(row, m.X(b, r), -1.0);
-      if (b > 0) m.Add(row, m.C(b - 1, r), -1.0);
-      m.col_ub[m.C(b, r)] = static_cast<double>(b + 1);
-      const int order = m.AddRow(-kInf, 0.0);  // x[b+1][r+1] <= c[b][r]
-      m.Add(order, m.X(b + 1, r + 1), 1.0);
-      m.Add(order, m.C(b, r), -1.0);
-    }
-  }
-
-  for (size_t b = 0; b < nb; ++b) {  // each block on exactly one rank
-    const int row = m.AddRow(1.0, 1.0);
-    for (int32_t r = 0; r < n; ++r) m.Add(row, m.X(b, r), 1.0);
-  }
-  for (int32_t r = 0; r < n; ++r) {
-    const double target = static_cast<double>(RankRealTokens(total, n, r));
-    const int tokens = m.AddRow(target, target);  // integer coefficients: exact
-    const int work = m.AddRow(-kInf, 0.0);
-    const int nonlast = m.AddRow(-kInf, 0.0);
-    for (size_t b = 0; b < nb; ++b) {
-      const Block& k = m.blocks[b];
-      m.Add(tokens, m.X(b, r), static_cast<double>(k.len));
-      m.Add(work, m.X(b, r), ShardWorkload(k.start, k.len));
-      if (!k.final) {
-        const double t = static_cast<double>(k.len);
-        m.Add(nonlast, m.X(b, r), t);
-        m.Add(nonlast, m.z_base[b] + r, -t);
-        const int zx = m.AddRow(-kInf, 0.0);  // z[b][r] <= x[b][r]
-        m.Add(zx, m.z_base[b] + r, 1.0);
-        m.Add(zx, m.X(b, r), -1.0);
-        const int zn = m.AddRow(-kInf, 0.0);  // z[b][r] <= z[b+1][r]
-        m.Add(zn, m.z_base[b] + r, 1.0);
-        m.Add(zn, m.NextZ(b, r), -1.0);
-      }
-    }
-    m.Add(work, m.w_col, -1.0);
-    m.Add(nonlast, m.m_col, -1.0);
-  }
-  return m;
-}
-
-// Each block's owner in `plan`, whose shard boundaries are all block
-// boundaries; nullopt if a block straddles two shards.
-std::optional<std::vector<int32_t>> OwnersOf(const Plan& plan, const std::vector<Block>& blocks) {
-  std::vector<Shard> shards = plan.shards;
-  std::sort(shards.begin(), shards.end(), [](const Shard& a, const Shard& b) {
-    return std::tie(a.doc, a.start) < std::tie(b.doc, b.start);
-  });
-  std::vector<int32_t> owners(blocks.size());
-  size_t s = 0;
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    const Block& k = blocks[b];
-    while (s < shards.size() && (shards[s].doc < k.doc || (shards[s].doc == k.doc &&
-                                                           shards[s].start + shards[s].len <= k.start))) {
-      ++s;
-    }
-    if (s == shards.size() || shards[s].doc != k.doc || shards[s].start > k.start ||
-        shards[s].start + shards[s].len < k.start + k.len) {
-      return std::nullopt;
-    }
-    owners[b] = shards[s].rank;
-  }
-  return owners;
-}
-
-// Relabels ranks within each target group in order of their first block, the
-// one labeling the symmetry rows admit; token targets and objective unchanged.
-void Canonicalize(const Model& m, std::vector<int32_t>& owners) {
-  std::vector<int32_t> label(m.ranks, -1);
-  std::vector<int32_t> next(m.ranks);
-  for (int32_t r = 0; r < m.ranks; ++r) next[r] = m.group_start[r];
-  for (int32_t& o : owners) {
-    if (label[o] < 0) label[o] = next[m.group_start[o]]++;
-    o = label[o];
-  }
-}
-
-// The full column vector (x, z, max workload, max non-last) of an assignment.
-std::vector<double> SolutionOf(const Model& m, const std::vector<int32_t>& owners) {
-  std::vector<double> sol(m.num_cols, 0.0);
-  std::vector<double> work(m.ranks, 0.0), nonlast(m.ranks, 0.0);
-  bool tail_same = true;  // after block i: blocks i.. of its document all on owners[i]
-  for (size_t i = m.blocks.size(); i-- > 0;) {
-    const Block& k = m.blocks[i];
-    const int32_t r = owners[i];
-    sol[m.X(i, r)] = 1.0;
-    work[r] += ShardWorkload(k.start, k.len);
-    if (k.final) {
-      tail_same = true;
-    } else {
-      tail_same = tail_same && owners[i + 1] == r;
-      if (tail_same) {
-        sol[m.z_base[i] + r] = 1.0;
-      } else {
-        nonlast[r] += static_cast<double>(k.len);
-      }
-    }
-  }
-  for (int32_t r = 0; r < m.ranks; ++r) {
-    if (m.c_base[r] < 0) continue;
-    double held = 0.0;
-    for (size_t b = 0; b + 1 < m.blocks.size(); ++b) {
-      held += sol[m.X(b, r)];
-      sol[m.C(b, r)] = held;
-    }
-  }
-  sol[m.w_col] = *std::max_element(work.begin(), work.end());
-  sol[m.m_col] = *std::max_element(nonlast.begin(), nonlast.end());
-  return sol;
-}
-
-// The owners of a CBC solution: each block's rank with the largest x.
-std::vector<int32_t> OwnersFromSolution(const Model& m, const double* sol) {
-  std::vector<int32_t> owners(m.blocks.size());
-  for (size_t b = 0; b < m.blocks.size(); ++b) {
-    int32_t best = 0;
-    for (int32_t r = 1; r < m.ranks; ++r) {
-      if (sol[m.X(b, r)] > sol[m.X(b, best)]) best = r;
-    }
-    owners[b] = best;
-  }
-  return owners;
-}
-
-Plan PlanOfOwners(const Batch& batch, const Model& m, const std::vector<int32_t>& owners) {
-  std::vector<Shard> pieces;
-  pieces.reserve(m.blocks.size());
-  for (size_t b = 0; b < m.blocks.size(); ++b) {
-    const Block& k = m.blocks[b];
-    pieces.push_back(Shard{k.doc, k.start, k.len, owners[b]});
-  }
-  return FinishPlan(batch, std::move(pieces));
-}
 
 struct CbcResult {
   std::optional<std::vector<int32_t>> owners;  // CBC's best solution, if any
@@ -495,8 +230,9 @@ absl::StatusOr<double> Objective(const Plan& plan, double comm_weight) {
   return max_work + comm_weight * static_cast<double>(max_nonlast);
 }
 
-absl::StatusOr<Plan> Solve(const Batch& batch, const IlpOptions& options, const StopToken& stop,
-                           PlanInfo* info) {
+namespace {
+
+absl::Status CheckOptions(const IlpOptions& options) {
   if (!(options.granularity >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ilp.granularity: must be >= 0 tokens (0 picks ceil(C / 16N)), got ",
@@ -512,47 +248,46 @@ absl::StatusOr<Plan> Solve(const Batch& batch, const IlpOptions& options, const 
         "ilp.comm_weight: must be finite and >= 0 (0 picks the default), got ",
         options.comm_weight));
   }
-  const int32_t n = batch.cp_size;
-  const int64_t g = options.granularity > 0 ? options.granularity : DefaultGranularity(batch);
-  const double weight = options.comm_weight > 0 ? options.comm_weight : DefaultCommWeight(batch);
+  return absl::OkStatus();
+}
 
-  // Bound the model before allocating it: grid blocks alone, then exactly.
-  int64_t grid_blocks = 0;
-  for (int64_t len : batch.doc_lens) grid_blocks += (len + g - 1) / g;
-  const auto too_big = [&](int64_t blocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ilp.granularity: ", g, " tokens gives ", blocks, " blocks x ", n, " ranks = ",
-        blocks * n, " binary variables, above the ILP's limit of ", kMaxBinaryVars,
-        "; raise the granularity or plan a smaller batch"));
-  };
-  if (grid_blocks > kMaxBinaryVars / n) return too_big(grid_blocks);
+absl::Status TooBig(int64_t g, int64_t blocks, int32_t n) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "ilp.granularity: ", g, " tokens gives ", blocks, " blocks x ", n, " ranks = ", blocks * n,
+      " binary variables, above the ILP's limit of ", kMaxBinaryVars,
+      "; raise the granularity or plan a smaller batch"));
+}
 
-  // One rank: every document whole on it is the only plan.
-  if (n == 1) {
-    std::vector<Shard> pieces;
-    for (size_t d = 0; d < batch.doc_lens.size(); ++d) {
-      pieces.push_back(Shard{static_cast<int32_t>(d), 0, batch.doc_lens[d], 0});
-    }
-    Plan plan = FinishPlan(batch, std::move(pieces));
-    FLASHCP_ASSIGN_OR_RETURN(const double objective, Objective(plan, weight));
-    if (info != nullptr) {
-      info->ilp_gap = 0.0;
-      info->ilp_optimal = true;
-      info->ilp_objective = objective;
-      info->ilp_granularity = g;
-    }
-    return plan;
+// One rank: every document whole on it is the only plan.
+absl::StatusOr<Plan> OneRankPlan(const Batch& batch, double weight, int64_t g, PlanInfo* info) {
+  std::vector<Shard> pieces;
+  for (size_t d = 0; d < batch.doc_lens.size(); ++d) {
+    pieces.push_back(Shard{static_cast<int32_t>(d), 0, batch.doc_lens[d], 0});
   }
+  Plan plan = FinishPlan(batch, std::move(pieces));
+  FLASHCP_ASSIGN_OR_RETURN(const double objective, Objective(plan, weight));
+  if (info != nullptr) {
+    info->ilp_gap = 0.0;
+    info->ilp_optimal = true;
+    info->ilp_objective = objective;
+    info->ilp_granularity = g;
+  }
+  return plan;
+}
 
-  // Blocks: the grid, the Ring and Llama3 cut points (always), and the cut
-  // points of the best other strategy's plan (by the objective) whose cuts
-  // keep the model within the bound, so the ILP starts from, and is never
-  // worse than, every heuristic here. Every plan whose cuts are all block
-  // boundaries is a candidate incumbent.
-  std::vector<Plan> candidates = {PlanRing(batch), PlanLlama3(batch)};
+// Blocks: the grid, the Ring and Llama3 cut points (always), and the cut
+// points of the best other strategy's plan (by the objective) whose cuts
+// keep the model within the bound, so the ILP starts from, and is never
+// worse than, every heuristic here. Every plan whose cuts are all block
+// boundaries is a candidate incumbent: into `candidates`.
+absl::StatusOr<std::vector<Block>> SeedBlocks(const Batch& batch, int64_t g, double weight,
+                                              const StopToken& stop,
+                                              std::vector<Plan>& candidates) {
+  const int32_t n = batch.cp_size;
+  candidates = {PlanRing(batch), PlanLlama3(batch)};
   std::vector<Block> blocks = MakeBlocks(batch, g, candidates);
   if (static_cast<int64_t>(blocks.size()) > kMaxBinaryVars / n) {
-    return too_big(static_cast<int64_t>(blocks.size()));
+    return TooBig(g, static_cast<int64_t>(blocks.size()), n);
   }
   std::vector<std::pair<double, Plan>> others;
   for (Strategy s : AllStrategies()) {
@@ -582,35 +317,64 @@ absl::StatusOr<Plan> Solve(const Batch& batch, const IlpOptions& options, const 
   for (auto& [obj, p] : others) {
     if (!p.shards.empty()) candidates.push_back(std::move(p));  // representable or not
   }
+  return blocks;
+}
 
-  const double mean_work = TotalWorkload(batch) / n;
-  const Model model = BuildModel(batch, std::move(blocks), mean_work, weight);
-
-  // The incumbent: the best representable candidate by its true objective.
-  std::optional<Plan> best;
-  double best_obj = std::numeric_limits<double>::infinity();
-  std::vector<double> start_sol;
+// The incumbent: the best representable candidate by its true objective,
+// and its column vector (empty where none is representable).
+struct Incumbent {
+  std::optional<Plan> plan;
+  double objective = std::numeric_limits<double>::infinity();
+  std::vector<double> start;
+};
+absl::StatusOr<Incumbent> BestIncumbent(const Model& model, const std::vector<Plan>& candidates,
+                                        double weight) {
+  Incumbent best;
   for (const Plan& p : candidates) {
     std::optional<std::vector<int32_t>> owners = OwnersOf(p, model.blocks);
     if (!owners) continue;
     Canonicalize(model, *owners);
     FLASHCP_ASSIGN_OR_RETURN(const double obj, Objective(p, weight));
-    if (obj < best_obj) {
-      best = p;
-      best_obj = obj;
-      start_sol = SolutionOf(model, *owners);
+    if (obj < best.objective) {
+      best.plan = p;
+      best.objective = obj;
+      best.start = SolutionOf(model, *owners);
     }
   }
+  return best;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> Solve(const Batch& batch, const IlpOptions& options, const StopToken& stop,
+                           PlanInfo* info) {
+  FLASHCP_RETURN_IF_ERROR(CheckOptions(options));
+  const int32_t n = batch.cp_size;
+  const int64_t g = options.granularity > 0 ? options.granularity : DefaultGranularity(batch);
+  const double weight = options.comm_weight > 0 ? options.comm_weight : DefaultCommWeight(batch);
+
+  // Bound the model before allocating it: grid blocks alone, then exactly.
+  int64_t grid_blocks = 0;
+  for (int64_t len : batch.doc_lens) grid_blocks += (len + g - 1) / g;
+  if (grid_blocks > kMaxBinaryVars / n) return TooBig(g, grid_blocks, n);
+  if (n == 1) return OneRankPlan(batch, weight, g, info);
+
+  std::vector<Plan> candidates;
+  FLASHCP_ASSIGN_OR_RETURN(std::vector<Block> blocks,
+                           SeedBlocks(batch, g, weight, stop, candidates));
+  const double mean_work = TotalWorkload(batch) / n;
+  const Model model = BuildModel(batch, std::move(blocks), mean_work, weight);
+  FLASHCP_ASSIGN_OR_RETURN(Incumbent best, BestIncumbent(model, candidates, weight));
   FLASHCP_RETURN_IF_ERROR(stop.Check());
   FLASHCP_ASSIGN_OR_RETURN(
       const CbcResult solved,
-      SolveWithCbc(model, start_sol.empty() ? nullptr : &start_sol, best_obj / mean_work, options,
-                   stop));
+      SolveWithCbc(model, best.start.empty() ? nullptr : &best.start, best.objective / mean_work,
+                   options, stop));
   FLASHCP_RETURN_IF_ERROR(stop.Check());
   // CBC's proof covers the returned plan when CBC's solution is no worse than
   // the incumbent it was given (equal up to summation order when it is that
   // incumbent relabeled).
-  const double start_obj = best_obj;
+  const double start_obj = best.objective;
   bool optimal = false;
   if (solved.owners) {
     Plan plan = PlanOfOwners(batch, model, *solved.owners);
@@ -620,25 +384,25 @@ absl::StatusOr<Plan> Solve(const Batch& batch, const IlpOptions& options, const 
     }
     FLASHCP_ASSIGN_OR_RETURN(const double obj, Objective(plan, weight));
     optimal = solved.proven_optimal && obj <= start_obj * (1 + 1e-12);
-    if (obj < best_obj) {
-      best = std::move(plan);
-      best_obj = obj;
+    if (obj < best.objective) {
+      best.plan = std::move(plan);
+      best.objective = obj;
     }
   }
-  if (!best) {
+  if (!best.plan) {
     return absl::DeadlineExceededError(absl::StrCat(
         "ilp: no feasible plan within ilp.time_limit_seconds = ", options.time_limit_seconds));
   }
   // Workload >= its mean on some rank, so 1 (in mean workloads) bounds any plan.
-  const double obj_units = best_obj / mean_work;
+  const double obj_units = best.objective / mean_work;
   const double bound = std::max(1.0, solved.bound);
   if (info != nullptr) {
     info->ilp_optimal = optimal;
     info->ilp_gap = optimal ? 0.0 : std::max(0.0, (obj_units - bound) / obj_units);
-    info->ilp_objective = best_obj;
+    info->ilp_objective = best.objective;
     info->ilp_granularity = g;
   }
-  return *std::move(best);
+  return *std::move(best.plan);
 }
 
 }  // namespace flashcp::core::ilp

@@ -5,8 +5,9 @@
 #include <utility>
 
 #include "core/analysis.h"
-#include "core/internal/flashcp_repair.h"
+#include "core/internal/flashcp_balance.h"
 #include "core/internal/flashcp_roles.h"
+#include "core/internal/flashcp_slivers.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
 

@@ -6,100 +6,97 @@
 #include <vector>
 
 #include "core/analysis.h"
-#include "core/internal/flashcp_util.h"
+#include "core/internal/flashcp_pieces.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
 
 namespace flashcp::core::internal {
 
-std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, double slack,
-                                bool tail_affinity) {
-  const int32_t n = batch.cp_size;
+namespace {
+
+// The packed sequence's chunks: sizes (tokens), causal areas (SPEC Eq. 3),
+// whether each continues chunk k - 1's document (its first token is not a
+// document's first), and the chunk holding the last token of chunk k's
+// first document.
+struct Chunks {
+  std::vector<int64_t> sizes;
+  std::vector<double> area;
+  std::vector<uint8_t> joined;
+  std::vector<int64_t> tail_chunk;
+};
+
+// Chunk k is real tokens [k C / K, (k + 1) C / K) of the packed sequence.
+Chunks MakeChunks(const Batch& batch, int64_t chunks) {
   const int64_t total = TotalTokens(batch.doc_lens);
-  const int64_t chunks = static_cast<int64_t>(chunks_per_rank) * n;
-  // Chunk k is real tokens [k C / K, (k + 1) C / K) of the packed sequence.
-  std::vector<int64_t> sizes(chunks);
-  for (int64_t k = 0; k < chunks; ++k) sizes[k] = (k + 1) * total / chunks - k * total / chunks;
-  // Per chunk its causal area (SPEC Eq. 3) and whether it continues chunk
-  // k - 1's document (its first token is not a document's first).
-  std::vector<double> area(chunks, 0.0);
-  std::vector<uint8_t> joined(chunks, 0);
-  // The chunk holding the last token of chunk k's first document.
-  std::vector<int64_t> tail_chunk(chunks, -1);
-  {
-    size_t doc = 0;
-    int64_t doc_pos = 0;
-    int64_t doc_first_chunk = 0;
-    for (int64_t k = 0; k < chunks; ++k) {
-      joined[k] = k > 0 && doc_pos > 0;
-      if (!joined[k]) doc_first_chunk = k;
-      int64_t left = sizes[k];
-      while (left > 0) {
-        const int64_t take = std::min(left, batch.doc_lens[doc] - doc_pos);
-        area[k] += RangeWorkload(doc_pos, take);
-        left -= take;
-        doc_pos += take;
-        if (doc_pos == batch.doc_lens[doc]) {
-          for (int64_t j = doc_first_chunk; j <= k; ++j) {
-            if (tail_chunk[j] < 0) tail_chunk[j] = k;
-          }
-          doc_first_chunk = k;
-          ++doc;
-          doc_pos = 0;
+  Chunks c{std::vector<int64_t>(chunks), std::vector<double>(chunks, 0.0),
+           std::vector<uint8_t>(chunks, 0), std::vector<int64_t>(chunks, -1)};
+  for (int64_t k = 0; k < chunks; ++k) c.sizes[k] = (k + 1) * total / chunks - k * total / chunks;
+  size_t doc = 0;
+  int64_t doc_pos = 0;
+  int64_t doc_first_chunk = 0;
+  for (int64_t k = 0; k < chunks; ++k) {
+    c.joined[k] = k > 0 && doc_pos > 0;
+    if (!c.joined[k]) doc_first_chunk = k;
+    int64_t left = c.sizes[k];
+    while (left > 0) {
+      const int64_t take = std::min(left, batch.doc_lens[doc] - doc_pos);
+      c.area[k] += RangeWorkload(doc_pos, take);
+      left -= take;
+      doc_pos += take;
+      if (doc_pos == batch.doc_lens[doc]) {
+        for (int64_t j = doc_first_chunk; j <= k; ++j) {
+          if (c.tail_chunk[j] < 0) c.tail_chunk[j] = k;
         }
+        doc_first_chunk = k;
+        ++doc;
+        doc_pos = 0;
       }
     }
   }
-  // Largest area first (ties: the later chunk), each to the least-loaded
-  // rank with fewer than chunks_per_rank chunks, or to the rank holding a
-  // neighbouring chunk of the same document (or, with tail_affinity, the
-  // chunk holding its first document's last token) if that is within
-  // `slack` pairs of the least load.
-  std::vector<int64_t> order(chunks);
-  for (int64_t k = 0; k < chunks; ++k) order[k] = k;
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return area[a] != area[b] ? area[a] > area[b] : a > b;
-  });
-  std::vector<double> load(n, 0.0);
-  std::vector<int32_t> count(n, 0);
-  std::vector<int32_t> owner(chunks, -1);
-  // The least-loaded rank with room, lowest index on ties (what a scan over
-  // the ranks picks): a tournament tree whose node i (1 <= i < leaves) holds
-  // the winner below it, -1 where none has room; leaf leaves + r is rank r
-  // (-1 from N on, and once the rank is full). Every rank of a left subtree
-  // is below every rank of its right sibling, so on equal loads the left
-  // wins. Per chunk only the picked rank changes: one leaf-to-root walk.
-  size_t leaves = 1;
-  while (leaves < static_cast<size_t>(n)) leaves *= 2;
-  std::vector<int32_t> tree(2 * leaves, -1);
-  for (int32_t r = 0; r < n; ++r) tree[leaves + r] = chunks_per_rank > 0 ? r : -1;
-  const auto winner = [&](int32_t a, int32_t b) {
-    if (a < 0) return b;
-    if (b < 0) return a;
-    return load[b] < load[a] ? b : a;
-  };
-  for (size_t i = leaves - 1; i >= 1; --i) tree[i] = winner(tree[2 * i], tree[2 * i + 1]);
-  for (int64_t k : order) {
-    const int32_t least = tree[1];
-    int32_t pick = least;
-    for (const int64_t j : {k - 1, k + 1, tail_affinity ? tail_chunk[k] : int64_t{-1}}) {
-      if (j < 0 || j >= chunks || owner[j] < 0 || j == k) continue;
-      if (j != tail_chunk[k] && !joined[std::max(j, k)]) continue;
-      const int32_t r = owner[j];
-      if (count[r] >= chunks_per_rank || load[r] > load[least] + slack) continue;
-      if (pick == least || load[r] < load[pick]) pick = r;
-    }
-    owner[k] = pick;
-    ++count[pick];
-    load[pick] += area[k];
-    if (count[pick] >= chunks_per_rank) tree[leaves + pick] = -1;
-    for (size_t i = (leaves + static_cast<size_t>(pick)) / 2; i >= 1; i /= 2) {
-      tree[i] = winner(tree[2 * i], tree[2 * i + 1]);
+  return c;
+}
+
+// The least-loaded rank with room, lowest index on ties (what a scan over
+// the ranks picks): a tournament tree whose node i (1 <= i < leaves) holds
+// the winner below it, -1 where none has room; leaf leaves + r is rank r
+// (-1 from N on, and once the rank is full). Every rank of a left subtree
+// is below every rank of its right sibling, so on equal loads the left
+// wins. Per chunk only the picked rank changes: one leaf-to-root walk.
+class LeastLoaded {
+ public:
+  LeastLoaded(const std::vector<double>& load, int32_t n, bool open) : load_(load) {
+    while (leaves_ < static_cast<size_t>(n)) leaves_ *= 2;
+    tree_.assign(2 * leaves_, -1);
+    for (int32_t r = 0; r < n; ++r) tree_[leaves_ + r] = open ? r : -1;
+    for (size_t i = leaves_ - 1; i >= 1; --i) tree_[i] = Winner(tree_[2 * i], tree_[2 * i + 1]);
+  }
+  int32_t Least() const { return tree_[1]; }
+  // Rank r's load changed (closed: it takes no more chunks).
+  void Update(int32_t r, bool closed) {
+    if (closed) tree_[leaves_ + r] = -1;
+    for (size_t i = (leaves_ + static_cast<size_t>(r)) / 2; i >= 1; i /= 2) {
+      tree_[i] = Winner(tree_[2 * i], tree_[2 * i + 1]);
     }
   }
-  // Each rank's last chunk takes up the difference to its token target
-  // (near-equal chunks differ by a token; the last ranks hold one padding
-  // token each).
+
+ private:
+  int32_t Winner(int32_t a, int32_t b) const {
+    if (a < 0) return b;
+    if (b < 0) return a;
+    return load_[b] < load_[a] ? b : a;
+  }
+  const std::vector<double>& load_;
+  size_t leaves_ = 1;
+  std::vector<int32_t> tree_;
+};
+
+// Each rank's last chunk takes up the difference to its token target
+// (near-equal chunks differ by a token; the last ranks hold one padding
+// token each).
+void FitToTargets(const Batch& batch, const std::vector<int32_t>& owner,
+                  std::vector<int64_t>& sizes) {
+  const int32_t n = batch.cp_size;
+  const int64_t chunks = static_cast<int64_t>(sizes.size());
   std::vector<int64_t> held(n, 0), last(n, -1);
   for (int64_t k = 0; k < chunks; ++k) {
     held[owner[k]] += sizes[k];
@@ -115,7 +112,46 @@ std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, dou
       diff -= change;
     }
   }
-  return CutPacked(batch, sizes, owner);
+}
+
+}  // namespace
+
+std::vector<Shard> KvHeapPieces(const Batch& batch, int32_t chunks_per_rank, double slack,
+                                bool tail_affinity) {
+  const int32_t n = batch.cp_size;
+  const int64_t chunks = static_cast<int64_t>(chunks_per_rank) * n;
+  Chunks c = MakeChunks(batch, chunks);
+  // Largest area first (ties: the later chunk), each to the least-loaded
+  // rank with fewer than chunks_per_rank chunks, or to the rank holding a
+  // neighbouring chunk of the same document (or, with tail_affinity, the
+  // chunk holding its first document's last token) if that is within
+  // `slack` pairs of the least load.
+  std::vector<int64_t> order(chunks);
+  for (int64_t k = 0; k < chunks; ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return c.area[a] != c.area[b] ? c.area[a] > c.area[b] : a > b;
+  });
+  std::vector<double> load(n, 0.0);
+  std::vector<int32_t> count(n, 0);
+  std::vector<int32_t> owner(chunks, -1);
+  LeastLoaded least_loaded(load, n, chunks_per_rank > 0);
+  for (int64_t k : order) {
+    const int32_t least = least_loaded.Least();
+    int32_t pick = least;
+    for (const int64_t j : {k - 1, k + 1, tail_affinity ? c.tail_chunk[k] : int64_t{-1}}) {
+      if (j < 0 || j >= chunks || owner[j] < 0 || j == k) continue;
+      if (j != c.tail_chunk[k] && !c.joined[std::max(j, k)]) continue;
+      const int32_t r = owner[j];
+      if (count[r] >= chunks_per_rank || load[r] > load[least] + slack) continue;
+      if (pick == least || load[r] < load[pick]) pick = r;
+    }
+    owner[k] = pick;
+    ++count[pick];
+    load[pick] += c.area[k];
+    least_loaded.Update(pick, count[pick] >= chunks_per_rank);
+  }
+  FitToTargets(batch, owner, c.sizes);
+  return CutPacked(batch, c.sizes, owner);
 }
 
 absl::Status ChunkHeapCandidates(const Batch& batch, const FlashCpOptions& options,

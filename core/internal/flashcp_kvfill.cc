@@ -165,25 +165,16 @@ class Filler {
     return out;
   }
 
-  // y sparse tokens into `s`: the cut document's rest first, then whole
-  // documents from the order's end while they fit, then the head of the
-  // shortest document left that keeps both pieces >= m (shortest first:
-  // or one whole document fewer and a longer head). The tokens taken.
-  int64_t TakeSparse(FillState& s, int64_t y, int64_t m, int32_t rank, std::vector<Shard>* out,
-                     double& work) {
-    int64_t taken = 0;
-    if (s.part.doc >= 0) {
-      const int64_t rest = s.part.hi - s.part.lo;
-      const int64_t got = Peel(s.part, std::min(y, rest), m, rank, out, work);
-      if (got < rest) {  // the part not finished: nothing else fits
-        s.sparse_left -= got;
-        return got;
-      }
-      taken += got;
-      y -= got;
-    }
-    // The whole documents: the untaken ones of asc_[first, last), found
-    // on the Fenwick sums (taken ones count 0).
+  // The untaken whole documents of asc_[first, last) that y sparse tokens
+  // take from the walk's end, found on the Fenwick sums (taken ones count
+  // 0), and their tokens and pairs.
+  struct WholeRun {
+    size_t first = 0;
+    size_t last = 0;
+    int64_t tokens = 0;
+    double work = 0;
+  };
+  WholeRun FindWholeRun(int64_t y) {
     const bool up = order_ == SparseOrder::kShortestFirst;
     if (!end_known_) {  // the walk's fixed end, lo_ or hi_, on the sums
       end_tokens_ = tree_.Tokens(up ? lo_ : hi_);
@@ -211,36 +202,65 @@ class Filler {
         first = p + 1;
       }
     }
-    int64_t whole_tokens = last_tokens - first_tokens;
-    double whole_work = up ? tree_.Work(last) - end_work_ : end_work_ - tree_.Work(first);
-    y -= whole_tokens;
+    return WholeRun{first, last, last_tokens - first_tokens,
+                    up ? tree_.Work(last) - end_work_ : end_work_ - tree_.Work(first)};
+  }
+
+  // For the y > 0 tokens left after `run`, the sparse document whose head
+  // is cut (asc_.size(): none) and the head's tokens: the shortest one that
+  // keeps both pieces >= m; shortest first, failing that, the run's last
+  // whole document given back (`dropped`) and a longer head.
+  size_t FindHead(int64_t y, int64_t m, const WholeRun& run, size_t& dropped,
+                  int64_t& head) const {
+    const bool up = order_ == SparseOrder::kShortestFirst;
+    size_t cut = asc_.size();
+    if (y <= 0) return cut;
+    const size_t from = up ? run.last : 0;
+    const size_t to = up ? asc_.size() : run.first;
+    if (y >= m) cut = FindCut(y + m, from, to);
+    if (cut == asc_.size() && up && y < m) {
+      size_t p = run.last;
+      while (p > run.first && taken_[p - 1]) --p;
+      if (p > run.first && y + Len(p - 1) >= m) {
+        cut = FindCut(y + Len(p - 1) + m, from, to);
+        if (cut != asc_.size()) dropped = p - 1;
+      }
+    }
+    if (cut != asc_.size()) head = dropped == asc_.size() ? y : y + Len(dropped);
+    return cut;
+  }
+
+  // y sparse tokens into `s`: the cut document's rest first, then whole
+  // documents from the order's end while they fit, then the head of the
+  // shortest document left that keeps both pieces >= m (shortest first:
+  // or one whole document fewer and a longer head). The tokens taken.
+  int64_t TakeSparse(FillState& s, int64_t y, int64_t m, int32_t rank, std::vector<Shard>* out,
+                     double& work) {
+    int64_t taken = 0;
+    if (s.part.doc >= 0) {
+      const int64_t rest = s.part.hi - s.part.lo;
+      const int64_t got = Peel(s.part, std::min(y, rest), m, rank, out, work);
+      if (got < rest) {  // the part not finished: nothing else fits
+        s.sparse_left -= got;
+        return got;
+      }
+      taken += got;
+      y -= got;
+    }
+    WholeRun run = FindWholeRun(y);
     // dropped: the last whole one in the walk's order, given back
     // (shortest first only; asc_.size(): none).
     size_t dropped = asc_.size();
-    size_t cut = asc_.size();
     int64_t head = 0;
-    if (y > 0) {
-      const size_t from = up ? last : 0;
-      const size_t to = up ? asc_.size() : first;
-      if (y >= m) cut = FindCut(y + m, from, to);
-      if (cut == asc_.size() && up && y < m) {
-        size_t p = last;
-        while (p > first && taken_[p - 1]) --p;
-        if (p > first && y + Len(p - 1) >= m) {
-          cut = FindCut(y + Len(p - 1) + m, from, to);
-          if (cut != asc_.size()) dropped = p - 1;
-        }
-      }
-      if (cut != asc_.size()) head = dropped == asc_.size() ? y : y + Len(dropped);
-    }
+    const size_t cut = FindHead(y - run.tokens, m, run, dropped, head);
     if (dropped != asc_.size()) {
-      whole_tokens -= Len(dropped);
-      whole_work -= ShardWorkload(0, Len(dropped));
+      run.tokens -= Len(dropped);
+      run.work -= ShardWorkload(0, Len(dropped));
     }
-    taken += whole_tokens;
-    work += whole_work;
+    taken += run.tokens;
+    work += run.work;
     if (out != nullptr) {
-      for (size_t p = first; p < last; ++p) {
+      for (size_t p = run.first; p < run.last; ++p) {
         if (taken_[p] || p == dropped) continue;
         out->push_back(Shard{asc_[p], 0, Len(p), rank});
         Take(p);

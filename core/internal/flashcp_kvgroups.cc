@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "core/analysis.h"
-#include "core/internal/flashcp_util.h"
+#include "core/internal/flashcp_pieces.h"
 #include "core/internal/strategies_internal.h"
+#include "core/internal/whole_doc_place.h"
 #include "core/status_macros.h"
 
 namespace flashcp::core::internal {
@@ -147,15 +148,23 @@ void EmitGroups(const Batch& batch, const std::vector<int32_t>& order,
   }
 }
 
-}  // namespace
+// Which documents a capacity-group candidate cuts (a prefix of the order)
+// and its rho and per-rank capacity in effective pairs.
+struct CutSet {
+  size_t cut = 0;
+  double rho = 0;
+  double capacity = 0;
+};
 
-bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGroupParams& params,
-                   std::vector<Shard>& out) {
+// The cut documents: the longest while a document is longer than C/N or
+// over the budget in effective pairs (rho over the documents after it);
+// rho and the number of ranks the groups need found together (a few rounds
+// of: rho given the free ranks, the groups' ranks given rho). False where
+// nothing is cut or no capacity is left.
+bool FindCutSet(const Batch& batch, const FlashCpOptions& options, const KvGroupParams& params,
+                int64_t per_rank, CutSet& set) {
   const int32_t n = batch.cp_size;
   const std::vector<int32_t>& order = options.order;
-  const int64_t total = TotalTokens(batch.doc_lens);
-  const int64_t per_rank = TokensPerRank(total, n);
-  const int64_t m = std::max<int64_t>(options.min_shard, 1);
   const double budget = params.alpha * options.mean_work;
   // Suffix sums over `order`: pairs and tokens of order[h..].
   const size_t docs = order.size();
@@ -174,10 +183,6 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
     const double tokens = static_cast<double>(suffix_tokens[h] - free_ranks * per_rank);
     return tokens > 0 && work > 0 ? params.rho_scale * work / tokens : 0.0;
   };
-  // The cut documents: the longest while a document is longer than C/N or
-  // over the budget in effective pairs (rho over the documents after it);
-  // rho and the number of ranks the groups need found together (a few
-  // rounds of: rho given the free ranks, the groups' ranks given rho).
   size_t cut = 0;
   double rho = 0;
   int64_t free_ranks = 0;
@@ -202,27 +207,29 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
     if (next == free_ranks) break;
     free_ranks = next;
   }
-  const double capacity = budget - rho * static_cast<double>(per_rank);
-  if (capacity <= 0) return false;
-  const double lpt_rho = params.lpt_scale * options.median_density;
+  set = CutSet{cut, rho, budget - rho * static_cast<double>(per_rank)};
+  return set.capacity > 0;
+}
 
-  const size_t out_size = out.size();
-  const std::vector<int64_t> targets = RankTargets(batch);
-  std::vector<int64_t> room = targets;
-  std::vector<double> workload(n, 0.0);
-  std::vector<double> left(n, capacity);  // effective pairs still free per rank
-  std::vector<int32_t> ranks(n), kept, changed;
-  kept.reserve(n);
-  changed.reserve(n);
-  std::vector<uint8_t> in_group(n, 0);
-  // Per cut document (order[h], h < cut), its ranks and pair lengths.
-  std::vector<std::vector<Pair>> groups(cut);
+// The cut documents' groups (per cut document order[h], its ranks and pair
+// lengths) and the deal that makes them, with its scratch.
+class GroupDeal {
+ public:
+  GroupDeal(const Batch& batch, const std::vector<int32_t>& order, size_t cut, int64_t m)
+      : batch_(batch), order_(order), m_(m), groups_(cut), ranks_(batch.cp_size),
+        in_group_(batch.cp_size, 0) {
+    kept_.reserve(batch.cp_size);
+    changed_.reserve(batch.cp_size);
+  }
+
+  std::vector<std::vector<Pair>>& groups() { return groups_; }
+
   // Deals each cut document's pairs to the ranks with the most `free`
   // (pairs less r_rho x tokens still free), as long as each rank's `free`
   // and `space` (tokens) allow, adding to `work`; false where some document
   // does not fit.
-  const auto assign = [&](double r_rho, std::vector<double>& free, std::vector<int64_t>& space,
-                          std::vector<double>& work) {
+  bool Deal(double r_rho, std::vector<double>& free, std::vector<int64_t>& space,
+            std::vector<double>& work) {
     // The ranks by `free` descending, ties by rank (a total order: no
     // stable sort's buffer needed). A document's deal lowers only its
     // group's `free`: those ranks are then taken out, sorted and merged
@@ -230,58 +237,115 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
     const auto before = [&](int32_t x, int32_t y) {
       return free[x] > free[y] || (free[x] == free[y] && x < y);
     };
-    std::iota(ranks.begin(), ranks.end(), 0);
-    std::sort(ranks.begin(), ranks.end(), before);
-    for (size_t h = 0; h < cut; ++h) {
-      const int64_t len = batch.doc_lens[order[h]];
-      const int64_t odd = len % 2;
-      // Pairs less r_rho x tokens per token of a pair's length (a pair of l
-      // tokens each side: l (L + 1) pairs, 2 l tokens).
-      const double unit = std::max(1.0, static_cast<double>(len + 1) - 2.0 * r_rho);
+    std::iota(ranks_.begin(), ranks_.end(), 0);
+    std::sort(ranks_.begin(), ranks_.end(), before);
+    for (size_t h = 0; h < groups_.size(); ++h) {
       if (h > 0) {
-        for (const Pair& p : groups[h - 1]) in_group[p.rank] = 1;
-        ResortChangedRanks(ranks, in_group, before, kept, changed);
-        for (const Pair& p : groups[h - 1]) in_group[p.rank] = 0;
+        for (const Pair& p : groups_[h - 1]) in_group_[p.rank] = 1;
+        ResortChangedRanks(ranks_, in_group_, before, kept_, changed_);
+        for (const Pair& p : groups_[h - 1]) in_group_[p.rank] = 0;
       }
-      std::vector<Pair>& group = groups[h];
-      group.clear();
-      group.reserve(n);  // at most one pair per rank: allocated once, kept across passes
-      int64_t remaining = len / 2;
-      for (int32_t r : ranks) {
-        if (remaining == 0) break;
-        // Room for both chunks and (should it be the innermost) the middle token.
-        const int64_t fit_room = (space[r] - odd) / 2;
-        int64_t take = std::min(
-            {static_cast<int64_t>(std::floor(std::max(0.0, free[r]) / unit)), fit_room,
-             remaining});
-        if (take < m) continue;
-        const int64_t rest = remaining - take;
-        if (rest > 0 && rest < m) {
-          take -= m - rest;  // leave the next rank a whole minimum shard
-          if (take < m) continue;
-        }
-        group.push_back(Pair{r, take});
-        remaining -= take;
-        const double pairs = static_cast<double>(take) * static_cast<double>(len + 1);
-        work[r] += pairs;
-        free[r] -= pairs - r_rho * static_cast<double>(2 * take);
-        space[r] -= 2 * take;
-      }
-      if (remaining > 0 || group.empty()) return false;
-      if (odd != 0) {  // the middle token: with the shortest pair
-        space[std::min_element(group.begin(), group.end(),
-                              [](const Pair& x, const Pair& y) { return x.len < y.len; })
-                 ->rank] -= 1;
-      }
+      if (!DealDocument(h, r_rho, free, space, work)) return false;
     }
     return true;
-  };
+  }
+
+ private:
+  // Document order[h]'s pairs over ranks_ in order.
+  bool DealDocument(size_t h, double r_rho, std::vector<double>& free,
+                    std::vector<int64_t>& space, std::vector<double>& work) {
+    const int64_t len = batch_.doc_lens[order_[h]];
+    const int64_t odd = len % 2;
+    // Pairs less r_rho x tokens per token of a pair's length (a pair of l
+    // tokens each side: l (L + 1) pairs, 2 l tokens).
+    const double unit = std::max(1.0, static_cast<double>(len + 1) - 2.0 * r_rho);
+    std::vector<Pair>& group = groups_[h];
+    group.clear();
+    group.reserve(batch_.cp_size);  // at most one pair per rank: allocated once, kept across passes
+    int64_t remaining = len / 2;
+    for (int32_t r : ranks_) {
+      if (remaining == 0) break;
+      // Room for both chunks and (should it be the innermost) the middle token.
+      const int64_t fit_room = (space[r] - odd) / 2;
+      int64_t take = std::min(
+          {static_cast<int64_t>(std::floor(std::max(0.0, free[r]) / unit)), fit_room, remaining});
+      if (take < m_) continue;
+      const int64_t rest = remaining - take;
+      if (rest > 0 && rest < m_) {
+        take -= m_ - rest;  // leave the next rank a whole minimum shard
+        if (take < m_) continue;
+      }
+      group.push_back(Pair{r, take});
+      remaining -= take;
+      const double pairs = static_cast<double>(take) * static_cast<double>(len + 1);
+      work[r] += pairs;
+      free[r] -= pairs - r_rho * static_cast<double>(2 * take);
+      space[r] -= 2 * take;
+    }
+    if (remaining > 0 || group.empty()) return false;
+    if (odd != 0) {  // the middle token: with the shortest pair
+      space[std::min_element(group.begin(), group.end(),
+                             [](const Pair& x, const Pair& y) { return x.len < y.len; })
+                ->rank] -= 1;
+    }
+    return true;
+  }
+
+  const Batch& batch_;
+  const std::vector<int32_t>& order_;
+  const int64_t m_;
+  std::vector<std::vector<Pair>> groups_;
+  std::vector<int32_t> ranks_, kept_, changed_;
+  std::vector<uint8_t> in_group_;
+};
+
+// Levelling: each group's pair lengths again, so that its ranks end level
+// (a pair of l tokens is l (L + 1) pairs wherever it sits, so lengths move
+// workload between the group's ranks at 2 tokens per L + 1 pairs); the
+// token counts this changes go back by equalization. Three rounds, as
+// groups share ranks. `group_tokens`: per rank its pairs' tokens, and a
+// token more for each odd document it is in (whichever pair ends innermost
+// takes the middle one).
+void LevelGroups(const Batch& batch, const std::vector<int32_t>& order, int64_t m,
+                 const std::vector<int64_t>& targets, std::vector<std::vector<Pair>>& groups,
+                 std::vector<double>& work, std::vector<int64_t>& group_tokens,
+                 std::vector<double>& base, std::vector<int64_t>& hi) {
+  std::fill(group_tokens.begin(), group_tokens.end(), 0);
+  for (size_t h = 0; h < groups.size(); ++h) {
+    const int64_t odd = batch.doc_lens[order[h]] % 2;
+    for (const Pair& p : groups[h]) group_tokens[p.rank] += 2 * p.len + odd;
+  }
+  for (int round = 0; round < 3; ++round) {
+    for (size_t h = 0; h < groups.size(); ++h) {
+      LevelGroup(batch.doc_lens[order[h]], m, targets, groups[h], work, group_tokens, base, hi);
+    }
+  }
+}
+
+}  // namespace
+
+bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGroupParams& params,
+                   std::vector<Shard>& out) {
+  const int32_t n = batch.cp_size;
+  const std::vector<int32_t>& order = options.order;
+  const int64_t per_rank = TokensPerRank(TotalTokens(batch.doc_lens), n);
+  const int64_t m = std::max<int64_t>(options.min_shard, 1);
+  CutSet set;
+  if (!FindCutSet(batch, options, params, per_rank, set)) return false;
+  const double lpt_rho = params.lpt_scale * options.median_density;
+
+  const std::vector<int64_t> targets = RankTargets(batch);
+  std::vector<int64_t> room = targets;
+  std::vector<double> workload(n, 0.0);
+  std::vector<double> left(n, set.capacity);  // effective pairs still free per rank
+  GroupDeal deal(batch, order, set.cut, m);
   // A first deal, by rho's guess, only steers LPT below: where some document
   // does not fit it, what was dealt still does.
-  assign(rho, left, room, workload);
+  deal.Deal(set.rho, left, room, workload);
   for (int64_t& r : room) r = std::max<int64_t>(r, 0);
   // The rest whole by LPT into the room left.
-  const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(cut), order.end());
+  const std::vector<int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(set.cut),
+                                  order.end());
   WholeDocScratch scratch;
   WholeDocPlacement placement;
   PlaceWholeDocs(batch, rest, room, lpt_rho, workload, placement, scratch);
@@ -295,6 +359,7 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
   // after the first knows what the last one's equalization added to or
   // took from each rank (`moved`, pairs) and deals and levels with it; the
   // pass with the least maximum rank workload is kept.
+  const size_t out_size = out.size();
   std::vector<double> moved(n, 0.0), work(n), group_work(n);
   std::vector<int64_t> group_tokens(n), needed(n);
   std::vector<double> base;
@@ -308,26 +373,9 @@ bool KvGroupPieces(const Batch& batch, const FlashCpOptions& options, const KvGr
       room[r] = targets[r];
       work[r] = whole[r] + moved[r];
     }
-    if (!assign(0.0, left, room, work)) break;
-    // Levelling: each group's pair lengths again, so that its ranks end
-    // level (a pair of l tokens is l (L + 1) pairs wherever it sits, so
-    // lengths move workload between the group's ranks at 2 tokens per
-    // L + 1 pairs); the token counts this changes go back by equalization.
-    // Three rounds, as groups share ranks.
-    // Per rank its pairs' tokens, and a token more for each odd document it
-    // is in (whichever pair ends innermost takes the middle one).
-    std::fill(group_tokens.begin(), group_tokens.end(), 0);
-    for (size_t h = 0; h < cut; ++h) {
-      const int64_t odd = batch.doc_lens[order[h]] % 2;
-      for (const Pair& p : groups[h]) group_tokens[p.rank] += 2 * p.len + odd;
-    }
-    for (int round = 0; round < 3; ++round) {
-      for (size_t h = 0; h < cut; ++h) {
-        LevelGroup(batch.doc_lens[order[h]], m, targets, groups[h], work, group_tokens, base,
-                   hi);
-      }
-    }
-    EmitGroups(batch, order, groups, attempt, group_work, group_tokens);
+    if (!deal.Deal(0.0, left, room, work)) break;
+    LevelGroups(batch, order, m, targets, deal.groups(), work, group_tokens, base, hi);
+    EmitGroups(batch, order, deal.groups(), attempt, group_work, group_tokens);
     bool over = false;  // some rank holds more group tokens than its target
     for (int32_t r = 0; r < n; ++r) {
       needed[r] = targets[r] - group_tokens[r];

@@ -89,110 +89,151 @@ std::vector<int32_t> GreedyFill(const Graph& g) {
 // left or kNodePlacementStall swaps have followed its best prefix (the
 // prefix of largest total gain; longer runs seldom recover), then keeps that
 // prefix; a pass whose best prefix gains nothing ends the search.
-void KernighanLin(const Graph& g, std::vector<int32_t>& node_of) {
-  const int32_t n = g.n;
-  // conn[r * nodes + k]: weight between rank r and the ranks of node k but r.
-  std::vector<int64_t> conn(static_cast<size_t>(n) * g.nodes, 0);
-  for (int32_t a = 0; a < n; ++a) {
-    for (int32_t b = 0; b < n; ++b) {
-      if (a != b) conn[static_cast<size_t>(a) * g.nodes + node_of[b]] += g.weight(a, b);
+class KernighanLinSearch {
+ public:
+  KernighanLinSearch(const Graph& g, std::vector<int32_t>& node_of)
+      : g_(g),
+        n_(g.n),
+        node_of_(node_of),
+        conn_(static_cast<size_t>(n_) * g.nodes, 0),
+        locked_(n_),
+        here_(n_),
+        lift_(static_cast<size_t>(2) * g.nodes * g.nodes),
+        members_(g.nodes) {
+    for (int32_t a = 0; a < n_; ++a) {
+      for (int32_t b = 0; b < n_; ++b) {
+        if (a != b) At(a, node_of_[b]) += g_.weight(a, b);
+      }
     }
   }
-  const auto at = [&](int32_t r, int32_t k) -> int64_t& {
-    return conn[static_cast<size_t>(r) * g.nodes + k];
-  };
-  // Rank a to node kb and rank b to node ka, updating conn.
-  const auto swap = [&](int32_t a, int32_t b) {
-    const int32_t ka = node_of[a], kb = node_of[b];
-    for (int32_t x = 0; x < n; ++x) {
-      const int64_t d = g.weight(x, b) - g.weight(x, a);
-      at(x, ka) += d;
-      at(x, kb) -= d;
+
+  // One pass; the gain of the prefix it keeps.
+  int64_t Pass() {
+    std::fill(locked_.begin(), locked_.end(), 0);
+    swaps_.clear();
+    int64_t total = 0, best_total = 0;
+    size_t best_len = 0;
+    while (true) {
+      int32_t a = -1, b = -1;
+      int64_t gain = 0;
+      if (!BestSwap(a, b, gain)) break;
+      Swap(a, b);
+      locked_[a] = locked_[b] = 1;
+      swaps_.emplace_back(a, b);
+      total += gain;
+      if (total > best_total) {
+        best_total = total;
+        best_len = swaps_.size();
+      }
+      if (swaps_.size() >= best_len + kNodePlacementStall) break;
     }
-    node_of[a] = kb;
-    node_of[b] = ka;
-  };
-  std::vector<uint8_t> locked(n);
-  std::vector<std::pair<int32_t, int32_t>> swaps;
-  // Scratch of one swap's search (below).
-  constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
-  std::vector<int64_t> here(n);                                     // conn(x, node of x)
-  std::vector<int64_t> lift(static_cast<size_t>(2) * g.nodes * g.nodes);  // [class][k1][k2]
-  std::vector<std::vector<int32_t>> members(g.nodes);               // free ranks per node
+    // Undo the swaps after the best prefix (a swap is its own inverse).
+    for (size_t i = swaps_.size(); i > best_len; --i) {
+      Swap(swaps_[i - 1].first, swaps_[i - 1].second);
+    }
+    return best_total;
+  }
+
+ private:
+  static constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
   struct NodePair {
     int64_t bound;
     int32_t cls, k1, k2;
   };
-  std::vector<NodePair> pairs;
-  for (int32_t pass = 0; pass < kNodePlacementPasses; ++pass) {
-    std::fill(locked.begin(), locked.end(), 0);
-    swaps.clear();
-    int64_t total = 0, best_total = 0;
-    size_t best_len = 0;
-    while (true) {
-      // The best swap of free ranks a (node ka) and b (node kb) of one
-      // class: it gains lift(a, kb) + lift(b, ka) - 2 w(a, b), where
-      // lift(x, k) = conn(x, k) - conn(x, node of x) is what moving x alone
-      // to k gains. With w >= 0, the best lifts of a node pair bound its
-      // swaps: node pairs are tried by bound, highest first, until one falls
-      // below the best gain found (equal ones are still tried, for the
-      // lowest ids).
-      for (int32_t x = 0; x < n; ++x) here[x] = at(x, node_of[x]);
-      std::fill(lift.begin(), lift.end(), kNone);
-      for (auto& m : members) m.clear();
-      for (int32_t x = 0; x < n; ++x) {
-        if (locked[x]) continue;
-        members[node_of[x]].push_back(x);
-        int64_t* row = &lift[(static_cast<size_t>(g.cls[x]) * g.nodes + node_of[x]) * g.nodes];
-        for (int32_t k = 0; k < g.nodes; ++k) row[k] = std::max(row[k], at(x, k) - here[x]);
-      }
-      pairs.clear();
-      for (int32_t c = 0; c < 2; ++c) {
-        for (int32_t k1 = 0; k1 < g.nodes; ++k1) {
-          for (int32_t k2 = k1 + 1; k2 < g.nodes; ++k2) {
-            const int64_t u = lift[(static_cast<size_t>(c) * g.nodes + k1) * g.nodes + k2];
-            const int64_t v = lift[(static_cast<size_t>(c) * g.nodes + k2) * g.nodes + k1];
-            if (u != kNone && v != kNone) pairs.push_back({u + v, c, k1, k2});
-          }
-        }
-      }
-      std::sort(pairs.begin(), pairs.end(), [](const NodePair& x, const NodePair& y) {
-        return std::tie(y.bound, x.cls, x.k1, x.k2) < std::tie(x.bound, y.cls, y.k1, y.k2);
-      });
-      int32_t best_a = -1, best_b = -1;
-      int64_t best_gain = 0;
-      for (const NodePair& p : pairs) {
-        if (best_a >= 0 && p.bound < best_gain) break;
-        for (int32_t a : members[p.k1]) {
-          if (g.cls[a] != p.cls) continue;
-          for (int32_t b : members[p.k2]) {
-            if (g.cls[b] != p.cls) continue;
-            const int64_t gain =
-                at(a, p.k2) - here[a] + at(b, p.k1) - here[b] - 2 * g.weight(a, b);
-            const int32_t lo = std::min(a, b), hi = std::max(a, b);
-            if (best_a < 0 || gain > best_gain ||
-                (gain == best_gain && std::tie(lo, hi) < std::tie(best_a, best_b))) {
-              best_gain = gain;
-              best_a = lo;
-              best_b = hi;
-            }
-          }
-        }
-      }
-      if (best_a < 0) break;
-      swap(best_a, best_b);
-      locked[best_a] = locked[best_b] = 1;
-      swaps.emplace_back(best_a, best_b);
-      total += best_gain;
-      if (total > best_total) {
-        best_total = total;
-        best_len = swaps.size();
-      }
-      if (swaps.size() >= best_len + kNodePlacementStall) break;
+
+  // conn(r, k): weight between rank r and the ranks of node k but r.
+  int64_t& At(int32_t r, int32_t k) { return conn_[static_cast<size_t>(r) * g_.nodes + k]; }
+  int64_t& Lift(int32_t c, int32_t k1, int32_t k2) {
+    return lift_[(static_cast<size_t>(c) * g_.nodes + k1) * g_.nodes + k2];
+  }
+
+  // Rank a to node kb and rank b to node ka, updating conn.
+  void Swap(int32_t a, int32_t b) {
+    const int32_t ka = node_of_[a], kb = node_of_[b];
+    for (int32_t x = 0; x < n_; ++x) {
+      const int64_t d = g_.weight(x, b) - g_.weight(x, a);
+      At(x, ka) += d;
+      At(x, kb) -= d;
     }
-    // Undo the swaps after the best prefix (a swap is its own inverse).
-    for (size_t i = swaps.size(); i > best_len; --i) swap(swaps[i - 1].first, swaps[i - 1].second);
-    if (best_total <= 0) return;
+    node_of_[a] = kb;
+    node_of_[b] = ka;
+  }
+
+  // Per class and node pair, the best lift of a free rank: lift(x, k) =
+  // conn(x, k) - conn(x, node of x) is what moving x alone to k gains;
+  // the free ranks per node into members_.
+  void BuildLifts() {
+    for (int32_t x = 0; x < n_; ++x) here_[x] = At(x, node_of_[x]);
+    std::fill(lift_.begin(), lift_.end(), kNone);
+    for (auto& m : members_) m.clear();
+    for (int32_t x = 0; x < n_; ++x) {
+      if (locked_[x]) continue;
+      members_[node_of_[x]].push_back(x);
+      for (int32_t k = 0; k < g_.nodes; ++k) {
+        Lift(g_.cls[x], node_of_[x], k) = std::max(Lift(g_.cls[x], node_of_[x], k),
+                                                   At(x, k) - here_[x]);
+      }
+    }
+    pairs_.clear();
+    for (int32_t c = 0; c < 2; ++c) {
+      for (int32_t k1 = 0; k1 < g_.nodes; ++k1) {
+        for (int32_t k2 = k1 + 1; k2 < g_.nodes; ++k2) {
+          const int64_t u = Lift(c, k1, k2), v = Lift(c, k2, k1);
+          if (u != kNone && v != kNone) pairs_.push_back({u + v, c, k1, k2});
+        }
+      }
+    }
+    std::sort(pairs_.begin(), pairs_.end(), [](const NodePair& x, const NodePair& y) {
+      return std::tie(y.bound, x.cls, x.k1, x.k2) < std::tie(x.bound, y.cls, y.k1, y.k2);
+    });
+  }
+
+  // The best swap of free ranks a (node ka) and b (node kb) of one class:
+  // it gains lift(a, kb) + lift(b, ka) - 2 w(a, b). With w >= 0, the best
+  // lifts of a node pair bound its swaps: node pairs are tried by bound,
+  // highest first, until one falls below the best gain found (equal ones
+  // are still tried, for the lowest ids). False where no two free ranks of
+  // a class sit on different nodes.
+  bool BestSwap(int32_t& best_a, int32_t& best_b, int64_t& best_gain) {
+    BuildLifts();
+    for (const NodePair& p : pairs_) {
+      if (best_a >= 0 && p.bound < best_gain) break;
+      for (int32_t a : members_[p.k1]) {
+        if (g_.cls[a] != p.cls) continue;
+        for (int32_t b : members_[p.k2]) {
+          if (g_.cls[b] != p.cls) continue;
+          const int64_t gain =
+              At(a, p.k2) - here_[a] + At(b, p.k1) - here_[b] - 2 * g_.weight(a, b);
+          const int32_t lo = std::min(a, b), hi = std::max(a, b);
+          if (best_a < 0 || gain > best_gain ||
+              (gain == best_gain && std::tie(lo, hi) < std::tie(best_a, best_b))) {
+            best_gain = gain;
+            best_a = lo;
+            best_b = hi;
+          }
+        }
+      }
+    }
+    return best_a >= 0;
+  }
+
+  const Graph& g_;
+  const int32_t n_;
+  std::vector<int32_t>& node_of_;
+  std::vector<int64_t> conn_;
+  std::vector<uint8_t> locked_;
+  std::vector<std::pair<int32_t, int32_t>> swaps_;
+  // Scratch of one swap's search.
+  std::vector<int64_t> here_;   // conn(x, node of x)
+  std::vector<int64_t> lift_;   // [class][k1][k2]
+  std::vector<std::vector<int32_t>> members_;  // free ranks per node
+  std::vector<NodePair> pairs_;
+};
+
+void KernighanLin(const Graph& g, std::vector<int32_t>& node_of) {
+  KernighanLinSearch search(g, node_of);
+  for (int32_t pass = 0; pass < kNodePlacementPasses; ++pass) {
+    if (search.Pass() <= 0) return;
   }
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "core/internal/flashcp_tuning.h"
 #include "core/types.h"
 
 namespace flashcp::core::internal {
@@ -51,8 +52,6 @@ int64_t InterNodeTokens(absl::Span<const int64_t> pair_tokens, int32_t cp_size,
 // to the lowest rank ids). O(N^2) per swap, plus TargetedPairTokens. `plan`
 // must be valid (ValidatePlan; not checked); ranks_per_node >= 0.
 std::vector<int32_t> NodePlacement(const Plan& plan, int32_t ranks_per_node);
-inline constexpr int32_t kNodePlacementPasses = 8;
-inline constexpr size_t kNodePlacementStall = 4;
 
 // `plan` with rank r's shards given to rank new_rank[r], each rank's shards
 // in their order: valid where `plan` is and `new_rank` is a permutation

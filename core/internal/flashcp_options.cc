@@ -1,6 +1,6 @@
 #include "core/internal/flashcp_options.h"
 
-#include "core/internal/flashcp_util.h"
+#include "core/internal/flashcp_pieces.h"
 #include "core/internal/strategies_internal.h"
 
 namespace flashcp::core::internal {

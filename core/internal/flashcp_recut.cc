@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "core/internal/flashcp_score.h"
-#include "core/internal/flashcp_util.h"
+#include "core/internal/per_doc.h"
 #include "core/internal/recut.h"
 #include "core/internal/strategies_internal.h"
 

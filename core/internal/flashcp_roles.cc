@@ -1,38 +1,15 @@
 #include "core/internal/flashcp_roles.h"
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <numeric>
 #include <vector>
 
-#include "core/internal/flashcp_util.h"
+#include "core/internal/flashcp_pieces.h"
 #include "core/internal/strategies_internal.h"
 
 namespace flashcp::core::internal {
 namespace {
-
-// A set of lengths that answers "maybe" for every member and for a few
-// others: one bit per hash (the low bits of a length), in at least 4 bits
-// per member, so that memory grows with the members, not with their
-// lengths. A "maybe" is confirmed by an exact search.
-class LengthFilter {
- public:
-  void Build(const std::vector<int64_t>& lens) {
-    bits_ = std::max<uint64_t>(64, std::bit_ceil(4 * static_cast<uint64_t>(lens.size())));
-    words_.assign(bits_ / 64, 0);
-    for (const int64_t len : lens) Set(static_cast<uint64_t>(len) & (bits_ - 1));
-  }
-  bool MayHold(int64_t len) const {
-    const uint64_t h = static_cast<uint64_t>(len) & (bits_ - 1);
-    return (words_[h / 64] >> (h % 64) & 1) != 0;
-  }
-
- private:
-  void Set(uint64_t h) { words_[h / 64] |= uint64_t{1} << (h % 64); }
-  uint64_t bits_ = 64;
-  std::vector<uint64_t> words_ = std::vector<uint64_t>(1, 0);
-};
 
 // std::stable_sort's order (the one stable order of a strict weak `less`),
 // for the short ranges it is called on here (one cut document's roles)
@@ -84,35 +61,38 @@ struct RoleTable {
   void SwapGreedily(int32_t n, double cap_workload, int64_t cap_nonlast, int32_t max_swaps);
 };
 
+// The cut documents' shards by (document, start), a total order (a
+// document's shards do not overlap): bucketed by document, then each
+// document's few sorted by start. A whole document has no role.
+std::vector<int32_t> CutShardsByDoc(const Plan& plan) {
+  std::vector<int32_t> by_doc;
+  std::vector<int32_t> begin(plan.doc_lens.size() + 1, 0);
+  // Counts, then their prefix sums, a whole document's count (1) taken
+  // as 0: begin[d + 1] - begin[d] is document d's shards if it is cut,
+  // else 0.
+  for (const Shard& s : plan.shards) ++begin[s.doc + 1];
+  for (size_t d = 1; d < begin.size(); ++d) {
+    if (begin[d] < 2) begin[d] = 0;
+    begin[d] += begin[d - 1];
+  }
+  by_doc.resize(begin.back());
+  std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
+  for (size_t i = 0; i < plan.shards.size(); ++i) {
+    const int32_t d = plan.shards[i].doc;
+    if (begin[d + 1] != begin[d]) by_doc[fill[d]++] = static_cast<int32_t>(i);
+  }
+  for (size_t d = 0; d + 1 < begin.size(); ++d) {
+    if (begin[d + 1] == begin[d]) continue;
+    std::sort(by_doc.begin() + begin[d], by_doc.begin() + begin[d + 1],
+              [&](int32_t a, int32_t b) { return plan.shards[a].start < plan.shards[b].start; });
+  }
+  return by_doc;
+}
+
 RoleTable BuildRoles(const Plan& plan) {
   const int32_t n = plan.cp_size;
   RoleTable t;
-  // The cut documents' shards by (document, start), a total order (a
-  // document's shards do not overlap): bucketed by document, then each
-  // document's few sorted by start. A whole document has no role.
-  std::vector<int32_t> by_doc;
-  {
-    std::vector<int32_t> begin(plan.doc_lens.size() + 1, 0);
-    // Counts, then their prefix sums, a whole document's count (1) taken
-    // as 0: begin[d + 1] - begin[d] is document d's shards if it is cut,
-    // else 0.
-    for (const Shard& s : plan.shards) ++begin[s.doc + 1];
-    for (size_t d = 1; d < begin.size(); ++d) {
-      if (begin[d] < 2) begin[d] = 0;
-      begin[d] += begin[d - 1];
-    }
-    by_doc.resize(begin.back());
-    std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
-    for (size_t i = 0; i < plan.shards.size(); ++i) {
-      const int32_t d = plan.shards[i].doc;
-      if (begin[d + 1] != begin[d]) by_doc[fill[d]++] = static_cast<int32_t>(i);
-    }
-    for (size_t d = 0; d + 1 < begin.size(); ++d) {
-      if (begin[d + 1] == begin[d]) continue;
-      std::sort(by_doc.begin() + begin[d], by_doc.begin() + begin[d + 1],
-                [&](int32_t a, int32_t b) { return plan.shards[a].start < plan.shards[b].start; });
-    }
-  }
+  const std::vector<int32_t> by_doc = CutShardsByDoc(plan);
   t.send.assign(n, 0);
   t.recv.assign(n, 0);
   t.nonlast.assign(n, 0);
@@ -354,198 +334,6 @@ Plan SwapRolesForTargeted(const Batch& batch, const Plan& plan, double max_workl
     if (role.rank != role.orig_rank) {
       pieces[i].rank = role.rank;
       changed = true;
-    }
-  }
-  if (!changed) return plan;
-  return FinishPlan(batch, std::move(pieces));
-}
-
-Plan BalanceByWholeExchanges(const Batch& batch, const Plan& plan, double max_workload,
-                             int32_t partners, int32_t max_moves, int64_t min_shard,
-                             bool move_cut) {
-  const int32_t n = plan.cp_size;
-  const int64_t m = std::max<int64_t>(1, min_shard);
-  std::vector<Shard> pieces = plan.shards;
-  std::vector<double> workload(n, 0.0);
-  // Per rank, its whole documents' shards and (with move_cut) its cut
-  // ones (indices into pieces).
-  std::vector<std::vector<int32_t>> whole(n), cut(n);
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const Shard& s = pieces[i];
-    workload[s.rank] += RangeWorkload(s.start, s.len);
-    if (s.len == batch.doc_lens[s.doc]) {
-      whole[s.rank].push_back(static_cast<int32_t>(i));
-    } else if (move_cut) {
-      cut[s.rank].push_back(static_cast<int32_t>(i));
-    }
-  }
-  bool changed = false;
-  std::vector<int32_t> ranks(n);
-  const int32_t tried = std::clamp(partners, 0, n);
-  // Per rank, its whole shards stably sorted by length (ties: their order in
-  // `whole`), and those lengths, for the z look-up; and the lengths in
-  // `whole`'s order, for the y scan, and a filter of the lengths held, so
-  // that most look-ups for a length none has are skipped: built again only
-  // after an exchange changed the rank's whole shards.
-  std::vector<std::vector<int32_t>> by_len(n);
-  std::vector<std::vector<int64_t>> len_of(n), whole_len(n);
-  std::vector<LengthFilter> has_len(n);
-  std::vector<uint8_t> stale(n, 1);
-  for (int32_t move = 0; move < max_moves; ++move) {
-    const int32_t a = static_cast<int32_t>(
-        std::max_element(workload.begin(), workload.end()) - workload.begin());
-    if (workload[a] <= max_workload) break;
-    // The `tried` lightest ranks, lightest first (ties: the lower rank).
-    std::iota(ranks.begin(), ranks.end(), 0);
-    std::partial_sort(ranks.begin(), ranks.begin() + tried, ranks.end(),
-                      [&](int32_t x, int32_t y) {
-                        return workload[x] < workload[y] || (workload[x] == workload[y] && x < y);
-                      });
-    // The best exchange: peak, then tokens it adds to the targeted exchange.
-    double best_peak = workload[a];
-    double best_shift = 0;
-    int64_t best_cost = 0;
-    int32_t best_b = -1, best_x = -1, best_y = -1, best_z = -1;
-    int64_t best_head = 0;  // 0: z moves whole; else z's head of this many tokens moves
-    // Whether an exchange of this peak and cost would replace the best so
-    // far: one that brings A within max_workload first, the fewest tokens
-    // cut among those; else the least peak. Checked before an exchange's z
-    // is looked up, as most are not taken.
-    const auto better = [&](double peak, int64_t cost) {
-      if (peak >= workload[a]) return false;
-      const bool fits = peak <= max_workload;
-      const bool best_fits = best_b >= 0 && best_peak <= max_workload;
-      if (fits != best_fits) return fits;
-      if (fits) return cost < best_cost || (cost == best_cost && peak < best_peak);
-      return peak < best_peak || (peak == best_peak && cost < best_cost);
-    };
-    const auto take = [&](double shift, double peak, int64_t cost, int32_t b, int32_t x,
-                          int32_t y, int32_t z, int64_t head) {
-      best_shift = shift;
-      best_peak = peak;
-      best_cost = cost;
-      best_b = b;
-      best_x = x;
-      best_y = y;
-      best_z = z;
-      best_head = head;
-    };
-    for (int32_t p = 0; p < tried; ++p) {
-      const int32_t b = ranks[p];
-      if (b == a) continue;
-      if (stale[b]) {
-        by_len[b] = whole[b];
-        std::stable_sort(by_len[b].begin(), by_len[b].end(),
-                         [&](int32_t x, int32_t y) { return pieces[x].len < pieces[y].len; });
-        len_of[b].resize(by_len[b].size());
-        for (size_t i = 0; i < by_len[b].size(); ++i) len_of[b][i] = pieces[by_len[b][i]].len;
-        whole_len[b].resize(whole[b].size());
-        for (size_t i = 0; i < whole[b].size(); ++i) whole_len[b][i] = pieces[whole[b][i]].len;
-        has_len[b].Build(len_of[b]);
-        stale[b] = 0;
-      }
-      const LengthFilter& has_len_b = has_len[b];
-      const std::vector<int64_t>& ylens = whole_len[b];
-      const std::vector<int32_t>& sorted = by_len[b];
-      const std::vector<int64_t>& lens = len_of[b];
-      const auto try_x = [&](int32_t x, bool is_cut) {
-        const Shard& sx = pieces[x];
-        const int64_t lx = sx.len;
-        // x's pairs beyond those of a whole document of its length: its
-        // prefix's, len(x) x start (0 for a whole one).
-        const double above = static_cast<double>(lx) * static_cast<double>(sx.start);
-        // A cut x's KV then comes from or goes to b: its tokens count as cut.
-        const int64_t moved = is_cut ? lx : 0;
-        // An exchange is taken only at a peak <= `limit` (better()), so
-        // only where it shifts between wa - limit and limit - wb pairs;
-        // x's exchanges shift at most above + floor(lx^2 / 4) (at len(y) =
-        // lx / 2). Tests on doubles that round as the peak's own do.
-        const double wa = workload[a], wb = workload[b];
-        const auto limit = [&] {
-          return best_b >= 0 && best_peak <= max_workload ? max_workload : best_peak;
-        };
-        double cap = limit();
-        // In doubles: lx / 2 x (lx - lx / 2) overflows int64 beyond about
-        // 3e9 tokens, and the product rounds as the pairs' own below do.
-        if (wa - (above + static_cast<double>(lx / 2) * static_cast<double>(lx - lx / 2)) > cap) {
-          return;
-        }
-        for (size_t k = 0; k < ylens.size(); ++k) {
-          const int64_t ly = ylens[k];
-          if (ly > lx || (ly == lx && !is_cut)) continue;
-          // Both of (x, y)'s exchanges below shift the same pairs, so share
-          // a peak.
-          const int64_t lz = lx - ly;
-          const double pairs = above + static_cast<double>(ly) * static_cast<double>(lz);
-          if (wa - pairs > cap || wb + pairs > cap) continue;
-          const double peak = std::max(wa - pairs, wb + pairs);
-          // Each of the exchanges below costs no less than the one before
-          // it at the same peak: where one is not taken, neither is the next,
-          // and where one is taken, the next is not.
-          if (!better(peak, moved)) continue;
-          const int32_t y = whole[b][k];
-          if (ly == lx) {  // a cut x for a whole y of its length: its prefix's pairs
-            take(pairs, peak, moved, b, x, y, -1, 0);
-            cap = limit();
-            continue;
-          }
-          // x for y and a whole z of lz tokens: len(y) len(z) pairs, no KV.
-          if (has_len_b.MayHold(lz)) {
-            size_t it = static_cast<size_t>(std::lower_bound(lens.begin(), lens.end(), lz) -
-                                            lens.begin());
-            while (it < lens.size() && lens[it] == lz && sorted[it] == y) ++it;
-            if (it < lens.size() && lens[it] == lz) {
-              take(pairs, peak, moved, b, x, y, sorted[it], 0);
-              cap = limit();
-              continue;
-            }
-          }
-          // x for y and the lz-token head of a longer whole z (>= m tokens
-          // each side): len(y) lz pairs, lz tokens more to move.
-          if (lz < m || !better(peak, moved + lz)) continue;
-          size_t longer = static_cast<size_t>(
-              std::lower_bound(lens.begin(), lens.end(), lz + m) - lens.begin());
-          while (longer < lens.size() && sorted[longer] == y) ++longer;
-          if (longer < lens.size()) {
-            take(pairs, peak, moved + lz, b, x, y, sorted[longer], lz);
-            cap = limit();
-          }
-        }
-      };
-      for (int32_t x : whole[a]) try_x(x, false);
-      for (int32_t x : cut[a]) try_x(x, true);
-    }
-    if (best_b < 0) break;
-    stale[a] = stale[best_b] = 1;
-    workload[a] -= best_shift;
-    workload[best_b] += best_shift;
-    pieces[best_x].rank = best_b;
-    pieces[best_y].rank = a;
-    if (pieces[best_x].len == batch.doc_lens[pieces[best_x].doc]) {
-      std::replace(whole[a].begin(), whole[a].end(), best_x, best_y);
-      std::replace(whole[best_b].begin(), whole[best_b].end(), best_y, best_x);
-    } else {
-      cut[a].erase(std::find(cut[a].begin(), cut[a].end(), best_x));
-      cut[best_b].push_back(best_x);
-      whole[a].push_back(best_y);
-      whole[best_b].erase(std::find(whole[best_b].begin(), whole[best_b].end(), best_y));
-    }
-    changed = true;
-    if (best_z < 0) continue;  // x for y alone
-    whole[best_b].erase(std::find(whole[best_b].begin(), whole[best_b].end(), best_z));
-    if (best_head == 0) {
-      pieces[best_z].rank = a;
-      whole[a].push_back(best_z);
-    } else {
-      Shard& z = pieces[best_z];
-      pieces.push_back(Shard{z.doc, 0, best_head, a});
-      Shard& tail = pieces[best_z];  // push_back may have moved it
-      tail.start = best_head;
-      tail.len -= best_head;
-      if (move_cut) {
-        cut[a].push_back(static_cast<int32_t>(pieces.size()) - 1);
-        cut[best_b].push_back(best_z);
-      }
     }
   }
   if (!changed) return plan;

@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "core/analysis.h"
-#include "core/internal/flashcp_util.h"
+#include "core/internal/flashcp_pieces.h"
 
 namespace flashcp::core::internal {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "core/internal/flashcp_repair.h"
+#include "core/internal/flashcp_slivers.h"
 #include "core/internal/strategies_internal.h"
 
 namespace flashcp::core::internal {

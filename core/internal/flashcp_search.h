@@ -13,8 +13,10 @@
 
 #include "absl/status/status.h"
 #include "core/internal/flashcp_options.h"
+#include "core/internal/flashcp_pieces.h"
 #include "core/internal/flashcp_score.h"
-#include "core/internal/flashcp_util.h"
+#include "core/internal/per_doc.h"
+#include "core/internal/whole_doc_place.h"
 #include "core/types.h"
 
 namespace flashcp::core::internal {

@@ -30,6 +30,11 @@ inline constexpr size_t kMaxRecuts = 3;
 // tuning: linear-programming rounds per re-cut candidate.
 inline constexpr int32_t kRecutRounds = 8;
 
+// ---- Sliver repair (flashcp_slivers.h) -----------------------------------
+// tuning: a whole-document sliver fix tries at most this many of each rank's
+// shortest whole documents (pairs: its square), which bounds its work.
+inline constexpr size_t kMaxWholeTried = 16;
+
 // ---- Grouped plans (flashcp_grouped.h) ------------------------------------
 // tuning: unfilled group bounds, in R x mean rank workloads (smaller: larger
 // groups, better balance, more moved).
@@ -106,6 +111,12 @@ inline constexpr KvGroupParams kKvGroupParams[] = {
     {1.0, 1.6, 0.0}};
 // tuning: deal-level-equalize passes per capacity-group candidate.
 inline constexpr int kKvGroupPasses = 3;
+
+// ---- Node placement (flashcp_nodes.h) ------------------------------------
+// tuning: Kernighan-Lin passes per start, at most.
+inline constexpr int32_t kNodePlacementPasses = 8;
+// tuning: swaps a pass makes after its best prefix before it stops.
+inline constexpr size_t kNodePlacementStall = 4;
 
 // ---- Which stages run at which N ------------------------------------------
 // One stage at one band of N: how many of its variants are generated (0:

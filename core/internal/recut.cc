@@ -10,8 +10,8 @@
 #include "coin/CoinError.hpp"
 #include "coin/CoinPackedMatrix.hpp"
 #include "coin/OsiClpSolverInterface.hpp"
-#include "core/internal/flashcp_repair.h"
-#include "core/internal/flashcp_util.h"
+#include "core/internal/flashcp_pieces.h"
+#include "core/internal/flashcp_slivers.h"
 #include "core/internal/strategies_internal.h"
 
 namespace flashcp::core::internal {
@@ -190,33 +190,27 @@ std::vector<double> RankCosts(int32_t n, const std::vector<Shard>& shards,
   return w;
 }
 
-}  // namespace
+// A heuristic early out before merging: far more raw cut points than the
+// bound (merging touching pieces on one rank removes one in 2c - 1 of a
+// reduced zigzag's, but could remove more elsewhere; the exact count after
+// merging is checked later).
+bool TooManyRawCuts(const Batch& batch, const std::vector<Shard>& pieces) {
+  std::vector<int32_t> per_doc(batch.doc_lens.size(), 0);
+  for (const Shard& s : pieces) ++per_doc[s.doc];
+  int64_t raw_cuts = 0;
+  for (int32_t c : per_doc) raw_cuts += std::max(c - 1, 0);
+  return raw_cuts > 2 * kMaxRecutCuts;
+}
 
-std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces,
-                                  int64_t min_shard, int32_t rounds, double accept_below,
-                                  const CostCoefficients& cost,
-                                  absl::Span<const double> rank_speed) {
+// The program of `shards` (merged, sorted by document then start): whole
+// documents fixed, each cut document's pieces with their cut points as
+// variables; piece_shard gets each program piece's shard index.
+Program BuildProgram(const Batch& batch, const std::vector<Shard>& shards,
+                     const CostCoefficients& cost, std::vector<int32_t>& piece_shard) {
   const bool pairs = IsPairsModel(cost);
-  const int32_t n = batch.cp_size;
-  // Cheap early out before merging, a heuristic: far more raw cut points
-  // than the bound (merging touching pieces on one rank removes one in 2c - 1
-  // of a reduced zigzag's, but could remove more elsewhere; the exact count
-  // after merging is checked below).
-  {
-    std::vector<int32_t> per_doc(batch.doc_lens.size(), 0);
-    for (const Shard& s : pieces) ++per_doc[s.doc];
-    int64_t raw_cuts = 0;
-    for (int32_t c : per_doc) raw_cuts += std::max(c - 1, 0);
-    if (raw_cuts > 2 * kMaxRecutCuts) return std::nullopt;
-  }
-  std::vector<Shard> shards = FinishPlan(batch, pieces).shards;
-  std::sort(shards.begin(), shards.end(), [](const Shard& a, const Shard& b) {
-    return a.doc != b.doc ? a.doc < b.doc : a.start < b.start;
-  });
   Program p;
-  p.fixed_tokens.assign(n, 0.0);
-  p.fixed_work.assign(n, 0.0);
-  std::vector<int32_t> piece_shard;  // shard index of each program piece
+  p.fixed_tokens.assign(batch.cp_size, 0.0);
+  p.fixed_work.assign(batch.cp_size, 0.0);
   for (size_t i = 0; i < shards.size();) {
     size_t j = i;
     while (j < shards.size() && shards[j].doc == shards[i].doc) ++j;
@@ -226,64 +220,74 @@ std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces
       p.fixed_work[shards[i].rank] +=
           pairs ? Q(static_cast<double>(len))
                 : cost.whole_pair * Q(static_cast<double>(len)) + cost.sequence;
-    } else {
-      for (size_t k = i; k < j; ++k) {
-        Piece pc{shards[k].rank, End{}, End{}, k == i ? cost.whole_pair : cost.prefixed_pair};
-        if (!pairs) p.fixed_work[shards[k].rank] += cost.sequence;
-        if (k == i) {
-          pc.start.at = 0;
-        } else {
-          pc.start.cut = static_cast<int32_t>(p.cut_at.size()) - 1;
-        }
-        if (k + 1 == j) {
-          pc.end.at = static_cast<double>(len);
-        } else {
-          pc.end.cut = static_cast<int32_t>(p.cut_at.size());
-          p.cut_at.push_back(static_cast<double>(shards[k + 1].start));
-          p.cut_doc_len.push_back(len);
-        }
-        p.pieces.push_back(pc);
-        piece_shard.push_back(static_cast<int32_t>(k));
+      i = j;
+      continue;
+    }
+    for (size_t k = i; k < j; ++k) {
+      Piece pc{shards[k].rank, End{}, End{}, k == i ? cost.whole_pair : cost.prefixed_pair};
+      if (!pairs) p.fixed_work[shards[k].rank] += cost.sequence;
+      if (k == i) {
+        pc.start.at = 0;
+      } else {
+        pc.start.cut = static_cast<int32_t>(p.cut_at.size()) - 1;
       }
+      if (k + 1 == j) {
+        pc.end.at = static_cast<double>(len);
+      } else {
+        pc.end.cut = static_cast<int32_t>(p.cut_at.size());
+        p.cut_at.push_back(static_cast<double>(shards[k + 1].start));
+        p.cut_doc_len.push_back(len);
+      }
+      p.pieces.push_back(pc);
+      piece_shard.push_back(static_cast<int32_t>(k));
     }
     i = j;
   }
-  if (p.cut_at.empty() || static_cast<int64_t>(p.cut_at.size()) > kMaxRecutCuts) {
-    return std::nullopt;
-  }
-  const std::vector<int64_t> targets = RankTargets(batch);
-  if (!pairs) {
+  return p;
+}
+
+// The model's per-token cost, and rank speeds scaling every term of a
+// rank's cost: its pieces' pair weights and its constants.
+void AddRankTerms(const std::vector<int64_t>& targets, const CostCoefficients& cost,
+                  absl::Span<const double> rank_speed, Program& p) {
+  const int32_t n = static_cast<int32_t>(targets.size());
+  if (!IsPairsModel(cost)) {
     for (int32_t r = 0; r < n; ++r) {
       p.fixed_work[r] += cost.token * static_cast<double>(targets[r]);
     }
   }
-  // Rank speeds scale every term of a rank's cost: its pieces' pair weights
-  // and its constants.
   if (static_cast<int32_t>(rank_speed.size()) == n) {
     for (Piece& pc : p.pieces) pc.weight *= rank_speed[pc.rank];
     for (int32_t r = 0; r < n; ++r) p.fixed_work[r] *= rank_speed[r];
   }
-  const int64_t keep = std::max<int64_t>(min_shard, 1);
-  // Plain infeasibility first (CLP takes longer to prove it): a rank whose
-  // whole documents and minimal pieces (keep + 1 tokens each) exceed its
-  // tokens, or that holds no piece to grow and misses them.
-  {
-    std::vector<double> least(p.fixed_tokens);
-    std::vector<char> has_piece(n, 0);
-    for (const Piece& pc : p.pieces) {
-      least[pc.rank] += static_cast<double>(keep + 1);
-      has_piece[pc.rank] = 1;
-    }
-    for (int32_t r = 0; r < n; ++r) {
-      const double t = static_cast<double>(targets[r]);
-      if (least[r] > t || (!has_piece[r] && p.fixed_tokens[r] != t)) return std::nullopt;
-    }
+}
+
+// Plain infeasibility (CLP takes longer to prove it): a rank whose whole
+// documents and minimal pieces (keep + 1 tokens each) exceed its tokens,
+// or that holds no piece to grow and misses them.
+bool PlainlyInfeasible(const Program& p, const std::vector<int64_t>& targets, int64_t keep) {
+  const size_t n = targets.size();
+  std::vector<double> least(p.fixed_tokens);
+  std::vector<char> has_piece(n, 0);
+  for (const Piece& pc : p.pieces) {
+    least[pc.rank] += static_cast<double>(keep + 1);
+    has_piece[pc.rank] = 1;
   }
-  // Each round re-linearizes at the previous solution; rounds stop when the
-  // exact maximum stops falling (the program has many optima, which pin only
-  // the heaviest rank, so a round can also land somewhere worse), and the
-  // best is kept. Pieces get one token of slack (>= keep + 1) for the
-  // rounding below.
+  for (size_t r = 0; r < n; ++r) {
+    const double t = static_cast<double>(targets[r]);
+    if (least[r] > t || (!has_piece[r] && p.fixed_tokens[r] != t)) return true;
+  }
+  return false;
+}
+
+// Each round re-linearizes at the previous solution; rounds stop when the
+// exact maximum stops falling (the program has many optima, which pin only
+// the heaviest rank, so a round can also land somewhere worse), and the
+// best cut points are returned (none where no round solved). Pieces get one
+// token of slack (>= keep + 1) for the rounding after.
+std::optional<std::vector<double>> SolveRounds(const Program& p,
+                                               const std::vector<int64_t>& targets,
+                                               int64_t keep, int32_t rounds) {
   std::vector<double> at = p.cut_at, best;
   double best_max = 0;
   try {
@@ -304,19 +308,51 @@ std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces
     return std::nullopt;
   }
   if (best.empty()) return std::nullopt;
-  at = std::move(best);
-  // Integral cut points; the rounding's token errors go back along chains.
-  std::vector<Shard> out = shards;
+  return best;
+}
+
+// Integral cut points into `out` (the shards, as the program's pieces
+// index them); false where a piece would fall under keep tokens.
+bool RoundCuts(const Program& p, const std::vector<double>& at,
+               const std::vector<int32_t>& piece_shard, int64_t keep, std::vector<Shard>& out) {
   for (size_t k = 0; k < p.pieces.size(); ++k) {
     const Piece& pc = p.pieces[k];
     const int64_t a = pc.start.cut < 0 ? static_cast<int64_t>(pc.start.at)
                                        : std::llround(at[pc.start.cut]);
     const int64_t e = pc.end.cut < 0 ? static_cast<int64_t>(pc.end.at)
                                      : std::llround(at[pc.end.cut]);
-    if (e - a < keep) return std::nullopt;
+    if (e - a < keep) return false;
     out[piece_shard[k]].start = a;
     out[piece_shard[k]].len = e - a;
   }
+  return true;
+}
+
+}  // namespace
+
+std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces,
+                                  int64_t min_shard, int32_t rounds, double accept_below,
+                                  const CostCoefficients& cost,
+                                  absl::Span<const double> rank_speed) {
+  if (TooManyRawCuts(batch, pieces)) return std::nullopt;
+  std::vector<Shard> shards = FinishPlan(batch, pieces).shards;
+  std::sort(shards.begin(), shards.end(), [](const Shard& a, const Shard& b) {
+    return a.doc != b.doc ? a.doc < b.doc : a.start < b.start;
+  });
+  std::vector<int32_t> piece_shard;  // shard index of each program piece
+  Program p = BuildProgram(batch, shards, cost, piece_shard);
+  if (p.cut_at.empty() || static_cast<int64_t>(p.cut_at.size()) > kMaxRecutCuts) {
+    return std::nullopt;
+  }
+  const std::vector<int64_t> targets = RankTargets(batch);
+  AddRankTerms(targets, cost, rank_speed, p);
+  const int64_t keep = std::max<int64_t>(min_shard, 1);
+  if (PlainlyInfeasible(p, targets, keep)) return std::nullopt;
+  const std::optional<std::vector<double>> at = SolveRounds(p, targets, keep, rounds);
+  if (!at.has_value()) return std::nullopt;
+  // Integral cut points; the rounding's token errors go back along chains.
+  std::vector<Shard> out = shards;
+  if (!RoundCuts(p, *at, piece_shard, keep, out)) return std::nullopt;
   std::vector<int64_t> room = targets;
   for (const Shard& s : out) room[s.rank] -= s.len;
   if (std::any_of(room.begin(), room.end(), [](int64_t r) { return r != 0; }) &&
@@ -326,7 +362,7 @@ std::optional<double> RecutPieces(const Batch& batch, std::vector<Shard>& pieces
   if (std::any_of(room.begin(), room.end(), [](int64_t r) { return r != 0; })) {
     return std::nullopt;
   }
-  const std::vector<double> w = RankCosts(n, out, cost, rank_speed);
+  const std::vector<double> w = RankCosts(batch.cp_size, out, cost, rank_speed);
   const double max_w = *std::max_element(w.begin(), w.end());
   if (!(max_w < accept_below)) return std::nullopt;
   pieces = std::move(out);

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/internal/flashcp_util.h"
+#include "core/internal/flashcp_pieces.h"
+#include "core/internal/per_doc.h"
 #include "core/internal/strategies_internal.h"
+#include "core/internal/whole_doc_place.h"
 
 namespace flashcp::core::internal {
 

@@ -1,0 +1,131 @@
+// flashcp's sliver repair primitives (flashcp_slivers.h).
+#include "core/internal/flashcp_slivers.h"
+
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <utility>
+
+#include "core/internal/flashcp_pieces.h"
+#include "core/internal/sliver_repair.h"
+#include "core/internal/strategies_internal.h"
+
+namespace flashcp::core::internal {
+
+struct RepairScratch::Buffers {
+  SliverRepair repair;
+};
+RepairScratch::RepairScratch() : buffers(std::make_unique<Buffers>()) {}
+RepairScratch::~RepairScratch() = default;
+
+bool ShiftPiecesToRoom(const Batch& batch, int64_t min_shard, std::vector<Shard>& pieces,
+                       std::vector<int64_t>& room) {
+  const int32_t n = batch.cp_size;
+  SliverRepair fit(n, min_shard, std::numeric_limits<double>::infinity(), kAnyNonlastGrowth);
+  // Finished first although Load takes raw pieces: Emit lists the whole
+  // documents in the order they were loaded, and the callers' later sums
+  // and searches follow that order.
+  fit.Load(batch, FinishPlan(batch, pieces).shards);
+  std::vector<int64_t> left = room;
+  for (int64_t tries = 4 * static_cast<int64_t>(n) + 16; tries > 0; --tries) {
+    const auto over = std::min_element(left.begin(), left.end());
+    if (*over >= 0) break;
+    const auto under = std::max_element(left.begin(), left.end());
+    const int32_t x = static_cast<int32_t>(over - left.begin());
+    const int32_t y = static_cast<int32_t>(under - left.begin());
+    // The whole difference if one chain can carry it, else less.
+    bool moved = false;
+    for (int64_t delta = std::min(-*over, *under); delta > 0 && !moved; delta /= 2) {
+      if (fit.MoveTokens(x, y, delta)) {
+        left[x] += delta;
+        left[y] -= delta;
+        moved = true;
+      }
+    }
+    if (!moved) return false;
+  }
+  if (*std::min_element(left.begin(), left.end()) < 0) return false;
+  room = left;
+  pieces.clear();
+  fit.Emit(pieces);
+  return true;
+}
+
+
+std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
+                                 int64_t min_shard, double max_workload,
+                                 int64_t max_nonlast_growth) {
+  RepairScratch scratch;
+  return RepairSlivers(batch, std::move(pieces), min_shard, max_workload, max_nonlast_growth,
+                       scratch);
+}
+
+std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
+                                 int64_t min_shard, double max_workload,
+                                 int64_t max_nonlast_growth, RepairScratch& scratch) {
+  if (min_shard <= 1) return FinishPlan(batch, std::move(pieces)).shards;
+  // Cut documents: those with a shard shorter than the document (merged).
+  SliverRepair& repair = scratch.buffers->repair;
+  repair.Reset(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
+  repair.Load(batch, pieces);
+  // Passes until nothing changes: a fix can open a chain for a sliver that
+  // had none. Each fix removes one sliver and creates none. Bounded work:
+  // each attempt is O(cut pieces + documents) (up to four chain searches and
+  // balance checks, plus at most 17^2 whole-document pairs per side). N + 16
+  // attempts always; then up to four more per sliver at the start, so that a
+  // plan of many slivers (a full 2N-chunk zigzag of short documents) gets the
+  // passes it needs, but only while those extra attempts stay within 2^20
+  // piece and document visits in all: the bound on a repair's time, which
+  // would otherwise grow with the square of the slivers. What stays, the
+  // caller's score charges.
+  int64_t slivers = 0, pieces_now = 0;
+  for (const std::vector<Piece>& p : repair.docs) {
+    pieces_now += static_cast<int64_t>(p.size());
+    for (const Piece& x : p) slivers += x.len < min_shard ? 1 : 0;
+  }
+  // `repair` holds the pieces now: its output reuses their buffer.
+  std::vector<Shard>& out = pieces;
+  out.clear();
+  // Nothing to fix: the merged shards as they are.
+  if (slivers == 0) {
+    repair.Emit(out);
+    return std::move(out);
+  }
+  for (auto& w : repair.whole) std::sort(w.begin(), w.end());
+  const int64_t visits = pieces_now + static_cast<int64_t>(batch.doc_lens.size()) + 1;
+  int64_t attempts = static_cast<int64_t>(batch.cp_size) + 16 +
+                     std::min(4 * slivers, (int64_t{1} << 20) / visits);
+  for (bool progress = true; progress && attempts > 0;) {
+    progress = false;
+    for (size_t c = 0; c < repair.docs.size() && attempts > 0; ++c) {
+      for (size_t i = 0; i < repair.docs[c].size() && attempts > 0;) {
+        const std::vector<Piece>& p = repair.docs[c];
+        if (p.size() > 1 && p[i].len < min_shard) {
+          --attempts;
+          if (repair.Fix(c, i)) {
+            progress = true;
+            continue;  // position i now holds the next piece (or a grown one)
+          }
+        }
+        ++i;
+      }
+    }
+  }
+  repair.Emit(out);
+  return std::move(out);
+}
+
+double SliverFreeWorkloadBound(const Batch& batch, int64_t min_shard) {
+  int64_t total = 0;
+  for (int64_t len : batch.doc_lens) total += len;
+  const int64_t floor_tokens = total / batch.cp_size;
+  double bound = 0;
+  for (int64_t len : batch.doc_lens) {
+    const int64_t s = std::min(len, min_shard);
+    bound = std::max(bound, RangeWorkload(len - s, s) +
+                                static_cast<double>(std::max<int64_t>(0, floor_tokens - s)));
+  }
+  return bound;
+}
+
+}  // namespace flashcp::core::internal

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""The include rules (issue 28): no include runs upward.
+
+1. core/internal in layers, each file (by name) in one; a file includes
+   core/internal headers of its own layer or lower only, and the headers
+   of core/internal include each other without a cycle:
+     0 base             pieces, workload, score, options, tuning
+     1 piece edits      the sliver repair primitives
+     2 building blocks  Per-Doc, Whole-Doc, re-cut by LP; the baselines
+     3 primitives       balancing exchanges, role swaps
+     4 judge            the one judge of candidate plans
+     5 stages           search, repair, re-cut, grouped, chunk heap, fills,
+                        capacity groups, node placement
+     6 stage table
+     7 orchestrator     flashcp.cc
+   core's public headers (core/*.h) include nothing of core/internal.
+2. Folders in layers: core includes only core; proto includes core and
+   proto; client (C++) no planner_service or worker; planner_service no
+   client or worker; worker no planner_service. Test files (*_test.cc,
+   testing/) may include the layers they start (a real planner in a
+   worker test). KNOWN lists the upward includes that still exist, each to
+   be removed (issue 28, "targets in layers"); an entry that no longer
+   exists fails the check too, so the list only shrinks.
+
+Exit status 1 with one line per violation; run from anywhere:
+  python3 scripts/check_includes.py
+"""
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+LAYERS = {
+    0: ["strategies_internal", "flashcp_pieces", "flashcp_score", "flashcp_options",
+        "flashcp_tuning"],
+    1: ["sliver_repair", "sliver_fix", "flashcp_slivers"],
+    2: ["per_doc", "whole_doc_place", "flashcp_util", "recut", "whole_doc", "baselines", "magi"],
+    3: ["flashcp_balance", "flashcp_roles"],
+    4: ["flashcp_judge"],
+    5: ["flashcp_search", "flashcp_repair", "flashcp_recut", "flashcp_grouped", "flashcp_kv",
+        "flashcp_kvfill", "flashcp_kvgroups", "flashcp_nodes"],
+    6: ["flashcp_stages"],
+    7: ["flashcp"],
+}
+LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
+
+# Folder -> folders it must not include (non-test files); a file follows
+# the longest folder that holds it. The Python extension
+# (client/python/native) links core, proto and the engine (worker/'s
+# kernels and exchange layout), not the planner service.
+FORBIDDEN = {
+    "core": ["proto", "client", "planner_service", "worker"],
+    "proto": ["client", "planner_service", "worker"],
+    "client": ["planner_service", "worker"],
+    "client/python": ["planner_service"],
+    "planner_service": ["client", "worker"],
+    "worker": ["planner_service"],
+}
+
+# Upward includes that still exist: (file, included header).
+KNOWN = {
+    # The planner server reads PEM files through the client library.
+    ("planner_service/server.cc", "client/grpc_planner_client.h"),
+    # The worker's process helpers, signals and metrics endpoint live in
+    # planner_service.
+    ("worker/run_worker.h", "planner_service/metrics_endpoint/metrics_endpoint.h"),
+    ("worker/run_worker.cc", "planner_service/process/host_port.h"),
+    ("worker/run_worker.cc", "planner_service/process/signals.h"),
+    ("worker/worker_main.cc", "planner_service/metrics_endpoint/endpoint_flags.h"),
+    # The Python extension links the planner service for PlanBatch.
+    ("client/python/native/flashcp_native.cc", "planner_service/observer.h"),
+    ("client/python/native/flashcp_native.cc", "planner_service/plan_batch.h"),
+}
+
+
+def sources(folder):
+    for path in sorted((ROOT / folder).rglob("*")):
+        if path.suffix in (".h", ".cc", ".cu", ".cuh") and "build" not in path.parts:
+            yield path
+
+
+def is_test(rel):
+    return rel.endswith("_test.cc") or "/testing/" in rel or rel.startswith("tests/")
+
+
+def includes(path):
+    return INCLUDE.findall(path.read_text(errors="replace"))
+
+
+def check_internal(errors):
+    internal = ROOT / "core/internal"
+    graph = {}
+    for path in sources("core/internal"):
+        rel = path.relative_to(ROOT).as_posix()
+        layer = LAYER_OF.get(path.stem)
+        if layer is None:
+            errors.append(f"{rel}: in no layer of scripts/check_includes.py (add it to LAYERS)")
+            continue
+        for inc in includes(path):
+            if not inc.startswith("core/internal/"):
+                continue
+            target = pathlib.Path(inc).stem
+            if path.suffix == ".h":
+                graph.setdefault(path.name, []).append(pathlib.Path(inc).name)
+            their = LAYER_OF.get(target)
+            if their is None:
+                errors.append(f"{rel}: includes {inc}, in no layer")
+            elif their > layer:
+                errors.append(f"{rel} (layer {layer}) includes {inc} (layer {their}): upward")
+    # No cycle among the headers.
+    state = {}
+
+    def visit(node, stack):
+        state[node] = 1
+        for nxt in graph.get(node, []):
+            if state.get(nxt) == 1:
+                errors.append("core/internal header cycle: " + " -> ".join(stack + [node, nxt]))
+            elif state.get(nxt) is None and (internal / nxt).exists():
+                visit(nxt, stack + [node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if state.get(node) is None:
+            visit(node, [])
+    for path in sorted((ROOT / "core").glob("*.h")):
+        for inc in includes(path):
+            if inc.startswith("core/internal/"):
+                errors.append(f"core/{path.name}: a public header includes {inc}")
+
+
+def check_folders(errors):
+    seen = set()
+    for folder, forbidden in FORBIDDEN.items():
+        for path in sources(folder):
+            rel = path.relative_to(ROOT).as_posix()
+            owner = max((f for f in FORBIDDEN if rel.startswith(f + "/")), key=len)
+            if is_test(rel) or owner != folder:
+                continue
+            for inc in includes(path):
+                top = inc.split("/", 1)[0]
+                if top not in forbidden:
+                    continue
+                if (rel, inc) in KNOWN:
+                    seen.add((rel, inc))
+                    continue
+                errors.append(f"{rel} ({folder}) includes {inc} ({top}): upward")
+    for rel, inc in sorted(KNOWN - seen):
+        errors.append(f"KNOWN lists {rel} -> {inc}, which no longer exists: remove it")
+
+
+def main():
+    errors = []
+    check_internal(errors)
+    check_folders(errors)
+    for e in errors:
+        print(e)
+    if not errors:
+        print(f"include rules hold ({len(KNOWN)} known upward includes left)")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
