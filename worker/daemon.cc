@@ -169,7 +169,10 @@ absl::Status WorkerDaemon::Run() {
                       << options_.group << " formed";
     SetState(v1::WorkerStatus::IDLE);
     observer_.OnGroupEvent(WorkerObserver::GroupEvent::kFormed, absl::OkStatus());
-    s = Loop(**comm);
+    // Before any step sizes a message from this rank's flags.
+    s = AgreeOnShape(**comm, GroupShape{options_.context, options_.heads, options_.head_dim,
+                                        backend_->dtype_bytes()});
+    if (s.ok()) s = Loop(**comm);
     // Report before *comm (destroyed below) closes its pairs: a peer failing
     // on that closure then finds this rank's failure published. A peer this
     // rank timed out on gets one more timeout to publish its own.
