@@ -5,6 +5,7 @@
 #include <cmath>
 #include <iterator>
 #include <limits>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -185,6 +186,43 @@ absl::StatusOr<CostCoefficients> CostProfile(absl::string_view name) {
   }
   return absl::NotFoundError(absl::StrCat("cost profile \"", name, "\" is unknown; known: ",
                                           absl::StrJoin(CostProfileNames(), ", ")));
+}
+
+absl::Status CheckFitNearProfile(const CostCoefficients& fit, const CostCoefficients& shipped) {
+  if (fit.sequence == 0 && fit.token == 0 &&
+      std::abs(fit.whole_pair - fit.prefixed_pair) <= 1e-9 * fit.whole_pair) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refused: the fit (", fit.whole_pair, ", ", fit.prefixed_pair,
+        ", 0, 0) is the pairs model up to scale, not a time model"));
+  }
+  if (!(fit.whole_pair > 0) || !(shipped.whole_pair > 0)) {
+    return absl::FailedPreconditionError("refused: whole_pair must be > 0");
+  }
+  const double scale = fit.whole_pair / shipped.whole_pair;
+  if (!(scale <= kMaxFitScale && scale >= 1 / kMaxFitScale)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refused: far from the shipped profile: whole_pair ", fit.whole_pair, " is ", scale,
+        " times the shipped ", shipped.whole_pair, " (allowed: 1/", kMaxFitScale, " to ",
+        kMaxFitScale, ")"));
+  }
+  const std::array<std::tuple<absl::string_view, double, double, bool>, 3> terms = {{
+      {"prefixed_pair", fit.prefixed_pair, shipped.prefixed_pair, true},
+      {"sequence", fit.sequence, shipped.sequence, false},
+      {"token", fit.token, shipped.token, false},
+  }};
+  for (const auto& [name, f, s, two_sided] : terms) {
+    const double fit_ratio = f / fit.whole_pair;
+    const double shipped_ratio = s / shipped.whole_pair;
+    const bool high = fit_ratio > kMaxFitShape * shipped_ratio;
+    const bool low = two_sided && fit_ratio < shipped_ratio / kMaxFitShape;
+    if (high || low) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refused: far from the shipped profile: ", name, " / whole_pair is ", fit_ratio,
+          ", shipped ", shipped_ratio, " (allowed: ", two_sided ? absl::StrCat("1/", kMaxFitShape, " to ") : std::string("at most "),
+          kMaxFitShape, " times the shipped)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::vector<RankFeatures> PlanRankFeatures(const Plan& plan) {

@@ -80,6 +80,22 @@ std::vector<std::string> CostProfileNames();
 // NotFound naming the profile and the known ones for an unknown name.
 absl::StatusOr<CostCoefficients> CostProfile(absl::string_view name);
 
+// How far an online fit may move from its profile's shipped coefficients
+// (docs/planner.md, "Calibration"). Plans depend only on the ratios of the
+// coefficients, so the rule bounds the shape: each ratio to whole_pair
+// (prefixed_pair, sequence, token) at most kMaxFitShape times the shipped
+// one, and prefixed_pair's at least 1 / kMaxFitShape times (sequence and
+// token may fit to 0); and the scale loosely (another device or a loaded
+// host): whole_pair within kMaxFitScale times either way of the shipped.
+inline constexpr double kMaxFitShape = 4.0;
+inline constexpr double kMaxFitScale = 100.0;
+// OK, or FailedPrecondition saying why `fit` may not replace `shipped`: it
+// is the pairs model up to scale (sequence = token = 0 and whole_pair =
+// prefixed_pair within 1e-9: it plans as pairs, which nothing re-cuts for,
+// and rank speeds are refused on it), or it breaks the rule above (the
+// message names the term, both ratios and the bound).
+absl::Status CheckFitNearProfile(const CostCoefficients& fit, const CostCoefficients& shipped);
+
 // Per-rank features of a valid plan (ValidatePlan; not checked).
 std::vector<RankFeatures> PlanRankFeatures(const Plan& plan);
 

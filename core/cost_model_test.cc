@@ -552,3 +552,39 @@ TEST(CostCalibratorTest, CalibratedPlansAreNeverWorseThanPairsByMoreThanTheFitsE
 
 }  // namespace
 }  // namespace flashcp::core
+
+namespace flashcp::core {
+namespace {
+
+TEST(CheckFitNearProfileTest, RefusesThePairsShapeAndFitsFarFromTheShippedProfile) {
+  const CostCoefficients cpu = *CostProfile("cpu-fp32");  // 5.44e-8, 5.69e-8, 9.58e-5, 1.86e-6
+  EXPECT_TRUE(CheckFitNearProfile(cpu, cpu).ok());
+  // Scaled 50x (a slower host) with sequence and token fitted to 0: allowed.
+  EXPECT_TRUE(CheckFitNearProfile({50 * 5.44e-8, 50 * 5.69e-8, 0, 0}, cpu).ok());
+  // The pairs model itself, and up to scale.
+  EXPECT_EQ(CheckFitNearProfile({1, 1, 0, 0}, cpu),
+            absl::FailedPreconditionError(
+                "refused: the fit (1, 1, 0, 0) is the pairs model up to scale, not a time model"));
+  EXPECT_EQ(CheckFitNearProfile({5e-8, 5e-8, 0, 0}, cpu).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CheckFitNearProfile({5.5e-6, 5.69e-6, 9.58e-3, 1.86e-4}, cpu),
+            absl::FailedPreconditionError(
+                "refused: far from the shipped profile: whole_pair 5.5e-06 is 101.103 times the "
+                "shipped 5.44e-08 (allowed: 1/100 to 100)"));
+  EXPECT_TRUE(CheckFitNearProfile({5.4e-6, 5.69e-6, 9.58e-3, 1.86e-4}, cpu).ok());
+  // Shape: a sequence 5x as dear relative to pairs as shipped.
+  EXPECT_EQ(CheckFitNearProfile({5.44e-8, 5.69e-8, 5 * 9.58e-5, 1.86e-6}, cpu),
+            absl::FailedPreconditionError(
+                "refused: far from the shipped profile: sequence / whole_pair is 8805.15, "
+                "shipped 1761.03 (allowed: at most 4 times the shipped)"));
+  EXPECT_TRUE(CheckFitNearProfile({5.44e-8, 5.69e-8, 3.9 * 9.58e-5, 1.86e-6}, cpu).ok());
+  EXPECT_EQ(CheckFitNearProfile({5.44e-8, 5.69e-8 / 5, 9.58e-5, 1.86e-6}, cpu),
+            absl::FailedPreconditionError(
+                "refused: far from the shipped profile: prefixed_pair / whole_pair is 0.209191, "
+                "shipped 1.04596 (allowed: 1/4 to 4 times the shipped)"));
+  EXPECT_EQ(CheckFitNearProfile({5.44e-8, 5.69e-8, 9.58e-5, 5 * 1.86e-6}, cpu).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace flashcp::core

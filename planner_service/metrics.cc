@@ -141,11 +141,13 @@ PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry, absl::strin
                            .Register(registry);
   cost_samples_ = &prometheus::BuildGauge()
                        .Name("flashcp_planner_cost_samples")
-                       .Help("Rank-step samples in a profile's calibration window")
+                       .Help("Rank-step samples in a profile's calibration window; windows "
+                             "are per tenant: this and the fit gauges show the tenant "
+                             "refitted last")
                        .Register(registry);
   cost_reported_ = &prometheus::BuildCounter()
                         .Name("flashcp_planner_cost_reported_samples_total")
-                        .Help("Rank-step samples accepted by ReportStepTimes, by profile")
+                        .Help("Rank-step samples accepted by ReportStepTimes, by profile, all tenants")
                         .Register(registry);
   cost_fit_error_ = &prometheus::BuildGauge()
                          .Name("flashcp_planner_cost_fit_error_ratio")
@@ -216,13 +218,12 @@ void PrometheusMetrics::OnPlanned(core::Strategy strategy, double planning_secon
   }
 }
 
-void PrometheusMetrics::OnCalibration(absl::string_view profile,
+void PrometheusMetrics::OnCalibration(absl::string_view profile, int64_t accepted,
                                       const core::CostCalibrator::State& state) {
   const std::string p(profile);
   absl::MutexLock lock(&cost_mu_);
   cost_samples_->Add({{"profile", p}}).Set(static_cast<double>(state.samples));
-  prometheus::Counter& reported = cost_reported_->Add({{"profile", p}});
-  reported.Increment(static_cast<double>(state.total) - reported.Value());
+  cost_reported_->Add({{"profile", p}}).Increment(static_cast<double>(accepted));
   cost_calibrated_->Add({{"profile", p}}).Set(state.calibrated ? 1 : 0);
   if (!state.calibrated) return;
   const core::CostCoefficients& c = state.fit.coefficients;

@@ -57,7 +57,8 @@ class PrometheusMetrics final : public ServiceObserver, public RendezvousObserve
                  const core::PlanMetrics& metrics) override;
   void OnRendezvousEvent(Event event) override;
   void OnRendezvousSize(int64_t groups, int64_t members) override;
-  void OnCalibration(absl::string_view profile, const core::CostCalibrator::State& state) override;
+  void OnCalibration(absl::string_view profile, int64_t accepted,
+                     const core::CostCalibrator::State& state) override;
 
   // Bucket upper bounds, exposed for tests.
   static const prometheus::Histogram::BucketBoundaries& LatencyBuckets();    // seconds
@@ -88,7 +89,7 @@ class PrometheusMetrics final : public ServiceObserver, public RendezvousObserve
   prometheus::Family<prometheus::Counter>* cost_reported_ = nullptr;
   prometheus::Family<prometheus::Gauge>* cost_fit_error_ = nullptr;
   prometheus::Family<prometheus::Gauge>* cost_calibrated_ = nullptr;
-  absl::Mutex cost_mu_;  // serialises OnCalibration (the counter is set from State::total)
+  absl::Mutex cost_mu_;  // serialises OnCalibration
 };
 
 }  // namespace flashcp::planner_service

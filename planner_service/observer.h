@@ -40,9 +40,12 @@ class ServiceObserver {
   virtual void OnPlanned(core::Strategy strategy, double planning_seconds,
                          const core::PlanMetrics& metrics) = 0;
 
-  // A cost profile's calibration after an accepted ReportStepTimes.
-  virtual void OnCalibration(absl::string_view profile, const core::CostCalibrator::State& state) {
+  // A refit of one tenant's window of `profile` (calibration.h) after
+  // reports of `accepted` samples in all; `state` is that window's.
+  virtual void OnCalibration(absl::string_view profile, int64_t accepted,
+                             const core::CostCalibrator::State& state) {
     (void)profile;
+    (void)accepted;
     (void)state;
   }
 };

@@ -1,6 +1,8 @@
 #include "planner_service/plan_batch.h"
 
+#include <algorithm>
 #include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/analysis.h"
@@ -55,6 +57,21 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
   return proto::ResponseToProto(input.batch_id, input.strategy, plan, metrics,
                                 layout ? &*layout : nullptr, seconds,
                                 input.strategy == core::Strategy::kIlp ? &info : nullptr, &cost);
+}
+
+absl::StatusOr<std::string> SerializeResponse(const v1::PlanResponse& response,
+                                              int64_t max_bytes) {
+  const int64_t limit = std::min(max_bytes, kMaxSerializedBytes);
+  const int64_t size = static_cast<int64_t>(response.ByteSizeLong());
+  if (size > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "response: ", size, " bytes, above the ", limit, " bytes it may take"));
+  }
+  std::string out;
+  if (!response.SerializeToString(&out)) {
+    return absl::InternalError(absl::StrCat("response: cannot serialize ", size, " bytes"));
+  }
+  return out;
 }
 
 }  // namespace flashcp::planner_service

@@ -5,6 +5,7 @@
 #define FLASHCP_PLANNER_SERVICE_PLAN_BATCH_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "flashcp/v1/planner.pb.h"
@@ -38,6 +39,13 @@ absl::StatusOr<int64_t> CheckPlanBounds(const proto::PlanInput& input, const Pla
 // between the steps). On success reports observer.OnPlanned.
 absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const core::Clock& clock,
                                            ServiceObserver& observer);
+
+// `response` serialized; ResourceExhausted (naming both sizes) when it is
+// larger than `max_bytes`, and never above protobuf's 2 GiB limit, where its
+// serializer fails (and would leave an empty PlanResponse behind).
+inline constexpr int64_t kMaxSerializedBytes = (int64_t{1} << 31) - 1;
+absl::StatusOr<std::string> SerializeResponse(const v1::PlanResponse& response,
+                                              int64_t max_bytes = kMaxSerializedBytes);
 
 }  // namespace flashcp::planner_service
 

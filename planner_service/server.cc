@@ -240,8 +240,10 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   deps.stream_bytes = s->stream_bytes_.get();
   deps.clock = clock;
   deps.observer = observer;
-  s->calibration_ = std::make_unique<Calibration>(observer);
+  s->calibration_ = std::make_unique<Calibration>(observer, options.calibration);
   deps.calibration = s->calibration_.get();
+  s->report_limiter_ = std::make_unique<KeyedRateLimiter>(options.report_rate, clock);
+  deps.report_limiter = s->report_limiter_.get();
   s->service_ = std::make_unique<PlannerService>(std::move(deps));
 
   // Both are process-wide switches that gRPC reads when a server is built.

@@ -17,11 +17,13 @@
 #include "core/types.h"
 #include "grpcpp/grpcpp.h"
 #include "planner_service/metrics_endpoint/metrics_endpoint.h"
+#include "planner_service/calibration.h"
 #include "planner_service/held_bytes.h"
 #include "planner_service/listener_watchdog.h"
 #include "planner_service/observer.h"
 #include "planner_service/plan_batch.h"
 #include "planner_service/planning_pool.h"
+#include "planner_service/rate_limiter.h"
 #include "planner_service/rendezvous_service.h"
 #include "planner_service/service.h"
 #include "prometheus/registry.h"
@@ -72,6 +74,8 @@ struct ServerOptions {
   absl::Duration listener_check_interval = absl::Seconds(1);
   int listener_stall_checks = 5;
   metrics_endpoint::EndpointOptions metrics_http;  // the /metrics server's bounds
+  CalibrationOptions calibration;        // ReportStepTimes' windows (calibration.h)
+  KeyedRateLimiter::Options report_rate;  // ReportStepTimes per client
   bool testing_hold_planning = false;    // test hook: plan nothing until SIGUSR1
   std::string version;                   // build version, for GetServerInfo and build_info
 };
@@ -136,6 +140,7 @@ class PlannerServer {
   std::unique_ptr<PlanningPool> ilp_pool_;  // when allow_ilp
   std::unique_ptr<HeldBytes> stream_bytes_;
   std::unique_ptr<Calibration> calibration_;  // cost profiles' online fits
+  std::unique_ptr<KeyedRateLimiter> report_limiter_;
   std::unique_ptr<PlannerService> service_;
   std::unique_ptr<RendezvousHost> rendezvous_;  // flashcp.v1.Rendezvous, for worker groups
   std::unique_ptr<grpc::Server> server_;

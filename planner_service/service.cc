@@ -6,12 +6,14 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -60,6 +62,41 @@ absl::Status ParseMessage(grpc::ByteBuffer* bytes, Message* message) {
       absl::StrCat("could not parse ", Message::descriptor()->full_name()));
 }
 
+// The host of a gRPC peer string ("ipv4:10.0.0.1:5000" -> "ipv4:10.0.0.1",
+// "ipv6:[::1]:5000" -> "ipv6:[::1]"); other forms as they are.
+std::string PeerHost(const std::string& peer) {
+  if (!absl::StartsWith(peer, "ipv4:") && !absl::StartsWith(peer, "ipv6:")) return peer;
+  const size_t colon = peer.rfind(':');
+  return colon <= 4 ? peer : peer.substr(0, colon);
+}
+
+// Whose calibration a call reads or feeds (calibration.h), and the key its
+// reports are rate-limited by: the peer's mTLS identity where it presented
+// one (its identities, each length-prefixed so that no two lists collide);
+// else the connection (tenant) and its host (rate limit).
+struct Caller {
+  CalibrationCaller calibration;
+  std::string rate_key;
+};
+Caller CallerOf(const grpc::CallbackServerContext& context) {
+  Caller c;
+  const std::string peer = context.peer();
+  c.calibration.reporter = peer;
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    std::string id = "id:";
+    for (const grpc::string_ref& name : auth->GetPeerIdentity()) {
+      absl::StrAppend(&id, name.size(), ":", absl::string_view(name.data(), name.size()), ";");
+    }
+    c.calibration.tenant = id;
+    c.rate_key = id;
+  } else {
+    c.calibration.tenant = absl::StrCat("conn:", peer);
+    c.rate_key = absl::StrCat("host:", PeerHost(peer));
+  }
+  return c;
+}
+
 // One PlanRequest message read off the wire and made ready to plan.
 struct Prepared {
   proto::PlanInput input;
@@ -69,7 +106,7 @@ struct Prepared {
 // Size check, parse, validation, the ILP switch and the plan's bounds, in
 // this order. `batch_id` is set once the message parsed.
 absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceDeps& deps,
-                                 uint64_t* batch_id) {
+                                 const std::string& tenant, uint64_t* batch_id) {
   const ServiceConfig& config = deps.config;
   const int64_t max_bytes = proto::MaxRequestBytes(config.limits);
   if (static_cast<int64_t>(bytes->Length()) > max_bytes) {
@@ -80,14 +117,21 @@ absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceDeps& dep
   v1::PlanRequest request;
   FLASHCP_RETURN_IF_ERROR(ParseMessage(bytes, &request));
   *batch_id = request.batch_id();
+  // A named profile is planned with the caller's calibrated fit where it has
+  // one, and validated against it (rank_speed), once.
+  proto::CostResolver resolve;
+  if (deps.calibration != nullptr) {
+    resolve = [&](absl::string_view profile) {
+      return deps.calibration->Resolve(tenant, profile);
+    };
+  }
   FLASHCP_ASSIGN_OR_RETURN(proto::PlanInput input,
-                           proto::RequestFromProto(request, config.limits));
+                           proto::RequestFromProto(request, config.limits, resolve));
   if (input.strategy == core::Strategy::kIlp && !config.allow_ilp) {
     return absl::UnimplementedError(
         "strategy: ilp is disabled on this server (start it with --allow_ilp)");
   }
   FLASHCP_ASSIGN_OR_RETURN(const int64_t bound, CheckPlanBounds(input, config.bounds));
-  if (deps.calibration != nullptr) deps.calibration->Apply(input);
   return Prepared{std::move(input), bound};
 }
 
@@ -129,7 +173,8 @@ class PlanReactor final : public grpc::ServerUnaryReactor {
     deps_.observer->OnInflightChange(+1);
     grpc::ByteBuffer bytes(*request);  // shares the slices
     uint64_t batch_id = 0;
-    absl::StatusOr<Prepared> prepared = Prepare(&bytes, deps_, &batch_id);
+    absl::StatusOr<Prepared> prepared =
+        Prepare(&bytes, deps_, CallerOf(*context).calibration.tenant, &batch_id);
     if (!prepared.ok()) {
       FinishWith(prepared.status());
       return;
@@ -222,7 +267,10 @@ class PlanReactor final : public grpc::ServerUnaryReactor {
 class PlanStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   PlanStreamReactor(const ServiceDeps& deps, grpc::CallbackServerContext* context)
-      : deps_(deps), context_(context), peer_(context->peer()) {
+      : deps_(deps),
+        context_(context),
+        peer_(context->peer()),
+        tenant_(CallerOf(*context).calibration.tenant) {
     Actions actions;
     {
       absl::MutexLock lock(&mu_);
@@ -245,7 +293,7 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     }
     const absl::Time received = deps_.clock->Now();
     uint64_t batch_id = 0;
-    absl::StatusOr<Prepared> prepared = Prepare(&read_buf_, deps_, &batch_id);
+    absl::StatusOr<Prepared> prepared = Prepare(&read_buf_, deps_, tenant_, &batch_id);
     Actions actions;
     {
       absl::MutexLock lock(&mu_);
@@ -553,6 +601,7 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
   const ServiceDeps& deps_;
   grpc::CallbackServerContext* const context_;
   const std::string peer_;      // the client, for the pool's fairness
+  const std::string tenant_;    // whose calibration its plans use (CallerOf)
   grpc::ByteBuffer read_buf_;   // owned by the outstanding read (reading_)
   grpc::ByteBuffer write_buf_;  // owned by the outstanding write (writing_)
   std::atomic<bool> stop_{false};  // cancelled_, for the planning threads
@@ -618,6 +667,71 @@ grpc::ServerUnaryReactor* AnswerSmallCall(const ServiceDeps& deps, absl::string_
   return reactor;
 }
 
+// One ReportStepTimes call: rate-limited per client (Caller::rate_key),
+// checked and parsed on the gRPC thread; the refit runs on the calibration's
+// own thread, which finishes the call.
+class ReportReactor final : public grpc::ServerUnaryReactor {
+ public:
+  ReportReactor(const ServiceDeps& deps, grpc::CallbackServerContext* context,
+                const grpc::ByteBuffer* request, grpc::ByteBuffer* response)
+      : deps_(deps), response_(response), received_(deps.clock->Now()) {
+    absl::StatusOr<proto::StepTimesReport> report = Check(*context, *request);
+    if (!report.ok()) {
+      FinishWith(report.status());
+      return;
+    }
+    const int64_t accepted = static_cast<int64_t>(report->samples.size());
+    deps_.calibration->Report(
+        CallerOf(*context).calibration, *std::move(report),
+        [this, accepted](absl::StatusOr<core::CostCalibrator::State> state) {
+          absl::Status status = state.status();
+          if (state.ok()) {
+            absl::StatusOr<grpc::ByteBuffer> bytes =
+                Serialize(proto::StepTimesResponseToProto(accepted, *state));
+            status = bytes.status();
+            if (bytes.ok()) *response_ = *std::move(bytes);
+          }
+          FinishWith(status);
+        });
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::StatusOr<proto::StepTimesReport> Check(const grpc::CallbackServerContext& context,
+                                               const grpc::ByteBuffer& request) {
+    if (deps_.calibration == nullptr) {
+      return absl::UnimplementedError("ReportStepTimes: this planner does not calibrate");
+    }
+    if (deps_.report_limiter != nullptr &&
+        !deps_.report_limiter->Allow(CallerOf(context).rate_key)) {
+      const KeyedRateLimiter::Options& o = deps_.report_limiter->options();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "ReportStepTimes: rate limit: at most ", o.per_second, " reports per second (bursts of ",
+          o.burst, ") per client (mTLS identity, else host); retry later"));
+    }
+    if (static_cast<int64_t>(request.Length()) > proto::kMaxReportBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "request: ", request.Length(), " bytes, above the largest valid "
+          "flashcp.v1.ReportStepTimesRequest (", proto::kMaxReportBytes, " bytes)"));
+    }
+    grpc::ByteBuffer bytes(request);
+    v1::ReportStepTimesRequest message;
+    FLASHCP_RETURN_IF_ERROR(ParseMessage(&bytes, &message));
+    return proto::StepTimesFromProto(message);
+  }
+
+  void FinishWith(const absl::Status& status) {
+    deps_.observer->OnRequestDone("ReportStepTimes", status.code(),
+                                  absl::ToDoubleSeconds(deps_.clock->Now() - received_));
+    Finish(proto::ToGrpcStatus(status));
+  }
+
+  const ServiceDeps& deps_;
+  grpc::ByteBuffer* const response_;
+  const absl::Time received_;
+};
+
 }  // namespace
 
 grpc::ServerUnaryReactor* PlannerService::ListStrategies(grpc::CallbackServerContext* context,
@@ -652,37 +766,7 @@ grpc::ServerUnaryReactor* PlannerService::GetServerInfo(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* PlannerService::ReportStepTimes(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
-  const absl::Time received = deps_.clock->Now();
-  absl::Status status;
-  if (deps_.calibration == nullptr) {
-    status = absl::UnimplementedError("ReportStepTimes: this planner does not calibrate");
-  } else if (static_cast<int64_t>(request->Length()) > proto::kMaxReportBytes) {
-    status = absl::ResourceExhaustedError(absl::StrCat(
-        "request: ", request->Length(), " bytes, above the largest valid "
-        "flashcp.v1.ReportStepTimesRequest (", proto::kMaxReportBytes, " bytes)"));
-  } else {
-    grpc::ByteBuffer bytes(*request);
-    v1::ReportStepTimesRequest message;
-    status = ParseMessage(&bytes, &message);
-    absl::StatusOr<proto::StepTimesReport> report =
-        status.ok() ? proto::StepTimesFromProto(message)
-                    : absl::StatusOr<proto::StepTimesReport>(status);
-    absl::StatusOr<core::CostCalibrator::State> state =
-        report.ok() ? deps_.calibration->Report(*report)
-                    : absl::StatusOr<core::CostCalibrator::State>(report.status());
-    status = state.status();
-    if (state.ok()) {
-      absl::StatusOr<grpc::ByteBuffer> serialized = Serialize(proto::StepTimesResponseToProto(
-          static_cast<int64_t>(report->samples.size()), *state));
-      status = serialized.status();
-      if (serialized.ok()) *response = *std::move(serialized);
-    }
-  }
-  deps_.observer->OnRequestDone("ReportStepTimes", status.code(),
-                                absl::ToDoubleSeconds(deps_.clock->Now() - received));
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(proto::ToGrpcStatus(status));
-  return reactor;
+  return new ReportReactor(deps_, context, request, response);
 }
 
 }  // namespace flashcp::planner_service

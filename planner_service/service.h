@@ -23,6 +23,7 @@
 #include "planner_service/observer.h"
 #include "planner_service/plan_batch.h"
 #include "planner_service/planning_pool.h"
+#include "planner_service/rate_limiter.h"
 
 namespace flashcp::planner_service {
 
@@ -60,6 +61,9 @@ struct ServiceDeps {
   // Cost profiles' online fits (ReportStepTimes); null: ReportStepTimes is
   // UNIMPLEMENTED and named profiles plan with their shipped coefficients.
   Calibration* calibration = nullptr;
+  // ReportStepTimes calls per client (service.cc's CallerOf: the mTLS
+  // identity, else the host); null: unlimited. Above it: RESOURCE_EXHAUSTED.
+  KeyedRateLimiter* report_limiter = nullptr;
 };
 
 class PlannerService final

@@ -872,7 +872,8 @@ TEST(CalibrationServiceTest, BadReportsChangeNothingGoodOnesCalibrateLaterPlans)
   EXPECT_EQ(proto::CostFromProto(before.metrics().cost()), shipped);
   EXPECT_EQ(before.metrics().rank_predicted_cost_size(), 4);
 
-  const core::CostCoefficients truth{2.0e-9, 3.1e-9, 4.0e-5, 2.5e-7};
+  // A host 2.2x slower than cpu-fp32's, its shape within core::CheckFitNearProfile.
+  const core::CostCoefficients truth{1.2e-7, 1.3e-7, 1.5e-4, 3e-6};
   const std::vector<core::CostSample> samples = SyntheticSteps(truth, 10);
   v1::ReportStepTimesResponse response;
   struct Bad {
@@ -990,6 +991,120 @@ TEST(CalibrationServiceTest, PlanRequestCostIsValidated) {
   r.clear_cost();
   EXPECT_EQ(UnaryPlan(*stub, r, &response),
             absl::InvalidArgumentError("cost_profile: at most 64 bytes, got 65"));
+}
+
+}  // namespace
+}  // namespace flashcp::planner_service
+
+namespace flashcp::planner_service {
+namespace {
+
+// Issue 31 items 2, 3 and 8: calibration per tenant, no accept-then-refuse,
+// the report rate limit.
+class CalibrationTenantTest : public ::testing::Test {
+ protected:
+  static v1::PlanRequest CpuRequest() {
+    v1::PlanRequest r = PlanRequestOf(1, {900, 1500, 200, 700, 300, 96, 400}, 4, "flashcp");
+    r.set_cost_profile("cpu-fp32");
+    return r;
+  }
+  static v1::PlanResponse PlanOn(v1::Planner::Stub& stub, const v1::PlanRequest& r) {
+    v1::PlanResponse response;
+    EXPECT_THAT(UnaryPlan(stub, r, &response), IsOk());
+    response.mutable_metrics()->clear_planning_seconds();  // real time: differs
+    return response;
+  }
+};
+
+TEST_F(CalibrationTenantTest, AReporterCannotMoveAnotherConnectionsPlans) {
+  core::RealClock clock;
+  RecordingObserver observer;
+  std::unique_ptr<PlannerServer> server = StartServer(LoopbackOptions(), &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  auto victim = v1::Planner::NewStub(NewChannel(*server, 1));
+  auto attacker = v1::Planner::NewStub(NewChannel(*server, 2));
+  const v1::PlanResponse before = PlanOn(*victim, CpuRequest());
+  EXPECT_FALSE(before.metrics().cost_calibrated());
+  // A fit the rule accepts, reported by another connection.
+  const core::CostCoefficients other{1.2e-7, 1.3e-7, 1.5e-4, 3e-6};
+  v1::ReportStepTimesResponse response;
+  ASSERT_THAT(Report(*attacker, proto::StepTimesToProto("cpu-fp32", 4, SyntheticSteps(other, 64)),
+                     &response),
+              IsOk());
+  ASSERT_TRUE(response.calibrated()) << response.fit_status();
+  // The reporter's own plans use it; the victim's are byte for byte as before.
+  EXPECT_TRUE(PlanOn(*attacker, CpuRequest()).metrics().cost_calibrated());
+  EXPECT_EQ(PlanOn(*victim, CpuRequest()).SerializeAsString(), before.SerializeAsString());
+}
+
+TEST_F(CalibrationTenantTest, APairsFitIsRefusedAndRankSpeedRequestsStillPlan) {
+  core::RealClock clock;
+  RecordingObserver observer;
+  std::unique_ptr<PlannerServer> server = StartServer(LoopbackOptions(), &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(NewChannel(*server, 1));
+  v1::PlanRequest speeds = CpuRequest();
+  for (double v : {1.0, 1.1, 0.9, 1.0}) speeds.add_rank_speed(v);
+  ASSERT_FALSE(PlanOn(*stub, speeds).has_error());
+  // The probe's 33 reports: times equal to the pairs count.
+  v1::ReportStepTimesResponse response;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_THAT(Report(*stub,
+                       proto::StepTimesToProto("cpu-fp32", 4, SyntheticSteps({1, 1, 0, 0}, 16)),
+                       &response),
+                IsOk());
+  }
+  EXPECT_FALSE(response.calibrated());
+  EXPECT_THAT(response.fit_status(), ::testing::StartsWith("refused: "));
+  // Validated once, against the coefficients used: still plans.
+  const v1::PlanResponse after = PlanOn(*stub, speeds);
+  EXPECT_FALSE(after.has_error()) << after.error().message();
+  EXPECT_FALSE(after.metrics().cost_calibrated());
+  EXPECT_EQ(after.metrics().rank_speed_size(), 4);
+}
+
+TEST_F(CalibrationTenantTest, ReportsAreRateLimitedPerClient) {
+  core::ManualClock clock;
+  RecordingObserver observer;
+  ServerOptions o = LoopbackOptions();
+  o.report_rate = {.per_second = 1, .burst = 2, .max_keys = 16};
+  std::unique_ptr<PlannerServer> server = StartServer(o, &observer, &clock);
+  ASSERT_NE(server, nullptr);
+  // Two connections from one host share the host's bucket.
+  auto a = v1::Planner::NewStub(NewChannel(*server, 1));
+  auto b = v1::Planner::NewStub(NewChannel(*server, 2));
+  const v1::ReportStepTimesRequest r =
+      proto::StepTimesToProto("cpu-fp32", 4, SyntheticSteps({1.2e-7, 1.3e-7, 1.5e-4, 3e-6}, 9));
+  v1::ReportStepTimesResponse response;
+  EXPECT_THAT(Report(*a, r, &response), IsOk());
+  EXPECT_THAT(Report(*b, r, &response), IsOk());
+  EXPECT_EQ(Report(*a, r, &response),
+            absl::ResourceExhaustedError(
+                "ReportStepTimes: rate limit: at most 1 reports per second (bursts of 2) per "
+                "client (mTLS identity, else host); retry later"));
+  clock.Advance(absl::Seconds(1));
+  EXPECT_THAT(Report(*b, r, &response), IsOk());
+  EXPECT_EQ(observer.Count("ReportStepTimes", absl::StatusCode::kResourceExhausted), 1);
+}
+
+}  // namespace
+}  // namespace flashcp::planner_service
+
+namespace flashcp::planner_service {
+namespace {
+
+// Issue 31 item 6: a response that cannot serialize is an error, never an
+// empty PlanResponse (the in-process flashcp.plan serializes through this).
+TEST(SerializeResponseTest, AResponseAboveItsBoundIsAnErrorNotEmpty) {
+  v1::PlanResponse r;
+  r.set_batch_id(7);
+  for (int i = 0; i < 100; ++i) r.add_doc_lens(1000 + i);
+  absl::StatusOr<std::string> all = SerializeResponse(r);
+  ASSERT_THAT(all.status(), IsOk());
+  EXPECT_EQ(static_cast<int64_t>(all->size()), static_cast<int64_t>(r.ByteSizeLong()));
+  EXPECT_EQ(SerializeResponse(r, 100).status(),
+            absl::ResourceExhaustedError(absl::StrCat(
+                "response: ", r.ByteSizeLong(), " bytes, above the 100 bytes it may take")));
 }
 
 }  // namespace

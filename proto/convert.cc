@@ -80,7 +80,8 @@ void LayoutToProto(const core::CommLayout& layout,
 }  // namespace
 
 absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
-                                           const core::BatchLimits& limits) {
+                                           const core::BatchLimits& limits,
+                                           const CostResolver& resolve) {
   PlanInput in;
   in.batch_id = request.batch_id();
   in.batch.doc_lens.assign(request.doc_lens().begin(), request.doc_lens().end());
@@ -136,9 +137,17 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
     }
     in.cost_profile.clear();
   } else if (!request.cost_profile().empty()) {
-    absl::StatusOr<core::CostCoefficients> c = core::CostProfile(request.cost_profile());
+    const absl::StatusOr<core::CostCoefficients> shipped = core::CostProfile(request.cost_profile());
+    if (!shipped.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("cost_profile: ", shipped.status().message()));
+    }
+    const absl::StatusOr<std::pair<core::CostCoefficients, bool>> c =
+        resolve != nullptr && request.cost_profile() != core::kPairsProfile
+            ? resolve(request.cost_profile())
+            : std::pair<core::CostCoefficients, bool>{*shipped, false};
     if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("cost_profile: ", c.status().message()));
-    in.options.cost = *c;
+    in.options.cost = c->first;
+    in.cost_calibrated = c->second;
     in.cost_profile = request.cost_profile();
   }
   in.options.rank_speed.assign(request.rank_speed().begin(), request.rank_speed().end());

@@ -5,7 +5,9 @@
 #define FLASHCP_PROTO_CONVERT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -61,8 +63,15 @@ struct PlanInput {
 // both it and cost, cost's coefficients core::ValidateCostCoefficients,
 // "cost.<field>: ..."), rank_speed (core::ValidateRankSpeeds); every error is InvalidArgument unless noted and its
 // message starts with the field's name.
+// `resolve`, when given, supplies a named profile's coefficients (and whether
+// they are a calibrated fit, cost_calibrated) in place of the shipped ones,
+// before rank_speed is validated against them: a request is validated once,
+// against the coefficients it will be planned with.
+using CostResolver = std::function<absl::StatusOr<std::pair<core::CostCoefficients, bool>>(
+    absl::string_view profile)>;
 absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
-                                           const core::BatchLimits& limits);
+                                           const core::BatchLimits& limits,
+                                           const CostResolver& resolve = nullptr);
 
 // The largest PlanRequest that can pass RequestFromProto under `limits`, in
 // bytes: max_docs documents of max_tokens each, every field at its widest

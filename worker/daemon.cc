@@ -169,7 +169,10 @@ absl::Status WorkerDaemon::Run() {
                       << options_.group << " formed";
     SetState(v1::WorkerStatus::IDLE);
     observer_.OnGroupEvent(WorkerObserver::GroupEvent::kFormed, absl::OkStatus());
-    s = Loop(**comm);
+    // Before any step sizes a message from this rank's flags.
+    s = AgreeOnShape(**comm, GroupShape{options_.context, options_.heads, options_.head_dim,
+                                        backend_->dtype_bytes()});
+    if (s.ok()) s = Loop(**comm);
     // Report before *comm (destroyed below) closes its pairs: a peer failing
     // on that closure then finds this rank's failure published. A peer this
     // rank timed out on gets one more timeout to publish its own.
@@ -218,6 +221,7 @@ absl::Status WorkerDaemon::DriverRound(int32_t cp_size, StepHeader& header,
       pending_run_.reset();
       stop_run_wanted_ = false;
       summary_ = {};
+      status_.clear_error();  // a failed run's
       status_.set_state(v1::WorkerStatus::RUNNING);
       status_.set_steps_done(0);
       status_.set_steps_total(config.steps);
@@ -258,8 +262,26 @@ absl::Status WorkerDaemon::DriverRound(int32_t cp_size, StepHeader& header,
     }
   }
   if (run_.has_value()) {
-    FLASHCP_ASSIGN_OR_RETURN(std::optional<v1::PlanResponse> plan,
-                             run_->feed->Next(HeartbeatInterval()));
+    absl::StatusOr<std::optional<v1::PlanResponse>> next = run_->feed->Next(HeartbeatInterval());
+    if (!next.ok()) {
+      // A plan the planner refused (a per-item error) or could not give
+      // (the feed's timeout): that run fails; the group stays, for the next
+      // StartRun, or ends as after any run where it was started for one.
+      const absl::Status failure(
+          next.status().code(),
+          absl::StrCat("run failed after ", run_->done, " of ", run_->config.steps,
+                       " steps: ", next.status().message()));
+      FLASHCP_LOG(ERROR) << "group " << options_.group << ": " << failure;
+      FinishRun(cp_size);
+      {
+        absl::MutexLock lock(&mu_);
+        status_.set_state(v1::WorkerStatus::IDLE);
+        status_.set_error(failure.ToString());
+      }
+      header.kind = !options_.linger && options_.steps != 0 ? RoundKind::kExit : RoundKind::kIdle;
+      return absl::OkStatus();
+    }
+    std::optional<v1::PlanResponse>& plan = *next;
     if (!plan.has_value()) {
       header.kind = RoundKind::kWaiting;
       return absl::OkStatus();

@@ -339,6 +339,28 @@ TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
   EXPECT_EQ(clock.Now(), absl::UnixEpoch() + absl::Seconds(2) + 3 * absl::Milliseconds(750));
 }
 
+// Issue 31 item 3: a per-item plan error (the planner refused one batch)
+// fails the run, not the group: Run() ends OK, the status says why.
+TEST_F(RendezvousFixture, APerItemPlanErrorFailsTheRunNotTheGroup) {
+  core::ManualClock clock;
+  NullWorkerObserver observer;
+  const DaemonOptions o = OneRankOptions("item-error", 3);
+  auto planner = std::make_shared<testing::ScriptedPlanner>(&clock, absl::ZeroDuration());
+  planner->FailAnswer(1, absl::InvalidArgumentError("rank_speed: needs a cost model other than "
+                                                    "pairs (cost_profile or cost)"));
+  auto engine = std::make_unique<ClockedEngine>(&clock, absl::Milliseconds(10),
+                                                absl::Milliseconds(20), 2);
+  ClockedEngine* const engine_ptr = engine.get();
+  WorkerDaemon daemon(o, stub_, planner, std::move(engine), &observer, &clock);
+  ASSERT_THAT(daemon.Run(), IsOk());
+  EXPECT_EQ(engine_ptr->runs_, 1);
+  const v1::WorkerStatus s = daemon.Status();
+  EXPECT_EQ(s.state(), v1::WorkerStatus::IDLE);
+  EXPECT_EQ(s.error(),
+            "INVALID_ARGUMENT: run failed after 1 of 3 steps: rank_speed: needs a cost model "
+            "other than pairs (cost_profile or cost)");
+}
+
 // The daemon's observer seam: a recording double.
 class RecordingObserver final : public WorkerObserver {
  public:

@@ -148,6 +148,28 @@ absl::StatusOr<std::vector<RankReport>> GatherReports(Communicator& comm,
   return out;
 }
 
+absl::Status AgreeOnShape(Communicator& comm, const GroupShape& mine) {
+  const std::array<int64_t, 4> w = {mine.context, mine.heads, mine.head_dim, mine.dtype_bytes};
+  std::vector<std::array<int64_t, 4>> all(comm.size());
+  const std::vector<int64_t> counts(comm.size(), sizeof(w));
+  FLASHCP_RETURN_IF_ERROR(comm.AllGatherV(
+      absl::MakeConstSpan(reinterpret_cast<const std::byte*>(w.data()), sizeof(w)),
+      absl::MakeSpan(reinterpret_cast<std::byte*>(all.data()), all.size() * sizeof(w)),
+      counts));
+  static constexpr std::array<const char*, 4> kNames = {"--context", "--heads", "--head_dim",
+                                                        "dtype bytes (--device)"};
+  for (size_t r = 1; r < all.size(); ++r) {
+    for (size_t f = 0; f < kNames.size(); ++f) {
+      if (all[r][f] != all[0][f]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "group shape: rank ", r, " has ", kNames[f], " ", all[r][f], ", rank 0 has ",
+            all[0][f], "; every rank of a group must run the same context and model shape"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 GroupTimes SummarizeReports(absl::Span<const RankReport> reports) {
   GroupTimes t;
   if (reports.empty()) return t;

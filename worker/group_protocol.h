@@ -78,6 +78,21 @@ absl::Status Broadcast(Communicator& comm, absl::Span<std::byte> data);
 // kMaxPlanPayloadBytes.
 absl::Status BroadcastRound(Communicator& comm, StepHeader& header, std::string& payload);
 
+// What every rank of a group must run alike: a step's buffers and messages
+// are sized from these on each rank, so ranks that differ would exchange
+// messages of different sizes (Gloo then aborts the process from its own
+// thread) or allocate from another rank's sizes.
+struct GroupShape {
+  int64_t context = 0;      // tokens per batch (--context)
+  int64_t heads = 0;        // --heads
+  int64_t head_dim = 0;     // --head_dim
+  int64_t dtype_bytes = 0;  // the backend's element size
+};
+// Every rank's shape (a fixed-size all-gather, so it cannot mismatch
+// itself), compared with rank 0's: FailedPrecondition on every rank naming
+// the first field and rank that differ, before any step.
+absl::Status AgreeOnShape(Communicator& comm, const GroupShape& mine);
+
 // What the group's reports of one step say.
 struct GroupTimes {
   double measured_imbalance = 1.0;  // max / mean attention seconds; 1 where the mean is 0

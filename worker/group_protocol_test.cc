@@ -180,5 +180,19 @@ TEST(GroupProtocolTest, ACorruptDriverHeaderFailsEveryRank) {
   });
 }
 
+// Issue 31 item 8: ranks with different shapes fail with a Status naming
+// the field, before any step (not SIGABRT from Gloo's thread).
+TEST(GroupProtocolTest, RanksWithDifferentShapesFailBeforeAnyStep) {
+  testing::RunRanks(3, absl::Seconds(30), [](int32_t rank, Communicator& comm) {
+    GroupShape shape{4096, 2, 32, 4};
+    EXPECT_THAT(AgreeOnShape(comm, shape), IsOk());
+    if (rank == 2) shape.heads = 4;
+    EXPECT_EQ(AgreeOnShape(comm, shape),
+              absl::FailedPreconditionError(
+                  "group shape: rank 2 has --heads 4, rank 0 has 2; every rank of a group must "
+                  "run the same context and model shape"));
+  });
+}
+
 }  // namespace
 }  // namespace flashcp::worker

@@ -1,13 +1,38 @@
 #include "worker/thread_pool.h"
 
 #include <algorithm>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
 
 namespace flashcp::worker {
 
-ThreadPool::ThreadPool(int threads) {
+ThreadPool::ThreadPool(int threads, const Spawn& spawn) {
   const int background = std::max(threads, 1) - 1;
-  workers_.reserve(background);
-  for (int i = 0; i < background; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  try {
+    workers_.reserve(background);
+    for (int i = 0; i < background; ++i) workers_.push_back(spawn([this] { WorkerLoop(); }));
+  } catch (const std::exception& e) {
+    // A joinable std::thread destroyed by the unwinding would terminate the
+    // process: stop and join the ones started, and run on the caller alone.
+    status_ = absl::ResourceExhaustedError(absl::StrCat(
+        "threads: cannot create thread ", workers_.size() + 2, " of ", background + 1, ": ",
+        e.what()));
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread& t : workers_) t.join();
+    workers_.clear();
+    absl::MutexLock lock(&mu_);
+    stop_ = false;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(int threads, const Spawn& spawn) {
+  auto pool = std::make_unique<ThreadPool>(threads, spawn);
+  if (!pool->status().ok()) return pool->status();
+  return pool;
 }
 
 ThreadPool::~ThreadPool() {

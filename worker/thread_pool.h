@@ -6,18 +6,33 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
 namespace flashcp::worker {
 
 class ThreadPool {
  public:
+  // Starts one background thread running `loop`; throws std::system_error
+  // when it cannot (std::thread's contract). Injected by tests.
+  using Spawn = std::function<std::thread(std::function<void()> loop)>;
+  static std::thread DefaultSpawn(std::function<void()> loop) { return std::thread(std::move(loop)); }
+
   // `threads` >= 1 workers in total: the calling thread plus threads - 1
-  // background threads (values below 1 are treated as 1).
-  explicit ThreadPool(int threads);
+  // background threads (values below 1 are treated as 1). Where a thread
+  // cannot be created the pool keeps none (status() says why) and runs
+  // everything on the calling thread; Create refuses it instead.
+  explicit ThreadPool(int threads, const Spawn& spawn = DefaultSpawn);
+  // ResourceExhausted naming the thread that could not be created.
+  static absl::StatusOr<std::unique_ptr<ThreadPool>> Create(int threads,
+                                                           const Spawn& spawn = DefaultSpawn);
+  const absl::Status& status() const { return status_; }
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -44,6 +59,7 @@ class ThreadPool {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
+  absl::Status status_;  // why a background thread is missing; OK when none is
 };
 
 }  // namespace flashcp::worker

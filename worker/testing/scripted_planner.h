@@ -69,7 +69,9 @@ class ScriptedPlanner final : public client::PlannerClient {
       if (planner_->clock_ != nullptr) {
         if (!planner_->answered_) planner_->clock_->Advance(planner_->first_answer_delay_);
         planner_->answered_ = true;
-        *response = RealPlan(r);
+        *response = planner_->answers_++ == planner_->fail_answer_
+                        ? proto::ErrorResponseToProto(r.batch_id(), planner_->fail_status_)
+                        : RealPlan(r);
         return true;
       }
       response->set_batch_id(r.batch_id());
@@ -128,6 +130,13 @@ class ScriptedPlanner final : public client::PlannerClient {
   absl::StatusOr<v1::ServerInfo> GetServerInfo(const client::CallOptions&) override {
     return absl::UnimplementedError("GetServerInfo");
   }
+  // Real-plan mode: answer number `index` (0-based, over all streams) is a
+  // per-item error with `status` (the service's `error` field). Call before
+  // the first stream opens.
+  void FailAnswer(int index, absl::Status status) {
+    fail_answer_ = index;
+    fail_status_ = std::move(status);
+  }
   int opened() {
     absl::MutexLock lock(&mu_);
     return opened_;
@@ -157,6 +166,9 @@ class ScriptedPlanner final : public client::PlannerClient {
   core::ManualClock* const clock_ = nullptr;
   const absl::Duration first_answer_delay_;
   bool answered_ = false;  // only the streams' Read, on the feed's one thread
+  int answers_ = 0;        // likewise
+  int fail_answer_ = -1;   // FailAnswer
+  absl::Status fail_status_;
 };
 
 }  // namespace flashcp::worker::testing

@@ -2,6 +2,7 @@
 integration reads, whatever the plan came from."""
 import dataclasses
 import json
+import math
 import warnings
 from typing import Any, Iterable, List, Optional, Tuple
 
@@ -9,6 +10,7 @@ from flashcp._native import native
 from google.protobuf import json_format
 
 from flashcp_client import Client, planner_pb2
+from flashcp_client.client import _int_arg
 
 
 class PlanError(ValueError):
@@ -20,34 +22,64 @@ class PlanError(ValueError):
         self.code = code
 
 
+_BOUNDS = ("max_docs", "max_tokens", "max_cp_size", "max_shard_ranks", "max_response_bytes")
+
+
 def plan(doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
          target_imbalance: float = 0.0, min_shard_tokens: Optional[int] = None,
          heads: int = 0, head_dim: int = 0, dtype_bytes: int = 0,
          include_layout: bool = False, batch_id: int = 0, ranks_per_node: int = 0,
          cost_profile: str = "", cost: Any = None,
-         rank_speed: Iterable[float] = ()) -> planner_pb2.PlanResponse:
+         rank_speed: Iterable[float] = (), timeout: Optional[float] = None,
+         max_docs: Optional[int] = None, max_tokens: Optional[int] = None,
+         max_cp_size: Optional[int] = None, max_shard_ranks: Optional[int] = None,
+         max_response_bytes: Optional[int] = None) -> planner_pb2.PlanResponse:
     """Plans one batch in this process with the service's own code (request
-    validation, core::MakePlan, AnalyzePlan, the response conversion): the
-    PlanResponse equals the service's for the same request, byte for byte,
-    except metrics.planning_seconds (this process's time). Zero values mean
-    the defaults (planner.proto); min_shard_tokens None is the default 128,
-    -1 turns the rule off; ranks_per_node, cost_profile (the named profiles:
-    calibration lives in a planner), cost and rank_speed as Client.request.
-    Raises PlanError naming the field."""
+    validation, the plan's bounds, core::MakePlan, AnalyzePlan, the response
+    conversion): the PlanResponse equals the service's for the same request,
+    byte for byte, except metrics.planning_seconds (this process's time).
+    Zero values mean the defaults (planner.proto); min_shard_tokens None is
+    the default 128, -1 turns the rule off; ranks_per_node, cost_profile (the
+    named profiles: calibration lives in a planner), cost and rank_speed as
+    Client.request.
+
+    Bounds: a default planner's (flashcp-planner's --max_docs, --max_tokens,
+    --max_cp_size, --max_shard_ranks, --max_response_bytes defaults); each
+    max_* argument given overrides its bound (PlanError RESOURCE_EXHAUSTED
+    above one). timeout: seconds (> 0) planning may take, else TimeoutError;
+    None: no limit. Ctrl-C (SIGINT) stops planning within about 20 ms of a
+    check and raises KeyboardInterrupt.
+
+    Raises TypeError for an argument of the wrong type (a bool or float
+    count, a dict of lengths), PlanError naming the field otherwise."""
+    bounds = native().service_bounds()
+    given = {"max_docs": max_docs, "max_tokens": max_tokens, "max_cp_size": max_cp_size,
+             "max_shard_ranks": max_shard_ranks, "max_response_bytes": max_response_bytes}
+    for name in _BOUNDS:
+        if given[name] is not None:
+            bounds[name] = _int_arg(name, given[name])
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout: must be a number of seconds, got {timeout!r}")
+        if not timeout > 0 or not math.isfinite(timeout):
+            raise ValueError(f"timeout: must be finite and > 0 seconds, got {timeout!r}")
     req = Client.request(doc_lens, cp_size, strategy, target_imbalance=target_imbalance,
                          heads=heads, head_dim=head_dim, dtype_bytes=dtype_bytes,
                          include_layout=include_layout, batch_id=batch_id,
                          ranks_per_node=ranks_per_node, cost_profile=cost_profile, cost=cost,
                          rank_speed=rank_speed)
     if min_shard_tokens is not None:
-        req.min_shard_tokens = int(min_shard_tokens)
+        req.min_shard_tokens = _int_arg("min_shard_tokens", min_shard_tokens)
     try:
-        out = native().plan(req.SerializeToString())
+        out = native().plan(req.SerializeToString(), timeout=float(timeout or 0.0), **bounds)
     except ValueError as e:
         raise PlanError("INVALID_ARGUMENT", str(e)) from None
     except RuntimeError as e:
         code, _, message = str(e).partition(": ")
-        raise PlanError(code.upper().replace(" ", "_"), message) from None
+        code = code.upper().replace(" ", "_")
+        if code == "DEADLINE_EXCEEDED":
+            raise TimeoutError(message) from None
+        raise PlanError(code, message) from None
     return planner_pb2.PlanResponse.FromString(out)
 
 

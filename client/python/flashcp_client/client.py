@@ -7,6 +7,7 @@ first call in the child notices the new pid and makes a fresh channel; the
 inherited one is dropped unused, never closed from the child.
 """
 import collections
+import collections.abc
 import dataclasses
 import operator
 import os
@@ -145,10 +146,26 @@ def _retryable(err: BaseException) -> bool:
     return isinstance(err, grpc.RpcError) and _code(err) == grpc.StatusCode.UNAVAILABLE
 
 
+def _int_arg(name: str, v: Any) -> int:
+    """v as an int; TypeError naming `name` for a bool (True is not 1 ranks)
+    or anything that is not an integer (1.5 would otherwise become 1)."""
+    if isinstance(v, bool):
+        raise TypeError(f"{name}: must be an integer, got {v!r} (bool)")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name}: must be an integer, got {v!r} ({type(v).__name__})") from None
+
+
 def _doc_lens(doc_lens: Iterable[int]) -> List[int]:
     """Each length as an int; TypeError naming the position for anything that
     is not an integer (100.7 would otherwise be truncated to 100, and 100.0 is
-    refused too: a float length is a caller's bug, not a length)."""
+    refused too: a float length is a caller's bug, not a length). A mapping,
+    set or string is refused whole: its iteration order or items are not a
+    packing order of lengths (a dict would give its keys)."""
+    if isinstance(doc_lens, (collections.abc.Mapping, collections.abc.Set, str, bytes)):
+        raise TypeError(f"doc_lens: expected a sequence of document lengths, got "
+                        f"{type(doc_lens).__name__}")
     out = []
     for i, n in enumerate(doc_lens):
         if isinstance(n, bool):
@@ -406,10 +423,13 @@ class Client:
         if isinstance(cost, dict):
             cost = planner_pb2.CostCoefficients(**cost)  # ValueError naming an unknown field
         return planner_pb2.PlanRequest(
-            batch_id=batch_id, doc_lens=_doc_lens(doc_lens), cp_size=cp_size,
-            strategy=strategy, target_imbalance=target_imbalance, heads=heads,
-            head_dim=head_dim, dtype_bytes=dtype_bytes, include_layout=include_layout,
-            min_shard_tokens=min_shard_tokens, ranks_per_node=ranks_per_node,
+            batch_id=_int_arg("batch_id", batch_id), doc_lens=_doc_lens(doc_lens),
+            cp_size=_int_arg("cp_size", cp_size),
+            strategy=strategy, target_imbalance=target_imbalance,
+            heads=_int_arg("heads", heads), head_dim=_int_arg("head_dim", head_dim),
+            dtype_bytes=_int_arg("dtype_bytes", dtype_bytes), include_layout=include_layout,
+            min_shard_tokens=_int_arg("min_shard_tokens", min_shard_tokens),
+            ranks_per_node=_int_arg("ranks_per_node", ranks_per_node),
             cost_profile=cost_profile, cost=cost, rank_speed=rank_speed)
 
     def plan(self, doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,

@@ -11,7 +11,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
 #include <cstdint>
+#include <thread>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -22,11 +28,13 @@
 #include "absl/strings/str_cat.h"
 #include "client/python/native/cuda_backend.h"
 #include "core/analysis.h"
+#include "core/ilp_deadline.h"
 #include "core/types.h"
 #include "flashcp/v1/planner.pb.h"
 #include "core/clock.h"
 #include "planner_service/observer.h"
 #include "planner_service/plan_batch.h"
+#include "planner_service/service.h"
 #include "proto/convert.h"
 #include "worker/attention_cpu.h"
 #include "worker/cp_layout.h"
@@ -55,29 +63,108 @@ T ValueOrRaise(absl::StatusOr<T> v) {
   return *std::move(v);
 }
 
-// A serialized flashcp.v1.PlanRequest in, a serialized PlanResponse out: the
-// service's own validation (proto::RequestFromProto, the service's default
-// limits) and planning step (PlanBatch), in process.
-py::bytes Plan(const std::string& request_bytes) {
+// InvalidArgument unless [address, address + bytes) is float-aligned and
+// mapped in this process (mincore: ENOMEM for an unmapped page), so that a
+// bad (address, count) pair raises instead of crashing the interpreter. A
+// mapped but read-only range is not detected.
+void CheckMapped(const char* name, uintptr_t address, int64_t bytes) {
+  if (bytes <= 0) return;
+  if (address % alignof(float) != 0) {
+    Raise(absl::InvalidArgumentError(
+        absl::StrCat(name, ": address 0x", absl::Hex(address), " is not float-aligned")));
+  }
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = address & ~(page - 1);
+  if (address + static_cast<uintptr_t>(bytes) < address) {
+    Raise(absl::InvalidArgumentError(absl::StrCat(name, ": address range wraps around")));
+  }
+  const uintptr_t end = address + static_cast<uintptr_t>(bytes);
+  std::vector<unsigned char> pages((end - first + page - 1) / page);
+  if (mincore(reinterpret_cast<void*>(first), end - first, pages.data()) != 0) {
+    Raise(absl::InvalidArgumentError(absl::StrCat(
+        name, ": ", bytes, " bytes at address 0x", absl::Hex(address),
+        " are not mapped in this process (not a live tensor's data_ptr())")));
+  }
+}
+
+// A serialized flashcp.v1.PlanRequest in, a serialized PlanResponse out, in
+// process, through the service's own steps: validation
+// (proto::RequestFromProto under `limits`), the plan's bounds
+// (CheckPlanBounds under `bounds`), planning (PlanBatch) and a checked
+// serialization (SerializeResponse). flashcp.plan passes the service's
+// defaults (ServiceBounds below) unless its caller overrides them; named cost
+// profiles plan with their shipped coefficients (calibration lives in a
+// planner). Planning runs with the GIL released and stops at its next check
+// (core::StopToken) once a signal handler has raised (Ctrl-C: the
+// KeyboardInterrupt propagates) or `timeout_seconds` (> 0) has passed
+// (DEADLINE_EXCEEDED).
+py::bytes Plan(const std::string& request_bytes, int64_t max_docs, int64_t max_tokens,
+               int32_t max_cp_size, int64_t max_shard_ranks, int64_t max_response_bytes,
+               double timeout_seconds) {
   v1::PlanRequest request;
   if (!request.ParseFromString(request_bytes)) {
     Raise(absl::InvalidArgumentError("request: not a serialized flashcp.v1.PlanRequest"));
   }
-  proto::PlanInput input = ValueOrRaise(proto::RequestFromProto(request, core::BatchLimits{}));
+  if (!(timeout_seconds >= 0) || !std::isfinite(timeout_seconds)) {
+    Raise(absl::InvalidArgumentError(
+        absl::StrCat("timeout: must be a finite number of seconds >= 0, got ", timeout_seconds)));
+  }
+  const core::BatchLimits limits{max_docs, max_tokens, max_cp_size};
+  proto::PlanInput input = ValueOrRaise(proto::RequestFromProto(request, limits));
+  ValueOrRaise(planner_service::CheckPlanBounds(
+      input, planner_service::PlanBounds{max_shard_ranks, max_response_bytes}));
   planner_service::NullObserver observer;
   const core::RealClock clock;  // metrics.planning_seconds, as the service reports it
-  std::string out;
+  const absl::Time start = clock.Now();
+  const absl::Duration timeout = absl::Seconds(timeout_seconds);
+  if (timeout_seconds > 0 && input.strategy == core::Strategy::kIlp) {
+    core::SetIlpDeadline(timeout, start, &clock, input.options.ilp);
+  }
+  // The stop check runs on the planning threads; signals are checked (the
+  // GIL taken) at most every 20 ms, on the calling thread only.
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<bool> interrupted{false};
+  absl::Time last_signal_check = start;
+  input.options.stop = core::StopToken([&]() -> absl::Status {
+    if (interrupted.load()) return absl::CancelledError("flashcp.plan: interrupted");
+    const absl::Time now = clock.Now();
+    if (timeout_seconds > 0 && now - start >= timeout) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "flashcp.plan: no plan within the timeout of ", timeout_seconds, " s"));
+    }
+    if (std::this_thread::get_id() == caller && now - last_signal_check >= absl::Milliseconds(20)) {
+      last_signal_check = now;
+      py::gil_scoped_acquire acquire;
+      if (PyErr_CheckSignals() != 0) {  // the handler's exception stays set
+        interrupted.store(true);
+        return absl::CancelledError("flashcp.plan: interrupted");
+      }
+    }
+    return absl::OkStatus();
+  });
+  absl::StatusOr<std::string> out;
   {
     py::gil_scoped_release release;  // planning may take a while (ilp: seconds)
     absl::StatusOr<v1::PlanResponse> response =
         planner_service::PlanBatch(input, clock, observer);
-    if (!response.ok()) {
-      py::gil_scoped_acquire acquire;
-      Raise(response.status());
-    }
-    out = response->SerializeAsString();
+    out = response.ok() ? planner_service::SerializeResponse(*response) : response.status();
   }
-  return py::bytes(out);
+  if (interrupted.load()) throw py::error_already_set();  // KeyboardInterrupt, usually
+  return py::bytes(ValueOrRaise(std::move(out)));
+}
+
+// The service's default bounds (kDefaultBatchLimits, PlanBounds{}), by the
+// names Plan takes them.
+py::dict ServiceBounds() {
+  const core::BatchLimits limits = planner_service::kDefaultBatchLimits;
+  const planner_service::PlanBounds bounds;
+  py::dict d;
+  d["max_docs"] = limits.max_docs;
+  d["max_tokens"] = limits.max_tokens;
+  d["max_cp_size"] = limits.max_cp_size;
+  d["max_shard_ranks"] = bounds.max_shard_ranks;
+  d["max_response_bytes"] = bounds.max_response_bytes;
+  return d;
 }
 
 py::bytes Int64Bytes(const std::vector<int64_t>& v) {
@@ -197,7 +284,7 @@ using Buf = std::pair<uintptr_t, int64_t>;
 class CpuAttention {
  public:
   CpuAttention(const RankLayout& layout, int32_t heads, int32_t head_dim, float scale, int threads)
-      : pool_(std::make_unique<worker::ThreadPool>(threads)) {
+      : pool_(ValueOrRaise(worker::ThreadPool::Create(threads))) {
     shape_ = worker::AttentionShape{heads, head_dim, scale};
     if (heads < 1 || head_dim < 1 || !(scale > 0.0f)) {
       Raise(absl::InvalidArgumentError(absl::StrCat("shape: heads ", heads, ", head_dim ", head_dim,
@@ -277,6 +364,7 @@ class CpuAttention {
       Raise(absl::InvalidArgumentError(
           absl::StrCat(name, ": ", b.second, " elements, expected ", want)));
     }
+    CheckMapped(name, b.first, want * static_cast<int64_t>(sizeof(float)));
   }
   void CheckRows(const char* name, Buf b, int64_t rows) const {
     CheckCount(name, b, rows * RowFloats());
@@ -409,8 +497,13 @@ PYBIND11_MODULE(_flashcp_native, m) {
   using flashcp::python::Int64Bytes;
   using flashcp::python::RankLayout;
   m.doc() = "FlashCP's C++ core for the flashcp Python package (planner, layout, CPU attention)";
-  m.def("plan", &flashcp::python::Plan, py::arg("request"),
-        "Serialized flashcp.v1.PlanRequest -> serialized PlanResponse (the service's PlanBatch)");
+  m.def("plan", &flashcp::python::Plan, py::arg("request"), py::arg("max_docs"),
+        py::arg("max_tokens"), py::arg("max_cp_size"), py::arg("max_shard_ranks"),
+        py::arg("max_response_bytes"), py::arg("timeout") = 0.0,
+        "Serialized flashcp.v1.PlanRequest -> serialized PlanResponse (the service's "
+        "validation, bounds and PlanBatch, under the bounds given); Ctrl-C and timeout stop it");
+  m.def("service_bounds", &flashcp::python::ServiceBounds,
+        "The planner service's default bounds, as plan() takes them");
   py::class_<RankLayout>(m, "RankLayout")
       .def(py::init<const std::vector<int64_t>&, int32_t, int64_t,
                     const std::vector<flashcp::python::ShardTuple>&, int32_t, const std::string&>(),

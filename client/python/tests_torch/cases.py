@@ -147,6 +147,8 @@ def errors_case(rank, n, spec):
         "non_contiguous": _raises(lambda: ft.attention(
             torch.randn(4, rows, 16).transpose(0, 1), k, k, ctx)),
         "gqa": _raises(lambda: ft.attention(torch.randn(rows, 3, 16), k, k, ctx)),
+        "kv_zero_heads": _raises(lambda: ft.attention(
+            q, torch.randn(rows, 0, 16), torch.randn(rows, 0, 16), ctx)),
         "head_dim": _raises(lambda: ft.attention(q, torch.randn(rows, 2, 8),
                                                  torch.randn(rows, 2, 8), ctx)),
         "kv_shapes": _raises(lambda: ft.attention(q, k, torch.randn(rows, 1, 16), ctx)),

@@ -48,6 +48,7 @@ def test_bad_inputs_raise_precise_errors_without_collectives():
             "non_contiguous": ("ValueError", f"q: not contiguous (strides (16, {rows * 16}, 1)); "
                                              "call .contiguous()"),
             "gqa": ("ValueError", "heads: q has 3, k and v 2; q's must be a multiple (GQA)"),
+            "kv_zero_heads": ("ValueError", "heads: k and v have 0 heads; need at least 1"),
             "head_dim": ("ValueError", "k: head_dim 8 but q's is 16"),
             "kv_shapes": ("ValueError", f"k ({rows}, 2, 16) and v ({rows}, 1, 16) differ"),
             "scheme": ("ValueError", "scheme: 'ring'; expected one of targeted, allgather, "

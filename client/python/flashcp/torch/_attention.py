@@ -294,6 +294,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     hkv = k.shape[1]
     if k.shape[2] != d:
         raise ValueError(f"k: head_dim {k.shape[2]} but q's is {d}")
+    if hkv < 1:
+        raise ValueError(f"heads: k and v have {hkv} heads; need at least 1")
     if hq % hkv:
         raise ValueError(f"heads: q has {hq}, k and v {hkv}; q's must be a multiple (GQA)")
     if q.device.type == "cuda":
