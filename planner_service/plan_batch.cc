@@ -6,6 +6,7 @@
 #include "core/analysis.h"
 #include "core/ilp/ilp.h"
 #include "core/status_macros.h"
+#include "core/step_time.h"
 #include "core/strategies.h"
 
 namespace flashcp::planner_service {
@@ -50,11 +51,21 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
   const core::PlanCostReport cost{input.cost_profile, input.options.cost, input.cost_calibrated,
                                   core::PredictPlanCost(input.options.cost, plan,
                                                         input.options.rank_speed)};
+  std::optional<core::StepTimeReport> step;
+  if (input.step_time.has_value()) {
+    FLASHCP_ASSIGN_OR_RETURN(
+        step, core::ReportStepTime(input.strategy, plan, input.shape, input.step_time->layers,
+                                   input.step_time->cluster, input.step_time->cluster_name));
+  }
   const double seconds = absl::ToDoubleSeconds(clock.Now() - start);
   observer.OnPlanned(input.strategy, seconds, metrics);
-  return proto::ResponseToProto(input.batch_id, input.strategy, plan, metrics,
-                                layout ? &*layout : nullptr, seconds,
-                                input.strategy == core::Strategy::kIlp ? &info : nullptr, &cost);
+  v1::PlanResponse response = proto::ResponseToProto(
+      input.batch_id, input.strategy, plan, metrics, layout ? &*layout : nullptr, seconds,
+      input.strategy == core::Strategy::kIlp ? &info : nullptr, &cost);
+  if (step.has_value()) {
+    proto::StepTimeToProto(*step, input.step_time->per_rank, response.mutable_metrics());
+  }
+  return response;
 }
 
 }  // namespace flashcp::planner_service
