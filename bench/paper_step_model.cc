@@ -33,6 +33,7 @@
 #include "core/datasets.h"
 #include "core/flags.h"
 #include "core/status_macros.h"
+#include "core/step_choice.h"
 #include "core/step_time.h"
 #include "core/strategies.h"
 
@@ -220,18 +221,31 @@ int Scale(int64_t batches, uint64_t seed, const std::vector<std::pair<int64_t, i
               "%d ranks per node (N = 8: one node); each strategy with its own exchange "
               "(flashcp: the faster of allgather and targeted; magi: targeted). Mean predicted "
               "step, ms; flashcp / best other: flashcp's over the best other strategy's (below "
-              "1: flashcp fastest).\n\n| data set | C | N |",
+              "1: flashcp fastest); flashcp by step time: PlanFlashCpByStepTime "
+              "(core/step_choice.h), and it over the best other's.\n\n| data set | C | N |",
               static_cast<long long>(batches), static_cast<unsigned long long>(seed),
               step.cluster_name.empty() ? "custom" : step.cluster_name.c_str(),
               step.cluster.ranks_per_node);
   for (Strategy s : strategies) std::printf(" %s |", std::string(StrategyName(s)).c_str());
-  std::printf(" flashcp / best other |\n| --- | --- | --- |");
-  for (size_t i = 0; i <= strategies.size(); ++i) std::printf(" --- |");
+  std::printf(" flashcp / best other | flashcp by step time | it / best other |\n"
+              "| --- | --- | --- |");
+  for (size_t i = 0; i <= strategies.size() + 2; ++i) std::printf(" --- |");
   std::printf("\n");
   for (const auto& [context, n] : cells) {
     for (Dataset d : datasets) {
       std::map<Strategy, Sums> sums;
+      Sums chosen;
       for (const Batch& b : Draw(d, context, batches, seed, n)) {
+        PlanOptions base;
+        base.ranks_per_node = step.cluster.ranks_per_node;
+        absl::StatusOr<StepChoice> choice = PlanFlashCpByStepTime(b, base, shape, step);
+        if (!choice.ok()) {
+          std::fprintf(stderr, "paper_step_model: flashcp by step time: %s\n",
+                       std::string(choice.status().message()).c_str());
+          return 1;
+        }
+        chosen.step += choice->report.native().step_seconds;
+        ++chosen.n;
         for (Strategy s : strategies) {
           PlanOptions options;
           options.ranks_per_node = step.cluster.ranks_per_node;
@@ -256,7 +270,10 @@ int Scale(int64_t batches, uint64_t seed, const std::vector<std::pair<int64_t, i
         if (s != Strategy::kFlashCp && (best_other == 0 || ms < best_other)) best_other = ms;
         std::printf(" %.2f |", ms);
       }
-      std::printf(" %.3f |\n", 1e3 * Mean(sums[Strategy::kFlashCp], &Sums::step) / best_other);
+      const double chosen_ms = 1e3 * Mean(chosen, &Sums::step);
+      std::printf(" %.3f | %.2f | %.3f |\n",
+                  1e3 * Mean(sums[Strategy::kFlashCp], &Sums::step) / best_other, chosen_ms,
+                  chosen_ms / best_other);
       std::fflush(stdout);
       std::fprintf(stderr, "paper_step_model: scale %s C=%lld N=%d done\n",
                    std::string(DatasetName(d)).c_str(), static_cast<long long>(context), n);

@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -46,6 +47,7 @@
 #include "core/ilp/ilp.h"
 #include "core/ilp_deadline.h"
 #include "core/status_macros.h"
+#include "core/step_choice.h"
 #include "core/step_time.h"
 #include "core/strategies.h"
 #include "core/types.h"
@@ -60,6 +62,8 @@ ABSL_FLAG(std::string, datasets, "wlbllm,pile,redpajama", "data sets of the main
 ABSL_FLAG(int64_t, min_shard_tokens, flashcp::core::PlanOptions{}.min_shard_tokens,
           "flashcp's minimum cut shard, tokens");
 ABSL_FLAG(int64_t, ranks_per_node, 8, "ranks per node for the intra/inter split (8 GPUs a node)");
+ABSL_FLAG(bool, choose_by_step_time, false,
+          "flashcp rows plan through PlanFlashCpByStepTime (core/step_choice.h) on the cluster");
 ABSL_FLAG(int64_t, ilp_batches, 8, "batches per ILP cell, 0 to 10000");
 ABSL_FLAG(int64_t, ilp_context, 16384, "tokens per ILP batch, 4 to 1000000");
 ABSL_FLAG(std::string, ilp_cps, "4", "ILP group sizes, 1 to 64, comma-separated");
@@ -173,6 +177,7 @@ struct Row {
   double inter_mib = 0;
   double step_ms = 0;            // mean predicted step (core/step_time.h), one layer
   std::array<int64_t, kNumStepExchanges> exchanges{};  // batches per exchange it ran with
+  std::map<std::string, int64_t> variants;  // --choose_by_step_time: batches per winner
 };
 
 // Nearest-rank percentile of a sorted vector; 0 if empty.
@@ -198,7 +203,19 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
       if (s == Strategy::kIlp) {
         SetIlpDeadline(ilp_time_limit, clock.Now(), &clock, call_options.ilp);
       }
-      absl::StatusOr<Plan> plan = MakePlan(s, batches[k], call_options, &info);
+      absl::StatusOr<Plan> plan;
+      if (s == Strategy::kFlashCp && absl::GetFlag(FLAGS_choose_by_step_time)) {
+        absl::StatusOr<StepChoice> choice =
+            PlanFlashCpByStepTime(batches[k], call_options, ModelShape{}, step);
+        if (choice.ok()) {
+          plan = std::move(choice->plan);
+          ++row.variants[choice->variant];
+        } else {
+          plan = choice.status();
+        }
+      } else {
+        plan = MakePlan(s, batches[k], call_options, &info);
+      }
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!plan.ok()) {
@@ -358,6 +375,14 @@ int Main(int argc, char** argv) {
                     std::string(DatasetName(d)).c_str(), static_cast<long long>(context), n,
                     static_cast<long long>(SliverBelow()));
         for (const Row& r : rows) PrintRow("", r, magi_phase, flashcp_step);
+        for (const Row& r : rows) {
+          if (r.variants.empty()) continue;
+          std::printf("\nflashcp by predicted step time: winners");
+          for (const auto& [name, count] : r.variants) {
+            std::printf(" %s %lld", name.c_str(), static_cast<long long>(count));
+          }
+          std::printf("\n");
+        }
         // What no plan within the target imbalance moves less than, per batch.
         double bound = 0;
         for (const Batch& b : batches) {

@@ -23,6 +23,7 @@
 #include "core/ilp_deadline.h"
 #include "core/plan_json.h"
 #include "core/plan_svg.h"
+#include "core/step_choice.h"
 #include "core/types.h"
 
 namespace flashcp::core {
@@ -360,7 +361,20 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
       if (strategy == Strategy::kIlp) {
         SetIlpDeadline(options.ilp_time_limit, real_clock.Now(), &real_clock, plan_options.ilp);
       }
-      absl::StatusOr<Plan> plan = MakePlan(strategy, batch, plan_options, &info);
+      std::optional<StepTimeReport> step;
+      absl::StatusOr<Plan> plan;
+      if (options.choose_by_step_time && strategy == Strategy::kFlashCp) {
+        absl::StatusOr<StepChoice> choice =
+            PlanFlashCpByStepTime(batch, plan_options, options.shape, *options.step_time);
+        if (choice.ok()) {
+          plan = std::move(choice->plan);
+          step = std::move(choice->report);
+        } else {
+          plan = choice.status();
+        }
+      } else {
+        plan = MakePlan(strategy, batch, plan_options, &info);
+      }
       const double ms = Ms(Clock::now() - t0);
       if (!plan.ok()) {
         err << kPrefix << where << ": " << StrategyName(strategy) << ": "
@@ -374,8 +388,7 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
             << metrics.status().message() << "\n";
         return kExitBadInput;
       }
-      std::optional<StepTimeReport> step;
-      if (options.step_time.has_value()) {
+      if (options.step_time.has_value() && !step.has_value()) {
         absl::StatusOr<StepTimeReport> r =
             ReportStepTime(strategy, *plan, options.shape, options.step_time->layers,
                            options.step_time->cluster, options.step_time->cluster_name);

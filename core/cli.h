@@ -46,6 +46,8 @@ struct CliOptions {
   // --cluster and its constants (core/cluster_flags.h): predict each plan's
   // step time (JSON metrics predicted_*, the summary's step columns).
   std::optional<StepTimeOptions> step_time;
+  // --choose_by_step_time: flashcp plans through PlanFlashCpByStepTime.
+  bool choose_by_step_time = false;
 
   // Exactly one source of batches: `batches_text` (positional arguments, all
   // one batch, or one batch per --docs), `input_path` ("-" is stdin), or

@@ -64,6 +64,9 @@ ABSL_FLAG(int32_t, ranks_per_node, flashcp::core::PlanOptions{}.ranks_per_node,
           "ranks per node: rank r on node r / ranks_per_node (0: one node); flashcp keeps cut "
           "documents within a node, metrics split bytes within and across nodes, and the "
           "predicted step puts inter-node traffic on the NICs");
+ABSL_FLAG(bool, choose_by_step_time, false,
+          "flashcp: plan several variants and keep the least predicted step time within the "
+          "imbalance target (core/step_choice.h); needs --cluster");
 ABSL_FLAG(int32_t, query_heads, flashcp::core::ModelShape{}.query_heads,
           "query heads Hq for the predicted compute (0: equal to --heads)");
 
@@ -145,6 +148,10 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   if (o.step_time.has_value() || line.given.count("query_heads") > 0) {
     FLASHCP_RETURN_IF_ERROR(AsFlagError(
         ValidateStepShape(o.shape, o.step_time.has_value() ? o.step_time->layers : 1)));
+  }
+  o.choose_by_step_time = absl::GetFlag(FLAGS_choose_by_step_time);
+  if (o.choose_by_step_time && !o.step_time.has_value()) {
+    return absl::InvalidArgumentError("--choose_by_step_time: needs --cluster");
   }
   o.summary = absl::GetFlag(FLAGS_summary);
   o.progress = !absl::GetFlag(FLAGS_quiet);

@@ -337,12 +337,13 @@ TEST(ParseCliArgsTest, ClusterFlagsOverrideThePreset) {
       ParseCliArgs({"--cluster", "h100-sxm", "--ranks_per_node=8", "--nic_gbytes_per_s", "25",
                     "--nvlink_latency=3us", "--layers", "32", "--query_heads", "64",
                     "--compute_profile", "cpu-fp32", "--overlap_whole_shards=false",
-                    "--rank_step_times"});
+                    "--rank_step_times", "--choose_by_step_time"});
   ASSERT_THAT(o, IsOk());
   ASSERT_TRUE(o->step_time.has_value());
   EXPECT_EQ(o->step_time->cluster_name, "h100-sxm");
   EXPECT_EQ(o->step_time->layers, 32);
   EXPECT_TRUE(o->step_time->per_rank);
+  EXPECT_TRUE(o->choose_by_step_time);
   EXPECT_EQ(o->shape.query_heads, 64);
   const ClusterSpec& c = o->step_time->cluster;
   EXPECT_EQ(c.ranks_per_node, 8);
@@ -364,6 +365,7 @@ TEST(ParseCliArgsTest, ClusterFlagsOverrideThePreset) {
       {{"--layers", "2"}, "--layers and --rank_step_times need --cluster (or a cluster constant)"},
       {{"--cluster=h200", "--layers", "0"},
        "--layers: must be an integer in [1, 100000], got \"0\""},
+      {{"--choose_by_step_time"}, "--choose_by_step_time: needs --cluster"},
       {{"--cluster=h200", "--heads", "4", "--query_heads", "6"},
        "--query_heads: must be 0 (= heads) or a multiple of heads (4) up to 1048576, got 6"},
       {{"--ranks_per_node", "-1"},
