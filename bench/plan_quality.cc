@@ -20,17 +20,20 @@
 //                          [--ilp_granularity G] [--ilp_context C] [--ilp_comm_weight W]
 //                          [--ilp_datasets D,D...] [--ilp_cps N,N...] [--min_shard_tokens M]
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -38,13 +41,18 @@
 #include "core/analysis.h"
 #include "core/cli.h"
 #include "core/clock.h"
+#include "core/cluster_flags.h"
 #include "core/datasets.h"
 #include "core/flags.h"
 #include "core/ilp/ilp.h"
 #include "core/ilp_deadline.h"
 #include "core/status_macros.h"
+#include "core/step_choice.h"
+#include "core/step_time.h"
 #include "core/strategies.h"
 #include "core/types.h"
+
+ABSL_DECLARE_FLAG(std::string, cluster);  // core/cluster_flags.cc
 
 ABSL_FLAG(int64_t, batches, 64, "batches per data set and cell, 0 to 100000");
 ABSL_FLAG(uint64_t, seed, 1, "sampling seed");
@@ -54,6 +62,8 @@ ABSL_FLAG(std::string, datasets, "wlbllm,pile,redpajama", "data sets of the main
 ABSL_FLAG(int64_t, min_shard_tokens, flashcp::core::PlanOptions{}.min_shard_tokens,
           "flashcp's minimum cut shard, tokens");
 ABSL_FLAG(int64_t, ranks_per_node, 8, "ranks per node for the intra/inter split (8 GPUs a node)");
+ABSL_FLAG(bool, choose_by_step_time, false,
+          "flashcp rows plan through PlanFlashCpByStepTime (core/step_choice.h) on the cluster");
 ABSL_FLAG(int64_t, ilp_batches, 8, "batches per ILP cell, 0 to 10000");
 ABSL_FLAG(int64_t, ilp_context, 16384, "tokens per ILP batch, 4 to 1000000");
 ABSL_FLAG(std::string, ilp_cps, "4", "ILP group sizes, 1 to 64, comma-separated");
@@ -165,6 +175,9 @@ struct Row {
   int64_t sliver_batches = 0;  // batches with at least one
   double intra_mib = 0;          // targeted, one phase, all ranks: mean over batches
   double inter_mib = 0;
+  double step_ms = 0;            // mean predicted step (core/step_time.h), one layer
+  std::array<int64_t, kNumStepExchanges> exchanges{};  // batches per exchange it ran with
+  std::map<std::string, int64_t> variants;  // --choose_by_step_time: batches per winner
 };
 
 // Nearest-rank percentile of a sorted vector; 0 if empty.
@@ -178,7 +191,7 @@ int64_t Percentile(const std::vector<int64_t>& sorted, double q) {
 // `ilp_time_limit` bounds each ILP call (core/ilp_deadline.h).
 bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& strategies,
               const PlanOptions& options, absl::Duration ilp_time_limit,
-              const std::string& label, std::vector<Row>& rows) {
+              const StepTimeOptions& step, const std::string& label, std::vector<Row>& rows) {
   const RealClock clock;
   PlanOptions call_options = options;
   for (Strategy s : strategies) {
@@ -190,7 +203,19 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
       if (s == Strategy::kIlp) {
         SetIlpDeadline(ilp_time_limit, clock.Now(), &clock, call_options.ilp);
       }
-      absl::StatusOr<Plan> plan = MakePlan(s, batches[k], call_options, &info);
+      absl::StatusOr<Plan> plan;
+      if (s == Strategy::kFlashCp && absl::GetFlag(FLAGS_choose_by_step_time)) {
+        absl::StatusOr<StepChoice> choice =
+            PlanFlashCpByStepTime(batches[k], call_options, ModelShape{}, step);
+        if (choice.ok()) {
+          plan = std::move(choice->plan);
+          ++row.variants[choice->variant];
+        } else {
+          plan = choice.status();
+        }
+      } else {
+        plan = MakePlan(s, batches[k], call_options, &info);
+      }
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!plan.ok()) {
@@ -207,6 +232,16 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
         return false;
       }
       acc.Add(*m, ms);
+      absl::StatusOr<StepTimeReport> st =
+          ReportStepTime(s, *plan, ModelShape{}, step.layers, step.cluster);
+      if (!st.ok()) {
+        std::fprintf(stderr, "plan_quality: %s batch %zu: %s: %s\n", label.c_str(), k,
+                     std::string(StrategyName(s)).c_str(),
+                     std::string(st.status().message()).c_str());
+        return false;
+      }
+      row.step_ms += 1e3 * st->native().step_seconds;
+      ++row.exchanges[static_cast<size_t>(st->exchange)];
       if (m->cut_docs > 0) row.min_cut.push_back(m->min_cut_shard_len);
       std::vector<int32_t> pieces(plan->doc_lens.size(), 0);
       for (const Shard& sh : plan->shards) ++pieces[sh.doc];
@@ -230,6 +265,7 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
       row.ilp_gap_mean /= b;
       row.intra_mib /= b;
       row.inter_mib /= b;
+      row.step_ms /= b;
     }
     rows.push_back(row);
     std::fprintf(stderr, "plan_quality: %s: %s done\n", label.c_str(),
@@ -239,13 +275,19 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
 }
 
 // `magi_phase`: magi's mean targeted phase bottleneck in the same cell (0:
-// not measured, the ratio column shows "-").
-void PrintRow(const std::string& prefix, const Row& r, double magi_phase) {
+// not measured, the ratio column shows "-"); `flashcp_step_ms` flashcp's
+// mean predicted step (0: not planned, "-").
+void PrintRow(const std::string& prefix, const Row& r, double magi_phase,
+              double flashcp_step_ms) {
   const StrategySummary& s = r.summary;
   const std::string vs_magi =
       magi_phase > 0 ? absl::StrFormat("%.2fx", s.targeted_phase_mean / magi_phase) : "-";
+  const size_t top = static_cast<size_t>(
+      std::max_element(r.exchanges.begin(), r.exchanges.end()) - r.exchanges.begin());
+  const std::string speedup =
+      flashcp_step_ms > 0 ? absl::StrFormat("%.2fx", r.step_ms / flashcp_step_ms) : "-";
   std::printf("| %s%s | %.4f | %.4f | %.1f%% | %.1f%% | %.3f | %.3f | %s | %.0f / %.0f | %.1f | "
-              "%lld / %lld / %lld | %lld (%lld) | %.3f | %.3f |\n",
+              "%lld / %lld / %lld | %lld (%lld) | %.3f | %.3f | %.3f %s | %s |\n",
               prefix.c_str(), std::string(StrategyName(s.strategy)).c_str(), s.imbalance_mean,
               s.imbalance_p95, 100 * s.allgather_saving_mean, 100 * s.targeted_saving_mean,
               s.allgather_phase_mean, s.targeted_phase_mean, vs_magi.c_str(), r.intra_mib,
@@ -254,7 +296,9 @@ void PrintRow(const std::string& prefix, const Row& r, double magi_phase) {
               static_cast<long long>(Percentile(r.min_cut, 0.05)),
               static_cast<long long>(Percentile(r.min_cut, 0.5)),
               static_cast<long long>(r.slivers), static_cast<long long>(r.sliver_batches),
-              s.plan_ms_mean, s.plan_ms_p99);
+              s.plan_ms_mean, s.plan_ms_p99, r.step_ms,
+              std::string(StepExchangeName(static_cast<StepExchange>(top))).c_str(),
+              speedup.c_str());
 }
 
 std::vector<Batch> Draw(Dataset d, int64_t count, uint64_t seed, int32_t n,
@@ -274,6 +318,9 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Args> parsed = ArgsFromFlags();
   if (!parsed.ok()) return UsageError("plan_quality", parsed.status(), std::cerr);
   const Args args = *std::move(parsed);
+  if (line.given.count("cluster") == 0) absl::SetFlag(&FLAGS_cluster, "h200");
+  absl::StatusOr<StepTimeOptions> step = StepTimeFromFlagsOrDefault(line, args.ranks_per_node);
+  if (!step.ok()) return UsageError("plan_quality", step.status(), std::cerr);
   PlanOptions defaults;
   defaults.min_shard_tokens = args.min_shard_tokens;
   defaults.ranks_per_node = args.ranks_per_node;
@@ -300,28 +347,42 @@ int Main(int argc, char** argv) {
         "bottleneck, max over ranks of max(send, receive) tokens, in units of C/N (full KV: "
         "N - 1); x magi: the targeted one over magi's, means over batches. targeted intra / "
         "inter MiB: one phase's targeted bytes summed over ranks, within and across nodes of "
-        "%d ranks (--ranks_per_node), mean per batch.\n",
-        args.ranks_per_node);
+        "%d ranks (--ranks_per_node), mean per batch. step ms (exchange): the mean predicted "
+        "attention time of one layer's step (core/step_time.h) on cluster %s with %d ranks a "
+        "node, H = 32, and the exchange the strategy runs with (most batches); x flashcp: that "
+        "over flashcp's, flashcp's speedup over the row.\n",
+        args.ranks_per_node, step->cluster_name.c_str(), args.ranks_per_node);
     for (const auto& [context, n] : args.cells) {
       for (Dataset d : args.datasets) {
         const std::vector<Batch> batches = Draw(d, args.batches, args.seed, n, context);
         const std::string label = absl::StrFormat("%s C=%d N=%d", DatasetName(d), context, n);
         std::vector<Row> rows;
-        if (!Evaluate(batches, heuristics, defaults, args.ilp_time_limit, label, rows)) return 1;
-        double magi_phase = 0;
+        if (!Evaluate(batches, heuristics, defaults, args.ilp_time_limit, *step, label, rows)) {
+          return 1;
+        }
+        double magi_phase = 0, flashcp_step = 0;
         for (const Row& r : rows) {
           if (r.summary.strategy == Strategy::kMagi) magi_phase = r.summary.targeted_phase_mean;
+          if (r.summary.strategy == Strategy::kFlashCp) flashcp_step = r.step_ms;
         }
         std::printf("\n### %s, C = %lld, N = %d\n\n| strategy | imb mean | imb p95 | "
                     "save allgather | save targeted | phase allgather (C/N) | "
                     "phase targeted (C/N) | targeted x magi | targeted intra / inter MiB | cut docs | "
                     "min cut shard (min / p5 / p50) | cut shards < %lld (batches) | "
-                    "plan ms mean | plan ms p99 |\n"
+                    "plan ms mean | plan ms p99 | step ms (exchange) | x flashcp |\n"
                     "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-                    "--- | --- |\n",
+                    "--- | --- | --- | --- |\n",
                     std::string(DatasetName(d)).c_str(), static_cast<long long>(context), n,
                     static_cast<long long>(SliverBelow()));
-        for (const Row& r : rows) PrintRow("", r, magi_phase);
+        for (const Row& r : rows) PrintRow("", r, magi_phase, flashcp_step);
+        for (const Row& r : rows) {
+          if (r.variants.empty()) continue;
+          std::printf("\nflashcp by predicted step time: winners");
+          for (const auto& [name, count] : r.variants) {
+            std::printf(" %s %lld", name.c_str(), static_cast<long long>(count));
+          }
+          std::printf("\n");
+        }
         // What no plan within the target imbalance moves less than, per batch.
         double bound = 0;
         for (const Batch& b : batches) {
@@ -373,18 +434,23 @@ int Main(int argc, char** argv) {
       if (!Evaluate(small,
                     {Strategy::kWholeDoc, Strategy::kFlashCpPaper, Strategy::kFlashCp,
                      Strategy::kIlp},
-                    ilp_options, args.ilp_time_limit, label, rows)) {
+                    ilp_options, args.ilp_time_limit, *step, label, rows)) {
         return 1;
       }
       std::printf("| strategy | imb mean | imb p95 | save allgather | save targeted | "
                   "phase allgather (C/N) | phase targeted (C/N) | targeted x magi | "
                   "targeted intra / inter MiB | cut docs | min cut shard (min / p5 / p50) | "
-                  "cut shards < %lld (batches) | plan ms mean | plan ms p99 |\n"
+                  "cut shards < %lld (batches) | plan ms mean | plan ms p99 | step ms (exchange) | "
+                  "x flashcp |\n"
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-                  "--- |\n",
+                  "--- | --- | --- |\n",
                   static_cast<long long>(SliverBelow()));
+      double flashcp_step = 0;
       for (const Row& r : rows) {
-        PrintRow("", r, 0);
+        if (r.summary.strategy == Strategy::kFlashCp) flashcp_step = r.step_ms;
+      }
+      for (const Row& r : rows) {
+        PrintRow("", r, 0, flashcp_step);
         if (r.summary.strategy == Strategy::kIlp) {
           std::printf("\nILP: %lld of %lld batches proven optimal; mean relative MIP gap %.4f\n",
                       static_cast<long long>(r.ilp_optimal),

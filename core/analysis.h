@@ -32,6 +32,7 @@ struct ModelShape {
   int32_t heads = 32;       // H, KV heads
   int32_t head_dim = 128;   // D
   int32_t dtype_bytes = 2;  // bytes per element (2 for bf16)
+  int32_t query_heads = 0;  // Hq; 0: equal to heads
 };
 // InvalidArgument naming the field unless 1 <= heads, head_dim <= 1024 and
 // dtype_bytes is 1, 2 or 4.

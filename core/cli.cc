@@ -7,6 +7,7 @@
 #include <fstream>
 #include <istream>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -22,6 +23,7 @@
 #include "core/ilp_deadline.h"
 #include "core/plan_json.h"
 #include "core/plan_svg.h"
+#include "core/step_choice.h"
 #include "core/types.h"
 
 namespace flashcp::core {
@@ -167,6 +169,20 @@ std::string SummaryHeader(const CliOptions& o) {
                   "they all-gather full KV, save 0). phase_ag, phase_tg: one phase's bottleneck, "
                   "max over ranks of max(send, receive), in C/N tokens (full_kv: N - 1). "
                   "plan_ms: MakePlan wall time.\n");
+  if (o.step_time.has_value()) {
+    const ClusterSpec& c = o.step_time->cluster;
+    absl::StrAppendFormat(
+        &h,
+        "# step_ms: mean predicted attention time of one step (core/step_time.h), %d layer(s), "
+        "Hq = %d, on %s: %d ranks per node (0: one node), NVLink %g GB/s, NIC %g GB/s per GPU, "
+        "compute x %g; exchange: the one the strategy runs with. speedup over: the column's "
+        "mean step_ms over the row's.\n",
+        o.step_time->layers, o.shape.query_heads == 0 ? o.shape.heads : o.shape.query_heads,
+        o.step_time->cluster_name.empty() ? std::string("a custom cluster")
+                                          : o.step_time->cluster_name,
+        c.ranks_per_node, c.nvlink_bytes_per_second / 1e9, c.nic_bytes_per_second / 1e9,
+        c.compute_scale);
+  }
   return h;
 }
 
@@ -219,6 +235,12 @@ void SummaryAccumulator::Add(const PlanMetrics& metrics, double plan_ms) {
   }
 }
 
+void SummaryAccumulator::AddStep(const StepTimeReport& step) {
+  step_seconds_sum_ += step.native().step_seconds;
+  ++steps_;
+  ++step_exchanges_[static_cast<size_t>(step.exchange)];
+}
+
 double Percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;
   // Nearest rank: the smallest value with at least p of the values at or below it.
@@ -249,21 +271,46 @@ StrategySummary SummaryAccumulator::Finish() const {
   s.min_cut_shard_len = min_cut_shard_len_;
   s.plan_ms_mean = ms / n;
   s.plan_ms_p99 = Percentile(plan_ms_, 0.99);
+  if (steps_ > 0) {
+    s.step_seconds_mean = step_seconds_sum_ / static_cast<double>(steps_);
+    const size_t top = static_cast<size_t>(
+        std::max_element(step_exchanges_.begin(), step_exchanges_.end()) - step_exchanges_.begin());
+    s.step_exchange = std::string(StepExchangeName(static_cast<StepExchange>(top)));
+  }
   return s;
 }
 
 std::string FormatSummaryTable(const std::vector<StrategySummary>& rows) {
+  const bool steps = !rows.empty() && std::all_of(rows.begin(), rows.end(), [](const auto& r) {
+    return r.step_seconds_mean > 0;
+  });
   std::string out = absl::StrFormat(
-      "%-14s %7s %8s %8s %9s %9s %8s %8s %8s %9s %9s %9s\n", "strategy", "batches", "imb_mean",
+      "%-14s %7s %8s %8s %9s %9s %8s %8s %8s %9s %9s %9s", "strategy", "batches", "imb_mean",
       "imb_p95", "save_ag", "save_tgt", "phase_ag", "phase_tg", "cut_docs", "min_cut", "ms_mean",
       "ms_p99");
+  if (steps) absl::StrAppendFormat(&out, " %10s %-9s", "step_ms", "exchange");
+  out += "\n";
   for (const StrategySummary& r : rows) {
     absl::StrAppendFormat(
-        &out, "%-14s %7d %8.4f %8.4f %8.1f%% %8.1f%% %8.3f %8.3f %8.1f %9d %9.3f %9.3f\n",
+        &out, "%-14s %7d %8.4f %8.4f %8.1f%% %8.1f%% %8.3f %8.3f %8.1f %9d %9.3f %9.3f",
         StrategyName(r.strategy), r.batches, r.imbalance_mean, r.imbalance_p95,
         100 * r.allgather_saving_mean, 100 * r.targeted_saving_mean, r.allgather_phase_mean,
         r.targeted_phase_mean, r.cut_docs_mean, r.min_cut_shard_len, r.plan_ms_mean,
         r.plan_ms_p99);
+    if (steps) absl::StrAppendFormat(&out, " %10.3f %-9s", 1e3 * r.step_seconds_mean, r.step_exchange);
+    out += "\n";
+  }
+  if (steps) {
+    absl::StrAppendFormat(&out, "\n%-14s", "speedup over");
+    for (const StrategySummary& c : rows) absl::StrAppendFormat(&out, " %13s", StrategyName(c.strategy));
+    out += "\n";
+    for (const StrategySummary& r : rows) {
+      absl::StrAppendFormat(&out, "%-14s", StrategyName(r.strategy));
+      for (const StrategySummary& c : rows) {
+        absl::StrAppendFormat(&out, " %12.3fx", c.step_seconds_mean / r.step_seconds_mean);
+      }
+      out += "\n";
+    }
   }
   return out;
 }
@@ -314,24 +361,50 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
       if (strategy == Strategy::kIlp) {
         SetIlpDeadline(options.ilp_time_limit, real_clock.Now(), &real_clock, plan_options.ilp);
       }
-      absl::StatusOr<Plan> plan = MakePlan(strategy, batch, plan_options, &info);
+      std::optional<StepTimeReport> step;
+      absl::StatusOr<Plan> plan;
+      if (options.choose_by_step_time && strategy == Strategy::kFlashCp) {
+        absl::StatusOr<StepChoice> choice =
+            PlanFlashCpByStepTime(batch, plan_options, options.shape, *options.step_time);
+        if (choice.ok()) {
+          plan = std::move(choice->plan);
+          step = std::move(choice->report);
+        } else {
+          plan = choice.status();
+        }
+      } else {
+        plan = MakePlan(strategy, batch, plan_options, &info);
+      }
       const double ms = Ms(Clock::now() - t0);
       if (!plan.ok()) {
         err << kPrefix << where << ": " << StrategyName(strategy) << ": "
             << plan.status().message() << "\n";
         return kExitBadInput;
       }
-      absl::StatusOr<PlanMetrics> metrics = AnalyzePlan(*plan, options.shape);
+      absl::StatusOr<PlanMetrics> metrics =
+          AnalyzePlan(*plan, options.shape, options.plan.ranks_per_node);
       if (!metrics.ok()) {
         err << kPrefix << where << ": " << StrategyName(strategy) << ": "
             << metrics.status().message() << "\n";
         return kExitBadInput;
+      }
+      if (options.step_time.has_value() && !step.has_value()) {
+        absl::StatusOr<StepTimeReport> r =
+            ReportStepTime(strategy, *plan, options.shape, options.step_time->layers,
+                           options.step_time->cluster, options.step_time->cluster_name);
+        if (!r.ok()) {
+          err << kPrefix << where << ": " << StrategyName(strategy) << ": "
+              << r.status().message() << "\n";
+          return kExitBadInput;
+        }
+        step = *std::move(r);
       }
       if (!options.svg_path.empty() && done == 0) {
         svg_panels.push_back({std::string(StrategyName(strategy)), *plan});
       }
       if (options.summary) {
         acc[static_cast<size_t>(strategy)].Add(*metrics, ms);
+        if (step.has_value()) acc[static_cast<size_t>(strategy)].AddStep(*step);
       } else {
         // planning_seconds stays 0 so that the output is deterministic.
         // The cost report is the service's for a request naming no profile.
@@ -341,7 +414,10 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
                           {.batch_id = static_cast<uint64_t>(done),
                            .strategy = StrategyName(strategy),
                            .ilp = strategy == Strategy::kIlp ? &info : nullptr,
-                           .cost = &cost})
+                           .cost = &cost,
+                           .step = step.has_value() ? &*step : nullptr,
+                           .step_per_rank = options.step_time.has_value() &&
+                                            options.step_time->per_rank})
             << "\n";
       }
     }

@@ -6,6 +6,7 @@
 #ifndef FLASHCP_CORE_CLI_H_
 #define FLASHCP_CORE_CLI_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <iosfwd>
@@ -19,6 +20,7 @@
 #include "core/analysis.h"
 #include "core/datasets.h"
 #include "core/flags.h"
+#include "core/step_time.h"
 #include "core/strategies.h"
 
 namespace flashcp::core {
@@ -41,6 +43,11 @@ struct CliOptions {
   // RunCli sets plan.ilp's time limit from it per call.
   absl::Duration ilp_time_limit = absl::Seconds(10);
   ModelShape shape;
+  // --cluster and its constants (core/cluster_flags.h): predict each plan's
+  // step time (JSON metrics predicted_*, the summary's step columns).
+  std::optional<StepTimeOptions> step_time;
+  // --choose_by_step_time: flashcp plans through PlanFlashCpByStepTime.
+  bool choose_by_step_time = false;
 
   // Exactly one source of batches: `batches_text` (positional arguments, all
   // one batch, or one batch per --docs), `input_path` ("-" is stdin), or
@@ -107,12 +114,18 @@ struct StrategySummary {
   int64_t min_cut_shard_len = 0;     // shortest cut shard over all batches; 0 if none
   double plan_ms_mean = 0;           // MakePlan wall time, milliseconds
   double plan_ms_p99 = 0;
+  // Mean predicted step time (core/step_time.h), seconds; 0 without a cluster.
+  double step_seconds_mean = 0;
+  // The exchange most of its batches were predicted with ("" without).
+  std::string step_exchange;
 };
 
 class SummaryAccumulator {
  public:
   explicit SummaryAccumulator(Strategy strategy) : strategy_(strategy) {}
   void Add(const PlanMetrics& metrics, double plan_ms);
+  // A batch's predicted step (after its Add).
+  void AddStep(const StepTimeReport& step);
   int64_t count() const { return static_cast<int64_t>(imbalance_.size()); }
   StrategySummary Finish() const;
 
@@ -126,12 +139,18 @@ class SummaryAccumulator {
   double targeted_phase_sum_ = 0;
   int64_t cut_docs_sum_ = 0;
   int64_t min_cut_shard_len_ = 0;
+  double step_seconds_sum_ = 0;
+  int64_t steps_ = 0;
+  std::array<int64_t, kNumStepExchanges> step_exchanges_{};
 };
 
 // Nearest-rank percentile (p in (0, 1]) of `values`; 0 for none.
 double Percentile(std::vector<double> values, double p);
 
-// A fixed-width text table, one row per summary, with a header line.
+// A fixed-width text table, one row per summary, with a header line; with
+// predicted steps (step_seconds_mean > 0 in every row), a step_ms and an
+// exchange column, then a table of speedups: row strategy over each
+// column's, ratios of mean predicted step times.
 std::string FormatSummaryTable(const std::vector<StrategySummary>& rows);
 
 // Runs the command: reads batches (from `in` when the source is stdin), plans

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/cli.h"
+#include "core/cluster_flags.h"
 #include "core/echo.h"
 #include "core/flags.h"
 #include "core/plan_json.h"
@@ -59,6 +60,15 @@ ABSL_FLAG(std::string, svg, "",
           "by side: a row per rank, shards coloured by document, the shards whose KV moves "
           "(targeted exchange) hatched, workloads");
 ABSL_FLAG(bool, quiet, false, "no progress lines on stderr");
+ABSL_FLAG(int32_t, ranks_per_node, flashcp::core::PlanOptions{}.ranks_per_node,
+          "ranks per node: rank r on node r / ranks_per_node (0: one node); flashcp keeps cut "
+          "documents within a node, metrics split bytes within and across nodes, and the "
+          "predicted step puts inter-node traffic on the NICs");
+ABSL_FLAG(bool, choose_by_step_time, false,
+          "flashcp: plan several variants and keep the least predicted step time within the "
+          "imbalance target (core/step_choice.h); needs --cluster");
+ABSL_FLAG(int32_t, query_heads, flashcp::core::ModelShape{}.query_heads,
+          "query heads Hq for the predicted compute (0: equal to --heads)");
 
 namespace flashcp::core {
 namespace {
@@ -130,6 +140,19 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   FLASHCP_ASSIGN_OR_RETURN(o.ilp_time_limit,
                            DurationFlagIn("ilp_time_limit", absl::GetFlag(FLAGS_ilp_time_limit),
                                           absl::Milliseconds(1), absl::Hours(24)));
+  FLASHCP_ASSIGN_OR_RETURN(
+      o.plan.ranks_per_node,
+      IntFlagIn("ranks_per_node", absl::GetFlag(FLAGS_ranks_per_node), 0, kMaxCpSize));
+  o.shape.query_heads = absl::GetFlag(FLAGS_query_heads);
+  FLASHCP_ASSIGN_OR_RETURN(o.step_time, StepTimeFromFlags(line, o.plan.ranks_per_node));
+  if (o.step_time.has_value() || line.given.count("query_heads") > 0) {
+    FLASHCP_RETURN_IF_ERROR(AsFlagError(
+        ValidateStepShape(o.shape, o.step_time.has_value() ? o.step_time->layers : 1)));
+  }
+  o.choose_by_step_time = absl::GetFlag(FLAGS_choose_by_step_time);
+  if (o.choose_by_step_time && !o.step_time.has_value()) {
+    return absl::InvalidArgumentError("--choose_by_step_time: needs --cluster");
+  }
   o.summary = absl::GetFlag(FLAGS_summary);
   o.progress = !absl::GetFlag(FLAGS_quiet);
 

@@ -328,6 +328,85 @@ TEST(RunCliTest, SummaryOfDataSetBatches) {
   EXPECT_THAT(out.str(), HasSubstr("\nring                 4 "));
 }
 
+TEST(ParseCliArgsTest, ClusterFlagsOverrideThePreset) {
+  absl::StatusOr<CliOptions> none = ParseCliArgs({"--ranks_per_node", "4"});
+  ASSERT_THAT(none, IsOk());
+  EXPECT_EQ(none->plan.ranks_per_node, 4);
+  EXPECT_FALSE(none->step_time.has_value());
+  absl::StatusOr<CliOptions> o =
+      ParseCliArgs({"--cluster", "h100-sxm", "--ranks_per_node=8", "--nic_gbytes_per_s", "25",
+                    "--nvlink_latency=3us", "--layers", "32", "--query_heads", "64",
+                    "--compute_profile", "cpu-fp32", "--overlap_whole_shards=false",
+                    "--rank_step_times", "--choose_by_step_time"});
+  ASSERT_THAT(o, IsOk());
+  ASSERT_TRUE(o->step_time.has_value());
+  EXPECT_EQ(o->step_time->cluster_name, "h100-sxm");
+  EXPECT_EQ(o->step_time->layers, 32);
+  EXPECT_TRUE(o->step_time->per_rank);
+  EXPECT_TRUE(o->choose_by_step_time);
+  EXPECT_EQ(o->shape.query_heads, 64);
+  const ClusterSpec& c = o->step_time->cluster;
+  EXPECT_EQ(c.ranks_per_node, 8);
+  EXPECT_DOUBLE_EQ(c.nic_bytes_per_second, 25e9);
+  EXPECT_DOUBLE_EQ(c.nvlink_latency_seconds, 3e-6);
+  EXPECT_DOUBLE_EQ(c.nvlink_bytes_per_second, 450e9);
+  EXPECT_DOUBLE_EQ(c.hbm_bytes_per_second, 3.35e12);
+  EXPECT_EQ(c.compute, CostProfile("cpu-fp32").value());
+  EXPECT_FALSE(c.overlap_whole_shards);
+
+  const BadArgs cases[] = {
+      {{"--cluster", "tpu"}, "--cluster: cluster preset \"tpu\" is unknown; known: h100-sxm, h200"},
+      {{"--nic_gbytes_per_s", "0"},
+       "--nic_gbytes_per_s (bytes/s): must be finite and > 0, got 0"},
+      {{"--cluster=h200", "--forward_fraction", "1"},
+       "--forward_fraction: must be in (0, 1), got 1"},
+      {{"--cluster=h200", "--compute_profile", "pairs"},
+       "--compute_profile: must be a profile in seconds, not pairs, got \"pairs\""},
+      {{"--layers", "2"}, "--layers and --rank_step_times need --cluster (or a cluster constant)"},
+      {{"--cluster=h200", "--layers", "0"},
+       "--layers: must be an integer in [1, 100000], got \"0\""},
+      {{"--choose_by_step_time"}, "--choose_by_step_time: needs --cluster"},
+      {{"--cluster=h200", "--heads", "4", "--query_heads", "6"},
+       "--query_heads: must be 0 (= heads) or a multiple of heads (4) up to 1048576, got 6"},
+      {{"--ranks_per_node", "-1"},
+       "--ranks_per_node: must be an integer in [0, 65536], got \"-1\""},
+  };
+  for (const BadArgs& c : cases) {
+    EXPECT_THAT(ParseCliArgs(c.args), StatusIs(absl::StatusCode::kInvalidArgument, c.message))
+        << c.args[0];
+  }
+}
+
+TEST(RunCliTest, SummaryWithPredictedStepsAndSpeedups) {
+  absl::StatusOr<CliOptions> o =
+      ParseCliArgs({"--dataset", "pile", "--context", "16384", "--batches", "2", "--cp", "4",
+                    "--strategy", "llama3,flashcp", "--summary", "--quiet", "--cluster",
+                    "h100-sxm"});
+  ASSERT_THAT(o, IsOk());
+  std::istringstream in;
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), kExitOk);
+  EXPECT_EQ(err.str(), "");
+  EXPECT_THAT(out.str(), HasSubstr("# step_ms: mean predicted attention time of one step"));
+  EXPECT_THAT(out.str(), HasSubstr(" step_ms exchange "));
+  EXPECT_THAT(out.str(), HasSubstr("\nspeedup over          llama3       flashcp\n"));
+  // Each strategy over itself is exactly 1.
+  EXPECT_THAT(out.str(), HasSubstr("\nllama3                1.000x"));
+  EXPECT_THAT(out.str(), HasSubstr("full_kv"));
+}
+
+TEST(RunCliTest, JsonCarriesThePredictedStep) {
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--cp", "2", "--strategy", "ring", "--cluster",
+                                               "h200", "--rank_step_times", "--quiet", "8", "8"});
+  ASSERT_THAT(o, IsOk());
+  std::istringstream in;
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), kExitOk);
+  EXPECT_THAT(out.str(), HasSubstr("\"predicted_exchange\":\"ring\""));
+  EXPECT_THAT(out.str(), HasSubstr("\"rank_predicted_times\":[{\"forward_compute\":"));
+  EXPECT_THAT(out.str(), HasSubstr("\"predicted_cluster\":\"h200\"}"));
+}
+
 // --svg draws the first batch's plans, one panel per strategy in the order
 // asked, exactly as PlansToSvg draws them; the JSON lines still come out.
 TEST(RunCliTest, SvgDrawsTheFirstBatchSideBySide) {

@@ -231,6 +231,51 @@ void AppendMetrics(std::string& out, const PlanMetrics& m, double planning_secon
   }
 }
 
+// planner.proto's PlanMetrics fields 30-38 (proto::StepTimeToProto).
+void AppendStepTime(std::string& out, const StepTimeReport& r, bool per_rank) {
+  const StepTimePrediction& p = r.native();
+  AppendField(out, "predicted_step_seconds", p.step_seconds);
+  AppendKey(out, "predicted_exchange");
+  AppendString(out, StepExchangeName(r.exchange));
+  AppendField(out, "predicted_forward_seconds", p.forward_seconds);
+  AppendField(out, "predicted_backward_seconds", p.backward_seconds);
+  AppendField(out, "predicted_exposed_exchange_seconds", p.exposed_exchange_seconds);
+  AppendField(out, "predicted_compute_seconds", p.layers * p.compute_seconds);
+  AppendKey(out, "predicted_exchanges");
+  out += '[';
+  for (int e = 0; e < kNumStepExchanges; ++e) {
+    if (e > 0) out += ',';
+    out += '{';
+    AppendKey(out, "exchange", /*first=*/true);
+    AppendString(out, StepExchangeName(static_cast<StepExchange>(e)));
+    AppendField(out, "step_seconds", r.all[e].step_seconds);
+    AppendField(out, "exposed_exchange_seconds", r.all[e].exposed_exchange_seconds);
+    AppendField(out, "exchange_seconds", r.all[e].exchange_seconds);
+    out += '}';
+  }
+  out += ']';
+  if (per_rank) {
+    AppendKey(out, "rank_predicted_times");
+    out += '[';
+    for (size_t i = 0; i < p.ranks.size(); ++i) {
+      const RankStepTime& t = p.ranks[i];
+      if (i > 0) out += ',';
+      out += '{';
+      AppendKey(out, "forward_compute", /*first=*/true);
+      AppendDouble(out, t.forward_compute);
+      AppendField(out, "backward_compute", t.backward_compute);
+      AppendField(out, "exchange", t.exchange);
+      AppendField(out, "forward", t.forward);
+      AppendField(out, "backward", t.backward);
+      AppendField(out, "exposed_exchange", t.exposed_exchange);
+      out += '}';
+    }
+    out += ']';
+  }
+  AppendKey(out, "predicted_cluster");
+  AppendString(out, r.cluster);
+}
+
 }  // namespace
 
 std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics,
@@ -254,6 +299,7 @@ std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics,
   }
   out += "],\"metrics\":{";
   AppendMetrics(out, metrics, fields.planning_seconds, fields.cost);
+  if (fields.step != nullptr) AppendStepTime(out, *fields.step, fields.step_per_rank);
   out += '}';
   if (fields.ilp != nullptr) {
     out += ",\"ilp\":{";

@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "core/analysis.h"
 #include "core/cost_model.h"
+#include "core/step_time.h"
 #include "core/strategies.h"
 #include "core/types.h"
 
@@ -30,6 +31,11 @@ struct PlanJsonFields {
   // Written into "metrics" (cost_profile .. predicted_cost_imbalance) when
   // set, as the service does for every plan.
   const PlanCostReport* cost = nullptr;
+  // Written into "metrics" (predicted_step_seconds .. predicted_cluster,
+  // rank_predicted_times only with step_per_rank) when set, as
+  // proto::StepTimeToProto does.
+  const StepTimeReport* step = nullptr;
+  bool step_per_rank = false;
 };
 
 // One JSON object, one line, no trailing newline: flashcp.v1.PlanResponse

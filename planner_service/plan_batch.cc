@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/analysis.h"
 #include "core/ilp/ilp.h"
 #include "core/status_macros.h"
+#include "core/step_choice.h"
+#include "core/step_time.h"
 #include "core/strategies.h"
 
 namespace flashcp::planner_service {
@@ -39,8 +42,18 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
   core::PlanOptions options = input.options;
   options.ilp.solver = core::ilp::Solve;  // the planner links the ILP
   core::PlanInfo info;
-  FLASHCP_ASSIGN_OR_RETURN(const core::Plan plan,
-                           core::MakePlan(input.strategy, input.batch, options, &info));
+  std::optional<core::StepTimeReport> step;
+  core::Plan plan;
+  if (input.choose_by_step_time && input.step_time.has_value() &&
+      input.strategy == core::Strategy::kFlashCp) {
+    FLASHCP_ASSIGN_OR_RETURN(
+        core::StepChoice choice,
+        core::PlanFlashCpByStepTime(input.batch, options, input.shape, *input.step_time));
+    plan = std::move(choice.plan);
+    step = std::move(choice.report);
+  } else {
+    FLASHCP_ASSIGN_OR_RETURN(plan, core::MakePlan(input.strategy, input.batch, options, &info));
+  }
   FLASHCP_RETURN_IF_ERROR(input.options.stop.Check());
   FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics metrics,
                            core::AnalyzePlan(plan, input.shape, input.options.ranks_per_node));
@@ -52,11 +65,20 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
   const core::PlanCostReport cost{input.cost_profile, input.options.cost, input.cost_calibrated,
                                   core::PredictPlanCost(input.options.cost, plan,
                                                         input.options.rank_speed)};
+  if (input.step_time.has_value() && !step.has_value()) {
+    FLASHCP_ASSIGN_OR_RETURN(
+        step, core::ReportStepTime(input.strategy, plan, input.shape, input.step_time->layers,
+                                   input.step_time->cluster, input.step_time->cluster_name));
+  }
   const double seconds = absl::ToDoubleSeconds(clock.Now() - start);
   observer.OnPlanned(input.strategy, seconds, metrics);
-  return proto::ResponseToProto(input.batch_id, input.strategy, plan, metrics,
-                                layout ? &*layout : nullptr, seconds,
-                                input.strategy == core::Strategy::kIlp ? &info : nullptr, &cost);
+  v1::PlanResponse response = proto::ResponseToProto(
+      input.batch_id, input.strategy, plan, metrics, layout ? &*layout : nullptr, seconds,
+      input.strategy == core::Strategy::kIlp ? &info : nullptr, &cost);
+  if (step.has_value()) {
+    proto::StepTimeToProto(*step, input.step_time->per_rank, response.mutable_metrics());
+  }
+  return response;
 }
 
 absl::StatusOr<std::string> SerializeResponse(const v1::PlanResponse& response,

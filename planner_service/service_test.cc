@@ -20,6 +20,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "core/step_choice.h"
+#include "core/step_time.h"
+#include "core/strategies.h"
 #include "core/testing/status_matchers.h"
 #include "core/testing/ticking_clock.h"
 #include "gmock/gmock.h"
@@ -113,6 +116,47 @@ TEST(PlanBatchTest, PlanningSecondsComeFromTheInjectedClock) {
   EXPECT_EQ(observer.planned[0].method, "ring");
   EXPECT_EQ(observer.planned[0].seconds, 0.001);
   EXPECT_DOUBLE_EQ(observer.imbalances[0], 11.0 / 10.5);
+}
+
+// A request naming a cluster gets the step-time model's prediction of its
+// plan, exactly core::ReportStepTime's; by step time, flashcp's plan is
+// PlanFlashCpByStepTime's.
+TEST(PlanBatchTest, PredictedStepTimeWhenAClusterIsNamed) {
+  core::testing::TickingClock clock{kTick};
+  RecordingObserver observer;
+  proto::PlanInput in;
+  in.batch = core::Batch{{4000, 3000, 900, 500, 300, 200, 100}, 4};
+  in.strategy = core::Strategy::kFlashCp;
+  in.options.ranks_per_node = 2;
+  core::StepTimeOptions step;
+  step.cluster_name = "h100-sxm";
+  step.cluster = core::ClusterPreset("h100-sxm").value();
+  step.cluster.ranks_per_node = 2;
+  step.layers = 3;
+  step.per_rank = true;
+  in.step_time = step;
+  absl::StatusOr<v1::PlanResponse> r = PlanBatch(in, clock, observer);
+  ASSERT_THAT(r, IsOk());
+  absl::StatusOr<core::Plan> plan = core::MakePlan(in.strategy, in.batch, in.options);
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<core::StepTimeReport> want =
+      core::ReportStepTime(in.strategy, *plan, in.shape, 3, step.cluster, "h100-sxm");
+  ASSERT_THAT(want, IsOk());
+  EXPECT_EQ(r->metrics().predicted_step_seconds(), want->native().step_seconds);
+  EXPECT_EQ(r->metrics().predicted_exchange(), core::StepExchangeName(want->exchange));
+  EXPECT_EQ(r->metrics().predicted_cluster(), "h100-sxm");
+  EXPECT_EQ(r->metrics().predicted_exchanges_size(), core::kNumStepExchanges);
+  EXPECT_EQ(r->metrics().rank_predicted_times_size(), 4);
+
+  in.choose_by_step_time = true;
+  r = PlanBatch(in, clock, observer);
+  ASSERT_THAT(r, IsOk());
+  absl::StatusOr<core::StepChoice> choice =
+      core::PlanFlashCpByStepTime(in.batch, in.options, in.shape, step);
+  ASSERT_THAT(choice, IsOk());
+  EXPECT_EQ(r->metrics().predicted_step_seconds(), choice->report.native().step_seconds);
+  EXPECT_LE(r->metrics().predicted_step_seconds(), want->native().step_seconds);
+  ASSERT_EQ(r->shards_size(), static_cast<int>(choice->plan.shards.size()));
 }
 
 TEST(PlanBatchTest, CoreErrorsPassThroughUnchanged) {
@@ -223,7 +267,7 @@ TEST(ServerOptionsTest, DefaultsAreTheProductionLimits) {
   EXPECT_EQ(c.stream_window_bytes, o.stream_window_bytes);
   EXPECT_EQ(c.ilp_time_limit, o.ilp_time_limit);
   // The largest Rendezvous request, above the largest PlanRequest at these
-  // limits (337,103 bytes), not one at core::BatchLimits{}.
+  // limits (337,338 bytes), not one at core::BatchLimits{}.
   EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);
 }
 
@@ -472,13 +516,13 @@ TEST(RawMessagesTest, HugeFieldsAreEchoedShortAndOversizedRequestsRefusedUnparse
                 "strategy: unknown strategy \"", std::string(64, 's'),
                 "\"... (8192 bytes) (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, "
                 "flashcp, ilp, magi)")));
-  // 337,103 bytes at the default limits (proto/convert_test.cc); 400,000 here.
+  // 337,338 bytes at the default limits (proto/convert_test.cc); 400,000 here.
   r = PlanRequestOf(2, {5, 3}, 2, std::string(400'000, 's'));
   EXPECT_EQ(UnaryPlan(*stub, r, &response),
             absl::ResourceExhaustedError(absl::StrCat(
                 "request: ", r.ByteSizeLong(),
                 " bytes, above the largest valid flashcp.v1.PlanRequest at this server's "
-                "--max_docs, --max_tokens and --max_cp_size (337103 bytes)")));
+                "--max_docs, --max_tokens and --max_cp_size (337338 bytes)")));
   // The receive limit: the larger of that and the largest Rendezvous
   // request (1 MiB value; 4,096 keys of 256 bytes), not 64 MiB.
   EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);

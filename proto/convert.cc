@@ -77,6 +77,58 @@ void LayoutToProto(const core::CommLayout& layout,
   }
 }
 
+// The step-time options of a request; nullopt when it names no cluster.
+absl::StatusOr<std::optional<core::StepTimeOptions>> StepTimeFromRequest(
+    const v1::PlanRequest& request, int32_t ranks_per_node, const core::ModelShape& shape) {
+  if (request.cluster().empty() && !request.has_cluster_spec()) {
+    if (request.layers() != 0 || request.include_rank_step_times()) {
+      return absl::InvalidArgumentError(
+          "cluster: layers and include_rank_step_times need a cluster (cluster or cluster_spec)");
+    }
+    return std::nullopt;
+  }
+  core::StepTimeOptions o;
+  if (static_cast<int64_t>(request.cluster().size()) > kMaxCostProfileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster: at most ", kMaxCostProfileBytes,
+                                                   " bytes, got ", request.cluster().size()));
+  }
+  if (!request.cluster().empty()) {
+    absl::StatusOr<core::ClusterSpec> preset = core::ClusterPreset(request.cluster());
+    if (!preset.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("cluster: ", preset.status().message()));
+    }
+    o.cluster = *preset;
+    o.cluster_name = request.cluster();
+  }
+  const v1::ClusterSpec& spec = request.cluster_spec();
+  core::ClusterSpec& c = o.cluster;
+  if (spec.has_nvlink_bytes_per_second()) c.nvlink_bytes_per_second = spec.nvlink_bytes_per_second();
+  if (spec.has_nvlink_latency_seconds()) c.nvlink_latency_seconds = spec.nvlink_latency_seconds();
+  if (spec.has_nic_bytes_per_second()) c.nic_bytes_per_second = spec.nic_bytes_per_second();
+  if (spec.has_nic_latency_seconds()) c.nic_latency_seconds = spec.nic_latency_seconds();
+  if (spec.has_compute()) c.compute = CostFromProto(spec.compute());
+  if (spec.has_profile_query_heads()) c.profile_query_heads = spec.profile_query_heads();
+  if (spec.has_profile_head_dim()) c.profile_head_dim = spec.profile_head_dim();
+  if (spec.has_compute_scale()) c.compute_scale = spec.compute_scale();
+  if (spec.has_forward_fraction()) c.forward_fraction = spec.forward_fraction();
+  if (spec.has_hbm_bytes_per_second()) c.hbm_bytes_per_second = spec.hbm_bytes_per_second();
+  if (spec.has_merge_passes()) c.merge_passes = spec.merge_passes();
+  if (spec.has_overlap_whole_shards()) c.overlap_whole_shards = spec.overlap_whole_shards();
+  c.ranks_per_node = ranks_per_node;
+  if (absl::Status s = core::ValidateClusterSpec(c); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster_spec.", s.message()));
+  }
+  o.layers = request.layers() == 0 ? 1 : request.layers();
+  FLASHCP_RETURN_IF_ERROR(core::ValidateStepShape(shape, o.layers));
+  if (request.cp_size() > core::kMaxStepTimeCpSize) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster: step time is predicted for at most ",
+                                                   core::kMaxStepTimeCpSize, " ranks, cp_size is ",
+                                                   request.cp_size()));
+  }
+  o.per_rank = request.include_rank_step_times();
+  return o;
+}
+
 }  // namespace
 
 absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
@@ -153,6 +205,18 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
   in.options.rank_speed.assign(request.rank_speed().begin(), request.rank_speed().end());
   FLASHCP_RETURN_IF_ERROR(
       core::ValidateRankSpeeds(in.options.rank_speed, in.batch.cp_size, in.options.cost));
+  if (request.query_heads() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "query_heads: must be >= 0 (0: equal to heads), got ", request.query_heads()));
+  }
+  in.shape.query_heads = request.query_heads();
+  FLASHCP_ASSIGN_OR_RETURN(in.step_time, StepTimeFromRequest(request, in.options.ranks_per_node,
+                                                             in.shape));
+  in.choose_by_step_time = request.choose_by_step_time();
+  if (in.choose_by_step_time && !in.step_time.has_value()) {
+    return absl::InvalidArgumentError(
+        "choose_by_step_time: needs a cluster (cluster or cluster_spec)");
+  }
   return in;
 }
 
@@ -251,9 +315,14 @@ int64_t MaxRequestBytes(const core::BatchLimits& limits) {
   const int64_t cost = Delimited(kMaxCostProfileBytes) + Delimited(4 * kDouble);
   // rank_speed: one per rank, each with its own tag (unpacked) at the widest.
   const int64_t rank_speed = int64_t{limits.max_cp_size} * kDouble;
+  // Fields 25 and 30-34 (two-byte tags): query_heads, cluster, cluster_spec
+  // (eight doubles, compute, two int32, a bool), layers and two bools.
+  const int64_t cluster_spec = 1 + Delimited(8 * kDouble + Delimited(4 * kDouble) + 2 * kInt64 + 2);
+  const int64_t step = (1 + kInt64) + (2 + 1 + kMaxCostProfileBytes) + cluster_spec +
+                       (1 + kInt64) + 2 * 3;
   // ... min_shard_tokens, ranks_per_node, then the cost.
   return kInt64 + doc_lens + kInt64 + strategy + kDouble + 3 * kInt64 + 2 + kInt64 + kInt64 +
-         cost + rank_speed;
+         cost + rank_speed + step;
 }
 
 int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
@@ -290,7 +359,16 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
                           // imbalance, rank_speed
                           Delimited(kMaxCostProfileBytes) + Delimited(4 * kDouble) + 2 +
                           per_rank(8) + kDouble + per_rank(8);
-  bytes += Delimited(metrics);
+  // The step time (fields 30-38, two-byte tags): five doubles, two names
+  // of at most kMaxCostProfileBytes, one entry per exchange (name, three
+  // doubles) and per rank six doubles.
+  const int64_t step =
+      !input.step_time.has_value()
+          ? 0
+          : 5 * (2 + 8) + 2 * (2 + 1 + kMaxCostProfileBytes) +
+                core::kNumStepExchanges * (2 + 1 + (1 + 1 + 16) + 3 * kDouble) +
+                (input.step_time->per_rank ? ranks * (2 + 1 + 6 * kDouble) : 0);
+  bytes += Delimited(metrics + step);
   if (input.strategy == core::Strategy::kIlp) bytes += Delimited(2 + kDouble + kInt64);  // ilp
   if (input.include_layout) {
     // Every shard once in some rank's list; the non-last ones (all but one
@@ -304,6 +382,36 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
              nonlast * send + nonlast * (ranks - 1) * shard_index;
   }
   return bytes;
+}
+
+void StepTimeToProto(const core::StepTimeReport& report, bool per_rank, v1::PlanMetrics* m) {
+  const core::StepTimePrediction& p = report.native();
+  m->set_predicted_step_seconds(p.step_seconds);
+  m->set_predicted_exchange(std::string(core::StepExchangeName(report.exchange)));
+  m->set_predicted_forward_seconds(p.forward_seconds);
+  m->set_predicted_backward_seconds(p.backward_seconds);
+  m->set_predicted_exposed_exchange_seconds(p.exposed_exchange_seconds);
+  m->set_predicted_compute_seconds(p.layers * p.compute_seconds);
+  for (int e = 0; e < core::kNumStepExchanges; ++e) {
+    const core::StepTimePrediction& x = report.all[e];
+    v1::ExchangeStepTime* out = m->add_predicted_exchanges();
+    out->set_exchange(std::string(core::StepExchangeName(static_cast<core::StepExchange>(e))));
+    out->set_step_seconds(x.step_seconds);
+    out->set_exposed_exchange_seconds(x.exposed_exchange_seconds);
+    out->set_exchange_seconds(x.exchange_seconds);
+  }
+  if (per_rank) {
+    for (const core::RankStepTime& r : p.ranks) {
+      v1::RankPredictedTime* out = m->add_rank_predicted_times();
+      out->set_forward_compute(r.forward_compute);
+      out->set_backward_compute(r.backward_compute);
+      out->set_exchange(r.exchange);
+      out->set_forward(r.forward);
+      out->set_backward(r.backward);
+      out->set_exposed_exchange(r.exposed_exchange);
+    }
+  }
+  m->set_predicted_cluster(report.cluster);
 }
 
 v1::PlanResponse ErrorResponseToProto(uint64_t batch_id, const absl::Status& status) {

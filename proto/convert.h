@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "core/analysis.h"
 #include "core/cost_model.h"
+#include "core/step_time.h"
 #include "core/strategies.h"
 #include "core/types.h"
 #include "flashcp/v1/planner.pb.h"
@@ -51,6 +53,11 @@ struct PlanInput {
   // its calibrated fit where it has one (cost_calibrated).
   std::string cost_profile = std::string(core::kPairsProfile);
   bool cost_calibrated = false;
+  // The step-time model's inputs when the request named a cluster
+  // (cluster or cluster_spec); its cluster's ranks_per_node is
+  // options.ranks_per_node.
+  std::optional<core::StepTimeOptions> step_time;
+  bool choose_by_step_time = false;  // flashcp only; needs step_time
 };
 
 // Applies the defaults and validates, in this order: the batch against
@@ -61,7 +68,11 @@ struct PlanInput {
 // (0: one node; else <= 65536), heads, head_dim and dtype_bytes, then the
 // cost (cost_profile at most kMaxCostProfileBytes and a known profile, not
 // both it and cost, cost's coefficients core::ValidateCostCoefficients,
-// "cost.<field>: ..."), rank_speed (core::ValidateRankSpeeds); every error is InvalidArgument unless noted and its
+// "cost.<field>: ..."), rank_speed (core::ValidateRankSpeeds), query_heads
+// (>= 0), then the step time: cluster (a core::ClusterPreset, at most
+// kMaxCostProfileBytes), cluster_spec (overrides; core::ValidateClusterSpec,
+// "cluster_spec.<field>: ..."), layers (0: 1; core::ValidateStepShape with
+// the shape) and choose_by_step_time (needs a cluster); every error is InvalidArgument unless noted and its
 // message starts with the field's name.
 // `resolve`, when given, supplies a named profile's coefficients (and whether
 // they are a calibrated fit, cost_calibrated) in place of the shipped ones,
@@ -105,6 +116,10 @@ v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
 // field for strategy ilp), and under
 // the layout each non-last shard sent to at most N - 1 ranks.
 int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards);
+
+// The step-time report into `metrics` (fields predicted_*), each rank's
+// times too when `per_rank`.
+void StepTimeToProto(const core::StepTimeReport& report, bool per_rank, v1::PlanMetrics* metrics);
 
 // A failed item: only batch_id and error are set. `status` must not be OK.
 v1::PlanResponse ErrorResponseToProto(uint64_t batch_id, const absl::Status& status);

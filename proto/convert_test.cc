@@ -68,6 +68,33 @@ TEST(RequestFromProtoTest, ExplicitFieldsAreKept) {
   EXPECT_TRUE(in->include_layout);
 }
 
+TEST(RequestFromProtoTest, ClusterPresetWithOverrides) {
+  v1::PlanRequest r = GoodRequest();
+  EXPECT_FALSE(RequestFromProto(r, core::BatchLimits{})->step_time.has_value());
+  r.set_cluster("h100-sxm");
+  r.set_ranks_per_node(1);
+  r.set_query_heads(64);
+  r.set_layers(48);
+  r.set_include_rank_step_times(true);
+  r.set_choose_by_step_time(true);
+  r.mutable_cluster_spec()->set_nic_bytes_per_second(25e9);
+  r.mutable_cluster_spec()->set_overlap_whole_shards(false);
+  absl::StatusOr<PlanInput> in = RequestFromProto(r, core::BatchLimits{});
+  ASSERT_THAT(in, IsOk());
+  ASSERT_TRUE(in->step_time.has_value());
+  EXPECT_EQ(in->shape.query_heads, 64);
+  EXPECT_EQ(in->step_time->cluster_name, "h100-sxm");
+  EXPECT_EQ(in->step_time->layers, 48);
+  EXPECT_TRUE(in->step_time->per_rank);
+  EXPECT_TRUE(in->choose_by_step_time);
+  const core::ClusterSpec& c = in->step_time->cluster;
+  EXPECT_EQ(c.ranks_per_node, 1);
+  EXPECT_EQ(c.nic_bytes_per_second, 25e9);
+  EXPECT_FALSE(c.overlap_whole_shards);
+  EXPECT_EQ(c.nvlink_bytes_per_second, core::ClusterPreset("h100-sxm")->nvlink_bytes_per_second);
+  EXPECT_EQ(c.hbm_bytes_per_second, 3.35e12);
+}
+
 TEST(RequestFromProtoTest, RequestToProtoRoundTrips) {
   core::Batch batch{{10, 20, 30}, 4};
   core::PlanOptions options;
@@ -169,6 +196,44 @@ TEST(RequestFromProtoTest, EveryBadFieldIsNamedWithItsCode) {
        [](v1::PlanRequest& r) { r.set_target_imbalance(std::nan("")); },
        absl::StatusCode::kInvalidArgument,
        "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got nan"},
+      {"query_heads negative", [](v1::PlanRequest& r) { r.set_query_heads(-2); },
+       absl::StatusCode::kInvalidArgument,
+       "query_heads: must be >= 0 (0: equal to heads), got -2"},
+      {"unknown cluster", [](v1::PlanRequest& r) { r.set_cluster("tpu"); },
+       absl::StatusCode::kInvalidArgument,
+       "cluster: cluster preset \"tpu\" is unknown; known: h100-sxm, h200"},
+      {"cluster_spec bandwidth 0",
+       [](v1::PlanRequest& r) { r.mutable_cluster_spec()->set_nic_bytes_per_second(0); },
+       absl::StatusCode::kInvalidArgument,
+       "cluster_spec.nic_bytes_per_second: must be finite and > 0, got 0"},
+      {"cluster_spec forward_fraction",
+       [](v1::PlanRequest& r) {
+         r.set_cluster("h200");
+         r.mutable_cluster_spec()->set_forward_fraction(1.5);
+       },
+       absl::StatusCode::kInvalidArgument,
+       "cluster_spec.forward_fraction: must be in (0, 1), got 1.5"},
+      {"layers without a cluster", [](v1::PlanRequest& r) { r.set_layers(4); },
+       absl::StatusCode::kInvalidArgument,
+       "cluster: layers and include_rank_step_times need a cluster (cluster or cluster_spec)"},
+      {"layers negative",
+       [](v1::PlanRequest& r) {
+         r.set_cluster("h200");
+         r.set_layers(-1);
+       },
+       absl::StatusCode::kInvalidArgument, "layers: must be in [1, 100000], got -1"},
+      {"query_heads not a multiple",
+       [](v1::PlanRequest& r) {
+         r.set_cluster("h200");
+         r.set_heads(4);
+         r.set_query_heads(6);
+       },
+       absl::StatusCode::kInvalidArgument,
+       "query_heads: must be 0 (= heads) or a multiple of heads (4) up to 1048576, got 6"},
+      {"choose_by_step_time without a cluster",
+       [](v1::PlanRequest& r) { r.set_choose_by_step_time(true); },
+       absl::StatusCode::kInvalidArgument,
+       "choose_by_step_time: needs a cluster (cluster or cluster_spec)"},
       {"ranks_per_node negative", [](v1::PlanRequest& r) { r.set_ranks_per_node(-1); },
        absl::StatusCode::kInvalidArgument,
        "ranks_per_node: must be in [0, 65536] (0: one node), got -1"},
@@ -448,8 +513,10 @@ TEST(MaxRequestBytesTest, HandWorkedAndAboveTheWidestValidRequest) {
   // Per field: batch_id 11, 65,536 unpacked doc_lens of 1 + 4 bytes, cp_size
   // 11, "flashcp_paper" 15, target_imbalance 9, heads, head_dim, dtype_bytes
   // 33, include_layout 2, min_shard_tokens 11, ranks_per_node 11,
-  // cost_profile 2 + 64, cost 2 + 4 x 9, 1,024 unpacked rank_speed of 9.
-  EXPECT_EQ(MaxRequestBytes(core::BatchLimits{65536, int64_t{1} << 24, 1024}), 337'103);
+  // cost_profile 2 + 64, cost 2 + 4 x 9, 1,024 unpacked rank_speed of 9;
+  // query_heads 12, cluster 3 + 64, cluster_spec 4 + 8 x 9 + 38 + 2 x 11 + 2,
+  // layers 12, include_rank_step_times and choose_by_step_time 3 each.
+  EXPECT_EQ(MaxRequestBytes(core::BatchLimits{65536, int64_t{1} << 24, 1024}), 337'338);
   const core::BatchLimits limits{100, 1000, 8};
   v1::PlanRequest r;
   r.set_batch_id(UINT64_MAX);
@@ -469,6 +536,27 @@ TEST(MaxRequestBytesTest, HandWorkedAndAboveTheWidestValidRequest) {
   r.mutable_cost()->set_sequence(1.5);
   r.mutable_cost()->set_token(1.5);
   for (int i = 0; i < 8; ++i) r.add_rank_speed(1.5);
+  r.set_query_heads(-1);
+  r.set_cluster(std::string(kMaxCostProfileBytes, 'c'));
+  v1::ClusterSpec* c = r.mutable_cluster_spec();
+  c->set_nvlink_bytes_per_second(1.5);
+  c->set_nvlink_latency_seconds(1.5);
+  c->set_nic_bytes_per_second(1.5);
+  c->set_nic_latency_seconds(1.5);
+  c->mutable_compute()->set_whole_pair(1.5);
+  c->mutable_compute()->set_prefixed_pair(1.5);
+  c->mutable_compute()->set_sequence(1.5);
+  c->mutable_compute()->set_token(1.5);
+  c->set_profile_query_heads(-1);
+  c->set_profile_head_dim(-1);
+  c->set_compute_scale(1.5);
+  c->set_forward_fraction(1.5);
+  c->set_hbm_bytes_per_second(1.5);
+  c->set_merge_passes(1.5);
+  c->set_overlap_whole_shards(true);
+  r.set_layers(-1);
+  r.set_include_rank_step_times(true);
+  r.set_choose_by_step_time(true);
   EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()), MaxRequestBytes(limits));
   // Unpacked doc_lens of the largest length: tag and varint each.
   EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()) - (2 + 100) + 100 * (1 + 2),
@@ -506,9 +594,21 @@ TEST(MaxResponseBytesTest, BoundsRealResponsesOnRandomBatches) {
                                         core::PredictPlanCost(
                                             {1.5, 1.5, 1.5, 1.5}, *plan,
                                             std::vector<double>(in.batch.cp_size, 1.5))};
-        const v1::PlanResponse r = ResponseToProto(in.batch_id, s, *plan, *metrics,
-                                                   with_layout ? &*layout : nullptr, 123.25,
-                                                   /*ilp=*/nullptr, &cost);
+        v1::PlanResponse r = ResponseToProto(in.batch_id, s, *plan, *metrics,
+                                             with_layout ? &*layout : nullptr, 123.25,
+                                             /*ilp=*/nullptr, &cost);
+        // With the layout, the step time too (per rank every other batch).
+        in.step_time.reset();
+        if (with_layout) {
+          core::StepTimeOptions step;
+          step.cluster_name = std::string(kMaxCostProfileBytes, 'c');
+          step.per_rank = i % 2 == 0;
+          absl::StatusOr<core::StepTimeReport> report = core::ReportStepTime(
+              s, *plan, in.shape, 1, step.cluster, step.cluster_name);
+          ASSERT_THAT(report, IsOk());
+          StepTimeToProto(*report, step.per_rank, r.mutable_metrics());
+          in.step_time = step;
+        }
         EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()),
                   MaxResponseBytes(in, core::MaxPlanShards(s, in.batch)))
             << core::StrategyName(s) << " batch " << i << " layout " << with_layout;

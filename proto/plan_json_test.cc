@@ -11,6 +11,7 @@
 #include "core/analysis.h"
 #include "core/datasets.h"
 #include "core/ilp/ilp.h"
+#include "core/step_time.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
 #include "flashcp/v1/planner.pb.h"
@@ -57,14 +58,24 @@ TEST(PlanJsonSchemaTest, EveryStrategyOnADataSetParsesToResponseToProto) {
       const double seconds = 0.001 * static_cast<double>(i + 1) / 3;  // not a short decimal
       const core::PlanCostReport cost{std::string(core::kPairsProfile), options.cost, false,
                                       core::PredictPlanCost(options.cost, *plan)};
+      // Batch 0 without a step time, 1 with, 2 with per-rank times too.
+      core::ClusterSpec cluster = core::ClusterPreset("h100-sxm").value();
+      cluster.ranks_per_node = 2;
+      absl::StatusOr<core::StepTimeReport> step =
+          core::ReportStepTime(s, *plan, shape, /*layers=*/3, cluster, "h100-sxm");
+      ASSERT_THAT(step, IsOk());
+      const bool per_rank = i == 2;
       const std::string json = core::PlanToJson(
           *plan, *metrics,
           {.batch_id = i, .strategy = core::StrategyName(s), .planning_seconds = seconds,
-           .ilp = ilp, .cost = &cost});
+           .ilp = ilp, .cost = &cost, .step = i > 0 ? &*step : nullptr,
+           .step_per_rank = per_rank});
       absl::StatusOr<v1::PlanResponse> parsed = Parse(json);
       ASSERT_THAT(parsed, IsOk()) << json;
-      const v1::PlanResponse want =
+      v1::PlanResponse want =
           ResponseToProto(i, s, *plan, *metrics, /*layout=*/nullptr, seconds, ilp, &cost);
+      if (i > 0) StepTimeToProto(*step, per_rank, want.mutable_metrics());
+      EXPECT_EQ(want.metrics().rank_predicted_times_size(), per_rank ? 4 : 0);
       std::string diff;
       google::protobuf::util::MessageDifferencer differencer;
       differencer.ReportDifferencesToString(&diff);
