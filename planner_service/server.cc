@@ -24,8 +24,8 @@
 #include "prometheus/exposer.h"
 #include "proto/convert.h"
 #include "proto/rendezvous_limits.h"
-#include "runtime/process/host_port.h"
-#include "runtime/process/signals.h"
+#include "core/runtime/process/host_port.h"
+#include "core/runtime/process/signals.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -65,9 +65,9 @@ absl::StatusOr<ServeRole> ParseServeRole(absl::string_view name) {
 }
 
 absl::Status ValidateOptions(const ServerOptions& o) {
-  FLASHCP_RETURN_IF_ERROR(runtime::process::SplitHostPort(o.listen, "--listen").status());
+  FLASHCP_RETURN_IF_ERROR(core::runtime::process::SplitHostPort(o.listen, "--listen").status());
   if (!o.metrics.empty()) {
-    FLASHCP_RETURN_IF_ERROR(runtime::process::SplitHostPort(o.metrics, "--metrics").status());
+    FLASHCP_RETURN_IF_ERROR(core::runtime::process::SplitHostPort(o.metrics, "--metrics").status());
   }
   if (o.threads < 1 || o.threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("--threads: must be in [1, 1024], got ",
@@ -158,7 +158,7 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--listener_stall_checks: must be at least 1, got ", o.listener_stall_checks));
   }
-  FLASHCP_RETURN_IF_ERROR(runtime::metrics_endpoint::ValidateEndpointOptions(o.metrics_http));
+  FLASHCP_RETURN_IF_ERROR(core::runtime::metrics_endpoint::ValidateEndpointOptions(o.metrics_http));
   return ValidateRendezvousOptions(o.rendezvous);
 }
 
@@ -208,7 +208,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     RendezvousObserver* rendezvous_observer) {
   FLASHCP_RETURN_IF_ERROR(ValidateOptions(options));
   FLASHCP_ASSIGN_OR_RETURN(const auto host_port,
-                           runtime::process::SplitHostPort(options.listen, "--listen"));
+                           core::runtime::process::SplitHostPort(options.listen, "--listen"));
   FLASHCP_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                            MakeCredentials(options));
 
@@ -337,16 +337,16 @@ void PlannerServer::Shutdown() {
 
 absl::Status RunPlanner(const ServerOptions& options,
                         std::shared_ptr<prometheus::Registry> registry) {
-  const runtime::process::SignalWaiter signals({SIGTERM, SIGINT, SIGUSR1});
+  const core::runtime::process::SignalWaiter signals({SIGTERM, SIGINT, SIGUSR1});
   FLASHCP_RETURN_IF_ERROR(ValidateOptions(options));
 
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string metrics_address;
   if (!options.metrics.empty()) {
     FLASHCP_ASSIGN_OR_RETURN(const auto host_port,
-                             runtime::process::SplitHostPort(options.metrics, "--metrics"));
+                             core::runtime::process::SplitHostPort(options.metrics, "--metrics"));
     FLASHCP_ASSIGN_OR_RETURN(exposer,
-                             runtime::metrics_endpoint::StartExposer(options.metrics, options.metrics_http));
+                             core::runtime::metrics_endpoint::StartExposer(options.metrics, options.metrics_http));
     exposer->RegisterCollectable(registry);
     metrics_address = absl::StrCat(host_port.first, ":", exposer->GetListeningPorts().front());
   }

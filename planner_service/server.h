@@ -24,7 +24,7 @@
 #include "planner_service/rendezvous_service.h"
 #include "planner_service/service.h"
 #include "prometheus/registry.h"
-#include "runtime/metrics_endpoint/metrics_endpoint.h"
+#include "core/runtime/metrics_endpoint/metrics_endpoint.h"
 
 namespace flashcp::planner_service {
 
@@ -71,7 +71,7 @@ struct ServerOptions {
   // (0 disables the check); see listener_watchdog.h.
   absl::Duration listener_check_interval = absl::Seconds(1);
   int listener_stall_checks = 5;
-  runtime::metrics_endpoint::EndpointOptions metrics_http;  // the /metrics server's bounds
+  core::runtime::metrics_endpoint::EndpointOptions metrics_http;  // the /metrics server's bounds
   bool testing_hold_planning = false;    // test hook: plan nothing until SIGUSR1
   std::string version;                   // build version, for GetServerInfo and build_info
 };

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace flashcp::runtime::process {
+namespace flashcp::core::runtime::process {
 
 class SignalWaiter {
  public:
@@ -31,6 +31,6 @@ class SignalWaiter {
   sigset_t previous_;
 };
 
-}  // namespace flashcp::runtime::process
+}  // namespace flashcp::core::runtime::process
 
 #endif  // FLASHCP_RUNTIME_PROCESS_SIGNALS_H_

@@ -6,13 +6,13 @@
 #ifndef FLASHCP_RUNTIME_METRICS_ENDPOINT_ENDPOINT_FLAGS_H_
 #define FLASHCP_RUNTIME_METRICS_ENDPOINT_ENDPOINT_FLAGS_H_
 
-#include "runtime/metrics_endpoint/metrics_endpoint.h"
+#include "core/runtime/metrics_endpoint/metrics_endpoint.h"
 
-namespace flashcp::runtime::metrics_endpoint {
+namespace flashcp::core::runtime::metrics_endpoint {
 
 // The flags as parsed, unchecked (ValidateEndpointOptions checks them).
 EndpointOptions EndpointOptionsFromFlags();
 
-}  // namespace flashcp::runtime::metrics_endpoint
+}  // namespace flashcp::core::runtime::metrics_endpoint
 
 #endif  // FLASHCP_RUNTIME_METRICS_ENDPOINT_ENDPOINT_FLAGS_H_

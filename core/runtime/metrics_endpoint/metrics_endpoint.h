@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "prometheus/exposer.h"
 
-namespace flashcp::runtime::metrics_endpoint {
+namespace flashcp::core::runtime::metrics_endpoint {
 
 struct EndpointOptions {
   int threads = 8;  // connections served at once (civetweb num_threads), 1..256
@@ -41,6 +41,6 @@ std::vector<std::string> CivetwebOptions(absl::string_view address,
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartExposer(absl::string_view address,
                                                                   const EndpointOptions& options);
 
-}  // namespace flashcp::runtime::metrics_endpoint
+}  // namespace flashcp::core::runtime::metrics_endpoint
 
 #endif  // FLASHCP_RUNTIME_METRICS_ENDPOINT_METRICS_ENDPOINT_H_

@@ -8,13 +8,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace flashcp::runtime::process {
+namespace flashcp::core::runtime::process {
 
 // "host:port" -> ("host", port); the host may be bracketed IPv6 ("[::1]").
 // InvalidArgument naming `flag` unless the port is 0..65535 and the host non-empty.
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address,
                                                           absl::string_view flag);
 
-}  // namespace flashcp::runtime::process
+}  // namespace flashcp::core::runtime::process
 
 #endif  // FLASHCP_RUNTIME_PROCESS_HOST_PORT_H_
