@@ -66,19 +66,6 @@ absl::StatusOr<Response> Unary(const CallOptions& options, Call call) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag,
-                                    absl::string_view pem_label) {
-  FLASHCP_ASSIGN_OR_RETURN(std::string pem, core::ReadFile(flag, path, kMaxPemFileBytes));
-  const size_t begin = pem.find("-----BEGIN ");
-  const size_t end = begin == std::string::npos ? begin : pem.find("-----", begin + 11);
-  if (end == std::string::npos ||
-      !absl::EndsWith(absl::string_view(pem).substr(begin, end - begin), pem_label)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": \"", path, "\" holds no PEM ", pem_label));
-  }
-  return pem;
-}
-
 absl::StatusOr<ChannelOptions> WithTls(ChannelOptions options, const TlsOptions& tls) {
   if (tls.ca_file.empty()) {
     return absl::InvalidArgumentError(
@@ -88,12 +75,13 @@ absl::StatusOr<ChannelOptions> WithTls(ChannelOptions options, const TlsOptions&
     return absl::InvalidArgumentError("--tls_cert, --tls_key: set both or neither");
   }
   grpc::SslCredentialsOptions ssl;
-  FLASHCP_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(tls.ca_file, "--tls_ca", "CERTIFICATE"));
+  FLASHCP_ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                           core::ReadPem(tls.ca_file, "--tls_ca", "CERTIFICATE"));
   if (!tls.cert_file.empty()) {
     FLASHCP_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
-                             ReadPem(tls.cert_file, "--tls_cert", "CERTIFICATE"));
+                             core::ReadPem(tls.cert_file, "--tls_cert", "CERTIFICATE"));
     FLASHCP_ASSIGN_OR_RETURN(ssl.pem_private_key,
-                             ReadPem(tls.key_file, "--tls_key", "PRIVATE KEY"));
+                             core::ReadPem(tls.key_file, "--tls_key", "PRIVATE KEY"));
   }
   options.credentials = grpc::SslCredentials(ssl);
   if (options.credentials == nullptr) {  // gRPC could not make them (out of memory)

@@ -54,21 +54,9 @@ struct TlsOptions {
 // change to the files does not affect the channel) and tls_server_name set.
 // InvalidArgument naming the flag for an empty ca_file, for cert_file without
 // key_file or the reverse, or for a file that holds no PEM block of its kind
-// or is too large; ReadPem's errno-coded errors, naming the flag and the
+// or is too large; core::ReadPem's errno-coded errors, naming the flag and the
 // path, for one that cannot be opened or read.
 absl::StatusOr<ChannelOptions> WithTls(ChannelOptions options, const TlsOptions& tls);
-
-// PEM files (certificates, CA bundles, keys) are read whole, at most this
-// many bytes: a path that is no such file (/dev/zero) is refused, not held.
-inline constexpr int64_t kMaxPemFileBytes = int64_t{16} << 20;
-
-// The file at `path` for `flag`, as WithTls and flashcp-planner's TLS flags
-// read it: core::ReadFile's errors (the errno's code, naming both) if it
-// cannot be opened or read; InvalidArgument if it is above kMaxPemFileBytes
-// or holds no PEM block whose BEGIN line ends in `pem_label` ("CERTIFICATE",
-// "PRIVATE KEY"; "EC PRIVATE KEY" and "RSA PRIVATE KEY" end in the latter).
-absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag,
-                                    absl::string_view pem_label);
 
 // A channel to `target` ("host:port", "unix:path"): TLS when
 // options.credentials is set (WithTls), else plaintext.

@@ -6,7 +6,9 @@
 #include <cerrno>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace flashcp::core {
 namespace {
@@ -65,6 +67,19 @@ absl::Status WriteFile(absl::string_view what, const std::string& path, absl::st
   f.fd = -1;
   if (close(fd) != 0) return FileError(what, "write", path, errno);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag,
+                                    absl::string_view pem_label) {
+  FLASHCP_ASSIGN_OR_RETURN(std::string pem, ReadFile(flag, path, kMaxPemFileBytes));
+  const size_t begin = pem.find("-----BEGIN ");
+  const size_t end = begin == std::string::npos ? begin : pem.find("-----", begin + 11);
+  if (end == std::string::npos ||
+      !absl::EndsWith(absl::string_view(pem).substr(begin, end - begin), pem_label)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": \"", path, "\" holds no PEM ", pem_label));
+  }
+  return pem;
 }
 
 }  // namespace flashcp::core

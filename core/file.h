@@ -1,4 +1,5 @@
-// Whole-file reads and writes for the programs' edges (TLS files, --svg,
+// Whole-file reads and writes for the programs' edges (TLS files and their
+// PEM check, --svg,
 // flashcp-cpstep's rank files), their errors written once: the code is
 // absl::ErrnoToStatus's for the errno (NotFound for ENOENT, PermissionDenied
 // for EACCES, ...), the message names what the file is for (the flag) and the
@@ -31,6 +32,19 @@ absl::StatusOr<std::string> ReadFile(absl::string_view what, const std::string& 
 // `data` as the file at `path`, created or truncated (FileError, verb "open"
 // or "write").
 absl::Status WriteFile(absl::string_view what, const std::string& path, absl::string_view data);
+
+// PEM files (certificates, CA bundles, keys) are read whole, at most this
+// many bytes: a path that is no such file (/dev/zero) is refused, not held.
+inline constexpr int64_t kMaxPemFileBytes = int64_t{16} << 20;
+
+// The file at `path` for `flag`, as the client's TLS options and
+// flashcp-planner's TLS flags read it: ReadFile's errors (the errno's code,
+// naming both) if it cannot be opened or read; InvalidArgument if it is
+// above kMaxPemFileBytes or holds no PEM block whose BEGIN line ends in
+// `pem_label` ("CERTIFICATE", "PRIVATE KEY"; "EC PRIVATE KEY" and "RSA
+// PRIVATE KEY" end in the latter).
+absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag,
+                                    absl::string_view pem_label);
 
 }  // namespace flashcp::core
 

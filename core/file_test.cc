@@ -43,5 +43,26 @@ TEST(FileTest, ErrorsCarryTheErrnosCode) {
                        "--svg: cannot open \"/\": Is a directory"));
 }
 
+// ReadPem: the file's bytes where a BEGIN line ends in the label asked for;
+// InvalidArgument naming the flag and the path where none does.
+TEST(FileTest, ReadPemChecksTheLabel) {
+  const std::string path = ::testing::TempDir() + "/flashcp_file_test.pem";
+  const std::string key =
+      "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEE\n-----END EC PRIVATE KEY-----\n";
+  ASSERT_THAT(WriteFile("--out", path, key), IsOk());
+  absl::StatusOr<std::string> got = ReadPem(path, "--tls_key", "PRIVATE KEY");
+  ASSERT_THAT(got.status(), IsOk());
+  EXPECT_EQ(*got, key);
+  EXPECT_THAT(ReadPem(path, "--tls_cert", "CERTIFICATE"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--tls_cert: \"" + path + "\" holds no PEM CERTIFICATE"));
+  ASSERT_THAT(WriteFile("--out", path, "not a pem"), IsOk());
+  EXPECT_THAT(ReadPem(path, "--tls_ca", "CERTIFICATE"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--tls_ca: \"" + path + "\" holds no PEM CERTIFICATE"));
+  EXPECT_THAT(ReadPem("/nonexistent/flashcp/ca.pem", "--tls_ca", "CERTIFICATE"),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
 }  // namespace
 }  // namespace flashcp::core

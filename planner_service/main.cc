@@ -16,9 +16,9 @@
 #include "core/flags.h"
 #include "core/log.h"
 #include "core/types.h"
-#include "planner_service/metrics_endpoint/endpoint_flags.h"
 #include "planner_service/server.h"
 #include "prometheus/registry.h"
+#include "core/runtime/metrics_endpoint/endpoint_flags.h"
 
 ABSL_FLAG(std::string, listen, flashcp::planner_service::ServerOptions{}.listen,
           "gRPC address HOST:PORT; port 0 picks one");
@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
   o.grpc_max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
   o.listener_check_interval = absl::GetFlag(FLAGS_listener_check_interval);
   o.listener_stall_checks = absl::GetFlag(FLAGS_listener_stall_checks);
-  o.metrics_http = fps::metrics_endpoint::EndpointOptionsFromFlags();
+  o.metrics_http = flashcp::core::runtime::metrics_endpoint::EndpointOptionsFromFlags();
   o.testing_hold_planning = absl::GetFlag(FLAGS_testing_hold_planning);
   o.version = FLASHCP_VERSION;
   if (absl::Status s = fps::ValidateOptions(o); !s.ok()) {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/grpc_planner_client.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "core/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -21,11 +21,11 @@
 #include "grpcpp/security/server_credentials.h"
 #include "planner_service/log_limiter.h"
 #include "planner_service/metrics.h"
-#include "planner_service/process/host_port.h"
-#include "planner_service/process/signals.h"
 #include "prometheus/exposer.h"
 #include "proto/convert.h"
 #include "proto/rendezvous_limits.h"
+#include "core/runtime/process/host_port.h"
+#include "core/runtime/process/signals.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -40,13 +40,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
     const ServerOptions& options) {
   if (options.tls_cert.empty()) return grpc::InsecureServerCredentials();
   FLASHCP_ASSIGN_OR_RETURN(const std::string cert,
-                           client::ReadPem(options.tls_cert, "--tls_cert", "CERTIFICATE"));
+                           core::ReadPem(options.tls_cert, "--tls_cert", "CERTIFICATE"));
   FLASHCP_ASSIGN_OR_RETURN(const std::string key,
-                           client::ReadPem(options.tls_key, "--tls_key", "PRIVATE KEY"));
+                           core::ReadPem(options.tls_key, "--tls_key", "PRIVATE KEY"));
   grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   if (!options.tls_client_ca.empty()) {
     FLASHCP_ASSIGN_OR_RETURN(ssl.pem_root_certs,
-                             client::ReadPem(options.tls_client_ca, "--tls_client_ca",
+                             core::ReadPem(options.tls_client_ca, "--tls_client_ca",
                                              "CERTIFICATE"));
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
@@ -65,8 +65,10 @@ absl::StatusOr<ServeRole> ParseServeRole(absl::string_view name) {
 }
 
 absl::Status ValidateOptions(const ServerOptions& o) {
-  FLASHCP_RETURN_IF_ERROR(process::SplitHostPort(o.listen, "--listen").status());
-  if (!o.metrics.empty()) FLASHCP_RETURN_IF_ERROR(process::SplitHostPort(o.metrics, "--metrics").status());
+  FLASHCP_RETURN_IF_ERROR(core::runtime::process::SplitHostPort(o.listen, "--listen").status());
+  if (!o.metrics.empty()) {
+    FLASHCP_RETURN_IF_ERROR(core::runtime::process::SplitHostPort(o.metrics, "--metrics").status());
+  }
   if (o.threads < 1 || o.threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("--threads: must be in [1, 1024], got ",
                                                    o.threads));
@@ -156,7 +158,7 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--listener_stall_checks: must be at least 1, got ", o.listener_stall_checks));
   }
-  FLASHCP_RETURN_IF_ERROR(metrics_endpoint::ValidateEndpointOptions(o.metrics_http));
+  FLASHCP_RETURN_IF_ERROR(core::runtime::metrics_endpoint::ValidateEndpointOptions(o.metrics_http));
   return ValidateRendezvousOptions(o.rendezvous);
 }
 
@@ -205,7 +207,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     const ServerOptions& options, ServiceObserver* observer, const core::Clock* clock,
     RendezvousObserver* rendezvous_observer) {
   FLASHCP_RETURN_IF_ERROR(ValidateOptions(options));
-  FLASHCP_ASSIGN_OR_RETURN(const auto host_port, process::SplitHostPort(options.listen, "--listen"));
+  FLASHCP_ASSIGN_OR_RETURN(const auto host_port,
+                           core::runtime::process::SplitHostPort(options.listen, "--listen"));
   FLASHCP_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                            MakeCredentials(options));
 
@@ -336,15 +339,16 @@ void PlannerServer::Shutdown() {
 
 absl::Status RunPlanner(const ServerOptions& options,
                         std::shared_ptr<prometheus::Registry> registry) {
-  const process::SignalWaiter signals({SIGTERM, SIGINT, SIGUSR1});
+  const core::runtime::process::SignalWaiter signals({SIGTERM, SIGINT, SIGUSR1});
   FLASHCP_RETURN_IF_ERROR(ValidateOptions(options));
 
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string metrics_address;
   if (!options.metrics.empty()) {
-    FLASHCP_ASSIGN_OR_RETURN(const auto host_port, process::SplitHostPort(options.metrics, "--metrics"));
+    FLASHCP_ASSIGN_OR_RETURN(const auto host_port,
+                             core::runtime::process::SplitHostPort(options.metrics, "--metrics"));
     FLASHCP_ASSIGN_OR_RETURN(exposer,
-                             metrics_endpoint::StartExposer(options.metrics, options.metrics_http));
+                             core::runtime::metrics_endpoint::StartExposer(options.metrics, options.metrics_http));
     exposer->RegisterCollectable(registry);
     metrics_address = absl::StrCat(host_port.first, ":", exposer->GetListeningPorts().front());
   }

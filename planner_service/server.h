@@ -16,7 +16,6 @@
 #include "core/clock.h"
 #include "core/types.h"
 #include "grpcpp/grpcpp.h"
-#include "planner_service/metrics_endpoint/metrics_endpoint.h"
 #include "planner_service/calibration.h"
 #include "planner_service/held_bytes.h"
 #include "planner_service/listener_watchdog.h"
@@ -27,6 +26,7 @@
 #include "planner_service/rendezvous_service.h"
 #include "planner_service/service.h"
 #include "prometheus/registry.h"
+#include "core/runtime/metrics_endpoint/metrics_endpoint.h"
 
 namespace flashcp::planner_service {
 
@@ -73,7 +73,7 @@ struct ServerOptions {
   // (0 disables the check); see listener_watchdog.h.
   absl::Duration listener_check_interval = absl::Seconds(1);
   int listener_stall_checks = 5;
-  metrics_endpoint::EndpointOptions metrics_http;  // the /metrics server's bounds
+  core::runtime::metrics_endpoint::EndpointOptions metrics_http;  // the /metrics server's bounds
   CalibrationOptions calibration;        // ReportStepTimes' windows (calibration.h)
   KeyedRateLimiter::Options report_rate;  // ReportStepTimes per client
   bool testing_hold_planning = false;    // test hook: plan nothing until SIGUSR1

@@ -69,9 +69,9 @@ warn() {
   fi
 }
 
-help flashcp-planner planner_service/main.cc planner_service/metrics_endpoint/endpoint_flags.cc
+help flashcp-planner planner_service/main.cc core/runtime/metrics_endpoint/endpoint_flags.cc
 help flashcp-worker worker/worker_main.cc client/internal/tls_flags.cc \
-  planner_service/metrics_endpoint/endpoint_flags.cc
+  core/runtime/metrics_endpoint/endpoint_flags.cc
 help flashcp-plan core/cli_args.cc
 help flashcp-client client/client_main.cc client/internal/tool_flags.cc client/internal/tls_flags.cc
 help flashcp-loadgen client/loadgen_main.cc client/internal/tool_flags.cc \

@@ -15,10 +15,10 @@
 #include "core/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "planner_service/process/host_port.h"
-#include "planner_service/process/signals.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
+#include "core/runtime/process/host_port.h"
+#include "core/runtime/process/signals.h"
 #include "worker/control_service.h"
 #include "worker/daemon.h"
 #include "worker/gloo_communicator.h"
@@ -62,8 +62,8 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--local_rank: must be in [-1, 4095], got ", o.local_rank));
   }
-  FLASHCP_RETURN_IF_ERROR(planner_service::process::SplitHostPort(o.control, "--control").status());
-  FLASHCP_RETURN_IF_ERROR(planner_service::process::SplitHostPort(o.metrics, "--metrics").status());
+  FLASHCP_RETURN_IF_ERROR(core::runtime::process::SplitHostPort(o.control, "--control").status());
+  FLASHCP_RETURN_IF_ERROR(core::runtime::process::SplitHostPort(o.metrics, "--metrics").status());
   return absl::OkStatus();
 }
 
@@ -71,14 +71,14 @@ absl::Status RunWorker(const WorkerOptions& options,
                        std::shared_ptr<prometheus::Registry> registry) {
   // Signals go to the waiter thread only: blocked before any thread starts.
   // SIGUSR2 is internal: the daemon has finished.
-  const planner_service::process::SignalWaiter signals({SIGTERM, SIGINT, SIGUSR2});
+  const core::runtime::process::SignalWaiter signals({SIGTERM, SIGINT, SIGUSR2});
   IgnoreSigpipe();  // a dead peer fails the collective, not this process
   FLASHCP_RETURN_IF_ERROR(ValidateWorkerOptions(options));
   const DaemonOptions& o = options.daemon;
 
   FLASHCP_ASSIGN_OR_RETURN(
       std::unique_ptr<prometheus::Exposer> exposer,
-      planner_service::metrics_endpoint::StartExposer(options.metrics, options.metrics_http));
+      core::runtime::metrics_endpoint::StartExposer(options.metrics, options.metrics_http));
   exposer->RegisterCollectable(registry);
   PrometheusWorkerMetrics metrics(
       *registry, options.version,

@@ -10,8 +10,8 @@
 
 #include "absl/status/status.h"
 #include "client/grpc_planner_client.h"
-#include "planner_service/metrics_endpoint/metrics_endpoint.h"
 #include "prometheus/registry.h"
+#include "core/runtime/metrics_endpoint/metrics_endpoint.h"
 #include "worker/daemon_options.h"
 #include "worker/rank_backend.h"
 
@@ -23,7 +23,7 @@ struct WorkerOptions {
   std::string rendezvous;                   // the Rendezvous' HOST:PORT; empty: the planner's
   client::ChannelOptions channel;           // both channels' (TLS)
   std::string metrics = "127.0.0.1:0";      // /metrics HOST:PORT; port 0 picks one
-  planner_service::metrics_endpoint::EndpointOptions metrics_http;
+  core::runtime::metrics_endpoint::EndpointOptions metrics_http;
   std::string control = "127.0.0.1:0";  // WorkerControl (and health) HOST:PORT; port 0 picks one
   int32_t local_rank = -1;              // the local_rank label; -1: none
   std::string version;                  // build_info's version

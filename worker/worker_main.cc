@@ -40,8 +40,8 @@
 #include "core/log.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
-#include "planner_service/metrics_endpoint/endpoint_flags.h"
 #include "prometheus/registry.h"
+#include "core/runtime/metrics_endpoint/endpoint_flags.h"
 #include "worker/run_worker.h"
 #ifdef FLASHCP_WORKER_CUDA
 #include "worker/cuda/cuda_rank_backend.h"
@@ -153,7 +153,7 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
       .rendezvous = absl::GetFlag(FLAGS_rendezvous),
       .channel = {},
       .metrics = absl::GetFlag(FLAGS_metrics),
-      .metrics_http = flashcp::planner_service::metrics_endpoint::EndpointOptionsFromFlags(),
+      .metrics_http = flashcp::core::runtime::metrics_endpoint::EndpointOptionsFromFlags(),
       .control = absl::GetFlag(FLAGS_control),
       .local_rank = absl::GetFlag(FLAGS_local_rank),
       .version = FLASHCP_VERSION,

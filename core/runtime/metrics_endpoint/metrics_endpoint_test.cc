@@ -1,4 +1,4 @@
-#include "planner_service/metrics_endpoint/metrics_endpoint.h"
+#include "core/runtime/metrics_endpoint/metrics_endpoint.h"
 
 #include <memory>
 #include <string>
@@ -13,7 +13,7 @@
 #include "tests/testing/http.h"
 #include "tests/testing/idle_connections.h"
 
-namespace flashcp::planner_service::metrics_endpoint {
+namespace flashcp::core::runtime::metrics_endpoint {
 namespace {
 
 using ::flashcp::core::testing::IsOk;
@@ -109,4 +109,4 @@ TEST(MetricsEndpointTest, AnAddressInUseIsUnavailableNamingTheFlag) {
 }
 
 }  // namespace
-}  // namespace flashcp::planner_service::metrics_endpoint
+}  // namespace flashcp::core::runtime::metrics_endpoint

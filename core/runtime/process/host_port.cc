@@ -1,10 +1,10 @@
-#include "planner_service/process/host_port.h"
+#include "core/runtime/process/host_port.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace flashcp::planner_service::process {
+namespace flashcp::core::runtime::process {
 
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address,
                                                           absl::string_view flag) {
@@ -21,4 +21,4 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view addr
   return std::make_pair(std::string(address.substr(0, colon)), port);
 }
 
-}  // namespace flashcp::planner_service::process
+}  // namespace flashcp::core::runtime::process

@@ -1,8 +1,8 @@
 // Signals as events, for the planner's and the worker's processes alike: the
 // set is blocked in every thread and received synchronously with sigwait, so
 // no work ever runs in a signal handler.
-#ifndef FLASHCP_PLANNER_SERVICE_PROCESS_SIGNALS_H_
-#define FLASHCP_PLANNER_SERVICE_PROCESS_SIGNALS_H_
+#ifndef FLASHCP_RUNTIME_PROCESS_SIGNALS_H_
+#define FLASHCP_RUNTIME_PROCESS_SIGNALS_H_
 
 #include <signal.h>
 
@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace flashcp::planner_service::process {
+namespace flashcp::core::runtime::process {
 
 class SignalWaiter {
  public:
@@ -31,6 +31,6 @@ class SignalWaiter {
   sigset_t previous_;
 };
 
-}  // namespace flashcp::planner_service::process
+}  // namespace flashcp::core::runtime::process
 
-#endif  // FLASHCP_PLANNER_SERVICE_PROCESS_SIGNALS_H_
+#endif  // FLASHCP_RUNTIME_PROCESS_SIGNALS_H_

@@ -1,4 +1,4 @@
-#include "planner_service/process/signals.h"
+#include "core/runtime/process/signals.h"
 
 #include <pthread.h>
 
@@ -7,7 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace flashcp::planner_service::process {
+namespace flashcp::core::runtime::process {
 
 SignalWaiter::SignalWaiter(std::initializer_list<int> signals) {
   sigemptyset(&set_);
@@ -24,4 +24,4 @@ absl::StatusOr<int> SignalWaiter::Wait() const {
   return sig;
 }
 
-}  // namespace flashcp::planner_service::process
+}  // namespace flashcp::core::runtime::process

@@ -1,11 +1,11 @@
-#include "planner_service/metrics_endpoint/metrics_endpoint.h"
+#include "core/runtime/metrics_endpoint/metrics_endpoint.h"
 
 #include <exception>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 
-namespace flashcp::planner_service::metrics_endpoint {
+namespace flashcp::core::runtime::metrics_endpoint {
 
 absl::Status ValidateEndpointOptions(const EndpointOptions& o) {
   if (o.threads < 1 || o.threads > 256) {
@@ -45,4 +45,4 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartExposer(absl::string_v
   return exposer;
 }
 
-}  // namespace flashcp::planner_service::metrics_endpoint
+}  // namespace flashcp::core::runtime::metrics_endpoint

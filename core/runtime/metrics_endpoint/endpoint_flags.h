@@ -3,16 +3,16 @@
 // serve /metrics (flashcp-planner, flashcp-worker), their defaults
 // EndpointOptions{}'s. Its own target (flashcp_metrics_endpoint_flags): no
 // other program gets them.
-#ifndef FLASHCP_PLANNER_SERVICE_METRICS_ENDPOINT_ENDPOINT_FLAGS_H_
-#define FLASHCP_PLANNER_SERVICE_METRICS_ENDPOINT_ENDPOINT_FLAGS_H_
+#ifndef FLASHCP_RUNTIME_METRICS_ENDPOINT_ENDPOINT_FLAGS_H_
+#define FLASHCP_RUNTIME_METRICS_ENDPOINT_ENDPOINT_FLAGS_H_
 
-#include "planner_service/metrics_endpoint/metrics_endpoint.h"
+#include "core/runtime/metrics_endpoint/metrics_endpoint.h"
 
-namespace flashcp::planner_service::metrics_endpoint {
+namespace flashcp::core::runtime::metrics_endpoint {
 
 // The flags as parsed, unchecked (ValidateEndpointOptions checks them).
 EndpointOptions EndpointOptionsFromFlags();
 
-}  // namespace flashcp::planner_service::metrics_endpoint
+}  // namespace flashcp::core::runtime::metrics_endpoint
 
-#endif  // FLASHCP_PLANNER_SERVICE_METRICS_ENDPOINT_ENDPOINT_FLAGS_H_
+#endif  // FLASHCP_RUNTIME_METRICS_ENDPOINT_ENDPOINT_FLAGS_H_

@@ -5,8 +5,8 @@
 // default (2 threads, civetweb's 30 s) two silent TCP connections stop every
 // scrape; here more threads serve, and a connection that has not sent its
 // request in time is closed.
-#ifndef FLASHCP_PLANNER_SERVICE_METRICS_ENDPOINT_METRICS_ENDPOINT_H_
-#define FLASHCP_PLANNER_SERVICE_METRICS_ENDPOINT_METRICS_ENDPOINT_H_
+#ifndef FLASHCP_RUNTIME_METRICS_ENDPOINT_METRICS_ENDPOINT_H_
+#define FLASHCP_RUNTIME_METRICS_ENDPOINT_METRICS_ENDPOINT_H_
 
 #include <memory>
 #include <string>
@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "prometheus/exposer.h"
 
-namespace flashcp::planner_service::metrics_endpoint {
+namespace flashcp::core::runtime::metrics_endpoint {
 
 struct EndpointOptions {
   int threads = 8;  // connections served at once (civetweb num_threads), 1..256
@@ -41,6 +41,6 @@ std::vector<std::string> CivetwebOptions(absl::string_view address,
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartExposer(absl::string_view address,
                                                                   const EndpointOptions& options);
 
-}  // namespace flashcp::planner_service::metrics_endpoint
+}  // namespace flashcp::core::runtime::metrics_endpoint
 
-#endif  // FLASHCP_PLANNER_SERVICE_METRICS_ENDPOINT_METRICS_ENDPOINT_H_
+#endif  // FLASHCP_RUNTIME_METRICS_ENDPOINT_METRICS_ENDPOINT_H_

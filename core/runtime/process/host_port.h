@@ -1,6 +1,6 @@
 // Listen addresses as the planner's and the worker's flags give them.
-#ifndef FLASHCP_PLANNER_SERVICE_PROCESS_HOST_PORT_H_
-#define FLASHCP_PLANNER_SERVICE_PROCESS_HOST_PORT_H_
+#ifndef FLASHCP_RUNTIME_PROCESS_HOST_PORT_H_
+#define FLASHCP_RUNTIME_PROCESS_HOST_PORT_H_
 
 #include <string>
 #include <utility>
@@ -8,13 +8,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace flashcp::planner_service::process {
+namespace flashcp::core::runtime::process {
 
 // "host:port" -> ("host", port); the host may be bracketed IPv6 ("[::1]").
 // InvalidArgument naming `flag` unless the port is 0..65535 and the host non-empty.
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address,
                                                           absl::string_view flag);
 
-}  // namespace flashcp::planner_service::process
+}  // namespace flashcp::core::runtime::process
 
-#endif  // FLASHCP_PLANNER_SERVICE_PROCESS_HOST_PORT_H_
+#endif  // FLASHCP_RUNTIME_PROCESS_HOST_PORT_H_
