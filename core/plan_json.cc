@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/plan_hash.h"
 
 namespace flashcp::core {
 namespace {
@@ -263,6 +264,10 @@ std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics,
     AppendField(out, "granularity", fields.ilp->ilp_granularity);
     out += '}';
   }
+  AppendKey(out, "plan_hash");
+  AppendString(out, PlanHashHex(PlanHash(plan)));
+  AppendKey(out, "planner_version");
+  AppendString(out, PlannerVersion());
   out += '}';
   return out;
 }

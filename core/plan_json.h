@@ -35,7 +35,9 @@ struct PlanJsonFields {
 // One JSON object, one line, no trailing newline: flashcp.v1.PlanResponse
 // (proto/flashcp/v1/planner.proto) in protobuf's JSON mapping with the proto
 // field names, fields in field-number order, every field of Plan, PlanMetrics
-// and `fields` written even when zero, no "error" and no "layout". Two
+// and `fields` written even when zero, plan_hash (PlanHash) and
+// planner_version (PlannerVersion) from core/plan_hash.h, no "error" and no
+// "layout". Two
 // choices within the mapping: 64-bit integers are JSON numbers (its parsers
 // accept numbers or strings; its printer writes strings), and doubles are the
 // shortest decimal that reads back exactly, "NaN" / "Infinity" / "-Infinity"

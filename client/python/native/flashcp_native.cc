@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/python/native/cuda_backend.h"
 #include "core/analysis.h"
+#include "core/plan_hash.h"
 #include "core/types.h"
 #include "flashcp/v1/planner.pb.h"
 #include "core/clock.h"
@@ -411,6 +412,17 @@ PYBIND11_MODULE(_flashcp_native, m) {
   m.doc() = "FlashCP's C++ core for the flashcp Python package (planner, layout, CPU attention)";
   m.def("plan", &flashcp::python::Plan, py::arg("request"),
         "Serialized flashcp.v1.PlanRequest -> serialized PlanResponse (the service's PlanBatch)");
+  m.def(
+      "plan_hash",
+      [](const std::vector<int64_t>& doc_lens, int32_t cp_size, int64_t padding,
+         const std::vector<flashcp::python::ShardTuple>& shards) {
+        return flashcp::core::PlanHashHex(
+            flashcp::core::PlanHash(flashcp::python::MakePlan(doc_lens, cp_size, padding, shards)));
+      },
+      py::arg("doc_lens"), py::arg("cp_size"), py::arg("padding"), py::arg("shards"),
+      "core::PlanHash as PlanResponse.plan_hash writes it (16 hex digits); shards as "
+      "(doc, start, len, rank)");
+  m.attr("planner_version") = std::string(flashcp::core::PlannerVersion());
   py::class_<RankLayout>(m, "RankLayout")
       .def(py::init<const std::vector<int64_t>&, int32_t, int64_t,
                     const std::vector<flashcp::python::ShardTuple>&, int32_t, const std::string&>(),
