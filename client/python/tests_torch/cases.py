@@ -1,6 +1,7 @@
 """What each rank runs in the multi-process tests (harness.run)."""
 import math
 
+import grpc
 import torch
 import torch.nn.functional as F
 
@@ -226,3 +227,48 @@ def cuda_attention_case(rank, n, spec):
     qc = q.float().cuda()
     return {"err": err, "ref": ref,
             "fp32": _raises(lambda: ft.attention(qc, k.float().cuda(), v.float().cuda(), ctx))}
+
+
+def plan_agreement_case(rank, n, spec):
+    """CpContext on this rank's own plan (spec["plans"][rank]): what its
+    plan check raised (type, message, differing ranks, every rank's hash),
+    or None; then that the group still works, on the plan of rank 0."""
+    # PlanResponses travel serialized (protobuf messages do not pickle).
+    plans = [flashcp.planner_pb2.PlanResponse.FromString(p) if isinstance(p, bytes) else p
+             for p in spec["plans"]]
+    out = {}
+    try:
+        ft.CpContext(plans[rank], rank, doc_lens=spec["doc_lens"])
+        out["error"] = None
+    except ft.PlanMismatchError as e:
+        out["error"] = (type(e).__name__, str(e), e.differing, e.hashes)
+    ctx = ft.CpContext(plans[0], rank)
+    x = torch.arange(sum(spec["doc_lens"]), dtype=torch.float32)
+    out["still_works"] = torch.equal(ft.undispatch(ft.dispatch(x, ctx), ctx), x)
+    out["plan_hash"] = ctx.plan_hash
+    return out
+
+
+def plan_on_first_rank_case(rank, n, spec):
+    """flashcp.torch.plan_on_first_rank on this rank (the batch given on
+    rank 0 only): the serialized plan, or (type, code, message) of what it
+    raised; then a CpContext on the plan runs a step (exact against SDPA)."""
+    client = (flashcp.Client(spec["address"], options=(("grpc.min_reconnect_backoff_ms", 5000),))
+              if spec.get("address") and rank == 0 else None)
+    lens = spec["doc_lens"] if rank == 0 else None
+    try:
+        plan = ft.plan_on_first_rank(lens, None, spec.get("strategy", ""), client=client,
+                                     **spec.get("fields", {}))
+    except flashcp.PlanError as e:
+        return ("PlanError", e.code, str(e))
+    except grpc.RpcError as e:  # rank 0, from the service
+        return ("RpcError", e.code().name, e.details())
+    finally:
+        if client is not None:
+            client.close()
+    ctx = ft.CpContext(plan, rank, doc_lens=spec["doc_lens"])
+    q, k, v, dout = global_inputs(sum(spec["doc_lens"]), 2, 2, 16, 3)
+    want = ft.dispatch(reference(q, k, v, dout, spec["doc_lens"])[0], ctx)
+    o = ft.attention(ft.dispatch(q, ctx), ft.dispatch(k, ctx), ft.dispatch(v, ctx), ctx)
+    return {"plan": plan.SerializeToString(), "err": float((o - want).abs().max())}
+
