@@ -272,3 +272,46 @@ def plan_on_first_rank_case(rank, n, spec):
     o = ft.attention(ft.dispatch(q, ctx), ft.dispatch(k, ctx), ft.dispatch(v, ctx), ctx)
     return {"plan": plan.SerializeToString(), "err": float((o - want).abs().max())}
 
+
+def batched_p2p_case(rank, n, spec):
+    """attention_case (targeted scheme) with torch.distributed's point-to-point
+    calls counted: batch_isend_irecv calls and their ops by kind, and isend /
+    irecv posted outside one (ungrouped)."""
+    import threading
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    counts = {"batches": 0, "isend": 0, "irecv": 0, "ungrouped": 0}
+    inside = threading.local()
+    real_batch, real_isend, real_irecv = dist.batch_isend_irecv, c10d.isend, c10d.irecv
+
+    def batch(ops):
+        counts["batches"] += 1
+        inside.on = True
+        try:
+            return real_batch(ops)
+        finally:
+            inside.on = False
+
+    def wrap(real, kind):
+        def op(*args, **kwargs):
+            counts[kind] += 1
+            if not getattr(inside, "on", False):
+                counts["ungrouped"] += 1
+            return real(*args, **kwargs)
+        return op
+
+    isend, irecv = wrap(real_isend, "isend"), wrap(real_irecv, "irecv")
+    # P2POp checks its op against c10d's isend / irecv: patch both names.
+    dist.batch_isend_irecv, dist.isend, dist.irecv = batch, isend, irecv
+    c10d.isend, c10d.irecv = isend, irecv
+    try:
+        errors = attention_case(rank, n, dict(spec, schemes=("targeted",)))
+    finally:
+        dist.batch_isend_irecv, dist.isend, dist.irecv = real_batch, real_isend, real_irecv
+        c10d.isend, c10d.irecv = real_isend, real_irecv
+    ctx = ft.CpContext(spec["plan"], rank, check_plan=False)
+    lay = ctx.layout("targeted")
+    return {"errors": errors["targeted"], "counts": counts,
+            "sends": len(lay.sends), "recvs": len(lay.recvs)}
+

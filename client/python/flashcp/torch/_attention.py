@@ -1,13 +1,14 @@
 """attention(): the CP attention step as autograd ops.
 
 Forward: pack the K|V rows this rank sends (the native layout's pack_rows),
-exchange them (targeted: isend/irecv with exactly the ranks that need
-them; allgather / full_kv: one all_gather_into_tensor of equal blocks),
+exchange them (targeted: one batch_isend_irecv with exactly the ranks that
+need them; allgather / full_kv: one all_gather_into_tensor of equal blocks),
 stage every prefixed shard's keys [prefix pieces, own rows] (stage_src),
 then the kernels attend each shard to its prefix plus itself. Backward:
 the kernels' dQ, dK, dV; the staging's gradients index-added back onto
 local rows and the receive buffer; the receive buffer's gradients returned
-to their owners point to point (the mirror of the forward messages).
+to their owners point to point (the mirror of the forward messages), one
+batch_isend_irecv.
 
 CPU: the project's CPU kernels (fp32), the steps composed of autograd ops.
 CUDA: the project's cuDNN path (bf16, worker/cuda/shard_attention.h through
@@ -26,21 +27,58 @@ from flashcp.torch._context import CpContext, ExchangeError
 
 
 def _p2p(ctx: CpContext, send, recv, what: str) -> None:
-    """send/recv: lists of (group rank, tensor). Starts every isend and
-    irecv, then waits on each; a failure (at start or wait, each bounded by
-    the group's timeout) raises ExchangeError naming that peer."""
-    works = []
-    for op, items in ((dist.isend, send), (dist.irecv, recv)):
-        for peer, t in items:
-            try:
-                works.append((peer, op(t, ctx.global_ranks[peer], ctx.group)))
-            except RuntimeError as e:
-                raise ExchangeError(f"rank {ctx.rank}: {what} with rank {peer} failed: {e}") from e
-    for peer, work in works:
+    """send/recv: lists of (group rank, tensor). Posts every send and receive
+    as one group (dist.batch_isend_irecv: on NCCL one coalesced group call,
+    the pattern that cannot deadlock and uses the group's communicator, not
+    one per pair; on gloo the same ops one by one), then waits on each; a
+    failure (at start or wait, each bounded by the group's timeout) raises
+    ExchangeError naming the peer (every peer of the group call where the
+    backend returns one request for all)."""
+    if not send and not recv:
+        return
+    items = [(dist.isend, p, t) for p, t in send] + [(dist.irecv, p, t) for p, t in recv]
+    ops = []
+    for op, peer, t in items:
+        o = dist.P2POp(op, t, ctx.global_ranks[peer], ctx.group)
+        o.op = _posting(o.op, peer)  # a failure to post names its peer
+        ops.append(o)
+    peers = [peer for _, peer, _ in items]
+    try:
+        works = dist.batch_isend_irecv(ops)
+    except _PostFailed as e:
+        raise ExchangeError(f"rank {ctx.rank}: {what} with rank {e.peer} failed: "
+                            f"{e.__cause__}") from e.__cause__
+    # One request per op (gloo), or the coalesced group's (NCCL): one for all.
+    named = zip(peers, works) if len(works) == len(ops) else \
+        ((sorted(set(peers)), w) for w in works)
+    for peer, work in named:
         try:
             work.wait()
         except RuntimeError as e:
-            raise ExchangeError(f"rank {ctx.rank}: {what} with rank {peer} failed: {e}") from e
+            raise ExchangeError(f"rank {ctx.rank}: {what} with {_peers(peer)} failed: {e}") from e
+
+
+class _PostFailed(Exception):
+    def __init__(self, peer: int):
+        super().__init__(peer)
+        self.peer = peer
+
+
+def _posting(op, peer: int):
+    """op (dist.isend / dist.irecv as batch_isend_irecv calls it), raising
+    _PostFailed(peer) from the backend's error."""
+    def post(*args, **kwargs):
+        try:
+            return op(*args, **kwargs)
+        except RuntimeError as e:
+            raise _PostFailed(peer) from e
+    return post
+
+
+def _peers(p) -> str:
+    if isinstance(p, int):
+        return f"rank {p}"
+    return f"rank{'s' if len(p) > 1 else ''} {', '.join(map(str, p))}"
 
 
 _PROBE_TAG = 0x5CF1  # the failure probe's messages, apart from the exchange's (tag 0)
