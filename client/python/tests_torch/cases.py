@@ -315,3 +315,56 @@ def batched_p2p_case(rank, n, spec):
     return {"errors": errors["targeted"], "counts": counts,
             "sends": len(lay.sends), "recvs": len(lay.recvs)}
 
+
+class TinyAttentionModel(torch.nn.Module):
+    """Two attention layers over this rank's rows: x [C/N, W] -> scalar."""
+
+    def __init__(self, width=32, heads=4, kv_heads=2, layers=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.d = heads, kv_heads, width // heads
+        self.q = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+        self.kv = torch.nn.ModuleList(torch.nn.Linear(width, 2 * kv_heads * self.d)
+                                      for _ in range(layers))
+        self.out = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x, ctx):
+        for q_proj, kv_proj, out in zip(self.q, self.kv, self.out):
+            rows = x.shape[0]
+            q = q_proj(x).view(rows, self.heads, self.d)
+            k, v = kv_proj(x).view(rows, 2 * self.kv_heads, self.d).chunk(2, dim=1)
+            o = ft.attention(q, k.contiguous(), v.contiguous(), ctx)
+            x = x + out(torch.relu(o.reshape(rows, -1)))
+        return (x * x).mean()
+
+
+def compile_case(rank, n, spec):
+    """TinyAttentionModel on two steps (two batches, two plans) eager and
+    under torch.compile (aot_eager): graph breaks (torch._dynamo.explain and
+    the compile counters), graphs compiled, and the largest difference of
+    loss and parameter gradients between the two."""
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    model = TinyAttentionModel()
+    steps = []
+    for lens, plan in spec["steps"]:
+        ctx = ft.CpContext(plan, rank, doc_lens=lens)
+        x = ft.dispatch(torch.randn(sum(lens), 32, generator=torch.Generator().manual_seed(5)),
+                        ctx)
+        steps.append((ctx, x))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(steps[0][1], steps[0][0])
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="aot_eager")
+    diffs = []
+    for ctx, x in steps:
+        got = []
+        for fn in (model, compiled):
+            model.zero_grad()
+            loss = fn(x, ctx)
+            loss.backward()
+            got.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
+        diffs.append(max(float((a - b).abs().max()) for a, b in zip(*got)))
+    return {"explain_breaks": explained.graph_break_count, "explain_graphs": explained.graph_count,
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "unique_graphs": counters["stats"]["unique_graphs"], "diffs": diffs}

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from flashcp._native import native
-from flashcp.torch._context import CpContext, ExchangeError
+from flashcp.torch import _ops  # noqa: F401  (registers torch.ops.flashcp.*)
+from flashcp.torch._context import SCHEMES, CpContext, ExchangeError
 
 
 def _p2p(ctx: CpContext, send, recv, what: str) -> None:
@@ -345,8 +346,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if not scale > 0 or not math.isfinite(scale):
         raise ValueError(f"softmax_scale: {softmax_scale!r}; must be positive and finite")
-    lay = ctx.layout(scheme)
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme: {scheme!r}; expected one of {', '.join(SCHEMES)}")
     on_cuda = q.device.type == "cuda"
+    if not on_cuda and torch.compiler.is_compiling():
+        # torch.compile: the custom op (_ops.py), opaque to the tracer, so
+        # attention stays in the graph; the same arithmetic as below.
+        o, _ = torch.ops.flashcp.cp_attention(q, k, v, ctx.op_handle, scheme, scale)
+        return o.to(q.dtype)
+    lay = ctx.layout(scheme)
     if on_cuda:
         with torch.cuda.device(q.device):
             kernel = ctx.cuda_kernel(scheme, hq, hkv, d, scale, q.device)

@@ -1,5 +1,7 @@
 """CpContext: one rank's view of a plan, and dispatch / undispatch."""
 import datetime
+import itertools
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -9,6 +11,24 @@ from flashcp._native import native
 from flashcp._plan import PlanView, plan_view
 
 SCHEMES = ("targeted", "allgather", "full_kv")
+
+# The live contexts by id, for the custom op (flashcp/torch/_ops.py), whose
+# arguments can only be tensors and plain values: a context passes itself as
+# its op_handle, a one-element int64 tensor holding its id. A tensor, not an
+# int, so that a compiled graph takes each step's new context as an input
+# instead of guarding on (and recompiling for) its id.
+_CONTEXTS: "weakref.WeakValueDictionary[int, CpContext]" = weakref.WeakValueDictionary()
+_CONTEXT_IDS = itertools.count(1)
+
+
+def context_of(handle: torch.Tensor) -> "CpContext":
+    """The CpContext whose op_handle is `handle`; LookupError once it is gone."""
+    key = int(handle.reshape(-1)[0])
+    ctx = _CONTEXTS.get(key)
+    if ctx is None:
+        raise LookupError(f"flashcp: the CpContext of op_handle {key} no longer exists (keep the "
+                          "context alive until its step's backward has run)")
+    return ctx
 
 
 class ExchangeError(RuntimeError):
@@ -206,6 +226,9 @@ class CpContext:
         self._last_of_doc = torch.zeros(self.total_tokens, dtype=torch.bool)
         self._last_of_doc[ends] = True
         self.plan_hash = self.plan.plan_hash
+        op_id = next(_CONTEXT_IDS)
+        _CONTEXTS[op_id] = self
+        self.op_handle = torch.tensor([op_id], dtype=torch.int64)
         if check_plan and n > 1:
             self._agree_on_plan()
 
