@@ -368,3 +368,37 @@ def compile_case(rank, n, spec):
     return {"explain_breaks": explained.graph_break_count, "explain_graphs": explained.graph_count,
             "graph_breaks": sum(counters["graph_break"].values()),
             "unique_graphs": counters["stats"]["unique_graphs"], "diffs": diffs}
+
+
+def metrics_case(rank, n, spec):
+    """One attention step (forward and backward) and flashcp.torch.step_metrics
+    on it: the StepMetrics as a dict, what the callback got, and what went to a
+    stand-in prometheus_client (the real one is not a dependency)."""
+    import dataclasses
+    import sys
+    import types
+    exported = []
+
+    class Metric:
+        def __init__(self, name, doc, labels, **kw):
+            self.name = name
+
+        def labels(self, **kw):
+            def record(op):
+                return lambda value=1: exported.append((self.name, op, kw, value))
+            return types.SimpleNamespace(inc=record("inc"), observe=record("observe"),
+                                         set=record("set"))
+
+    sys.modules["prometheus_client"] = types.SimpleNamespace(Counter=Metric, Gauge=Metric,
+                                                             Histogram=Metric)
+    plan = flashcp.planner_pb2.PlanResponse.FromString(spec["plan"])
+    lens = list(plan.doc_lens)
+    ctx = ft.CpContext(plan, rank, doc_lens=lens)
+    q, k, v, dout = (ft.dispatch(t, ctx).requires_grad_() for t in
+                     global_inputs(sum(lens), 2, 2, 16, 4))
+    o = ft.attention(q, k, v, ctx, scheme=spec["scheme"])
+    o.backward(dout.detach())
+    got = []
+    m = ft.step_metrics(ctx, spec["scheme"], callback=got.append, plan=plan)
+    return {"metrics": dataclasses.asdict(m), "callback": [dataclasses.asdict(x) for x in got],
+            "exported": exported, "stats_after": dataclasses.asdict(ctx.stats)}

@@ -19,9 +19,10 @@ in fp32 and returned in bf16); on CUDA it is the project's cuDNN path
 (worker/cuda/shard_attention.h), bf16 only.
 """
 from flashcp.torch._attention import attention
-from flashcp.torch._context import (CpContext, ExchangeError, PlanMismatchError, dispatch,
-                                    undispatch)
+from flashcp.torch._context import (AttentionStats, CpContext, ExchangeError,
+                                    PlanMismatchError, dispatch, undispatch)
 from flashcp.torch._group_plan import plan_on_first_rank
+from flashcp.torch._metrics import StepMetrics, step_metrics
 
-__all__ = ["CpContext", "ExchangeError", "PlanMismatchError", "attention", "dispatch",
-           "plan_on_first_rank", "undispatch"]
+__all__ = ["AttentionStats", "CpContext", "ExchangeError", "PlanMismatchError", "StepMetrics",
+           "attention", "dispatch", "plan_on_first_rank", "step_metrics", "undispatch"]

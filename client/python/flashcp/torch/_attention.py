@@ -17,6 +17,7 @@ whole shards' attention with the exchange on a side stream, as the GPU step
 does (_CudaCpAttention). The CUDA path has not run on a GPU yet.
 """
 import math
+import time
 from typing import Optional
 
 import torch
@@ -37,6 +38,7 @@ def _p2p(ctx: CpContext, send, recv, what: str) -> None:
     backend returns one request for all)."""
     if not send and not recv:
         return
+    start = time.perf_counter()
     items = [(dist.isend, p, t) for p, t in send] + [(dist.irecv, p, t) for p, t in recv]
     ops = []
     for op, peer, t in items:
@@ -57,6 +59,18 @@ def _p2p(ctx: CpContext, send, recv, what: str) -> None:
             work.wait()
         except RuntimeError as e:
             raise ExchangeError(f"rank {ctx.rank}: {what} with {_peers(peer)} failed: {e}") from e
+    _count(ctx, start, sum(_nbytes(t) for _, t in send), sum(_nbytes(t) for _, t in recv))
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _count(ctx: CpContext, start: float, sent: int, received: int) -> None:
+    """Adds one finished collective (begun at perf_counter() = start) to ctx.stats."""
+    ctx.stats.comm_seconds += time.perf_counter() - start
+    ctx.stats.bytes_sent += sent
+    ctx.stats.bytes_received += received
 
 
 class _PostFailed(Exception):
@@ -116,10 +130,13 @@ def _exchange_forward(pack: torch.Tensor, ctx: CpContext, lay) -> torch.Tensor:
     if ctx.size == 1 or not lay.calls_exchange:
         return recv  # nothing travels (one rank, or empty all-gather blocks)
     if lay.all_gather:
+        start = time.perf_counter()
         try:
             dist.all_gather_into_tensor(recv, pack.contiguous(), group=ctx.group)
         except RuntimeError as e:
             raise _gather_failed(ctx, "forward KV all-gather", e) from e
+        block = _nbytes(pack) * (ctx.size - 1)  # this rank's block to, and one from, each peer
+        _count(ctx, start, block, block)
     else:
         send = [(p, pack[first:first + rows]) for p, first, rows in lay.sends]
         rcv = [(p, recv[first:first + rows]) for p, first, rows in lay.recvs]
@@ -166,11 +183,13 @@ class _LocalAttention(torch.autograd.Function):
     (keys in k_stage, v_stage); Q and KV heads equal, fp32, contiguous."""
 
     @staticmethod
-    def forward(fctx, q, k, v, ks, vs, kernel):
+    def forward(fctx, q, k, v, ks, vs, kernel, stats):
         o = torch.zeros_like(q)
         lse = torch.zeros(q.shape[0], q.shape[1], dtype=torch.float32)
+        start = time.perf_counter()
         kernel.forward(_buf(q), _buf(k), _buf(v), _buf(ks), _buf(vs), _buf(o), _buf(lse))
-        fctx.kernel = kernel
+        stats.kernel_seconds += time.perf_counter() - start
+        fctx.kernel, fctx.stats = kernel, stats
         fctx.save_for_backward(q, k, v, ks, vs, o, lse)
         return o
 
@@ -180,9 +199,11 @@ class _LocalAttention(torch.autograd.Function):
         dout = dout.contiguous()
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dks, dvs = torch.zeros_like(ks), torch.zeros_like(vs)
+        start = time.perf_counter()
         fctx.kernel.backward(_buf(q), _buf(k), _buf(v), _buf(ks), _buf(vs), _buf(o), _buf(lse),
                              _buf(dout), _buf(dq), _buf(dk), _buf(dv), _buf(dks), _buf(dvs))
-        return dq, dk, dv, dks, dvs, None
+        fctx.stats.kernel_seconds += time.perf_counter() - start
+        return dq, dk, dv, dks, dvs, None, None
 
 
 _NONE = (0, 0)  # a buffer the native call does not read (a shard group that does not run)
@@ -380,5 +401,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     f32 = torch.float32
     o = _LocalAttention.apply(q.to(f32).contiguous(), kl.to(f32).contiguous(),
                               vl.to(f32).contiguous(), ks.to(f32).contiguous(),
-                              vs.to(f32).contiguous(), kernel)
+                              vs.to(f32).contiguous(), kernel, ctx.stats)
+    ctx.stats.calls += 1
     return o.to(dtype)

@@ -1,4 +1,5 @@
 """CpContext: one rank's view of a plan, and dispatch / undispatch."""
+import dataclasses
 import datetime
 import itertools
 import weakref
@@ -29,6 +30,22 @@ def context_of(handle: torch.Tensor) -> "CpContext":
         raise LookupError(f"flashcp: the CpContext of op_handle {key} no longer exists (keep the "
                           "context alive until its step's backward has run)")
     return ctx
+
+
+@dataclasses.dataclass
+class AttentionStats:
+    """What the attention calls on one CpContext measured on this rank (the
+    CPU path; the CUDA path does not count yet). kernel_seconds: in the CPU
+    kernels, forward and backward (the rank's attention compute, what the
+    group's measured imbalance compares); comm_seconds: in the exchange's
+    collectives, waiting for peers included; bytes_sent / bytes_received:
+    exchange payload, forward K|V and backward dK|dV; calls: forward calls.
+    Wall times (time.perf_counter)."""
+    kernel_seconds: float = 0.0
+    comm_seconds: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    calls: int = 0
 
 
 class ExchangeError(RuntimeError):
@@ -226,6 +243,7 @@ class CpContext:
         self._last_of_doc = torch.zeros(self.total_tokens, dtype=torch.bool)
         self._last_of_doc[ends] = True
         self.plan_hash = self.plan.plan_hash
+        self.stats = AttentionStats()  # flashcp.torch.step_metrics reads and resets it
         op_id = next(_CONTEXT_IDS)
         _CONTEXTS[op_id] = self
         self.op_handle = torch.tensor([op_id], dtype=torch.int64)

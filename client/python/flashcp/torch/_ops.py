@@ -19,6 +19,7 @@ their count depends on the plan, and a compiled graph would specialize on
 it), then runs the kernels' backward, returns the staged rows' gradients to
 their owners (the backward exchange) and adds them onto the local K, V.
 """
+import time
 from typing import Tuple
 
 import torch
@@ -67,7 +68,10 @@ def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: torc
             _heads(vs, hq))
     o = torch.zeros_like(args[0])
     lse = torch.zeros(q.shape[0], hq, dtype=_F32)
+    start = time.perf_counter()
     kernel.forward(*(_buf(t) for t in args), _buf(o), _buf(lse))
+    ctx.stats.kernel_seconds += time.perf_counter() - start
+    ctx.stats.calls += 1
     return o, lse
 
 
@@ -94,9 +98,11 @@ def cp_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     dq, dkl, dvl = torch.zeros_like(q32), torch.zeros_like(kl), torch.zeros_like(vl)
     dks, dvs = torch.zeros_like(ks32), torch.zeros_like(vs32)
     o32, lse32, dout32 = o.contiguous(), lse.contiguous(), dout.to(_F32).contiguous()
+    start = time.perf_counter()
     kernel.backward(_buf(q32), _buf(kl), _buf(vl), _buf(ks32), _buf(vs32), _buf(o32),
                     _buf(lse32), _buf(dout32), _buf(dq), _buf(dkl), _buf(dvl), _buf(dks),
                     _buf(dvs))
+    ctx.stats.kernel_seconds += time.perf_counter() - start
 
     def kv_heads(t):  # the gradient of repeat_interleave: sum each KV head's copies
         return t.view(t.shape[0], hkv, hq // hkv, d).sum(2)
