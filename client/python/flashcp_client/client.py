@@ -436,6 +436,19 @@ class Client:
             self._deadline(timeout), self._retry if retry is None else retry,
             self._keep_reconnecting)
 
+    def report_step_times(self, cost_profile: str, steps: Iterable[planner_pb2.StepTimes], *,
+                          timeout: Optional[float] = None
+                          ) -> planner_pb2.ReportStepTimesResponse:
+        """ReportStepTimes: measured per-rank attention times of steps run on
+        plans of `cost_profile` (not "pairs"), each a StepTimes with one
+        RankStepTime per rank (flashcp.torch.step_times builds them). The
+        planner fits the profile online (docs/planner.md, "Calibration");
+        raises grpc.RpcError (INVALID_ARGUMENT naming the field, NOT_FOUND
+        for an unknown profile) as plan() does."""
+        req = planner_pb2.ReportStepTimesRequest(cost_profile=cost_profile, steps=list(steps))
+        return self._call(lambda t, ready: self._get_stub().ReportStepTimes(
+            req, timeout=t, wait_for_ready=ready), timeout)
+
     def list_strategies(self, *, timeout: Optional[float] = None) -> list:
         resp = self._call(lambda t, ready: self._get_stub().ListStrategies(
             planner_pb2.ListStrategiesRequest(), timeout=t, wait_for_ready=ready), timeout)

@@ -1,11 +1,14 @@
 """flashcp.torch.step_metrics on real gloo groups: measured bytes equal the
 plan's prediction, the group's imbalance is one number on every rank, and the
 dashboards' metric names receive the step."""
+import grpc
 import pytest
 
 import flashcp
+import flashcp.torch as ft
 import cases
 import harness
+from conftest import CLIENT_OPTIONS
 
 LENS = [37, 1, 60, 5, 100, 1, 1, 29]  # 234 tokens
 
@@ -46,3 +49,31 @@ def test_step_metrics_measure_what_the_plan_predicts(n):
     assert sum(m["attention_time_ratio"] for m in ms) == pytest.approx(n, rel=1e-12)
     times = [m["attention_seconds"] for m in ms]
     assert ms[0]["measured_imbalance"] == pytest.approx(max(times) / (sum(times) / n), rel=1e-12)
+
+
+def test_step_times_carry_the_planners_features_of_each_rank():
+    # ring on [5, 3] at N = 2: rank 0 holds doc 0 [0, 4) (a whole shard: 10
+    # pairs), rank 1 doc 0 [4, 5) (prefixed: (2*4 + 1 + 1) * 1 / 2 = 5 pairs)
+    # and doc 1 [0, 3) (whole: 6 pairs); 4 real tokens each.
+    st = ft.step_times(flashcp.plan([5, 3], 2, "ring"), [0.25, 0.5])
+    assert st.cp_size == 2
+    assert [(r.whole_pairs, r.prefixed_pairs, r.sequences, r.tokens, r.seconds)
+            for r in st.ranks] == [(10, 0, 1, 4, 0.25), (6, 5, 2, 4, 0.5)]
+    with pytest.raises(ValueError, match="seconds: 1 times for a plan of cp_size 2"):
+        ft.step_times(flashcp.plan([5, 3], 2, "ring"), [0.25])
+
+
+def test_a_training_step_reports_its_times_to_the_planner(planner_address):
+    plan = flashcp.plan(LENS, 2, "flashcp", cost_profile="cpu-fp32", heads=2, head_dim=16,
+                        dtype_bytes=4)
+    res = harness.run(cases.metrics_case, 2, dict(plan=plan.SerializeToString(),
+                                                  scheme="targeted"))
+    seconds = res[0]["metrics"]["group_attention_seconds"]
+    assert seconds == res[1]["metrics"]["group_attention_seconds"]
+    assert [r["metrics"]["attention_seconds"] for r in res] == list(seconds)
+    with flashcp.Client(planner_address, options=CLIENT_OPTIONS) as client:
+        got = client.report_step_times("cpu-fp32", [ft.step_times(plan, seconds)])
+        assert got.accepted_samples == 2 and got.profile_samples >= 2
+        with pytest.raises(grpc.RpcError) as e:
+            client.report_step_times("pairs", [ft.step_times(plan, seconds)])
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -22,7 +22,8 @@ from flashcp.torch._attention import attention
 from flashcp.torch._context import (AttentionStats, CpContext, ExchangeError,
                                     PlanMismatchError, dispatch, undispatch)
 from flashcp.torch._group_plan import plan_on_first_rank
-from flashcp.torch._metrics import StepMetrics, step_metrics
+from flashcp.torch._metrics import StepMetrics, step_metrics, step_times
 
 __all__ = ["AttentionStats", "CpContext", "ExchangeError", "PlanMismatchError", "StepMetrics",
-           "attention", "dispatch", "plan_on_first_rank", "step_metrics", "undispatch"]
+           "attention", "dispatch", "plan_on_first_rank", "step_metrics", "step_times",
+           "undispatch"]

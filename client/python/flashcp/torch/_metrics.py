@@ -4,12 +4,15 @@ dashboards read (deploy/grafana/flashcp.json; the names and labels of
 worker/metrics.cc, so a training process shows beside the workers)."""
 import dataclasses
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
+from flashcp._native import native
+from flashcp._plan import plan_view
 from flashcp.torch._context import CpContext, ExchangeError, collective_device
+from flashcp_client import planner_pb2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +38,7 @@ class StepMetrics:
     attention_time_ratio: float
     predicted_imbalance: float
     predicted_bytes_sent: int
+    group_attention_seconds: Tuple[float, ...] = ()  # every rank's attention_seconds, by rank
 
 
 def step_metrics(ctx: CpContext, scheme: str = "targeted", *,
@@ -74,7 +78,8 @@ def step_metrics(ctx: CpContext, scheme: str = "targeted", *,
         comm_seconds=s.comm_seconds, bytes_sent=s.bytes_sent, bytes_received=s.bytes_received,
         measured_imbalance=max(times) / mean if mean > 0 else 1.0,
         attention_time_ratio=mine / mean if mean > 0 else 1.0,
-        predicted_imbalance=ctx.plan.imbalance, predicted_bytes_sent=predicted_sent)
+        predicted_imbalance=ctx.plan.imbalance, predicted_bytes_sent=predicted_sent,
+        group_attention_seconds=tuple(times))
     ctx.stats = type(s)()
     _export(m, device)
     if callback is not None:
@@ -131,3 +136,21 @@ def _make_families() -> Dict[str, Any]:
                               "imbalance ratio of the plan of the last step",
                               ["strategy", "device"]),
     }
+
+
+def step_times(plan: Any, seconds: Sequence[float]) -> planner_pb2.StepTimes:
+    """One step for Client.report_step_times: each rank's plan features
+    (core::PlanRankFeatures through the native module: the planner's own
+    definition) with its measured attention seconds (StepMetrics'
+    group_attention_seconds, by rank). plan: any form plan_view reads.
+    ValueError unless there is one time per rank."""
+    view = plan_view(plan)
+    if len(seconds) != view.cp_size:
+        raise ValueError(f"seconds: {len(seconds)} times for a plan of cp_size {view.cp_size}; "
+                         "want one per rank")
+    features = native().plan_rank_features(list(view.doc_lens), view.cp_size, view.padding,
+                                           list(view.shards))
+    return planner_pb2.StepTimes(cp_size=view.cp_size, ranks=[
+        planner_pb2.RankStepTime(whole_pairs=w, prefixed_pairs=p, sequences=s, tokens=t,
+                                 seconds=float(sec))
+        for (w, p, s, t), sec in zip(features, seconds)])
