@@ -267,7 +267,8 @@ std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics,
   AppendKey(out, "plan_hash");
   AppendString(out, PlanHashHex(PlanHash(plan)));
   AppendKey(out, "planner_version");
-  AppendString(out, PlannerVersion());
+  AppendString(out, fields.planner_version != nullptr ? absl::string_view(*fields.planner_version)
+                                                      : PlannerVersion());
   out += '}';
   return out;
 }

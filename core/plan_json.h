@@ -30,6 +30,9 @@ struct PlanJsonFields {
   // Written into "metrics" (cost_profile .. predicted_cost_imbalance) when
   // set, as the service does for every plan.
   const PlanCostReport* cost = nullptr;
+  // "planner_version": the planner that made the plan where another process
+  // did (flashcp-client: the server's); null: this build's PlannerVersion().
+  const std::string* planner_version = nullptr;
 };
 
 // One JSON object, one line, no trailing newline: flashcp.v1.PlanResponse

@@ -123,6 +123,15 @@ TEST(PlanToJsonTest, HandWorkedRingPlan) {
             "\"planner_version\":\"", PlannerVersion(), "\"}"));
 }
 
+TEST(PlanToJsonTest, AnotherPlannersVersionIsWrittenAsGiven) {
+  const Plan plan{1, {3}, 0, {Shard{0, 0, 3, 0}}};
+  const std::string version = "9.8.7";
+  const std::string json =
+      PlanToJson(plan, PlanMetrics{}, {.strategy = "ring", .planner_version = &version});
+  EXPECT_THAT(json, ::testing::EndsWith(
+                        ",\"plan_hash\":\"d8944fcfeb38be2f\",\"planner_version\":\"9.8.7\"}"));
+}
+
 TEST(PlanToJsonTest, DoublesRoundTripNonFiniteIsAStringIlpAndEscaping) {
   Plan plan;
   plan.cp_size = 1;
