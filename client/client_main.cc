@@ -269,7 +269,8 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
     out << core::PlanToJson(plan->plan, plan->metrics,
                             {.batch_id = static_cast<uint64_t>(index),
                              .strategy = plan->strategy,
-                             .cost = has_cost ? &plan->cost : nullptr})
+                             .cost = has_cost ? &plan->cost : nullptr,
+                             .planner_version = &plan->planner_version})
         << "\n";
   };
   const absl::Status status =

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/plan_hash.h"
 
 namespace flashcp::core {
 namespace {
@@ -309,6 +310,11 @@ std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics,
     AppendField(out, "granularity", fields.ilp->ilp_granularity);
     out += '}';
   }
+  AppendKey(out, "plan_hash");
+  AppendString(out, PlanHashHex(PlanHash(plan)));
+  AppendKey(out, "planner_version");
+  AppendString(out, fields.planner_version != nullptr ? absl::string_view(*fields.planner_version)
+                                                      : PlannerVersion());
   out += '}';
   return out;
 }

@@ -36,12 +36,17 @@ struct PlanJsonFields {
   // proto::StepTimeToProto does.
   const StepTimeReport* step = nullptr;
   bool step_per_rank = false;
+  // "planner_version": the planner that made the plan where another process
+  // did (flashcp-client: the server's); null: this build's PlannerVersion().
+  const std::string* planner_version = nullptr;
 };
 
 // One JSON object, one line, no trailing newline: flashcp.v1.PlanResponse
 // (proto/flashcp/v1/planner.proto) in protobuf's JSON mapping with the proto
 // field names, fields in field-number order, every field of Plan, PlanMetrics
-// and `fields` written even when zero, no "error" and no "layout". Two
+// and `fields` written even when zero, plan_hash (PlanHash) and
+// planner_version (PlannerVersion) from core/plan_hash.h, no "error" and no
+// "layout". Two
 // choices within the mapping: 64-bit integers are JSON numbers (its parsers
 // accept numbers or strings; its printer writes strings), and doubles are the
 // shortest decimal that reads back exactly, "NaN" / "Infinity" / "-Infinity"

@@ -4,6 +4,8 @@
 #include <limits>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "core/plan_hash.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -91,6 +93,7 @@ TEST(PlanToJsonTest, HandWorkedRingPlan) {
   absl::StatusOr<PlanMetrics> metrics = AnalyzePlan(plan, ModelShape{1, 1, 1});
   ASSERT_THAT(metrics, IsOk());
   EXPECT_EQ(PlanToJson(plan, *metrics, {.strategy = "ring"}),
+            absl::StrCat(
             "{\"batch_id\":0,\"strategy\":\"ring\",\"cp_size\":2,\"doc_lens\":[5,3],\"padding\":0,"
             "\"shards\":[{\"doc\":0,\"start\":0,\"len\":4,\"rank\":0},{\"doc\":0,\"start\":4,"
             "\"len\":1,\"rank\":1},{\"doc\":1,\"start\":0,\"len\":3,\"rank\":1}],\"metrics\":{"
@@ -116,7 +119,17 @@ TEST(PlanToJsonTest, HandWorkedRingPlan) {
             "\"phase_bottleneck_tokens\":4,\"phase_max_sent_bytes\":8,"
             "\"phase_max_received_bytes\":8,\"phase_bottleneck_bytes\":8,"
             "\"phase_intra_node_bytes\":8,\"phase_inter_node_bytes\":0}],\"planning_seconds\":0,"
-            "\"cheaper_scheme\":\"allgather\"}}");
+            "\"cheaper_scheme\":\"allgather\"},\"plan_hash\":\"acb8cc4eb63dfe48\","
+            "\"planner_version\":\"", PlannerVersion(), "\"}"));
+}
+
+TEST(PlanToJsonTest, AnotherPlannersVersionIsWrittenAsGiven) {
+  const Plan plan{1, {3}, 0, {Shard{0, 0, 3, 0}}};
+  const std::string version = "9.8.7";
+  const std::string json =
+      PlanToJson(plan, PlanMetrics{}, {.strategy = "ring", .planner_version = &version});
+  EXPECT_THAT(json, ::testing::EndsWith(
+                        ",\"plan_hash\":\"d8944fcfeb38be2f\",\"planner_version\":\"9.8.7\"}"));
 }
 
 TEST(PlanToJsonTest, DoublesRoundTripNonFiniteIsAStringIlpAndEscaping) {
@@ -162,7 +175,8 @@ TEST(PlanToJsonTest, DoublesRoundTripNonFiniteIsAStringIlpAndEscaping) {
             "\"phase_bottleneck_bytes\":0,\"phase_intra_node_bytes\":0,"
             "\"phase_inter_node_bytes\":0}],\"planning_seconds\":0.25,"
             "\"cheaper_scheme\":\"targeted\"},\"ilp\":{\"optimal\":false,\"gap\":0.125,"
-            "\"granularity\":8}}");
+            "\"granularity\":8},\"plan_hash\":\"d8944fcfeb38be2f\",\"planner_version\":\"" +
+                std::string(PlannerVersion()) + "\"}");
 }
 
 }  // namespace

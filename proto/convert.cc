@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/plan_hash.h"
 #include "core/status_macros.h"
 
 namespace flashcp::proto {
@@ -282,6 +283,8 @@ v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
     response.mutable_ilp()->set_gap(ilp->ilp_gap);
     response.mutable_ilp()->set_granularity(ilp->ilp_granularity);
   }
+  response.set_plan_hash(core::PlanHashHex(core::PlanHash(plan)));
+  response.set_planner_version(std::string(core::PlannerVersion()));
   return response;
 }
 
@@ -370,6 +373,8 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
                 (input.step_time->per_rank ? ranks * (2 + 1 + 6 * kDouble) : 0);
   bytes += Delimited(metrics + step);
   if (input.strategy == core::Strategy::kIlp) bytes += Delimited(2 + kDouble + kInt64);  // ilp
+  bytes += Delimited(16) +  // plan_hash, 16 hex digits; planner_version
+           Delimited(static_cast<int64_t>(core::PlannerVersion().size()));
   if (input.include_layout) {
     // Every shard once in some rank's list; the non-last ones (all but one
     // per document) each a send range and in at most N - 1 targeted lists.
@@ -476,6 +481,8 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
   PlanResult out;
   out.batch_id = response.batch_id();
   out.strategy = response.strategy();
+  out.plan_hash = response.plan_hash();
+  out.planner_version = response.planner_version();
   out.plan.cp_size = response.cp_size();
   out.plan.doc_lens.assign(response.doc_lens().begin(), response.doc_lens().end());
   out.plan.padding = response.padding();

@@ -99,7 +99,8 @@ v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
                                const core::ModelShape& shape, bool include_layout,
                                absl::string_view cost_profile = "");
 
-// A successful plan as a response. `layout` is optional (null: no layout).
+// A successful plan as a response, with its plan_hash (core::PlanHash) and
+// planner_version (core::PlannerVersion). `layout` is optional (null: no layout).
 // `planning_seconds` is the server's time spent planning and analysing. `ilp`
 // (null: unset) fills PlanResponse.ilp (MakePlan's PlanInfo, strategy ilp).
 // `cost` (null: unset): the cost model the plan balanced and its prediction.
@@ -137,6 +138,10 @@ struct PlanResult {
   double planning_seconds = 0.0;
   // Empty rank costs from a server that predates the cost model.
   core::PlanCostReport cost;
+  // As the server sent them (not recomputed): empty from a server that
+  // predates them. core::PlanHash(plan) is the plan's own.
+  std::string plan_hash;
+  std::string planner_version;
 };
 
 // The item's error (ErrorFromProto) when `error` is set; otherwise the plan

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/analysis.h"
+#include "core/plan_hash.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -371,6 +372,9 @@ TEST(ResponseToProtoTest, RingPlanHandWorked) {
   EXPECT_EQ(m.bytes(0).phase_bottleneck_tokens(), 4);
   EXPECT_EQ(m.cheaper_scheme(), "allgather");  // 4 tokens a phase either way: the tie
   EXPECT_EQ(p.layout_size(), 0);
+  // core/plan_hash_test's pinned value of this plan.
+  EXPECT_EQ(p.plan_hash(), "acb8cc4eb63dfe48");
+  EXPECT_EQ(p.planner_version(), core::PlannerVersion());
 }
 
 TEST(ResponseToProtoTest, LayoutWhenAsked) {
@@ -407,6 +411,8 @@ TEST(ResponseFromProtoTest, RoundTripsPlanAndMetrics) {
   EXPECT_EQ(back->batch_id, 7u);
   EXPECT_EQ(back->strategy, "ring");
   EXPECT_EQ(back->planning_seconds, 0.125);
+  EXPECT_EQ(back->plan_hash, "acb8cc4eb63dfe48");
+  EXPECT_EQ(back->planner_version, core::PlannerVersion());
   EXPECT_EQ(back->plan.cp_size, 2);
   EXPECT_THAT(back->plan.doc_lens, ElementsAre(5, 3));
   EXPECT_EQ(back->plan.padding, 0);

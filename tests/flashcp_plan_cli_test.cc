@@ -6,6 +6,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/plan_hash.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
@@ -29,7 +30,8 @@ ToolRun RunPlan(std::vector<std::string> args, const std::string& stdin_text = "
 // holds doc 0 [0, 4); rank 1 holds doc 0 [4, 5) and doc 1 [0, 3). Workload
 // (2p + s + 1) s / 2: 10 and 5 + 6 = 11, imbalance 11 / 10.5; every scheme's
 // bottleneck is 4 tokens a phase (16 bytes over both), so nothing is saved.
-constexpr char kRingJson[] =
+const std::string kRingJson =
+    std::string(
     "{\"batch_id\":0,\"strategy\":\"ring\",\"cp_size\":2,\"doc_lens\":[5,3],\"padding\":0,"
     "\"shards\":[{\"doc\":0,\"start\":0,\"len\":4,\"rank\":0},{\"doc\":0,\"start\":4,\"len\":1,"
     "\"rank\":1},{\"doc\":1,\"start\":0,\"len\":3,\"rank\":1}],\"metrics\":{"
@@ -53,7 +55,9 @@ constexpr char kRingJson[] =
     "\"planning_seconds\":0,\"cheaper_scheme\":\"allgather\",\"cost_profile\":\"pairs\","
     "\"cost\":{\"whole_pair\":1,\"prefixed_pair\":1,\"sequence\":0,\"token\":0},"
     "\"cost_calibrated\":false,\"rank_predicted_cost\":[10,11],"
-    "\"predicted_cost_imbalance\":1.0476190476190477}}";
+    "\"predicted_cost_imbalance\":1.0476190476190477},\"plan_hash\":\"acb8cc4eb63dfe48\","
+    "\"planner_version\":\"") +
+    std::string(flashcp::core::PlannerVersion()) + "\"}";
 
 // H = D = 1, 1-byte elements, then `tail`.
 std::vector<std::string> RingOnTwo(std::vector<std::string> tail) {
@@ -107,7 +111,9 @@ TEST(FlashcpPlanCliTest, StdinBatchesInInputOrder) {
                 "\"cheaper_scheme\":\"allgather\",\"cost_profile\":\"pairs\","
                 "\"cost\":{\"whole_pair\":1,\"prefixed_pair\":1,\"sequence\":0,\"token\":0},"
                 "\"cost_calibrated\":false,\"rank_predicted_cost\":[10,18],"
-                "\"predicted_cost_imbalance\":1.2857142857142858}}"
+                "\"predicted_cost_imbalance\":1.2857142857142858},"
+                "\"plan_hash\":\"3aeb382f97e12acb\",\"planner_version\":\"" +
+                std::string(flashcp::core::PlannerVersion()) + "\"}"
                 "\n");
 }
 

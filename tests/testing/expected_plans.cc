@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "core/plan_hash.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -23,6 +24,8 @@ void ExpectRingPlanFor53(const v1::PlanResponse& r) {
     EXPECT_EQ(r.shards(i).len(), want[i][2]) << i;
     EXPECT_EQ(r.shards(i).rank(), want[i][3]) << i;
   }
+  EXPECT_EQ(r.plan_hash(), "acb8cc4eb63dfe48");  // core/plan_hash_test.cc's pinned value
+  EXPECT_EQ(r.planner_version(), core::PlannerVersion());
   // Workloads (2p+s+1)s/2: rank 0 doc 0 [0,4) = 10; rank 1 [4,5) = 5 plus doc 1 = 6.
   EXPECT_THAT(r.metrics().rank_workload(), ElementsAre(10.0, 11.0));
   EXPECT_DOUBLE_EQ(r.metrics().imbalance_ratio(), 11.0 / 10.5);

@@ -6,12 +6,14 @@ context-parallel attention inside a PyTorch training step.
     plan = flashcp.Client("127.0.0.1:50051").plan([4096, 100], 4)  # the planner service
 
 Both return a flashcp.v1 PlanResponse (planner_pb2); flashcp.torch.CpContext
-takes either, or its JSON (flashcp-plan's output; response_from_json).
+takes either, or its JSON (flashcp-plan's output; response_from_json). Every
+plan carries plan_hash (core/plan_hash.h) and planner_version; plan_hash(p)
+computes the hash of any plan.
 flashcp_client (the gRPC client) is part of this distribution; `import
 flashcp_client` keeps working.
 """
-from flashcp._plan import PlanError, PlanView, plan, plan_view, response_from_json
+from flashcp._plan import PlanError, PlanView, plan, plan_hash, plan_view, response_from_json
 from flashcp_client import Client, Prefetcher, planner_pb2, planner_pb2_grpc
 
-__all__ = ["Client", "PlanError", "PlanView", "Prefetcher", "plan", "plan_view", "planner_pb2",
-           "planner_pb2_grpc", "response_from_json"]
+__all__ = ["Client", "PlanError", "PlanView", "Prefetcher", "plan", "plan_hash", "plan_view",
+           "planner_pb2", "planner_pb2_grpc", "response_from_json"]

@@ -95,10 +95,21 @@ class PlanView:
     imbalance: float = 0.0        # metrics, where the plan carried them
     comm_saving: float = 0.0
     targeted_saving: float = 0.0
+    # PlanResponse.planner_version ("" where not carried); not compared: the
+    # same plan from two planner versions is the same plan.
+    planner_version: str = dataclasses.field(default="", compare=False)
 
     @property
     def total_tokens(self) -> int:
         return sum(self.doc_lens)
+
+    @property
+    def plan_hash(self) -> str:
+        """This plan's hash (core/plan_hash.h; the native module computes
+        it from the view's own fields, whatever the plan came from): 16 hex
+        digits, PlanResponse.plan_hash of the same plan."""
+        return native().plan_hash(list(self.doc_lens), self.cp_size, self.padding,
+                                  list(self.shards))
 
 
 def response_from_json(p: Any) -> planner_pb2.PlanResponse:
@@ -136,6 +147,14 @@ def _view_of_old_json(p: dict) -> PlanView:
         raise ValueError(f"plan: not a flashcp-plan JSON object (missing or bad {e})") from None
 
 
+def plan_hash(p: Any) -> str:
+    """The plan_hash of any plan plan_view() reads, computed here from its
+    doc_lens, cp_size, padding and shards (core::PlanHash, FNV-1a 64 of the
+    canonical encoding in core/plan_hash.h): equal to the PlanResponse's
+    plan_hash for the same plan, whichever planner made it."""
+    return plan_view(p).plan_hash
+
+
 def plan_view(p: Any) -> PlanView:
     """A PlanView from a PlanResponse (the service or flashcp.plan), its JSON
     (a flashcp-plan line: str, bytes or the parsed dict; response_from_json)
@@ -161,6 +180,7 @@ def plan_view(p: Any) -> PlanView:
                         strategy=p.strategy,
                         imbalance=p.metrics.imbalance_ratio,
                         comm_saving=p.metrics.comm_saving_ratio,
-                        targeted_saving=p.metrics.targeted_saving_ratio)
+                        targeted_saving=p.metrics.targeted_saving_ratio,
+                        planner_version=p.planner_version)
     raise ValueError(f"plan: expected a PlanResponse, its JSON or a PlanView, got "
                      f"{type(p).__name__}")

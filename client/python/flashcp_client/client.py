@@ -9,6 +9,7 @@ inherited one is dropped unused, never closed from the child.
 import collections
 import collections.abc
 import dataclasses
+import logging
 import operator
 import os
 import threading
@@ -455,6 +456,19 @@ class Client:
             self._deadline(timeout), self._retry if retry is None else retry,
             self._keep_reconnecting)
 
+    def report_step_times(self, cost_profile: str, steps: Iterable[planner_pb2.StepTimes], *,
+                          timeout: Optional[float] = None
+                          ) -> planner_pb2.ReportStepTimesResponse:
+        """ReportStepTimes: measured per-rank attention times of steps run on
+        plans of `cost_profile` (not "pairs"), each a StepTimes with one
+        RankStepTime per rank (flashcp.torch.step_times builds them). The
+        planner fits the profile online (docs/planner.md, "Calibration");
+        raises grpc.RpcError (INVALID_ARGUMENT naming the field, NOT_FOUND
+        for an unknown profile) as plan() does."""
+        req = planner_pb2.ReportStepTimesRequest(cost_profile=cost_profile, steps=list(steps))
+        return self._call(lambda t, ready: self._get_stub().ReportStepTimes(
+            req, timeout=t, wait_for_ready=ready), timeout)
+
     def list_strategies(self, *, timeout: Optional[float] = None) -> list:
         resp = self._call(lambda t, ready: self._get_stub().ListStrategies(
             planner_pb2.ListStrategiesRequest(), timeout=t, wait_for_ready=ready), timeout)
@@ -536,17 +550,40 @@ class Prefetcher:
     PrefetchError naming the item's position and batch_id (a grpc.RpcError
     with the call's code). Closing the iterator early cancels what is still in
     flight.
+
+    fallback: a planner to use in this process when the service is
+    unreachable, called as fallback(doc_lens, cp_size, strategy,
+    batch_id=..., **fields) (flashcp.plan fits). An item whose plan fails
+    UNAVAILABLE or DEADLINE_EXCEEDED is then planned by it instead of
+    raising; the default retry becomes NO_RETRY (one attempt: a planner that
+    is down costs one refused connection per item, not the retries'
+    backoff). Each such plan counts in `fallback_plans` (and in the counter
+    flashcp_prefetch_fallback_plans_total{planner=...} where prometheus_client
+    is installed); the first of a run, and the service answering again, are
+    logged (logger "flashcp_client", WARNING and INFO). Where the ranks of a
+    group each run a Prefetcher, one falling back may hold another plan than
+    the rest (a planner of another version): flashcp.torch.CpContext refuses
+    that step on every rank; planning on one rank
+    (flashcp.torch.plan_on_first_rank) avoids it.
     """
 
     def __init__(self, client: Client, items: Iterable[Any], cp_size: int,
                  strategy: str = "", *, depth: int = 4,
                  doc_lens: Callable[[Any], Iterable[int]] = lambda item: item,
                  timeout: Optional[float] = None, first_batch_id: int = 0,
-                 retry: Optional[RetryPolicy] = None, **fields: Any):
+                 retry: Optional[RetryPolicy] = None,
+                 fallback: Optional[Callable[..., planner_pb2.PlanResponse]] = None,
+                 **fields: Any):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         if "batch_id" in fields:
             raise TypeError("Prefetcher sets each request's batch_id; pass first_batch_id")
+        if fallback is not None and not callable(fallback):
+            raise TypeError(f"fallback must be callable (e.g. flashcp.plan), got "
+                            f"{type(fallback).__name__}")
+        self._fallback = fallback
+        self.fallback_plans = 0  # items planned by `fallback`, over every iteration
+        self._falling_back = False
         self._client = client
         self._items = items
         self._cp_size = cp_size
@@ -570,9 +607,10 @@ class Prefetcher:
                     item = next(items)
                 except StopIteration:
                     return
+                default_retry = PREFETCH_RETRY if self._fallback is None else NO_RETRY
                 fut = self._client.plan_async(self._doc_lens(item), self._cp_size,
                                               self._strategy, timeout=self._timeout,
-                                              retry=self._retry or PREFETCH_RETRY,
+                                              retry=self._retry or default_retry,
                                               batch_id=self._first_batch_id + position,
                                               **self._fields)
                 window.append((position, item, fut))
@@ -586,8 +624,60 @@ class Prefetcher:
                 try:
                     plan = fut.result()
                 except grpc.RpcError as err:
-                    raise PrefetchError(pos, self._first_batch_id + pos, err) from err
+                    if self._fallback is None or _code(err) not in _UNREACHABLE:
+                        raise PrefetchError(pos, self._first_batch_id + pos, err) from err
+                    plan = self._plan_here(item, self._first_batch_id + pos, err)
+                else:
+                    if self._falling_back:
+                        self._falling_back = False
+                        _log.info("planner %s answers again from batch_id %d (%d plans made "
+                                  "in process so far)", self._client._target,
+                                  self._first_batch_id + pos, self.fallback_plans)
                 yield item, plan
         finally:
             for _, _, fut in window:
                 fut.cancel()
+
+    def _plan_here(self, item: Any, batch_id: int,
+                   err: grpc.RpcError) -> planner_pb2.PlanResponse:
+        """The fallback's plan of `item`, counted and (on the first of a run) logged."""
+        if not self._falling_back:
+            self._falling_back = True
+            _log.warning("planner %s unreachable (%s: %s): planning in this process from "
+                         "batch_id %d", self._client._target, _code(err).name, _details(err),
+                         batch_id)
+        plan = self._fallback(self._doc_lens(item), self._cp_size, self._strategy,
+                              batch_id=batch_id, **self._fields)
+        self.fallback_plans += 1
+        _fallback_counter(self._client._target)
+        return plan
+
+
+# A Prefetcher falls back on these codes: the service cannot be reached or
+# does not answer in time; the others are answers about the request.
+_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+_log = logging.getLogger("flashcp_client")
+
+_counter_lock = threading.Lock()
+_counter: Any = None  # prometheus_client.Counter, made on first use; False: not installed
+
+
+def _fallback_counter(target: str) -> None:
+    """Adds one to flashcp_prefetch_fallback_plans_total{planner=target} in
+    prometheus_client's default registry, where prometheus_client is
+    installed (the process's exporter serves it); nothing otherwise."""
+    global _counter
+    with _counter_lock:
+        if _counter is None:
+            try:
+                import prometheus_client
+            except ImportError:
+                _counter = False
+            else:
+                _counter = prometheus_client.Counter(
+                    "flashcp_prefetch_fallback_plans",
+                    "Batches a Prefetcher planned in process because the planner was "
+                    "unreachable", ["planner"])
+        if _counter is not False:
+            _counter.labels(planner=target).inc()

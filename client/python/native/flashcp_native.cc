@@ -29,9 +29,11 @@
 #include "client/python/native/cuda_backend.h"
 #include "core/analysis.h"
 #include "core/ilp_deadline.h"
+#include "core/plan_hash.h"
 #include "core/types.h"
 #include "flashcp/v1/planner.pb.h"
 #include "core/clock.h"
+#include "core/cost_model.h"
 #include "planner_service/observer.h"
 #include "planner_service/plan_batch.h"
 #include "planner_service/service.h"
@@ -504,6 +506,33 @@ PYBIND11_MODULE(_flashcp_native, m) {
         "validation, bounds and PlanBatch, under the bounds given); Ctrl-C and timeout stop it");
   m.def("service_bounds", &flashcp::python::ServiceBounds,
         "The planner service's default bounds, as plan() takes them");
+  m.def(
+      "plan_hash",
+      [](const std::vector<int64_t>& doc_lens, int32_t cp_size, int64_t padding,
+         const std::vector<flashcp::python::ShardTuple>& shards) {
+        return flashcp::core::PlanHashHex(
+            flashcp::core::PlanHash(flashcp::python::MakePlan(doc_lens, cp_size, padding, shards)));
+      },
+      py::arg("doc_lens"), py::arg("cp_size"), py::arg("padding"), py::arg("shards"),
+      "core::PlanHash as PlanResponse.plan_hash writes it (16 hex digits); shards as "
+      "(doc, start, len, rank)");
+  m.attr("planner_version") = std::string(flashcp::core::PlannerVersion());
+  m.def(
+      "plan_rank_features",
+      [](const std::vector<int64_t>& doc_lens, int32_t cp_size, int64_t padding,
+         const std::vector<flashcp::python::ShardTuple>& shards) {
+        const flashcp::core::Plan plan =
+            flashcp::python::MakePlan(doc_lens, cp_size, padding, shards);
+        if (absl::Status s = flashcp::core::ValidatePlan(plan); !s.ok()) flashcp::python::Raise(s);
+        std::vector<std::tuple<double, double, double, double>> out;
+        for (const flashcp::core::RankFeatures& f : flashcp::core::PlanRankFeatures(plan)) {
+          out.emplace_back(f.whole_pairs, f.prefixed_pairs, f.sequences, f.tokens);
+        }
+        return out;
+      },
+      py::arg("doc_lens"), py::arg("cp_size"), py::arg("padding"), py::arg("shards"),
+      "core::PlanRankFeatures of a valid plan (ValueError naming the field otherwise): per "
+      "rank (whole_pairs, prefixed_pairs, sequences, tokens), ReportStepTimes' features");
   py::class_<RankLayout>(m, "RankLayout")
       .def(py::init<const std::vector<int64_t>&, int32_t, int64_t,
                     const std::vector<flashcp::python::ShardTuple>&, int32_t, const std::string&>(),

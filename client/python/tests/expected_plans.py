@@ -9,6 +9,8 @@ def shards(plan):
 # Ring on [5, 3], N = 2: chunks of C/N = 4 tokens. Rank 0: doc 0 [0, 4); rank
 # 1: doc 0 [4, 5) and doc 1 [0, 3).
 RING_5_3_SHARDS = [(0, 0, 4, 0), (0, 4, 1, 1), (1, 0, 3, 1)]
+# Its plan_hash: core/plan_hash_test.cc's pinned value.
+RING_5_3_HASH = "acb8cc4eb63dfe48"
 
 
 def assert_ring_plan_for_5_3(plan):
@@ -19,6 +21,7 @@ def assert_ring_plan_for_5_3(plan):
     assert list(plan.doc_lens) == [5, 3]
     assert plan.padding == 0
     assert shards(plan) == RING_5_3_SHARDS
+    assert plan.plan_hash == RING_5_3_HASH
     assert list(plan.metrics.rank_workload) == [10.0, 11.0]
     assert plan.metrics.imbalance_ratio == 11 / 10.5
     assert plan.metrics.tokens_per_rank == 4

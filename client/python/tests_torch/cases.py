@@ -1,6 +1,7 @@
 """What each rank runs in the multi-process tests (harness.run)."""
 import math
 
+import grpc
 import torch
 import torch.nn.functional as F
 
@@ -228,3 +229,178 @@ def cuda_attention_case(rank, n, spec):
     qc = q.float().cuda()
     return {"err": err, "ref": ref,
             "fp32": _raises(lambda: ft.attention(qc, k.float().cuda(), v.float().cuda(), ctx))}
+
+
+def plan_agreement_case(rank, n, spec):
+    """CpContext on this rank's own plan (spec["plans"][rank]): what its
+    plan check raised (type, message, differing ranks, every rank's hash),
+    or None; then that the group still works, on the plan of rank 0."""
+    # PlanResponses travel serialized (protobuf messages do not pickle).
+    plans = [flashcp.planner_pb2.PlanResponse.FromString(p) if isinstance(p, bytes) else p
+             for p in spec["plans"]]
+    out = {}
+    try:
+        ft.CpContext(plans[rank], rank, doc_lens=spec["doc_lens"])
+        out["error"] = None
+    except ft.PlanMismatchError as e:
+        out["error"] = (type(e).__name__, str(e), e.differing, e.hashes)
+    ctx = ft.CpContext(plans[0], rank)
+    x = torch.arange(sum(spec["doc_lens"]), dtype=torch.float32)
+    out["still_works"] = torch.equal(ft.undispatch(ft.dispatch(x, ctx), ctx), x)
+    out["plan_hash"] = ctx.plan_hash
+    return out
+
+
+def plan_on_first_rank_case(rank, n, spec):
+    """flashcp.torch.plan_on_first_rank on this rank (the batch given on
+    rank 0 only): the serialized plan, or (type, code, message) of what it
+    raised; then a CpContext on the plan runs a step (exact against SDPA)."""
+    client = (flashcp.Client(spec["address"], options=(("grpc.min_reconnect_backoff_ms", 5000),))
+              if spec.get("address") and rank == 0 else None)
+    lens = spec["doc_lens"] if rank == 0 else None
+    try:
+        plan = ft.plan_on_first_rank(lens, None, spec.get("strategy", ""), client=client,
+                                     **spec.get("fields", {}))
+    except flashcp.PlanError as e:
+        return ("PlanError", e.code, str(e))
+    except grpc.RpcError as e:  # rank 0, from the service
+        return ("RpcError", e.code().name, e.details())
+    finally:
+        if client is not None:
+            client.close()
+    ctx = ft.CpContext(plan, rank, doc_lens=spec["doc_lens"])
+    q, k, v, dout = global_inputs(sum(spec["doc_lens"]), 2, 2, 16, 3)
+    want = ft.dispatch(reference(q, k, v, dout, spec["doc_lens"])[0], ctx)
+    o = ft.attention(ft.dispatch(q, ctx), ft.dispatch(k, ctx), ft.dispatch(v, ctx), ctx)
+    return {"plan": plan.SerializeToString(), "err": float((o - want).abs().max())}
+
+
+def batched_p2p_case(rank, n, spec):
+    """attention_case (targeted scheme) with torch.distributed's point-to-point
+    calls counted: batch_isend_irecv calls and their ops by kind, and isend /
+    irecv posted outside one (ungrouped)."""
+    import threading
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    counts = {"batches": 0, "isend": 0, "irecv": 0, "ungrouped": 0}
+    inside = threading.local()
+    real_batch, real_isend, real_irecv = dist.batch_isend_irecv, c10d.isend, c10d.irecv
+
+    def batch(ops):
+        counts["batches"] += 1
+        inside.on = True
+        try:
+            return real_batch(ops)
+        finally:
+            inside.on = False
+
+    def wrap(real, kind):
+        def op(*args, **kwargs):
+            counts[kind] += 1
+            if not getattr(inside, "on", False):
+                counts["ungrouped"] += 1
+            return real(*args, **kwargs)
+        return op
+
+    isend, irecv = wrap(real_isend, "isend"), wrap(real_irecv, "irecv")
+    # P2POp checks its op against c10d's isend / irecv: patch both names.
+    dist.batch_isend_irecv, dist.isend, dist.irecv = batch, isend, irecv
+    c10d.isend, c10d.irecv = isend, irecv
+    try:
+        errors = attention_case(rank, n, dict(spec, schemes=("targeted",)))
+    finally:
+        dist.batch_isend_irecv, dist.isend, dist.irecv = real_batch, real_isend, real_irecv
+        c10d.isend, c10d.irecv = real_isend, real_irecv
+    ctx = ft.CpContext(spec["plan"], rank, check_plan=False)
+    lay = ctx.layout("targeted")
+    return {"errors": errors["targeted"], "counts": counts,
+            "sends": len(lay.sends), "recvs": len(lay.recvs)}
+
+
+class TinyAttentionModel(torch.nn.Module):
+    """Two attention layers over this rank's rows: x [C/N, W] -> scalar."""
+
+    def __init__(self, width=32, heads=4, kv_heads=2, layers=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.d = heads, kv_heads, width // heads
+        self.q = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+        self.kv = torch.nn.ModuleList(torch.nn.Linear(width, 2 * kv_heads * self.d)
+                                      for _ in range(layers))
+        self.out = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x, ctx):
+        for q_proj, kv_proj, out in zip(self.q, self.kv, self.out):
+            rows = x.shape[0]
+            q = q_proj(x).view(rows, self.heads, self.d)
+            k, v = kv_proj(x).view(rows, 2 * self.kv_heads, self.d).chunk(2, dim=1)
+            o = ft.attention(q, k.contiguous(), v.contiguous(), ctx)
+            x = x + out(torch.relu(o.reshape(rows, -1)))
+        return (x * x).mean()
+
+
+def compile_case(rank, n, spec):
+    """TinyAttentionModel on two steps (two batches, two plans) eager and
+    under torch.compile (aot_eager): graph breaks (torch._dynamo.explain and
+    the compile counters), graphs compiled, and the largest difference of
+    loss and parameter gradients between the two."""
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    model = TinyAttentionModel()
+    steps = []
+    for lens, plan in spec["steps"]:
+        ctx = ft.CpContext(plan, rank, doc_lens=lens)
+        x = ft.dispatch(torch.randn(sum(lens), 32, generator=torch.Generator().manual_seed(5)),
+                        ctx)
+        steps.append((ctx, x))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(steps[0][1], steps[0][0])
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="aot_eager")
+    diffs = []
+    for ctx, x in steps:
+        got = []
+        for fn in (model, compiled):
+            model.zero_grad()
+            loss = fn(x, ctx)
+            loss.backward()
+            got.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
+        diffs.append(max(float((a - b).abs().max()) for a, b in zip(*got)))
+    return {"explain_breaks": explained.graph_break_count, "explain_graphs": explained.graph_count,
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "unique_graphs": counters["stats"]["unique_graphs"], "diffs": diffs}
+
+
+def metrics_case(rank, n, spec):
+    """One attention step (forward and backward) and flashcp.torch.step_metrics
+    on it: the StepMetrics as a dict, what the callback got, and what went to a
+    stand-in prometheus_client (the real one is not a dependency)."""
+    import dataclasses
+    import sys
+    import types
+    exported = []
+
+    class Metric:
+        def __init__(self, name, doc, labels, **kw):
+            self.name = name
+
+        def labels(self, **kw):
+            def record(op):
+                return lambda value=1: exported.append((self.name, op, kw, value))
+            return types.SimpleNamespace(inc=record("inc"), observe=record("observe"),
+                                         set=record("set"))
+
+    sys.modules["prometheus_client"] = types.SimpleNamespace(Counter=Metric, Gauge=Metric,
+                                                             Histogram=Metric)
+    plan = flashcp.planner_pb2.PlanResponse.FromString(spec["plan"])
+    lens = list(plan.doc_lens)
+    ctx = ft.CpContext(plan, rank, doc_lens=lens)
+    q, k, v, dout = (ft.dispatch(t, ctx).requires_grad_() for t in
+                     global_inputs(sum(lens), 2, 2, 16, 4))
+    o = ft.attention(q, k, v, ctx, scheme=spec["scheme"])
+    o.backward(dout.detach())
+    got = []
+    m = ft.step_metrics(ctx, spec["scheme"], callback=got.append, plan=plan)
+    return {"metrics": dataclasses.asdict(m), "callback": [dataclasses.asdict(x) for x in got],
+            "exported": exported, "stats_after": dataclasses.asdict(ctx.stats)}

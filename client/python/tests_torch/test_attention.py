@@ -81,3 +81,19 @@ def test_cp_groups_inside_a_larger_world():
         assert res.pop("undispatch") is True
         for scheme, errs in res.items():
             assert max(errs) <= TOL, (rank, scheme, errs)
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_the_targeted_exchange_posts_one_batched_call_per_phase(n):
+    # flashcp's plan cuts documents across ranks: several peers each way.
+    lens = BATCHES[0]
+    spec = cases.with_reference(dict(doc_lens=lens, strategy="per_doc", hq=2, hkv=2, d=16,
+                                     seed=3, plan=flashcp.plan_view(
+                                         flashcp.plan(lens, n, "per_doc"))))
+    for rank, r in enumerate(harness.run(cases.batched_p2p_case, n, spec, timeout_s=120)):
+        assert max(r["errors"]) < TOL, (rank, r["errors"])
+        c = r["counts"]
+        assert r["sends"] + r["recvs"] > 1, r  # a grouped call worth testing
+        # Forward: the layout's sends and receives; backward: the mirror.
+        assert c == {"batches": 2, "isend": r["sends"] + r["recvs"],
+                     "irecv": r["recvs"] + r["sends"], "ungrouped": 0}, (rank, r)

@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 import flashcp
+from flashcp._native import native
 from conftest import CLIENT_OPTIONS
 
 STRATEGIES = ["llama3", "per_doc", "ring", "zigzag", "whole_doc", "flashcp_paper", "flashcp",
@@ -128,3 +129,36 @@ def test_plan_view_reads_the_old_cli_json_with_a_warning():
                        "targeted_saving": new.metrics.targeted_saving_ratio}}
     with pytest.warns(DeprecationWarning, match="doc_lens"):
         assert flashcp.plan_view(json.dumps(old)) == flashcp.plan_view(new)
+
+
+def test_plan_hash_is_the_same_from_the_service_the_cli_and_in_process(
+        plan_bin, planner_address):
+    client = flashcp.Client(planner_address, options=CLIENT_OPTIONS)
+    version = native().planner_version
+    # ring on [5, 3] at N = 2: core/plan_hash_test.cc's pinned hash.
+    cli = subprocess.run([plan_bin, "--cp", "2", "--strategy", "ring", "5,3"],
+                         capture_output=True, timeout=60, check=True, text=True).stdout
+    line = json.loads(cli)
+    for got in (client.plan([5, 3], 2, "ring"), flashcp.plan([5, 3], 2, "ring"),
+                flashcp.response_from_json(line)):
+        assert got.plan_hash == "acb8cc4eb63dfe48"
+        assert got.planner_version == version
+    assert line["plan_hash"] == "acb8cc4eb63dfe48"
+    assert flashcp.plan_hash(line) == flashcp.plan_hash(flashcp.plan_view(line)) == \
+        "acb8cc4eb63dfe48"
+    # Every strategy of a data set's batches: the three agree, the hash
+    # computed from the plan's fields is the one carried, and plans with other
+    # shards hash apart.
+    lens = [300, 5, 1, 77, 1000, 64, 2]
+    seen = {}
+    for strategy in STRATEGIES:
+        remote = client.plan(lens, 4, strategy)
+        local = flashcp.plan(lens, 4, strategy)
+        assert remote.plan_hash == local.plan_hash == flashcp.plan_hash(local), strategy
+        assert len(remote.plan_hash) == 16 and int(remote.plan_hash, 16) >= 0
+        seen.setdefault(tuple(flashcp.plan_view(local).shards), set()).add(local.plan_hash)
+    assert all(len(h) == 1 for h in seen.values())
+    assert len({h for hs in seen.values() for h in hs}) == len(seen) > 3
+    for line in _dataset(plan_bin, 2):
+        assert line["plan_hash"] == flashcp.plan(line["doc_lens"], 2, line["strategy"]).plan_hash
+        assert line["planner_version"] == version

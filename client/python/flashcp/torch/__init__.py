@@ -1,6 +1,8 @@
 """Context parallelism with FlashCP plans inside a PyTorch training step.
 
-    ctx = flashcp.torch.CpContext(plan, rank, group)   # plan: PlanResponse / JSON
+    plan = flashcp.torch.plan_on_first_rank(doc_lens, group)  # rank 0 plans, all get it
+    ctx = flashcp.torch.CpContext(plan, rank, group)   # plan: PlanResponse / JSON;
+                                                       # the group checks it runs one plan
     ids = flashcp.torch.dispatch(input_ids, ctx)       # [C] -> this rank's [C/N]
     labels = ctx.labels(input_ids)                     # next tokens, -100 at doc ends
     pos = ctx.position_ids                             # positions within documents
@@ -17,6 +19,11 @@ in fp32 and returned in bf16); on CUDA it is the project's cuDNN path
 (worker/cuda/shard_attention.h), bf16 only.
 """
 from flashcp.torch._attention import attention
-from flashcp.torch._context import CpContext, ExchangeError, dispatch, undispatch
+from flashcp.torch._context import (AttentionStats, CpContext, ExchangeError,
+                                    PlanMismatchError, dispatch, undispatch)
+from flashcp.torch._group_plan import plan_on_first_rank
+from flashcp.torch._metrics import StepMetrics, step_metrics, step_times
 
-__all__ = ["CpContext", "ExchangeError", "attention", "dispatch", "undispatch"]
+__all__ = ["AttentionStats", "CpContext", "ExchangeError", "PlanMismatchError", "StepMetrics",
+           "attention", "dispatch", "plan_on_first_rank", "step_metrics", "step_times",
+           "undispatch"]

@@ -1,13 +1,14 @@
 """attention(): the CP attention step as autograd ops.
 
 Forward: pack the K|V rows this rank sends (the native layout's pack_rows),
-exchange them (targeted: isend/irecv with exactly the ranks that need
-them; allgather / full_kv: one all_gather_into_tensor of equal blocks),
+exchange them (targeted: one batch_isend_irecv with exactly the ranks that
+need them; allgather / full_kv: one all_gather_into_tensor of equal blocks),
 stage every prefixed shard's keys [prefix pieces, own rows] (stage_src),
 then the kernels attend each shard to its prefix plus itself. Backward:
 the kernels' dQ, dK, dV; the staging's gradients index-added back onto
 local rows and the receive buffer; the receive buffer's gradients returned
-to their owners point to point (the mirror of the forward messages).
+to their owners point to point (the mirror of the forward messages), one
+batch_isend_irecv.
 
 CPU: the project's CPU kernels (fp32), the steps composed of autograd ops.
 CUDA: the project's cuDNN path (bf16, worker/cuda/shard_attention.h through
@@ -16,31 +17,83 @@ whole shards' attention with the exchange on a side stream, as the GPU step
 does (_CudaCpAttention). The CUDA path has not run on a GPU yet.
 """
 import math
+import time
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from flashcp._native import native
-from flashcp.torch._context import CpContext, ExchangeError
+from flashcp.torch import _ops  # noqa: F401  (registers torch.ops.flashcp.*)
+from flashcp.torch._context import SCHEMES, CpContext, ExchangeError
 
 
 def _p2p(ctx: CpContext, send, recv, what: str) -> None:
-    """send/recv: lists of (group rank, tensor). Starts every isend and
-    irecv, then waits on each; a failure (at start or wait, each bounded by
-    the group's timeout) raises ExchangeError naming that peer."""
-    works = []
-    for op, items in ((dist.isend, send), (dist.irecv, recv)):
-        for peer, t in items:
-            try:
-                works.append((peer, op(t, ctx.global_ranks[peer], ctx.group)))
-            except RuntimeError as e:
-                raise ExchangeError(f"rank {ctx.rank}: {what} with rank {peer} failed: {e}") from e
-    for peer, work in works:
+    """send/recv: lists of (group rank, tensor). Posts every send and receive
+    as one group (dist.batch_isend_irecv: on NCCL one coalesced group call,
+    the pattern that cannot deadlock and uses the group's communicator, not
+    one per pair; on gloo the same ops one by one), then waits on each; a
+    failure (at start or wait, each bounded by the group's timeout) raises
+    ExchangeError naming the peer (every peer of the group call where the
+    backend returns one request for all)."""
+    if not send and not recv:
+        return
+    start = time.perf_counter()
+    items = [(dist.isend, p, t) for p, t in send] + [(dist.irecv, p, t) for p, t in recv]
+    ops = []
+    for op, peer, t in items:
+        o = dist.P2POp(op, t, ctx.global_ranks[peer], ctx.group)
+        o.op = _posting(o.op, peer)  # a failure to post names its peer
+        ops.append(o)
+    peers = [peer for _, peer, _ in items]
+    try:
+        works = dist.batch_isend_irecv(ops)
+    except _PostFailed as e:
+        raise ExchangeError(f"rank {ctx.rank}: {what} with rank {e.peer} failed: "
+                            f"{e.__cause__}") from e.__cause__
+    # One request per op (gloo), or the coalesced group's (NCCL): one for all.
+    named = zip(peers, works) if len(works) == len(ops) else \
+        ((sorted(set(peers)), w) for w in works)
+    for peer, work in named:
         try:
             work.wait()
         except RuntimeError as e:
-            raise ExchangeError(f"rank {ctx.rank}: {what} with rank {peer} failed: {e}") from e
+            raise ExchangeError(f"rank {ctx.rank}: {what} with {_peers(peer)} failed: {e}") from e
+    _count(ctx, start, sum(_nbytes(t) for _, t in send), sum(_nbytes(t) for _, t in recv))
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _count(ctx: CpContext, start: float, sent: int, received: int) -> None:
+    """Adds one finished collective (begun at perf_counter() = start) to ctx.stats."""
+    ctx.stats.comm_seconds += time.perf_counter() - start
+    ctx.stats.bytes_sent += sent
+    ctx.stats.bytes_received += received
+
+
+class _PostFailed(Exception):
+    def __init__(self, peer: int):
+        super().__init__(peer)
+        self.peer = peer
+
+
+def _posting(op, peer: int):
+    """op (dist.isend / dist.irecv as batch_isend_irecv calls it), raising
+    _PostFailed(peer) from the backend's error."""
+    def post(*args, **kwargs):
+        try:
+            return op(*args, **kwargs)
+        except RuntimeError as e:
+            raise _PostFailed(peer) from e
+    return post
+
+
+def _peers(p) -> str:
+    if isinstance(p, int):
+        return f"rank {p}"
+    return f"rank{'s' if len(p) > 1 else ''} {', '.join(map(str, p))}"
 
 
 _PROBE_TAG = 0x5CF1  # the failure probe's messages, apart from the exchange's (tag 0)
@@ -77,10 +130,13 @@ def _exchange_forward(pack: torch.Tensor, ctx: CpContext, lay) -> torch.Tensor:
     if ctx.size == 1 or not lay.calls_exchange:
         return recv  # nothing travels (one rank, or empty all-gather blocks)
     if lay.all_gather:
+        start = time.perf_counter()
         try:
             dist.all_gather_into_tensor(recv, pack.contiguous(), group=ctx.group)
         except RuntimeError as e:
             raise _gather_failed(ctx, "forward KV all-gather", e) from e
+        block = _nbytes(pack) * (ctx.size - 1)  # this rank's block to, and one from, each peer
+        _count(ctx, start, block, block)
     else:
         send = [(p, pack[first:first + rows]) for p, first, rows in lay.sends]
         rcv = [(p, recv[first:first + rows]) for p, first, rows in lay.recvs]
@@ -127,11 +183,13 @@ class _LocalAttention(torch.autograd.Function):
     (keys in k_stage, v_stage); Q and KV heads equal, fp32, contiguous."""
 
     @staticmethod
-    def forward(fctx, q, k, v, ks, vs, kernel):
+    def forward(fctx, q, k, v, ks, vs, kernel, stats):
         o = torch.zeros_like(q)
         lse = torch.zeros(q.shape[0], q.shape[1], dtype=torch.float32)
+        start = time.perf_counter()
         kernel.forward(_buf(q), _buf(k), _buf(v), _buf(ks), _buf(vs), _buf(o), _buf(lse))
-        fctx.kernel = kernel
+        stats.kernel_seconds += time.perf_counter() - start
+        fctx.kernel, fctx.stats = kernel, stats
         fctx.save_for_backward(q, k, v, ks, vs, o, lse)
         return o
 
@@ -141,9 +199,11 @@ class _LocalAttention(torch.autograd.Function):
         dout = dout.contiguous()
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dks, dvs = torch.zeros_like(ks), torch.zeros_like(vs)
+        start = time.perf_counter()
         fctx.kernel.backward(_buf(q), _buf(k), _buf(v), _buf(ks), _buf(vs), _buf(o), _buf(lse),
                              _buf(dout), _buf(dq), _buf(dk), _buf(dv), _buf(dks), _buf(dvs))
-        return dq, dk, dv, dks, dvs, None
+        fctx.stats.kernel_seconds += time.perf_counter() - start
+        return dq, dk, dv, dks, dvs, None, None
 
 
 _NONE = (0, 0)  # a buffer the native call does not read (a shard group that does not run)
@@ -309,8 +369,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if not scale > 0 or not math.isfinite(scale):
         raise ValueError(f"softmax_scale: {softmax_scale!r}; must be positive and finite")
-    lay = ctx.layout(scheme)
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme: {scheme!r}; expected one of {', '.join(SCHEMES)}")
     on_cuda = q.device.type == "cuda"
+    if not on_cuda and torch.compiler.is_compiling():
+        # torch.compile: the custom op (_ops.py), opaque to the tracer, so
+        # attention stays in the graph; the same arithmetic as below.
+        o, _ = torch.ops.flashcp.cp_attention(q, k, v, ctx.op_handle, scheme, scale)
+        return o.to(q.dtype)
+    lay = ctx.layout(scheme)
     if on_cuda:
         with torch.cuda.device(q.device):
             kernel = ctx.cuda_kernel(scheme, hq, hkv, d, scale, q.device)
@@ -336,5 +403,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     f32 = torch.float32
     o = _LocalAttention.apply(q.to(f32).contiguous(), kl.to(f32).contiguous(),
                               vl.to(f32).contiguous(), ks.to(f32).contiguous(),
-                              vs.to(f32).contiguous(), kernel)
+                              vs.to(f32).contiguous(), kernel, ctx.stats)
+    ctx.stats.calls += 1
     return o.to(dtype)

@@ -1,6 +1,9 @@
 """CpContext: one rank's view of a plan, and dispatch / undispatch."""
+import dataclasses
 import datetime
-from typing import Any, Dict, Optional, Sequence, Tuple
+import itertools
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -10,10 +13,92 @@ from flashcp._plan import PlanView, plan_view
 
 SCHEMES = ("targeted", "allgather", "full_kv")
 
+# The live contexts by id, for the custom op (flashcp/torch/_ops.py), whose
+# arguments can only be tensors and plain values: a context passes itself as
+# its op_handle, a one-element int64 tensor holding its id. A tensor, not an
+# int, so that a compiled graph takes each step's new context as an input
+# instead of guarding on (and recompiling for) its id.
+_CONTEXTS: "weakref.WeakValueDictionary[int, CpContext]" = weakref.WeakValueDictionary()
+_CONTEXT_IDS = itertools.count(1)
+
+
+def context_of(handle: torch.Tensor) -> "CpContext":
+    """The CpContext whose op_handle is `handle`; LookupError once it is gone."""
+    key = int(handle.reshape(-1)[0])
+    ctx = _CONTEXTS.get(key)
+    if ctx is None:
+        raise LookupError(f"flashcp: the CpContext of op_handle {key} no longer exists (keep the "
+                          "context alive until its step's backward has run)")
+    return ctx
+
+
+@dataclasses.dataclass
+class AttentionStats:
+    """What the attention calls on one CpContext measured on this rank (the
+    CPU path; the CUDA path does not count yet). kernel_seconds: in the CPU
+    kernels, forward and backward (the rank's attention compute, what the
+    group's measured imbalance compares); comm_seconds: in the exchange's
+    collectives, waiting for peers included; bytes_sent / bytes_received:
+    exchange payload, forward K|V and backward dK|dV; calls: forward calls.
+    Wall times (time.perf_counter)."""
+    kernel_seconds: float = 0.0
+    comm_seconds: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    calls: int = 0
+
 
 class ExchangeError(RuntimeError):
     """A collective of the CP exchange failed (a peer died or timed out); the
     message names this rank, the step and the peer where it is known."""
+
+
+class PlanMismatchError(RuntimeError):
+    """The ranks of a CP group hold different plans for one step (CpContext
+    compares plan_hash across the group at construction): raised on every
+    rank, with the same account of who holds what. hashes: every group
+    rank's plan_hash, by rank; differing: the ranks whose plan is not the
+    one most ranks hold (on a tie, the one rank 0 holds)."""
+
+    def __init__(self, rank: int, hashes: List[str]):
+        self.rank = rank
+        self.hashes = list(hashes)
+        ranks_of: Dict[str, List[int]] = {}
+        for r, h in enumerate(self.hashes):
+            ranks_of.setdefault(h, []).append(r)
+        # The reference plan: most ranks, then the one with the lowest rank.
+        ref = max(ranks_of, key=lambda h: (len(ranks_of[h]), -ranks_of[h][0]))
+        self.reference = ref
+        self.differing = [r for r, h in enumerate(self.hashes) if h != ref]
+        others = "; ".join(f"{_ranks(rs)} plan_hash {h}" for h, rs in ranks_of.items()
+                           if h != ref)
+        super().__init__(
+            f"rank {rank}: CpContext: the group's ranks hold different plans for this step: "
+            f"{others}; {_ranks(ranks_of[ref])} plan_hash {ref}. Every rank must run the same "
+            "plan of the same batch: plan once and share it (flashcp.torch.plan_on_first_rank), "
+            "or give every rank the same planner version and batch")
+
+
+def _ranks(rs: Sequence[int]) -> str:
+    return f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+
+
+def collective_device(group) -> torch.device:
+    """Where a small tensor of a collective on `group` lives: the current
+    CUDA device for an NCCL group (NCCL moves device memory only), else the
+    CPU (gloo; a mixed "cpu:gloo,cuda:nccl" group takes CPU tensors)."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _hash_to_int64(h: str) -> int:
+    u = int(h, 16)
+    return u - (1 << 64) if u >= 1 << 63 else u
+
+
+def _int64_to_hash(x: int) -> str:
+    return f"{x & ((1 << 64) - 1):016x}"
 
 
 def _int64(data: bytes) -> torch.Tensor:
@@ -92,11 +177,18 @@ class CpContext:
     cu_seqlens_k (int32, the local shards in local order: query lengths and
     key lengths = prefix + own), max_seqlen_q, max_seqlen_k, local_rows
     (C/N), real_rows (this rank's real tokens), total_tokens (real tokens of
-    the batch), padding.
+    the batch), padding, plan_hash (this plan's, core/plan_hash.h).
+
+    Before anything else runs on the group, the ranks compare plan_hash (one
+    all_gather of 8 bytes a rank, after every local check): where they hold
+    different plans, every rank raises PlanMismatchError naming the ranks
+    whose plan differs and the hashes. check_plan=False skips that collective
+    (for a caller that has already made sure, e.g. plan_on_first_rank).
     """
 
     def __init__(self, plan: Any, rank: int, group: Optional[Any] = None, *,
-                 doc_lens: Optional[Sequence[int]] = None, threads: Optional[int] = None):
+                 doc_lens: Optional[Sequence[int]] = None, threads: Optional[int] = None,
+                 check_plan: bool = True):
         self.plan: PlanView = plan_view(plan)
         n = self.plan.cp_size
         if not dist.is_available() or not dist.is_initialized():
@@ -150,6 +242,29 @@ class CpContext:
         ends = torch.tensor(self.plan.doc_lens, dtype=torch.int64).cumsum(0) - 1
         self._last_of_doc = torch.zeros(self.total_tokens, dtype=torch.bool)
         self._last_of_doc[ends] = True
+        self.plan_hash = self.plan.plan_hash
+        self.stats = AttentionStats()  # flashcp.torch.step_metrics reads and resets it
+        op_id = next(_CONTEXT_IDS)
+        _CONTEXTS[op_id] = self
+        self.op_handle = torch.tensor([op_id], dtype=torch.int64)
+        if check_plan and n > 1:
+            self._agree_on_plan()
+
+    def _agree_on_plan(self) -> None:
+        """All-gathers plan_hash over the group; PlanMismatchError on every
+        rank where they differ (each rank sees every hash, so all raise the
+        same account), ExchangeError where the collective itself fails."""
+        dev = collective_device(self.group)
+        mine = torch.tensor([_hash_to_int64(self.plan_hash)], dtype=torch.int64, device=dev)
+        every = torch.empty(self.size, dtype=torch.int64, device=dev)
+        try:
+            dist.all_gather_into_tensor(every, mine, group=self.group)
+        except RuntimeError as e:
+            raise ExchangeError(f"rank {self.rank}: CpContext's plan check (an all-gather of "
+                                f"plan_hash over the group of {self.size}) failed: {e}") from e
+        hashes = [_int64_to_hash(x) for x in every.tolist()]
+        if any(h != self.plan_hash for h in hashes):
+            raise PlanMismatchError(self.rank, hashes)
 
     # -- the layout (C++) ------------------------------------------------------
     def layout(self, scheme: str) -> SchemeLayout:
