@@ -166,6 +166,7 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
       .metrics = absl::GetFlag(FLAGS_metrics),
       .metrics_http = flashcp::planner_service::metrics_endpoint::EndpointOptionsFromFlags(),
       .control = absl::GetFlag(FLAGS_control),
+      .connections = {},
       .local_rank = absl::GetFlag(FLAGS_local_rank),
       .version = FLASHCP_VERSION,
       .cuda = nullptr};
