@@ -16,6 +16,7 @@
 #include "core/echo.h"
 #include "core/status_macros.h"
 #include "proto/grpc_status.h"
+#include "proto/raw_message.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -1010,76 +1011,103 @@ std::optional<absl::Time> RendezvousState::next_deadline() const {
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext* context,
-                                                  const v1::JoinRequest* request,
-                                                  v1::JoinResponse* response) {
+                                                  const grpc::ByteBuffer* raw,
+                                                  grpc::ByteBuffer* response) {
+  v1::JoinRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
   const absl::StatusOr<RendezvousState::Joined> joined =
-      state_->Join(CallerOf(*context), request->group(), request->rank(), request->world_size(),
-                   request->incarnation(),
-                   RendezvousState::Secrets{request->job_secret(), request->member_secret()});
-  if (joined.ok()) {
-    response->set_world_size(joined->world_size);
-    response->set_token(joined->token);
-  }
-  return Finished(context, joined.status());
+      state_->Join(CallerOf(*context), request.group(), request.rank(), request.world_size(),
+                   request.incarnation(),
+                   RendezvousState::Secrets{request.job_secret(), request.member_secret()});
+  if (!joined.ok()) return Finished(context, joined.status());
+  v1::JoinResponse out;
+  out.set_world_size(joined->world_size);
+  out.set_token(joined->token);
+  return Finished(context, proto::SerializeRaw(out, response));
 }
 
 grpc::ServerUnaryReactor* RendezvousService::AwaitMembers(grpc::CallbackServerContext* context,
-                                                          const v1::AwaitMembersRequest* request,
-                                                          v1::AwaitMembersResponse* response) {
-  if (absl::Status s = ValidateTimeoutMs(request->timeout_ms()); !s.ok()) {
+                                                          const grpc::ByteBuffer* raw,
+                                                          grpc::ByteBuffer* response) {
+  v1::AwaitMembersRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  if (absl::Status s = ValidateTimeoutMs(request.timeout_ms()); !s.ok()) {
     return Finished(context, s);
   }
   auto* reactor = new WaitReactor(state_);
   reactor->Started(state_->AwaitMembers(
-      CallerOf(*context), request->group(), request->token(),
-      WaitDeadline(*context, *clock_, request->timeout_ms()),
+      CallerOf(*context), request.group(), request.token(),
+      WaitDeadline(*context, *clock_, request.timeout_ms()),
       [reactor, response](absl::StatusOr<std::vector<int32_t>> ranks) {
-        if (ranks.ok()) response->mutable_ranks()->Add(ranks->begin(), ranks->end());
-        reactor->Finish(proto::ToGrpcStatus(ranks.status()));
+        absl::Status status = ranks.status();
+        if (ranks.ok()) {
+          v1::AwaitMembersResponse out;
+          out.mutable_ranks()->Add(ranks->begin(), ranks->end());
+          status = proto::SerializeRaw(out, response);
+        }
+        reactor->Finish(proto::ToGrpcStatus(status));
       }));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Set(grpc::CallbackServerContext* context,
-                                                 const v1::SetRequest* request, v1::SetResponse*) {
-  return Finished(context, state_->Set(CallerOf(*context), request->group(), request->token(),
-                                       request->key(), request->value()));
+                                                 const grpc::ByteBuffer* raw,
+                                                 grpc::ByteBuffer* response) {
+  v1::SetRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  absl::Status s = state_->Set(CallerOf(*context), request.group(), request.token(),
+                               request.key(), request.value());
+  if (s.ok()) s = proto::SerializeRaw(v1::SetResponse(), response);
+  return Finished(context, s);
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Get(grpc::CallbackServerContext* context,
-                                                 const v1::GetRequest* request,
-                                                 v1::GetResponse* response) {
-  if (absl::Status s = ValidateTimeoutMs(request->timeout_ms()); !s.ok()) {
+                                                 const grpc::ByteBuffer* raw,
+                                                 grpc::ByteBuffer* response) {
+  v1::GetRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  if (absl::Status s = ValidateTimeoutMs(request.timeout_ms()); !s.ok()) {
     return Finished(context, s);
   }
   auto* reactor = new WaitReactor(state_);
   reactor->Started(state_->Get(
-      CallerOf(*context), request->group(), request->token(),
-      std::vector<std::string>(request->keys().begin(), request->keys().end()),
-      WaitDeadline(*context, *clock_, request->timeout_ms()),
+      CallerOf(*context), request.group(), request.token(),
+      std::vector<std::string>(request.keys().begin(), request.keys().end()),
+      WaitDeadline(*context, *clock_, request.timeout_ms()),
       [reactor, response](absl::StatusOr<RendezvousState::Values> values) {
+        absl::Status status = values.status();
         if (values.ok()) {
           // The one copy of the values, outside the state's lock.
-          for (const RendezvousState::Value& v : values->values) response->add_values(*v);
+          v1::GetResponse out;
+          for (const RendezvousState::Value& v : values->values) out.add_values(*v);
+          status = proto::SerializeRaw(out, response);
           reactor->Hold(std::move(values->charge));
         }
-        reactor->Finish(proto::ToGrpcStatus(values.status()));
+        reactor->Finish(proto::ToGrpcStatus(status));
       }));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Abort(grpc::CallbackServerContext* context,
-                                                   const v1::AbortRequest* request,
-                                                   v1::AbortResponse*) {
-  return Finished(context, state_->Abort(CallerOf(*context), request->group(), request->token(),
-                                         request->rank(), request->reason()));
+                                                   const grpc::ByteBuffer* raw,
+                                                   grpc::ByteBuffer* response) {
+  v1::AbortRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  absl::Status s = state_->Abort(CallerOf(*context), request.group(), request.token(),
+                                 request.rank(), request.reason());
+  if (s.ok()) s = proto::SerializeRaw(v1::AbortResponse(), response);
+  return Finished(context, s);
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* context,
-                                                   const v1::LeaveRequest* request,
-                                                   v1::LeaveResponse*) {
-  return Finished(context, state_->Leave(CallerOf(*context), request->group(), request->token(),
-                                         request->rank(), request->incarnation()));
+                                                   const grpc::ByteBuffer* raw,
+                                                   grpc::ByteBuffer* response) {
+  v1::LeaveRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  absl::Status s = state_->Leave(CallerOf(*context), request.group(), request.token(),
+                                 request.rank(), request.incarnation());
+  if (s.ok()) s = proto::SerializeRaw(v1::LeaveResponse(), response);
+  return Finished(context, s);
 }
 
 RendezvousHost::RendezvousHost(RendezvousOptions options, const core::WaitClock* clock,

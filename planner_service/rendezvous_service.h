@@ -157,8 +157,9 @@ absl::Status ValidateRendezvousOptions(const RendezvousOptions& options);
 int64_t MaxWaiterBytesPerPeer(const RendezvousOptions& options);
 
 // What a Get wait for `keys` is charged against max_waiter_bytes: the keys
-// are held twice while it waits (the request's copy, which gRPC keeps until
-// the call ends, and the group's key -> waiters index), so
+// are held twice while it waits (the request's bytes, which gRPC keeps until
+// the call ends, counted as a parsed copy, and the group's key -> waiters
+// index), so
 // kWaiterOverheadBytes + the sum over keys of 2 x key + kWaitKeyOverheadBytes;
 // at most 1024 + 4096 x (512 + 320) bytes (3.3 MiB). An AwaitMembers wait:
 // kWaiterOverheadBytes.
@@ -428,31 +429,41 @@ class RendezvousState {
   int64_t members_ ABSL_GUARDED_BY(mu_) = 0;       // sum of groups_' members.size()
 };
 
-// The gRPC adapter on the callback API: validates, clamps waits to
+// The gRPC adapter on the callback API: parses, validates, clamps waits to
 // min(timeout_ms, the call's deadline), calls the state, maps the Status
-// (proto/grpc_status.h). A wait's reactor finishes from the state's callback;
-// a cancelled call cancels its wait. No handler blocks a gRPC thread.
-class RendezvousService final : public v1::Rendezvous::CallbackService {
+// (proto/grpc_status.h). The methods are raw (proto/raw_message.h): a request
+// that does not parse gets INVALID_ARGUMENT naming its type, where the
+// generated handler answered INTERNAL with no message. A wait's reactor
+// finishes from the state's callback; a cancelled call cancels its wait. No
+// handler blocks a gRPC thread.
+class RendezvousService final
+    : public v1::Rendezvous::WithRawCallbackMethod_Join<
+          v1::Rendezvous::WithRawCallbackMethod_AwaitMembers<
+              v1::Rendezvous::WithRawCallbackMethod_Set<v1::Rendezvous::WithRawCallbackMethod_Get<
+                  v1::Rendezvous::WithRawCallbackMethod_Abort<
+                      v1::Rendezvous::WithRawCallbackMethod_Leave<v1::Rendezvous::Service>>>>>> {
  public:
   RendezvousService(RendezvousState* state, const core::Clock* clock)
       : state_(state), clock_(clock) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
-                                 const v1::JoinRequest* request,
-                                 v1::JoinResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* AwaitMembers(grpc::CallbackServerContext* context,
-                                         const v1::AwaitMembersRequest* request,
-                                         v1::AwaitMembersResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
-                                const v1::SetRequest* request, v1::SetResponse* response) override;
+                                const grpc::ByteBuffer* request,
+                                grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context,
-                                const v1::GetRequest* request, v1::GetResponse* response) override;
+                                const grpc::ByteBuffer* request,
+                                grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
-                                  const v1::AbortRequest* request,
-                                  v1::AbortResponse* response) override;
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
-                                  const v1::LeaveRequest* request,
-                                  v1::LeaveResponse* response) override;
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
 
  private:
   RendezvousState* const state_;

@@ -33,6 +33,7 @@
 #include "flashcp/v1/planner.grpc.pb.h"
 #include "flashcp/v1/worker.grpc.pb.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
@@ -693,6 +694,101 @@ TEST(E2eWorkersTest, TheControlPortComesBackAfterAnFdFlood) {
   EXPECT_EQ(*code, 0) << w->output;
   EXPECT_THAT(w->output, HasSubstr("health NOT_SERVING; rebuilding the server on the same port"))
       << w->output;
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
+// Issue 31 item 8: a WorkerControl request that does not parse got an error
+// with an empty message. Each method now answers INVALID_ARGUMENT naming the
+// message type.
+TEST(E2eWorkersTest, AMalformedControlRequestIsInvalidArgumentNamingItsType) {
+  const absl::Duration timeout = absl::Seconds(60);
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  absl::StatusOr<Worker> w = StartWorker(0, "malformed", (*planner)->grpc_address(),
+                                         {"--world_size", "1", "--steps", "0"});
+  ASSERT_THAT(w.status(), IsOk());
+  auto channel = grpc::CreateChannel(w->control, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  const std::string garbage("\xff\x01", 2);  // field 31, wire type 7: no such thing
+  for (const char* method : {"GetStatus", "StartRun", "StopRun"}) {
+    grpc::Slice slice(garbage);
+    const grpc::Status s = tests::testing::RawUnaryCall(
+        stub, absl::StrCat("/flashcp.v1.WorkerControl/", method), grpc::ByteBuffer(&slice, 1),
+        In(timeout));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_EQ(s.error_message(), absl::StrCat("could not parse flashcp.v1.", method, "Request"))
+        << method;
+  }
+  v1::WorkerStatus status;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(In(timeout)));
+  EXPECT_TRUE(
+      v1::WorkerControl::NewStub(channel)->GetStatus(&context, v1::GetStatusRequest(), &status).ok());
+  ASSERT_THAT(w->process->Signal(SIGTERM), IsOk());
+  absl::StatusOr<int> code = w->Finish(In(timeout));
+  ASSERT_THAT(code.status(), IsOk());
+  EXPECT_EQ(*code, 0) << w->output;
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
+// Issue 31 item 7: StartRun(strategy "ilp") against a planner without
+// --allow_ilp ended the whole worker group (the plan feed's UNIMPLEMENTED was
+// fatal). The run ends with the error; the group goes on and runs the next.
+TEST(E2eWorkersTest, ARunThePlannerRefusesEndsTheRunNotTheGroup) {
+  const absl::Duration timeout = absl::Seconds(60);
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  absl::StatusOr<Worker> w = StartWorker(0, "ilp", (*planner)->grpc_address(),
+                                         {"--world_size", "1", "--steps", "0"});
+  ASSERT_THAT(w.status(), IsOk());
+  auto control = v1::WorkerControl::NewStub(
+      grpc::CreateChannel(w->control, grpc::InsecureChannelCredentials()));
+  const auto start = [&](const std::string& strategy, int64_t steps) {
+    v1::StartRunRequest request;
+    request.set_steps(steps);
+    request.set_strategy(strategy);
+    v1::StartRunResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(In(timeout)));
+    return control->StartRun(&context, request, &response);
+  };
+  const auto status = [&] {
+    v1::WorkerStatus s;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(In(timeout)));
+    (void)control->GetStatus(&context, v1::GetStatusRequest(), &s);
+    return s;
+  };
+  // Polls (bounded) until the worker is idle with `error` set or not.
+  const auto idle_with_error = [&](bool with_error) {
+    const absl::Time limit = In(timeout);
+    v1::WorkerStatus s = status();
+    while (!(s.state() == v1::WorkerStatus::IDLE && s.error().empty() != with_error) &&
+           absl::Now() < limit) {
+      absl::SleepFor(absl::Milliseconds(50));
+      s = status();
+    }
+    return s;
+  };
+  ASSERT_TRUE(idle_with_error(false).state() == v1::WorkerStatus::IDLE);
+  ASSERT_TRUE(start("ilp", 2).ok());
+  const v1::WorkerStatus failed = idle_with_error(true);
+  EXPECT_EQ(failed.state(), v1::WorkerStatus::IDLE);
+  EXPECT_THAT(failed.error(), HasSubstr("the last run failed: UNIMPLEMENTED"));
+  // The group is still there: the next run goes through.
+  ASSERT_TRUE(start("ring", 2).ok());
+  const absl::Time limit = In(timeout);
+  v1::WorkerStatus s = status();
+  while (s.steps_done() < 2 && absl::Now() < limit) {
+    absl::SleepFor(absl::Milliseconds(50));
+    s = status();
+  }
+  EXPECT_EQ(s.steps_done(), 2);
+  EXPECT_EQ(s.error(), "");
+  ASSERT_THAT(w->process->Signal(SIGTERM), IsOk());
+  absl::StatusOr<int> code = w->Finish(In(timeout));
+  ASSERT_THAT(code.status(), IsOk());
+  EXPECT_EQ(*code, 0) << w->output;
   EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
 }
 

@@ -20,9 +20,11 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel_posix.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/rendezvous_limits.h"
+#include "tests/testing/grpc_probes.h"
 #include "tests/testing/planner_process.h"
 #include "tests/testing/rendezvous_requests.h"
 #include "tests/testing/tls_certs.h"
@@ -455,6 +457,31 @@ TEST(RendezvousAbuseTest, OnePeerCannotStopAnotherJobsGroupFromForming) {
   EXPECT_EQ(many->status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
       << many->status.error_message();
   floods.clear();
+  EXPECT_EQ((*planner)->Terminate(absl::Seconds(60)).value(), 0);
+}
+
+// Issue 31 item 8: a Rendezvous request that does not parse got INTERNAL (or
+// UNIMPLEMENTED) with an empty message. Each method now answers
+// INVALID_ARGUMENT naming the message type, and the planner goes on serving.
+TEST(RendezvousAbuseTest, AMalformedRequestIsInvalidArgumentNamingItsType) {
+  auto planner = tests::testing::PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  grpc::GenericStub stub((*planner)->NewChannel());
+  // Field 31 with wire type 7, which does not exist.
+  const std::string garbage("\xff\x01", 2);
+  for (const char* method : {"Join", "AwaitMembers", "Set", "Get", "Abort", "Leave"}) {
+    grpc::Slice slice(garbage);
+    const grpc::Status s = tests::testing::RawUnaryCall(
+        stub, absl::StrCat("/flashcp.v1.Rendezvous/", method), grpc::ByteBuffer(&slice, 1),
+        absl::Now() + absl::Seconds(30));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    const std::string type = std::string(method) == "AwaitMembers"
+                                 ? "AwaitMembersRequest"
+                                 : absl::StrCat(method, "Request");
+    EXPECT_EQ(s.error_message(), absl::StrCat("could not parse flashcp.v1.", type)) << method;
+  }
+  const auto rdv = v1::Rendezvous::NewStub((*planner)->NewChannel());
+  EXPECT_THAT(JoinAlone(*rdv, "after", absl::Now() + absl::Seconds(30)), IsOk());
   EXPECT_EQ((*planner)->Terminate(absl::Seconds(60)).value(), 0);
 }
 

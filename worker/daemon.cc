@@ -221,6 +221,7 @@ absl::Status WorkerDaemon::DriverRound(int32_t cp_size, StepHeader& header,
       stop_run_wanted_ = false;
       summary_ = {};
       status_.set_state(v1::WorkerStatus::RUNNING);
+      status_.clear_error();
       status_.set_steps_done(0);
       status_.set_steps_total(config.steps);
       status_.set_strategy(config.strategy);
@@ -260,8 +261,25 @@ absl::Status WorkerDaemon::DriverRound(int32_t cp_size, StepHeader& header,
     }
   }
   if (run_.has_value()) {
-    FLASHCP_ASSIGN_OR_RETURN(std::optional<v1::PlanResponse> plan,
-                             run_->feed->Next(HeartbeatInterval()));
+    absl::StatusOr<std::optional<v1::PlanResponse>> next = run_->feed->Next(HeartbeatInterval());
+    if (!next.ok() && ServesRuns()) {
+      // The planner refused or failed this run's plans (`ilp` on a planner
+      // without --allow_ilp, say): the run ends with the error; the group
+      // goes on and StartRun may start another (issue 31 item 7).
+      FLASHCP_LOG(WARNING) << "group " << options_.group << ": the " << run_->config.strategy
+                           << " run ended: " << next.status().ToString();
+      if (summary_.steps > 0) {
+        FinishRun(cp_size);
+      } else {
+        run_.reset();
+      }
+      absl::MutexLock lock(&mu_);
+      status_.set_state(v1::WorkerStatus::IDLE);
+      status_.set_error(absl::StrCat("the last run failed: ", next.status().ToString()));
+      header.kind = RoundKind::kIdle;
+      return absl::OkStatus();
+    }
+    FLASHCP_ASSIGN_OR_RETURN(std::optional<v1::PlanResponse> plan, std::move(next));
     if (!plan.has_value()) {
       header.kind = RoundKind::kWaiting;
       return absl::OkStatus();
