@@ -77,8 +77,22 @@ ABSL_FLAG(int64_t, rendezvous_max_waiters_per_peer,
           "rendezvous calls one peer (mTLS identity, else IP address) has waiting at once; above: "
           "RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, rendezvous_max_waiter_bytes, flashcp::planner_service::kDefaultMaxWaiterBytes,
-          "bytes all waiting rendezvous calls may hold, a Get counting 512 + 2 x key + 128 per "
+          "bytes all waiting rendezvous calls may hold, a Get counting 1024 + 2 x key + 320 per "
           "key; above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, rendezvous_max_waiter_bytes_per_peer, 0,
+          "bytes one peer's waiting rendezvous calls may hold (counted as for "
+          "--rendezvous_max_waiter_bytes); 0: a sixteenth of --rendezvous_max_waiter_bytes; "
+          "above: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, rendezvous_max_waiters_per_member,
+          flashcp::planner_service::kDefaultMaxWaitersPerMember,
+          "rendezvous calls one group member (token) has waiting at once; above: "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(absl::Duration, rendezvous_form_timeout, flashcp::planner_service::kDefaultFormTimeout,
+          "a rendezvous group that has not had all its ranks this long after its creation is "
+          "dropped, its waits ending with DEADLINE_EXCEEDED (at least 1s)");
+ABSL_FLAG(bool, rendezvous_require_job_secret, false,
+          "refuse rendezvous Joins without a job secret (JoinRequest.job_secret; the worker's "
+          "FLASHCP_JOB_SECRET): groups then form only among holders of their job's secret");
 ABSL_FLAG(int64_t, rendezvous_max_answer_bytes, flashcp::planner_service::kDefaultMaxAnswerBytes,
           "value bytes of rendezvous Get answers being sent at once; above: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, rendezvous_max_groups_per_peer,
@@ -150,6 +164,11 @@ int main(int argc, char** argv) {
   o.rendezvous.max_waiter_bytes = absl::GetFlag(FLAGS_rendezvous_max_waiter_bytes);
   o.rendezvous.max_answer_bytes = absl::GetFlag(FLAGS_rendezvous_max_answer_bytes);
   o.rendezvous.max_groups_per_peer = absl::GetFlag(FLAGS_rendezvous_max_groups_per_peer);
+  o.rendezvous.max_waiter_bytes_per_peer =
+      absl::GetFlag(FLAGS_rendezvous_max_waiter_bytes_per_peer);
+  o.rendezvous.form_timeout = absl::GetFlag(FLAGS_rendezvous_form_timeout);
+  o.rendezvous.max_waiters_per_member = absl::GetFlag(FLAGS_rendezvous_max_waiters_per_member);
+  o.rendezvous.require_job_secret = absl::GetFlag(FLAGS_rendezvous_require_job_secret);
   o.handshake_timeout = absl::GetFlag(FLAGS_handshake_timeout);
   o.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle);
   o.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);

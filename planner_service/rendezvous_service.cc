@@ -5,6 +5,9 @@
 #include <random>
 #include <utility>
 
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -13,6 +16,7 @@
 #include "core/echo.h"
 #include "core/status_macros.h"
 #include "proto/grpc_status.h"
+#include "proto/raw_message.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -61,16 +65,23 @@ absl::Status ShuttingDown() {
   return absl::UnavailableError("rendezvous: the planner is shutting down");
 }
 
-absl::Status NoSuchGroup(absl::string_view group) {
-  return absl::NotFoundError(
-      absl::StrCat("group ", Quoted(group), ": no such group (no rank has joined it)"));
+// The one answer to a token that is no live member's of a group so named,
+// whether or not such a group exists: a non-member learns nothing of it.
+absl::Status NotAMember(absl::string_view group) {
+  return absl::PermissionDeniedError(absl::StrCat(
+      "group ", Quoted(group),
+      ": the token is no live member's (a replaced member's token, one from before the group "
+      "was re-formed or dropped, or one of no group is void)"));
 }
 
-absl::Status BoundToAnother(absl::string_view group, const Caller& caller) {
-  return absl::PermissionDeniedError(
-      absl::StrCat("group ", Quoted(group),
-                   ": bound to the client identity that created it; this call's is ",
-                   Quoted(caller.identity)));
+absl::Status Aborted(const std::string& name, const std::string& reason) {
+  return absl::AbortedError(absl::StrCat("group ", Quoted(name), " aborted: ", reason));
+}
+
+// The groups_ key: the namespace, then the name.
+std::string GroupKey(absl::string_view identity, absl::string_view job_secret,
+                     absl::string_view name) {
+  return absl::StrCat(NamespaceKey(identity, job_secret), name);
 }
 
 int64_t EntryBytes(absl::string_view key, absl::string_view value) {
@@ -78,14 +89,12 @@ int64_t EntryBytes(absl::string_view key, absl::string_view value) {
 }
 
 Caller CallerOf(const grpc::CallbackServerContext& context) {
-  std::string identity;
+  std::vector<std::string> ids;
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth != nullptr && auth->IsPeerAuthenticated()) {
-    for (const grpc::string_ref& id : auth->GetPeerIdentity()) {
-      if (!identity.empty()) identity += ",";
-      identity.append(id.data(), id.size());
-    }
+    for (const grpc::string_ref& id : auth->GetPeerIdentity()) ids.emplace_back(id.data(), id.size());
   }
+  const std::string identity = JoinIdentities(ids);
   return Caller{PeerKey(context.peer(), identity), identity};
 }
 
@@ -127,6 +136,30 @@ std::string PeerKey(absl::string_view grpc_peer, absl::string_view identity) {
     if (colon > 4) return std::string(grpc_peer.substr(0, colon));
   }
   return std::string(grpc_peer);
+}
+
+std::string JoinIdentities(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& name : names) {
+    if (!out.empty()) out += ",";
+    // Each name's own commas and backslashes escaped: SANs "a", "b" and the
+    // one SAN "a,b" are two identities.
+    for (const char c : name) {
+      if (c == ',' || c == '\\') out += '\\';
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string Sha256(absl::string_view bytes) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), digest);
+  return std::string(reinterpret_cast<const char*>(digest), sizeof(digest));
+}
+
+std::string NamespaceKey(absl::string_view identity, absl::string_view job_secret) {
+  return Sha256(absl::StrCat(identity.size(), ":", identity, job_secret));
 }
 
 std::string RandomToken() {
@@ -173,7 +206,26 @@ absl::Status ValidateRendezvousOptions(const RendezvousOptions& o) {
       at_least_one("--rendezvous_max_waiters_per_peer", o.max_waiters_per_peer));
   FLASHCP_RETURN_IF_ERROR(at_least_one("--rendezvous_max_waiter_bytes", o.max_waiter_bytes));
   FLASHCP_RETURN_IF_ERROR(at_least_one("--rendezvous_max_answer_bytes", o.max_answer_bytes));
+  if (o.max_waiter_bytes_per_peer < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rendezvous_max_waiter_bytes_per_peer: must be at least 0 (0: ",
+                     "--rendezvous_max_waiter_bytes / ", kWaiterBytesShares, "), got ",
+                     o.max_waiter_bytes_per_peer));
+  }
+  FLASHCP_RETURN_IF_ERROR(
+      at_least_one("--rendezvous_max_waiters_per_member", o.max_waiters_per_member));
+  if (o.form_timeout < kMinIdleTimeout) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rendezvous_form_timeout: must be at least ",
+                     absl::FormatDuration(kMinIdleTimeout), ", got ",
+                     absl::FormatDuration(o.form_timeout)));
+  }
   return at_least_one("--rendezvous_max_groups_per_peer", o.max_groups_per_peer);
+}
+
+int64_t MaxWaiterBytesPerPeer(const RendezvousOptions& o) {
+  return o.max_waiter_bytes_per_peer > 0 ? o.max_waiter_bytes_per_peer
+                                         : o.max_waiter_bytes / kWaiterBytesShares;
 }
 
 int64_t WaiterBytes(const std::vector<std::string>& keys) {
@@ -198,36 +250,51 @@ void RendezvousState::ReportSize() {
 absl::StatusOr<RendezvousState::GroupMap::iterator> RendezvousState::FindMember(
     const Caller& caller, absl::string_view group_name, absl::string_view token, int32_t* rank) {
   if (shut_down_) return ShuttingDown();
-  const auto it = groups_.find(group_name);
-  if (it == groups_.end()) return NoSuchGroup(group_name);
-  Group& g = it->second;
-  if (g.identity != caller.identity) return BoundToAnother(group_name, caller);
   if (token.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "group ", Quoted(group_name), ": the call carries no token (Join returns one)"));
   }
-  const auto t = g.rank_of_token.find(token);
-  if (t == g.rank_of_token.end()) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("group ", Quoted(group_name),
-                     ": the token is no live member's (a replaced member's token, or one from "
-                     "before the group was re-formed or expired, is void)"));
+  const auto t = live_tokens_.find(Sha256(token));
+  if (t == live_tokens_.end()) return NotAMember(group_name);
+  const auto it = groups_.find(t->second.group);
+  // The token is a member's of a group under another name or identity: to
+  // this call, no member's.
+  if (it == groups_.end() || it->second.name != group_name ||
+      it->second.identity != caller.identity) {
+    return NotAMember(group_name);
   }
-  *rank = t->second;
-  g.last_call = clock_->Now();
+  *rank = t->second.rank;
+  it->second.last_call = clock_->Now();
   return it;
 }
 
-void RendezvousState::AddUsage(const std::string& peer, int32_t groups, int64_t waiters) {
+void RendezvousState::IssueToken(const std::string& key, int32_t rank, uint64_t incarnation,
+                                 const std::string& proof, Member& member) {
+  if (!member.token_digest.empty()) live_tokens_.erase(member.token_digest);
+  member = Member{};
+  member.incarnation = incarnation;
+  member.token = tokens_();
+  member.token_digest = Sha256(member.token);
+  member.proof = proof;
+  live_tokens_[member.token_digest] = TokenEntry{key, rank};
+}
+
+void RendezvousState::VoidTokens(const Group& g) {
+  for (const auto& [rank, member] : g.members) live_tokens_.erase(member.token_digest);
+}
+
+void RendezvousState::AddUsage(const std::string& peer, int32_t groups, int64_t waiters,
+                               int64_t waiter_bytes) {
   PeerUsage& u = peers_[peer];
   u.groups += groups;
   u.waiters += waiters;
+  u.waiter_bytes += waiter_bytes;
   if (u.groups <= 0 && u.waiters <= 0) peers_.erase(peer);
 }
 
 void RendezvousState::ReleaseCreator(Group& g) {
   if (g.creator.empty()) return;
-  AddUsage(g.creator, -1, 0);
+  AddUsage(g.creator, -1, 0, 0);
   g.creator.clear();
 }
 
@@ -251,11 +318,26 @@ absl::Status RendezvousState::RoomFor(absl::string_view name, int64_t group_byte
 absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& caller,
                                                               absl::string_view group_name,
                                                               int32_t rank, int32_t world_size,
-                                                              uint64_t incarnation) {
+                                                              uint64_t incarnation,
+                                                              const Secrets& secrets) {
   FLASHCP_RETURN_IF_ERROR(ValidateGroupName(group_name));
   if (world_size < 1 || world_size > kMaxWorldSize) {
     return absl::InvalidArgumentError(absl::StrCat("world_size: must be in [1, ", kMaxWorldSize,
                                                    "], got ", world_size));
+  }
+  if (secrets.job.size() > kMaxSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job_secret: at most ", kMaxSecretBytes,
+                                                   " bytes, got ", secrets.job.size()));
+  }
+  if (secrets.job.empty() && options_.require_job_secret) {
+    return absl::InvalidArgumentError(
+        "job_secret: this planner requires the job's secret (--rendezvous_require_job_secret)");
+  }
+  if (!secrets.member.empty() && (secrets.member.size() < kMinMemberSecretBytes ||
+                                  secrets.member.size() > kMaxSecretBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("member_secret: must be empty or ",
+                                                   kMinMemberSecretBytes, "..", kMaxSecretBytes,
+                                                   " bytes, got ", secrets.member.size()));
   }
   // For a group this call creates or re-forms, world_size is the request's:
   // a bad rank must be refused before that, or it would leave a memberless
@@ -265,13 +347,21 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
                                                    ") for group ", Quoted(group_name), ", got ",
                                                    rank));
   };
+  const std::string key = GroupKey(caller.identity, secrets.job, group_name);
+  const std::string proof = secrets.member.empty() ? std::string() : Sha256(secrets.member);
+  // The same process again: its incarnation and the digest of its member
+  // secret, compared in constant time (no proof, no retry).
+  const auto same_member = [&](const Member& m) {
+    return m.incarnation == incarnation && !proof.empty() && m.proof.size() == proof.size() &&
+           CRYPTO_memcmp(m.proof.data(), proof.data(), proof.size()) == 0;
+  };
   Ready ready;
   absl::StatusOr<Joined> result;
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return ShuttingDown();
     const absl::Time now = clock_->Now();
-    auto it = groups_.find(group_name);
+    auto it = groups_.find(key);
     if (it == groups_.end()) {
       if (rank < 0 || rank >= world_size) return bad_rank(world_size);
       if (groups_.size() >= kMaxGroups) ExpireIdle(now, ready);
@@ -286,30 +376,31 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
             u->second.groups, " groups that still exist (--rendezvous_max_groups_per_peer)"));
       }
       FLASHCP_RETURN_IF_ERROR(RoomFor(group_name, 0, kMemberOverheadBytes));
-      it = groups_.emplace(std::string(group_name), Group{}).first;
+      it = groups_.emplace(key, Group{}).first;
+      it->second.name = std::string(group_name);
       it->second.world_size = world_size;
       it->second.identity = caller.identity;
       it->second.creator = caller.peer;
-      AddUsage(caller.peer, 1, 0);
+      it->second.form_by = now + options_.form_timeout;
+      AddUsage(caller.peer, 1, 0, 0);
     }
     Group& g = it->second;
-    if (g.identity != caller.identity) return BoundToAnother(group_name, caller);
     if (g.aborted) {
       const auto m = g.members.find(rank);
-      if (m != g.members.end() && m->second.incarnation == incarnation) {
-        return absl::AbortedError(
-            absl::StrCat("group ", Quoted(group_name), " aborted: ", g.abort_reason));
-      }
+      if (m != g.members.end() && same_member(m->second)) return Aborted(g.name, g.abort_reason);
       if (rank < 0 || rank >= world_size) return bad_rank(world_size);
-      // A new incarnation re-forms the failed group (it has no waiters: the
-      // abort finished them); it still counts for its creator.
+      // A new member re-forms the failed group (it has no waiters: the abort
+      // finished them); it still counts for its creator.
       total_bytes_ -= g.bytes;
       members_ -= static_cast<int64_t>(g.members.size());
+      VoidTokens(g);
       observer_->OnRendezvousEvent(RendezvousObserver::Event::kReform);
       Group fresh;
+      fresh.name = std::move(g.name);
       fresh.world_size = world_size;
       fresh.identity = std::move(g.identity);
       fresh.creator = std::move(g.creator);
+      fresh.form_by = now + options_.form_timeout;
       g = std::move(fresh);
     }
     if (world_size != g.world_size) {
@@ -321,27 +412,27 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
     const auto m = g.members.find(rank);
     if (m != g.members.end()) {
       Member& member = m->second;
-      if (member.incarnation == incarnation) {  // a retry
+      if (same_member(member)) {  // a retry
         g.last_call = now;
         return Joined{g.world_size, member.token};
       }
       if (g.formed) {
+        // Names no incarnation: quoting it let a second Join pass for a retry
+        // (issue 31 item 1).
         return absl::AlreadyExistsError(absl::StrCat(
-            "group ", Quoted(group_name), ": rank ", rank, " is already a member (incarnation ",
-            member.incarnation, "); incarnation ", incarnation, " may join after it leaves"));
+            "group ", Quoted(group_name), ": rank ", rank,
+            " is already a member; another process may join as rank ", rank,
+            " after it leaves or the group is aborted"));
       }
-      // The group never formed: the newer incarnation takes the rank, so a
-      // stray or stale member cannot hold it.
+      // The group never formed: the newer Join takes the rank, so a stray or
+      // stale member cannot hold it (a worker so replaced joins again).
       FailWaiters(g,
                   absl::PermissionDeniedError(absl::StrCat(
-                      "group ", Quoted(group_name), ": rank ", rank, " (incarnation ",
-                      member.incarnation, ") was replaced by incarnation ", incarnation,
-                      " before the group formed")),
+                      "group ", Quoted(group_name), ": rank ", rank,
+                      " was replaced by another Join before the group formed")),
                   ready, member.token);
       g.last_call = now;
-      g.rank_of_token.erase(member.token);
-      member = Member{incarnation, tokens_()};
-      g.rank_of_token[member.token] = rank;
+      IssueToken(key, rank, incarnation, proof, member);
       result = Joined{g.world_size, member.token};
       observer_->OnRendezvousEvent(RendezvousObserver::Event::kJoin);
     } else {
@@ -353,8 +444,7 @@ absl::StatusOr<RendezvousState::Joined> RendezvousState::Join(const Caller& call
       total_bytes_ += kMemberOverheadBytes;
       g.last_call = now;
       Member& member = g.members[rank];
-      member = Member{incarnation, tokens_()};
-      g.rank_of_token[member.token] = rank;
+      IssueToken(key, rank, incarnation, proof, member);
       result = Joined{g.world_size, member.token};
       members_ += 1;
       observer_->OnRendezvousEvent(RendezvousObserver::Event::kJoin);
@@ -448,17 +538,31 @@ void RendezvousState::TimeOut(const Group& g, const std::string& name, Waiter& w
        ready);
 }
 
-absl::Status RendezvousState::RoomToWait(const std::string& name, const Waiter& w) const {
+absl::Status RendezvousState::RoomToWait(const Group& g, const Waiter& w) const {
+  const std::string& name = g.name;
   if (static_cast<int64_t>(waiters_.size()) >= options_.max_waiters) {
     return absl::ResourceExhaustedError(absl::StrCat("group ", Quoted(name), ": already ",
                                                      waiters_.size(),
                                                      " calls waiting (--rendezvous_max_waiters)"));
+  }
+  if (g.members.at(w.rank).waits >= options_.max_waiters_per_member) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "group ", Quoted(name), ": rank ", w.rank, " already has ",
+        options_.max_waiters_per_member, " calls waiting (--rendezvous_max_waiters_per_member)"));
   }
   const auto u = peers_.find(w.peer);
   if (u != peers_.end() && u->second.waiters >= options_.max_waiters_per_peer) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "group ", Quoted(name), ": peer ", Quoted(w.peer), " already has ", u->second.waiters,
         " calls waiting (--rendezvous_max_waiters_per_peer)"));
+  }
+  const int64_t peer_bytes = u == peers_.end() ? 0 : u->second.waiter_bytes;
+  if (peer_bytes + w.charged > MaxWaiterBytesPerPeer(options_)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "group ", Quoted(name), ": peer ", Quoted(w.peer), "'s waiting calls hold ", peer_bytes,
+        " bytes; this one's ", w.charged, " would pass ", MaxWaiterBytesPerPeer(options_),
+        " (--rendezvous_max_waiter_bytes_per_peer; a Get counts ", kWaiterOverheadBytes,
+        " + 2 x key + ", kWaitKeyOverheadBytes, " per key)"));
   }
   if (waiter_bytes_ + w.charged > options_.max_waiter_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -473,9 +577,7 @@ absl::Status RendezvousState::RoomToWait(const std::string& name, const Waiter& 
 RendezvousState::WaitId RendezvousState::Register(GroupMap::iterator it, Waiter w, Ready& ready) {
   Group& g = it->second;
   if (g.aborted) {
-    Fail(w, absl::AbortedError(absl::StrCat("group ", Quoted(it->first), " aborted: ",
-                                            g.abort_reason)),
-         ready);
+    Fail(w, Aborted(g.name, g.abort_reason), ready);
     return 0;
   }
   bool complete = false;
@@ -494,14 +596,14 @@ RendezvousState::WaitId RendezvousState::Register(GroupMap::iterator it, Waiter 
     complete = static_cast<int32_t>(g.members.size()) == g.world_size;
   }
   if (complete) {
-    Answer(g, it->first, w, ready);
+    Answer(g, g.name, w, ready);
     return 0;
   }
   if (w.deadline <= clock_->Now()) {
-    TimeOut(g, it->first, w, ready);
+    TimeOut(g, g.name, w, ready);
     return 0;
   }
-  if (absl::Status room = RoomToWait(it->first, w); !room.ok()) {
+  if (absl::Status room = RoomToWait(g, w); !room.ok()) {
     Fail(w, std::move(room), ready);
     return 0;
   }
@@ -525,7 +627,8 @@ RendezvousState::WaitId RendezvousState::Register(GroupMap::iterator it, Waiter 
   deadlines_.emplace(w.deadline, id);
   g.waiters.insert(id);
   waiter_bytes_ += w.charged;
-  AddUsage(w.peer, 0, 1);
+  AddUsage(w.peer, 0, 1, w.charged);
+  g.members.at(w.rank).waits += 1;
   waiters_.emplace(id, std::move(w));
   return id;
 }
@@ -539,6 +642,8 @@ void RendezvousState::EraseWaiter(WaitId id) {
   if (g != groups_.end()) {
     g->second.waiters.erase(id);
     g->second.member_waiters.erase(id);
+    const auto m = g->second.members.find(w.rank);
+    if (m != g->second.members.end() && m->second.token == w.token) m->second.waits -= 1;
     // With nothing missing every entry went when its key was set (and an
     // answer may have taken `values`).
     for (size_t i = 0; w.missing > 0 && i < w.waiting.size(); ++i) {
@@ -549,7 +654,7 @@ void RendezvousState::EraseWaiter(WaitId id) {
     }
   }
   waiter_bytes_ -= w.charged;
-  AddUsage(w.peer, 0, -1);
+  AddUsage(w.peer, 0, -1, -w.charged);
   waiters_.erase(it);
 }
 
@@ -558,7 +663,7 @@ void RendezvousState::WakeMemberWaiters(GroupMap::iterator it, Ready& ready) {
   const std::vector<WaitId> ids(g.member_waiters.begin(), g.member_waiters.end());
   for (const WaitId id : ids) {
     ++waiter_checks_;
-    Answer(g, it->first, waiters_.at(id), ready);
+    Answer(g, g.name, waiters_.at(id), ready);
     EraseWaiter(id);
   }
   if (!ids.empty()) g.last_call = clock_->Now();
@@ -579,7 +684,7 @@ void RendezvousState::WakeKeyWaiters(GroupMap::iterator it, absl::string_view ke
   g.waiting_on.erase(entry);  // its waiters' slots are filled: none refers to it now
   std::sort(complete.begin(), complete.end());  // in the order they came (max_answer_bytes)
   for (const WaitId id : complete) {
-    Answer(g, it->first, waiters_.at(id), ready);
+    Answer(g, g.name, waiters_.at(id), ready);
     EraseWaiter(id);
   }
   if (!complete.empty()) g.last_call = clock_->Now();
@@ -599,6 +704,7 @@ void RendezvousState::FailWaiters(Group& g, const absl::Status& status, Ready& r
 void RendezvousState::EraseGroup(GroupMap::iterator it, const absl::Status& status,
                                  Ready& ready) {
   FailWaiters(it->second, status, ready);
+  VoidTokens(it->second);
   total_bytes_ -= it->second.bytes;
   members_ -= static_cast<int64_t>(it->second.members.size());
   ReleaseCreator(it->second);
@@ -609,7 +715,17 @@ void RendezvousState::ExpireIdle(absl::Time now, Ready& ready) {
   const size_t before = groups_.size();
   for (auto it = groups_.begin(); it != groups_.end();) {
     const auto next = std::next(it);
-    if (it->second.waiters.empty() && now - it->second.last_call >= options_.idle_timeout) {
+    const Group& g = it->second;
+    if (!g.formed && now >= g.form_by) {
+      // Waits or not: a group that never formed holds its name no longer.
+      EraseGroup(it,
+                 absl::DeadlineExceededError(absl::StrCat(
+                     "group ", Quoted(g.name), ": did not form within ",
+                     absl::FormatDuration(options_.form_timeout),
+                     " (--rendezvous_form_timeout); its members must join again")),
+                 ready);
+      observer_->OnRendezvousEvent(RendezvousObserver::Event::kExpired);
+    } else if (g.waiters.empty() && now - g.last_call >= options_.idle_timeout) {
       EraseGroup(it, absl::OkStatus(), ready);  // no waiters: the status reaches no one
       observer_->OnRendezvousEvent(RendezvousObserver::Event::kExpired);
     }
@@ -627,6 +743,8 @@ RendezvousState::WaitId RendezvousState::StartWait(const Caller& caller, absl::S
     int32_t rank = 0;
     absl::StatusOr<GroupMap::iterator> it = FindMember(caller, w.group, w.token, &rank);
     if (it.ok()) {
+      w.group = (*it)->first;  // the name as called, from here on the key
+      w.rank = rank;
       w.peer = caller.peer;
       w.charged = WaiterBytes(w.keys);
       id = Register(*it, std::move(w), ready);
@@ -795,7 +913,7 @@ absl::Status RendezvousState::Leave(const Caller& caller, absl::string_view grou
                 absl::CancelledError(absl::StrCat("group ", Quoted(group_name), ": rank ",
                                                   rank, " left")),
                 ready, m->second.token);
-    g.rank_of_token.erase(m->second.token);
+    live_tokens_.erase(m->second.token_digest);
     g.members.erase(m);
     members_ -= 1;
     g.bytes -= kMemberOverheadBytes;
@@ -818,7 +936,7 @@ void RendezvousState::ExpireDue() {
       Waiter& w = waiters_.at(id);
       const auto g = groups_.find(w.group);
       ++waiter_checks_;
-      TimeOut(g->second, g->first, w, ready);
+      TimeOut(g->second, g->second.name, w, ready);
       EraseWaiter(id);
       g->second.last_call = now;  // the waiting member was calling until now
     }
@@ -830,7 +948,9 @@ void RendezvousState::ExpireDue() {
 void RendezvousState::RunTimer() {
   // Idle groups are looked for at least this often (and whenever a Join
   // finds all kMaxGroups slots taken).
-  const absl::Duration sweep = std::max(options_.idle_timeout / 4, absl::Milliseconds(100));
+  // Un-formed groups go within form_timeout and a quarter of it.
+  const absl::Duration sweep = std::max(
+      std::min(options_.idle_timeout, options_.form_timeout) / 4, absl::Milliseconds(100));
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
@@ -869,6 +989,11 @@ size_t RendezvousState::group_count() const {
   return groups_.size();
 }
 
+int64_t RendezvousState::waiter_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return waiter_bytes_;
+}
+
 size_t RendezvousState::waiter_count() const {
   absl::MutexLock lock(&mu_);
   return waiters_.size();
@@ -886,75 +1011,103 @@ std::optional<absl::Time> RendezvousState::next_deadline() const {
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext* context,
-                                                  const v1::JoinRequest* request,
-                                                  v1::JoinResponse* response) {
+                                                  const grpc::ByteBuffer* raw,
+                                                  grpc::ByteBuffer* response) {
+  v1::JoinRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
   const absl::StatusOr<RendezvousState::Joined> joined =
-      state_->Join(CallerOf(*context), request->group(), request->rank(), request->world_size(),
-                   request->incarnation());
-  if (joined.ok()) {
-    response->set_world_size(joined->world_size);
-    response->set_token(joined->token);
-  }
-  return Finished(context, joined.status());
+      state_->Join(CallerOf(*context), request.group(), request.rank(), request.world_size(),
+                   request.incarnation(),
+                   RendezvousState::Secrets{request.job_secret(), request.member_secret()});
+  if (!joined.ok()) return Finished(context, joined.status());
+  v1::JoinResponse out;
+  out.set_world_size(joined->world_size);
+  out.set_token(joined->token);
+  return Finished(context, proto::SerializeRaw(out, response));
 }
 
 grpc::ServerUnaryReactor* RendezvousService::AwaitMembers(grpc::CallbackServerContext* context,
-                                                          const v1::AwaitMembersRequest* request,
-                                                          v1::AwaitMembersResponse* response) {
-  if (absl::Status s = ValidateTimeoutMs(request->timeout_ms()); !s.ok()) {
+                                                          const grpc::ByteBuffer* raw,
+                                                          grpc::ByteBuffer* response) {
+  v1::AwaitMembersRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  if (absl::Status s = ValidateTimeoutMs(request.timeout_ms()); !s.ok()) {
     return Finished(context, s);
   }
   auto* reactor = new WaitReactor(state_);
   reactor->Started(state_->AwaitMembers(
-      CallerOf(*context), request->group(), request->token(),
-      WaitDeadline(*context, *clock_, request->timeout_ms()),
+      CallerOf(*context), request.group(), request.token(),
+      WaitDeadline(*context, *clock_, request.timeout_ms()),
       [reactor, response](absl::StatusOr<std::vector<int32_t>> ranks) {
-        if (ranks.ok()) response->mutable_ranks()->Add(ranks->begin(), ranks->end());
-        reactor->Finish(proto::ToGrpcStatus(ranks.status()));
+        absl::Status status = ranks.status();
+        if (ranks.ok()) {
+          v1::AwaitMembersResponse out;
+          out.mutable_ranks()->Add(ranks->begin(), ranks->end());
+          status = proto::SerializeRaw(out, response);
+        }
+        reactor->Finish(proto::ToGrpcStatus(status));
       }));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Set(grpc::CallbackServerContext* context,
-                                                 const v1::SetRequest* request, v1::SetResponse*) {
-  return Finished(context, state_->Set(CallerOf(*context), request->group(), request->token(),
-                                       request->key(), request->value()));
+                                                 const grpc::ByteBuffer* raw,
+                                                 grpc::ByteBuffer* response) {
+  v1::SetRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  absl::Status s = state_->Set(CallerOf(*context), request.group(), request.token(),
+                               request.key(), request.value());
+  if (s.ok()) s = proto::SerializeRaw(v1::SetResponse(), response);
+  return Finished(context, s);
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Get(grpc::CallbackServerContext* context,
-                                                 const v1::GetRequest* request,
-                                                 v1::GetResponse* response) {
-  if (absl::Status s = ValidateTimeoutMs(request->timeout_ms()); !s.ok()) {
+                                                 const grpc::ByteBuffer* raw,
+                                                 grpc::ByteBuffer* response) {
+  v1::GetRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  if (absl::Status s = ValidateTimeoutMs(request.timeout_ms()); !s.ok()) {
     return Finished(context, s);
   }
   auto* reactor = new WaitReactor(state_);
   reactor->Started(state_->Get(
-      CallerOf(*context), request->group(), request->token(),
-      std::vector<std::string>(request->keys().begin(), request->keys().end()),
-      WaitDeadline(*context, *clock_, request->timeout_ms()),
+      CallerOf(*context), request.group(), request.token(),
+      std::vector<std::string>(request.keys().begin(), request.keys().end()),
+      WaitDeadline(*context, *clock_, request.timeout_ms()),
       [reactor, response](absl::StatusOr<RendezvousState::Values> values) {
+        absl::Status status = values.status();
         if (values.ok()) {
           // The one copy of the values, outside the state's lock.
-          for (const RendezvousState::Value& v : values->values) response->add_values(*v);
+          v1::GetResponse out;
+          for (const RendezvousState::Value& v : values->values) out.add_values(*v);
+          status = proto::SerializeRaw(out, response);
           reactor->Hold(std::move(values->charge));
         }
-        reactor->Finish(proto::ToGrpcStatus(values.status()));
+        reactor->Finish(proto::ToGrpcStatus(status));
       }));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Abort(grpc::CallbackServerContext* context,
-                                                   const v1::AbortRequest* request,
-                                                   v1::AbortResponse*) {
-  return Finished(context, state_->Abort(CallerOf(*context), request->group(), request->token(),
-                                         request->rank(), request->reason()));
+                                                   const grpc::ByteBuffer* raw,
+                                                   grpc::ByteBuffer* response) {
+  v1::AbortRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  absl::Status s = state_->Abort(CallerOf(*context), request.group(), request.token(),
+                                 request.rank(), request.reason());
+  if (s.ok()) s = proto::SerializeRaw(v1::AbortResponse(), response);
+  return Finished(context, s);
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* context,
-                                                   const v1::LeaveRequest* request,
-                                                   v1::LeaveResponse*) {
-  return Finished(context, state_->Leave(CallerOf(*context), request->group(), request->token(),
-                                         request->rank(), request->incarnation()));
+                                                   const grpc::ByteBuffer* raw,
+                                                   grpc::ByteBuffer* response) {
+  v1::LeaveRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  absl::Status s = state_->Leave(CallerOf(*context), request.group(), request.token(),
+                                 request.rank(), request.incarnation());
+  if (s.ok()) s = proto::SerializeRaw(v1::LeaveResponse(), response);
+  return Finished(context, s);
 }
 
 RendezvousHost::RendezvousHost(RendezvousOptions options, const core::WaitClock* clock,

@@ -21,16 +21,24 @@
 // it. The bytes of answers being sent are bounded (options.max_answer_bytes,
 // released when the call is done).
 //
-// Trust (docs/deploy.md, "Trust and limits"): Join issues each member a
-// random token (injected TokenSource); every other call must present a live
-// member's token, else PERMISSION_DENIED. With mTLS the group is bound to the
-// client identity of the Join that created it. A group that no member has
-// called for options.idle_timeout is dropped. A peer (its mTLS identity, else
-// its address without the port: best effort, a NAT or proxy merges peers)
-// may have at most options.max_groups_per_peer groups it created that still
-// exist, formed or not, and options.max_waiters_per_peer waits. While a group
-// has never been complete a new incarnation of a rank replaces the old
-// member, so a stray pre-join cannot hold a rank.
+// Trust (docs/deploy.md, "Trust and limits"): groups live in namespaces, one
+// per (mTLS identity, job secret) (NamespaceKey): a Join without the job's
+// secret reaches another namespace and neither sees nor touches the job's
+// group. Join issues each member a random token (injected TokenSource); every
+// other call must present a live member's token, else PERMISSION_DENIED,
+// worded alike whether or not the group exists. Secrets and tokens are held
+// and looked up as SHA-256 digests, and a member secret is compared in
+// constant time: a Join is a retry (and gets the member's token back) only
+// with the member secret of the Join that made the member. A group that has
+// not formed within options.form_timeout of its creation (or re-formation),
+// or that no member has called for options.idle_timeout, is dropped. A peer
+// (its mTLS identity, else its address without the port: best effort, a NAT
+// or proxy merges peers) may have at most options.max_groups_per_peer groups
+// it created that still exist, formed or not, options.max_waiters_per_peer
+// waits charged at most options.max_waiter_bytes_per_peer together, and a
+// member at most options.max_waiters_per_member waits. While a group has
+// never been complete a new Join of a taken rank replaces the old member, so
+// a stray pre-join cannot hold a rank (the worker joins again when replaced).
 //
 // Bounds: a group name is [A-Za-z0-9._-]{1,64}; world_size is 1..kMaxWorldSize;
 // keys are 1..256 bytes, values at most 1 MiB; an entry is charged key + value
@@ -84,6 +92,8 @@ using proto::rendezvous::kMaxKeyBytes;
 using proto::rendezvous::kMaxKeysPerGet;
 using proto::rendezvous::kMaxKeysPerGroup;
 using proto::rendezvous::kMaxReasonBytes;
+using proto::rendezvous::kMaxSecretBytes;
+using proto::rendezvous::kMinMemberSecretBytes;
 using proto::rendezvous::kMaxTimeout;
 using proto::rendezvous::kMaxValueBytes;
 using proto::rendezvous::kMaxWorldSize;
@@ -92,7 +102,10 @@ using proto::rendezvous::kMemberOverheadBytes;
 inline constexpr int64_t kDefaultMaxTotalValueBytes = int64_t{1} << 30;
 // --rendezvous_idle_timeout: a group no member called for this long is dropped.
 inline constexpr absl::Duration kDefaultIdleTimeout = absl::Minutes(15);
-// The shortest --rendezvous_idle_timeout: below it a group could expire
+// --rendezvous_form_timeout: a group that has not had all its ranks this long
+// after its creation is dropped (squatting a name ends with it).
+inline constexpr absl::Duration kDefaultFormTimeout = absl::Minutes(10);
+// The shortest --rendezvous_idle_timeout and --rendezvous_form_timeout: below it a group could expire
 // between a worker's Join and its next call.
 inline constexpr absl::Duration kMinIdleTimeout = absl::Seconds(1);
 // --rendezvous_max_waiters: AwaitMembers and Get calls waiting at once.
@@ -102,14 +115,25 @@ inline constexpr int64_t kDefaultMaxWaiters = 8192;
 inline constexpr int64_t kDefaultMaxWaitersPerPeer = 1024;
 // --rendezvous_max_waiter_bytes: all waiting calls' WaiterBytes together.
 inline constexpr int64_t kDefaultMaxWaiterBytes = int64_t{256} << 20;
+// --rendezvous_max_waiter_bytes_per_peer: one peer's waiting calls' WaiterBytes;
+// 0 (the default) is max_waiter_bytes / kWaiterBytesShares (at the defaults
+// 16 MiB: four of the largest Gets).
+inline constexpr int64_t kWaiterBytesShares = 16;
+// --rendezvous_max_waiters_per_member: calls one member (token) may have
+// waiting at once. A worker waits on one thread at a time; this bounds a
+// group's waits by its world size.
+inline constexpr int32_t kDefaultMaxWaitersPerMember = 16;
 // --rendezvous_max_answer_bytes: the value bytes of Get answers being sent.
 inline constexpr int64_t kDefaultMaxAnswerBytes = int64_t{256} << 20;
 // --rendezvous_max_groups_per_peer: groups one peer created that still exist.
 inline constexpr int32_t kDefaultMaxGroupsPerPeer = 64;
-// What a waiting call is charged (WaiterBytes): its record, and per key its
-// index entry (map node, waiter set) beyond the key's bytes.
-inline constexpr int64_t kWaiterOverheadBytes = 512;
-inline constexpr int64_t kWaitKeyOverheadBytes = 128;
+// What a waiting call is charged (WaiterBytes): its record, and per key,
+// beyond the key's bytes held twice, the two strings' headers and allocator
+// slack, the request's pointer, the index entry (map node, waiter set with its
+// one slot) and the waiter's slot and value pointer (measured:
+// RendezvousStateTest.WaiterBytesMatchTheHeapTheyHold).
+inline constexpr int64_t kWaiterOverheadBytes = 1024;
+inline constexpr int64_t kWaitKeyOverheadBytes = 320;
 // Missing keys or ranks an error names before "and N more".
 inline constexpr size_t kMaxNamedInError = 8;
 
@@ -121,16 +145,24 @@ struct RendezvousOptions {
   int64_t max_waiter_bytes = kDefaultMaxWaiterBytes;        // >= 1
   int64_t max_answer_bytes = kDefaultMaxAnswerBytes;        // >= 1
   int32_t max_groups_per_peer = kDefaultMaxGroupsPerPeer;   // >= 1
+  absl::Duration form_timeout = kDefaultFormTimeout;        // >= kMinIdleTimeout
+  int64_t max_waiter_bytes_per_peer = 0;  // >= 0; 0: max_waiter_bytes / kWaiterBytesShares
+  int32_t max_waiters_per_member = kDefaultMaxWaitersPerMember;  // >= 1
+  bool require_job_secret = false;  // refuse Joins with an empty job_secret
 };
 
 // InvalidArgument naming the planner flag of the first option out of range.
 absl::Status ValidateRendezvousOptions(const RendezvousOptions& options);
+// The bound on one peer's waiting calls' WaiterBytes that `options` set.
+int64_t MaxWaiterBytesPerPeer(const RendezvousOptions& options);
 
 // What a Get wait for `keys` is charged against max_waiter_bytes: the keys
-// are held twice while it waits (the request's copy and the group's
-// key -> waiters index), so kWaiterOverheadBytes + the sum over keys of
-// 2 x key + kWaitKeyOverheadBytes; at most 512 + 4096 x (512 + 128) bytes
-// (2.5 MiB). An AwaitMembers wait: kWaiterOverheadBytes.
+// are held twice while it waits (the request's bytes, which gRPC keeps until
+// the call ends, counted as a parsed copy, and the group's key -> waiters
+// index), so
+// kWaiterOverheadBytes + the sum over keys of 2 x key + kWaitKeyOverheadBytes;
+// at most 1024 + 4096 x (512 + 320) bytes (3.3 MiB). An AwaitMembers wait:
+// kWaiterOverheadBytes.
 int64_t WaiterBytes(const std::vector<std::string>& keys);
 
 // Who calls, as far as the transport tells (RendezvousService fills it).
@@ -143,6 +175,17 @@ struct Caller {
 // verified certificate, else gRPC's peer address without its port
 // ("ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1"), other forms unchanged.
 std::string PeerKey(absl::string_view grpc_peer, absl::string_view identity);
+
+// SHA-256 of `bytes`, 32 raw bytes.
+std::string Sha256(absl::string_view bytes);
+// The namespace a Join's group lives in: SHA-256 over the caller's mTLS
+// identity (length-prefixed) and the job secret; 32 raw bytes.
+std::string NamespaceKey(absl::string_view identity, absl::string_view job_secret);
+
+// The identity of a peer with several (gRPC's AuthContext lists each SAN):
+// the names joined with ",", each name's commas and backslashes escaped with
+// a backslash, so that distinct lists never collide.
+std::string JoinIdentities(const std::vector<std::string>& names);
 
 // A new unguessable member token per call.
 using TokenSource = std::function<std::string()>;
@@ -167,9 +210,15 @@ class RendezvousState {
     int32_t world_size = 0;
     std::string token;
   };
+  // JoinRequest's job_secret and member_secret.
+  struct Secrets {
+    std::string job;     // the namespace; empty: the open one
+    std::string member;  // proves a retry; empty: none
+  };
   // Registers `rank`; see the proto for the replace and re-form rules.
   absl::StatusOr<Joined> Join(const Caller& caller, absl::string_view group, int32_t rank,
-                              int32_t world_size, uint64_t incarnation);
+                              int32_t world_size, uint64_t incarnation,
+                              const Secrets& secrets = {});
 
   // A registered wait; 0 when the wait was answered before the call returned.
   using WaitId = uint64_t;
@@ -185,10 +234,12 @@ class RendezvousState {
 
   // Calls `done` exactly once, on this thread or later on the thread that
   // answers it (never under the state's lock), with the ranks (ascending) once
-  // world_size ranks have joined; NOT_FOUND for an unknown group;
+  // world_size ranks have joined; PERMISSION_DENIED for a token that is no
+  // live member's of a group named `group` (an unknown group included);
   // DEADLINE_EXCEEDED naming the missing ranks at `deadline`; ABORTED with the
   // reason once the group is aborted; RESOURCE_EXHAUSTED beyond max_waiters,
-  // max_waiters_per_peer or max_waiter_bytes.
+  // max_waiters_per_peer, max_waiter_bytes, max_waiter_bytes_per_peer or
+  // max_waiters_per_member.
   WaitId AwaitMembers(const Caller& caller, absl::string_view group, absl::string_view token,
                       absl::Time deadline, MembersDone done);
 
@@ -228,6 +279,8 @@ class RendezvousState {
 
   size_t group_count() const;
   size_t waiter_count() const;
+  // The WaiterBytes of the registered waits.
+  int64_t waiter_bytes() const;
   // How many registered waits a change touched (the tests of wakeups count these).
   uint64_t waiter_checks() const;
   // The earliest deadline of a registered wait, if any.
@@ -239,21 +292,25 @@ class RendezvousState {
   struct Member {
     uint64_t incarnation = 0;
     std::string token;
+    std::string token_digest;  // Sha256(token): its key in live_tokens_
+    std::string proof;         // Sha256(member secret); empty: the Join had none
+    int32_t waits = 0;         // its registered waits (max_waiters_per_member)
   };
   // A Get waiter's missing keys: key -> (waiter, its slot in the waiter's values).
   using KeyWaiters = absl::flat_hash_map<WaitId, uint32_t>;
   using KeyIndex = std::map<std::string, KeyWaiters, std::less<>>;
   struct Group {
+    std::string name;      // as the calls name it (the map's key adds the namespace)
     int32_t world_size = 0;
     std::map<int32_t, Member> members;
-    std::map<std::string, int32_t, std::less<>> rank_of_token;
     std::map<std::string, Value, std::less<>> kv;
     // Charged: key + value + kEntryOverheadBytes per entry, kMemberOverheadBytes per member.
     int64_t bytes = 0;
     bool aborted = false;
     std::string abort_reason;
-    std::string identity;  // the creator's mTLS identity; empty: not bound
+    std::string identity;  // the namespace's mTLS identity; empty: none
     bool formed = false;   // all ranks were members once
+    absl::Time form_by;    // dropped if not formed by then (form_timeout)
     std::string creator;   // the peer this group counts for (max_groups_per_peer)
     absl::Time last_call;
     std::set<WaitId> waiters;         // all of them
@@ -261,8 +318,9 @@ class RendezvousState {
     KeyIndex waiting_on;              // Get waiters by missing key
   };
   struct Waiter {
-    std::string group;
+    std::string group;  // the group's key in groups_
     std::string token;
+    int32_t rank = 0;   // the token's
     std::string peer;
     absl::Time deadline;
     int64_t charged = 0;             // WaiterBytes, while registered
@@ -277,16 +335,24 @@ class RendezvousState {
     bool is_get() const { return values_done != nullptr; }
   };
   struct PeerUsage {
-    int32_t groups = 0;   // groups it created that exist
-    int64_t waiters = 0;  // its waiting calls
+    int32_t groups = 0;        // groups it created that exist
+    int64_t waiters = 0;       // its waiting calls
+    int64_t waiter_bytes = 0;  // their WaiterBytes
+  };
+  // A live member's token digest -> where it is a member.
+  struct TokenEntry {
+    std::string group;  // key in groups_
+    int32_t rank = 0;
   };
   using GroupMap = std::map<std::string, Group, std::less<>>;
   // Callbacks to run once the lock is released.
   using Ready = std::vector<std::function<void()>>;
 
-  // The group a member's `token` is valid for, after the shutdown, identity
-  // and token checks (not the abort check: each caller decides what an
-  // aborted group means for it); marks the group called.
+  // The group named `group` of the caller's identity in which `token` is a
+  // live member's, after the shutdown and token checks (not the abort check:
+  // each caller decides what an aborted group means for it); marks the group
+  // called. One PERMISSION_DENIED for every other case, an unknown group
+  // included, so that a non-member learns nothing of the group.
   absl::StatusOr<GroupMap::iterator> FindMember(const Caller& caller, absl::string_view group,
                                                 absl::string_view token, int32_t* rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -304,7 +370,7 @@ class RendezvousState {
   WaitId Register(GroupMap::iterator it, Waiter w, Ready& ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The bounds on waiting calls; OK if `w` may wait.
-  absl::Status RoomToWait(const std::string& name, const Waiter& w) const
+  absl::Status RoomToWait(const Group& g, const Waiter& w) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers the group's AwaitMembers waiters (it is complete).
   void WakeMemberWaiters(GroupMap::iterator it, Ready& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -319,9 +385,14 @@ class RendezvousState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the group's charge on its creator's max_groups_per_peer.
   void ReleaseCreator(Group& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds `delta` to `peer`'s usage and forgets a peer with none left.
-  void AddUsage(const std::string& peer, int32_t groups, int64_t waiters)
+  // Adds to `peer`'s usage and forgets a peer with none left.
+  void AddUsage(const std::string& peer, int32_t groups, int64_t waiters, int64_t waiter_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `member` rank `rank` of the group keyed `key` with a new token.
+  void IssueToken(const std::string& key, int32_t rank, uint64_t incarnation,
+                  const std::string& proof, Member& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops every member's token from live_tokens_ (the group goes or re-forms).
+  void VoidTokens(const Group& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED unless `growth` more charged bytes (a member, or an
   // entry's change) fit the group's (bytes `group_bytes`) and all groups'
   // byte bounds.
@@ -348,6 +419,7 @@ class RendezvousState {
   std::map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<absl::Time, WaitId>> deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, PeerUsage> peers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, TokenEntry> live_tokens_ ABSL_GUARDED_BY(mu_);
   WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t waiter_checks_ ABSL_GUARDED_BY(mu_) = 0;
   bool timer_kick_ ABSL_GUARDED_BY(mu_) = false;  // an earlier deadline was registered
@@ -357,31 +429,41 @@ class RendezvousState {
   int64_t members_ ABSL_GUARDED_BY(mu_) = 0;       // sum of groups_' members.size()
 };
 
-// The gRPC adapter on the callback API: validates, clamps waits to
+// The gRPC adapter on the callback API: parses, validates, clamps waits to
 // min(timeout_ms, the call's deadline), calls the state, maps the Status
-// (proto/grpc_status.h). A wait's reactor finishes from the state's callback;
-// a cancelled call cancels its wait. No handler blocks a gRPC thread.
-class RendezvousService final : public v1::Rendezvous::CallbackService {
+// (proto/grpc_status.h). The methods are raw (proto/raw_message.h): a request
+// that does not parse gets INVALID_ARGUMENT naming its type, where the
+// generated handler answered INTERNAL with no message. A wait's reactor
+// finishes from the state's callback; a cancelled call cancels its wait. No
+// handler blocks a gRPC thread.
+class RendezvousService final
+    : public v1::Rendezvous::WithRawCallbackMethod_Join<
+          v1::Rendezvous::WithRawCallbackMethod_AwaitMembers<
+              v1::Rendezvous::WithRawCallbackMethod_Set<v1::Rendezvous::WithRawCallbackMethod_Get<
+                  v1::Rendezvous::WithRawCallbackMethod_Abort<
+                      v1::Rendezvous::WithRawCallbackMethod_Leave<v1::Rendezvous::Service>>>>>> {
  public:
   RendezvousService(RendezvousState* state, const core::Clock* clock)
       : state_(state), clock_(clock) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
-                                 const v1::JoinRequest* request,
-                                 v1::JoinResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* AwaitMembers(grpc::CallbackServerContext* context,
-                                         const v1::AwaitMembersRequest* request,
-                                         v1::AwaitMembersResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
-                                const v1::SetRequest* request, v1::SetResponse* response) override;
+                                const grpc::ByteBuffer* request,
+                                grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context,
-                                const v1::GetRequest* request, v1::GetResponse* response) override;
+                                const grpc::ByteBuffer* request,
+                                grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
-                                  const v1::AbortRequest* request,
-                                  v1::AbortResponse* response) override;
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
-                                  const v1::LeaveRequest* request,
-                                  v1::LeaveResponse* response) override;
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
 
  private:
   RendezvousState* const state_;

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -16,8 +15,6 @@
 #include "core/log.h"
 #include "core/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "planner_service/log_limiter.h"
 #include "planner_service/metrics.h"
@@ -193,16 +190,6 @@ absl::StatusOr<int64_t> RaiseFdLimit() {
   return static_cast<int64_t>(limit.rlim_cur);
 }
 
-namespace {
-
-// A duration as a gRPC channel argument in ms; 0 (off) as INT_MAX, gRPC's "never".
-int ChannelArgMs(absl::Duration d) {
-  if (d == absl::ZeroDuration()) return INT_MAX;
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT_MAX));
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     const ServerOptions& options, ServiceObserver* observer, const core::Clock* clock,
     RendezvousObserver* rendezvous_observer) {
@@ -249,71 +236,47 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   deps.report_limiter = s->report_limiter_.get();
   s->service_ = std::make_unique<PlannerService>(std::move(deps));
 
-  // Both are process-wide switches that gRPC reads when a server is built.
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(options.listen, credentials, &port);
-  if (ServesPlanning(options.serve)) builder.RegisterService(s->service_.get());
   s->rendezvous_ = std::make_unique<RendezvousHost>(options.rendezvous, /*clock=*/nullptr,
                                                     RandomToken, rendezvous_observer);
-  if (ServesRendezvous(options.serve)) builder.RegisterService(s->rendezvous_->service());
-  builder.SetMaxReceiveMessageSize(MaxMessageBytes(options));
-  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-                             ChannelArgMs(options.handshake_timeout));
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
-                             ChannelArgMs(options.max_connection_idle));
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
-                             ChannelArgMs(options.max_connection_age));
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
-                             ChannelArgMs(options.max_connection_age_grace));
-  // gRPC sets SO_REUSEPORT by default: a second planner on a port in use
-  // would start and take half its connections (splitting rendezvous groups).
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  grpc::ResourceQuota quota("flashcp-planner");
-  quota.SetMaxThreads(options.grpc_max_threads);
-  builder.SetResourceQuota(quota);
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || port == 0) {
+  // A process-wide switch that gRPC reads when a server is built.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  PlannerServer* server = s.get();
+  const int max_message_bytes = MaxMessageBytes(options);
+  std::vector<std::string> health;
+  if (ServesPlanning(options.serve)) health.push_back(kPlannerServiceName);
+  if (ServesRendezvous(options.serve)) health.push_back(kRendezvousServiceName);
+  listener::ConnectionOptions connections;
+  connections.handshake_timeout = options.handshake_timeout;
+  connections.max_connection_idle = options.max_connection_idle;
+  connections.max_connection_age = options.max_connection_age;
+  connections.max_connection_age_grace = options.max_connection_age_grace;
+  connections.max_threads = options.grpc_max_threads;
+  connections.listener_check_interval = options.listener_check_interval;
+  connections.listener_stall_checks = options.listener_stall_checks;
+  absl::StatusOr<std::unique_ptr<listener::ResilientServer>> started =
+      listener::ResilientServer::Start(
+          options.listen, "--listen", credentials, connections,
+          [server, max_message_bytes](grpc::ServerBuilder& builder) {
+            if (ServesPlanning(server->options_.serve)) {
+              builder.RegisterService(server->service_.get());
+            }
+            if (ServesRendezvous(server->options_.serve)) {
+              builder.RegisterService(server->rendezvous_->service());
+            }
+            builder.SetMaxReceiveMessageSize(max_message_bytes);
+          },
+          std::move(health), &s->watchdog_clock_);
+  if (!started.ok()) {
     s->pool_->Shutdown();
     if (s->ilp_pool_) s->ilp_pool_->Shutdown();
-    return absl::UnavailableError(
-        absl::StrCat("--listen: cannot listen on ", options.listen, " (address in use?)"));
+    return started.status();
   }
-  s->address_ = absl::StrCat(host_port.first, ":", port);
-  grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
-  health->SetServingStatus(true);
-  if (ServesPlanning(options.serve)) health->SetServingStatus(kPlannerServiceName, true);
-  if (ServesRendezvous(options.serve)) health->SetServingStatus(kRendezvousServiceName, true);
-  if (options.listener_check_interval > absl::ZeroDuration()) {
-    FLASHCP_ASSIGN_OR_RETURN(s->accept_queue_, AcceptQueue::Find(port));
-    PlannerServer* server = s.get();
-    s->watchdog_ = std::make_unique<ListenerWatchdog>(
-        [server] { return server->accept_queue_->Length(); },
-        ListenerWatchdog::Options{options.listener_check_interval, options.listener_stall_checks},
-        &s->watchdog_clock_, [server](bool accepting) { server->OnListenerVerdict(accepting); });
-  }
+  s->server_ = *std::move(started);
+  s->address_ = absl::StrCat(host_port.first, ":", s->server_->port());
   return s;
 }
 
 PlannerServer::~PlannerServer() { Shutdown(); }
-
-void PlannerServer::OnListenerVerdict(bool accepting) {
-  absl::MutexLock lock(&health_mu_);
-  if (draining_) return;
-  if (accepting) {
-    FLASHCP_LOG(INFO) << "listener on " << address_ << " accepts again; health SERVING";
-  } else {
-    FLASHCP_LOG(ERROR) << "listener on " << address_ << " has left connections unaccepted for "
-                       << options_.listener_stall_checks << " checks "
-                       << absl::FormatDuration(options_.listener_check_interval)
-                       << " apart (gRPC stops accepting after an accept error such as EMFILE); "
-                          "health NOT_SERVING: restart this planner";
-  }
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  health->SetServingStatus(accepting);
-}
 
 void PlannerServer::Shutdown() {
   if (shut_down_) return;
@@ -321,17 +284,11 @@ void PlannerServer::Shutdown() {
   if (server_ != nullptr) {
     // NOT_SERVING first, so that health watchers and load balancers see the
     // drain; then gRPC refuses new calls and waits for the in-flight ones.
-    if (watchdog_ != nullptr) watchdog_->Stop();
-    {
-      absl::MutexLock lock(&health_mu_);
-      draining_ = true;
-    }
-    server_->GetHealthCheckService()->SetServingStatus(false);
+    server_->BeginDrain();
     rendezvous_->Shutdown();  // waiting rendezvous calls end now with UNAVAILABLE
     pool_->Release();  // held jobs (test hook) must run for the drain to end
     if (ilp_pool_) ilp_pool_->Release();
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.drain_timeout));
-    server_->Wait();
+    server_->Shutdown(absl::Now() + options_.drain_timeout);
   }
   pool_->Shutdown();
   if (ilp_pool_) ilp_pool_->Shutdown();

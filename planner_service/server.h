@@ -18,7 +18,7 @@
 #include "grpcpp/grpcpp.h"
 #include "planner_service/calibration.h"
 #include "planner_service/held_bytes.h"
-#include "planner_service/listener_watchdog.h"
+#include "core/runtime/listener/resilient_server.h"
 #include "planner_service/observer.h"
 #include "planner_service/plan_batch.h"
 #include "planner_service/planning_pool.h"
@@ -68,9 +68,10 @@ struct ServerOptions {
   absl::Duration max_connection_age = absl::ZeroDuration(); // 0: unbounded
   absl::Duration max_connection_age_grace = absl::Minutes(1);  // calls may finish, then closed
   int grpc_max_threads = 2048;  // threads gRPC may make for synchronous handlers
-  // Health says NOT_SERVING once the listener has left connections unaccepted
-  // for listener_stall_checks checks in a row, listener_check_interval apart
-  // (0 disables the check); see listener_watchdog.h.
+  // Once the listener has left connections unaccepted for
+  // listener_stall_checks checks in a row, listener_check_interval apart (0
+  // disables the check), health says NOT_SERVING and the server is rebuilt on
+  // its port (listener/resilient_server.h).
   absl::Duration listener_check_interval = absl::Seconds(1);
   int listener_stall_checks = 5;
   core::runtime::metrics_endpoint::EndpointOptions metrics_http;  // the /metrics server's bounds
@@ -105,8 +106,8 @@ class PlannerServer {
  public:
   // Binds and starts serving the services of options.serve; health reports
   // SERVING for "" and the name of each service served ("flashcp.v1.Planner",
-  // "flashcp.v1.Rendezvous"; NOT_SERVING while the listener watchdog sees a
-  // stalled listener). A service not served answers UNIMPLEMENTED.
+  // "flashcp.v1.Rendezvous"; NOT_SERVING from a stalled listener until the
+  // server is rebuilt). A service not served answers UNIMPLEMENTED.
   // `observer`, `clock` and `rendezvous_observer` (null: none) must outlive
   // the server.
   static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(
@@ -116,6 +117,9 @@ class PlannerServer {
 
   // HOST:PORT with the bound port.
   const std::string& address() const { return address_; }
+
+  // Servers rebuilt after a stalled listener.
+  int64_t rebuilds() const { return server_->rebuilds(); }
 
   // Lets planning start (ServerOptions::testing_hold_planning).
   void ReleasePlanning() {
@@ -131,8 +135,6 @@ class PlannerServer {
 
  private:
   PlannerServer() = default;
-  // The watchdog's verdict, into health (unless draining).
-  void OnListenerVerdict(bool accepting);
 
   ServerOptions options_;
   std::string address_;
@@ -143,12 +145,8 @@ class PlannerServer {
   std::unique_ptr<KeyedRateLimiter> report_limiter_;
   std::unique_ptr<PlannerService> service_;
   std::unique_ptr<RendezvousHost> rendezvous_;  // flashcp.v1.Rendezvous, for worker groups
-  std::unique_ptr<grpc::Server> server_;
   core::RealClock watchdog_clock_;
-  std::unique_ptr<AcceptQueue> accept_queue_;
-  std::unique_ptr<ListenerWatchdog> watchdog_;
-  absl::Mutex health_mu_;  // orders the watchdog's health updates against the drain's
-  bool draining_ ABSL_GUARDED_BY(health_mu_) = false;
+  std::unique_ptr<listener::ResilientServer> server_;
   bool shut_down_ = false;
 };
 

@@ -34,6 +34,10 @@ inline constexpr size_t kMaxKeysPerGet = 4096;     // distinct keys
 // message limit and within gRPC clients' default 4 MiB receive limit.
 inline constexpr int64_t kMaxGetResponseBytes = int64_t{2} << 20;
 inline constexpr size_t kMaxReasonBytes = 1024;          // Abort's reason
+// JoinRequest.job_secret and member_secret: at most this long; a member
+// secret, when set, at least kMinMemberSecretBytes (128 bits: not guessable).
+inline constexpr size_t kMaxSecretBytes = 256;
+inline constexpr size_t kMinMemberSecretBytes = 16;
 inline constexpr absl::Duration kMaxTimeout = absl::Hours(1);  // AwaitMembers, Get: timeout_ms
 
 }  // namespace flashcp::proto::rendezvous

@@ -3,7 +3,9 @@
 // scraping them with deploy/prometheus's config and rules. Every port is
 // picked by the OS (or bound-checked, for Prometheus); every wait polls with
 // a deadline.
+#include <dirent.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -31,6 +33,7 @@
 #include "flashcp/v1/planner.grpc.pb.h"
 #include "flashcp/v1/worker.grpc.pb.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
@@ -540,7 +543,9 @@ TEST(E2eWorkersTest, LateAndDuplicateRanksGiveClearErrors) {
     EXPECT_EQ(*code, 1) << w.output;
   }
   // The group never formed, so the later rank-1 process replaced the earlier
-  // one, whose token is then void (a stray pre-join cannot hold a rank).
+  // one, whose token is then void (a stray pre-join cannot hold a rank). Each
+  // joins again when replaced (AwaitGroup) until one gives up after
+  // kMaxRejoins (PERMISSION_DENIED) and the other waits out its timeout.
   int replaced = 0;
   for (int i : {1, 3}) {
     replaced +=
@@ -612,6 +617,175 @@ TEST(E2eWorkersTest, ControlPortServesGrpcHealth) {
   absl::StatusOr<HealthStatus> last = (*watch)->Next(In(timeout));
   ASSERT_THAT(last.status(), IsOk());
   EXPECT_EQ(*last, HealthStatus::kNotServing);
+  absl::StatusOr<int> code = w->Finish(In(timeout));
+  ASSERT_THAT(code.status(), IsOk());
+  EXPECT_EQ(*code, 0) << w->output;
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
+// Open fds of process `pid` (its /proc/PID/fd entries); -1 if unreadable.
+int OpenFds(pid_t pid) {
+  DIR* dir = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (const dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+  closedir(dir);
+  return n;
+}
+
+// Issue 31 item 7: the worker's control port, which carries the pod's
+// liveness probe, had no connection bounds, and after one accept4() EMFILE
+// gRPC 1.51's listener never accepted again (a probe would restart the pod).
+// It now serves through the planner's ResilientServer: the stall is seen and
+// the server rebuilt on its port, and new clients get health again within
+// seconds, while the flood's sockets are still open on this side.
+TEST(E2eWorkersTest, TheControlPortComesBackAfterAnFdFlood) {
+  using tests::testing::HealthStatus;
+  const absl::Duration timeout = absl::Seconds(60);
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  absl::StatusOr<Worker> w = StartWorker(0, "flooded", (*planner)->grpc_address(),
+                                         {"--world_size", "1", "--steps", "0"});
+  ASSERT_THAT(w.status(), IsOk());
+  const auto fresh = [&] {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
+    return grpc::CreateCustomChannel(w->control, grpc::InsecureChannelCredentials(), args);
+  };
+  ASSERT_EQ(tests::testing::CheckHealth(fresh(), "", In(timeout)).value_or(HealthStatus::kUnknown),
+            HealthStatus::kServing);
+  // The flood comes once the group has formed (Gloo's connect needs fds too).
+  const auto state = [&] {
+    v1::WorkerStatus status;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(In(timeout)));
+    const grpc::Status s = v1::WorkerControl::NewStub(fresh())->GetStatus(
+        &context, v1::GetStatusRequest(), &status);
+    return s.ok() ? status.state() : v1::WorkerStatus::STATE_UNSPECIFIED;
+  };
+  const absl::Time formed_by = In(timeout);
+  while (state() != v1::WorkerStatus::IDLE && absl::Now() < formed_by) {
+    absl::SleepFor(absl::Milliseconds(50));  // a bounded poll: the group forms on its own
+  }
+  ASSERT_EQ(state(), v1::WorkerStatus::IDLE);
+  const pid_t pid = w->process->pid();
+  const int held = OpenFds(pid);
+  ASSERT_GT(held, 0);
+  const rlimit low{static_cast<rlim_t>(held + 16), static_cast<rlim_t>(held + 16)};
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &low, nullptr), 0);
+  tests::testing::IdleConnections idle;
+  ASSERT_THAT(idle.Open(w->control, 32, In(timeout)), IsOk());
+  // Each probe has 2 s, all of them 30 s (detection takes 5 checks 1 s apart).
+  const absl::Time served_by = In(absl::Seconds(30));
+  absl::StatusOr<HealthStatus> h = tests::testing::CheckHealth(fresh(), "", In(absl::Seconds(2)));
+  while (!(h.ok() && *h == HealthStatus::kServing) && absl::Now() < served_by) {
+    h = tests::testing::CheckHealth(fresh(), "", In(absl::Seconds(2)));
+  }
+  EXPECT_EQ(h.value_or(HealthStatus::kUnknown), HealthStatus::kServing) << h.status();
+  v1::GetStatusRequest request;
+  v1::WorkerStatus status;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(In(timeout)));
+  EXPECT_TRUE(v1::WorkerControl::NewStub(fresh())->GetStatus(&context, request, &status).ok());
+  idle.CloseAll();
+  ASSERT_THAT(w->process->Signal(SIGTERM), IsOk());
+  absl::StatusOr<int> code = w->Finish(In(timeout));
+  ASSERT_THAT(code.status(), IsOk());
+  EXPECT_EQ(*code, 0) << w->output;
+  EXPECT_THAT(w->output, HasSubstr("health NOT_SERVING; rebuilding the server on the same port"))
+      << w->output;
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
+// Issue 31 item 8: a WorkerControl request that does not parse got an error
+// with an empty message. Each method now answers INVALID_ARGUMENT naming the
+// message type.
+TEST(E2eWorkersTest, AMalformedControlRequestIsInvalidArgumentNamingItsType) {
+  const absl::Duration timeout = absl::Seconds(60);
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  absl::StatusOr<Worker> w = StartWorker(0, "malformed", (*planner)->grpc_address(),
+                                         {"--world_size", "1", "--steps", "0"});
+  ASSERT_THAT(w.status(), IsOk());
+  auto channel = grpc::CreateChannel(w->control, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  const std::string garbage("\xff\x01", 2);  // field 31, wire type 7: no such thing
+  for (const char* method : {"GetStatus", "StartRun", "StopRun"}) {
+    grpc::Slice slice(garbage);
+    const grpc::Status s = tests::testing::RawUnaryCall(
+        stub, absl::StrCat("/flashcp.v1.WorkerControl/", method), grpc::ByteBuffer(&slice, 1),
+        In(timeout));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_EQ(s.error_message(), absl::StrCat("could not parse flashcp.v1.", method, "Request"))
+        << method;
+  }
+  v1::WorkerStatus status;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(In(timeout)));
+  EXPECT_TRUE(
+      v1::WorkerControl::NewStub(channel)->GetStatus(&context, v1::GetStatusRequest(), &status).ok());
+  ASSERT_THAT(w->process->Signal(SIGTERM), IsOk());
+  absl::StatusOr<int> code = w->Finish(In(timeout));
+  ASSERT_THAT(code.status(), IsOk());
+  EXPECT_EQ(*code, 0) << w->output;
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
+// Issue 31 item 7: StartRun(strategy "ilp") against a planner without
+// --allow_ilp ended the whole worker group (the plan feed's UNIMPLEMENTED was
+// fatal). The run ends with the error; the group goes on and runs the next.
+TEST(E2eWorkersTest, ARunThePlannerRefusesEndsTheRunNotTheGroup) {
+  const absl::Duration timeout = absl::Seconds(60);
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  absl::StatusOr<Worker> w = StartWorker(0, "ilp", (*planner)->grpc_address(),
+                                         {"--world_size", "1", "--steps", "0"});
+  ASSERT_THAT(w.status(), IsOk());
+  auto control = v1::WorkerControl::NewStub(
+      grpc::CreateChannel(w->control, grpc::InsecureChannelCredentials()));
+  const auto start = [&](const std::string& strategy, int64_t steps) {
+    v1::StartRunRequest request;
+    request.set_steps(steps);
+    request.set_strategy(strategy);
+    v1::StartRunResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(In(timeout)));
+    return control->StartRun(&context, request, &response);
+  };
+  const auto status = [&] {
+    v1::WorkerStatus s;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(In(timeout)));
+    (void)control->GetStatus(&context, v1::GetStatusRequest(), &s);
+    return s;
+  };
+  // Polls (bounded) until the worker is idle with `error` set or not.
+  const auto idle_with_error = [&](bool with_error) {
+    const absl::Time limit = In(timeout);
+    v1::WorkerStatus s = status();
+    while (!(s.state() == v1::WorkerStatus::IDLE && s.error().empty() != with_error) &&
+           absl::Now() < limit) {
+      absl::SleepFor(absl::Milliseconds(50));
+      s = status();
+    }
+    return s;
+  };
+  ASSERT_TRUE(idle_with_error(false).state() == v1::WorkerStatus::IDLE);
+  ASSERT_TRUE(start("ilp", 2).ok());
+  const v1::WorkerStatus failed = idle_with_error(true);
+  EXPECT_EQ(failed.state(), v1::WorkerStatus::IDLE);
+  EXPECT_THAT(failed.error(), HasSubstr("UNIMPLEMENTED: run failed after 0 of 2 steps"));
+  // The group is still there: the next run goes through.
+  ASSERT_TRUE(start("ring", 2).ok());
+  const absl::Time limit = In(timeout);
+  v1::WorkerStatus s = status();
+  while (s.steps_done() < 2 && absl::Now() < limit) {
+    absl::SleepFor(absl::Milliseconds(50));
+    s = status();
+  }
+  EXPECT_EQ(s.steps_done(), 2);
+  EXPECT_EQ(s.error(), "");
+  ASSERT_THAT(w->process->Signal(SIGTERM), IsOk());
   absl::StatusOr<int> code = w->Finish(In(timeout));
   ASSERT_THAT(code.status(), IsOk());
   EXPECT_EQ(*code, 0) << w->output;

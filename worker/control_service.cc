@@ -1,25 +1,46 @@
 #include "worker/control_service.h"
 
 #include "proto/grpc_status.h"
+#include "proto/raw_message.h"
 
 namespace flashcp::worker {
+namespace {
 
-grpc::Status WorkerControlService::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
-                                             v1::WorkerStatus* response) {
-  *response = daemon_->Status();
-  return grpc::Status::OK;
+grpc::ServerUnaryReactor* Finished(grpc::CallbackServerContext* context,
+                                   const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(proto::ToGrpcStatus(status));
+  return reactor;
 }
 
-grpc::Status WorkerControlService::StartRun(grpc::ServerContext*,
-                                            const v1::StartRunRequest* request,
-                                            v1::StartRunResponse*) {
-  return proto::ToGrpcStatus(
-      daemon_->StartRun(request->steps(), request->strategy(), request->scheme()));
+}  // namespace
+
+grpc::ServerUnaryReactor* WorkerControlService::GetStatus(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* raw,
+                                                          grpc::ByteBuffer* response) {
+  v1::GetStatusRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  return Finished(context, proto::SerializeRaw(daemon_->Status(), response));
 }
 
-grpc::Status WorkerControlService::StopRun(grpc::ServerContext*, const v1::StopRunRequest*,
-                                           v1::StopRunResponse*) {
-  return proto::ToGrpcStatus(daemon_->StopRun());
+grpc::ServerUnaryReactor* WorkerControlService::StartRun(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* raw,
+                                                         grpc::ByteBuffer* response) {
+  v1::StartRunRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  absl::Status s = daemon_->StartRun(request.steps(), request.strategy(), request.scheme());
+  if (s.ok()) s = proto::SerializeRaw(v1::StartRunResponse(), response);
+  return Finished(context, s);
+}
+
+grpc::ServerUnaryReactor* WorkerControlService::StopRun(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* raw,
+                                                        grpc::ByteBuffer* response) {
+  v1::StopRunRequest request;
+  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  absl::Status s = daemon_->StopRun();
+  if (s.ok()) s = proto::SerializeRaw(v1::StopRunResponse(), response);
+  return Finished(context, s);
 }
 
 }  // namespace flashcp::worker

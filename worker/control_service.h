@@ -1,5 +1,8 @@
-// flashcp.v1.WorkerControl over a WorkerDaemon: a thin adapter (sync API:
-// every call is short).
+// flashcp.v1.WorkerControl over a WorkerDaemon: a thin adapter on gRPC's
+// callback API (every call is short: it takes the daemon's lock, never
+// waits). The methods are raw (proto/raw_message.h): a request that does not
+// parse gets INVALID_ARGUMENT naming its type, where the generated handler
+// answered with an empty message.
 #ifndef FLASHCP_WORKER_CONTROL_SERVICE_H_
 #define FLASHCP_WORKER_CONTROL_SERVICE_H_
 
@@ -9,15 +12,21 @@
 
 namespace flashcp::worker {
 
-class WorkerControlService final : public v1::WorkerControl::Service {
+class WorkerControlService final
+    : public v1::WorkerControl::WithRawCallbackMethod_GetStatus<
+          v1::WorkerControl::WithRawCallbackMethod_StartRun<
+              v1::WorkerControl::WithRawCallbackMethod_StopRun<v1::WorkerControl::Service>>> {
  public:
   explicit WorkerControlService(WorkerDaemon* daemon) : daemon_(daemon) {}
-  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
-                         v1::WorkerStatus* response) override;
-  grpc::Status StartRun(grpc::ServerContext*, const v1::StartRunRequest* request,
-                        v1::StartRunResponse*) override;
-  grpc::Status StopRun(grpc::ServerContext*, const v1::StopRunRequest*,
-                       v1::StopRunResponse*) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* StartRun(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* StopRun(grpc::CallbackServerContext* context,
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
 
  private:
   WorkerDaemon* const daemon_;

@@ -131,7 +131,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> WorkerDaemon::FormGroup(Rendezvous
     joined = rdv.Join(options_.world_size);
   }
   FLASHCP_ASSIGN_OR_RETURN(const int32_t world_size, std::move(joined));
-  absl::StatusOr<std::vector<int32_t>> members = rdv.AwaitMembers(options_.timeout);
+  absl::StatusOr<std::vector<int32_t>> members =
+      AwaitGroup(rdv, world_size, clock_.Now() + options_.timeout, clock_);
   if (!members.ok()) {
     (void)rdv.Leave();
     return members.status();
@@ -161,7 +162,8 @@ absl::Status WorkerDaemon::Run() {
   observer_.OnRunStart(options_.strategy, core::CommSchemeName(options_.scheme));
   SetState(v1::WorkerStatus::FORMING_GROUP);
   observer_.OnGroupEvent(WorkerObserver::GroupEvent::kForming, absl::OkStatus());
-  RendezvousClient rdv(rendezvous_, options_.group, options_.rank, options_.incarnation);
+  RendezvousClient rdv(rendezvous_, options_.group, options_.rank, options_.incarnation,
+                       options_.job_secret);
   absl::StatusOr<std::unique_ptr<Communicator>> comm = FormGroup(rdv);
   absl::Status s = comm.status();
   if (s.ok()) {

@@ -77,6 +77,8 @@ class WorkerDaemon {
   // SIGTERM: the group stops after the step in flight.
   void RequestExit();
 
+  // The status; after a run whose plans failed (a per-item plan error),
+  // state IDLE with `error` "<CODE>: run failed after k of n steps: ...".
   v1::WorkerStatus Status() const;
   // Driver only (FAILED_PRECONDITION elsewhere, or while a run is going).
   absl::Status StartRun(int64_t steps, const std::string& strategy, const std::string& scheme);
@@ -153,6 +155,9 @@ class WorkerDaemon {
   void SetState(v1::WorkerStatus::State state);
   // How long an idle or plan-waiting driver waits before its heartbeat.
   absl::Duration HeartbeatInterval() const;
+  // The group outlives a run (linger, or runs only by StartRun): a run's plan
+  // error ends the run, not the group.
+  bool ServesRuns() const { return options_.linger || options_.steps == 0; }
   bool Reports() const;  // the driver reports step times (cost_profile)
   void FlushReport(int32_t cp_size);
 

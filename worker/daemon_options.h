@@ -33,6 +33,9 @@ struct DaemonOptions {
   uint64_t seed = 1;                 // batches and Q, K, V data
   bool linger = false;               // after a run: stay (control, metrics) until SIGTERM
   uint64_t incarnation = 0;          // this process's identity for Join/Leave
+  // The job's rendezvous credential (JoinRequest.job_secret; the launcher's
+  // FLASHCP_JOB_SECRET): the group's namespace on the planner; "" the open one.
+  std::string job_secret;
   int64_t progress_every = 0;        // driver logs progress every N steps; 0: never
   std::string gloo_hostname = "127.0.0.1";  // address this rank's Gloo transport listens on
   // The cost profile the plans balance (core::CostProfileNames; "" or

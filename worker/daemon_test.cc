@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "client/grpc_planner_client.h"
 #include "core/analysis.h"
 #include "core/clock.h"
@@ -190,6 +191,43 @@ TEST(WorkerDaemonTest, ControlRequestsBeforeTheGroupForms) {
   EXPECT_EQ(s.device(), "cpu");
   EXPECT_EQ(s.strategy(), "flashcp");
   EXPECT_EQ(s.scheme(), "allgather");
+}
+
+// Issue 31 item 5: one Join replacing a waiting rank made the real worker
+// exit, though the docs said it takes its rank back. AwaitGroup joins again
+// when its wait ends because the rank was replaced, and the group forms with
+// the real rank in it.
+TEST_F(RendezvousFixture, AReplacedRankJoinsAgainAndTakesItsPlaceBack) {
+  const std::string secret = "job-secret";
+  RendezvousClient real(stub_, "job", 0, /*incarnation=*/1, secret);
+  ASSERT_EQ(real.Join(2).value(), 2);
+  core::RealClock clock;
+  absl::StatusOr<std::vector<int32_t>> formed;
+  std::thread waiting([&] { formed = AwaitGroup(real, 2, clock.Now() + absl::Seconds(30), clock); });
+  // Polls (bounded) until `n` waits are registered: the calls are on gRPC's threads.
+  const auto waits_reach = [&](size_t n) {
+    const absl::Time limit = absl::Now() + absl::Seconds(30);
+    while (host().state().waiter_count() != n && absl::Now() < limit) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return host().state().waiter_count() == n;
+  };
+  ASSERT_TRUE(waits_reach(1));
+  // A stale or stray process of the same job takes rank 0 while the group forms.
+  RendezvousClient rogue(stub_, "job", 0, /*incarnation=*/2, secret);
+  ASSERT_EQ(rogue.Join(2).value(), 2);
+  // The real rank's wait ended; it joined again and waits again, and the
+  // rogue's token is void.
+  const absl::Time limit = absl::Now() + absl::Seconds(30);
+  while (rogue.Set("k", "v").ok() && absl::Now() < limit) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_THAT(rogue.Set("k", "v"), StatusIs(absl::StatusCode::kPermissionDenied));
+  ASSERT_TRUE(waits_reach(1));
+  RendezvousClient rank1(stub_, "job", 1, /*incarnation=*/3, secret);
+  ASSERT_EQ(rank1.Join(2).value(), 2);
+  waiting.join();
+  ASSERT_THAT(formed.status(), IsOk());
+  EXPECT_THAT(*formed, ElementsAre(0, 1));
+  EXPECT_THAT(real.Set("k", "v"), IsOk());  // its token is a member's
 }
 
 TEST(WorkerDaemonTest, UnreachablePlannerFailsUnavailableAfterTheTimeout) {

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <optional>
+#include <random>
 #include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "gloo/common/error.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
@@ -33,15 +35,30 @@ absl::Status WithContext(const grpc::Status& s, absl::string_view what) {
   return absl::Status(status.code(), absl::StrCat("rendezvous ", what, ": ", status.message()));
 }
 
+// kMinMemberSecretBytes from the system's entropy source.
+std::string RandomMemberSecret() {
+  std::random_device entropy;
+  std::string bytes(proto::rendezvous::kMinMemberSecretBytes, '\0');
+  for (size_t i = 0; i < bytes.size(); i += 4) {
+    const uint32_t r = entropy();
+    for (size_t j = 0; j < 4 && i + j < bytes.size(); ++j) {
+      bytes[i + j] = static_cast<char>((r >> (8 * j)) & 0xff);
+    }
+  }
+  return bytes;
+}
+
 }  // namespace
 
 RendezvousClient::RendezvousClient(std::shared_ptr<v1::Rendezvous::StubInterface> stub,
                                    std::string group, int32_t rank, uint64_t incarnation,
-                                   absl::Duration rpc_slack)
+                                   std::string job_secret, absl::Duration rpc_slack)
     : stub_(std::move(stub)),
       group_(std::move(group)),
       rank_(rank),
       incarnation_(incarnation),
+      job_secret_(std::move(job_secret)),
+      member_secret_(RandomMemberSecret()),
       rpc_slack_(rpc_slack) {}
 
 absl::StatusOr<int32_t> RendezvousClient::Join(int32_t world_size) {
@@ -52,6 +69,8 @@ absl::StatusOr<int32_t> RendezvousClient::Join(int32_t world_size) {
   request.set_rank(rank_);
   request.set_world_size(world_size);
   request.set_incarnation(incarnation_);
+  request.set_job_secret(job_secret_);
+  request.set_member_secret(member_secret_);
   v1::JoinResponse response;
   const absl::Status s = WithContext(stub_->Join(&context, request, &response), "Join");
   if (!s.ok()) return s;
@@ -132,6 +151,20 @@ absl::Status RendezvousClient::Leave() {
   request.set_incarnation(incarnation_);
   v1::LeaveResponse response;
   return WithContext(stub_->Leave(&context, request, &response), "Leave");
+}
+
+absl::StatusOr<std::vector<int32_t>> AwaitGroup(RendezvousClient& rdv, int32_t world_size,
+                                                absl::Time deadline, const core::Clock& clock) {
+  for (int rejoins = 0;; ++rejoins) {
+    absl::StatusOr<std::vector<int32_t>> members =
+        rdv.AwaitMembers(std::max(deadline - clock.Now(), absl::ZeroDuration()));
+    if (members.status().code() != absl::StatusCode::kPermissionDenied ||
+        rejoins == kMaxRejoins || clock.Now() >= deadline) {
+      return members;
+    }
+    // Replaced before the group formed: take the rank back.
+    FLASHCP_RETURN_IF_ERROR(rdv.Join(world_size).status());
+  }
 }
 
 GrpcStore::GrpcStore(RendezvousClient* client, absl::Duration timeout)

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/clock.h"
 #include "flashcp/v1/rendezvous.grpc.pb.h"
 #include "gloo/rendezvous/store.h"
 
@@ -25,11 +26,14 @@ namespace flashcp::worker {
 // One group's view of the Rendezvous service. Every call's gRPC deadline is
 // its wait plus `rpc_slack` (the server bounds the wait; the slack covers the
 // round trip), so a dead planner gives DEADLINE_EXCEEDED or UNAVAILABLE, never
-// a hang. Thread-safe (the stub is).
+// a hang. Each Join carries `job_secret` (the job's credential: the group's
+// namespace on the planner; empty: the open one) and a member secret this
+// client draws at random once, which makes its repeated Joins retries.
+// Thread-safe (the stub is).
 class RendezvousClient {
  public:
   RendezvousClient(std::shared_ptr<v1::Rendezvous::StubInterface> stub, std::string group,
-                   int32_t rank, uint64_t incarnation,
+                   int32_t rank, uint64_t incarnation, std::string job_secret = "",
                    absl::Duration rpc_slack = absl::Seconds(5));
 
   const std::string& group() const { return group_; }
@@ -53,6 +57,8 @@ class RendezvousClient {
   const std::string group_;
   const int32_t rank_;
   const uint64_t incarnation_;
+  const std::string job_secret_;
+  const std::string member_secret_;  // 16 random bytes
   const absl::Duration rpc_slack_;
   mutable absl::Mutex mu_;
   std::string token_ ABSL_GUARDED_BY(mu_);  // from the last successful Join; empty before
@@ -71,6 +77,15 @@ class RendezvousClient {
 // stopped taking part. The group's abort (by any rank) ends every wait. The
 // failure as it is when the group is already aborted or the rendezvous
 // cannot be reached.
+// After `rdv` joined, waits until all `world_size` ranks of its group have
+// joined, until `deadline` of `clock`; the ranks. While the group forms
+// another Join may replace this rank (a stray or restarted process): the wait
+// then ends with PERMISSION_DENIED and this rank joins again, taking its
+// place back, at most kMaxRejoins times. Any other failure is returned as is.
+inline constexpr int kMaxRejoins = 64;
+absl::StatusOr<std::vector<int32_t>> AwaitGroup(RendezvousClient& rdv, int32_t world_size,
+                                                absl::Time deadline, const core::Clock& clock);
+
 absl::Status TraceGroupFailure(RendezvousClient& rdv, const absl::Status& failure,
                                absl::Duration wait);
 std::string FailureKey(int32_t rank);

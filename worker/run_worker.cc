@@ -14,7 +14,7 @@
 #include "core/log.h"
 #include "core/status_macros.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
+#include "core/runtime/listener/resilient_server.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "core/runtime/process/host_port.h"
@@ -105,20 +105,16 @@ absl::Status RunWorker(const WorkerOptions& options,
   WorkerDaemon daemon(o, rendezvous, planner, std::move(backend), &observer, &clock);
 
   WorkerControlService control(&daemon);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  int control_port = 0;
-  builder.AddListeningPort(options.control, grpc::InsecureServerCredentials(), &control_port);
-  builder.RegisterService(&control);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || control_port == 0) {
-    return absl::UnavailableError(absl::StrCat("--control: cannot listen on ", options.control));
-  }
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus(true);
-  health->SetServingStatus("flashcp.v1.WorkerControl", true);
+  // The planner's connection bounds, and a listener rebuilt after a stall
+  // (an fd flood): the liveness probe's port comes back.
+  FLASHCP_ASSIGN_OR_RETURN(
+      std::unique_ptr<core::runtime::listener::ResilientServer> server,
+      core::runtime::listener::ResilientServer::Start(
+          options.control, "--control", grpc::InsecureServerCredentials(), options.connections,
+          [&control](grpc::ServerBuilder& builder) { builder.RegisterService(&control); },
+          {"flashcp.v1.WorkerControl"}, &clock));
   std::fprintf(stdout, "WORKER rank=%d control=%s:%d metrics=%s:%d\n", o.rank,
-               Host(options.control).c_str(), control_port, Host(options.metrics).c_str(),
+               Host(options.control).c_str(), server->port(), Host(options.metrics).c_str(),
                exposer->GetListeningPorts().front());
   std::fflush(stdout);
 
@@ -132,8 +128,7 @@ absl::Status RunWorker(const WorkerOptions& options,
     }
   });
   const absl::Status status = daemon.Run();
-  health->SetServingStatus(false);
-  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  server->Shutdown(absl::Now() + absl::Seconds(2));
   // Last, so that a SIGTERM during the drain is still taken, not fatal.
   pthread_kill(waiter.native_handle(), SIGUSR2);
   waiter.join();

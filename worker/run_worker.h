@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "client/grpc_planner_client.h"
+#include "core/runtime/listener/resilient_server.h"
 #include "prometheus/registry.h"
 #include "core/runtime/metrics_endpoint/metrics_endpoint.h"
 #include "worker/daemon_options.h"
@@ -25,6 +26,8 @@ struct WorkerOptions {
   std::string metrics = "127.0.0.1:0";      // /metrics HOST:PORT; port 0 picks one
   core::runtime::metrics_endpoint::EndpointOptions metrics_http;
   std::string control = "127.0.0.1:0";  // WorkerControl (and health) HOST:PORT; port 0 picks one
+  // The control port's connection bounds and listener rebuild (the planner's defaults).
+  core::runtime::listener::ConnectionOptions connections;
   int32_t local_rank = -1;              // the local_rank label; -1: none
   std::string version;                  // build_info's version
   CudaBackendFactory cuda;              // --device cuda:K's backend; empty: built without CUDA
@@ -38,7 +41,8 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& options);
 // starts); serves /metrics from `registry` (PrometheusWorkerMetrics records
 // into it) and WorkerControl with grpc.health.v1.Health
 // (SERVING for "" and "flashcp.v1.WorkerControl" while the daemon runs,
-// NOT_SERVING as the control server drains); prints
+// NOT_SERVING as the control server drains or while its listener is stalled;
+// listener/resilient_server.h rebuilds it); prints
 //   WORKER rank=R control=HOST:PORT metrics=HOST:PORT
 // to stdout once both are bound; runs the daemon, which a SIGTERM or SIGINT
 // ends after the step in flight. The daemon's Status, or the first setup

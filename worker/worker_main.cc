@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -110,6 +111,14 @@ namespace fw = flashcp::worker;
 
 namespace {
 
+// FLASHCP_JOB_SECRET: the job's rendezvous credential, which the launcher
+// makes once per job and gives every rank (docs/deploy.md, "Trust and
+// limits"); unset: the planner's open namespace.
+std::string JobSecretFromEnvironment() {
+  const char* secret = std::getenv("FLASHCP_JOB_SECRET");
+  return secret == nullptr ? std::string() : std::string(secret);
+}
+
 // The flags as WorkerOptions, `tls` the --tls_* flags (the planner channel's,
 // client/internal/tls_flags.h: spelled and checked as flashcp-client's), not
 // yet in WorkerOptions::channel: InvalidArgument naming the flag for a bad
@@ -144,6 +153,8 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
                  // This process's identity for Join and Leave.
                  .incarnation = (uint64_t{entropy()} << 32) ^ entropy() ^
                                 static_cast<uint64_t>(getpid()),
+                 // From the environment, not a flag: a flag shows in `ps`.
+                 .job_secret = JobSecretFromEnvironment(),
                  .progress_every = absl::GetFlag(FLAGS_progress_every),
                  .gloo_hostname = absl::GetFlag(FLAGS_gloo_host),
                  .cost_profile = absl::GetFlag(FLAGS_cost_profile),
@@ -155,6 +166,7 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
       .metrics = absl::GetFlag(FLAGS_metrics),
       .metrics_http = flashcp::core::runtime::metrics_endpoint::EndpointOptionsFromFlags(),
       .control = absl::GetFlag(FLAGS_control),
+      .connections = {},
       .local_rank = absl::GetFlag(FLAGS_local_rank),
       .version = FLASHCP_VERSION,
       .cuda = nullptr};

@@ -1,18 +1,25 @@
 #include "tests/testing/rendezvous_requests.h"
 
+#include "absl/strings/str_cat.h"
 #include "grpcpp/client_context.h"
 #include "proto/grpc_status.h"
 
 namespace flashcp::tests::testing {
 
 v1::JoinRequest JoinRequestOf(const std::string& group, int32_t rank, int32_t world_size,
-                              uint64_t incarnation) {
+                              uint64_t incarnation, const std::string& job_secret) {
   v1::JoinRequest r;
   r.set_group(group);
   r.set_rank(rank);
   r.set_world_size(world_size);
   r.set_incarnation(incarnation);
+  r.set_job_secret(job_secret);
+  r.set_member_secret(MemberSecretOf(incarnation));
   return r;
+}
+
+std::string MemberSecretOf(uint64_t incarnation) {
+  return absl::StrCat("test-member-secret-", incarnation);
 }
 
 v1::SetRequest SetRequestOf(const std::string& group, const std::string& key,

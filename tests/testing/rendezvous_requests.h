@@ -13,8 +13,11 @@
 
 namespace flashcp::tests::testing {
 
+// The member secret is MemberSecretOf(incarnation): one process, one secret.
 v1::JoinRequest JoinRequestOf(const std::string& group, int32_t rank, int32_t world_size,
-                              uint64_t incarnation = 1);
+                              uint64_t incarnation = 1, const std::string& job_secret = "");
+// "test-member-secret-<incarnation>" (at least kMinMemberSecretBytes).
+std::string MemberSecretOf(uint64_t incarnation);
 v1::SetRequest SetRequestOf(const std::string& group, const std::string& key,
                             const std::string& value, const std::string& token);
 v1::GetRequest GetRequestOf(const std::string& group, const std::vector<std::string>& keys,

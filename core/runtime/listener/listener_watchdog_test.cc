@@ -1,4 +1,4 @@
-#include "planner_service/listener_watchdog.h"
+#include "core/runtime/listener/listener_watchdog.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace flashcp::planner_service {
+namespace flashcp::core::runtime::listener {
 namespace {
 
 using ::flashcp::core::testing::IsOk;
@@ -134,4 +134,4 @@ TEST(AcceptQueueTest, CountsConnectionsNobodyAccepted) {
 }
 
 }  // namespace
-}  // namespace flashcp::planner_service
+}  // namespace flashcp::core::runtime::listener

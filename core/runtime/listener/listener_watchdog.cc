@@ -1,4 +1,4 @@
-#include "planner_service/listener_watchdog.h"
+#include "core/runtime/listener/listener_watchdog.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/log.h"
 
-namespace flashcp::planner_service {
+namespace flashcp::core::runtime::listener {
 namespace {
 
 // The port of a listening TCP socket `fd`; -1 for anything else.
@@ -141,4 +141,4 @@ void ListenerWatchdog::Loop() {
   }
 }
 
-}  // namespace flashcp::planner_service
+}  // namespace flashcp::core::runtime::listener

@@ -1,5 +1,5 @@
-// Detects a gRPC listener that has stopped accepting connections, so that the
-// health service can say NOT_SERVING and an orchestrator restart the planner.
+// Detects a gRPC listener that has stopped accepting connections, so that
+// ResilientServer (resilient_server.h) can say NOT_SERVING and rebuild it.
 // gRPC 1.51's TCP listener gives up for good after one accept4() failure other
 // than EAGAIN/ECONNABORTED/EINTR (EMFILE when the fd limit is reached): the
 // process stays up, calls on existing connections go on, and every new client
@@ -8,8 +8,8 @@
 // queue's length (TCP_INFO on the listening socket) every interval and calls
 // the listener stalled when the queue has been non-empty and not shrinking
 // for `stall_samples` samples in a row.
-#ifndef FLASHCP_PLANNER_SERVICE_LISTENER_WATCHDOG_H_
-#define FLASHCP_PLANNER_SERVICE_LISTENER_WATCHDOG_H_
+#ifndef FLASHCP_PLANNER_SERVICE_LISTENER_LISTENER_WATCHDOG_H_
+#define FLASHCP_PLANNER_SERVICE_LISTENER_LISTENER_WATCHDOG_H_
 
 #include <cstdint>
 #include <functional>
@@ -23,7 +23,7 @@
 #include "absl/time/time.h"
 #include "core/clock.h"
 
-namespace flashcp::planner_service {
+namespace flashcp::core::runtime::listener {
 
 // The accept queues of this process's listening TCP sockets on one port.
 class AcceptQueue {
@@ -95,6 +95,6 @@ class ListenerWatchdog {
   std::thread thread_;
 };
 
-}  // namespace flashcp::planner_service
+}  // namespace flashcp::core::runtime::listener
 
-#endif  // FLASHCP_PLANNER_SERVICE_LISTENER_WATCHDOG_H_
+#endif  // FLASHCP_PLANNER_SERVICE_LISTENER_LISTENER_WATCHDOG_H_
