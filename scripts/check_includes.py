@@ -68,6 +68,9 @@ KNOWN = {
     # The Python extension links the planner service for PlanBatch.
     ("client/python/native/flashcp_native.cc", "planner_service/observer.h"),
     ("client/python/native/flashcp_native.cc", "planner_service/plan_batch.h"),
+    # ... and the service's bounds (CheckPlanBounds, kDefaultBatchLimits), so
+    # that flashcp.plan in process refuses what the service refuses.
+    ("client/python/native/flashcp_native.cc", "planner_service/service.h"),
 }
 
 
