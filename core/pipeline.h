@@ -143,7 +143,9 @@ struct PipelinePlan {
   std::vector<PipelineGroup> pipelines;  // run back to back
   std::vector<std::vector<int32_t>> ckpt;  // [stage][chunk]: layers in [0, L / d_p]
   int32_t slice_count = 0;   // K chosen for the longest document (0: not sliced by K)
-  std::string ckpt_solver;   // "ilp", "greedy", "none", "full", "uniform"
+  // "ilp"; "greedy" (no solver set, or its checkpointing replayed slower
+  // than the greedy one); "none", "full", "uniform" for the baselines.
+  std::string ckpt_solver;
   double ckpt_gap = 0;       // relative gap of the checkpoint solve; 0 when optimal
   bool ckpt_optimal = false;
   PipelineSim prediction;    // SimulatePipeline(request, plan)
@@ -191,6 +193,7 @@ struct PipelineOptions {
   CkptSolver ckpt_solver = nullptr;
   CkptSolveOptions ckpt;
   int64_t min_slice_tokens = 256;  // K candidates leave no mesh slice shorter
+  int32_t slice_count = 0;         // K for the DPP strategies; 0: searched
   int32_t max_pipelines = 8;       // bound on the DP's pipelines
   StopToken stop;
 };

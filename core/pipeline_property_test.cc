@@ -41,7 +41,7 @@ TEST(PipelinePropertyTest, ChunkInvariantsAndReplayOnRandomBatches) {
   for (int trial = 0; trial < 1000; ++trial) {
     const PipelineRequest req = RandomRequest(rng);
     PipelineOptions o;
-    o.min_slice_tokens = 1024;
+    o.min_slice_tokens = 2048;
     const auto plan = PlanPipeline(req, o);
     if (!plan.ok()) {
       // Only a batch that fits no plan may fail, and it says by how much.

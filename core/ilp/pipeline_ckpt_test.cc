@@ -112,7 +112,9 @@ TEST(PipelineCkptIlpTest, PlannerWithIlpReplaysWithinBudgetAndBeatsGreedy) {
     ASSERT_EQ(plan.ok(), greedy.ok()) << plan.status() << greedy.status();
     if (!plan.ok()) continue;
     ++planned;
-    EXPECT_EQ(plan->ckpt_solver, "ilp");
+    // The ILP's checkpointing, kept unless the greedy one replays faster.
+    EXPECT_THAT(plan->ckpt_solver, ::testing::AnyOf("ilp", "greedy"));
+    EXPECT_LE(plan->prediction.iteration_s, greedy->prediction.iteration_s);
     for (double peak : plan->prediction.stage_peak_bytes) EXPECT_LE(peak, req.memory_budget_bytes);
     // Same chunks and pipelines; the ILP's objective is at most greedy's.
     const auto full = CompletePipelineRequest(req);
@@ -129,7 +131,9 @@ TEST(PipelineCkptIlpTest, PlannerWithIlpReplaysWithinBudgetAndBeatsGreedy) {
       }
       return o2;
     };
-    EXPECT_LE(objective(*plan), objective(*greedy) + 1e-12);
+    if (plan->ckpt_solver == "ilp") {
+      EXPECT_LE(objective(*plan), objective(*greedy) + 1e-12);
+    }
   }
   EXPECT_GE(planned, 4);
 }

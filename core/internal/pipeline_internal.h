@@ -58,8 +58,10 @@ struct StageOp {
   int32_t chunk = 0;
   bool backward = false;
 };
-// 1F1B per stage: forward while fewer than d_p - p chunks are in flight or
-// the next backward's forward has not run here; else the next backward.
+// 1F1B per stage: forward while fewer than d_p - p + R - 1 chunks are in
+// flight (R: the pipeline's longest run of chunks sharing a document, Eq. 7's
+// N_split) or the next backward's forward has not run here; else the next
+// backward.
 std::vector<std::vector<StageOp>> StageOrders(int32_t pp_size, const PipelineGroup& group);
 
 // The checkpoint programme of `plan`'s pipelines (Eq. 15-20): variable j of

@@ -266,15 +266,26 @@ std::vector<int32_t> BackwardOrder(const std::vector<PipelineChunk>& chunks,
 std::vector<std::vector<StageOp>> StageOrders(int32_t pp_size, const PipelineGroup& group) {
   const size_t n = group.forward.size();
   std::vector<std::vector<StageOp>> orders(pp_size);
+  // The longest reversed run (a split document's slices): its backward can
+  // start only after all its forwards, so every stage may hold that many
+  // more chunks in flight (the window d_p - p + N_split of Eq. 7) and keeps
+  // running forwards meanwhile instead of draining the pipeline.
+  int32_t max_id = 0;
+  for (int32_t k : group.forward) max_id = std::max(max_id, k);
+  std::vector<size_t> fpos(max_id + 1, 0);
+  for (size_t i = 0; i < n; ++i) fpos[group.forward[i]] = i;
+  size_t longest_run = 1;
+  for (size_t i = 0; i < n;) {
+    const size_t run = fpos[group.backward[i]] >= i ? fpos[group.backward[i]] - i + 1 : 1;
+    longest_run = std::max(longest_run, run);
+    i += run;
+  }
   for (int32_t p = 0; p < pp_size; ++p) {
     std::vector<StageOp>& ops = orders[p];
     ops.reserve(2 * n);
-    std::vector<char> done_f;  // by chunk id: forward done on this stage
-    int32_t max_id = 0;
-    for (int32_t k : group.forward) max_id = std::max(max_id, k);
-    done_f.assign(max_id + 1, 0);
+    std::vector<char> done_f(max_id + 1, 0);  // by chunk id: forward done on this stage
     size_t f = 0, b = 0;
-    const size_t limit = static_cast<size_t>(pp_size - p);
+    const size_t limit = static_cast<size_t>(pp_size - p) + longest_run - 1;
     while (f < n || b < n) {
       const bool can_b = b < n && done_f[group.backward[b]];
       if (f < n && (!can_b || f - b < limit)) {

@@ -307,11 +307,12 @@ PipelinePlan SubPlan(const Chunking& ch, size_t from, size_t to) {
 }
 
 // Groups the units into back-to-back pipelines (Eq. 14): dp over at most
-// kMaxCuts + 1 cut points; a pipeline's cost is its replayed time under
+// kMaxCuts + 1 evenly spaced cut points (every pipeline boundary falls on
+// one: the paper's solver rarely schedules more than 2 pipelines); a pipeline's cost is its replayed time under
 // `mode` (pipelines do not overlap, so times add). Returns the whole plan.
 absl::StatusOr<Scored> Group(const PipelineRequest& r, const Chunking& ch, CkptMode mode,
                              int32_t max_pipelines) {
-  constexpr size_t kMaxCuts = 8;
+  constexpr size_t kMaxCuts = 6;
   const size_t nu = ch.units.size();
   std::vector<size_t> cuts;
   const size_t q = std::min<size_t>({nu, kMaxCuts, static_cast<size_t>(max_pipelines) * 2});
@@ -387,12 +388,13 @@ absl::Status NoFit(const PipelineRequest& r, PipelineStrategy s, double over) {
       PipelineStrategyName(s), r.memory_budget_bytes, over, over / (1 << 30)));
 }
 
-// The K candidates: 1, 2, 3, 4, 6, 8, 12, ... while lmax / K >= min_slice.
+// The K candidates: every K to 8, then steps of about a quarter (10, 12,
+// 15, 18, 22, ...) to 256, while lmax / K >= min_slice.
 std::vector<int32_t> SliceCounts(int64_t lmax, int64_t min_slice) {
   std::vector<int32_t> ks{1};
-  for (int32_t k = 2; k <= 256 && lmax / k >= std::max<int64_t>(min_slice, 1);) {
+  for (int32_t k = 2; k <= 256 && lmax / k >= std::max<int64_t>(min_slice, 1);
+       k = std::max(k + 1, k + k / 4)) {
     ks.push_back(k);
-    k = (k & (k - 1)) == 0 ? k + k / 2 : k / 3 * 4;  // 2, 3, 4, 6, 8, 12, 16, ...
   }
   return ks;
 }
@@ -406,7 +408,9 @@ absl::StatusOr<PipelinePlan> PlanSearch(const PipelineRequest& r, const Pipeline
   Scored best;
   int32_t best_k = 0;
   double least_over = std::numeric_limits<double>::infinity();
-  for (int32_t k : SliceCounts(lmax, o.min_slice_tokens)) {
+  const std::vector<int32_t> ks =
+      o.slice_count > 0 ? std::vector<int32_t>{o.slice_count} : SliceCounts(lmax, o.min_slice_tokens);
+  for (int32_t k : ks) {
     FLASHCP_RETURN_IF_ERROR(o.stop.Check());
     const std::optional<Chunking> ch =
         st == PipelineStrategy::kDppNoWbc ? ChunkTokenCap(r, k) : ChunkBalanced(r, k);
@@ -435,11 +439,19 @@ absl::StatusOr<PipelinePlan> PlanSearch(const PipelineRequest& r, const Pipeline
     }
     // Diagonal variables are shared, so `start` holds each one's value.
     FLASHCP_ASSIGN_OR_RETURN(const CkptSolution sol, o.ckpt_solver(m.problem, start, o.ckpt, o.stop));
-    plan.ckpt = internal::CkptFromValues(r, plan, m, sol.values);
-    plan.ckpt_solver = "ilp";
+    PipelinePlan exact = plan;
+    exact.ckpt = internal::CkptFromValues(r, plan, m, sol.values);
+    FLASHCP_ASSIGN_OR_RETURN(exact.prediction, internal::ReplayPipeline(r, exact));
+    // The programme minimizes its recompute estimate, not the replayed time:
+    // its checkpointing is kept unless the greedy one replays faster (the
+    // gap is reported either way).
     plan.ckpt_gap = sol.gap;
     plan.ckpt_optimal = sol.optimal;
-    FLASHCP_ASSIGN_OR_RETURN(plan.prediction, internal::ReplayPipeline(r, plan));
+    if (exact.prediction.iteration_s <= plan.prediction.iteration_s) {
+      plan.ckpt = std::move(exact.ckpt);
+      plan.prediction = std::move(exact.prediction);
+      plan.ckpt_solver = "ilp";
+    }
   }
   return plan;
 }
@@ -511,6 +523,10 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const PipelineRequest& request,
   if (options.min_slice_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("min_slice_tokens: must be >= 1, got ",
                                                    options.min_slice_tokens));
+  }
+  if (options.slice_count < 0 || options.slice_count > (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("slice_count: must be in [0, 2^20], got ",
+                                                   options.slice_count));
   }
   if (options.max_pipelines < 1 || options.max_pipelines > 64) {
     return absl::InvalidArgumentError(absl::StrCat("max_pipelines: must be in [1, 64], got ",
