@@ -242,6 +242,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   deps.observer = observer;
   s->calibration_ = std::make_unique<Calibration>(observer);
   deps.calibration = s->calibration_.get();
+  s->pipeline_service_ = std::make_unique<PipelinePlannerService>(deps);
   s->service_ = std::make_unique<PlannerService>(std::move(deps));
 
   // Both are process-wide switches that gRPC reads when a server is built.
@@ -250,7 +251,10 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, credentials, &port);
-  if (ServesPlanning(options.serve)) builder.RegisterService(s->service_.get());
+  if (ServesPlanning(options.serve)) {
+    builder.RegisterService(s->service_.get());
+    builder.RegisterService(s->pipeline_service_.get());
+  }
   s->rendezvous_ = std::make_unique<RendezvousHost>(options.rendezvous, /*clock=*/nullptr,
                                                     RandomToken, rendezvous_observer);
   if (ServesRendezvous(options.serve)) builder.RegisterService(s->rendezvous_->service());

@@ -23,6 +23,7 @@
 #include "planner_service/plan_batch.h"
 #include "planner_service/planning_pool.h"
 #include "planner_service/rendezvous_service.h"
+#include "planner_service/pipeline_service.h"
 #include "planner_service/service.h"
 #include "prometheus/registry.h"
 
@@ -137,6 +138,7 @@ class PlannerServer {
   std::unique_ptr<HeldBytes> stream_bytes_;
   std::unique_ptr<Calibration> calibration_;  // cost profiles' online fits
   std::unique_ptr<PlannerService> service_;
+  std::unique_ptr<PipelinePlannerService> pipeline_service_;  // flashcp.v1.PipelinePlanner
   std::unique_ptr<RendezvousHost> rendezvous_;  // flashcp.v1.Rendezvous, for worker groups
   std::unique_ptr<grpc::Server> server_;
   core::RealClock watchdog_clock_;
