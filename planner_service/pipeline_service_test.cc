@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "client/pipeline_planner_client.h"
 #include "core/pipeline.h"
 #include "core/testing/status_matchers.h"
 #include "core/testing/ticking_clock.h"
@@ -138,6 +139,24 @@ TEST_F(PipelineServiceTest, StreamAnswersInOrderAndGoesOnAfterABadItem) {
   EXPECT_EQ(got[1].error(), "INVALID_ARGUMENT: doc_lens[0]: must be in [1, 1099511627776], got 0");
   EXPECT_EQ(got[2].batch_id(), 3u);
   EXPECT_EQ(got[2].strategy(), "token_level");
+}
+
+TEST_F(PipelineServiceTest, CppClientPlansCoreRequests) {
+  client::PipelinePlannerClient c(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  core::PipelineRequest req;
+  req.doc_lens = {30000, 4000, 4000, 2000, 700};
+  req.pp_size = 8;
+  auto plan = c.PlanPipeline(req, core::PipelineStrategy::kDppFullCkpt);
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_EQ(plan->strategy, core::PipelineStrategy::kDppFullCkpt);
+  EXPECT_EQ(plan->ckpt.size(), 8u);
+  for (const auto& stage : plan->ckpt) {
+    for (int32_t layers : stage) EXPECT_EQ(layers, 4);  // L / d_p, every layer
+  }
+  req.pp_size = 5;  // 32 layers do not split into 5 stages
+  EXPECT_THAT(c.PlanPipeline(req, core::PipelineStrategy::kDpp),
+              core::testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.layers")));
 }
 
 }  // namespace
