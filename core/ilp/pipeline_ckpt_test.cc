@@ -94,19 +94,21 @@ TEST(PipelineCkptIlpTest, RejectsInfeasibleStartAndStops) {
 TEST(PipelineCkptIlpTest, PlannerWithIlpReplaysWithinBudgetAndBeatsGreedy) {
   SplitMix64Rng rng(7);
   int planned = 0;
-  for (int trial = 0; trial < 6; ++trial) {
+  for (int trial = 0; trial < 4; ++trial) {
     PipelineRequest req;
-    const int n = 8 + static_cast<int>(rng.Next() % 40);
+    const int n = 8 + static_cast<int>(rng.Next() % 24);
     for (int i = 0; i < n; ++i) {
-      const int64_t hi = rng.Uniform() < 0.2 ? 98304 : 8192;
+      const int64_t hi = rng.Uniform() < 0.2 ? 65536 : 8192;
       req.doc_lens.push_back(1 + static_cast<int64_t>(rng.Uniform() * hi));
     }
     req.pp_size = rng.Next() % 2 == 0 ? 4 : 8;
     req.memory_budget_bytes = 48.0 * (int64_t{1} << 30);
     PipelineOptions greedy_opts;
+    greedy_opts.min_slice_tokens = 4096;  // fewer K candidates: a quick test
     const auto greedy = PlanPipeline(req, greedy_opts);
     PipelineOptions o;
     o.ckpt_solver = SolvePipelineCkpt;
+    o.min_slice_tokens = 4096;
     o.ckpt.time_limit_seconds = 1;
     const auto plan = PlanPipeline(req, o);
     ASSERT_EQ(plan.ok(), greedy.ok()) << plan.status() << greedy.status();
@@ -135,7 +137,7 @@ TEST(PipelineCkptIlpTest, PlannerWithIlpReplaysWithinBudgetAndBeatsGreedy) {
       EXPECT_LE(objective(*plan), objective(*greedy) + 1e-12);
     }
   }
-  EXPECT_GE(planned, 4);
+  EXPECT_GE(planned, 3);
 }
 
 }  // namespace

@@ -93,11 +93,16 @@ Chunking Assemble(const PipelineRequest& r, const std::vector<std::vector<Pipeli
 }
 
 // Algorithm 1 (workload-balanced chunking) for slice count K of the longest
-// document. Empty when K leaves a mesh slice empty.
-std::optional<Chunking> ChunkBalanced(const PipelineRequest& r, int32_t k) {
+// document, with token capacity C (the algorithm's "token capacity" input;
+// 0: none). The mesh gives the longest document's slices equal forward +
+// backward work (later slices are shorter: more context), each boundary at
+// most C tokens after the previous one (more slices follow if needed).
+// Under causal attention the work-balanced first slice is long (about
+// lmax / sqrt(K) tokens when pairs dominate), and its activations with it; C =
+// lmax / K makes the mesh equal-token (the work-balanced boundaries all lie
+// at or beyond i lmax / K). Empty when K leaves a mesh slice empty.
+std::optional<Chunking> ChunkBalanced(const PipelineRequest& r, int32_t k, int64_t capacity) {
   const int64_t lmax = *std::max_element(r.doc_lens.begin(), r.doc_lens.end());
-  // The mesh: boundaries that give the longest document's K slices equal
-  // forward + backward work (later slices are shorter: more context).
   const double total = SliceWork(r, 0, lmax);
   std::vector<int64_t> mesh{0};
   for (int32_t i = 1; i < k; ++i) {
@@ -107,9 +112,11 @@ std::optional<Chunking> ChunkBalanced(const PipelineRequest& r, int32_t k) {
       const int64_t mid = lo + (hi - lo) / 2;
       if (SliceWork(r, 0, mid) >= target) hi = mid; else lo = mid + 1;
     }
+    if (capacity > 0) lo = std::min(lo, mesh.back() + capacity);
     if (lo >= lmax) return std::nullopt;
     mesh.push_back(lo);
   }
+  while (capacity > 0 && lmax - mesh.back() > capacity) mesh.push_back(mesh.back() + capacity);
   mesh.push_back(lmax);
   double t_target = 0;
   int64_t t_cap = 0;
@@ -410,10 +417,16 @@ absl::StatusOr<PipelinePlan> PlanSearch(const PipelineRequest& r, const Pipeline
   double least_over = std::numeric_limits<double>::infinity();
   const std::vector<int32_t> ks =
       o.slice_count > 0 ? std::vector<int32_t>{o.slice_count} : SliceCounts(lmax, o.min_slice_tokens);
+  // (K, token capacity): Algorithm 1 with no capacity, and with lmax / K.
+  std::vector<std::pair<int32_t, int64_t>> candidates;
   for (int32_t k : ks) {
+    candidates.emplace_back(k, 0);
+    if (st != PipelineStrategy::kDppNoWbc && k > 1) candidates.emplace_back(k, (lmax + k - 1) / k);
+  }
+  for (const auto& [k, capacity] : candidates) {
     FLASHCP_RETURN_IF_ERROR(o.stop.Check());
     const std::optional<Chunking> ch =
-        st == PipelineStrategy::kDppNoWbc ? ChunkTokenCap(r, k) : ChunkBalanced(r, k);
+        st == PipelineStrategy::kDppNoWbc ? ChunkTokenCap(r, k) : ChunkBalanced(r, k, capacity);
     if (!ch) continue;
     FLASHCP_ASSIGN_OR_RETURN(Scored s, Group(r, *ch, mode, o.max_pipelines));
     least_over = std::min(least_over, s.over_bytes);
