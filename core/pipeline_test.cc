@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/internal/pipeline_internal.h"
+#include "core/pipeline_json.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -186,6 +187,43 @@ TEST(PipelineSimTest, ReplaysOneFOneBByHand) {
   EXPECT_NEAR(sim->iteration_s, 1.1, 1e-9);
   EXPECT_NEAR(sim->stage_peak_bytes[1] - sim->stage_model_state_bytes[1],
               16 * 100 + 272 * 100 + 32 * 100, 1e-6);
+}
+
+TEST(PipelineJsonTest, WritesThePlanAndDrawsItsReplay) {
+  const PipelineRequest r = TinyRequest();
+  PipelinePlan p = TinyPlan();
+  p.ckpt = {{1, 0}, {0, 0}};
+  p.ckpt_solver = "greedy";
+  auto sim = SimulatePipeline(r, p);
+  ASSERT_THAT(sim, IsOk());
+  p.prediction = *sim;
+  p.prediction.stage_peak_bytes = {1.5, 2};  // short numbers for the exact string
+  p.prediction.iteration_s = 0.875;
+  p.prediction.bubble_share = 0.25;
+  p.prediction.recompute_s = 0.0625;
+  EXPECT_EQ(PipelinePlanToJson(p, 3, 0.5),
+            "{\"batch_id\":3,\"strategy\":\"dpp\",\"chunks\":[{\"kind\":\"packed\",\"slices\":"
+            "[{\"doc\":0,\"start\":0,\"len\":100}]},{\"kind\":\"packed\",\"slices\":[{\"doc\":1,"
+            "\"start\":0,\"len\":100}]}],\"pipelines\":[{\"forward\":[0,1],\"backward\":[0,1]}],"
+            "\"ckpt\":[[1,0],[0,0]],\"slice_count\":0,\"ckpt_solver\":\"greedy\",\"ckpt_gap\":0,"
+            "\"ckpt_optimal\":false,\"prediction\":{\"iteration_s\":0.875,\"bubble_share\":0.25,"
+            "\"recompute_s\":0.0625,\"stage_peak_bytes\":[1.5,2]},\"planning_seconds\":0.5}");
+  const auto svg = PipelinePlanToSvg(p);
+  ASSERT_THAT(svg, IsOk());
+  // 8 ops, one of them with a hatched recompute part.
+  size_t boxes = 0, hatched = 0;
+  for (size_t at = svg->find("<title>chunk"); at != std::string::npos;
+       at = svg->find("<title>chunk", at + 1)) {
+    ++boxes;
+  }
+  for (size_t at = svg->find("url(#hatch)"); at != std::string::npos;
+       at = svg->find("url(#hatch)", at + 1)) {
+    ++hatched;
+  }
+  EXPECT_EQ(boxes, 8u);
+  EXPECT_EQ(hatched, 1u);
+  p.prediction.ops.clear();
+  EXPECT_THAT(PipelinePlanToSvg(p), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(PipelineSimTest, RejectsBrokenPlans) {
