@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/clock.h"
+#include "core/cli_pipeline.h"
 #include "core/cost_model.h"
 #include "core/echo.h"
 #include "core/file.h"
@@ -321,6 +322,20 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
   if (absl::Status s = source.Open(); !s.ok()) {
     err << kPrefix << s.message() << "\n";
     return kExitBadInput;
+  }
+  if (options.pipeline) {  // core/cli_pipeline.h
+    PipelineCliRun run(options, out, err);
+    std::vector<int64_t> batch_docs;
+    std::string batch_where;
+    while (true) {
+      absl::StatusOr<bool> more = source.Next(batch_docs, batch_where);
+      if (!more.ok()) {
+        err << kPrefix << more.status().message() << "\n";
+        return kExitBadInput;
+      }
+      if (!*more) return run.Finish();
+      if (const int rc = run.Batch(std::move(batch_docs), batch_where); rc != kExitOk) return rc;
+    }
   }
   if (options.summary && options.from_all) {
     for (Strategy s : AllStrategies()) {

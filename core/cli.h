@@ -20,6 +20,7 @@
 #include "core/analysis.h"
 #include "core/datasets.h"
 #include "core/flags.h"
+#include "core/pipeline.h"
 #include "core/step_time.h"
 #include "core/strategies.h"
 
@@ -64,6 +65,16 @@ struct CliOptions {
   // one panel per strategy, written to FILE; empty: no drawing.
   std::string svg_path;
   bool progress = true;  // a progress line on stderr every second; --quiet turns it off
+  // --pipeline: plan pipeline-parallel micro-batches (core/pipeline.h)
+  // instead of CP sharding: --strategy then names pipeline strategies, and
+  // the request below (all but doc_lens, from --pp, --sp, --memory_budget_gib,
+  // --layers ...) and pipeline_options (its ckpt_solver set by main where the
+  // ILP is linked; --ilp_time_limit its CBC limit) apply. --svg then draws the
+  // first batch's first strategy's replay (stages x time).
+  bool pipeline = false;
+  std::vector<PipelineStrategy> pipeline_strategies;
+  PipelineRequest pipeline_request;
+  PipelineOptions pipeline_options;
   bool help = false;
   // Deprecated spellings used (core/flags.h), one line each for stderr.
   std::vector<std::string> warnings;

@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -20,6 +22,8 @@
 #include "core/plan_json.h"
 #include "core/status_macros.h"
 #include "core/types.h"
+
+ABSL_DECLARE_FLAG(int32_t, layers);  // core/cluster_flags.cc
 
 ABSL_FLAG(int64_t, cp, flashcp::core::CliOptions{}.cp_size, "ranks in the CP group");
 ABSL_FLAG(std::string, strategy, "",
@@ -69,6 +73,24 @@ ABSL_FLAG(bool, choose_by_step_time, false,
           "imbalance target (core/step_choice.h); needs --cluster");
 ABSL_FLAG(int32_t, query_heads, flashcp::core::ModelShape{}.query_heads,
           "query heads Hq for the predicted compute (0: equal to --heads)");
+// Pipeline mode (core/pipeline.h); the flags below need --pipeline.
+ABSL_FLAG(bool, pipeline, false,
+          "plan pipeline-parallel micro-batches (DPP, docs/pipeline.md) instead of CP sharding; "
+          "--strategy then names pipeline strategies (dpp, batch_level, token_level, dpp_no_wbc, "
+          "dpp_no_ckpt, dpp_full_ckpt, or all)");
+ABSL_FLAG(int64_t, pp, flashcp::core::PipelineRequest{}.pp_size, "with --pipeline: stages d_p");
+ABSL_FLAG(int64_t, sp, flashcp::core::PipelineRequest{}.sp_size,
+          "with --pipeline: Ulysses degree d_s inside a stage");
+ABSL_FLAG(double, memory_budget_gib, flashcp::core::PipelineRequest{}.memory_budget_bytes / (1 << 30),
+          "with --pipeline: memory per GPU, GiB");
+ABSL_FLAG(int64_t, hidden, flashcp::core::PipelineModel{}.hidden, "with --pipeline: model width D");
+ABSL_FLAG(int64_t, kv_hidden, flashcp::core::PipelineModel{}.kv_hidden,
+          "with --pipeline: KV heads x head dim");
+ABSL_FLAG(int64_t, ffn_hidden, flashcp::core::PipelineModel{}.ffn_hidden,
+          "with --pipeline: MLP width");
+ABSL_FLAG(int64_t, vocab, flashcp::core::PipelineModel{}.vocab, "with --pipeline: vocabulary");
+ABSL_FLAG(std::string, pipeline_profile, std::string(flashcp::core::kDefaultPipelineProfile),
+          "with --pipeline: time and memory profile");
 
 namespace flashcp::core {
 namespace {
@@ -96,6 +118,61 @@ absl::StatusOr<std::vector<Strategy>> ParseStrategyList(absl::string_view value,
     if (std::find(out.begin(), out.end(), *s) == out.end()) out.push_back(*s);
   }
   return out;
+}
+
+// The pipeline mode's part of the options (--pipeline given).
+absl::StatusOr<CliOptions> WithPipelineFlags(CliOptions o, const CommandLine& line,
+                                             const std::string& strategy) {
+  PipelineRequest& r = o.pipeline_request;
+  FLASHCP_ASSIGN_OR_RETURN(r.pp_size, IntFlagIn("pp", absl::GetFlag(FLAGS_pp), 1, 1024));
+  FLASHCP_ASSIGN_OR_RETURN(r.sp_size, IntFlagIn("sp", absl::GetFlag(FLAGS_sp), 1, 4096));
+  FLASHCP_ASSIGN_OR_RETURN(
+      const double gib,
+      DoubleFlagIn("memory_budget_gib", absl::GetFlag(FLAGS_memory_budget_gib), 1e-3, 1e6));
+  r.memory_budget_bytes = gib * (int64_t{1} << 30);
+  // --layers is one flag (core/cluster_flags.cc): the predicted step's
+  // layers, or here the model's; not given, the pipeline model's default.
+  if (line.given.count("layers") > 0) {
+    FLASHCP_ASSIGN_OR_RETURN(r.model.layers,
+                             IntFlagIn("layers", absl::GetFlag(FLAGS_layers), 1, 100000));
+  }
+  FLASHCP_ASSIGN_OR_RETURN(r.model.hidden,
+                           IntFlagIn("hidden", absl::GetFlag(FLAGS_hidden), 1, 1 << 20));
+  FLASHCP_ASSIGN_OR_RETURN(r.model.kv_hidden,
+                           IntFlagIn("kv_hidden", absl::GetFlag(FLAGS_kv_hidden), 1, 1 << 20));
+  FLASHCP_ASSIGN_OR_RETURN(r.model.ffn_hidden,
+                           IntFlagIn("ffn_hidden", absl::GetFlag(FLAGS_ffn_hidden), 1, 1 << 22));
+  FLASHCP_ASSIGN_OR_RETURN(r.model.vocab, IntFlagIn("vocab", absl::GetFlag(FLAGS_vocab), 1, 1 << 24));
+  absl::StatusOr<PipelineProfile> profile =
+      NamedPipelineProfile(absl::GetFlag(FLAGS_pipeline_profile));
+  if (!profile.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pipeline_profile: ", profile.status().message()));
+  }
+  r.profile = *profile;
+  if (r.model.layers % r.pp_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--layers: ", r.model.layers, " is not a multiple of --pp ", r.pp_size));
+  }
+  o.pipeline_options.ckpt.time_limit_seconds = absl::ToDoubleSeconds(o.ilp_time_limit);
+  std::string list = strategy;
+  if (list.empty()) list = o.summary ? "all" : "dpp";
+  if (list == "all") {
+    o.pipeline_strategies.assign(std::begin(kAllPipelineStrategies),
+                                 std::end(kAllPipelineStrategies));
+    o.from_all = true;
+  } else {
+    for (absl::string_view name : absl::StrSplit(list, ',')) {
+      absl::StatusOr<PipelineStrategy> s = ParsePipelineStrategy(name);
+      if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("--strategy: ", s.status().message()));
+      if (std::find(o.pipeline_strategies.begin(), o.pipeline_strategies.end(), *s) ==
+          o.pipeline_strategies.end()) {
+        o.pipeline_strategies.push_back(*s);
+      }
+    }
+  }
+  (void)line;
+  return o;
 }
 
 // CliOptions from the flags as parsed, `line` saying which were given.
@@ -185,6 +262,14 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   std::string strategy = absl::GetFlag(FLAGS_strategy);
   if (line.given.count("strategy") > 0 && strategy.empty()) {
     return absl::InvalidArgumentError("--strategy: missing value");
+  }
+  o.pipeline = absl::GetFlag(FLAGS_pipeline);
+  if (o.pipeline) return WithPipelineFlags(std::move(o), line, strategy);
+  for (const char* flag : {"pp", "sp", "memory_budget_gib", "layers", "hidden", "kv_hidden",
+                           "ffn_hidden", "vocab", "pipeline_profile"}) {
+    if (line.given.count(flag) > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": needs --pipeline"));
+    }
   }
   if (strategy.empty()) strategy = o.summary ? "all" : std::string(StrategyName(kDefaultStrategy));
   bool all = false;

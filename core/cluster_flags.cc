@@ -13,7 +13,9 @@
 ABSL_FLAG(std::string, cluster, "",
           "predict step time on this cluster preset (h100-sxm, h200); the constants below "
           "override it (docs/step_time.md)");
-ABSL_FLAG(int32_t, layers, 1, "transformer layers of the predicted step, in [1, 100000]");
+ABSL_FLAG(int32_t, layers, 1,
+          "transformer layers, in [1, 100000]: of the predicted step (default 1); with --pipeline "
+          "the model's, a multiple of --pp (default: the pipeline model's, 32)");
 ABSL_FLAG(double, nvlink_gbytes_per_s, flashcp::core::ClusterSpec{}.nvlink_bytes_per_second / 1e9,
           "NVLink bandwidth per GPU and direction, GB/s (10^9 bytes)");
 ABSL_FLAG(absl::Duration, nvlink_latency,
@@ -121,7 +123,9 @@ absl::StatusOr<std::optional<StepTimeOptions>> StepTimeFromFlags(const CommandLi
   bool any = line.given.count("cluster") > 0;
   for (const char* name : kConstants) any = any || line.given.count(name) > 0;
   if (!any) {
-    if (line.given.count("layers") > 0 || line.given.count("rank_step_times") > 0) {
+    // With --pipeline, --layers is the pipeline model's (core/cli_args.cc).
+    const bool step_layers = line.given.count("layers") > 0 && line.given.count("pipeline") == 0;
+    if (step_layers || line.given.count("rank_step_times") > 0) {
       return absl::InvalidArgumentError(
           "--layers and --rank_step_times need --cluster (or a cluster constant)");
     }

@@ -8,6 +8,7 @@
 #include "core/cli.h"
 #ifdef FLASHCP_HAVE_ILP  // FLASHCP_BUILD_ILP (CMake): --strategy ilp
 #include "core/ilp/ilp.h"
+#include "core/ilp/pipeline_ckpt.h"
 #endif
 
 int main(int argc, char** argv) {
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   }
 #ifdef FLASHCP_HAVE_ILP
   options->plan.ilp.solver = flashcp::core::ilp::Solve;
+  options->pipeline_options.ckpt_solver = flashcp::core::ilp::SolvePipelineCkpt;
 #endif
   return flashcp::core::RunCli(*options, std::cin, std::cout, std::cerr);
 }

@@ -234,6 +234,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   deps.calibration = s->calibration_.get();
   s->report_limiter_ = std::make_unique<KeyedRateLimiter>(options.report_rate, clock);
   deps.report_limiter = s->report_limiter_.get();
+  s->pipeline_service_ = std::make_unique<PipelinePlannerService>(deps);
   s->service_ = std::make_unique<PlannerService>(std::move(deps));
 
   s->rendezvous_ = std::make_unique<RendezvousHost>(options.rendezvous, /*clock=*/nullptr,
@@ -245,7 +246,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   std::vector<std::string> health;
   if (ServesPlanning(options.serve)) health.push_back(kPlannerServiceName);
   if (ServesRendezvous(options.serve)) health.push_back(kRendezvousServiceName);
-  listener::ConnectionOptions connections;
+  core::runtime::listener::ConnectionOptions connections;
   connections.handshake_timeout = options.handshake_timeout;
   connections.max_connection_idle = options.max_connection_idle;
   connections.max_connection_age = options.max_connection_age;
@@ -253,12 +254,13 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   connections.max_threads = options.grpc_max_threads;
   connections.listener_check_interval = options.listener_check_interval;
   connections.listener_stall_checks = options.listener_stall_checks;
-  absl::StatusOr<std::unique_ptr<listener::ResilientServer>> started =
-      listener::ResilientServer::Start(
+  absl::StatusOr<std::unique_ptr<core::runtime::listener::ResilientServer>> started =
+      core::runtime::listener::ResilientServer::Start(
           options.listen, "--listen", credentials, connections,
           [server, max_message_bytes](grpc::ServerBuilder& builder) {
             if (ServesPlanning(server->options_.serve)) {
               builder.RegisterService(server->service_.get());
+              builder.RegisterService(server->pipeline_service_.get());
             }
             if (ServesRendezvous(server->options_.serve)) {
               builder.RegisterService(server->rendezvous_->service());

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <thread>
@@ -30,6 +31,9 @@
 #include "core/analysis.h"
 #include "core/ilp_deadline.h"
 #include "core/plan_hash.h"
+#include "core/ilp/pipeline_ckpt.h"
+#include "core/pipeline.h"
+#include "core/pipeline_json.h"
 #include "core/types.h"
 #include "flashcp/v1/planner.pb.h"
 #include "core/clock.h"
@@ -167,6 +171,47 @@ py::dict ServiceBounds() {
   d["max_shard_ranks"] = bounds.max_shard_ranks;
   d["max_response_bytes"] = bounds.max_response_bytes;
   return d;
+}
+
+// A pipeline plan (core/pipeline.h) in process, as flashcp-plan --pipeline's
+// JSON line (core/pipeline_json.h), with the CBC checkpoint ILP. Zeros take
+// the request's documented defaults.
+std::string PlanPipeline(const std::vector<int64_t>& doc_lens, int32_t pp_size,
+                         const std::string& strategy, int32_t sp_size, double memory_budget_bytes,
+                         int32_t layers, int32_t hidden, int32_t kv_hidden, int32_t ffn_hidden,
+                         int32_t vocab, const std::string& profile, int32_t slice_count,
+                         double ckpt_time_limit_seconds) {
+  core::PipelineRequest r;
+  r.doc_lens = doc_lens;
+  r.pp_size = pp_size;
+  if (sp_size != 0) r.sp_size = sp_size;
+  if (memory_budget_bytes != 0) r.memory_budget_bytes = memory_budget_bytes;
+  if (layers != 0) r.model.layers = layers;
+  if (hidden != 0) r.model.hidden = hidden;
+  if (kv_hidden != 0) r.model.kv_hidden = kv_hidden;
+  if (ffn_hidden != 0) r.model.ffn_hidden = ffn_hidden;
+  if (vocab != 0) r.model.vocab = vocab;
+  r.profile = ValueOrRaise(core::NamedPipelineProfile(
+      profile.empty() ? std::string(core::kDefaultPipelineProfile) : profile));
+  core::PipelineOptions o;
+  if (!strategy.empty()) o.strategy = ValueOrRaise(core::ParsePipelineStrategy(strategy));
+  o.slice_count = slice_count;
+  o.ckpt_solver = core::ilp::SolvePipelineCkpt;
+  o.ckpt.time_limit_seconds = ckpt_time_limit_seconds;
+  std::string out;
+  {
+    py::gil_scoped_release release;  // the K search and CBC may take a while
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<core::PipelinePlan> plan = core::PlanPipeline(r, o);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!plan.ok()) {
+      py::gil_scoped_acquire acquire;
+      Raise(plan.status());
+    }
+    out = core::PipelinePlanToJson(*plan, 0, seconds);
+  }
+  return out;
 }
 
 py::bytes Int64Bytes(const std::vector<int64_t>& v) {
@@ -533,6 +578,12 @@ PYBIND11_MODULE(_flashcp_native, m) {
       py::arg("doc_lens"), py::arg("cp_size"), py::arg("padding"), py::arg("shards"),
       "core::PlanRankFeatures of a valid plan (ValueError naming the field otherwise): per "
       "rank (whole_pairs, prefixed_pairs, sequences, tokens), ReportStepTimes' features");
+m.def("plan_pipeline", &flashcp::python::PlanPipeline, py::arg("doc_lens"), py::arg("pp_size"),
+        py::arg("strategy"), py::arg("sp_size"), py::arg("memory_budget_bytes"),
+        py::arg("layers"), py::arg("hidden"), py::arg("kv_hidden"), py::arg("ffn_hidden"),
+        py::arg("vocab"), py::arg("profile"), py::arg("slice_count"),
+        py::arg("ckpt_time_limit_seconds"),
+        "A pipeline plan (core/pipeline.h) as flashcp-plan --pipeline's JSON line");
   py::class_<RankLayout>(m, "RankLayout")
       .def(py::init<const std::vector<int64_t>&, int32_t, int64_t,
                     const std::vector<flashcp::python::ShardTuple>&, int32_t, const std::string&>(),

@@ -1,0 +1,36 @@
+"""flashcp.plan_pipeline: DPP-style pipeline-parallel plans of a batch's
+documents, in process (core/pipeline.h through the native binding; the
+checkpoint ILP on CBC). docs/pipeline.md has the model and what it claims."""
+import json
+from typing import Any, Dict, Iterable
+
+from flashcp._native import native
+from flashcp._plan import PlanError
+
+
+def plan_pipeline(doc_lens: Iterable[int], pp_size: int = 4, strategy: str = "dpp", *,
+                  sp_size: int = 0, memory_budget_gib: float = 0.0, layers: int = 0,
+                  hidden: int = 0, kv_hidden: int = 0, ffn_hidden: int = 0, vocab: int = 0,
+                  profile: str = "", slice_count: int = 0,
+                  ckpt_time_limit_seconds: float = 5.0) -> Dict[str, Any]:
+    """Plans `doc_lens` (tokens per document) for `pp_size` pipeline stages.
+    Zero values mean the documented defaults (LLaMA-2-7B shape, d_s = 1,
+    80 GiB per GPU, the "analytic" profile). Returns the plan as a dict with
+    flashcp-plan --pipeline's fields: chunks ({kind, slices: [{doc, start,
+    len}]}), pipelines ({forward, backward}), ckpt[stage][chunk], slice_count,
+    ckpt_solver, ckpt_gap, ckpt_optimal, prediction {iteration_s,
+    bubble_share, recompute_s, stage_peak_bytes}, planning_seconds. Raises
+    PlanError: INVALID_ARGUMENT naming the field, FAILED_PRECONDITION when no
+    plan fits the memory budget (saying by how much)."""
+    try:
+        out = native().plan_pipeline(
+            [int(d) for d in doc_lens], int(pp_size), str(strategy), int(sp_size),
+            float(memory_budget_gib) * (1 << 30), int(layers), int(hidden), int(kv_hidden),
+            int(ffn_hidden), int(vocab), str(profile), int(slice_count),
+            float(ckpt_time_limit_seconds))
+    except ValueError as e:
+        raise PlanError("INVALID_ARGUMENT", str(e)) from None
+    except RuntimeError as e:
+        code, _, message = str(e).partition(": ")
+        raise PlanError(code.upper().replace(" ", "_"), message) from None
+    return json.loads(out)
