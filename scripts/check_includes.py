@@ -6,7 +6,8 @@
    of core/internal include each other without a cycle:
      0 base             pieces, workload, score, options, tuning
      1 piece edits      the sliver repair primitives
-     2 building blocks  Per-Doc, Whole-Doc, re-cut by LP; the baselines
+     2 building blocks  Per-Doc, Whole-Doc, re-cut by LP; the baselines;
+                        the pipeline mode's planner and replay (core/pipeline.h)
      3 primitives       balancing exchanges, role swaps
      4 judge            the one judge of candidate plans
      5 stages           search, repair, re-cut, grouped, chunk heap, fills,
@@ -37,9 +38,10 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 LAYERS = {
     0: ["strategies_internal", "flashcp_pieces", "flashcp_score", "flashcp_options",
-        "flashcp_tuning"],
+        "flashcp_tuning", "pipeline_internal"],
     1: ["sliver_repair", "sliver_fix", "flashcp_slivers"],
-    2: ["per_doc", "whole_doc_place", "flashcp_util", "recut", "whole_doc", "baselines", "magi"],
+    2: ["per_doc", "whole_doc_place", "flashcp_util", "recut", "whole_doc", "baselines", "magi",
+        "pipeline_model", "pipeline_plan", "pipeline_sim"],
     3: ["flashcp_balance", "flashcp_roles"],
     4: ["flashcp_judge"],
     5: ["flashcp_search", "flashcp_repair", "flashcp_recut", "flashcp_grouped", "flashcp_kv",
