@@ -163,7 +163,7 @@ TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
       {{"--cp", "8x"}, "--cp: Illegal value '8x' specified for flag 'cp'"},
       {{"--strategy", "best"},
        "--strategy: unknown strategy \"best\" (all, llama3, per_doc, ring, zigzag, whole_doc, "
-       "flashcp_paper, flashcp, ilp, magi, or a comma-separated list)"},
+       "flashcp_paper, flashcp, ilp, magi, basp, or a comma-separated list)"},
       {{"--target_imbalance", "0.9"},
        "--target_imbalance: must be a number in [1, 1e+06], got \"0.9\""},
       {{"--target_imbalance", "nan"},

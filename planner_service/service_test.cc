@@ -223,7 +223,7 @@ TEST(ServerOptionsTest, DefaultsAreTheProductionLimits) {
   EXPECT_EQ(c.stream_window_bytes, o.stream_window_bytes);
   EXPECT_EQ(c.ilp_time_limit, o.ilp_time_limit);
   // The largest Rendezvous request, above the largest PlanRequest at these
-  // limits (337,103 bytes), not one at core::BatchLimits{}.
+  // limits (337,128 bytes), not one at core::BatchLimits{}.
   EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);
 }
 
@@ -471,14 +471,14 @@ TEST(RawMessagesTest, HugeFieldsAreEchoedShortAndOversizedRequestsRefusedUnparse
             absl::InvalidArgumentError(absl::StrCat(
                 "strategy: unknown strategy \"", std::string(64, 's'),
                 "\"... (8192 bytes) (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, "
-                "flashcp, ilp, magi)")));
-  // 337,103 bytes at the default limits (proto/convert_test.cc); 400,000 here.
+                "flashcp, ilp, magi, basp)")));
+  // 337,128 bytes at the default limits (proto/convert_test.cc); 400,000 here.
   r = PlanRequestOf(2, {5, 3}, 2, std::string(400'000, 's'));
   EXPECT_EQ(UnaryPlan(*stub, r, &response),
             absl::ResourceExhaustedError(absl::StrCat(
                 "request: ", r.ByteSizeLong(),
                 " bytes, above the largest valid flashcp.v1.PlanRequest at this server's "
-                "--max_docs, --max_tokens and --max_cp_size (337103 bytes)")));
+                "--max_docs, --max_tokens and --max_cp_size (337128 bytes)")));
   // The receive limit: the larger of that and the largest Rendezvous
   // request (1 MiB value; 4,096 keys of 256 bytes), not 64 MiB.
   EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);

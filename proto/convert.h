@@ -57,6 +57,7 @@ struct PlanInput {
 // target_imbalance (finite and >= 1 once defaulted), min_shard_tokens (-1:
 // off, core 0; 0: core's default; else in [1, 2^40]), ranks_per_node
 // (0: one node; else <= 65536), heads, head_dim and dtype_bytes, then the
+// query_heads (core::ValidateModelShape), then the
 // cost (cost_profile at most kMaxCostProfileBytes and a known profile, not
 // both it and cost, cost's coefficients core::ValidateCostCoefficients,
 // "cost.<field>: ..."), rank_speed (core::ValidateRankSpeeds); every error is InvalidArgument unless noted and its

@@ -558,7 +558,7 @@ absl::StatusOr<Plan> Solve(const Batch& batch, const IlpOptions& options, const 
   for (Strategy s : AllStrategies()) {
     // magi is a comparison baseline, not a seed: the ILP's model stays as it was.
     if (s == Strategy::kIlp || s == Strategy::kRing || s == Strategy::kLlama3 ||
-        s == Strategy::kMagi) {
+        s == Strategy::kMagi || s == Strategy::kBasp) {
       continue;
     }
     PlanOptions heuristic;
