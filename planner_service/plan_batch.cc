@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/analysis.h"
+#include "core/group_schemes.h"
 #include "core/ilp/ilp.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
@@ -37,11 +38,22 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
   core::PlanOptions options = input.options;
   options.ilp.solver = core::ilp::Solve;  // the planner links the ILP
   core::PlanInfo info;
-  FLASHCP_ASSIGN_OR_RETURN(const core::Plan plan,
-                           core::MakePlan(input.strategy, input.batch, options, &info));
+  // choose_schemes: the plan (flashcp's or basp's) and its groups' schemes.
+  std::optional<core::GroupSchemePlan> chosen;
+  if (input.choose_schemes) {
+    FLASHCP_ASSIGN_OR_RETURN(chosen, core::PlanWithGroupSchemes(input.strategy, input.batch,
+                                                                 options, input.shape,
+                                                                 input.inter_node_weight));
+  }
+  FLASHCP_ASSIGN_OR_RETURN(
+      const core::Plan plan,
+      chosen ? absl::StatusOr<core::Plan>(chosen->plan)
+             : core::MakePlan(input.strategy, input.batch, options, &info));
   FLASHCP_RETURN_IF_ERROR(input.options.stop.Check());
-  FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics metrics,
-                           core::AnalyzePlan(plan, input.shape, input.options.ranks_per_node));
+  FLASHCP_ASSIGN_OR_RETURN(
+      const core::PlanMetrics metrics,
+      chosen ? absl::StatusOr<core::PlanMetrics>(chosen->metrics)
+             : core::AnalyzePlan(plan, input.shape, input.options.ranks_per_node));
   std::optional<core::CommLayout> layout;
   if (input.include_layout) {
     FLASHCP_RETURN_IF_ERROR(input.options.stop.Check());
@@ -52,9 +64,11 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
                                                         input.options.rank_speed)};
   const double seconds = absl::ToDoubleSeconds(clock.Now() - start);
   observer.OnPlanned(input.strategy, seconds, metrics);
-  return proto::ResponseToProto(input.batch_id, input.strategy, plan, metrics,
-                                layout ? &*layout : nullptr, seconds,
-                                input.strategy == core::Strategy::kIlp ? &info : nullptr, &cost);
+  v1::PlanResponse response = proto::ResponseToProto(
+      input.batch_id, input.strategy, plan, metrics, layout ? &*layout : nullptr, seconds,
+      input.strategy == core::Strategy::kIlp ? &info : nullptr, &cost);
+  if (chosen) proto::GroupSchemesToProto(*chosen, &response);
+  return response;
 }
 
 }  // namespace flashcp::planner_service

@@ -115,6 +115,43 @@ TEST(PlanBatchTest, PlanningSecondsComeFromTheInjectedClock) {
   EXPECT_DOUBLE_EQ(observer.imbalances[0], 11.0 / 10.5);
 }
 
+TEST(PlanBatchTest, ChooseSchemesAddsTheGroupsAndKeepsFlashcpsPlan) {
+  core::testing::TickingClock clock{kTick};
+  RecordingObserver observer;
+  proto::PlanInput in;
+  in.batch = core::Batch{{32768, 32768}, 16};
+  in.strategy = core::Strategy::kFlashCp;
+  in.options.ranks_per_node = 8;
+  absl::StatusOr<v1::PlanResponse> plain = PlanBatch(in, clock, observer);
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_EQ(plain->groups_size(), 0);
+  EXPECT_EQ(plain->plan_source(), "");
+  in.choose_schemes = true;
+  absl::StatusOr<v1::PlanResponse> r = PlanBatch(in, clock, observer);
+  ASSERT_THAT(r, IsOk());
+  // Two equal documents on 16 ranks, 8 a node: flashcp's plan (or basp's,
+  // which groups them the same way) keeps each document on one node.
+  ASSERT_GE(r->groups_size(), 2);
+  int64_t ranks = 0;
+  for (const v1::SchemeGroup& g : r->groups()) {
+    ranks += g.ranks_size();
+    EXPECT_TRUE(g.scheme() == "targeted" || g.scheme() == "allgather" ||
+                g.scheme() == "all_to_all")
+        << g.scheme();
+  }
+  EXPECT_EQ(ranks, 16);
+  EXPECT_EQ(r->chosen_bytes().scheme(), "chosen");
+  EXPECT_EQ(r->chosen_bytes().phase_max_inter_node_bytes(), 0);
+  if (r->plan_source() == "flashcp") {
+    ASSERT_EQ(r->shards_size(), plain->shards_size());
+    for (int i = 0; i < r->shards_size(); ++i) {
+      EXPECT_EQ(r->shards(i).SerializeAsString(), plain->shards(i).SerializeAsString());
+    }
+  } else {
+    EXPECT_EQ(r->plan_source(), "basp");
+  }
+}
+
 TEST(PlanBatchTest, CoreErrorsPassThroughUnchanged) {
   core::testing::TickingClock clock{kTick};
   RecordingObserver observer;

@@ -127,6 +127,10 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
       request.dtype_bytes() == 0 ? kDefaultShape.dtype_bytes : request.dtype_bytes();
   in.shape.query_heads = request.query_heads();
   FLASHCP_RETURN_IF_ERROR(core::ValidateModelShape(in.shape));
+  in.choose_schemes = request.choose_schemes();
+  in.inter_node_weight = request.inter_node_weight() == 0.0 ? core::kDefaultInterNodeWeight
+                                                            : request.inter_node_weight();
+  FLASHCP_RETURN_IF_ERROR(core::ValidateInterNodeWeight(in.inter_node_weight));
   FLASHCP_RETURN_IF_ERROR(core::ValidateModelShape(in.shape));
 
   in.include_layout = request.include_layout();
@@ -223,6 +227,18 @@ v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
   return response;
 }
 
+void GroupSchemesToProto(const core::GroupSchemePlan& chosen, v1::PlanResponse* out) {
+  for (const core::ChosenGroup& g : chosen.choice.groups) {
+    v1::SchemeGroup* p = out->add_groups();
+    p->mutable_ranks()->Add(g.group.ranks.begin(), g.group.ranks.end());
+    p->set_scheme(std::string(core::CommSchemeName(g.group.scheme)));
+    p->set_weighted_bottleneck_bytes(g.weighted_bottleneck);
+  }
+  SchemeBytesToProto(core::CommScheme::kTargeted, chosen.choice.bytes, out->mutable_chosen_bytes());
+  out->mutable_chosen_bytes()->set_scheme("chosen");
+  out->set_plan_source(std::string(core::StrategyName(chosen.source)));
+}
+
 namespace {
 
 // Bytes of x as a varint (int32 and int64 fields: a negative value takes 10).
@@ -301,6 +317,14 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
                           Delimited(kMaxAllToAllNoteBytes) + 2 + kInt64;
   bytes += Delimited(metrics);
   if (input.strategy == core::Strategy::kIlp) bytes += Delimited(2 + kDouble + kInt64);  // ilp
+  if (input.choose_schemes) {
+    // At most N groups holding the N ranks once between them: the ranks,
+    // and per group its tag and length, its list's tag and length, a scheme
+    // name and a double; then chosen_bytes and plan_source.
+    const int64_t per_group = 2 + 5 + 1 + 5 + scheme + kDouble;
+    bytes += ranks * VarintBytes(ranks) + ranks * per_group + 2 + scheme_bytes + 2 +
+             Delimited(32);
+  }
   if (input.include_layout) {
     // Every shard once in some rank's list; the non-last ones (all but one
     // per document) each a send range and in at most N - 1 targeted lists.
