@@ -113,6 +113,8 @@ TEST(BaspTest, AnalyzerFiguresEqualTheFormulasExactly) {
     // Targeted stays in the group too.
     EXPECT_EQ(m->bytes[static_cast<int>(CommScheme::kTargeted)].phase.inter_node_bytes, 0) << where;
     EXPECT_LT(m->imbalance, 1.0 + 1e-9) << where;
+    EXPECT_LE(static_cast<int64_t>(basp->shards.size()),
+              MaxPlanShards(Strategy::kBasp, Batch{docs, n})) << where;
   }
 }
 
