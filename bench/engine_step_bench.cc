@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
             *plan, core::ModelShape{static_cast<int32_t>(heads), static_cast<int32_t>(head_dim), 4});
         if (!m.ok()) continue;
         const int64_t full = m->bytes[static_cast<int>(core::CommScheme::kFullKv)].bottleneck;
-        for (core::CommScheme scheme : core::kAllCommSchemes) {
+        for (core::CommScheme scheme : core::kKvCommSchemes) {
           const core::SchemeBytes& pred = m->bytes[static_cast<int>(scheme)];
           int64_t max_sent = 0;
           for (int64_t b : pred.sent) max_sent = std::max(max_sent, b);

@@ -225,8 +225,10 @@ int Run(const Options& o, std::istream& in, std::ostream& out, std::ostream& err
   }
 
   std::vector<core::SummaryAccumulator> acc;
-  for (core::Strategy s : core::AllStrategies()) acc.emplace_back(s);
-  std::vector<bool> seen(core::AllStrategies().size(), false);
+  for (size_t id = 0; id < core::StrategyIdBound(); ++id) {
+    acc.emplace_back(static_cast<core::Strategy>(id));
+  }
+  std::vector<bool> seen(core::StrategyIdBound(), false);
 
   std::deque<std::string> pending_where;  // of requests sent, not yet answered
   int64_t item_failures = 0;

@@ -7,6 +7,7 @@
 #include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "core/echo.h"
+#include "core/rank_groups.h"
 #include "core/status_macros.h"
 
 namespace flashcp::core {
@@ -86,14 +87,23 @@ absl::Status FillSchemeBytes(const std::vector<int64_t>& phase_sent,
 // With `inter` set, also the tokens sent to ranks on other nodes (node of
 // rank r: r / ranks_per_node; ranks_per_node 0: one node), summed over ranks;
 // with `pairs` set (N x N, zeroed by the caller), the tokens each rank sends
-// each other one, pairs[src * N + dest].
+// each other one, pairs[src * N + dest]; with `rank_inter` set (and
+// `inter`), per rank the tokens sent to ([0]) and received from ([1]) ranks
+// on other nodes.
 void TargetedPhase(const Plan& plan, const DocIndex& index, std::vector<int64_t>& fwd_sent,
                    std::vector<int64_t>& fwd_recv, int32_t ranks_per_node = 0,
-                   int64_t* inter = nullptr, std::vector<int64_t>* pairs = nullptr) {
+                   int64_t* inter = nullptr, std::vector<int64_t>* pairs = nullptr,
+                   std::array<std::vector<int64_t>, 2>* rank_inter = nullptr) {
   const int32_t n = plan.cp_size;
   const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
   std::vector<int32_t> node_distinct((n + per_node - 1) / per_node, 0);
   if (inter != nullptr) *inter = 0;
+  std::vector<int64_t> node_tokens;  // per node: tokens of the pieces before the current one
+  if (rank_inter != nullptr) {
+    (*rank_inter)[0].assign(n, 0);
+    (*rank_inter)[1].assign(n, 0);
+    node_tokens.assign(node_distinct.size(), 0);
+  }
   // Forward KV tokens each rank sends and receives under kTargeted, counted
   // in O(pieces) per document: rank d receives every piece before its own last
   // piece of the document that it does not own itself.
@@ -150,11 +160,25 @@ void TargetedPhase(const Plan& plan, const DocIndex& index, std::vector<int64_t>
         const int32_t later_here = node_distinct[node];
         const bool owner_later = last_pos[s.rank] > k;
         // The owner's own later piece counts in both; the rest of its node's are intra.
-        *inter += s.len * ((later_total - (owner_later ? 1 : 0)) -
-                           (later_here - (owner_later ? 1 : 0)));
+        const int64_t piece_inter = s.len * ((later_total - (owner_later ? 1 : 0)) -
+                                             (later_here - (owner_later ? 1 : 0)));
+        *inter += piece_inter;
+        if (rank_inter != nullptr) (*rank_inter)[0][s.rank] += piece_inter;
         if (last_pos[s.rank] == k) ++node_distinct[node];
       }
       for (int32_t r : touched) node_distinct[r / per_node] = 0;
+      if (rank_inter != nullptr) {
+        // Rank r receives the pieces before its last one held off its node.
+        for (int32_t k = 0; k < count; ++k) {
+          const Shard& s = plan.shards[index.shards[b + k]];
+          const int32_t node = s.rank / per_node;
+          if (last_pos[s.rank] == k) {
+            (*rank_inter)[1][s.rank] += prefix_tokens[k] - node_tokens[node];
+          }
+          node_tokens[node] += s.len;
+        }
+        for (int32_t r : touched) node_tokens[r / per_node] = 0;
+      }
     }
     if (pairs != nullptr) {
       // Piece k goes to each distinct owner of a later piece but its own.
@@ -185,6 +209,8 @@ absl::string_view CommSchemeName(CommScheme scheme) {
       return "allgather";
     case CommScheme::kTargeted:
       return "targeted";
+    case CommScheme::kAllToAll:
+      return "all_to_all";
   }
   return "unknown";
 }
@@ -194,7 +220,7 @@ absl::StatusOr<CommScheme> ParseCommScheme(absl::string_view name) {
     if (CommSchemeName(s) == name) return s;
   }
   return absl::InvalidArgumentError(absl::StrCat("scheme: unknown communication scheme ",
-                                                 Echo(name), " (full_kv, allgather, targeted)"));
+                                                 Echo(name), " (full_kv, allgather, targeted, all_to_all)"));
 }
 
 absl::Status ValidateModelShape(const ModelShape& shape) {
@@ -209,6 +235,12 @@ absl::Status ValidateModelShape(const ModelShape& shape) {
   if (shape.dtype_bytes != 1 && shape.dtype_bytes != 2 && shape.dtype_bytes != 4) {
     return absl::InvalidArgumentError(
         absl::StrCat("dtype_bytes: must be 1, 2 or 4, got ", shape.dtype_bytes));
+  }
+  if (shape.query_heads != 0 && (shape.query_heads < 1 || shape.query_heads > 1024 ||
+                                 shape.query_heads % shape.heads != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "query_heads: must be 0 (equal to heads) or a multiple of heads (", shape.heads,
+        ") in [1, 1024], got ", shape.query_heads));
   }
   return absl::OkStatus();
 }
@@ -434,7 +466,9 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
   }
   std::vector<int64_t> fwd_sent, fwd_recv;
   int64_t targeted_inter = 0;
-  TargetedPhase(plan, index, fwd_sent, fwd_recv, ranks_per_node, &targeted_inter);
+  std::array<std::vector<int64_t>, 2> targeted_rank_inter;
+  TargetedPhase(plan, index, fwd_sent, fwd_recv, ranks_per_node, &targeted_inter, nullptr,
+                &targeted_rank_inter);
   std::vector<uint8_t> is_last(plan.shards.size(), 0);
   for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
     is_last[index.shards[index.begin[d + 1] - 1]] = 1;
@@ -496,6 +530,43 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
   for (int64_t t : fwd_sent) targeted_total += t;
   FLASHCP_RETURN_IF_ERROR(split(m.bytes[static_cast<int>(CommScheme::kTargeted)],
                                 targeted_inter, targeted_total));
+  // Per rank and link: an all-gather block goes to each peer off the rank's
+  // node (and one comes from each).
+  {
+    std::vector<int64_t> full_inter(n), gather_inter(n);
+    for (int32_t r = 0; r < n; ++r) {
+      const int32_t node_begin = r / per_node * per_node;
+      const int64_t off_node = n - (std::min(n, node_begin + per_node) - node_begin);
+      full_inter[r] = m.tokens_per_rank * off_node;
+      gather_inter[r] = m.max_nonlast_tokens * off_node;
+    }
+    const int64_t kv_row = static_cast<int64_t>(2 * per_token);
+    FLASHCP_RETURN_IF_ERROR(FillLinkSplit(full_inter, full_inter, kv_row,
+                                          m.bytes[static_cast<int>(CommScheme::kFullKv)].phase));
+    FLASHCP_RETURN_IF_ERROR(FillLinkSplit(
+        gather_inter, gather_inter, kv_row, m.bytes[static_cast<int>(CommScheme::kAllGather)].phase));
+    FLASHCP_RETURN_IF_ERROR(FillLinkSplit(targeted_rank_inter[0], targeted_rank_inter[1], kv_row,
+                                          m.bytes[static_cast<int>(CommScheme::kTargeted)].phase));
+  }
+  // The all-to-all within the plan's rank groups, where every group's size
+  // divides Hq.
+  {
+    SchemeBytes& a2a = m.bytes[static_cast<int>(CommScheme::kAllToAll)];
+    absl::StatusOr<AllToAllPhase> phase =
+        AllToAllTraffic(m.rank_tokens, PlanRankGroups(plan), shape, ranks_per_node);
+    if (phase.ok()) {
+      FLASHCP_RETURN_IF_ERROR(FillSchemeBytesFromUnits(
+          phase->sent, phase->received, phase->inter_sent, phase->inter_received,
+          int64_t{shape.head_dim} * shape.dtype_bytes, a2a));
+      m.all_to_all_replicated_kv_heads = phase->replicated_kv_heads;
+    } else if (phase.status().code() == absl::StatusCode::kFailedPrecondition) {
+      m.all_to_all_inapplicable = std::string(phase.status().message());
+      const std::vector<int64_t> zero(n, 0);
+      FLASHCP_RETURN_IF_ERROR(FillSchemeBytesFromUnits(zero, zero, zero, zero, 1, a2a));
+    } else {
+      return phase.status();
+    }
+  }
   const int64_t full = m.bytes[static_cast<int>(CommScheme::kFullKv)].phase.bottleneck_tokens;
   const int64_t targeted =
       m.bytes[static_cast<int>(CommScheme::kTargeted)].phase.bottleneck_tokens;

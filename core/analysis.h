@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -19,12 +20,22 @@ enum class CommScheme {
   kFullKv = 0,     // all-gather of every rank's full KV (Llama3 CP, Per-Doc CP; Eq. 4)
   kAllGather = 1,  // all-gather of compacted non-last-shard KV, padded to the largest (Eq. 5)
   kTargeted = 2,   // each non-last shard's KV sent only to the ranks whose shards need it
+  // Ulysses (SPEC "All-to-all scheme"; core/rank_groups.h): within each rank
+  // group, an all-to-all gives every rank all the group's tokens of its share
+  // of the heads, and a second returns the output. Moves Q, K, V and O, not
+  // KV rows.
+  kAllToAll = 3,
 };
-inline constexpr int kNumCommSchemes = 3;
+inline constexpr int kNumCommSchemes = 4;
 inline constexpr std::array<CommScheme, kNumCommSchemes> kAllCommSchemes = {
+    CommScheme::kFullKv, CommScheme::kAllGather, CommScheme::kTargeted, CommScheme::kAllToAll};
+// The schemes that exchange KV rows (worker/cp_layout.h's table).
+inline constexpr int kNumKvCommSchemes = 3;
+inline constexpr std::array<CommScheme, kNumKvCommSchemes> kKvCommSchemes = {
     CommScheme::kFullKv, CommScheme::kAllGather, CommScheme::kTargeted};
 
-absl::string_view CommSchemeName(CommScheme scheme);  // "full_kv", "allgather", "targeted"
+// "full_kv", "allgather", "targeted", "all_to_all"
+absl::string_view CommSchemeName(CommScheme scheme);
 absl::StatusOr<CommScheme> ParseCommScheme(absl::string_view name);
 
 // The attention shape that turns tokens into bytes.
@@ -34,8 +45,13 @@ struct ModelShape {
   int32_t dtype_bytes = 2;  // bytes per element (2 for bf16)
   int32_t query_heads = 0;  // Hq; 0: equal to heads
 };
-// InvalidArgument naming the field unless 1 <= heads, head_dim <= 1024 and
-// dtype_bytes is 1, 2 or 4.
+// Hq: query_heads, or heads where it is 0.
+inline int32_t QueryHeads(const ModelShape& shape) {
+  return shape.query_heads == 0 ? shape.heads : shape.query_heads;
+}
+// InvalidArgument naming the field unless 1 <= heads, head_dim <= 1024,
+// dtype_bytes is 1, 2 or 4, and query_heads is 0 or a multiple of heads
+// (GQA: query head h reads KV head h / (Hq / heads)) at most 1024.
 absl::Status ValidateModelShape(const ModelShape& shape);
 
 // Checks every Plan invariant (types.h) and the plan's batch; the Status names
@@ -106,6 +122,9 @@ absl::StatusOr<CommLayout> BuildCommLayout(const Plan& plan);
 // phase"): forward sends K and V; backward returns dK and dV the same way,
 // so both phases move the same tokens. Tokens count each token once per
 // receiving rank; bytes = tokens * 2 * H * D * dtype (K and V, or dK and dV).
+// kAllToAll counts (token, head) rows of Q, K, V and O instead (forward: Q, K,
+// V in and O out; backward: dO in, dQ, dK, dV out, what forward received):
+// bytes = tokens * D * dtype (core/rank_groups.h).
 //  - kFullKv:    every rank sends and receives (C/N) * (N-1) tokens;
 //  - kAllGather: every rank sends and receives max_j nonlast_j * (N-1) tokens;
 //  - kTargeted:  rank r receives, per document, the remote tokens of the prefix
@@ -125,6 +144,14 @@ struct PhaseTraffic {
   // on different nodes (AnalyzePlan's ranks_per_node; 0: all inter-node 0).
   int64_t intra_node_bytes = 0;
   int64_t inter_node_bytes = 0;
+  // Per rank, one phase: of its sent and received bytes, those to and from
+  // ranks on other nodes (its NIC); the rest stay on its node (NVLink).
+  std::vector<int64_t> inter_node_sent_bytes;
+  std::vector<int64_t> inter_node_received_bytes;
+  // The busiest link of one phase: max over ranks of max(sent, received)
+  // within the rank's node, and across nodes.
+  int64_t max_intra_node_bytes = 0;
+  int64_t max_inter_node_bytes = 0;
 };
 
 // Bytes one rank moves per transformer layer, forward plus backward, under one
@@ -160,6 +187,15 @@ struct PlanMetrics {
   // phase.bottleneck_tokens; the all-gather on a tie, one collective):
   // kAllGather or kTargeted, never kFullKv (it never moves less than kAllGather).
   CommScheme cheaper_scheme = CommScheme::kAllGather;
+  // bytes[kAllToAll] is the all-to-all within each of the plan's rank groups
+  // (PlanRankGroups, core/rank_groups.h). Where a group's size does not
+  // divide Hq it cannot run: this says which, and bytes[kAllToAll] is all 0.
+  // Empty where the scheme applies.
+  std::string all_to_all_inapplicable;
+  // KV heads the all-to-all sends to more than one rank of a group, summed
+  // over groups: the copies beyond the first (AllToAllHeads; 0 where every
+  // group's size divides heads or the scheme does not apply).
+  int64_t all_to_all_replicated_kv_heads = 0;
 };
 
 // PlanMetrics' bytes[kTargeted].phase.bottleneck_tokens without the rest, for

@@ -345,7 +345,7 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
   }
 
   std::vector<SummaryAccumulator> acc;
-  for (Strategy s : AllStrategies()) acc.emplace_back(s);
+  for (size_t id = 0; id < StrategyIdBound(); ++id) acc.emplace_back(static_cast<Strategy>(id));
 
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();

@@ -51,6 +51,9 @@ ABSL_FLAG(int64_t, batches, flashcp::core::CliOptions{}.batches,
 ABSL_FLAG(uint64_t, seed, flashcp::core::CliOptions{}.seed, "sampling seed (with --dataset)");
 ABSL_FLAG(bool, summary, false, "print a table of per-strategy statistics instead of JSON");
 ABSL_FLAG(int32_t, heads, flashcp::core::ModelShape{}.heads, "KV heads, for byte counts");
+ABSL_FLAG(int32_t, query_heads, 0,
+          "query heads Hq (0: equal to --heads; a multiple of it), for the all_to_all "
+          "scheme's byte counts");
 ABSL_FLAG(int32_t, head_dim, flashcp::core::ModelShape{}.head_dim, "head dimension");
 ABSL_FLAG(int32_t, dtype_bytes, flashcp::core::ModelShape{}.dtype_bytes,
           "bytes per element: 1, 2 or 4");
@@ -197,6 +200,8 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   FLASHCP_ASSIGN_OR_RETURN(o.shape, ModelShapeFromFlags(absl::GetFlag(FLAGS_heads),
                                                        absl::GetFlag(FLAGS_head_dim),
                                                        absl::GetFlag(FLAGS_dtype_bytes)));
+  o.shape.query_heads = absl::GetFlag(FLAGS_query_heads);
+  FLASHCP_RETURN_IF_ERROR(AsFlagError(ValidateModelShape(o.shape)));
   for (const std::string& docs : absl::GetFlag(FLAGS_docs).items) {
     absl::StatusOr<std::vector<int64_t>> lens = ParseBatchLine(docs);
     if (!lens.ok())

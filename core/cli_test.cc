@@ -111,10 +111,18 @@ TEST(ParseCliArgsTest, HelpListsEveryFlagWithItsDefault) {
   for (const char* flag :
        {"--batches=64", "--context=131072", "--cp=8", "--dataset=", "--docs=", "--dtype_bytes=2",
         "--head_dim=128", "--heads=32", "--ilp_granularity=0", "--ilp_time_limit=10s",
-        "--input=", "--min_shard_tokens=128", "--quiet=false", "--seed=1",
+        "--input=", "--min_shard_tokens=128", "--query_heads=0", "--quiet=false", "--seed=1",
         "--strategy=", "--summary=false", "--svg=", "--target_imbalance=1.02"}) {
     EXPECT_THAT(usage, HasSubstr(absl::StrCat("\n  ", flag, "\n"))) << flag;
   }
+}
+
+TEST(ParseCliArgsTest, QueryHeadsReachTheShape) {
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--heads", "8", "--query_heads", "64", "5", "3"});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->shape.heads, 8);
+  EXPECT_EQ(o->shape.query_heads, 64);
+  EXPECT_EQ(QueryHeads(o->shape), 64);
 }
 
 // --ilp_time_limit bounds the whole ILP call from its start, as in the
@@ -163,7 +171,7 @@ TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
       {{"--cp", "8x"}, "--cp: Illegal value '8x' specified for flag 'cp'"},
       {{"--strategy", "best"},
        "--strategy: unknown strategy \"best\" (all, llama3, per_doc, ring, zigzag, whole_doc, "
-       "flashcp_paper, flashcp, ilp, magi, or a comma-separated list)"},
+       "flashcp_paper, flashcp, ilp, magi, basp, or a comma-separated list)"},
       {{"--target_imbalance", "0.9"},
        "--target_imbalance: must be a number in [1, 1e+06], got \"0.9\""},
       {{"--target_imbalance", "nan"},
@@ -183,6 +191,8 @@ TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
        "--ilp_time_limit: Illegal value '10' specified for flag 'ilp_time_limit'"},
       {{"--ilp_time_limit", "0s"}, "--ilp_time_limit: must be a duration in [1ms, 24h], got \"0\""},
       {{"--heads", "0"}, "--heads: must be in [1, 1024], got 0"},
+      {{"--heads", "8", "--query_heads", "12"},
+       "--query_heads: must be 0 (equal to heads) or a multiple of heads (8) in [1, 1024], got 12"},
       {{"--head_dim", "2048"}, "--head_dim: must be in [1, 1024], got 2048"},
       {{"--head_dim", "4294967297"},
        "--head_dim: Illegal value '4294967297' specified for flag 'head_dim'"},

@@ -82,6 +82,8 @@ TEST(PlanFingerprintTest, PlansOnTheDataSetsAreUnchanged) {
   bool all_match = true;
   for (Strategy s : AllStrategies()) {
     if (s == Strategy::kIlp) continue;  // time-limited: not deterministic in wall time
+    // basp refuses the data sets' batches (unequal documents); basp_test pins its plans.
+    if (s == Strategy::kBasp) continue;
     std::vector<uint64_t> got;
     for (const Cell& c : kCells) got.push_back(Fingerprint(s, c.context, c.n, c.batches));
     absl::StrAppend(&table, "      {\"", StrategyName(s), "\", {");

@@ -187,6 +187,10 @@ void AppendSchemeBytes(std::string& out, CommScheme scheme, const SchemeBytes& b
   AppendField(out, "phase_bottleneck_bytes", p.bottleneck_bytes);
   AppendField(out, "phase_intra_node_bytes", p.intra_node_bytes);
   AppendField(out, "phase_inter_node_bytes", p.inter_node_bytes);
+  AppendField(out, "phase_inter_node_sent_bytes", p.inter_node_sent_bytes);
+  AppendField(out, "phase_inter_node_received_bytes", p.inter_node_received_bytes);
+  AppendField(out, "phase_max_intra_node_bytes", p.max_intra_node_bytes);
+  AppendField(out, "phase_max_inter_node_bytes", p.max_inter_node_bytes);
 }
 
 // planner.proto's PlanMetrics, fields in number order.
@@ -230,6 +234,9 @@ void AppendMetrics(std::string& out, const PlanMetrics& m, double planning_secon
     AppendField(out, "rank_predicted_cost", cost->prediction.rank_cost);
     AppendField(out, "predicted_cost_imbalance", cost->prediction.imbalance);
   }
+  AppendKey(out, "all_to_all_inapplicable");
+  AppendString(out, m.all_to_all_inapplicable);
+  AppendField(out, "all_to_all_replicated_kv_heads", m.all_to_all_replicated_kv_heads);
 }
 
 // planner.proto's PlanMetrics fields 30-38 (proto::StepTimeToProto).

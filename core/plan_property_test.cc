@@ -246,6 +246,9 @@ void CheckAllStrategies(const Batch& batch, const std::string& where) {
   for (Strategy s : AllStrategies()) {
     if (s == Strategy::kIlp) continue;
     absl::StatusOr<Plan> plan = MakePlan(s, batch);
+    // basp plans only B equal documents with B | N (basp_test); where it
+    // does, its plan meets every invariant here too.
+    if (s == Strategy::kBasp && plan.status().code() == absl::StatusCode::kInvalidArgument) continue;
     ASSERT_THAT(plan, IsOk()) << where << " " << StrategyName(s);
     CheckPlan(*plan, where + " " + std::string(StrategyName(s)));
     if (s == Strategy::kFlashCp) {

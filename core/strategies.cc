@@ -119,16 +119,27 @@ constexpr StrategyRow kStrategyTable[] = {
      // At most 16 chunks a rank (the chunk is at least half of ceil(C/8N));
      // each chunk boundary splits at most one document.
      [](int64_t n, int64_t ranks, int64_t) { return n + 16 * ranks - 1; }},
+    {Strategy::kBasp, "basp",
+     "BASP: B equal-length documents, B | N, document i zigzagged in 2K chunks on ranks "
+     "[iK, (i+1)K), K = N / B; any other batch is refused",
+     /*in_all=*/false,  // refuses most batches
+     CostRecut::kNever,
+     [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
+       return internal::PlanBasp(b);
+     },
+     // Each document in at most 2K <= 2N pieces.
+     [](int64_t, int64_t, int64_t per_doc) { return per_doc; }},
 };
 constexpr size_t kNumStrategies = std::size(kStrategyTable);
 
 constexpr bool TableInIdOrder() {
-  for (size_t i = 0; i < kNumStrategies; ++i) {
-    if (static_cast<size_t>(kStrategyTable[i].id) != i) return false;
+  for (size_t i = 1; i < kNumStrategies; ++i) {
+    if (kStrategyTable[i - 1].id >= kStrategyTable[i].id) return false;
   }
   return true;
 }
-static_assert(TableInIdOrder(), "kStrategyTable: row i must be Strategy(i)");
+static_assert(TableInIdOrder(), "kStrategyTable: rows by id ascending");
+constexpr size_t kIdBound = static_cast<size_t>(kStrategyTable[kNumStrategies - 1].id) + 1;
 
 constexpr std::array<Strategy, kNumStrategies> kIds = [] {
   std::array<Strategy, kNumStrategies> ids{};
@@ -139,8 +150,10 @@ constexpr std::array<Strategy, kNumStrategies> kIds = [] {
 // The row of `strategy`; an id outside the table (a cast from a bad
 // integer) is a programming error, caught here rather than read past the end.
 const StrategyRow* Row(Strategy strategy) {
-  const size_t i = static_cast<size_t>(strategy);
-  return i < kNumStrategies ? &kStrategyTable[i] : nullptr;
+  for (const StrategyRow& row : kStrategyTable) {
+    if (row.id == strategy) return &row;
+  }
+  return nullptr;
 }
 
 // Re-cuts `plan` (internal::RecutPieces: same pieces, ranks and order, cut
@@ -174,6 +187,8 @@ Plan BalanceOnCost(CostRecut recut, const Batch& batch, Plan plan, const PlanOpt
 }  // namespace
 
 absl::Span<const Strategy> AllStrategies() { return kIds; }
+
+size_t StrategyIdBound() { return kIdBound; }
 
 absl::string_view StrategyName(Strategy strategy) {
   const StrategyRow* row = Row(strategy);

@@ -29,14 +29,19 @@ enum class Strategy {
   kFlashCp = 6,      // our planner (docs/planner.md); the default
   kIlp = 7,          // exact MILP at a fixed granularity (CBC), small batches only
   kMagi = 8,         // MagiAttention's default dispatch: equal chunks by min-heap on causal area
+  // (9: reserved for csbp, issue 25.)
+  kBasp = 10,        // BASP: B equal documents, B | N, document i zigzagged on ranks [iK, (i+1)K)
 };
 
 // The strategy a caller gets without naming one (flashcp-plan, the service's
 // empty PlanRequest.strategy).
 inline constexpr Strategy kDefaultStrategy = Strategy::kFlashCp;
 
-// Every strategy in id order: AllStrategies()[i] == Strategy(i).
+// Every strategy in id order. Ids are allocated per issue, so the list may
+// skip one; index per-strategy tables by id below StrategyIdBound().
 absl::Span<const Strategy> AllStrategies();
+// One more than the largest id.
+size_t StrategyIdBound();
 
 // The registry row's name ("llama3", "per_doc", ...: the wire and command-line
 // spelling) and one-line description.

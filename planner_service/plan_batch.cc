@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/analysis.h"
+#include "core/group_schemes.h"
 #include "core/ilp/ilp.h"
 #include "core/status_macros.h"
 #include "core/step_choice.h"
@@ -43,9 +44,17 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
   options.ilp.solver = core::ilp::Solve;  // the planner links the ILP
   core::PlanInfo info;
   std::optional<core::StepTimeReport> step;
+  // choose_schemes: the plan (flashcp's or basp's) and its groups' schemes;
+  // else choose_by_step_time: flashcp's variant of least predicted step.
+  std::optional<core::GroupSchemePlan> chosen;
   core::Plan plan;
-  if (input.choose_by_step_time && input.step_time.has_value() &&
-      input.strategy == core::Strategy::kFlashCp) {
+  if (input.choose_schemes) {
+    FLASHCP_ASSIGN_OR_RETURN(chosen, core::PlanWithGroupSchemes(input.strategy, input.batch,
+                                                                 options, input.shape,
+                                                                 input.inter_node_weight));
+    plan = chosen->plan;
+  } else if (input.choose_by_step_time && input.step_time.has_value() &&
+             input.strategy == core::Strategy::kFlashCp) {
     FLASHCP_ASSIGN_OR_RETURN(
         core::StepChoice choice,
         core::PlanFlashCpByStepTime(input.batch, options, input.shape, *input.step_time));
@@ -55,8 +64,10 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
     FLASHCP_ASSIGN_OR_RETURN(plan, core::MakePlan(input.strategy, input.batch, options, &info));
   }
   FLASHCP_RETURN_IF_ERROR(input.options.stop.Check());
-  FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics metrics,
-                           core::AnalyzePlan(plan, input.shape, input.options.ranks_per_node));
+  FLASHCP_ASSIGN_OR_RETURN(
+      const core::PlanMetrics metrics,
+      chosen ? absl::StatusOr<core::PlanMetrics>(chosen->metrics)
+             : core::AnalyzePlan(plan, input.shape, input.options.ranks_per_node));
   std::optional<core::CommLayout> layout;
   if (input.include_layout) {
     FLASHCP_RETURN_IF_ERROR(input.options.stop.Check());
@@ -75,6 +86,7 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
   v1::PlanResponse response = proto::ResponseToProto(
       input.batch_id, input.strategy, plan, metrics, layout ? &*layout : nullptr, seconds,
       input.strategy == core::Strategy::kIlp ? &info : nullptr, &cost);
+  if (chosen) proto::GroupSchemesToProto(*chosen, &response);
   if (step.has_value()) {
     proto::StepTimeToProto(*step, input.step_time->per_rank, response.mutable_metrics());
   }

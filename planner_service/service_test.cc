@@ -157,6 +157,42 @@ TEST(PlanBatchTest, PredictedStepTimeWhenAClusterIsNamed) {
   EXPECT_EQ(r->metrics().predicted_step_seconds(), choice->report.native().step_seconds);
   EXPECT_LE(r->metrics().predicted_step_seconds(), want->native().step_seconds);
   ASSERT_EQ(r->shards_size(), static_cast<int>(choice->plan.shards.size()));
+
+TEST(PlanBatchTest, ChooseSchemesAddsTheGroupsAndKeepsFlashcpsPlan) {
+  core::testing::TickingClock clock{kTick};
+  RecordingObserver observer;
+  proto::PlanInput in;
+  in.batch = core::Batch{{32768, 32768}, 16};
+  in.strategy = core::Strategy::kFlashCp;
+  in.options.ranks_per_node = 8;
+  absl::StatusOr<v1::PlanResponse> plain = PlanBatch(in, clock, observer);
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_EQ(plain->groups_size(), 0);
+  EXPECT_EQ(plain->plan_source(), "");
+  in.choose_schemes = true;
+  absl::StatusOr<v1::PlanResponse> r = PlanBatch(in, clock, observer);
+  ASSERT_THAT(r, IsOk());
+  // Two equal documents on 16 ranks, 8 a node: flashcp's plan (or basp's,
+  // which groups them the same way) keeps each document on one node.
+  ASSERT_GE(r->groups_size(), 2);
+  int64_t ranks = 0;
+  for (const v1::SchemeGroup& g : r->groups()) {
+    ranks += g.ranks_size();
+    EXPECT_TRUE(g.scheme() == "targeted" || g.scheme() == "allgather" ||
+                g.scheme() == "all_to_all")
+        << g.scheme();
+  }
+  EXPECT_EQ(ranks, 16);
+  EXPECT_EQ(r->chosen_bytes().scheme(), "chosen");
+  EXPECT_EQ(r->chosen_bytes().phase_max_inter_node_bytes(), 0);
+  if (r->plan_source() == "flashcp") {
+    ASSERT_EQ(r->shards_size(), plain->shards_size());
+    for (int i = 0; i < r->shards_size(); ++i) {
+      EXPECT_EQ(r->shards(i).SerializeAsString(), plain->shards(i).SerializeAsString());
+    }
+  } else {
+    EXPECT_EQ(r->plan_source(), "basp");
+  }
 }
 
 TEST(PlanBatchTest, CoreErrorsPassThroughUnchanged) {
@@ -267,7 +303,7 @@ TEST(ServerOptionsTest, DefaultsAreTheProductionLimits) {
   EXPECT_EQ(c.stream_window_bytes, o.stream_window_bytes);
   EXPECT_EQ(c.ilp_time_limit, o.ilp_time_limit);
   // The largest Rendezvous request, above the largest PlanRequest at these
-  // limits (337,338 bytes), not one at core::BatchLimits{}.
+  // limits (337,128 bytes), not one at core::BatchLimits{}.
   EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);
 }
 
@@ -515,14 +551,14 @@ TEST(RawMessagesTest, HugeFieldsAreEchoedShortAndOversizedRequestsRefusedUnparse
             absl::InvalidArgumentError(absl::StrCat(
                 "strategy: unknown strategy \"", std::string(64, 's'),
                 "\"... (8192 bytes) (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, "
-                "flashcp, ilp, magi)")));
-  // 337,338 bytes at the default limits (proto/convert_test.cc); 400,000 here.
+                "flashcp, ilp, magi, basp)")));
+  // 337,128 bytes at the default limits (proto/convert_test.cc); 400,000 here.
   r = PlanRequestOf(2, {5, 3}, 2, std::string(400'000, 's'));
   EXPECT_EQ(UnaryPlan(*stub, r, &response),
             absl::ResourceExhaustedError(absl::StrCat(
                 "request: ", r.ByteSizeLong(),
                 " bytes, above the largest valid flashcp.v1.PlanRequest at this server's "
-                "--max_docs, --max_tokens and --max_cp_size (337338 bytes)")));
+                "--max_docs, --max_tokens and --max_cp_size (337128 bytes)")));
   // The receive limit: the larger of that and the largest Rendezvous
   // request (1 MiB value; 4,096 keys of 256 bytes), not 64 MiB.
   EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);

@@ -34,6 +34,12 @@ void SchemeBytesToProto(core::CommScheme scheme, const core::SchemeBytes& bytes,
   out->set_phase_bottleneck_bytes(phase.bottleneck_bytes);
   out->set_phase_intra_node_bytes(phase.intra_node_bytes);
   out->set_phase_inter_node_bytes(phase.inter_node_bytes);
+  out->mutable_phase_inter_node_sent_bytes()->Add(phase.inter_node_sent_bytes.begin(),
+                                                  phase.inter_node_sent_bytes.end());
+  out->mutable_phase_inter_node_received_bytes()->Add(phase.inter_node_received_bytes.begin(),
+                                                      phase.inter_node_received_bytes.end());
+  out->set_phase_max_intra_node_bytes(phase.max_intra_node_bytes);
+  out->set_phase_max_inter_node_bytes(phase.max_inter_node_bytes);
 }
 
 void MetricsToProto(const core::PlanMetrics& m, double planning_seconds, v1::PlanMetrics* out) {
@@ -53,6 +59,8 @@ void MetricsToProto(const core::PlanMetrics& m, double planning_seconds, v1::Pla
   }
   out->set_planning_seconds(planning_seconds);
   out->set_cheaper_scheme(std::string(core::CommSchemeName(m.cheaper_scheme)));
+  out->set_all_to_all_inapplicable(m.all_to_all_inapplicable);
+  out->set_all_to_all_replicated_kv_heads(m.all_to_all_replicated_kv_heads);
 }
 
 void LayoutToProto(const core::CommLayout& layout,
@@ -171,6 +179,12 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
   in.shape.head_dim = request.head_dim() == 0 ? kDefaultShape.head_dim : request.head_dim();
   in.shape.dtype_bytes =
       request.dtype_bytes() == 0 ? kDefaultShape.dtype_bytes : request.dtype_bytes();
+  in.shape.query_heads = request.query_heads();
+  FLASHCP_RETURN_IF_ERROR(core::ValidateModelShape(in.shape));
+  in.choose_schemes = request.choose_schemes();
+  in.inter_node_weight = request.inter_node_weight() == 0.0 ? core::kDefaultInterNodeWeight
+                                                            : request.inter_node_weight();
+  FLASHCP_RETURN_IF_ERROR(core::ValidateInterNodeWeight(in.inter_node_weight));
   FLASHCP_RETURN_IF_ERROR(core::ValidateModelShape(in.shape));
 
   in.include_layout = request.include_layout();
@@ -237,6 +251,7 @@ v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
   request.set_heads(shape.heads);
   request.set_head_dim(shape.head_dim);
   request.set_dtype_bytes(shape.dtype_bytes);
+  request.set_query_heads(shape.query_heads);
   request.set_include_layout(include_layout);
   if (!cost_profile.empty()) {
     request.set_cost_profile(std::string(cost_profile));
@@ -288,6 +303,18 @@ v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
   return response;
 }
 
+void GroupSchemesToProto(const core::GroupSchemePlan& chosen, v1::PlanResponse* out) {
+  for (const core::ChosenGroup& g : chosen.choice.groups) {
+    v1::SchemeGroup* p = out->add_groups();
+    p->mutable_ranks()->Add(g.group.ranks.begin(), g.group.ranks.end());
+    p->set_scheme(std::string(core::CommSchemeName(g.group.scheme)));
+    p->set_weighted_bottleneck_bytes(g.weighted_bottleneck);
+  }
+  SchemeBytesToProto(core::CommScheme::kTargeted, chosen.choice.bytes, out->mutable_chosen_bytes());
+  out->mutable_chosen_bytes()->set_scheme("chosen");
+  out->set_plan_source(std::string(core::StrategyName(chosen.source)));
+}
+
 namespace {
 
 // Bytes of x as a varint (int32 and int64 fields: a negative value takes 10).
@@ -305,6 +332,8 @@ int64_t Delimited(int64_t body) { return 1 + VarintBytes(static_cast<uint64_t>(b
 
 constexpr int64_t kInt64 = 1 + 10;  // a varint field: tag and the widest varint
 constexpr int64_t kDouble = 1 + 8;  // a double field
+// core::AllToAllTraffic's message for one group (a fixed text and four numbers).
+constexpr int64_t kMaxAllToAllNoteBytes = 256;
 
 }  // namespace
 
@@ -324,8 +353,10 @@ int64_t MaxRequestBytes(const core::BatchLimits& limits) {
   const int64_t step = (1 + kInt64) + (2 + 1 + kMaxCostProfileBytes) + cluster_spec +
                        (1 + kInt64) + 2 * 3;
   // ... min_shard_tokens, ranks_per_node, then the cost.
+  // Fields 26-27 (two-byte tags): choose_schemes, inter_node_weight.
+  const int64_t groups = (2 + 1) + (2 + 8);
   return kInt64 + doc_lens + kInt64 + strategy + kDouble + 3 * kInt64 + 2 + kInt64 + kInt64 +
-         cost + rank_speed + step;
+         cost + rank_speed + step + groups;
 }
 
 int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
@@ -354,14 +385,17 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
   for (core::CommScheme s : core::kAllCommSchemes) {
     scheme = std::max(scheme, Delimited(static_cast<int64_t>(core::CommSchemeName(s).size())));
   }
-  const int64_t scheme_bytes = Delimited(scheme + 2 * per_rank(10) + kInt64);
+  // Six per-rank lists and twelve int64 fields.
+  const int64_t scheme_bytes = Delimited(scheme + 6 * per_rank(10) + 12 * kInt64);
   const int64_t metrics = 3 * kDouble + kInt64 + per_rank(tokens) + per_rank(8) +
                           per_rank(tokens) + per_rank(shard_index) + 2 * kInt64 +
                           core::kNumCommSchemes * scheme_bytes + kDouble +
                           // cost_profile, cost, cost_calibrated, rank_predicted_cost,
                           // imbalance, rank_speed
                           Delimited(kMaxCostProfileBytes) + Delimited(4 * kDouble) + 2 +
-                          per_rank(8) + kDouble + per_rank(8);
+                          per_rank(8) + kDouble + per_rank(8) +
+                          // all_to_all_inapplicable (one group's message), replicated heads
+                          Delimited(kMaxAllToAllNoteBytes) + 2 + kInt64;
   // The step time (fields 30-38, two-byte tags): five doubles, two names
   // of at most kMaxCostProfileBytes, one entry per exchange (name, three
   // doubles) and per rank six doubles.
@@ -373,6 +407,14 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
                 (input.step_time->per_rank ? ranks * (2 + 1 + 6 * kDouble) : 0);
   bytes += Delimited(metrics + step);
   if (input.strategy == core::Strategy::kIlp) bytes += Delimited(2 + kDouble + kInt64);  // ilp
+  if (input.choose_schemes) {
+    // At most N groups holding the N ranks once between them: the ranks,
+    // and per group its tag and length, its list's tag and length, a scheme
+    // name and a double; then chosen_bytes and plan_source.
+    const int64_t per_group = 2 + 5 + 1 + 5 + scheme + kDouble;
+    bytes += ranks * VarintBytes(ranks) + ranks * per_group + 2 + scheme_bytes + 2 +
+             Delimited(32);
+  }
   bytes += Delimited(16) +  // plan_hash, 16 hex digits; planner_version
            Delimited(static_cast<int64_t>(core::PlannerVersion().size()));
   if (input.include_layout) {
@@ -477,6 +519,16 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
       FLASHCP_RETURN_IF_ERROR(CheckPerRank(absl::StrCat("bytes[", i, "].phase_received_tokens"),
                                            b.phase_received_tokens_size(), cp_size));
     }
+    // Absent from servers older than the per-rank link split.
+    if (b.phase_inter_node_sent_bytes_size() != 0 ||
+        b.phase_inter_node_received_bytes_size() != 0) {
+      FLASHCP_RETURN_IF_ERROR(
+          CheckPerRank(absl::StrCat("bytes[", i, "].phase_inter_node_sent_bytes"),
+                       b.phase_inter_node_sent_bytes_size(), cp_size));
+      FLASHCP_RETURN_IF_ERROR(
+          CheckPerRank(absl::StrCat("bytes[", i, "].phase_inter_node_received_bytes"),
+                       b.phase_inter_node_received_bytes_size(), cp_size));
+    }
   }
   PlanResult out;
   out.batch_id = response.batch_id();
@@ -523,6 +575,12 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
     phase.bottleneck_bytes = b.phase_bottleneck_bytes();
     phase.intra_node_bytes = b.phase_intra_node_bytes();
     phase.inter_node_bytes = b.phase_inter_node_bytes();
+    phase.inter_node_sent_bytes.assign(b.phase_inter_node_sent_bytes().begin(),
+                                       b.phase_inter_node_sent_bytes().end());
+    phase.inter_node_received_bytes.assign(b.phase_inter_node_received_bytes().begin(),
+                                           b.phase_inter_node_received_bytes().end());
+    phase.max_intra_node_bytes = b.phase_max_intra_node_bytes();
+    phase.max_inter_node_bytes = b.phase_max_inter_node_bytes();
   }
   cm.rank_segments.assign(m.rank_segments().begin(), m.rank_segments().end());
   // Absent from older servers (and a scheme newer than this build): the default.
@@ -530,6 +588,8 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
       cheaper.ok()) {
     cm.cheaper_scheme = *cheaper;
   }
+  cm.all_to_all_inapplicable = m.all_to_all_inapplicable();
+  cm.all_to_all_replicated_kv_heads = m.all_to_all_replicated_kv_heads();
   cm.cut_docs = m.cut_docs();
   cm.min_cut_shard_len = m.min_cut_shard_len();
   out.planning_seconds = m.planning_seconds();

@@ -17,6 +17,7 @@
 #include "core/analysis.h"
 #include "core/cost_model.h"
 #include "core/step_time.h"
+#include "core/group_schemes.h"
 #include "core/strategies.h"
 #include "core/types.h"
 #include "flashcp/v1/planner.pb.h"
@@ -58,6 +59,9 @@ struct PlanInput {
   // options.ranks_per_node.
   std::optional<core::StepTimeOptions> step_time;
   bool choose_by_step_time = false;  // flashcp only; needs step_time
+  // PlanRequest.choose_schemes and inter_node_weight (0 on the wire: the default).
+  bool choose_schemes = false;
+  double inter_node_weight = core::kDefaultInterNodeWeight;
 };
 
 // Applies the defaults and validates, in this order: the batch against
@@ -66,6 +70,8 @@ struct PlanInput {
 // target_imbalance (finite and >= 1 once defaulted), min_shard_tokens (-1:
 // off, core 0; 0: core's default; else in [1, 2^40]), ranks_per_node
 // (0: one node; else <= 65536), heads, head_dim and dtype_bytes, then the
+// query_heads (core::ValidateModelShape), inter_node_weight (0: 8; else
+// core::ValidateInterNodeWeight), then the
 // cost (cost_profile at most kMaxCostProfileBytes and a known profile, not
 // both it and cost, cost's coefficients core::ValidateCostCoefficients,
 // "cost.<field>: ..."), rank_speed (core::ValidateRankSpeeds), query_heads
@@ -110,11 +116,15 @@ v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
                                  const core::PlanInfo* ilp = nullptr,
                                  const core::PlanCostReport* cost = nullptr);
 
+// Sets the response's groups, chosen_bytes and plan_source (PlanRequest.
+// choose_schemes) from `chosen`.
+void GroupSchemesToProto(const core::GroupSchemePlan& chosen, v1::PlanResponse* out);
+
 // An upper bound on the serialized bytes of ResponseToProto's answer to
 // `input` (its layout too when input.include_layout) for any valid plan of at
 // most `max_shards` shards (core::MaxPlanShards), from the request alone in
 // O(documents): each field at the widest varint its bound allows (the ilp
-// field for strategy ilp), and under
+// field for strategy ilp; the groups with input.choose_schemes), and under
 // the layout each non-last shard sent to at most N - 1 ranks.
 int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards);
 

@@ -186,7 +186,17 @@ TEST(RequestFromProtoTest, EveryBadFieldIsNamedWithItsCode) {
       {"unknown strategy", [](v1::PlanRequest& r) { r.set_strategy("magic"); },
        absl::StatusCode::kInvalidArgument,
        "strategy: unknown strategy \"magic\" (llama3, per_doc, ring, zigzag, whole_doc, "
-       "flashcp_paper, flashcp, ilp, magi)"},
+       "flashcp_paper, flashcp, ilp, magi, basp)"},
+      {"query_heads not a multiple of heads",
+       [](v1::PlanRequest& r) {
+         r.set_heads(8);
+         r.set_query_heads(12);
+       },
+       absl::StatusCode::kInvalidArgument,
+       "query_heads: must be 0 (equal to heads) or a multiple of heads (8) in [1, 1024], got 12"},
+      {"inter_node_weight below 1", [](v1::PlanRequest& r) { r.set_inter_node_weight(0.5); },
+       absl::StatusCode::kInvalidArgument,
+       "inter_node_weight: must be a finite ratio in [1, 1000] (NVLink : NIC), got 0.5"},
       {"target_imbalance below 1", [](v1::PlanRequest& r) { r.set_target_imbalance(0.5); },
        absl::StatusCode::kInvalidArgument,
        "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got 0.5"},
@@ -350,7 +360,14 @@ TEST(ResponseToProtoTest, RingPlanHandWorked) {
   // H*D*dtype = 32*128*2 = 8192 bytes per token. full_kv and allgather:
   // 4 * 4 tokens * (N-1) * 8192; targeted: 2 * 8192 * 4 tokens each way,
   // one phase's bottleneck 4 tokens (65536 bytes), both phases 131072.
-  ASSERT_EQ(m.bytes_size(), 3);
+  ASSERT_EQ(m.bytes_size(), 4);
+  // all_to_all within the one group of 2 (Hq = H = 32): per rank and phase
+  // 4 * 16 (Q) + 2 * 4 * 16 (K, V) + 4 * 16 (O) = 256 rows of D * 2 bytes.
+  EXPECT_EQ(m.bytes(3).scheme(), "all_to_all");
+  EXPECT_EQ(m.bytes(3).phase_bottleneck_bytes(), 65536);
+  EXPECT_EQ(m.bytes(3).bottleneck_bytes(), 131072);
+  EXPECT_THAT(m.bytes(3).phase_inter_node_sent_bytes(), ElementsAre(0, 0));
+  EXPECT_EQ(m.all_to_all_inapplicable(), "");
   EXPECT_EQ(m.bytes(0).scheme(), "full_kv");
   EXPECT_THAT(m.bytes(0).sent_bytes(), ElementsAre(131072, 131072));
   EXPECT_THAT(m.bytes(0).received_bytes(), ElementsAre(131072, 131072));
@@ -509,7 +526,7 @@ TEST(RequestFromProtoTest, AHugeStrategyIsEchoedTruncated) {
             absl::InvalidArgumentError(
                 "strategy: unknown strategy \"" + std::string(64, 'x') +
                 "\"... (1048576 bytes) (llama3, per_doc, ring, zigzag, whole_doc, "
-                "flashcp_paper, flashcp, ilp, magi)"));
+                "flashcp_paper, flashcp, ilp, magi, basp)"));
   r.set_strategy("\xff\n");
   EXPECT_EQ(RequestFromProto(r, core::BatchLimits{}).status().message().substr(0, 35),
             "strategy: unknown strategy \"\\xff\\n\"");
@@ -521,8 +538,9 @@ TEST(MaxRequestBytesTest, HandWorkedAndAboveTheWidestValidRequest) {
   // 33, include_layout 2, min_shard_tokens 11, ranks_per_node 11,
   // cost_profile 2 + 64, cost 2 + 4 x 9, 1,024 unpacked rank_speed of 9;
   // query_heads 12, cluster 3 + 64, cluster_spec 4 + 8 x 9 + 38 + 2 x 11 + 2,
-  // layers 12, include_rank_step_times and choose_by_step_time 3 each.
-  EXPECT_EQ(MaxRequestBytes(core::BatchLimits{65536, int64_t{1} << 24, 1024}), 337'338);
+  // layers 12, include_rank_step_times and choose_by_step_time 3 each;
+  // choose_schemes 3, inter_node_weight 10.
+  EXPECT_EQ(MaxRequestBytes(core::BatchLimits{65536, int64_t{1} << 24, 1024}), 337'351);
   const core::BatchLimits limits{100, 1000, 8};
   v1::PlanRequest r;
   r.set_batch_id(UINT64_MAX);
@@ -586,6 +604,7 @@ TEST(MaxResponseBytesTest, BoundsRealResponsesOnRandomBatches) {
     in.batch_id = rng();
     for (core::Strategy s : core::AllStrategies()) {
       if (s == core::Strategy::kIlp) continue;  // proto links no ILP (CBC); its plans are plans
+      if (s == core::Strategy::kBasp) continue;  // refuses unequal documents (basp_test)
       in.strategy = s;
       absl::StatusOr<core::Plan> plan = core::MakePlan(s, in.batch, in.options);
       ASSERT_THAT(plan, IsOk());

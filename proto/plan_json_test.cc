@@ -45,6 +45,7 @@ TEST(PlanJsonSchemaTest, EveryStrategyOnADataSetParsesToResponseToProto) {
   for (size_t i = 0; i < batches->size(); ++i) {
     const core::Batch batch{(*batches)[i], 4};
     for (core::Strategy s : core::AllStrategies()) {
+      if (s == core::Strategy::kBasp) continue;  // refuses unequal documents (basp_test)
       core::PlanOptions options;
       options.ilp.time_limit_seconds = 0.2;
       options.ilp.solver = core::ilp::Solve;
@@ -85,7 +86,7 @@ TEST(PlanJsonSchemaTest, EveryStrategyOnADataSetParsesToResponseToProto) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 3 * static_cast<int>(core::AllStrategies().size()));
+  EXPECT_EQ(checked, 3 * (static_cast<int>(core::AllStrategies().size()) - 1));
 }
 
 TEST(PlanJsonSchemaTest, NonFiniteDoublesAndEscapedNamesParse) {

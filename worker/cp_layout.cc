@@ -85,13 +85,14 @@ absl::Status PackTargeted(const Inputs& in, CpRankLayout& p, std::vector<int64_t
   return absl::OkStatus();
 }
 
-// The schemes; core::kAllCommSchemes has one entry each (static_assert below).
+// The KV-row schemes; core::kKvCommSchemes has one entry each (static_assert
+// below). The all-to-all moves heads, not rows: not a layout of this table.
 constexpr SchemeEntry kSchemes[] = {
     {core::CommScheme::kFullKv, Collective::kAllGather, PackFullKv},
     {core::CommScheme::kAllGather, Collective::kAllGather, PackCompacted},
     {core::CommScheme::kTargeted, Collective::kSendRecv, PackTargeted},
 };
-static_assert(std::size(kSchemes) == core::kNumCommSchemes, "one table entry per CommScheme");
+static_assert(std::size(kSchemes) == core::kNumKvCommSchemes, "one table entry per KV scheme");
 
 }  // namespace
 
@@ -108,6 +109,9 @@ absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
   const SchemeEntry* entry = nullptr;
   for (const SchemeEntry& e : kSchemes)
     if (e.scheme == scheme) entry = &e;
+  if (scheme == core::CommScheme::kAllToAll)
+    return absl::UnimplementedError(
+        "scheme: all_to_all moves heads, not KV rows; the engine does not run it yet");
   if (entry == nullptr)
     return absl::InvalidArgumentError(
         absl::StrCat("scheme: unknown communication scheme ", static_cast<int>(scheme)));

@@ -66,7 +66,7 @@ TEST(CpLayoutTest, StagedRowsAreTheDocumentPrefixAndBytesMatchAnalysis) {
           if (plan->shards[r.shards[i]] == s)
             for (int64_t t = 0; t < s.len; ++t) ids[s.rank][r.shard_offset[i] + t] = {s.doc, s.start + t};
       }
-      for (core::CommScheme scheme : core::kAllCommSchemes) {
+      for (core::CommScheme scheme : core::kKvCommSchemes) {
         SCOPED_TRACE(testing::Message() << core::StrategyName(strategy) << " "
                                         << core::CommSchemeName(scheme) << " n=" << c.n);
         std::vector<CpRankLayout> plans;

@@ -75,7 +75,9 @@ absl::StatusOr<StepHeader> DecodeStepHeader(absl::Span<const std::byte> bytes) {
     }
     return h;
   }
-  if (w.strategy >= core::AllStrategies().size()) {
+  const absl::Span<const core::Strategy> strategies = core::AllStrategies();
+  if (std::find(strategies.begin(), strategies.end(), static_cast<core::Strategy>(w.strategy)) ==
+      strategies.end()) {
     return absl::DataLossError(absl::StrCat("step header: unknown strategy ", w.strategy));
   }
   if (w.scheme >= static_cast<uint32_t>(core::kNumCommSchemes)) {
@@ -89,7 +91,7 @@ absl::StatusOr<StepHeader> DecodeStepHeader(absl::Span<const std::byte> bytes) {
     return absl::DataLossError(absl::StrCat("step header: batch ", w.batch, ", steps ",
                                             w.steps_total, ", reserved ", w.reserved));
   }
-  h.strategy = core::AllStrategies()[w.strategy];
+  h.strategy = static_cast<core::Strategy>(w.strategy);
   h.scheme = static_cast<core::CommScheme>(w.scheme);
   h.batch = w.batch;
   h.steps_total = w.steps_total;

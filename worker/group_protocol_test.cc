@@ -76,7 +76,7 @@ TEST(StepHeaderTest, AHeaderOfTheWrongSizeIsInvalidArgument) {
 TEST(StepHeaderTest, EveryBadFieldIsDataLossNamingIt) {
   StepHeader idle;
   idle.kind = RoundKind::kIdle;
-  const uint32_t strategies = static_cast<uint32_t>(core::AllStrategies().size());
+  const uint32_t strategies = static_cast<uint32_t>(core::StrategyIdBound());
   // Layout: kind, strategy, scheme, reserved (u32 at 0, 4, 8, 12), then
   // batch, steps_total, payload_bytes (i64 at 16, 24, 32).
   struct Case {
@@ -89,7 +89,7 @@ TEST(StepHeaderTest, EveryBadFieldIsDataLossNamingIt) {
       {WithWord(AStep(), 4, strategies),
        absl::StrCat("step header: unknown strategy ", strategies)},
       {WithWord(AStep(), 8, static_cast<uint32_t>(core::kNumCommSchemes)),
-       "step header: unknown scheme 3"},
+       absl::StrCat("step header: unknown scheme ", core::kNumCommSchemes)},
       {WithWord(AStep(), 8, 0xffffffffu), "step header: unknown scheme 4294967295"},
       {WithWord(AStep(), 12, 1), "step header: batch 12, steps 40, reserved 1"},
       {WithInt64(AStep(), 16, -1), "step header: batch -1, steps 40, reserved 0"},

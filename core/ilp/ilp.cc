@@ -293,7 +293,7 @@ absl::StatusOr<std::vector<Block>> SeedBlocks(const Batch& batch, int64_t g, dou
   for (Strategy s : AllStrategies()) {
     // magi is a comparison baseline, not a seed: the ILP's model stays as it was.
     if (s == Strategy::kIlp || s == Strategy::kRing || s == Strategy::kLlama3 ||
-        s == Strategy::kMagi) {
+        s == Strategy::kMagi || s == Strategy::kBasp) {
       continue;
     }
     PlanOptions heuristic;

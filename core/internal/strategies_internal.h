@@ -35,6 +35,9 @@ Plan PlanMagi(const Batch& batch);    // MagiAttention's default dispatch (magi.
 // near-equal chunks, magi.cc).
 int64_t MagiChunkTokens(int64_t total, int32_t n);
 Plan PlanWholeDoc(const Batch& batch);
+// BASP (basp.cc): InvalidArgument naming doc_lens or cp_size unless the batch
+// is B documents of one length L with B | N and (N / B) | L.
+absl::StatusOr<Plan> PlanBasp(const Batch& batch);
 Plan PlanFlashCpPaper(const Batch& batch, double target_imbalance);
 // flashcp (flashcp.cc): PlanFlashCpCompacted's plan, or a grouped
 // one where that moves less, its roles then swapped (flashcp_roles.h), then

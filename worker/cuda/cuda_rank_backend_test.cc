@@ -94,7 +94,7 @@ TEST(CudaRankBackendTest, OneRankGroupOnCuda0RunsPlannedSteps) {
   auto channel =
       grpc::CreateChannel((*planner)->address(), grpc::InsecureChannelCredentials());
 
-  for (const core::CommScheme scheme : core::kAllCommSchemes) {
+  for (const core::CommScheme scheme : core::kKvCommSchemes) {
     SCOPED_TRACE(core::CommSchemeName(scheme));
     DaemonOptions o;
     o.world_size = 1;

@@ -38,7 +38,7 @@ TEST(GpuCpStepTest, MatchesReferenceForEveryScheme) {
                                       core::Strategy::kPerDoc, core::Strategy::kZigzag}) {
         auto plan = core::MakePlan(strategy, core::Batch{c.docs, c.n});
         ASSERT_THAT(plan, IsOk());
-        for (core::CommScheme scheme : core::kAllCommSchemes) {
+        for (core::CommScheme scheme : core::kKvCommSchemes) {
           CpCheckOptions options;
           options.scheme = scheme;
           options.shape = {.heads_q = 4, .heads_kv = 2, .head_dim = 128};
