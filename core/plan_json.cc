@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/mask.h"
 
 namespace flashcp::core {
 namespace {
@@ -186,6 +187,12 @@ void AppendSchemeBytes(std::string& out, CommScheme scheme, const SchemeBytes& b
   AppendField(out, "phase_bottleneck_bytes", p.bottleneck_bytes);
   AppendField(out, "phase_intra_node_bytes", p.intra_node_bytes);
   AppendField(out, "phase_inter_node_bytes", p.inter_node_bytes);
+  if (!p.clean_received_tokens.empty()) {  // block diffusion only
+    AppendField(out, "phase_clean_received_tokens", p.clean_received_tokens);
+    AppendField(out, "phase_noisy_received_tokens", p.noisy_received_tokens);
+    AppendField(out, "phase_max_clean_received_bytes", p.max_clean_received_bytes);
+    AppendField(out, "phase_max_noisy_received_bytes", p.max_noisy_received_bytes);
+  }
 }
 
 // planner.proto's PlanMetrics, fields in number order.
@@ -229,6 +236,10 @@ void AppendMetrics(std::string& out, const PlanMetrics& m, double planning_secon
     AppendField(out, "rank_predicted_cost", cost->prediction.rank_cost);
     AppendField(out, "predicted_cost_imbalance", cost->prediction.imbalance);
   }
+  if (IsBlockDiffusion(m.mask)) {
+    AppendField(out, "rank_noisy_tokens", m.rank_noisy_tokens);
+    AppendField(out, "cut_noisy_blocks", m.cut_noisy_blocks);
+  }
 }
 
 }  // namespace
@@ -262,6 +273,11 @@ std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics,
     AppendField(out, "gap", fields.ilp->ilp_gap);
     AppendField(out, "granularity", fields.ilp->ilp_granularity);
     out += '}';
+  }
+  if (IsBlockDiffusion(plan.mask)) {
+    AppendKey(out, "attention_mask");
+    AppendString(out, MaskKindName(plan.mask.kind));
+    AppendField(out, "block_size", plan.mask.block_size);
   }
   out += '}';
   return out;
