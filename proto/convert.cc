@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/mask.h"
 #include "core/status_macros.h"
 
 namespace flashcp::proto {
@@ -33,6 +34,12 @@ void SchemeBytesToProto(core::CommScheme scheme, const core::SchemeBytes& bytes,
   out->set_phase_bottleneck_bytes(phase.bottleneck_bytes);
   out->set_phase_intra_node_bytes(phase.intra_node_bytes);
   out->set_phase_inter_node_bytes(phase.inter_node_bytes);
+  out->mutable_phase_clean_received_tokens()->Add(phase.clean_received_tokens.begin(),
+                                                  phase.clean_received_tokens.end());
+  out->mutable_phase_noisy_received_tokens()->Add(phase.noisy_received_tokens.begin(),
+                                                  phase.noisy_received_tokens.end());
+  out->set_phase_max_clean_received_bytes(phase.max_clean_received_bytes);
+  out->set_phase_max_noisy_received_bytes(phase.max_noisy_received_bytes);
 }
 
 void MetricsToProto(const core::PlanMetrics& m, double planning_seconds, v1::PlanMetrics* out) {
@@ -52,6 +59,8 @@ void MetricsToProto(const core::PlanMetrics& m, double planning_seconds, v1::Pla
   }
   out->set_planning_seconds(planning_seconds);
   out->set_cheaper_scheme(std::string(core::CommSchemeName(m.cheaper_scheme)));
+  out->mutable_rank_noisy_tokens()->Add(m.rank_noisy_tokens.begin(), m.rank_noisy_tokens.end());
+  out->set_cut_noisy_blocks(m.cut_noisy_blocks);
 }
 
 void LayoutToProto(const core::CommLayout& layout,
@@ -111,6 +120,10 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
       m == 0 ? defaults.min_shard_tokens : m == kMinShardTokensOff ? 0 : m;
   in.options.ranks_per_node = request.ranks_per_node();
   FLASHCP_RETURN_IF_ERROR(core::ValidateRanksPerNode(in.options.ranks_per_node));
+  FLASHCP_ASSIGN_OR_RETURN(in.options.attention_mask.kind,
+                           core::ParseMaskKind(request.attention_mask()));
+  in.options.attention_mask.block_size = request.block_size();
+  FLASHCP_RETURN_IF_ERROR(core::ValidateAttentionMask(in.options.attention_mask));
 
   constexpr core::ModelShape kDefaultShape;
   in.shape.heads = request.heads() == 0 ? kDefaultShape.heads : request.heads();
@@ -160,6 +173,10 @@ v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
   request.set_min_shard_tokens(options.min_shard_tokens == 0 ? kMinShardTokensOff
                                                               : options.min_shard_tokens);
   request.set_ranks_per_node(options.ranks_per_node);
+  if (core::IsBlockDiffusion(options.attention_mask)) {
+    request.set_attention_mask(std::string(core::MaskKindName(options.attention_mask.kind)));
+    request.set_block_size(options.attention_mask.block_size);
+  }
   request.set_heads(shape.heads);
   request.set_head_dim(shape.head_dim);
   request.set_dtype_bytes(shape.dtype_bytes);
@@ -183,6 +200,10 @@ v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
   response.set_cp_size(plan.cp_size);
   response.mutable_doc_lens()->Add(plan.doc_lens.begin(), plan.doc_lens.end());
   response.set_padding(plan.padding);
+  if (core::IsBlockDiffusion(plan.mask)) {
+    response.set_attention_mask(std::string(core::MaskKindName(plan.mask.kind)));
+    response.set_block_size(plan.mask.block_size);
+  }
   response.mutable_shards()->Reserve(static_cast<int>(plan.shards.size()));
   for (const core::Shard& s : plan.shards) {
     v1::Shard* p = response.add_shards();
@@ -242,13 +263,18 @@ int64_t MaxRequestBytes(const core::BatchLimits& limits) {
   const int64_t cost = Delimited(kMaxCostProfileBytes) + Delimited(4 * kDouble);
   // rank_speed: one per rank, each with its own tag (unpacked) at the widest.
   const int64_t rank_speed = int64_t{limits.max_cp_size} * kDouble;
+  // The mask's name and block size (fields >= 16: two-byte tags).
+  const int64_t mask = 1 + Delimited(static_cast<int64_t>(
+                               core::MaskKindName(core::MaskKind::kCausalDocument).size())) +
+                       1 + kInt64;
   // ... min_shard_tokens, ranks_per_node, then the cost.
   return kInt64 + doc_lens + kInt64 + strategy + kDouble + 3 * kInt64 + 2 + kInt64 + kInt64 +
-         cost + rank_speed;
+         cost + rank_speed + mask;
 }
 
 int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
-  const core::Batch& batch = input.batch;
+  // Under block diffusion the plan lists both copies of every document.
+  const core::Batch batch = core::PlanBatch(input.batch, input.options.attention_mask);
   const int64_t n = static_cast<int64_t>(batch.doc_lens.size());
   const int64_t ranks = batch.cp_size;
   const int64_t total = core::TotalTokens(batch.doc_lens);
@@ -265,7 +291,9 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
   int64_t bytes = kInt64                                                   // batch_id
                   + Delimited(static_cast<int64_t>(core::StrategyName(input.strategy).size()))
                   + kInt64                                                 // cp_size
-                  + Delimited(doc_lens_body) + kInt64;                     // doc_lens, padding
+                  + Delimited(doc_lens_body) + kInt64                      // doc_lens, padding
+                  + Delimited(static_cast<int64_t>(core::MaskKindName(
+                        core::MaskKind::kBlockDiffusion).size())) + kInt64;  // mask, block_size
   const int64_t shard_body = (1 + VarintBytes(n)) + (1 + VarintBytes(max_len)) * 2 +
                              (1 + VarintBytes(ranks));
   bytes += shards * Delimited(shard_body);
@@ -273,14 +301,19 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
   for (core::CommScheme s : core::kAllCommSchemes) {
     scheme = std::max(scheme, Delimited(static_cast<int64_t>(core::CommSchemeName(s).size())));
   }
-  const int64_t scheme_bytes = Delimited(scheme + 2 * per_rank(10) + kInt64);
+  // Per scheme: the per-rank byte lists and the widest scalar; the clean and
+  // noisy per-rank token lists and maxima (two-byte tags from field 16).
+  const int64_t scheme_bytes =
+      Delimited(scheme + 2 * per_rank(10) + kInt64 + 2 * (1 + per_rank(tokens)) + 2 * (1 + kInt64));
   const int64_t metrics = 3 * kDouble + kInt64 + per_rank(tokens) + per_rank(8) +
                           per_rank(tokens) + per_rank(shard_index) + 2 * kInt64 +
                           core::kNumCommSchemes * scheme_bytes + kDouble +
                           // cost_profile, cost, cost_calibrated, rank_predicted_cost,
                           // imbalance, rank_speed
                           Delimited(kMaxCostProfileBytes) + Delimited(4 * kDouble) + 2 +
-                          per_rank(8) + kDouble + per_rank(8);
+                          per_rank(8) + kDouble + per_rank(8) +
+                          // rank_noisy_tokens, cut_noisy_blocks (two-byte tags)
+                          1 + per_rank(tokens) + 1 + kInt64;
   bytes += Delimited(metrics);
   if (input.strategy == core::Strategy::kIlp) bytes += Delimited(2 + kDouble + kInt64);  // ilp
   if (input.include_layout) {
@@ -362,6 +395,12 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
   out.plan.cp_size = response.cp_size();
   out.plan.doc_lens.assign(response.doc_lens().begin(), response.doc_lens().end());
   out.plan.padding = response.padding();
+  {
+    absl::StatusOr<core::MaskKind> kind = core::ParseMaskKind(response.attention_mask());
+    if (!kind.ok()) return absl::InvalidArgumentError(kind.status().message());
+    out.plan.mask = core::AttentionMask{*kind, response.block_size()};
+    FLASHCP_RETURN_IF_ERROR(core::ValidateAttentionMask(out.plan.mask));
+  }
   out.plan.shards.reserve(response.shards_size());
   for (const v1::Shard& s : response.shards()) {
     out.plan.shards.push_back(core::Shard{s.doc(), s.start(), s.len(), s.rank()});
@@ -399,6 +438,12 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
     phase.bottleneck_bytes = b.phase_bottleneck_bytes();
     phase.intra_node_bytes = b.phase_intra_node_bytes();
     phase.inter_node_bytes = b.phase_inter_node_bytes();
+    phase.clean_received_tokens.assign(b.phase_clean_received_tokens().begin(),
+                                       b.phase_clean_received_tokens().end());
+    phase.noisy_received_tokens.assign(b.phase_noisy_received_tokens().begin(),
+                                       b.phase_noisy_received_tokens().end());
+    phase.max_clean_received_bytes = b.phase_max_clean_received_bytes();
+    phase.max_noisy_received_bytes = b.phase_max_noisy_received_bytes();
   }
   cm.rank_segments.assign(m.rank_segments().begin(), m.rank_segments().end());
   // Absent from older servers (and a scheme newer than this build): the default.
@@ -407,6 +452,9 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
     cm.cheaper_scheme = *cheaper;
   }
   cm.cut_docs = m.cut_docs();
+  cm.mask = out.plan.mask;
+  cm.rank_noisy_tokens.assign(m.rank_noisy_tokens().begin(), m.rank_noisy_tokens().end());
+  cm.cut_noisy_blocks = m.cut_noisy_blocks();
   cm.min_cut_shard_len = m.min_cut_shard_len();
   out.planning_seconds = m.planning_seconds();
   out.cost.profile = m.cost_profile();

@@ -25,7 +25,8 @@ def plan(doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
          heads: int = 0, head_dim: int = 0, dtype_bytes: int = 0,
          include_layout: bool = False, batch_id: int = 0, ranks_per_node: int = 0,
          cost_profile: str = "", cost: Any = None,
-         rank_speed: Iterable[float] = ()) -> planner_pb2.PlanResponse:
+         rank_speed: Iterable[float] = (), attention_mask: str = "",
+         block_size: int = 0) -> planner_pb2.PlanResponse:
     """Plans one batch in this process with the service's own code (request
     validation, core::MakePlan, AnalyzePlan, the response conversion): the
     PlanResponse equals the service's for the same request, byte for byte,
@@ -33,6 +34,9 @@ def plan(doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
     the defaults (planner.proto); min_shard_tokens None is the default 128,
     -1 turns the rule off; ranks_per_node, cost_profile (the named profiles:
     calibration lives in a planner), cost and rank_speed as Client.request.
+    attention_mask="block_diffusion" with block_size=b plans a block
+    diffusion step's 2C-token [noisy ; clean] sequence (docs/bdlm.md): the
+    response's doc_lens lists the n noisy copies, then the n clean copies.
     Raises PlanError naming the field."""
     req = Client.request(doc_lens, cp_size, strategy, target_imbalance=target_imbalance,
                          heads=heads, head_dim=head_dim, dtype_bytes=dtype_bytes,
@@ -41,6 +45,10 @@ def plan(doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
                          rank_speed=rank_speed)
     if min_shard_tokens is not None:
         req.min_shard_tokens = int(min_shard_tokens)
+    if attention_mask:
+        req.attention_mask = str(attention_mask)
+    if block_size:
+        req.block_size = int(block_size)
     try:
         out = native().plan(req.SerializeToString())
     except ValueError as e:
