@@ -148,8 +148,9 @@ TEST(CsbpPlanTest, OneDocumentEqualsTheSchedule) {
   }
 }
 
-// Every rank holds exactly 2C/N tokens (ValidatePlan), on thousands of
-// random packed batches, for every block-diffusion strategy.
+// Every rank holds exactly 2C/N tokens (ValidatePlan) and MaxPlanShards
+// bounds the shards, on thousands of random packed batches, for every
+// block-diffusion strategy.
 TEST(BlockDiffusionPropertyTest, ValidPlansOnRandomBatches) {
   SplitMix64Rng rng(2525);
   int planned = 0;
@@ -170,6 +171,9 @@ TEST(BlockDiffusionPropertyTest, ValidPlansOnRandomBatches) {
       ASSERT_THAT(ValidatePlan(*plan), IsOk()) << StrategyName(s);
       EXPECT_EQ(plan->mask, options.attention_mask);
       EXPECT_EQ(plan->doc_lens.size(), 2 * docs.size());
+      EXPECT_LE(static_cast<int64_t>(plan->shards.size()),
+                MaxPlanShards(s, Batch{docs, n}, options.attention_mask))
+          << StrategyName(s);
       ++planned;
     }
   }
