@@ -139,6 +139,7 @@ MaskTraffic ComputeMaskTraffic(const Plan& plan) {
   t.needed_elsewhere_tokens.assign(n, 0);
   t.clean_needed_elsewhere_tokens.assign(n, 0);
   t.pair_tokens.assign(static_cast<size_t>(n) * n, 0);
+  t.shard_dests.assign(plan.shards.size(), {});
   // Pieces of each plan document by start (CSR).
   std::vector<int32_t> begin(docs + 1, 0), pieces(plan.shards.size());
   for (const Shard& s : plan.shards) ++begin[s.doc + 1];
@@ -194,6 +195,8 @@ MaskTraffic ComputeMaskTraffic(const Plan& plan) {
           t.clean_sent_tokens[s.rank] += tokens;
         }
         covered[*it].emplace_back(a, e);
+        std::vector<int32_t>& dests = t.shard_dests[*it];
+        if (dests.empty() || dests.back() != r) dests.push_back(r);  // r ascending
       }
     }
   }

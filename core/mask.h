@@ -103,6 +103,9 @@ struct MaskTraffic {
   // all-gather buffer; under the causal mask its non-last shards' tokens).
   std::vector<int64_t> needed_elsewhere_tokens, clean_needed_elsewhere_tokens;
   std::vector<int64_t> pair_tokens;  // [src * N + dest], sent src -> dest
+  // Per shard (index into Plan::shards): the ranks some of its K/V goes to,
+  // ascending; empty where it stays.
+  std::vector<std::vector<int32_t>> shard_dests;
 };
 // The plan must be valid (ValidatePlan; not checked). O(needed ranges x
 // log pieces + overlapping pieces), N^2 memory.
