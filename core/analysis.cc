@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/echo.h"
 #include "core/rank_groups.h"
+#include "core/mask.h"
 #include "core/status_macros.h"
 
 namespace flashcp::core {
@@ -250,6 +251,7 @@ absl::Status ValidatePlan(const Plan& plan) {
     absl::Status s = ValidateBatch(Batch{plan.doc_lens, plan.cp_size});
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("plan: ", s.message()));
   }
+  FLASHCP_RETURN_IF_ERROR(ValidatePlanMask(plan));
   const int32_t n = plan.cp_size;
   const int64_t total = TotalTokens(plan.doc_lens);
   if (plan.padding != PaddingTokens(total, n)) {
@@ -322,6 +324,13 @@ absl::Status ValidatePlan(const Plan& plan) {
 
 absl::StatusOr<CommLayout> BuildCommLayout(const Plan& plan) {
   FLASHCP_RETURN_IF_ERROR(ValidatePlan(plan));
+  if (IsBlockDiffusion(plan.mask)) {
+    // The compacted send ranges below are the causal mask's (whole non-last
+    // shards); the block-diffusion exchange is ComputeMaskTraffic's.
+    return absl::UnimplementedError(
+        "attention_mask: no per-rank exchange layout for block_diffusion plans yet "
+        "(their traffic is in the metrics)");
+  }
   const int32_t n = plan.cp_size;
   const DocIndex index = IndexByDoc(plan);
   CommLayout layout;
@@ -396,7 +405,13 @@ absl::Status ValidateRanksPerNode(int32_t ranks_per_node) {
 
 int64_t TargetedPhaseBottleneck(const Plan& plan) {
   std::vector<int64_t> sent, recv;
-  TargetedPhase(plan, IndexByDoc(plan), sent, recv);
+  if (IsBlockDiffusion(plan.mask)) {
+    MaskTraffic t = ComputeMaskTraffic(plan);
+    sent = std::move(t.sent_tokens);
+    recv = std::move(t.received_tokens);
+  } else {
+    TargetedPhase(plan, IndexByDoc(plan), sent, recv);
+  }
   int64_t bottleneck = 0;
   for (size_t r = 0; r < sent.size(); ++r) bottleneck = std::max({bottleneck, sent[r], recv[r]});
   return bottleneck;
@@ -404,6 +419,7 @@ int64_t TargetedPhaseBottleneck(const Plan& plan) {
 
 std::vector<int64_t> TargetedPairTokens(const Plan& plan) {
   const size_t n = static_cast<size_t>(plan.cp_size);
+  if (IsBlockDiffusion(plan.mask)) return ComputeMaskTraffic(plan).pair_tokens;
   std::vector<int64_t> sent, recv, pairs(n * n, 0);
   TargetedPhase(plan, IndexByDoc(plan), sent, recv, 0, nullptr, &pairs);
   return pairs;
@@ -464,11 +480,36 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
       if (m.min_cut_shard_len == 0 || len < m.min_cut_shard_len) m.min_cut_shard_len = len;
     }
   }
+  const bool bd = IsBlockDiffusion(plan.mask);
+  m.mask = plan.mask;
   std::vector<int64_t> fwd_sent, fwd_recv;
   int64_t targeted_inter = 0;
   std::array<std::vector<int64_t>, 2> targeted_rank_inter;
-  TargetedPhase(plan, index, fwd_sent, fwd_recv, ranks_per_node, &targeted_inter, nullptr,
-                &targeted_rank_inter);
+  MaskTraffic bd_traffic;  // block diffusion only
+  if (bd) {
+    bd_traffic = ComputeMaskTraffic(plan);
+    fwd_sent = bd_traffic.sent_tokens;
+    fwd_recv = bd_traffic.received_tokens;
+    const int32_t node_size = ranks_per_node <= 0 ? n : ranks_per_node;
+    targeted_rank_inter[0].assign(n, 0);
+    targeted_rank_inter[1].assign(n, 0);
+    for (int32_t a = 0; a < n; ++a) {
+      for (int32_t b = 0; b < n; ++b) {
+        if (a / node_size != b / node_size) {
+          const int64_t t = bd_traffic.pair_tokens[static_cast<size_t>(a) * n + b];
+          targeted_inter += t;
+          targeted_rank_inter[0][a] += t;
+          targeted_rank_inter[1][b] += t;
+        }
+      }
+    }
+    m.rank_nonlast_tokens = bd_traffic.needed_elsewhere_tokens;
+    m.rank_noisy_tokens.assign(n, 0);
+    m.cut_noisy_blocks = CutNoisyBlocks(plan);
+  } else {
+    TargetedPhase(plan, index, fwd_sent, fwd_recv, ranks_per_node, &targeted_inter, nullptr,
+                  &targeted_rank_inter);
+  }
   std::vector<uint8_t> is_last(plan.shards.size(), 0);
   for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
     is_last[index.shards[index.begin[d + 1] - 1]] = 1;
@@ -476,9 +517,13 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
   for (size_t i = 0; i < plan.shards.size(); ++i) {
     const Shard& s = plan.shards[i];
     m.rank_tokens[s.rank] += s.len;
-    m.rank_workload[s.rank] += ShardWorkload(s.start, s.len);
+    m.rank_workload[s.rank] += MaskedShardWorkload(plan, s);
     ++m.rank_segments[s.rank];
-    if (!is_last[i]) m.rank_nonlast_tokens[s.rank] += s.len;
+    if (bd) {
+      if (IsNoisyDoc(plan, s.doc)) m.rank_noisy_tokens[s.rank] += s.len;
+    } else if (!is_last[i]) {
+      m.rank_nonlast_tokens[s.rank] += s.len;
+    }
   }
   double total_workload = 0.0, max_workload = 0.0;
   for (double w : m.rank_workload) {
@@ -552,8 +597,13 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
   // divides Hq.
   {
     SchemeBytes& a2a = m.bytes[static_cast<int>(CommScheme::kAllToAll)];
+    // Under block diffusion a document's noisy and clean copies are two plan
+    // documents, so the plan's rank groups do not say which ranks a head
+    // split must span: the scheme is not offered there.
     absl::StatusOr<AllToAllPhase> phase =
-        AllToAllTraffic(m.rank_tokens, PlanRankGroups(plan), shape, ranks_per_node);
+        bd ? absl::StatusOr<AllToAllPhase>(absl::FailedPreconditionError(
+                 "attention_mask: the all-to-all scheme is not planned under block diffusion"))
+           : AllToAllTraffic(m.rank_tokens, PlanRankGroups(plan), shape, ranks_per_node);
     if (phase.ok()) {
       FLASHCP_RETURN_IF_ERROR(FillSchemeBytesFromUnits(
           phase->sent, phase->received, phase->inter_sent, phase->inter_received,
@@ -566,6 +616,46 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
     } else {
       return phase.status();
     }
+  }
+  if (bd) {
+    // Clean and noisy K/V received per rank: an all-gather delivers every
+    // peer's buffer (full_kv: its tokens; allgather: its needed-elsewhere
+    // tokens), the targeted exchange the needed tokens.
+    std::vector<int64_t> clean(n), noisy(n), clean_buf(n), noisy_buf(n);
+    for (int32_t r = 0; r < n; ++r) {
+      clean[r] = m.rank_tokens[r] - m.rank_noisy_tokens[r];
+      noisy[r] = m.rank_noisy_tokens[r];
+      clean_buf[r] = bd_traffic.clean_needed_elsewhere_tokens[r];
+      noisy_buf[r] = bd_traffic.needed_elsewhere_tokens[r] - clean_buf[r];
+    }
+    const auto from_peers = [&](const std::vector<int64_t>& per_rank) {
+      const int64_t sum = std::accumulate(per_rank.begin(), per_rank.end(), int64_t{0});
+      std::vector<int64_t> out(n);
+      for (int32_t r = 0; r < n; ++r) out[r] = sum - per_rank[r];
+      return out;
+    };
+    const auto fill = [&](CommScheme scheme, std::vector<int64_t> clean_recv,
+                          std::vector<int64_t> noisy_recv) -> absl::Status {
+      PhaseTraffic& p = m.bytes[static_cast<int>(scheme)].phase;
+      const int64_t max_clean = *std::max_element(clean_recv.begin(), clean_recv.end());
+      const int64_t max_noisy = *std::max_element(noisy_recv.begin(), noisy_recv.end());
+      FLASHCP_ASSIGN_OR_RETURN(p.max_clean_received_bytes,
+                               CheckedBytes(2 * per_token * max_clean, "clean"));
+      FLASHCP_ASSIGN_OR_RETURN(p.max_noisy_received_bytes,
+                               CheckedBytes(2 * per_token * max_noisy, "noisy"));
+      p.clean_received_tokens = std::move(clean_recv);
+      p.noisy_received_tokens = std::move(noisy_recv);
+      return absl::OkStatus();
+    };
+    FLASHCP_RETURN_IF_ERROR(fill(CommScheme::kFullKv, from_peers(clean), from_peers(noisy)));
+    FLASHCP_RETURN_IF_ERROR(
+        fill(CommScheme::kAllGather, from_peers(clean_buf), from_peers(noisy_buf)));
+    std::vector<int64_t> targeted_noisy(n);
+    for (int32_t r = 0; r < n; ++r) {
+      targeted_noisy[r] = bd_traffic.received_tokens[r] - bd_traffic.clean_received_tokens[r];
+    }
+    FLASHCP_RETURN_IF_ERROR(
+        fill(CommScheme::kTargeted, bd_traffic.clean_received_tokens, targeted_noisy));
   }
   const int64_t full = m.bytes[static_cast<int>(CommScheme::kFullKv)].phase.bottleneck_tokens;
   const int64_t targeted =

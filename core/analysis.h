@@ -152,6 +152,14 @@ struct PhaseTraffic {
   // within the rank's node, and across nodes.
   int64_t max_intra_node_bytes = 0;
   int64_t max_inter_node_bytes = 0;
+  // Block diffusion only (empty, 0 under the causal mask): of the tokens
+  // received, per rank, those of clean and of noisy K/V (core/mask.h); they
+  // sum to received_tokens less an all-gather's padding to the largest
+  // buffer; their maxima over ranks in bytes.
+  std::vector<int64_t> clean_received_tokens;
+  std::vector<int64_t> noisy_received_tokens;
+  int64_t max_clean_received_bytes = 0;
+  int64_t max_noisy_received_bytes = 0;
 };
 
 // Bytes one rank moves per transformer layer, forward plus backward, under one
@@ -196,6 +204,15 @@ struct PlanMetrics {
   // over groups: the copies beyond the first (AllToAllHeads; 0 where every
   // group's size divides heads or the scheme does not apply).
   int64_t all_to_all_replicated_kv_heads = 0;
+  // The plan's mask (Plan::mask). Under block diffusion the counts above are
+  // over the 2C-token [noisy ; clean] sequence, the workload is the mask's
+  // (MaskedShardWorkload), rank_nonlast_tokens are the tokens some other
+  // rank needs (the compacted buffer), the targeted scheme sends exactly the
+  // needed K/V (ComputeMaskTraffic) and cut_docs counts plan documents
+  // (noisy and clean copies apart).
+  AttentionMask mask;
+  std::vector<int64_t> rank_noisy_tokens;  // block diffusion: noisy tokens per rank
+  int64_t cut_noisy_blocks = 0;            // block diffusion: noisy blocks split between ranks
 };
 
 // PlanMetrics' bytes[kTargeted].phase.bottleneck_tokens without the rest, for

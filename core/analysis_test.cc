@@ -62,7 +62,7 @@ TEST(AnalyzePlanTest, HandWorkedHeadTail) {
 }
 
 TEST(AnalyzePlanTest, SingleRankMovesNothing) {
-  Plan plan{1, {3, 4}, 0, {{0, 0, 3, 0}, {1, 0, 4, 0}}};
+  Plan plan{1, {3, 4}, 0, {{0, 0, 3, 0}, {1, 0, 4, 0}}, {}};
   absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{});
   ASSERT_THAT(m, IsOk());
   EXPECT_DOUBLE_EQ(m->imbalance, 1.0);
@@ -78,7 +78,7 @@ TEST(AnalyzePlanTest, TargetedSendsOnlyToRanksThatNeedIt) {
   // r0's piece goes to r1 and r2; r1's to r2. Forward tokens: r0 sends 6,
   // r1 sends 3 and receives 3, r2 receives 6. With 1 byte per token, each
   // rank moves 2 * (sent + received) bytes.
-  Plan plan{3, {9}, 0, {{0, 0, 3, 0}, {0, 3, 3, 1}, {0, 6, 3, 2}}};
+  Plan plan{3, {9}, 0, {{0, 0, 3, 0}, {0, 3, 3, 1}, {0, 6, 3, 2}}, {}};
   absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 1});
   ASSERT_THAT(m, IsOk());
   EXPECT_THAT(m->bytes[2].sent, ElementsAre(12, 12, 12));
@@ -99,7 +99,7 @@ TEST(AnalyzePlanTest, TargetedSendsOnlyToRanksThatNeedIt) {
 // as full KV moves (C/N = 8), so the targeted saving is 0. Adding rank 0's
 // forward receives to its backward sends reported 6 tokens' worth.
 TEST(AnalyzePlanTest, TargetedBottleneckIsPerPhase) {
-  Plan plan{2, {16}, 0, {{0, 0, 4, 0}, {0, 12, 4, 0}, {0, 4, 8, 1}}};
+  Plan plan{2, {16}, 0, {{0, 0, 4, 0}, {0, 12, 4, 0}, {0, 4, 8, 1}}, {}};
   absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 2});
   ASSERT_THAT(m, IsOk());
   const SchemeBytes& t = m->bytes[static_cast<int>(CommScheme::kTargeted)];
@@ -120,7 +120,7 @@ TEST(AnalyzePlanTest, TargetedBottleneckIsPerPhase) {
 // tokens a phase, the targeted exchange 2: the targeted one is cheaper. In
 // the hand-worked plans above the two tie, and the all-gather is named.
 TEST(AnalyzePlanTest, CheaperSchemeIsTheOneThatMovesLess) {
-  Plan plan{3, {6, 2, 4}, 0, {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}, {2, 0, 4, 2}}};
+  Plan plan{3, {6, 2, 4}, 0, {{0, 2, 4, 0}, {0, 0, 2, 1}, {1, 0, 2, 1}, {2, 0, 4, 2}}, {}};
   absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 1});
   ASSERT_THAT(m, IsOk());
   EXPECT_EQ(m->bytes[static_cast<int>(CommScheme::kAllGather)].phase.bottleneck_tokens, 4);
@@ -137,7 +137,7 @@ TEST(AnalyzePlanTest, CheaperSchemeIsTheOneThatMovesLess) {
 // tokens; 2 bytes each (K and V at 1 byte). The all-gathers send each
 // rank's buffer to 2 peers: pairs (0,1), (1,0) intra, the other 4 inter.
 TEST(AnalyzePlanTest, IntraAndInterNodeBytes) {
-  Plan plan{3, {9}, 0, {{0, 0, 3, 0}, {0, 3, 3, 1}, {0, 6, 3, 2}}};
+  Plan plan{3, {9}, 0, {{0, 0, 3, 0}, {0, 3, 3, 1}, {0, 6, 3, 2}}, {}};
   absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{1, 1, 1}, 2);
   ASSERT_THAT(m, IsOk());
   const PhaseTraffic& t = m->bytes[static_cast<int>(CommScheme::kTargeted)].phase;
@@ -166,9 +166,9 @@ TEST(AnalyzePlanTest, IntraAndInterNodeBytes) {
 // per_doc at N = 2 (r0 sends [0, 4) to r1, r1 sends [4, 12) to r0; r0's
 // tail [12, 16) is the last piece and goes nowhere).
 TEST(TargetedPairTokensTest, HandWorked) {
-  EXPECT_THAT(TargetedPairTokens(Plan{3, {9}, 0, {{0, 0, 3, 0}, {0, 3, 3, 1}, {0, 6, 3, 2}}}),
+  EXPECT_THAT(TargetedPairTokens(Plan{3, {9}, 0, {{0, 0, 3, 0}, {0, 3, 3, 1}, {0, 6, 3, 2}}, {}}),
               ElementsAre(0, 3, 3, 0, 0, 3, 0, 0, 0));
-  EXPECT_THAT(TargetedPairTokens(Plan{2, {16}, 0, {{0, 0, 4, 0}, {0, 12, 4, 0}, {0, 4, 8, 1}}}),
+  EXPECT_THAT(TargetedPairTokens(Plan{2, {16}, 0, {{0, 0, 4, 0}, {0, 12, 4, 0}, {0, 4, 8, 1}}, {}}),
               ElementsAre(0, 4, 8, 0));
   EXPECT_THAT(TargetedPairTokens(HeadTailPlan()), ElementsAre(0, 0, 2, 0));
 }

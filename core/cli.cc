@@ -22,6 +22,7 @@
 #include "core/echo.h"
 #include "core/file.h"
 #include "core/ilp_deadline.h"
+#include "core/mask.h"
 #include "core/plan_json.h"
 #include "core/plan_svg.h"
 #include "core/step_choice.h"
@@ -338,9 +339,14 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
     }
   }
   if (options.summary && options.from_all) {
+    const AttentionMask& mask = options.plan.attention_mask;
     for (Strategy s : AllStrategies()) {
-      if (InAllList(s)) continue;
-      err << kPrefix << "note: " << StrategyName(s) << " left out of \"all\" (it is slow); ask for it with --strategy " << StrategyName(s) << "\n";
+      // Under block diffusion "all" is every strategy that plans the mask.
+      if (IsBlockDiffusion(mask) || InAllList(s)) continue;
+      const absl::string_view why =
+          s == Strategy::kCsbp ? "under the causal mask it is llama3's plan" : "it is slow";
+      err << kPrefix << "note: " << StrategyName(s) << " left out of \"all\" (" << why
+          << "); ask for it with --strategy " << StrategyName(s) << "\n";
     }
   }
 

@@ -19,6 +19,7 @@
 #include "core/cluster_flags.h"
 #include "core/echo.h"
 #include "core/flags.h"
+#include "core/mask.h"
 #include "core/plan_json.h"
 #include "core/status_macros.h"
 #include "core/types.h"
@@ -94,19 +95,30 @@ ABSL_FLAG(int64_t, ffn_hidden, flashcp::core::PipelineModel{}.ffn_hidden,
 ABSL_FLAG(int64_t, vocab, flashcp::core::PipelineModel{}.vocab, "with --pipeline: vocabulary");
 ABSL_FLAG(std::string, pipeline_profile, std::string(flashcp::core::kDefaultPipelineProfile),
           "with --pipeline: time and memory profile");
+ABSL_FLAG(std::string, attention_mask, "causal_document",
+          "causal_document, or block_diffusion: plan the 2C-token [noisy ; clean] sequence of "
+          "a block diffusion LM step (docs/bdlm.md; llama3, per_doc, zigzag, ring, csbp, "
+          "flashcp)");
+ABSL_FLAG(int64_t, block_size, 0,
+          "block diffusion's block size b in tokens, in [1, 2^40]; only with "
+          "--attention_mask=block_diffusion");
 
 namespace flashcp::core {
 namespace {
 
 constexpr int64_t kMaxBatches = 1'000'000;
 
-absl::StatusOr<std::vector<Strategy>> ParseStrategyList(absl::string_view value, bool* all) {
+// "all": InAllList's strategies; under block diffusion those that plan the
+// mask, csbp included (under the causal mask it is llama3's copy).
+absl::StatusOr<std::vector<Strategy>> ParseStrategyList(absl::string_view value,
+                                                        const AttentionMask& mask, bool* all) {
   *all = false;
   if (value == "all") {
     *all = true;
     std::vector<Strategy> out;
     for (Strategy s : AllStrategies()) {
-      if (InAllList(s)) out.push_back(s);
+      const bool listed = IsBlockDiffusion(mask) ? PlansMask(s, mask) : InAllList(s);
+      if (listed) out.push_back(s);
     }
     return out;
   }
@@ -189,6 +201,15 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   FLASHCP_ASSIGN_OR_RETURN(
       o.plan.min_shard_tokens,
       IntFlagIn("min_shard_tokens", absl::GetFlag(FLAGS_min_shard_tokens), 0, kMaxTokens));
+  {
+    absl::StatusOr<MaskKind> kind = ParseMaskKind(absl::GetFlag(FLAGS_attention_mask));
+    if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("--", kind.status().message()));
+    o.plan.attention_mask.kind = *kind;
+    o.plan.attention_mask.block_size = absl::GetFlag(FLAGS_block_size);
+    if (absl::Status s = ValidateAttentionMask(o.plan.attention_mask); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", s.message()));
+    }
+  }
   if (line.given.count("dataset") > 0) {
     FLASHCP_ASSIGN_OR_RETURN(o.dataset, DatasetFromFlag(absl::GetFlag(FLAGS_dataset)));
   }
@@ -278,7 +299,8 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   }
   if (strategy.empty()) strategy = o.summary ? "all" : std::string(StrategyName(kDefaultStrategy));
   bool all = false;
-  absl::StatusOr<std::vector<Strategy>> strategies = ParseStrategyList(strategy, &all);
+  absl::StatusOr<std::vector<Strategy>> strategies =
+      ParseStrategyList(strategy, o.plan.attention_mask, &all);
   if (!strategies.ok()) return strategies.status();
   o.strategies = *std::move(strategies);
   o.from_all = all;

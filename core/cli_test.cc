@@ -112,7 +112,8 @@ TEST(ParseCliArgsTest, HelpListsEveryFlagWithItsDefault) {
        {"--batches=64", "--context=131072", "--cp=8", "--dataset=", "--docs=", "--dtype_bytes=2",
         "--head_dim=128", "--heads=32", "--ilp_granularity=0", "--ilp_time_limit=10s",
         "--input=", "--min_shard_tokens=128", "--query_heads=0", "--quiet=false", "--seed=1",
-        "--strategy=", "--summary=false", "--svg=", "--target_imbalance=1.02"}) {
+        "--strategy=", "--summary=false", "--svg=", "--target_imbalance=1.02",
+        "--attention_mask=causal_document", "--block_size=0"}) {
     EXPECT_THAT(usage, HasSubstr(absl::StrCat("\n  ", flag, "\n"))) << flag;
   }
 }
@@ -171,7 +172,13 @@ TEST(ParseCliArgsTest, BadFlagsNameTheFlag) {
       {{"--cp", "8x"}, "--cp: Illegal value '8x' specified for flag 'cp'"},
       {{"--strategy", "best"},
        "--strategy: unknown strategy \"best\" (all, llama3, per_doc, ring, zigzag, whole_doc, "
-       "flashcp_paper, flashcp, ilp, magi, basp, or a comma-separated list)"},
+       "flashcp_paper, flashcp, ilp, magi, csbp, basp, or a comma-separated list)"},
+      {{"--attention_mask", "bd3lm"},
+       "--attention_mask: unknown mask \"bd3lm\" (causal_document, block_diffusion)"},
+      {{"--attention_mask=block_diffusion"},
+       "--block_size: must be in [1, 2^40] with attention_mask block_diffusion, got 0"},
+      {{"--block_size=4"},
+       "--block_size: only with attention_mask block_diffusion, got 4 with causal_document"},
       {{"--target_imbalance", "0.9"},
        "--target_imbalance: must be a number in [1, 1e+06], got \"0.9\""},
       {{"--target_imbalance", "nan"},
@@ -284,6 +291,27 @@ TEST(RunCliTest, StreamsJsonInInputOrderAndNamesBadLines) {
   EXPECT_THAT(text.substr(text.find('\n') + 1),
               StartsWith("{\"batch_id\":1,\"strategy\":\"ring\",\"cp_size\":2,"
                          "\"doc_lens\":[4,4],"));
+}
+
+TEST(RunCliTest, BlockDiffusionPlansTheTwoCopies) {
+  absl::StatusOr<CliOptions> o =
+      ParseCliArgs({"--cp", "2", "--strategy", "all", "--attention_mask=block_diffusion",
+                    "--block_size", "4", "--quiet", "8"});
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->plan.attention_mask, (AttentionMask{MaskKind::kBlockDiffusion, 4}));
+  // "all" under block diffusion: the strategies that plan it.
+  EXPECT_THAT(o->strategies, ElementsAre(Strategy::kLlama3, Strategy::kPerDoc, Strategy::kRing,
+                                         Strategy::kZigzag, Strategy::kFlashCp, Strategy::kCsbp));
+  std::istringstream in;
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), 0) << err.str();
+  const std::string text = out.str();
+  EXPECT_THAT(text, StartsWith("{\"batch_id\":0,\"strategy\":\"llama3\",\"cp_size\":2,"
+                               "\"doc_lens\":[8,8],\"padding\":0,\"shards\":[{\"doc\":0,"
+                               "\"start\":0,\"len\":4,\"rank\":0},{\"doc\":1,\"start\":4,"
+                               "\"len\":4,\"rank\":0},"));
+  EXPECT_THAT(text, HasSubstr("\"attention_mask\":\"block_diffusion\",\"block_size\":4}\n"));
+  EXPECT_THAT(text, HasSubstr("\"strategy\":\"csbp\""));
 }
 
 TEST(RunCliTest, BatchSmallerThanTheGroupIsABadBatch) {

@@ -73,7 +73,7 @@ std::vector<PlacementCase> PlacementCases() {
       // ranks 0 and 2, doc 1 over 1 and 3. Rank 3 is the only one of its
       // count, so it keeps id 3 and node 1; swapping 1 and 2 pairs everyone.
       {"padded rank keeps its count",
-       Plan{4, {8, 7}, 1, {{0, 0, 4, 0}, {1, 0, 4, 1}, {0, 4, 4, 2}, {1, 4, 3, 3}}},
+       Plan{4, {8, 7}, 1, {{0, 0, 4, 0}, {1, 0, 4, 1}, {0, 4, 4, 2}, {1, 4, 3, 3}}, {}},
        2,
        8,
        {0, 2, 1, 3},
@@ -82,7 +82,7 @@ std::vector<PlacementCase> PlacementCases() {
       // across nodes {0, 1}, {2, 3}, but every relabeling that keeps the
       // counts keeps those nodes: nothing changes.
       {"no swap within counts",
-       Plan{4, {7, 7}, 2, {{0, 0, 4, 0}, {1, 0, 4, 1}, {0, 4, 3, 2}, {1, 4, 3, 3}}},
+       Plan{4, {7, 7}, 2, {{0, 0, 4, 0}, {1, 0, 4, 1}, {0, 4, 3, 2}, {1, 4, 3, 3}}, {}},
        2,
        8,
        {0, 1, 2, 3},
@@ -96,7 +96,7 @@ std::vector<PlacementCase> PlacementCases() {
        Plan{5,
             {8, 8, 4},
             0,
-            {{0, 0, 4, 0}, {1, 0, 4, 1}, {1, 4, 4, 2}, {2, 0, 4, 3}, {0, 4, 4, 4}}},
+            {{0, 0, 4, 0}, {1, 0, 4, 1}, {1, 4, 4, 2}, {2, 0, 4, 3}, {0, 4, 4, 4}}, {}},
        2,
        8,
        {2, 0, 1, 4, 3},
@@ -111,7 +111,7 @@ std::vector<PlacementCase> PlacementCases() {
        Plan{6,
             {12, 12},
             0,
-            {{0, 0, 4, 0}, {0, 4, 4, 1}, {1, 0, 4, 2}, {0, 8, 4, 3}, {1, 4, 4, 4}, {1, 8, 4, 5}}},
+            {{0, 0, 4, 0}, {0, 4, 4, 1}, {1, 0, 4, 2}, {0, 8, 4, 3}, {1, 4, 4, 4}, {1, 8, 4, 5}}, {}},
        3,
        16,
        {0, 1, 3, 2, 4, 5},

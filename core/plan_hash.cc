@@ -38,7 +38,12 @@ void Encode(const Plan& plan, Sink& sink) {
     int64(s.len);
     int64(s.rank);
   }
-  // The mask section: empty for the causal document mask (plan_hash.h).
+  // The mask section: empty for the causal document mask (plan_hash.h);
+  // under another mask its id (MaskKind) and block size.
+  if (plan.mask.kind != MaskKind::kCausalDocument) {
+    int64(static_cast<int64_t>(plan.mask.kind));
+    int64(plan.mask.block_size);
+  }
 }
 
 struct HashSink {

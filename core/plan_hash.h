@@ -18,11 +18,11 @@
 //   D = number of documents, doc_lens[0 .. D),
 //   S = number of shards, then for each shard in plan order: doc, start, len, rank,
 //   the mask section.
-// The mask section is empty for the causal document mask (SPEC.md "Batch,
-// shard, rank"), the only mask today, so that every causal plan keeps its hash
-// when other masks arrive. A non-causal mask appends its own fields here,
-// after the shards (the block-diffusion mask: its mask id and block size b,
-// as int64 each), which keeps them apart from every causal plan's encoding.
+// The mask section (Plan::mask) is empty for the causal document mask
+// (SPEC.md "Batch, shard, rank"), so that causal plans hash as before masks
+// existed. Any other mask appends its MaskKind id and block size b, as int64
+// each, after the shards, which keeps them apart from every causal plan's
+// encoding.
 // Shard order is part of the plan (a rank's token order), so it is hashed as
 // given. Any change to this encoding changes kPlanHashPrefix.
 #ifndef FLASHCP_CORE_PLAN_HASH_H_

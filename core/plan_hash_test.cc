@@ -118,6 +118,25 @@ TEST(PlanHashTest, HashOfTheBytesOnEveryStrategysRandomPlans) {
   EXPECT_GT(distinct_pairs, 1000);
 }
 
+// A block-diffusion plan appends its mask id and block size after the
+// shards; the causal encoding (no mask section) is unchanged.
+TEST(PlanHashTest, ABlockDiffusionMaskIsPartOfTheHash) {
+  const Plan causal = RingPlan();
+  Plan bd = causal;
+  bd.mask = AttentionMask{MaskKind::kBlockDiffusion, 4};
+  const std::string causal_bytes = PlanHashBytes(causal);
+  const std::string bd_bytes = PlanHashBytes(bd);
+  ASSERT_EQ(bd_bytes.size(), causal_bytes.size() + 16);
+  EXPECT_EQ(bd_bytes.substr(0, causal_bytes.size()), causal_bytes);
+  EXPECT_EQ(bd_bytes.substr(causal_bytes.size()),
+            std::string("\x01\0\0\0\0\0\0\0\x04\0\0\0\0\0\0\0", 16));
+  EXPECT_NE(PlanHash(bd), PlanHash(causal));
+  Plan other_block = bd;
+  other_block.mask.block_size = 8;
+  EXPECT_NE(PlanHash(other_block), PlanHash(bd));
+  EXPECT_EQ(PlanHash(bd), Fnv1a64(bd_bytes));
+}
+
 TEST(PlanHashHexTest, SixteenLowercaseDigitsZeroPadded) {
   EXPECT_EQ(PlanHashHex(0), "0000000000000000");
   EXPECT_EQ(PlanHashHex(0x1abULL), "00000000000001ab");

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/plan_hash.h"
+#include "core/mask.h"
 
 namespace flashcp::core {
 namespace {
@@ -191,6 +192,12 @@ void AppendSchemeBytes(std::string& out, CommScheme scheme, const SchemeBytes& b
   AppendField(out, "phase_inter_node_received_bytes", p.inter_node_received_bytes);
   AppendField(out, "phase_max_intra_node_bytes", p.max_intra_node_bytes);
   AppendField(out, "phase_max_inter_node_bytes", p.max_inter_node_bytes);
+  if (!p.clean_received_tokens.empty()) {  // block diffusion only
+    AppendField(out, "phase_clean_received_tokens", p.clean_received_tokens);
+    AppendField(out, "phase_noisy_received_tokens", p.noisy_received_tokens);
+    AppendField(out, "phase_max_clean_received_bytes", p.max_clean_received_bytes);
+    AppendField(out, "phase_max_noisy_received_bytes", p.max_noisy_received_bytes);
+  }
 }
 
 // planner.proto's PlanMetrics, fields in number order.
@@ -282,6 +289,10 @@ void AppendStepTime(std::string& out, const StepTimeReport& r, bool per_rank) {
   }
   AppendKey(out, "predicted_cluster");
   AppendString(out, r.cluster);
+  if (IsBlockDiffusion(m.mask)) {
+    AppendField(out, "rank_noisy_tokens", m.rank_noisy_tokens);
+    AppendField(out, "cut_noisy_blocks", m.cut_noisy_blocks);
+  }
 }
 
 }  // namespace
@@ -322,6 +333,11 @@ std::string PlanToJson(const Plan& plan, const PlanMetrics& metrics,
   AppendKey(out, "planner_version");
   AppendString(out, fields.planner_version != nullptr ? absl::string_view(*fields.planner_version)
                                                       : PlannerVersion());
+  if (IsBlockDiffusion(plan.mask)) {
+    AppendKey(out, "attention_mask");
+    AppendString(out, MaskKindName(plan.mask.kind));
+    AppendField(out, "block_size", plan.mask.block_size);
+  }
   out += '}';
   return out;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -12,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "core/analysis.h"
+#include "core/mask.h"
 #include "core/status_macros.h"
 
 namespace flashcp::core {
@@ -84,6 +86,21 @@ struct PanelFacts {
 absl::StatusOr<PanelFacts> Facts(const Plan& plan) {
   PanelFacts f;
   FLASHCP_ASSIGN_OR_RETURN(f.metrics, AnalyzePlan(plan, ModelShape{}));
+  if (IsBlockDiffusion(plan.mask)) {
+    // No send layout under the mask (BuildCommLayout): the rows are the
+    // shards in rank order, the destinations the mask's exchange.
+    MaskTraffic traffic = ComputeMaskTraffic(plan);
+    f.dests = std::move(traffic.shard_dests);
+    f.layout.ranks.resize(plan.cp_size);
+    for (size_t i = 0; i < plan.shards.size(); ++i) {
+      RankLayout& rank = f.layout.ranks[plan.shards[i].rank];
+      rank.shard_offset.push_back(rank.shards.empty() ? 0
+                                                      : rank.shard_offset.back() +
+                                                            plan.shards[rank.shards.back()].len);
+      rank.shards.push_back(static_cast<int32_t>(i));
+    }
+    return f;
+  }
   FLASHCP_ASSIGN_OR_RETURN(f.layout, BuildCommLayout(plan));
   f.dests.assign(plan.shards.size(), {});
   for (int32_t r = 0; r < plan.cp_size; ++r) {

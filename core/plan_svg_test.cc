@@ -94,6 +94,25 @@ TEST(PlanSvgTest, SmallPlanRowsShardsMarksAndLabels) {
   EXPECT_THAT(*svg, HasSubstr(">C/N = 8 tokens per rank</text>"));
 }
 
+// Under block diffusion: llama3 on one 8-token document, b = 4, N = 2
+// (core/mask_test.cc, HandWorkedLlama3Exchange): rank 1's clean [0, 4)
+// (plan document 1) is read by rank 0's clean block 1; nothing else moves.
+TEST(PlanSvgTest, BlockDiffusionHatchesTheNeededCleanKv) {
+  PlanOptions options;
+  options.attention_mask = {MaskKind::kBlockDiffusion, 4};
+  absl::StatusOr<Plan> plan = MakePlan(Strategy::kLlama3, Batch{{8}, 2}, options);
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> svg = PlansToSvg({{"llama3", *plan}});
+  ASSERT_THAT(svg, IsOk());
+  const std::string r0 = RankRow(*svg, 0, 0), r1 = RankRow(*svg, 0, 1);
+  EXPECT_EQ(Count(r0, "<rect class=\"shard"), 2);
+  EXPECT_EQ(Count(r0, "<rect class=\"shard kv-moves\""), 0);
+  EXPECT_EQ(Count(r1, "<rect class=\"shard kv-moves\""), 1);
+  EXPECT_THAT(r1, HasSubstr("data-doc=\"1\" data-start=\"0\" data-len=\"4\"><title>document 1, "
+                            "tokens [0, 4), 4 tokens; KV sent to rank 0</title>"));
+  EXPECT_THAT(*svg, HasSubstr(">imbalance 1.0000, targeted phase 4 tokens (0.500 C/N), "));
+}
+
 TEST(PlanSvgTest, DeterministicForAFixedPlan) {
   absl::StatusOr<std::string> a = PlansToSvg({{"x", SmallPlan()}});
   absl::StatusOr<std::string> b = PlansToSvg({{"x", SmallPlan()}});

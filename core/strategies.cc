@@ -13,6 +13,8 @@
 #include "core/analysis.h"
 #include "core/echo.h"
 #include "core/cost_model.h"
+#include "core/mask.h"
+#include "core/internal/bdlm.h"
 #include "core/internal/recut.h"
 #include "core/internal/strategies_internal.h"
 #include "core/status_macros.h"
@@ -119,6 +121,15 @@ constexpr StrategyRow kStrategyTable[] = {
      // At most 16 chunks a rank (the chunk is at least half of ceil(C/8N));
      // each chunk boundary splits at most one document.
      [](int64_t n, int64_t ranks, int64_t) { return n + 16 * ranks - 1; }},
+    {Strategy::kCsbp, "csbp",
+     "CSBP (Turbo-dLLM) for block diffusion: noisy blocks dual-end paired, the clean copy in "
+     "2N chunks; under the causal mask its clean layout alone, llama3's plan",
+     /*in_all=*/false,  // under the causal mask a copy of llama3
+     CostRecut::kNever,
+     [](const Batch& b, const PlanOptions&, PlanInfo*) -> absl::StatusOr<Plan> {
+       return internal::PlanLlama3(b);  // block diffusion: internal::PlanCsbp (MakePlan)
+     },
+     [](int64_t n, int64_t ranks, int64_t) { return n + 2 * ranks - 1; }},
     {Strategy::kBasp, "basp",
      "BASP: B equal-length documents, B | N, document i zigzagged in 2K chunks on ranks "
      "[iK, (i+1)K), K = N / B; any other batch is refused",
@@ -211,6 +222,21 @@ std::string StrategyNames() {
   return absl::StrJoin(names, ", ");
 }
 
+bool PlansMask(Strategy strategy, const AttentionMask& mask) {
+  if (!IsBlockDiffusion(mask)) return true;
+  switch (strategy) {
+    case Strategy::kLlama3:
+    case Strategy::kPerDoc:
+    case Strategy::kZigzag:
+    case Strategy::kRing:
+    case Strategy::kCsbp:
+    case Strategy::kFlashCp:
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::StatusOr<Strategy> ParseStrategy(absl::string_view name) {
   for (const StrategyRow& row : kStrategyTable) {
     if (row.name == name) return row.id;
@@ -241,6 +267,16 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
     return absl::InvalidArgumentError(
         absl::StrCat("strategy: unknown strategy id ", static_cast<int>(strategy)));
   }
+  FLASHCP_RETURN_IF_ERROR(ValidateAttentionMask(options.attention_mask));
+  if (IsBlockDiffusion(options.attention_mask)) {
+    if (!IsPairsModel(options.cost)) {
+      return absl::InvalidArgumentError(
+          "cost: only the pairs model with attention_mask block_diffusion");
+    }
+    absl::StatusOr<Plan> plan = internal::PlanBlockDiffusion(strategy, batch, options);
+    if (plan.ok()) FLASHCP_RETURN_IF_ERROR(options.stop.Check());
+    return plan;
+  }
   absl::StatusOr<Plan> plan = row->plan(batch, options, info);
   if (plan.ok() && row->cost_recut != CostRecut::kNever && !IsPairsModel(options.cost)) {
     FLASHCP_RETURN_IF_ERROR(options.stop.Check());
@@ -251,7 +287,11 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch, const PlanO
   return plan;
 }
 
-int64_t MaxPlanShards(Strategy strategy, const Batch& batch) {
+int64_t MaxPlanShards(Strategy strategy, const Batch& batch, const AttentionMask& mask) {
+  if (IsBlockDiffusion(mask)) {
+    return std::min(2 * MaxPlanShards(strategy, batch) + 2 * int64_t{batch.cp_size},
+                    2 * TotalTokens(batch.doc_lens));
+  }
   const int64_t n = static_cast<int64_t>(batch.doc_lens.size());
   const int64_t ranks = batch.cp_size;
   int64_t per_doc = 0;  // P

@@ -29,7 +29,7 @@ enum class Strategy {
   kFlashCp = 6,      // our planner (docs/planner.md); the default
   kIlp = 7,          // exact MILP at a fixed granularity (CBC), small batches only
   kMagi = 8,         // MagiAttention's default dispatch: equal chunks by min-heap on causal area
-  // (9: reserved for csbp, issue 25.)
+  kCsbp = 9,         // CSBP (Turbo-dLLM) under block diffusion; llama3's plan under the causal mask
   kBasp = 10,        // BASP: B equal documents, B | N, document i zigzagged on ranks [iK, (i+1)K)
 };
 
@@ -50,6 +50,10 @@ absl::string_view StrategyDescription(Strategy strategy);
 // False for a strategy too slow for "every strategy" lists (the CLI's "all"):
 // the ILP.
 bool InAllList(Strategy strategy);
+// Whether MakePlan plans `mask` with the strategy: every one under the
+// causal mask; llama3, per_doc, zigzag, ring, csbp and flashcp under block
+// diffusion.
+bool PlansMask(Strategy strategy, const AttentionMask& mask);
 // InvalidArgument "strategy: unknown strategy NAME (llama3, per_doc, ...)".
 absl::StatusOr<Strategy> ParseStrategy(absl::string_view name);
 // The names in id order, joined with ", ".
@@ -135,6 +139,11 @@ struct PlanOptions {
   // is rank_speed[r] times the model's, and the re-cut balances that. Only
   // with a cost model other than pairs.
   std::vector<double> rank_speed;
+  // The mask the step trains with (core/mask.h). Block diffusion: the plan
+  // covers the 2C-token [noisy ; clean] sequence (types.h, Plan); llama3,
+  // per_doc, zigzag, ring, csbp and flashcp plan it, with the pairs cost
+  // model only (docs/bdlm.md).
+  AttentionMask attention_mask;
   StopToken stop;  // never stops by default
 };
 
@@ -167,8 +176,10 @@ absl::StatusOr<Plan> MakePlan(Strategy strategy, const Batch& batch,
 //   (Per-Doc pieces of
 //   some documents, Whole-Doc for the rest; the ILP returns one of the
 //   others' plans or one at a coarser grid); every one at most C.
+// Under the block-diffusion `mask` (the plan covers both copies): twice the
+// bound above plus 2N (token moves between copies), at most 2C.
 // `batch` must pass ValidateBatch.
-int64_t MaxPlanShards(Strategy strategy, const Batch& batch);
+int64_t MaxPlanShards(Strategy strategy, const Batch& batch, const AttentionMask& mask = {});
 
 }  // namespace flashcp::core
 

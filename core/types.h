@@ -16,6 +16,20 @@ struct Batch {
   int32_t cp_size = 1;            // N, ranks in the CP group
 };
 
+// The attention mask a step trains with (SPEC "Beyond the causal document
+// mask"; the functions of it are in core/mask.h).
+enum class MaskKind {
+  kCausalDocument = 0,  // a token sees earlier tokens of its own document (SPEC Eq. 3)
+  kBlockDiffusion = 1,  // BDLM: the 2C-token [noisy ; clean] sequence, blocks of block_size
+};
+
+struct AttentionMask {
+  MaskKind kind = MaskKind::kCausalDocument;
+  int64_t block_size = 0;  // b, tokens per block; >= 1 under kBlockDiffusion, 0 otherwise
+
+  friend bool operator==(const AttentionMask&, const AttentionMask&) = default;
+};
+
 // A contiguous token range [start, start + len) of document `doc`, held by
 // `rank`. Its attention prefix is p = start (SPEC Eq. 3).
 struct Shard {
@@ -36,11 +50,17 @@ struct Shard {
 //  - rank r holds exactly RankRealTokens(total, N, r) real tokens, and
 //    `padding` = N * TokensPerRank(total, N) - total masked padding tokens,
 //    one on each of the last `padding` ranks.
+// Under the block-diffusion mask the plan covers the 2C-token sequence
+// [noisy ; clean] of a batch of n documents as 2n plan documents: plan
+// document d < n is the noisy copy of batch document d, plan document n + d
+// its clean copy (doc_lens[d] == doc_lens[n + d]); every rule above then
+// holds over the 2C tokens (each rank 2C/N, padding as for 2C tokens).
 struct Plan {
   int32_t cp_size = 1;
   std::vector<int64_t> doc_lens;
   int64_t padding = 0;  // masked padding tokens, 0 <= padding < cp_size
   std::vector<Shard> shards;
+  AttentionMask mask;   // the causal document mask unless set
 };
 
 // Absolute bounds: a batch above these is malformed, not merely large.

@@ -17,7 +17,8 @@
 namespace flashcp::planner_service {
 
 absl::StatusOr<int64_t> CheckPlanBounds(const proto::PlanInput& input, const PlanBounds& bounds) {
-  const int64_t shards = core::MaxPlanShards(input.strategy, input.batch);
+  const int64_t shards =
+      core::MaxPlanShards(input.strategy, input.batch, input.options.attention_mask);
   const int64_t ranks = input.batch.cp_size;
   // shards <= 2^40 and ranks <= 2^16: no overflow.
   if (shards * ranks > bounds.max_shard_ranks) {

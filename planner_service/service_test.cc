@@ -193,6 +193,28 @@ TEST(PlanBatchTest, ChooseSchemesAddsTheGroupsAndKeepsFlashcpsPlan) {
   } else {
     EXPECT_EQ(r->plan_source(), "basp");
   }
+
+// A block-diffusion request: the response covers both copies and says so;
+// with include_layout the missing layout is UNIMPLEMENTED, not a wrong one.
+TEST(PlanBatchTest, BlockDiffusionPlansBothCopies) {
+  core::testing::TickingClock clock{kTick};
+  RecordingObserver observer;
+  proto::PlanInput in;
+  in.batch = core::Batch{{8}, 2};
+  in.strategy = core::Strategy::kLlama3;
+  in.options.attention_mask = {core::MaskKind::kBlockDiffusion, 4};
+  absl::StatusOr<int64_t> bound = CheckPlanBounds(in, PlanBounds{});
+  ASSERT_THAT(bound, IsOk());
+  absl::StatusOr<v1::PlanResponse> r = PlanBatch(in, clock, observer);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_LE(static_cast<int64_t>(r->ByteSizeLong()), *bound);
+  EXPECT_EQ(r->attention_mask(), "block_diffusion");
+  EXPECT_EQ(r->block_size(), 4);
+  EXPECT_THAT(r->doc_lens(), ElementsAre(8, 8));
+  EXPECT_THAT(r->metrics().rank_noisy_tokens(), ElementsAre(4, 4));
+  EXPECT_THAT(r->metrics().rank_workload(), ElementsAre(48.0, 48.0));
+  in.include_layout = true;
+  EXPECT_THAT(PlanBatch(in, clock, observer), StatusIs(absl::StatusCode::kUnimplemented));
 }
 
 TEST(PlanBatchTest, CoreErrorsPassThroughUnchanged) {
@@ -303,7 +325,7 @@ TEST(ServerOptionsTest, DefaultsAreTheProductionLimits) {
   EXPECT_EQ(c.stream_window_bytes, o.stream_window_bytes);
   EXPECT_EQ(c.ilp_time_limit, o.ilp_time_limit);
   // The largest Rendezvous request, above the largest PlanRequest at these
-  // limits (337,128 bytes), not one at core::BatchLimits{}.
+  // limits (337,381 bytes), not one at core::BatchLimits{}.
   EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);
 }
 
@@ -551,14 +573,14 @@ TEST(RawMessagesTest, HugeFieldsAreEchoedShortAndOversizedRequestsRefusedUnparse
             absl::InvalidArgumentError(absl::StrCat(
                 "strategy: unknown strategy \"", std::string(64, 's'),
                 "\"... (8192 bytes) (llama3, per_doc, ring, zigzag, whole_doc, flashcp_paper, "
-                "flashcp, ilp, magi, basp)")));
-  // 337,128 bytes at the default limits (proto/convert_test.cc); 400,000 here.
+                "flashcp, ilp, magi, csbp, basp)")));
+  // 337,381 bytes at the default limits (proto/convert_test.cc); 400,000 here.
   r = PlanRequestOf(2, {5, 3}, 2, std::string(400'000, 's'));
   EXPECT_EQ(UnaryPlan(*stub, r, &response),
             absl::ResourceExhaustedError(absl::StrCat(
                 "request: ", r.ByteSizeLong(),
                 " bytes, above the largest valid flashcp.v1.PlanRequest at this server's "
-                "--max_docs, --max_tokens and --max_cp_size (337128 bytes)")));
+                "--max_docs, --max_tokens and --max_cp_size (337381 bytes)")));
   // The receive limit: the larger of that and the largest Rendezvous
   // request (1 MiB value; 4,096 keys of 256 bytes), not 64 MiB.
   EXPECT_EQ(MaxMessageBytes(o), (1 << 20) + 4096 * 259 + 4096);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/plan_hash.h"
+#include "core/mask.h"
 #include "core/status_macros.h"
 
 namespace flashcp::proto {
@@ -40,6 +41,12 @@ void SchemeBytesToProto(core::CommScheme scheme, const core::SchemeBytes& bytes,
                                                       phase.inter_node_received_bytes.end());
   out->set_phase_max_intra_node_bytes(phase.max_intra_node_bytes);
   out->set_phase_max_inter_node_bytes(phase.max_inter_node_bytes);
+  out->mutable_phase_clean_received_tokens()->Add(phase.clean_received_tokens.begin(),
+                                                  phase.clean_received_tokens.end());
+  out->mutable_phase_noisy_received_tokens()->Add(phase.noisy_received_tokens.begin(),
+                                                  phase.noisy_received_tokens.end());
+  out->set_phase_max_clean_received_bytes(phase.max_clean_received_bytes);
+  out->set_phase_max_noisy_received_bytes(phase.max_noisy_received_bytes);
 }
 
 void MetricsToProto(const core::PlanMetrics& m, double planning_seconds, v1::PlanMetrics* out) {
@@ -61,6 +68,8 @@ void MetricsToProto(const core::PlanMetrics& m, double planning_seconds, v1::Pla
   out->set_cheaper_scheme(std::string(core::CommSchemeName(m.cheaper_scheme)));
   out->set_all_to_all_inapplicable(m.all_to_all_inapplicable);
   out->set_all_to_all_replicated_kv_heads(m.all_to_all_replicated_kv_heads);
+  out->mutable_rank_noisy_tokens()->Add(m.rank_noisy_tokens.begin(), m.rank_noisy_tokens.end());
+  out->set_cut_noisy_blocks(m.cut_noisy_blocks);
 }
 
 void LayoutToProto(const core::CommLayout& layout,
@@ -173,6 +182,10 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
       m == 0 ? defaults.min_shard_tokens : m == kMinShardTokensOff ? 0 : m;
   in.options.ranks_per_node = request.ranks_per_node();
   FLASHCP_RETURN_IF_ERROR(core::ValidateRanksPerNode(in.options.ranks_per_node));
+  FLASHCP_ASSIGN_OR_RETURN(in.options.attention_mask.kind,
+                           core::ParseMaskKind(request.attention_mask()));
+  in.options.attention_mask.block_size = request.block_size();
+  FLASHCP_RETURN_IF_ERROR(core::ValidateAttentionMask(in.options.attention_mask));
 
   constexpr core::ModelShape kDefaultShape;
   in.shape.heads = request.heads() == 0 ? kDefaultShape.heads : request.heads();
@@ -248,6 +261,10 @@ v1::PlanRequest RequestToProto(uint64_t batch_id, const core::Batch& batch,
   request.set_min_shard_tokens(options.min_shard_tokens == 0 ? kMinShardTokensOff
                                                               : options.min_shard_tokens);
   request.set_ranks_per_node(options.ranks_per_node);
+  if (core::IsBlockDiffusion(options.attention_mask)) {
+    request.set_attention_mask(std::string(core::MaskKindName(options.attention_mask.kind)));
+    request.set_block_size(options.attention_mask.block_size);
+  }
   request.set_heads(shape.heads);
   request.set_head_dim(shape.head_dim);
   request.set_dtype_bytes(shape.dtype_bytes);
@@ -272,6 +289,10 @@ v1::PlanResponse ResponseToProto(uint64_t batch_id, core::Strategy strategy,
   response.set_cp_size(plan.cp_size);
   response.mutable_doc_lens()->Add(plan.doc_lens.begin(), plan.doc_lens.end());
   response.set_padding(plan.padding);
+  if (core::IsBlockDiffusion(plan.mask)) {
+    response.set_attention_mask(std::string(core::MaskKindName(plan.mask.kind)));
+    response.set_block_size(plan.mask.block_size);
+  }
   response.mutable_shards()->Reserve(static_cast<int>(plan.shards.size()));
   for (const core::Shard& s : plan.shards) {
     v1::Shard* p = response.add_shards();
@@ -352,15 +373,20 @@ int64_t MaxRequestBytes(const core::BatchLimits& limits) {
   const int64_t cluster_spec = 1 + Delimited(8 * kDouble + Delimited(4 * kDouble) + 2 * kInt64 + 2);
   const int64_t step = (1 + kInt64) + (2 + 1 + kMaxCostProfileBytes) + cluster_spec +
                        (1 + kInt64) + 2 * 3;
+  // The mask's name and block size (fields >= 16: two-byte tags).
+  const int64_t mask = 1 + Delimited(static_cast<int64_t>(
+                               core::MaskKindName(core::MaskKind::kCausalDocument).size())) +
+                       1 + kInt64;
   // ... min_shard_tokens, ranks_per_node, then the cost.
   // Fields 26-27 (two-byte tags): choose_schemes, inter_node_weight.
   const int64_t groups = (2 + 1) + (2 + 8);
   return kInt64 + doc_lens + kInt64 + strategy + kDouble + 3 * kInt64 + 2 + kInt64 + kInt64 +
-         cost + rank_speed + step + groups;
+         cost + rank_speed + step + groups + mask;
 }
 
 int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
-  const core::Batch& batch = input.batch;
+  // Under block diffusion the plan lists both copies of every document.
+  const core::Batch batch = core::PlanBatch(input.batch, input.options.attention_mask);
   const int64_t n = static_cast<int64_t>(batch.doc_lens.size());
   const int64_t ranks = batch.cp_size;
   const int64_t total = core::TotalTokens(batch.doc_lens);
@@ -377,7 +403,9 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
   int64_t bytes = kInt64                                                   // batch_id
                   + Delimited(static_cast<int64_t>(core::StrategyName(input.strategy).size()))
                   + kInt64                                                 // cp_size
-                  + Delimited(doc_lens_body) + kInt64;                     // doc_lens, padding
+                  + Delimited(doc_lens_body) + kInt64                      // doc_lens, padding
+                  + Delimited(static_cast<int64_t>(core::MaskKindName(
+                        core::MaskKind::kBlockDiffusion).size())) + kInt64;  // mask, block_size
   const int64_t shard_body = (1 + VarintBytes(n)) + (1 + VarintBytes(max_len)) * 2 +
                              (1 + VarintBytes(ranks));
   bytes += shards * Delimited(shard_body);
@@ -385,8 +413,10 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
   for (core::CommScheme s : core::kAllCommSchemes) {
     scheme = std::max(scheme, Delimited(static_cast<int64_t>(core::CommSchemeName(s).size())));
   }
-  // Six per-rank lists and twelve int64 fields.
-  const int64_t scheme_bytes = Delimited(scheme + 6 * per_rank(10) + 12 * kInt64);
+  // Six per-rank lists and twelve int64 fields; the clean and noisy
+  // per-rank token lists and maxima (block diffusion, two-byte tags).
+  const int64_t scheme_bytes = Delimited(scheme + 6 * per_rank(10) + 12 * kInt64 +
+                                         2 * (1 + per_rank(tokens)) + 2 * (1 + kInt64));
   const int64_t metrics = 3 * kDouble + kInt64 + per_rank(tokens) + per_rank(8) +
                           per_rank(tokens) + per_rank(shard_index) + 2 * kInt64 +
                           core::kNumCommSchemes * scheme_bytes + kDouble +
@@ -395,7 +425,9 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
                           Delimited(kMaxCostProfileBytes) + Delimited(4 * kDouble) + 2 +
                           per_rank(8) + kDouble + per_rank(8) +
                           // all_to_all_inapplicable (one group's message), replicated heads
-                          Delimited(kMaxAllToAllNoteBytes) + 2 + kInt64;
+                          Delimited(kMaxAllToAllNoteBytes) + 2 + kInt64 +
+                          // rank_noisy_tokens, cut_noisy_blocks (two-byte tags)
+                          1 + per_rank(tokens) + 1 + kInt64;
   // The step time (fields 30-38, two-byte tags): five doubles, two names
   // of at most kMaxCostProfileBytes, one entry per exchange (name, three
   // doubles) and per rank six doubles.
@@ -538,6 +570,12 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
   out.plan.cp_size = response.cp_size();
   out.plan.doc_lens.assign(response.doc_lens().begin(), response.doc_lens().end());
   out.plan.padding = response.padding();
+  {
+    absl::StatusOr<core::MaskKind> kind = core::ParseMaskKind(response.attention_mask());
+    if (!kind.ok()) return absl::InvalidArgumentError(kind.status().message());
+    out.plan.mask = core::AttentionMask{*kind, response.block_size()};
+    FLASHCP_RETURN_IF_ERROR(core::ValidateAttentionMask(out.plan.mask));
+  }
   out.plan.shards.reserve(response.shards_size());
   for (const v1::Shard& s : response.shards()) {
     out.plan.shards.push_back(core::Shard{s.doc(), s.start(), s.len(), s.rank()});
@@ -581,6 +619,12 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
                                            b.phase_inter_node_received_bytes().end());
     phase.max_intra_node_bytes = b.phase_max_intra_node_bytes();
     phase.max_inter_node_bytes = b.phase_max_inter_node_bytes();
+    phase.clean_received_tokens.assign(b.phase_clean_received_tokens().begin(),
+                                       b.phase_clean_received_tokens().end());
+    phase.noisy_received_tokens.assign(b.phase_noisy_received_tokens().begin(),
+                                       b.phase_noisy_received_tokens().end());
+    phase.max_clean_received_bytes = b.phase_max_clean_received_bytes();
+    phase.max_noisy_received_bytes = b.phase_max_noisy_received_bytes();
   }
   cm.rank_segments.assign(m.rank_segments().begin(), m.rank_segments().end());
   // Absent from older servers (and a scheme newer than this build): the default.
@@ -591,6 +635,9 @@ absl::StatusOr<PlanResult> ResponseFromProto(const v1::PlanResponse& response) {
   cm.all_to_all_inapplicable = m.all_to_all_inapplicable();
   cm.all_to_all_replicated_kv_heads = m.all_to_all_replicated_kv_heads();
   cm.cut_docs = m.cut_docs();
+  cm.mask = out.plan.mask;
+  cm.rank_noisy_tokens.assign(m.rank_noisy_tokens().begin(), m.rank_noisy_tokens().end());
+  cm.cut_noisy_blocks = m.cut_noisy_blocks();
   cm.min_cut_shard_len = m.min_cut_shard_len();
   out.planning_seconds = m.planning_seconds();
   out.cost.profile = m.cost_profile();

@@ -186,7 +186,7 @@ TEST(RequestFromProtoTest, EveryBadFieldIsNamedWithItsCode) {
       {"unknown strategy", [](v1::PlanRequest& r) { r.set_strategy("magic"); },
        absl::StatusCode::kInvalidArgument,
        "strategy: unknown strategy \"magic\" (llama3, per_doc, ring, zigzag, whole_doc, "
-       "flashcp_paper, flashcp, ilp, magi, basp)"},
+       "flashcp_paper, flashcp, ilp, magi, csbp, basp)"},
       {"query_heads not a multiple of heads",
        [](v1::PlanRequest& r) {
          r.set_heads(8);
@@ -526,7 +526,7 @@ TEST(RequestFromProtoTest, AHugeStrategyIsEchoedTruncated) {
             absl::InvalidArgumentError(
                 "strategy: unknown strategy \"" + std::string(64, 'x') +
                 "\"... (1048576 bytes) (llama3, per_doc, ring, zigzag, whole_doc, "
-                "flashcp_paper, flashcp, ilp, magi, basp)"));
+                "flashcp_paper, flashcp, ilp, magi, csbp, basp)"));
   r.set_strategy("\xff\n");
   EXPECT_EQ(RequestFromProto(r, core::BatchLimits{}).status().message().substr(0, 35),
             "strategy: unknown strategy \"\\xff\\n\"");
@@ -539,8 +539,9 @@ TEST(MaxRequestBytesTest, HandWorkedAndAboveTheWidestValidRequest) {
   // cost_profile 2 + 64, cost 2 + 4 x 9, 1,024 unpacked rank_speed of 9;
   // query_heads 12, cluster 3 + 64, cluster_spec 4 + 8 x 9 + 38 + 2 x 11 + 2,
   // layers 12, include_rank_step_times and choose_by_step_time 3 each;
-  // choose_schemes 3, inter_node_weight 10.
-  EXPECT_EQ(MaxRequestBytes(core::BatchLimits{65536, int64_t{1} << 24, 1024}), 337'351);
+  // choose_schemes 3, inter_node_weight 10; attention_mask 2 + 1 + 15,
+  // block_size 2 + 10.
+  EXPECT_EQ(MaxRequestBytes(core::BatchLimits{65536, int64_t{1} << 24, 1024}), 337'381);
   const core::BatchLimits limits{100, 1000, 8};
   v1::PlanRequest r;
   r.set_batch_id(UINT64_MAX);
@@ -581,6 +582,8 @@ TEST(MaxRequestBytesTest, HandWorkedAndAboveTheWidestValidRequest) {
   r.set_layers(-1);
   r.set_include_rank_step_times(true);
   r.set_choose_by_step_time(true);
+  r.set_attention_mask("block_diffusion");
+  r.set_block_size(-1);  // the widest int64 (refused later, but parsed)
   EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()), MaxRequestBytes(limits));
   // Unpacked doc_lens of the largest length: tag and varint each.
   EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()) - (2 + 100) + 100 * (1 + 2),
@@ -637,6 +640,91 @@ TEST(MaxResponseBytesTest, BoundsRealResponsesOnRandomBatches) {
         EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()),
                   MaxResponseBytes(in, core::MaxPlanShards(s, in.batch)))
             << core::StrategyName(s) << " batch " << i << " layout " << with_layout;
+      }
+    }
+  }
+}
+
+TEST(RequestFromProtoTest, BlockDiffusionMaskAndItsErrors) {
+  v1::PlanRequest r = GoodRequest();
+  r.set_attention_mask("block_diffusion");
+  r.set_block_size(16);
+  absl::StatusOr<PlanInput> in = RequestFromProto(r, core::BatchLimits{});
+  ASSERT_THAT(in, IsOk());
+  EXPECT_EQ(in->options.attention_mask,
+            (core::AttentionMask{core::MaskKind::kBlockDiffusion, 16}));
+  // RequestToProto sends it back.
+  const v1::PlanRequest back =
+      RequestToProto(7, in->batch, in->strategy, in->options, in->shape, false, "");
+  EXPECT_EQ(back.attention_mask(), "block_diffusion");
+  EXPECT_EQ(back.block_size(), 16);
+  // The causal default sends neither.
+  const v1::PlanRequest causal =
+      RequestToProto(7, in->batch, in->strategy, core::PlanOptions{}, in->shape, false, "");
+  EXPECT_EQ(causal.attention_mask(), "");
+  EXPECT_EQ(causal.block_size(), 0);
+
+  for (int64_t bad : {int64_t{0}, int64_t{-1}}) {
+    r.set_block_size(bad);
+    EXPECT_THAT(RequestFromProto(r, core::BatchLimits{}),
+                StatusIs(absl::StatusCode::kInvalidArgument, StartsWith("block_size: must be")));
+  }
+  r.set_attention_mask("");
+  r.set_block_size(4);
+  EXPECT_THAT(RequestFromProto(r, core::BatchLimits{}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       StartsWith("block_size: only with attention_mask block_diffusion")));
+  r.set_attention_mask("causal");
+  EXPECT_THAT(RequestFromProto(r, core::BatchLimits{}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       StartsWith("attention_mask: unknown mask \"causal\"")));
+}
+
+// A block-diffusion plan's response carries its mask, its 2n documents and
+// the clean and noisy bytes, and comes back whole; the response bound holds.
+TEST(ResponseToProtoTest, BlockDiffusionRoundTripsAndIsBounded) {
+  std::mt19937_64 rng(25);
+  for (int i = 0; i < 40; ++i) {
+    PlanInput in;
+    const int64_t n = std::uniform_int_distribution<int64_t>(1, 60)(rng);
+    for (int64_t d = 0; d < n; ++d) {
+      in.batch.doc_lens.push_back(std::uniform_int_distribution<int64_t>(1, 3000)(rng));
+    }
+    in.batch.cp_size = static_cast<int32_t>(std::min<int64_t>(
+        core::TotalTokens(in.batch.doc_lens), std::uniform_int_distribution<int32_t>(1, 16)(rng)));
+    in.options.attention_mask = {core::MaskKind::kBlockDiffusion,
+                                 std::uniform_int_distribution<int64_t>(1, 64)(rng)};
+    for (core::Strategy s : {core::Strategy::kLlama3, core::Strategy::kPerDoc,
+                             core::Strategy::kRing, core::Strategy::kCsbp,
+                             core::Strategy::kFlashCp}) {
+      in.strategy = s;
+      absl::StatusOr<core::Plan> plan = core::MakePlan(s, in.batch, in.options);
+      if (s == core::Strategy::kCsbp && !plan.ok()) continue;  // fewer blocks than ranks
+      ASSERT_THAT(plan, IsOk()) << core::StrategyName(s);
+      absl::StatusOr<core::PlanMetrics> metrics = core::AnalyzePlan(*plan, in.shape);
+      ASSERT_THAT(metrics, IsOk());
+      const v1::PlanResponse r =
+          ResponseToProto(in.batch_id, s, *plan, *metrics, nullptr, 1.5, nullptr, nullptr);
+      EXPECT_EQ(r.attention_mask(), "block_diffusion");
+      EXPECT_EQ(r.block_size(), in.options.attention_mask.block_size);
+      EXPECT_EQ(r.doc_lens_size(), 2 * n);
+      EXPECT_LE(static_cast<int64_t>(r.ByteSizeLong()),
+                MaxResponseBytes(in, core::MaxPlanShards(s, in.batch, in.options.attention_mask)))
+          << core::StrategyName(s);
+      absl::StatusOr<PlanResult> back = ResponseFromProto(r);
+      ASSERT_THAT(back, IsOk());
+      EXPECT_EQ(back->plan.mask, plan->mask);
+      EXPECT_EQ(back->plan.shards, plan->shards);
+      EXPECT_THAT(core::ValidatePlan(back->plan), IsOk());
+      EXPECT_EQ(back->metrics.rank_noisy_tokens, metrics->rank_noisy_tokens);
+      EXPECT_EQ(back->metrics.cut_noisy_blocks, metrics->cut_noisy_blocks);
+      for (core::CommScheme scheme : core::kAllCommSchemes) {
+        const core::PhaseTraffic& a = back->metrics.bytes[static_cast<int>(scheme)].phase;
+        const core::PhaseTraffic& b = metrics->bytes[static_cast<int>(scheme)].phase;
+        EXPECT_EQ(a.clean_received_tokens, b.clean_received_tokens);
+        EXPECT_EQ(a.noisy_received_tokens, b.noisy_received_tokens);
+        EXPECT_EQ(a.max_clean_received_bytes, b.max_clean_received_bytes);
+        EXPECT_EQ(a.max_noisy_received_bytes, b.max_noisy_received_bytes);
       }
     }
   }

@@ -144,7 +144,7 @@ TEST(PlannerServiceTest, ListStrategiesAndServerInfo) {
       EXPECT_FALSE(s.description().empty()) << s.name();
     }
     EXPECT_THAT(names, ElementsAre("llama3", "per_doc", "ring", "zigzag", "whole_doc",
-                                   "flashcp_paper", "flashcp", "ilp", "magi", "basp"));
+                                   "flashcp_paper", "flashcp", "ilp", "magi", "csbp", "basp"));
     EXPECT_THAT(defaults, ElementsAre("flashcp"));
   }
   {
@@ -242,7 +242,7 @@ TEST(PlannerServiceTest, EveryBadInputGetsItsCodeAndTheServerKeepsServing) {
       {"unknown strategy", with([](v1::PlanRequest& r) { r.set_strategy("nope"); }),
        absl::StatusCode::kInvalidArgument,
        "strategy: unknown strategy \"nope\" (llama3, per_doc, ring, zigzag, whole_doc, "
-       "flashcp_paper, flashcp, ilp, magi, basp)"},
+       "flashcp_paper, flashcp, ilp, magi, csbp, basp)"},
       {"target_imbalance < 1", with([](v1::PlanRequest& r) { r.set_target_imbalance(0.9); }),
        absl::StatusCode::kInvalidArgument,
        "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got 0.9"},

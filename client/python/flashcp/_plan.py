@@ -30,7 +30,8 @@ def plan(doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
          heads: int = 0, head_dim: int = 0, dtype_bytes: int = 0,
          include_layout: bool = False, batch_id: int = 0, ranks_per_node: int = 0,
          cost_profile: str = "", cost: Any = None,
-         rank_speed: Iterable[float] = (), timeout: Optional[float] = None,
+         rank_speed: Iterable[float] = (), attention_mask: str = "", block_size: int = 0,
+         timeout: Optional[float] = None,
          max_docs: Optional[int] = None, max_tokens: Optional[int] = None,
          max_cp_size: Optional[int] = None, max_shard_ranks: Optional[int] = None,
          max_response_bytes: Optional[int] = None) -> planner_pb2.PlanResponse:
@@ -41,7 +42,10 @@ def plan(doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
     Zero values mean the defaults (planner.proto); min_shard_tokens None is
     the default 128, -1 turns the rule off; ranks_per_node, cost_profile (the
     named profiles: calibration lives in a planner), cost and rank_speed as
-    Client.request.
+    Client.request. attention_mask="block_diffusion" with block_size=b plans
+    a block diffusion step's 2C-token [noisy ; clean] sequence
+    (docs/bdlm.md): the response's doc_lens lists the n noisy copies, then
+    the n clean copies.
 
     Bounds: a default planner's (flashcp-planner's --max_docs, --max_tokens,
     --max_cp_size, --max_shard_ranks, --max_response_bytes defaults); each
@@ -70,6 +74,12 @@ def plan(doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
                          rank_speed=rank_speed)
     if min_shard_tokens is not None:
         req.min_shard_tokens = _int_arg("min_shard_tokens", min_shard_tokens)
+    if attention_mask:
+        if not isinstance(attention_mask, str):
+            raise TypeError(f"attention_mask: must be a str, got {attention_mask!r}")
+        req.attention_mask = attention_mask
+    if block_size:
+        req.block_size = _int_arg("block_size", block_size)
     try:
         out = native().plan(req.SerializeToString(), timeout=float(timeout or 0.0), **bounds)
     except ValueError as e:

@@ -82,6 +82,30 @@ def test_in_process_errors_match_the_service(planner_address, args, field):
     assert remote.value.details().startswith(field)
 
 
+def test_block_diffusion_plan_in_process_equals_the_service(planner_address):
+    """attention_mask="block_diffusion": the plan covers both copies of every
+    document (noisy, then clean), in process as in the service."""
+    client = flashcp.Client(planner_address, options=CLIENT_OPTIONS)
+    for strategy in ("llama3", "csbp", "flashcp"):
+        local = flashcp.plan([300, 5, 1, 78], 4, strategy, attention_mask="block_diffusion",
+                             block_size=4)
+        assert local.attention_mask == "block_diffusion" and local.block_size == 4
+        assert list(local.doc_lens) == [300, 5, 1, 78, 300, 5, 1, 78]
+        assert list(local.metrics.rank_tokens) == [192] * 4  # 2C/N
+        req = flashcp.Client.request([300, 5, 1, 78], 4, strategy)
+        req.attention_mask = "block_diffusion"
+        req.block_size = 4
+        remote = client._get_stub().Plan(req, timeout=30)
+        assert _bytes_without_time(local) == _bytes_without_time(remote), strategy
+    with pytest.raises(flashcp.PlanError) as bad:
+        flashcp.plan([8], 2, "llama3", attention_mask="block_diffusion")
+    assert bad.value.code == "INVALID_ARGUMENT"
+    assert "block_size: must be in [1, 2^40]" in str(bad.value)
+    with pytest.raises(flashcp.PlanError) as bad:
+        flashcp.plan([8], 2, "magi", attention_mask="block_diffusion", block_size=2)
+    assert "strategy: magi does not plan attention_mask block_diffusion" in str(bad.value)
+
+
 def test_plan_view_rejects_what_is_not_a_plan():
     with pytest.raises(ValueError, match="expected a PlanResponse"):
         flashcp.plan_view(42)
