@@ -205,21 +205,23 @@ absl::Status CheckFitNearProfile(const CostCoefficients& fit, const CostCoeffici
         " times the shipped ", shipped.whole_pair, " (allowed: 1/", kMaxFitScale, " to ",
         kMaxFitScale, ")"));
   }
-  const std::array<std::tuple<absl::string_view, double, double, bool>, 3> terms = {{
-      {"prefixed_pair", fit.prefixed_pair, shipped.prefixed_pair, true},
-      {"sequence", fit.sequence, shipped.sequence, false},
-      {"token", fit.token, shipped.token, false},
+  // (term, fit, shipped, bound, two-sided)
+  const std::array<std::tuple<absl::string_view, double, double, double, bool>, 3> terms = {{
+      {"prefixed_pair", fit.prefixed_pair, shipped.prefixed_pair, kMaxFitPairRatio, true},
+      {"sequence", fit.sequence, shipped.sequence, kMaxFitShape, false},
+      {"token", fit.token, shipped.token, kMaxFitShape, false},
   }};
-  for (const auto& [name, f, s, two_sided] : terms) {
+  for (const auto& [name, f, s, bound, two_sided] : terms) {
     const double fit_ratio = f / fit.whole_pair;
     const double shipped_ratio = s / shipped.whole_pair;
-    const bool high = fit_ratio > kMaxFitShape * shipped_ratio;
-    const bool low = two_sided && fit_ratio < shipped_ratio / kMaxFitShape;
+    const bool high = fit_ratio > bound * shipped_ratio;
+    const bool low = two_sided && fit_ratio < shipped_ratio / bound;
     if (high || low) {
       return absl::FailedPreconditionError(absl::StrCat(
           "refused: far from the shipped profile: ", name, " / whole_pair is ", fit_ratio,
-          ", shipped ", shipped_ratio, " (allowed: ", two_sided ? absl::StrCat("1/", kMaxFitShape, " to ") : std::string("at most "),
-          kMaxFitShape, " times the shipped)"));
+          ", shipped ", shipped_ratio, " (allowed: ",
+          two_sided ? absl::StrCat("1/", bound, " to ") : std::string("at most "), bound,
+          " times the shipped)"));
     }
   }
   return absl::OkStatus();

@@ -572,17 +572,21 @@ TEST(CheckFitNearProfileTest, RefusesThePairsShapeAndFitsFarFromTheShippedProfil
                 "refused: far from the shipped profile: whole_pair 5.5e-06 is 101.103 times the "
                 "shipped 5.44e-08 (allowed: 1/100 to 100)"));
   EXPECT_TRUE(CheckFitNearProfile({5.4e-6, 5.69e-6, 9.58e-3, 1.86e-4}, cpu).ok());
-  // Shape: a sequence 5x as dear relative to pairs as shipped.
-  EXPECT_EQ(CheckFitNearProfile({5.44e-8, 5.69e-8, 5 * 9.58e-5, 1.86e-6}, cpu),
+  // Shape: a sequence 11x as dear relative to pairs as shipped.
+  EXPECT_EQ(CheckFitNearProfile({5.44e-8, 5.69e-8, 11 * 9.58e-5, 1.86e-6}, cpu),
             absl::FailedPreconditionError(
-                "refused: far from the shipped profile: sequence / whole_pair is 8805.15, "
-                "shipped 1761.03 (allowed: at most 4 times the shipped)"));
-  EXPECT_TRUE(CheckFitNearProfile({5.44e-8, 5.69e-8, 3.9 * 9.58e-5, 1.86e-6}, cpu).ok());
-  EXPECT_EQ(CheckFitNearProfile({5.44e-8, 5.69e-8 / 5, 9.58e-5, 1.86e-6}, cpu),
+                "refused: far from the shipped profile: sequence / whole_pair is 19371.3, "
+                "shipped 1761.03 (allowed: at most 10 times the shipped)"));
+  EXPECT_TRUE(CheckFitNearProfile({5.44e-8, 5.69e-8, 9.9 * 9.58e-5, 1.86e-6}, cpu).ok());
+  // The probe's takeover: prefixed pairs at a quarter of their shipped cost.
+  EXPECT_EQ(CheckFitNearProfile({5.44e-8, 5.69e-8 / 4, 9.58e-5, 1.86e-6}, cpu),
             absl::FailedPreconditionError(
-                "refused: far from the shipped profile: prefixed_pair / whole_pair is 0.209191, "
-                "shipped 1.04596 (allowed: 1/4 to 4 times the shipped)"));
-  EXPECT_EQ(CheckFitNearProfile({5.44e-8, 5.69e-8, 9.58e-5, 5 * 1.86e-6}, cpu).code(),
+                "refused: far from the shipped profile: prefixed_pair / whole_pair is 0.261489, "
+                "shipped 1.04596 (allowed: 1/1.5 to 1.5 times the shipped)"));
+  EXPECT_TRUE(CheckFitNearProfile({5.44e-8, 5.69e-8 / 1.49, 9.58e-5, 1.86e-6}, cpu).ok());
+  EXPECT_EQ(CheckFitNearProfile({5.44e-8, 5.69e-8 * 1.51, 9.58e-5, 1.86e-6}, cpu).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CheckFitNearProfile({5.44e-8, 5.69e-8, 9.58e-5, 11 * 1.86e-6}, cpu).code(),
             absl::StatusCode::kFailedPrecondition);
 }
 

@@ -390,7 +390,10 @@ void WorkerDaemon::FlushReport(int32_t cp_size) {
                       << r->profile_samples() << " samples, "
                       << (r->calibrated() ? absl::StrFormat("calibrated, fit error %.2f%%",
                                                             100 * r->fit_mean_abs_rel_error())
-                                          : absl::StrCat("not calibrated: ", r->fit_status()));
+                                          : absl::StrCat("not calibrated: ", r->fit_status()))
+                      << (r->calibrated() && !r->fit_status().empty()
+                              ? absl::StrCat(" (the last refit: ", r->fit_status(), ")")
+                              : "");
   }
   pending_report_.clear();
 }
