@@ -241,6 +241,10 @@ void AppendMetrics(std::string& out, const PlanMetrics& m, double planning_secon
     AppendField(out, "rank_predicted_cost", cost->prediction.rank_cost);
     AppendField(out, "predicted_cost_imbalance", cost->prediction.imbalance);
   }
+  if (IsBlockDiffusion(m.mask)) {
+    AppendField(out, "rank_noisy_tokens", m.rank_noisy_tokens);
+    AppendField(out, "cut_noisy_blocks", m.cut_noisy_blocks);
+  }
   AppendKey(out, "all_to_all_inapplicable");
   AppendString(out, m.all_to_all_inapplicable);
   AppendField(out, "all_to_all_replicated_kv_heads", m.all_to_all_replicated_kv_heads);
@@ -289,10 +293,6 @@ void AppendStepTime(std::string& out, const StepTimeReport& r, bool per_rank) {
   }
   AppendKey(out, "predicted_cluster");
   AppendString(out, r.cluster);
-  if (IsBlockDiffusion(m.mask)) {
-    AppendField(out, "rank_noisy_tokens", m.rank_noisy_tokens);
-    AppendField(out, "cut_noisy_blocks", m.cut_noisy_blocks);
-  }
 }
 
 }  // namespace
