@@ -52,9 +52,9 @@ ABSL_FLAG(int64_t, batches, flashcp::core::CliOptions{}.batches,
 ABSL_FLAG(uint64_t, seed, flashcp::core::CliOptions{}.seed, "sampling seed (with --dataset)");
 ABSL_FLAG(bool, summary, false, "print a table of per-strategy statistics instead of JSON");
 ABSL_FLAG(int32_t, heads, flashcp::core::ModelShape{}.heads, "KV heads, for byte counts");
-ABSL_FLAG(int32_t, query_heads, 0,
+ABSL_FLAG(int32_t, query_heads, flashcp::core::ModelShape{}.query_heads,
           "query heads Hq (0: equal to --heads; a multiple of it), for the all_to_all "
-          "scheme's byte counts");
+          "scheme's byte counts and the predicted compute");
 ABSL_FLAG(int32_t, head_dim, flashcp::core::ModelShape{}.head_dim, "head dimension");
 ABSL_FLAG(int32_t, dtype_bytes, flashcp::core::ModelShape{}.dtype_bytes,
           "bytes per element: 1, 2 or 4");
@@ -75,8 +75,6 @@ ABSL_FLAG(int32_t, ranks_per_node, flashcp::core::PlanOptions{}.ranks_per_node,
 ABSL_FLAG(bool, choose_by_step_time, false,
           "flashcp: plan several variants and keep the least predicted step time within the "
           "imbalance target (core/step_choice.h); needs --cluster");
-ABSL_FLAG(int32_t, query_heads, flashcp::core::ModelShape{}.query_heads,
-          "query heads Hq for the predicted compute (0: equal to --heads)");
 // Pipeline mode (core/pipeline.h); the flags below need --pipeline.
 ABSL_FLAG(bool, pipeline, false,
           "plan pipeline-parallel micro-batches (DPP, docs/pipeline.md) instead of CP sharding; "
@@ -246,7 +244,6 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   FLASHCP_ASSIGN_OR_RETURN(
       o.plan.ranks_per_node,
       IntFlagIn("ranks_per_node", absl::GetFlag(FLAGS_ranks_per_node), 0, kMaxCpSize));
-  o.shape.query_heads = absl::GetFlag(FLAGS_query_heads);
   FLASHCP_ASSIGN_OR_RETURN(o.step_time, StepTimeFromFlags(line, o.plan.ranks_per_node));
   if (o.step_time.has_value() || line.given.count("query_heads") > 0) {
     FLASHCP_RETURN_IF_ERROR(AsFlagError(

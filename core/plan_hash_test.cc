@@ -21,12 +21,12 @@ using ::flashcp::core::testing::IsOk;
 
 // docs [5, 3], N = 2, the ring plan of plan_json_test's hand-worked example.
 Plan RingPlan() {
-  return Plan{2, {5, 3}, 0, {Shard{0, 0, 4, 0}, Shard{0, 4, 1, 1}, Shard{1, 0, 3, 1}}};
+  return Plan{2, {5, 3}, 0, {Shard{0, 0, 4, 0}, Shard{0, 4, 1, 1}, Shard{1, 0, 3, 1}}, {}};
 }
 
 // One document of 5 tokens on 3 ranks: C/N = 2, one padding token on rank 2.
 Plan PaddedPlan() {
-  return Plan{3, {5}, 1, {Shard{0, 0, 2, 0}, Shard{0, 2, 2, 1}, Shard{0, 4, 1, 2}}};
+  return Plan{3, {5}, 1, {Shard{0, 0, 2, 0}, Shard{0, 2, 2, 1}, Shard{0, 4, 1, 2}}, {}};
 }
 
 TEST(Fnv1a64Test, PublishedVectors) {

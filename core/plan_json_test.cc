@@ -124,7 +124,7 @@ TEST(PlanToJsonTest, HandWorkedRingPlan) {
 }
 
 TEST(PlanToJsonTest, AnotherPlannersVersionIsWrittenAsGiven) {
-  const Plan plan{1, {3}, 0, {Shard{0, 0, 3, 0}}};
+  const Plan plan{1, {3}, 0, {Shard{0, 0, 3, 0}}, {}};
   const std::string version = "9.8.7";
   const std::string json =
       PlanToJson(plan, PlanMetrics{}, {.strategy = "ring", .planner_version = &version});

@@ -26,7 +26,7 @@ Plan TwoPairs() {
   return Plan{4,
               {8, 8},
               0,
-              {{0, 0, 2, 0}, {0, 6, 2, 0}, {0, 2, 4, 1}, {1, 0, 2, 2}, {1, 6, 2, 2}, {1, 2, 4, 3}}};
+              {{0, 0, 2, 0}, {0, 6, 2, 0}, {0, 2, 4, 1}, {1, 0, 2, 2}, {1, 6, 2, 2}, {1, 2, 4, 3}}, {}};
 }
 
 TEST(PlanRankGroupsTest, RanksSharingADocumentFormOneGroup) {
@@ -35,7 +35,7 @@ TEST(PlanRankGroupsTest, RanksSharingADocumentFormOneGroup) {
   const Plan plan{4,
                   {6, 4, 6},
                   0,
-                  {{0, 0, 4, 0}, {1, 0, 4, 1}, {0, 4, 2, 2}, {2, 0, 2, 2}, {2, 2, 4, 3}}};
+                  {{0, 0, 4, 0}, {1, 0, 4, 1}, {0, 4, 2, 2}, {2, 0, 2, 2}, {2, 2, 4, 3}}, {}};
   ASSERT_THAT(ValidatePlan(plan), IsOk());
   EXPECT_THAT(PlanRankGroups(plan), ElementsAre(ElementsAre(0, 2, 3), ElementsAre(1)));
 }
@@ -175,7 +175,7 @@ TEST(AllToAllAnalysisTest, AGroupWhoseSizeDoesNotDivideHqIsReported) {
 }
 
 TEST(AllToAllAnalysisTest, WholeDocumentsMoveNothing) {
-  const Plan plan{2, {4, 4}, 0, {{0, 0, 4, 0}, {1, 0, 4, 1}}};
+  const Plan plan{2, {4, 4}, 0, {{0, 0, 4, 0}, {1, 0, 4, 1}}, {}};
   absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, ModelShape{});
   ASSERT_THAT(m, IsOk());
   EXPECT_THAT(m->bytes[kA2a].sent, ElementsAre(0, 0));

@@ -157,6 +157,7 @@ TEST(PlanBatchTest, PredictedStepTimeWhenAClusterIsNamed) {
   EXPECT_EQ(r->metrics().predicted_step_seconds(), choice->report.native().step_seconds);
   EXPECT_LE(r->metrics().predicted_step_seconds(), want->native().step_seconds);
   ASSERT_EQ(r->shards_size(), static_cast<int>(choice->plan.shards.size()));
+}
 
 TEST(PlanBatchTest, ChooseSchemesAddsTheGroupsAndKeepsFlashcpsPlan) {
   core::testing::TickingClock clock{kTick};
@@ -193,6 +194,7 @@ TEST(PlanBatchTest, ChooseSchemesAddsTheGroupsAndKeepsFlashcpsPlan) {
   } else {
     EXPECT_EQ(r->plan_source(), "basp");
   }
+}
 
 // A block-diffusion request: the response covers both copies and says so;
 // with include_layout the missing layout is UNIMPLEMENTED, not a wrong one.
