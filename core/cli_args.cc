@@ -288,7 +288,8 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   }
   o.pipeline = absl::GetFlag(FLAGS_pipeline);
   if (o.pipeline) return WithPipelineFlags(std::move(o), line, strategy);
-  for (const char* flag : {"pp", "sp", "memory_budget_gib", "layers", "hidden", "kv_hidden",
+  // (--layers is also the predicted step's: core/cluster_flags.cc.)
+  for (const char* flag : {"pp", "sp", "memory_budget_gib", "hidden", "kv_hidden",
                            "ffn_hidden", "vocab", "pipeline_profile"}) {
     if (line.given.count(flag) > 0) {
       return absl::InvalidArgumentError(absl::StrCat("--", flag, ": needs --pipeline"));

@@ -405,7 +405,7 @@ TEST(ParseCliArgsTest, ClusterFlagsOverrideThePreset) {
        "--layers: must be an integer in [1, 100000], got \"0\""},
       {{"--choose_by_step_time"}, "--choose_by_step_time: needs --cluster"},
       {{"--cluster=h200", "--heads", "4", "--query_heads", "6"},
-       "--query_heads: must be 0 (= heads) or a multiple of heads (4) up to 1048576, got 6"},
+       "--query_heads: must be 0 (equal to heads) or a multiple of heads (4) in [1, 1024], got 6"},
       {{"--ranks_per_node", "-1"},
        "--ranks_per_node: must be an integer in [0, 65536], got \"-1\""},
   };

@@ -98,7 +98,8 @@ TEST(PlanHashTest, HashOfTheBytesOnEveryStrategysRandomPlans) {
         TotalTokens(batch.doc_lens), std::uniform_int_distribution<int32_t>(1, 16)(rng)));
     std::vector<Plan> plans;
     for (Strategy s : AllStrategies()) {
-      if (s == Strategy::kIlp) continue;  // core links no solver
+      if (s == Strategy::kIlp) continue;   // core links no solver
+      if (s == Strategy::kBasp) continue;  // equal-length documents only
       absl::StatusOr<Plan> plan = MakePlan(s, batch, PlanOptions{});
       ASSERT_THAT(plan, IsOk());
       const std::string bytes = PlanHashBytes(*plan);

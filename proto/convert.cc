@@ -233,11 +233,6 @@ absl::StatusOr<PlanInput> RequestFromProto(const v1::PlanRequest& request,
   in.options.rank_speed.assign(request.rank_speed().begin(), request.rank_speed().end());
   FLASHCP_RETURN_IF_ERROR(
       core::ValidateRankSpeeds(in.options.rank_speed, in.batch.cp_size, in.options.cost));
-  if (request.query_heads() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "query_heads: must be >= 0 (0: equal to heads), got ", request.query_heads()));
-  }
-  in.shape.query_heads = request.query_heads();
   FLASHCP_ASSIGN_OR_RETURN(in.step_time, StepTimeFromRequest(request, in.options.ranks_per_node,
                                                              in.shape));
   in.choose_by_step_time = request.choose_by_step_time();

@@ -209,7 +209,7 @@ TEST(RequestFromProtoTest, EveryBadFieldIsNamedWithItsCode) {
        "target_imbalance: must be a finite ratio >= 1 (0 means 1.02), got nan"},
       {"query_heads negative", [](v1::PlanRequest& r) { r.set_query_heads(-2); },
        absl::StatusCode::kInvalidArgument,
-       "query_heads: must be >= 0 (0: equal to heads), got -2"},
+       "query_heads: must be 0 (equal to heads) or a multiple of heads (32) in [1, 1024], got -2"},
       {"unknown cluster", [](v1::PlanRequest& r) { r.set_cluster("tpu"); },
        absl::StatusCode::kInvalidArgument,
        "cluster: cluster preset \"tpu\" is unknown; known: h100-sxm, h200"},
@@ -240,7 +240,7 @@ TEST(RequestFromProtoTest, EveryBadFieldIsNamedWithItsCode) {
          r.set_query_heads(6);
        },
        absl::StatusCode::kInvalidArgument,
-       "query_heads: must be 0 (= heads) or a multiple of heads (4) up to 1048576, got 6"},
+       "query_heads: must be 0 (equal to heads) or a multiple of heads (4) in [1, 1024], got 6"},
       {"choose_by_step_time without a cluster",
        [](v1::PlanRequest& r) { r.set_choose_by_step_time(true); },
        absl::StatusCode::kInvalidArgument,

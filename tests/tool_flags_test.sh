@@ -72,7 +72,7 @@ warn() {
 help flashcp-planner planner_service/main.cc core/runtime/metrics_endpoint/endpoint_flags.cc
 help flashcp-worker worker/worker_main.cc client/internal/tls_flags.cc \
   core/runtime/metrics_endpoint/endpoint_flags.cc
-help flashcp-plan core/cli_args.cc
+help flashcp-plan core/cli_args.cc core/cluster_flags.cc
 help flashcp-client client/client_main.cc client/internal/tool_flags.cc client/internal/tls_flags.cc
 help flashcp-loadgen client/loadgen_main.cc client/internal/tool_flags.cc \
   client/internal/tls_flags.cc
@@ -124,7 +124,7 @@ warn flashcp-cpstep head-dim head_dim --head-dim 8 --cp 0 --strategy ring --sche
 
 if [[ $benches == bench ]]; then
   help engine_step_bench bench/engine_step_bench.cc
-  help plan_quality bench/plan_quality.cc
+  help plan_quality bench/plan_quality.cc core/cluster_flags.cc
   help planner_soak bench/planner_soak.cc
   help rank_cost_fit bench/rank_cost_fit.cc
   # Google Benchmark's own flags (--benchmark_*), spelled with underscores too.
