@@ -24,6 +24,7 @@
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "planner_service/plan_batch.h"
 #include "proto/convert.h"
+#include "proto/raw_message.h"
 #include "proto/grpc_status.h"
 
 namespace flashcp::planner_service {
@@ -49,17 +50,6 @@ absl::Status DroppedStatus(const grpc::CallbackServerContext& context, const cor
     return absl::DeadlineExceededError("planner: the deadline passed before the plan was made");
   }
   return absl::CancelledError("planner: the call was cancelled before the plan was made");
-}
-
-// `bytes` (consumed) parsed as a `Message`: INVALID_ARGUMENT naming the type
-// unless they are one.
-template <typename Message>
-absl::Status ParseMessage(grpc::ByteBuffer* bytes, Message* message) {
-  if (grpc::SerializationTraits<Message>::Deserialize(bytes, message).ok()) {
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("could not parse ", Message::descriptor()->full_name()));
 }
 
 // The host of a gRPC peer string ("ipv4:10.0.0.1:5000" -> "ipv4:10.0.0.1",
@@ -115,7 +105,7 @@ absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceDeps& dep
         "at this server's --max_docs, --max_tokens and --max_cp_size (", max_bytes, " bytes)"));
   }
   v1::PlanRequest request;
-  FLASHCP_RETURN_IF_ERROR(ParseMessage(bytes, &request));
+  FLASHCP_RETURN_IF_ERROR(proto::ParseRaw(bytes, &request));
   *batch_id = request.batch_id();
   // A named profile is planned with the caller's calibrated fit where it has
   // one, and validated against it (rank_speed), once.
@@ -652,7 +642,7 @@ grpc::ServerUnaryReactor* AnswerSmallCall(const ServiceDeps& deps, absl::string_
   const absl::Time received = deps.clock->Now();
   grpc::ByteBuffer bytes(*in);
   Request request;
-  absl::Status status = ParseMessage(&bytes, &request);
+  absl::Status status = proto::ParseRaw(&bytes, &request);
   if (status.ok()) {
     Reply reply;
     fill(reply);
@@ -717,7 +707,7 @@ class ReportReactor final : public grpc::ServerUnaryReactor {
     }
     grpc::ByteBuffer bytes(request);
     v1::ReportStepTimesRequest message;
-    FLASHCP_RETURN_IF_ERROR(ParseMessage(&bytes, &message));
+    FLASHCP_RETURN_IF_ERROR(proto::ParseRaw(&bytes, &message));
     return proto::StepTimesFromProto(message);
   }
 

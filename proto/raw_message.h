@@ -12,16 +12,23 @@
 
 namespace flashcp::proto {
 
-// `bytes` parsed as a `Message` (a copy of the buffer is read; `bytes` is
-// left as it was): INVALID_ARGUMENT naming the type unless they are one.
+// `*bytes` (consumed) parsed as a `Message`: INVALID_ARGUMENT naming the
+// type unless they are one.
 template <typename Message>
-absl::Status ParseRaw(const grpc::ByteBuffer& bytes, Message* message) {
-  grpc::ByteBuffer copy(bytes);  // Deserialize consumes its buffer
-  if (grpc::SerializationTraits<Message>::Deserialize(&copy, message).ok()) {
+absl::Status ParseRaw(grpc::ByteBuffer* bytes, Message* message) {
+  if (grpc::SerializationTraits<Message>::Deserialize(bytes, message).ok()) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
       absl::StrCat("could not parse ", Message::descriptor()->full_name()));
+}
+
+// The same, reading a copy of the buffer (its slices' references): `bytes`
+// is left as it was.
+template <typename Message>
+absl::Status ParseRaw(const grpc::ByteBuffer& bytes, Message* message) {
+  grpc::ByteBuffer copy(bytes);
+  return ParseRaw(&copy, message);
 }
 
 // `message` serialized into `out`; INTERNAL if protobuf refuses (over 2 GiB).
