@@ -1,13 +1,16 @@
 // The step-time model against the paper (issue 29, "Checked against the
-// paper"): the paper's setup (8 x H100 SXM on NVLink, 128K context, WLB-LLM
-// and Pile, H = 16 and 32 heads of D = 128, CP sizes 4 and 8) planned with
+// paper"): the paper's setup (section 4.1-4.2 and Figure 5: 8 x H100 SXM on
+// NVLink, 128K context, WLB-LLM, Pile and RedPajama, H = 16 and 32 heads of
+// D = 128, CP sizes 4 and 8, training and inference) planned with
 // flashcp_paper and the baselines, each run as its system runs it (llama3,
-// per_doc: all-gather of full KV; ring, zigzag: ring attention;
-// flashcp_paper: the compacted all-gather, Eq. 5), and the model's predicted
-// speedups and communication-time reductions printed beside the paper's.
-// Constants are the h100-sxm preset's (core/step_time.h), never fitted to the
-// paper. Then the scale table: mean predicted step per strategy at N = 8 (one
-// node) and 16, 32, 64 (8 per node), 128K and 1M. Markdown on stdout.
+// per_doc: all-gather of full KV; ring, zigzag: ring attention as
+// ring-flash-attention's varlen functions, which the paper uses: ring cuts
+// every document into N contiguous chunks, zigzag into 2N; flashcp_paper:
+// the compacted all-gather, Eq. 5), and the model's predicted speedups and
+// communication-time reductions printed beside the paper's. Constants are
+// the h100-sxm preset's (core/step_time.h), never fitted to the paper. Then
+// the scale table: mean predicted step per strategy at N = 8 (one node) and
+// 16, 32, 64 (8 per node), 128K and 1M. Markdown on stdout.
 //
 //   build/bin/paper_step_model [--batches K] [--seed S] [--scale_batches K]
 //                              [--scale_cells C:N,...] [--cluster ...]
@@ -58,31 +61,73 @@ constexpr char kUsage[] =
 constexpr int64_t kPaperContext = 131072;
 
 // The paper's figures (SPEC.md, "The paper's figures").
-struct PaperSpeedup {
-  Strategy baseline;
-  double speedup;
-};
-constexpr PaperSpeedup kPaperSpeedups[] = {{Strategy::kLlama3, 1.38},
-                                           {Strategy::kPerDoc, 1.63},
-                                           {Strategy::kRing, 1.97},
-                                           {Strategy::kZigzag, 2.14}};
 constexpr std::pair<Dataset, double> kPaperCommReduction[] = {{Dataset::kWlbLlm, 0.236},
                                                               {Dataset::kPile, 0.345}};
 
 // Sums over a configuration's batches, per strategy.
 struct Sums {
-  double step = 0;       // predicted step, seconds
+  double step = 0;       // predicted step (training: forward + backward), seconds
   double compute = 0;    // slowest rank's compute
   double exposed = 0;    // exposed exchange
   double exchange = 0;   // exchange, both phases, not overlapped
   double step_stacked = 0;  // the same plan with no overlap (the paper's Figure 6 stacks)
+  double forward = 0;       // inference: the forward phase alone, overlapped
+  double forward_stacked = 0;
   int64_t n = 0;
 };
 
-absl::Status Accumulate(Strategy s, const Batch& batch, const ModelShape& shape,
+// A system the paper runs: the strategy whose exchange it uses, and whether
+// its sharding is ring-flash-attention's varlen ring (every document in N
+// contiguous chunks, chunk k on rank k) rather than the strategy's own.
+struct System {
+  std::string name;
+  Strategy strategy;
+  bool ring_varlen = false;
+};
+
+// ring-flash-attention's ring_flash_attn_varlen_func sharding (its tests'
+// extract_local: each document's tokens chunked into N, rank k taking chunk
+// k), which the paper's Ring-Attn baseline uses for packed input. The L % N
+// leftover tokens of a document go one each to ranks in a round robin
+// carried across documents, so that every rank holds the canonical C/N
+// tokens (ValidatePlan), as per_doc deals its leftovers.
+Plan PlanRingVarlen(const Batch& batch) {
+  const int32_t n = batch.cp_size;
+  Plan plan;
+  plan.cp_size = n;
+  plan.doc_lens = batch.doc_lens;
+  plan.padding = PaddingTokens(TotalTokens(batch.doc_lens), n);
+  int32_t next = 0;
+  for (int32_t d = 0; d < static_cast<int32_t>(batch.doc_lens.size()); ++d) {
+    const int64_t len = batch.doc_lens[d];
+    std::vector<int64_t> chunk(n, len / n);
+    for (int64_t left = len % n; left > 0; --left) {
+      ++chunk[next];
+      next = (next + 1) % n;
+    }
+    int64_t start = 0;
+    for (int32_t k = 0; k < n; ++k) {
+      if (chunk[k] == 0) continue;
+      plan.shards.push_back(Shard{d, start, chunk[k], k});
+      start += chunk[k];
+    }
+  }
+  // ValidatePlan: shards grouped by rank ascending (documents in order).
+  std::stable_sort(plan.shards.begin(), plan.shards.end(),
+                   [](const Shard& a, const Shard& b) { return a.rank < b.rank; });
+  return plan;
+}
+
+absl::Status Accumulate(const System& sys, const Batch& batch, const ModelShape& shape,
                         const ClusterSpec& cluster, Sums& sums) {
-  FLASHCP_ASSIGN_OR_RETURN(const Plan plan, MakePlan(s, batch));
-  FLASHCP_ASSIGN_OR_RETURN(const StepTimeReport r, ReportStepTime(s, plan, shape, 1, cluster));
+  Plan plan;
+  if (sys.ring_varlen) {
+    plan = PlanRingVarlen(batch);
+  } else {
+    FLASHCP_ASSIGN_OR_RETURN(plan, MakePlan(sys.strategy, batch));
+  }
+  FLASHCP_ASSIGN_OR_RETURN(const StepTimeReport r,
+                           ReportStepTime(sys.strategy, plan, shape, 1, cluster));
   ClusterSpec stacked = cluster;
   stacked.overlap_whole_shards = false;
   FLASHCP_ASSIGN_OR_RETURN(const StepTimePrediction st,
@@ -93,6 +138,8 @@ absl::Status Accumulate(Strategy s, const Batch& batch, const ModelShape& shape,
   sums.exposed += p.exposed_exchange_seconds;
   sums.exchange += p.exchange_seconds;
   sums.step_stacked += st.step_seconds;
+  sums.forward += p.forward_seconds;
+  sums.forward_stacked += st.forward_seconds;
   ++sums.n;
   return absl::OkStatus();
 }
@@ -109,18 +156,38 @@ double Mean(const Sums& s, double Sums::*field) {
   return s.n == 0 ? 0 : s.*field / static_cast<double>(s.n);
 }
 
+struct Config {
+  Dataset d;
+  int32_t heads;
+  int32_t n;
+  std::map<std::string, Sums> sums;  // by System::name
+};
+
+// Mean over `configs` (those of data set `only`, if given) of a baseline's
+// mean `field` over flashcp_paper's: the paper's per-configuration speedup,
+// averaged as the paper averages.
+double MeanSpeedup(const std::vector<Config>& configs, const std::string& baseline,
+                   double Sums::*field, std::optional<Dataset> only = std::nullopt) {
+  double sum = 0;
+  int count = 0;
+  for (const Config& c : configs) {
+    if (only && c.d != *only) continue;
+    sum += Mean(c.sums.at(baseline), field) / Mean(c.sums.at("flashcp_paper"), field);
+    ++count;
+  }
+  return count == 0 ? 0 : sum / count;
+}
+
 int Paper(int64_t batches, uint64_t seed, const StepTimeOptions& step) {
-  const std::vector<Strategy> strategies = {Strategy::kFlashCpPaper, Strategy::kLlama3,
-                                            Strategy::kPerDoc,       Strategy::kRing,
-                                            Strategy::kZigzag,       Strategy::kFlashCp};
-  const std::vector<Dataset> datasets = {Dataset::kWlbLlm, Dataset::kPile};
-  // [config][strategy]
-  struct Config {
-    Dataset d;
-    int32_t heads;
-    int32_t n;
-    std::map<Strategy, Sums> sums;
-  };
+  const std::vector<System> systems = {
+      {"flashcp_paper", Strategy::kFlashCpPaper},
+      {"llama3", Strategy::kLlama3},
+      {"per_doc", Strategy::kPerDoc},
+      {"ring", Strategy::kRing, true},
+      {"zigzag", Strategy::kZigzag},
+      {"ring_packed", Strategy::kRing},
+      {"flashcp", Strategy::kFlashCp}};
+  const std::vector<Dataset> datasets = {Dataset::kWlbLlm, Dataset::kPile, Dataset::kRedPajama};
   std::vector<Config> configs;
   for (Dataset d : datasets) {
     for (int32_t heads : {16, 32}) {
@@ -128,10 +195,10 @@ int Paper(int64_t batches, uint64_t seed, const StepTimeOptions& step) {
         Config c{d, heads, n, {}};
         const ModelShape shape{.heads = heads, .head_dim = 128, .dtype_bytes = 2};
         for (const Batch& b : Draw(d, kPaperContext, batches, seed, n)) {
-          for (Strategy s : strategies) {
-            if (absl::Status st = Accumulate(s, b, shape, step.cluster, c.sums[s]); !st.ok()) {
-              std::fprintf(stderr, "paper_step_model: %s: %s\n",
-                           std::string(StrategyName(s)).c_str(),
+          for (const System& sys : systems) {
+            if (absl::Status st = Accumulate(sys, b, shape, step.cluster, c.sums[sys.name]);
+                !st.ok()) {
+              std::fprintf(stderr, "paper_step_model: %s: %s\n", sys.name.c_str(),
                            std::string(st.message()).c_str());
               return 1;
             }
@@ -145,37 +212,48 @@ int Paper(int64_t batches, uint64_t seed, const StepTimeOptions& step) {
   }
   const ClusterSpec& cl = step.cluster;
   std::printf("## The step-time model against the paper\n\n"
-              "Paper setup: 128K context, WLB-LLM and Pile, H = 16 and 32 (Hq = Hkv), D = 128, "
-              "bf16, N = 4 and 8 on one node; %lld batches per configuration (seed %llu); "
-              "cluster %s: NVLink %g GB/s and %g us, compute the h200-cudnn profile x %g, "
-              "forward share %g, HBM %g GB/s. Each strategy runs its own exchange (llama3, "
-              "per_doc: full-KV all-gather; ring, zigzag: ring attention; flashcp_paper: the "
-              "compacted all-gather). Speedup: a baseline's mean predicted step over "
-              "flashcp_paper's, per configuration, averaged over the 8 configurations as the "
-              "paper averages; \"overlap\": the CUDA engine's (whole shards during the "
-              "exchange), \"stacked\": exchange then compute (the paper's Figure 6 breakdown "
-              "stacks them; ring overlaps per hop in both).\n\n",
+              "Paper setup (section 4, Figure 5): 128K context, WLB-LLM, Pile and RedPajama, "
+              "H = 16 and 32 (Hq = Hkv), D = 128, bf16, N = 4 and 8 on one node, training "
+              "(forward + backward) and inference (forward); %lld batches per configuration "
+              "(seed %llu); cluster %s: NVLink %g GB/s and %g us, compute the h200-cudnn "
+              "profile x %g, forward share %g, HBM %g GB/s. Each system runs its own exchange "
+              "(llama3, per_doc: full-KV all-gather; ring: every document in N chunks, zigzag: "
+              "in 2N, both ring attention as ring-flash-attention's varlen functions; "
+              "flashcp_paper: the compacted all-gather). Speedup: a baseline's mean predicted "
+              "time over flashcp_paper's, per configuration, averaged over configurations as "
+              "the paper averages. \"stacked\": exchange, then compute (the paper's systems: "
+              "Figure 6 times AllGather and ReduceScatter apart from the attention kernels), "
+              "\"overlap\": the CUDA engine's (whole shards during the exchange); ring "
+              "overlaps per hop in both. ring_packed: SPEC's ring (the packed sequence in N "
+              "chunks), for reference.\n\n",
               static_cast<long long>(batches), static_cast<unsigned long long>(seed),
               step.cluster_name.empty() ? "custom" : step.cluster_name.c_str(),
               cl.nvlink_bytes_per_second / 1e9, cl.nvlink_latency_seconds * 1e6,
               cl.compute_scale, cl.forward_fraction, cl.hbm_bytes_per_second / 1e9);
-  std::printf("| flashcp_paper over | paper | model, overlap | model / paper | model, stacked | "
-              "model / paper | within 15%% |\n| --- | --- | --- | --- | --- | --- | --- |\n");
-  for (const PaperSpeedup& ps : kPaperSpeedups) {
-    double overlap = 0, stacked = 0;
-    for (const Config& c : configs) {
-      const Sums& f = c.sums.at(Strategy::kFlashCpPaper);
-      const Sums& b = c.sums.at(ps.baseline);
-      overlap += b.step / f.step;
-      stacked += b.step_stacked / f.step_stacked;
+  std::printf("| flashcp_paper over | paper (Figure 5 mean) | model: training + inference, "
+              "stacked | model / paper | within 15%% | training, stacked | inference, stacked | "
+              "training, overlap |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  const std::vector<std::pair<std::string, double>> paper_rows = {
+      {"llama3", 1.38}, {"per_doc", 1.63}, {"ring", 1.97}, {"zigzag", 2.14}, {"ring_packed", 1.97}};
+  for (const auto& [name, paper] : paper_rows) {
+    const double train = MeanSpeedup(configs, name, &Sums::step_stacked);
+    const double infer = MeanSpeedup(configs, name, &Sums::forward_stacked);
+    const double both = (train + infer) / 2;
+    std::printf("| %s | %.2fx | %.2fx | %.2f | %s | %.2fx | %.2fx | %.2fx |\n", name.c_str(),
+                paper, both, both / paper, std::abs(both / paper - 1) <= 0.15 ? "yes" : "no",
+                train, infer, MeanSpeedup(configs, name, &Sums::step));
+  }
+  std::printf("\nPer data set, training and inference, stacked (the paper: Per-Doc and "
+              "zigzag do well on WLB-LLM, worse on Pile and RedPajama):\n\n"
+              "| data set | llama3 | per_doc | ring | zigzag |\n| --- | --- | --- | --- | --- |\n");
+  for (Dataset d : datasets) {
+    std::printf("| %s |", std::string(DatasetName(d)).c_str());
+    for (const char* name : {"llama3", "per_doc", "ring", "zigzag"}) {
+      std::printf(" %.2fx |", (MeanSpeedup(configs, name, &Sums::step_stacked, d) +
+                               MeanSpeedup(configs, name, &Sums::forward_stacked, d)) /
+                                  2);
     }
-    overlap /= static_cast<double>(configs.size());
-    stacked /= static_cast<double>(configs.size());
-    const bool within = std::abs(stacked / ps.speedup - 1) <= 0.15 ||
-                        std::abs(overlap / ps.speedup - 1) <= 0.15;
-    std::printf("| %s | %.2fx | %.2fx | %.2f | %.2fx | %.2f | %s |\n",
-                std::string(StrategyName(ps.baseline)).c_str(), ps.speedup, overlap,
-                overlap / ps.speedup, stacked, stacked / ps.speedup, within ? "yes" : "no");
+    std::printf("\n");
   }
   std::printf("\n| communication time, N = 8 | paper | model: 1 - flashcp_paper's / llama3's | "
               "per_doc's | model / paper |\n| --- | --- | --- | --- | --- |\n");
@@ -183,23 +261,23 @@ int Paper(int64_t batches, uint64_t seed, const StepTimeOptions& step) {
     double f = 0, l = 0, p = 0;
     for (const Config& c : configs) {
       if (c.d != d || c.n != 8) continue;
-      f += c.sums.at(Strategy::kFlashCpPaper).exchange;
-      l += c.sums.at(Strategy::kLlama3).exchange;
-      p += c.sums.at(Strategy::kPerDoc).exchange;
+      f += c.sums.at("flashcp_paper").exchange;
+      l += c.sums.at("llama3").exchange;
+      p += c.sums.at("per_doc").exchange;
     }
     std::printf("| %s | %.1f%% | %.1f%% | %.1f%% | %.2f |\n", std::string(DatasetName(d)).c_str(),
                 100 * paper, 100 * (1 - f / l), 100 * (1 - f / p), (1 - f / l) / paper);
   }
-  std::printf("\nPer configuration, mean over batches, ms (one layer): slowest rank's compute "
-              "/ exposed exchange / step, overlap.\n\n| data set | H | N |");
-  for (Strategy s : strategies) std::printf(" %s |", std::string(StrategyName(s)).c_str());
+  std::printf("\nPer configuration, mean over batches, ms (one layer, training): slowest "
+              "rank's compute / exposed exchange / step, overlap.\n\n| data set | H | N |");
+  for (const System& sys : systems) std::printf(" %s |", sys.name.c_str());
   std::printf("\n| --- | --- | --- |");
-  for (size_t i = 0; i < strategies.size(); ++i) std::printf(" --- |");
+  for (size_t i = 0; i < systems.size(); ++i) std::printf(" --- |");
   std::printf("\n");
   for (const Config& c : configs) {
     std::printf("| %s | %d | %d |", std::string(DatasetName(c.d)).c_str(), c.heads, c.n);
-    for (Strategy s : strategies) {
-      const Sums& x = c.sums.at(s);
+    for (const System& sys : systems) {
+      const Sums& x = c.sums.at(sys.name);
       std::printf(" %.2f / %.2f / %.2f |", 1e3 * Mean(x, &Sums::compute),
                   1e3 * Mean(x, &Sums::exposed), 1e3 * Mean(x, &Sums::step));
     }
