@@ -188,6 +188,34 @@ TEST(StepTimeTest, RingAttentionOverlappedPerHop) {
   EXPECT_DOUBLE_EQ(p->backward_seconds, 32.25 + 52 + 16.125);
 }
 
+TEST(StepTimeTest, RingAttentionHopAcrossNodesTakesTheNic) {
+  // The same two-rank ring on two nodes of one rank: a hop's 64 bytes go
+  // over the NIC at 16 B/s: 4 s + 0.5 s, hidden behind hop 0's forward (9 s)
+  // and, twice over (K, V and dK, dV), its backward (27 s); the last return
+  // of dK, dV (4.5 s) is exposed.
+  Plan plan;
+  plan.cp_size = 2;
+  plan.doc_lens = {16};
+  plan.shards = {{0, 0, 8, 0}, {0, 8, 8, 1}};
+  absl::StatusOr<StepTimePrediction> p =
+      PredictStepTime(plan, TinyShape(), 1, TinyCluster(1), StepExchange::kRing);
+  ASSERT_THAT(p, IsOk());
+  EXPECT_DOUBLE_EQ(p->ranks[0].exchange, 4.5);
+  // Hop 1: rank 1's 64 cross pairs, forward 16, backward 48 (no merge).
+  EXPECT_DOUBLE_EQ(p->forward_seconds, 9 + 16);
+  EXPECT_DOUBLE_EQ(p->backward_seconds, 27 + 48 + 4.5);
+  EXPECT_DOUBLE_EQ(p->exposed_exchange_seconds, 4.5);
+  EXPECT_DOUBLE_EQ(p->exchange_seconds, 4 * 4.5);
+
+  // Slow NICs (2 B/s: 32 s + 0.5 a hop) outlast hop 0's compute both ways.
+  ClusterSpec slow = TinyCluster(1);
+  slow.nic_bytes_per_second = 2;
+  p = PredictStepTime(plan, TinyShape(), 1, slow, StepExchange::kRing);
+  ASSERT_THAT(p, IsOk());
+  EXPECT_DOUBLE_EQ(p->forward_seconds, 32.5 + 16);
+  EXPECT_DOUBLE_EQ(p->backward_seconds, 65 + 48 + 32.5);
+}
+
 TEST(StepTimeTest, QueryHeadsScaleComputeNotBytes) {
   ModelShape gqa = TinyShape();
   gqa.heads = 1;
