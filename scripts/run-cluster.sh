@@ -9,6 +9,9 @@
 # configuration strategy:scheme:PROFILE plans on that cost profile and reports
 # step times so the planner calibrates it; a second table shows its measured
 # and predicted imbalance before and after the fit took over.
+# Then the step-time model's prediction for the same batches beside each measured step
+# (scripts/measured_vs_predicted.py, on the loopback link measured by
+# scripts/loopback_link.py).
 # Progress goes to stderr, the table to stdout. Every process it starts is
 # stopped on exit (trap).
 #
@@ -163,3 +166,33 @@ if cal:
         print("rank speeds at the end (%s): %s" % (r["cost_profile"],
               ", ".join("%.3f" % v for v in r["rank_speed"]) or "none"))
 ' "$RANKS"
+
+# Part three: the step-time model's prediction for the same batches and strategies
+# (core/step_time.h) beside the measured step, on the CPU profile and the loopback link
+# measured now (scripts/measured_vs_predicted.py).
+here=$(cd "$(dirname "$0")" && pwd)
+printf '%s\n' "${results[@]}" >"$tmp/runs.jsonl"
+LINK=$(python3 "$here/loopback_link.py")
+bw=$(sed -E 's/.*BANDWIDTH_GBPS=([^ ]+).*/\1/' <<<"$LINK")
+lat=$(sed -E 's/.*LATENCY_US=([^ ]+).*/\1/' <<<"$LINK")
+# The ranks' kernel threads share the host's cores: RANKS / cores when more ranks than cores.
+COMPUTE_SCALE=$(python3 -c 'import os, sys; print(max(1.0, int(sys.argv[1]) / os.cpu_count()))' "$RANKS")
+preds=()
+i=0
+for config in $CONFIGS; do
+  IFS=: read -r strategy scheme profile <<<"$config"
+  steps=$STEPS
+  if [[ -n $profile && $profile != pairs ]]; then steps=$CALIBRATION_STEPS; fi
+  "$bin/flashcp-plan" --dataset "$DATASET" --context "$CONTEXT" --cp "$RANKS" --batches "$steps" \
+    --seed 1 --strategy "$strategy" --heads "$HEADS" --head_dim "$HEAD_DIM" --dtype_bytes 4 \
+    --compute_profile cpu-fp32 --profile_query_heads 2 --profile_head_dim 32 \
+    --compute_scale "$COMPUTE_SCALE" --overlap_whole_shards=false --ranks_per_node 0 \
+    --nvlink_gbytes_per_s "$bw" --nvlink_latency "${lat}us" --quiet >"$tmp/pred.$i.jsonl" || {
+      echo "run-cluster: flashcp-plan (prediction) failed for $config" >&2
+      exit 1
+    }
+  preds+=("$tmp/pred.$i.jsonl")
+  i=$((i + 1))
+done
+echo
+LINK=$LINK COMPUTE_SCALE=$COMPUTE_SCALE python3 "$here/measured_vs_predicted.py" "$tmp/runs.jsonl" "${preds[@]}"
