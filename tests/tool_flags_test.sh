@@ -127,6 +127,7 @@ if [[ $benches == bench ]]; then
   help plan_quality bench/plan_quality.cc core/cluster_flags.cc
   help planner_soak bench/planner_soak.cc
   help rank_cost_fit bench/rank_cost_fit.cc
+  help service_overhead bench/service_overhead.cc
   # Google Benchmark's own flags (--benchmark_*), spelled with underscores too.
   for prog in plan_latency_bench engine_kernel_bench; do
     out=$(timeout 20 "$bin/$prog" --help 2>&1)
@@ -136,7 +137,7 @@ if [[ $benches == bench ]]; then
       echo "FAIL: $prog --help: $out"; failed=1
     fi
   done
-  for prog in engine_step_bench plan_quality planner_soak rank_cost_fit; do
+  for prog in engine_step_bench plan_quality planner_soak rank_cost_fit service_overhead; do
     bad "$prog" "--no_such_flag" --no_such_flag=1
   done
   bad engine_step_bench "--heads" --heads=x
@@ -148,6 +149,9 @@ if [[ $benches == bench ]]; then
   bad planner_soak "--baseline_s" --baseline_s=x
   bad rank_cost_fit "--cp" --cp=-3
   bad rank_cost_fit "--reps" --reps=abc
+  bad service_overhead "--batches" --batches=0
+  bad service_overhead "--passes" --passes=x
+  bad service_overhead "--cells" --cells=pile:131072
   warn engine_step_bench head-dim head_dim --head-dim=8 --heads=0
   warn plan_quality min-shard-tokens min_shard_tokens --min-shard-tokens=1 --batches=-1
   warn planner_soak baseline-s baseline_s --baseline-s=1 --abuse=bogus

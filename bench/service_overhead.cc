@@ -1,0 +1,307 @@
+// service_overhead: the planner service against the in-process planner on
+// the same batches (issue 29, "Service speed"; issue 3's targets). For each
+// cell (data set, context, N) a pool of --batches batches (seed 1) is planned
+//   in process: proto::RequestFromProto + planner_service::PlanBatch (the
+//     service's own planning step: MakePlan, AnalyzePlan, the cost model and
+//     the conversion to a PlanResponse) + SerializeResponse, on this thread;
+//     its thread CPU time per plan and the wall-time percentiles;
+//   unary: one real flashcp-planner process on loopback (port 0), one Plan
+//     call at a time; the server process's CPU time per plan
+//     (/proc/PID/stat utime + stime over the pass, every thread of it) and
+//     the calls' wall-time percentiles seen by the client;
+//   stream: one PlanStream keeping --window requests in flight; the server's
+//     CPU time per plan and plans per second.
+// Each mode makes --passes passes over the pool after one warm-up pass.
+// Targets (issue 29): server CPU per plan <= 1.3 x in process; unary p99 <=
+// 3 x p50. Markdown on stdout.
+//
+//   build/bin/service_overhead --planner_bin build/bin/flashcp-planner
+//       [--cells pile:131072:8,...] [--batches 64] [--passes 3] [--window 64]
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "bench/thread_cpu.h"
+#include "core/cli.h"
+#include "core/clock.h"
+#include "core/datasets.h"
+#include "core/flags.h"
+#include "core/strategies.h"
+#include "flashcp/v1/planner.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "planner_service/observer.h"
+#include "planner_service/plan_batch.h"
+#include "proto/convert.h"
+#include "tests/testing/planner_process.h"
+
+ABSL_FLAG(std::string, planner_bin, "build/bin/flashcp-planner", "the flashcp-planner binary");
+ABSL_FLAG(std::vector<std::string>, planner_args, {"--threads=1"},
+          "flags for the planner, comma-separated");
+ABSL_FLAG(std::string, cells, "wlbllm:131072:8,pile:131072:8,pile:131072:32,pile:1048576:64",
+          "cells DATASET:CONTEXT:N, comma-separated");
+ABSL_FLAG(std::string, strategy, "flashcp", "the strategy planned");
+ABSL_FLAG(int64_t, batches, 64, "batches per cell's pool, 1 to 10000");
+ABSL_FLAG(int64_t, passes, 3, "timed passes over the pool per mode, 1 to 1000");
+ABSL_FLAG(int64_t, window, 64, "stream: requests in flight, 1 to 4096");
+
+namespace {
+
+namespace v1 = flashcp::v1;
+namespace core = flashcp::core;
+namespace tt = flashcp::tests::testing;
+using Clock = std::chrono::steady_clock;
+
+// utime + stime of every thread of `pid`, seconds (/proc/PID/stat fields 14
+// and 15, clock ticks); -1 if unreadable.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(text.substr(close + 2));
+  std::string field;
+  double utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stod(field);
+    if (i == 15) stime = std::stod(field);
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+struct Cell {
+  core::Dataset dataset;
+  int64_t context;
+  int32_t n;
+};
+
+struct Figures {
+  double cpu_us_per_plan = 0;  // in process: this thread; service: the server process
+  double p50_ms = 0, p99_ms = 0;
+  double plans_per_second = 0;
+  int64_t errors = 0;
+};
+
+std::vector<v1::PlanRequest> Requests(const Cell& cell, core::Strategy strategy, int64_t count) {
+  std::vector<v1::PlanRequest> out;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> docs =
+      core::SampleBatches(cell.dataset, cell.context, count, 1);
+  if (!docs.ok()) return out;
+  for (size_t i = 0; i < docs->size(); ++i) {
+    out.push_back(flashcp::proto::RequestToProto(i, core::Batch{(*docs)[i], cell.n}, strategy,
+                                                 core::PlanOptions{}, core::ModelShape{}, false));
+  }
+  return out;
+}
+
+Figures InProcess(const std::vector<v1::PlanRequest>& requests, int64_t passes) {
+  core::RealClock clock;
+  flashcp::planner_service::NullObserver observer;
+  Figures f;
+  std::vector<double> ms;
+  double cpu = 0;
+  for (int64_t pass = 0; pass <= passes; ++pass) {
+    for (const v1::PlanRequest& r : requests) {
+      const double c0 = flashcp::bench::ThreadCpuSeconds();
+      const Clock::time_point t0 = Clock::now();
+      absl::StatusOr<flashcp::proto::PlanInput> input =
+          flashcp::proto::RequestFromProto(r, core::BatchLimits{});
+      absl::StatusOr<v1::PlanResponse> response =
+          input.ok() ? flashcp::planner_service::PlanBatch(*input, clock, observer)
+                     : absl::StatusOr<v1::PlanResponse>(input.status());
+      absl::StatusOr<std::string> bytes =
+          response.ok() ? flashcp::planner_service::SerializeResponse(*response)
+                        : absl::StatusOr<std::string>(response.status());
+      if (pass == 0) continue;  // warm-up
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      cpu += flashcp::bench::ThreadCpuSeconds() - c0;
+      if (!bytes.ok()) ++f.errors;
+    }
+  }
+  f.cpu_us_per_plan = 1e6 * cpu / static_cast<double>(ms.size());
+  f.p50_ms = core::Percentile(ms, 0.5);
+  f.p99_ms = core::Percentile(ms, 0.99);
+  return f;
+}
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetMaxReceiveMessageSize(-1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+Figures Unary(v1::Planner::Stub& stub, pid_t pid, const std::vector<v1::PlanRequest>& requests,
+              int64_t passes) {
+  Figures f;
+  std::vector<double> ms;
+  double cpu0 = 0;
+  const Clock::time_point start_all = Clock::now();
+  Clock::time_point start = start_all;
+  for (int64_t pass = 0; pass <= passes; ++pass) {
+    if (pass == 1) {
+      cpu0 = ProcessCpuSeconds(pid);
+      start = Clock::now();
+    }
+    for (const v1::PlanRequest& r : requests) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+      v1::PlanResponse response;
+      const Clock::time_point t0 = Clock::now();
+      const grpc::Status st = stub.Plan(&context, r, &response);
+      if (pass == 0) continue;
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      if (!st.ok() || response.has_error()) ++f.errors;
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  f.cpu_us_per_plan = 1e6 * (ProcessCpuSeconds(pid) - cpu0) / static_cast<double>(ms.size());
+  f.p50_ms = core::Percentile(ms, 0.5);
+  f.p99_ms = core::Percentile(ms, 0.99);
+  f.plans_per_second = static_cast<double>(ms.size()) / seconds;
+  return f;
+}
+
+// One pass of `requests` over one PlanStream, `window` in flight; the count
+// of answers with an error.
+int64_t StreamPass(v1::Planner::Stub& stub, const std::vector<v1::PlanRequest>& requests,
+                   int64_t window) {
+  grpc::ClientContext context;
+  auto stream = stub.PlanStream(&context);
+  absl::Mutex mu;
+  struct Window {
+    int64_t in_flight = 0;
+    int64_t limit = 0;
+    bool Open() const { return in_flight < limit; }
+  } w{0, window};
+  std::atomic<int64_t> errors{0};
+  std::thread reader([&] {
+    v1::PlanResponse response;
+    for (size_t got = 0; got < requests.size() && stream->Read(&response); ++got) {
+      if (response.has_error()) errors.fetch_add(1);
+      absl::MutexLock lock(&mu);
+      --w.in_flight;
+    }
+  });
+  for (const v1::PlanRequest& r : requests) {
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(&w, &Window::Open));
+      ++w.in_flight;
+    }
+    if (!stream->Write(r)) break;
+  }
+  stream->WritesDone();
+  reader.join();
+  if (!stream->Finish().ok()) errors.fetch_add(1);
+  return errors.load();
+}
+
+Figures Stream(v1::Planner::Stub& stub, pid_t pid, const std::vector<v1::PlanRequest>& requests,
+               int64_t passes, int64_t window) {
+  Figures f;
+  f.errors += StreamPass(stub, requests, window);  // warm-up
+  const double cpu0 = ProcessCpuSeconds(pid);
+  const Clock::time_point start = Clock::now();
+  for (int64_t pass = 0; pass < passes; ++pass) f.errors += StreamPass(stub, requests, window);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const double plans = static_cast<double>(passes) * static_cast<double>(requests.size());
+  f.cpu_us_per_plan = 1e6 * (ProcessCpuSeconds(pid) - cpu0) / plans;
+  f.plans_per_second = plans / seconds;
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  core::CommandLine line;
+  if (std::optional<int> rc = core::ParseMain(
+          argc, argv,
+          "Usage: service_overhead [--flag=value ...]\n\nThe planner service against the "
+          "in-process planner on the same batches.",
+          line, std::cout, std::cerr)) {
+    return *rc;
+  }
+  absl::StatusOr<int64_t> batches = core::IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 1, 10000);
+  absl::StatusOr<int64_t> passes = core::IntFlagIn("passes", absl::GetFlag(FLAGS_passes), 1, 1000);
+  absl::StatusOr<int64_t> window = core::IntFlagIn("window", absl::GetFlag(FLAGS_window), 1, 4096);
+  for (const absl::Status& s : {batches.status(), passes.status(), window.status()}) {
+    if (!s.ok()) return core::UsageError("service_overhead", s, std::cerr);
+  }
+  absl::StatusOr<core::Strategy> strategy = core::ParseStrategy(absl::GetFlag(FLAGS_strategy));
+  if (!strategy.ok()) return core::UsageError("service_overhead", strategy.status(), std::cerr);
+  std::vector<Cell> cells;
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_cells), ',')) {
+    std::vector<absl::string_view> p = absl::StrSplit(text, ':');
+    Cell c{};
+    absl::StatusOr<core::Dataset> d =
+        p.size() == 3 ? core::ParseDataset(p[0]) : absl::StatusOr<core::Dataset>(absl::InvalidArgumentError(""));
+    if (!d.ok() || !absl::SimpleAtoi(p[1], &c.context) || !absl::SimpleAtoi(p[2], &c.n) ||
+        c.context < 1 || c.n < 1 || c.n > c.context) {
+      return core::UsageError("service_overhead",
+                              core::FlagValueError("cells", "DATASET:CONTEXT:N", text), std::cerr);
+    }
+    c.dataset = *d;
+    cells.push_back(c);
+  }
+  auto planner = tt::PlannerProcess::Start(absl::GetFlag(FLAGS_planner_bin),
+                                           absl::GetFlag(FLAGS_planner_args));
+  if (!planner.ok()) {
+    std::fprintf(stderr, "service_overhead: %s\n", planner.status().ToString().c_str());
+    return 1;
+  }
+  const pid_t pid = (*planner)->process().pid();
+  auto stub = v1::Planner::NewStub(Channel((*planner)->grpc_address()));
+  std::printf(
+      "%s, %lld batches per cell (seed 1), %lld passes after a warm-up pass; planner %s. "
+      "CPU/plan: in process the calling thread's CPU time, service the server process's "
+      "(all its threads). Targets: service CPU/plan <= 1.3 x in process; p99 <= 3 x p50.\n\n"
+      "| data set | C | N | in-process CPU/plan us | p50 ms | p99 ms | unary: server CPU/plan us "
+      "| / in process | p50 ms | p99 ms | p99 / p50 | plans/s | stream: server CPU/plan us | "
+      "/ in process | plans/s | errors |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+      "| --- |\n",
+      absl::GetFlag(FLAGS_strategy).c_str(), static_cast<long long>(*batches),
+      static_cast<long long>(*passes),
+      absl::StrJoin(absl::GetFlag(FLAGS_planner_args), " ").c_str());
+  int rc = 0;
+  for (const Cell& c : cells) {
+    const std::vector<v1::PlanRequest> requests = Requests(c, *strategy, *batches);
+    const Figures in = InProcess(requests, *passes);
+    const Figures un = Unary(*stub, pid, requests, *passes);
+    const Figures st = Stream(*stub, pid, requests, *passes, *window);
+    const int64_t errors = in.errors + un.errors + st.errors;
+    if (errors != 0) rc = 1;
+    std::printf("| %s | %lld | %d | %.0f | %.3f | %.3f | %.0f | %.2f | %.3f | %.3f | %.2f | %.0f "
+                "| %.0f | %.2f | %.0f | %lld |\n",
+                std::string(core::DatasetName(c.dataset)).c_str(),
+                static_cast<long long>(c.context), c.n, in.cpu_us_per_plan, in.p50_ms, in.p99_ms,
+                un.cpu_us_per_plan, un.cpu_us_per_plan / in.cpu_us_per_plan, un.p50_ms, un.p99_ms,
+                un.p99_ms / un.p50_ms, un.plans_per_second, st.cpu_us_per_plan,
+                st.cpu_us_per_plan / in.cpu_us_per_plan, st.plans_per_second,
+                static_cast<long long>(errors));
+    std::fflush(stdout);
+  }
+  const absl::StatusOr<int> exit_code = (*planner)->Terminate();
+  if (!exit_code.ok() || *exit_code != 0) rc = 1;
+  return rc;
+}
