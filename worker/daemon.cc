@@ -247,7 +247,8 @@ absl::Status WorkerDaemon::DriverRound(int32_t cp_size, StepHeader& header,
                                .rank_speed = [this] {
                                  absl::MutexLock lock(&speed_mu_);
                                  return rank_speed_;
-                               }};
+                               },
+                               .cluster = options_.cluster};
       // Before the feed starts: its first plan's wait is all plan wait.
       last_end_ = clock_.Now();
       run_ = DriverRun{config, std::make_unique<PlanFeed>(planner_, c, &clock_), 0};
@@ -433,6 +434,7 @@ absl::StatusOr<bool> WorkerDaemon::Step(Communicator& comm, const v1::PlanRespon
   r.full_kv_bytes_sent = full.sent.empty() ? 0 : full.sent[comm.rank()];
   r.predicted_bytes_sent = predicted.sent.empty() ? 0 : predicted.sent[comm.rank()];
   r.predicted_imbalance = plan.metrics.imbalance;
+  r.predicted_step_seconds = response.metrics().predicted_step_seconds();
   // ResponseFromProto checks rank_workload has cp_size entries (or none).
   r.predicted_workload = plan.metrics.rank_workload.empty()
                              ? 0.0

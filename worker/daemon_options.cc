@@ -6,6 +6,7 @@
 #include "core/cost_model.h"
 #include "core/flags.h"
 #include "core/status_macros.h"
+#include "core/step_time.h"
 #include "core/strategies.h"
 #include "proto/convert.h"
 #include "proto/rendezvous_limits.h"
@@ -43,6 +44,11 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   }
   if (o.steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--steps: must be >= 0, got ", o.steps));
+  }
+  if (!o.cluster.empty()) {
+    if (absl::Status s = core::ClusterPreset(o.cluster).status(); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--cluster: ", s.message()));
+    }
   }
   if (!o.cost_profile.empty()) {
     if (absl::Status s = core::CostProfile(o.cost_profile).status(); !s.ok()) {

@@ -51,6 +51,10 @@ struct DaemonOptions {
   // them, and sends them with every later plan request (PlanRequest.rank_speed).
   // 0 turns it off; at most 1024.
   int32_t rank_speed_window = 16;
+  // A cluster preset (core::ClusterPresetNames): the driver's plan requests
+  // ask for the step-time model's prediction on it (PlanRequest.cluster), which
+  // every rank exports beside its measured step. "": none.
+  std::string cluster;
 };
 
 // InvalidArgument naming the flag. Whether a cuda:K device can be used is the

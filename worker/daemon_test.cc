@@ -18,6 +18,7 @@
 #include "core/analysis.h"
 #include "core/clock.h"
 #include "core/datasets.h"
+#include "core/step_time.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
 #include "gloo/common/error.h"
@@ -371,10 +372,51 @@ TEST_F(RendezvousFixture, StepAndPlanWaitTimesAreExactlyTheClocks) {
   EXPECT_EQ(CounterSum(registry, "flashcp_worker_predicted_cost_total"), pairs);
   // One rank sends nothing, and the plans predict nothing.
   EXPECT_EQ(CounterSum(registry, "flashcp_worker_predicted_bytes_sent_total"), 0);
+  // No --cluster: no predicted step.
+  EXPECT_EQ(CounterSum(registry, "flashcp_worker_predicted_step_seconds_total"), 0);
   const v1::WorkerStatus s = daemon.Status();
   EXPECT_EQ(s.steps_done(), 3);
   EXPECT_EQ(s.last_step_seconds(), 0.75);
   EXPECT_EQ(clock.Now(), absl::UnixEpoch() + absl::Seconds(2) + 3 * absl::Milliseconds(750));
+}
+
+TEST_F(RendezvousFixture, ExportsThePlansPredictedStepOnTheCluster) {
+  // --cluster h200: every plan request asks for the step-time model's
+  // prediction, and the rank's counter sums the plans' predicted steps,
+  // each the model's for that batch's plan (core::ReportStepTime).
+  core::ManualClock clock;
+  prometheus::Registry registry;
+  PrometheusWorkerMetrics metrics(registry, "test");
+  DaemonOptions o = OneRankOptions("predicted-step", 3);
+  o.cluster = "h200";
+  auto planner = std::make_shared<testing::ScriptedPlanner>(&clock, absl::ZeroDuration());
+  auto engine = std::make_unique<ClockedEngine>(&clock, absl::Milliseconds(250),
+                                                absl::Milliseconds(500), /*dtype_bytes=*/2);
+  WorkerDaemon daemon(o, stub_, planner, std::move(engine), &metrics, &clock);
+  ASSERT_THAT(daemon.Run(), IsOk());
+  EXPECT_EQ(planner->request_clusters(), (std::vector<std::string>{"h200", "h200", "h200"}));
+  const absl::StatusOr<core::Strategy> strategy = core::ParseStrategy(o.strategy);
+  ASSERT_THAT(strategy.status(), IsOk());
+  const absl::StatusOr<core::ClusterSpec> h200 = core::ClusterPreset("h200");
+  ASSERT_THAT(h200.status(), IsOk());
+  double want = 0;
+  for (int64_t batch = 0; batch < 3; ++batch) {
+    absl::StatusOr<std::vector<int64_t>> lens =
+        core::SampleBatch(o.dataset, o.context, o.seed, batch);
+    ASSERT_THAT(lens.status(), IsOk());
+    const absl::StatusOr<core::Plan> plan = core::MakePlan(*strategy, core::Batch{*lens, 1});
+    ASSERT_THAT(plan.status(), IsOk());
+    core::ClusterSpec cluster = *h200;
+    cluster.ranks_per_node = 0;  // the request's (none)
+    const absl::StatusOr<core::StepTimeReport> r = core::ReportStepTime(
+        *strategy, *plan, core::ModelShape{.heads = 2, .head_dim = 8, .dtype_bytes = 2}, 1,
+        cluster);
+    ASSERT_THAT(r.status(), IsOk());
+    want += r->native().step_seconds;
+  }
+  EXPECT_GT(want, 0);
+  EXPECT_NEAR(CounterSum(registry, "flashcp_worker_predicted_step_seconds_total"), want,
+              1e-12 * want);
 }
 
 // Issue 31 item 3: a per-item plan error (the planner refused one batch)
@@ -527,6 +569,9 @@ TEST(ValidateDaemonOptionsTest, Table) {
       {[](DaemonOptions& o) { o.strategy = "nope"; }, absl::StatusCode::kInvalidArgument,
        "--strategy"},
       {[](DaemonOptions& o) { o.prefetch = 0; }, absl::StatusCode::kInvalidArgument, "--prefetch"},
+      {[](DaemonOptions& o) { o.cluster = "nope"; }, absl::StatusCode::kInvalidArgument,
+       "--cluster: cluster preset \"nope\" is unknown"},
+      {[](DaemonOptions& o) { o.cluster = "h100-sxm"; }, absl::StatusCode::kOk, ""},
       {[](DaemonOptions& o) { o.timeout = absl::ZeroDuration(); },
        absl::StatusCode::kInvalidArgument, "--timeout_s"},
       {[](DaemonOptions& o) { o.timeout = absl::Seconds(3601); },
@@ -595,8 +640,8 @@ TEST(PrometheusWorkerMetricsTest, EverySeriesCarriesDeviceGpuAndLocalRank) {
   metrics.OnRunStart("flashcp", "targeted");
   metrics.OnStep("flashcp", "targeted", StepRecord{});  // the two last-step gauges too
   const std::vector<prometheus::MetricFamily> families = registry.Collect();
-  // 5 histograms, 8 counters, 3 gauges and build_info.
-  ASSERT_EQ(families.size(), 17u);
+  // 5 histograms, 9 counters, 3 gauges and build_info.
+  ASSERT_EQ(families.size(), 18u);
   for (const prometheus::MetricFamily& f : families) {
     for (const prometheus::ClientMetric& m : f.metric) {
       std::map<std::string, std::string> labels;

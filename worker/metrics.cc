@@ -113,7 +113,14 @@ PrometheusWorkerMetrics::PrometheusWorkerMetrics(prometheus::Registry& registry,
                                   labels, registry)),
       world_size_(Family(prometheus::BuildGauge(), "flashcp_worker_world_size",
                          "Ranks in this rank's CP group (--world_size)", labels, registry)
-                      .Add({})) {
+                      .Add({})),
+      predicted_step_(Family(prometheus::BuildCounter(),
+                             "flashcp_worker_predicted_step_seconds_total",
+                             "Attention step seconds the plans predicted on the --cluster "
+                             "preset (PlanMetrics.predicted_step_seconds, core/step_time.h), "
+                             "for the same steps as flashcp_worker_step_duration_seconds; "
+                             "0 a step without --cluster",
+                             labels, registry)) {
   Family(prometheus::BuildGauge(), "flashcp_worker_build_info", "flashcp-worker build; always 1",
          labels, registry)
       .Add({{"version", version}})
@@ -127,7 +134,7 @@ void PrometheusWorkerMetrics::OnRunStart(absl::string_view strategy, absl::strin
   const auto buckets = DurationBuckets();
   for (auto* h : {&step_, &forward_, &backward_, &comm_, &plan_wait_}) h->Add(l, buckets);
   for (auto* c : {&bytes_sent_, &bytes_received_, &full_kv_, &steps_, &attention_,
-                  &predicted_sent_, &predicted_workload_, &predicted_cost_}) {
+                  &predicted_sent_, &predicted_workload_, &predicted_cost_, &predicted_step_}) {
     c->Add(l);
   }
 }
@@ -149,6 +156,7 @@ void PrometheusWorkerMetrics::OnStep(absl::string_view strategy, absl::string_vi
   predicted_sent_.Add(l).Increment(static_cast<double>(r.predicted_bytes_sent));
   predicted_workload_.Add(l).Increment(r.predicted_workload);
   predicted_cost_.Add(l).Increment(r.predicted_cost);
+  predicted_step_.Add(l).Increment(r.predicted_step_seconds);
   time_ratio_.Add({{"strategy", std::string(strategy)}}).Set(r.attention_time_ratio);
   predicted_imbalance_.Add({{"strategy", std::string(strategy)}}).Set(r.predicted_imbalance);
 }

@@ -68,6 +68,7 @@ class PrometheusWorkerMetrics final : public WorkerObserver {
   prometheus::Family<prometheus::Gauge>& time_ratio_;
   prometheus::Family<prometheus::Gauge>& predicted_imbalance_;
   prometheus::Gauge& world_size_;
+  prometheus::Family<prometheus::Counter>& predicted_step_;
 };
 
 }  // namespace flashcp::worker

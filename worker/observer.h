@@ -26,6 +26,9 @@ struct StepRecord {
   double predicted_cost = 0;
   double attention_time_ratio = 1.0;  // this rank's attention compute time / group mean
   double predicted_imbalance = 1.0;   // the plan's (planner's) imbalance ratio
+  // The plan's predicted attention step (PlanMetrics.predicted_step_seconds,
+  // seconds, on the --cluster preset); 0 when the plans carry none.
+  double predicted_step_seconds = 0;
 };
 
 class WorkerObserver {

@@ -134,8 +134,10 @@ void PlanFeed::Loop() {
       core::Batch batch{*std::move(lens), config_.cp_size};
       ++next;
       if (config_.rank_speed) plan_options.rank_speed = config_.rank_speed();
-      return proto::RequestToProto(0, batch, *strategy, plan_options, shape, false,
-                                   config_.cost_profile);
+      v1::PlanRequest request = proto::RequestToProto(0, batch, *strategy, plan_options, shape,
+                                                      false, config_.cost_profile);
+      if (!config_.cluster.empty()) request.set_cluster(config_.cluster);
+      return request;
     };
     const auto sink = [&](int64_t, client::PlanResult r) {
       absl::MutexLock lock(&mu_);

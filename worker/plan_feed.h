@@ -51,6 +51,7 @@ class PlanFeed {
     // PlanRequest.rank_speed of each request, called (on the feed's thread)
     // as the request is made; null or empty: none.
     std::function<std::vector<double>()> rank_speed;
+    std::string cluster;  // PlanRequest.cluster (a preset); "" sends none
   };
   // `clock` (the watchdog's, Next's and the backoff's time) must outlive the feed.
   PlanFeed(std::shared_ptr<client::PlannerClient> planner, Config config,

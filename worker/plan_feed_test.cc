@@ -28,7 +28,7 @@ PlanFeed::Config FeedConfig(int64_t count, absl::Duration timeout) {
   return {.dataset = core::Dataset::kPile, .context = 4096, .cp_size = 4, .strategy = "flashcp",
           .target_imbalance = 0, .heads = 2, .head_dim = 32, .dtype_bytes = 4, .seed = 7,
           .first_batch = 3, .count = count, .prefetch = 2, .timeout = timeout,
-          .cost_profile = "", .rank_speed = nullptr};
+          .cost_profile = "", .rank_speed = nullptr, .cluster = ""};
 }
 
 TEST(PlanFeedTest, ResumesFromTheFirstUndeliveredBatchAfterTheStreamBreaks) {
@@ -70,6 +70,26 @@ TEST(PlanFeedTest, EachRequestCarriesTheRankSpeedsOfWhenItWasMade) {
   const std::vector<double> none, speeds = {1.0, 1.25, 0.75, 1.0};
   EXPECT_EQ(planner->request_rank_speeds(),
             (std::vector<std::vector<double>>{none, none, speeds, speeds}));
+}
+
+TEST(PlanFeedTest, EachRequestAsksForTheStepTimeOnTheCluster) {
+  auto planner =
+      std::make_shared<ScriptedPlanner>(/*broken_streams=*/0, /*answers_before_break=*/0);
+  const core::RealClock clock;
+  PlanFeed::Config config = FeedConfig(2, absl::Seconds(30));
+  config.cluster = "h100-sxm";
+  PlanFeed feed(planner, config, &clock);
+  for (int64_t k = 0; k < 2; ++k) {
+    absl::StatusOr<std::optional<v1::PlanResponse>> next = feed.Next(absl::Seconds(30));
+    ASSERT_THAT(next.status(), IsOk()) << k;
+    ASSERT_TRUE(next->has_value()) << k;
+  }
+  EXPECT_EQ(planner->request_clusters(), (std::vector<std::string>{"h100-sxm", "h100-sxm"}));
+  // Without one, none is asked for.
+  auto plain = std::make_shared<ScriptedPlanner>(0, 0);
+  PlanFeed feed2(plain, FeedConfig(1, absl::Seconds(30)), &clock);
+  ASSERT_THAT(feed2.Next(absl::Seconds(30)).status(), IsOk());
+  EXPECT_EQ(plain->request_clusters(), (std::vector<std::string>{""}));
 }
 
 TEST(PlanFeedTest, GivesUpWithUnavailableAfterTheTimeoutWithoutPlans) {

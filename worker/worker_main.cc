@@ -100,6 +100,9 @@ ABSL_FLAG(int64_t, progress_every, flashcp::worker::DaemonOptions{}.progress_eve
 ABSL_FLAG(std::string, cost_profile, flashcp::worker::DaemonOptions{}.cost_profile,
           "the cost profile plans balance (pairs, h200-cudnn, cpu-fp32; empty: pairs); any "
           "but pairs: the driver reports measured step times so the planner calibrates it");
+ABSL_FLAG(std::string, cluster, flashcp::worker::DaemonOptions{}.cluster,
+          "a cluster preset (h100-sxm, h200): plans carry the step-time model's predicted step "
+          "on it, exported beside the measured one; empty: none");
 ABSL_FLAG(int32_t, report_every, flashcp::worker::DaemonOptions{}.report_every,
           "driver: steps per ReportStepTimes call (1..64)");
 ABSL_FLAG(int32_t, rank_speed_window, flashcp::worker::DaemonOptions{}.rank_speed_window,
@@ -159,7 +162,8 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
                  .gloo_hostname = absl::GetFlag(FLAGS_gloo_host),
                  .cost_profile = absl::GetFlag(FLAGS_cost_profile),
                  .report_every = absl::GetFlag(FLAGS_report_every),
-                 .rank_speed_window = absl::GetFlag(FLAGS_rank_speed_window)},
+                 .rank_speed_window = absl::GetFlag(FLAGS_rank_speed_window),
+                 .cluster = absl::GetFlag(FLAGS_cluster)},
       .planner = absl::GetFlag(FLAGS_planner),
       .rendezvous = absl::GetFlag(FLAGS_rendezvous),
       .channel = {},

@@ -18,6 +18,7 @@
 #include "core/analysis.h"
 #include "core/clock.h"
 #include "core/cost_model.h"
+#include "core/step_time.h"
 #include "core/strategies.h"
 #include "core/types.h"
 #include "proto/convert.h"
@@ -99,8 +100,16 @@ class ScriptedPlanner final : public client::PlannerClient {
       core::PlanCostReport cost;
       cost.profile = std::string(core::kPairsProfile);
       cost.prediction = core::PredictPlanCost(cost.coefficients, *plan);
-      return proto::ResponseToProto(r.batch_id(), in->strategy, *plan, *metrics, nullptr, 0.0,
-                                    nullptr, &cost);
+      v1::PlanResponse response = proto::ResponseToProto(r.batch_id(), in->strategy, *plan,
+                                                         *metrics, nullptr, 0.0, nullptr, &cost);
+      if (in->step_time.has_value()) {  // the request named a cluster: the service's report
+        const absl::StatusOr<core::StepTimeReport> step =
+            core::ReportStepTime(in->strategy, *plan, in->shape, in->step_time->layers,
+                                 in->step_time->cluster, in->step_time->cluster_name);
+        if (!step.ok()) return proto::ErrorResponseToProto(r.batch_id(), step.status());
+        proto::StepTimeToProto(*step, false, response.mutable_metrics());
+      }
+      return response;
     }
 
     absl::Mutex mu_;
@@ -151,8 +160,14 @@ class ScriptedPlanner final : public client::PlannerClient {
     absl::MutexLock lock(&mu_);
     return request_rank_speeds_;
   }
+  // The cluster of every request written, in order.
+  std::vector<std::string> request_clusters() {
+    absl::MutexLock lock(&mu_);
+    return request_clusters_;
+  }
   void RecordRequest(const v1::PlanRequest& request) {
     absl::MutexLock lock(&mu_);
+    request_clusters_.push_back(request.cluster());
     request_dtype_bytes_.push_back(request.dtype_bytes());
     request_rank_speeds_.emplace_back(request.rank_speed().begin(), request.rank_speed().end());
   }
@@ -161,6 +176,7 @@ class ScriptedPlanner final : public client::PlannerClient {
   absl::Mutex mu_;
   std::vector<int32_t> request_dtype_bytes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<double>> request_rank_speeds_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> request_clusters_ ABSL_GUARDED_BY(mu_);
   const int broken_streams_, answers_before_break_;
   int opened_ ABSL_GUARDED_BY(mu_) = 0;
   core::ManualClock* const clock_ = nullptr;
