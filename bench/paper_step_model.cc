@@ -30,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/ring_varlen.h"
 #include "core/analysis.h"
 #include "core/cli.h"
 #include "core/cluster_flags.h"
@@ -85,44 +86,11 @@ struct System {
   bool ring_varlen = false;
 };
 
-// ring-flash-attention's ring_flash_attn_varlen_func sharding (its tests'
-// extract_local: each document's tokens chunked into N, rank k taking chunk
-// k), which the paper's Ring-Attn baseline uses for packed input. The L % N
-// leftover tokens of a document go one each to ranks in a round robin
-// carried across documents, so that every rank holds the canonical C/N
-// tokens (ValidatePlan), as per_doc deals its leftovers.
-Plan PlanRingVarlen(const Batch& batch) {
-  const int32_t n = batch.cp_size;
-  Plan plan;
-  plan.cp_size = n;
-  plan.doc_lens = batch.doc_lens;
-  plan.padding = PaddingTokens(TotalTokens(batch.doc_lens), n);
-  int32_t next = 0;
-  for (int32_t d = 0; d < static_cast<int32_t>(batch.doc_lens.size()); ++d) {
-    const int64_t len = batch.doc_lens[d];
-    std::vector<int64_t> chunk(n, len / n);
-    for (int64_t left = len % n; left > 0; --left) {
-      ++chunk[next];
-      next = (next + 1) % n;
-    }
-    int64_t start = 0;
-    for (int32_t k = 0; k < n; ++k) {
-      if (chunk[k] == 0) continue;
-      plan.shards.push_back(Shard{d, start, chunk[k], k});
-      start += chunk[k];
-    }
-  }
-  // ValidatePlan: shards grouped by rank ascending (documents in order).
-  std::stable_sort(plan.shards.begin(), plan.shards.end(),
-                   [](const Shard& a, const Shard& b) { return a.rank < b.rank; });
-  return plan;
-}
-
 absl::Status Accumulate(const System& sys, const Batch& batch, const ModelShape& shape,
                         const ClusterSpec& cluster, Sums& sums) {
   Plan plan;
   if (sys.ring_varlen) {
-    plan = PlanRingVarlen(batch);
+    plan = bench::PlanRingVarlen(batch);
   } else {
     FLASHCP_ASSIGN_OR_RETURN(plan, MakePlan(sys.strategy, batch));
   }
