@@ -308,8 +308,11 @@ TEST(E2eWorkersTest, RunThroughPrometheusRulesDashboardAndCommSaving) {
   const double expected = PlanRunAndMeanSaving(**planner, kSteps, /*seed=*/1);
   ASSERT_GT(expected, 0.0);
 
-  std::vector<Worker> ws = StartGroup("e2e", (*planner)->grpc_address(),
-                                      {"--steps", "0", "--timeout_s", "20", "--seed", "1"});
+  // --cluster: the plans carry a predicted step, so that the predicted-vs-measured
+  // rules and panels have data too.
+  std::vector<Worker> ws =
+      StartGroup("e2e", (*planner)->grpc_address(),
+                 {"--steps", "0", "--timeout_s", "20", "--seed", "1", "--cluster", "h100-sxm"});
   ASSERT_EQ(ws.size(), static_cast<size_t>(kRanks));
   std::vector<std::string> targets;
   for (int r = 0; r < kRanks; ++r) targets.push_back(absl::StrCat(ws[r].metrics, "=e2e/", r));
