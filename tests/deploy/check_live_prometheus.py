@@ -63,7 +63,8 @@ def exposition(kind, rank):
         for name, per_step in (("bytes_sent", 700), ("bytes_received", 700), ("full_kv_bytes", 1000),
                                ("predicted_bytes_sent", 700), ("predicted_workload_pairs", 5000),
                                ("attention_seconds", 0.011 if rank == 0 else 0.009),
-                               ("predicted_cost", 0.0105 if rank == 0 else 0.0095)):
+                               ("predicted_cost", 0.0105 if rank == 0 else 0.0095),
+                               ("predicted_step_seconds", 0.05)):
             # Linear in time, not in whole steps: the ranks are scraped at different moments,
             # and rates of different targets must still compare exactly.
             out.append(f'flashcp_worker_{name}_total{{device="cpu",strategy="flashcp",scheme="allgather"}} {t * per_step}')
@@ -171,6 +172,8 @@ def main():
                           ("flashcp:worker_predicted_imbalance:ratio", 1.0, 0.02),
                           ("flashcp:worker_predicted_cost_imbalance:ratio", 1.05, 0.02),
                           ("flashcp:worker_imbalance_vs_predicted:ratio", 1.1, 0.02),
+                          ("flashcp:worker_predicted_step_seconds:avg", 0.05, 0.001),
+                          ("flashcp:worker_step_vs_predicted:ratio", 2.0, 0.04),
                           ("flashcp:worker_ranks_up:count", 2, 0),
                           ("flashcp:worker_world_size:max", 2, 0),
                           # This planner's ranks join and no group forms: the rendezvous alert
