@@ -17,7 +17,8 @@ ABSL_FLAG(absl::Duration, metrics_request_timeout,
 namespace flashcp::core::runtime::metrics_endpoint {
 
 EndpointOptions EndpointOptionsFromFlags() {
-  return {absl::GetFlag(FLAGS_metrics_max_connections), absl::GetFlag(FLAGS_metrics_request_timeout)};
+  return {absl::GetFlag(FLAGS_metrics_max_connections),
+          absl::GetFlag(FLAGS_metrics_request_timeout)};
 }
 
 }  // namespace flashcp::core::runtime::metrics_endpoint

@@ -48,7 +48,9 @@ absl::StatusOr<int> Listen(absl::string_view address) {
   FLASHCP_ASSIGN_OR_RETURN(const auto host_port,
                            process::SplitHostPort(address, "--metrics"));
   std::string host(host_port.first);
-  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) host = host.substr(1, host.size() - 2);
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    host = host.substr(1, host.size() - 2);  // getaddrinfo takes IPv6 unbracketed
+  }
   const std::string port = absl::StrCat(host_port.second);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
