@@ -26,6 +26,9 @@
 #   FLASHCP_WORKER           worker binary                                 (default flashcp-worker)
 #   FLASHCP_STOP_GRACE_SECONDS  after a rank fails, ranks still running this long after
 #                            SIGTERM get SIGKILL                           (default 60)
+#   FLASHCP_JOB_SECRET       the job's rendezvous secret, passed to every rank; unset with one
+#                            node: one made here (256 random bits) for this launch's ranks;
+#                            unset with more: none (a warning), the rendezvous' open namespace
 # Each rank gets --local_rank k (its metrics' local_rank label); arguments after the options are
 # passed to every worker unchanged (--strategy, --steps, ...). The environment reaches every
 # rank as it is: NCCL's own settings (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...; docs/deploy.md,
@@ -83,9 +86,23 @@ if [[ -z $gloo_host ]]; then
   fi
   gloo_host=127.0.0.1
 fi
+# The job's rendezvous secret (docs/deploy.md, "Rendezvous"): the one given, else for a one-pod
+# group one made here for all its ranks (256 random bits, never logged). A group across pods
+# needs the same secret in every pod (deploy/k8s: a Secret per job), so none is made for it.
+if [[ -n ${FLASHCP_JOB_SECRET:-} ]]; then
+  secret_note="job secret given"
+elif ((nodes == 1)); then
+  FLASHCP_JOB_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+  export FLASHCP_JOB_SECRET
+  secret_note="job secret made here"
+else
+  secret_note="no job secret"
+  echo "flashcp-launch-ranks: warning: FLASHCP_JOB_SECRET is not set: the group forms in the" \
+    "rendezvous' open namespace, where any client may join or replace its ranks" >&2
+fi
 world=$((nodes * per_node))
 nccl=$(env | grep -E '^NCCL_' | sort | paste -sd ' ' - || true)
-echo "flashcp-launch-ranks: gloo host $gloo_host, rendezvous $rendezvous${nccl:+, $nccl}" >&2
+echo "flashcp-launch-ranks: gloo host $gloo_host, rendezvous $rendezvous, $secret_note${nccl:+, $nccl}" >&2
 declare -A rank_of=()
 pids=()
 

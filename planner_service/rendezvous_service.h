@@ -348,6 +348,35 @@ class RendezvousState {
   // Callbacks to run once the lock is released.
   using Ready = std::vector<std::function<void()>>;
 
+  // One Join, its stateless fields checked: what Join's steps share.
+  struct JoinCall {
+    const Caller& caller;
+    absl::string_view group;
+    int32_t rank = 0;
+    int32_t world_size = 0;
+    uint64_t incarnation = 0;
+    std::string key;    // the group's key in groups_ (GroupKey)
+    std::string proof;  // Sha256(member secret); empty: none
+    // The same process again: its incarnation and the digest of its member
+    // secret, compared in constant time (no proof, no retry).
+    bool SameMember(const Member& m) const;
+    absl::Status BadRank(int32_t size) const;  // InvalidArgument naming rank
+  };
+  // Join under mu_: the group found or created (FindOrCreateGroup), an
+  // aborted one re-formed (ReformAborted), then the rank taken (TakeRank).
+  absl::StatusOr<Joined> JoinLocked(const JoinCall& call, Ready& ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<GroupMap::iterator> FindOrCreateGroup(const JoinCall& call, absl::Time now,
+                                                       Ready& ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Aborted for the member's own retry; otherwise the group starts afresh.
+  absl::Status ReformAborted(const JoinCall& call, Group& g, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A retry gets its token back; a formed group's taken rank is
+  // AlreadyExists; an unformed group's is replaced; a free rank is added.
+  absl::StatusOr<Joined> TakeRank(const JoinCall& call, GroupMap::iterator it, absl::Time now,
+                                  Ready& ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // The group named `group` of the caller's identity in which `token` is a
   // live member's, after the shutdown and token checks (not the abort check:
   // each caller decides what an aborted group means for it); marks the group

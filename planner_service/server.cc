@@ -18,7 +18,6 @@
 #include "grpcpp/security/server_credentials.h"
 #include "planner_service/log_limiter.h"
 #include "planner_service/metrics.h"
-#include "prometheus/exposer.h"
 #include "proto/convert.h"
 #include "proto/rendezvous_limits.h"
 #include "core/runtime/process/host_port.h"
@@ -301,15 +300,16 @@ absl::Status RunPlanner(const ServerOptions& options,
   const core::runtime::process::SignalWaiter signals({SIGTERM, SIGINT, SIGUSR1});
   FLASHCP_RETURN_IF_ERROR(ValidateOptions(options));
 
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<core::runtime::metrics_endpoint::MetricsServer> exposer;
   std::string metrics_address;
   if (!options.metrics.empty()) {
     FLASHCP_ASSIGN_OR_RETURN(const auto host_port,
                              core::runtime::process::SplitHostPort(options.metrics, "--metrics"));
     FLASHCP_ASSIGN_OR_RETURN(exposer,
-                             core::runtime::metrics_endpoint::StartExposer(options.metrics, options.metrics_http));
+                             core::runtime::metrics_endpoint::MetricsServer::Start(options.metrics,
+                                                                                options.metrics_http));
     exposer->RegisterCollectable(registry);
-    metrics_address = absl::StrCat(host_port.first, ":", exposer->GetListeningPorts().front());
+    metrics_address = absl::StrCat(host_port.first, ":", exposer->port());
   }
 
   FLASHCP_ASSIGN_OR_RETURN(const int64_t fd_limit, RaiseFdLimit());

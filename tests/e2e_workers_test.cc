@@ -567,19 +567,20 @@ TEST(E2eWorkersTest, LateAndDuplicateRanksGiveClearErrors) {
   EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
 }
 
-// Issue 12 item 11, the worker's side: its /metrics had one civetweb thread,
-// so one silent TCP connection stopped every scrape for 30 s. A rank waiting
-// for its group serves /metrics; three silent connections leave one of
-// --metrics_threads 4 for the scrape.
+// Issue 12 item 11 and issue 31 item 8, the worker's side: its /metrics had
+// one civetweb thread, so one silent TCP connection stopped every scrape for
+// 30 s; later 8 threads and a 2 s request timeout, so 40 of them held a scrape
+// for about 10 s. A rank waiting for its group serves /metrics, answered at
+// once with 40 silent connections open.
 TEST(E2eWorkersTest, IdleConnectionsDoNotStopTheWorkersScrape) {
   auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
   ASSERT_THAT(planner.status(), IsOk());
   auto w = StartWorker(0, "idle-metrics", (*planner)->grpc_address(),
-                       {"--timeout_s", "20", "--metrics_threads", "4"});
+                       {"--timeout_s", "20"});
   ASSERT_THAT(w.status(), IsOk());
   tests::testing::IdleConnections idle;
-  ASSERT_THAT(idle.Open(w->metrics, 3, In(absl::Seconds(30))), IsOk());
-  auto scrape = tests::testing::HttpGet(w->metrics, "/metrics", In(absl::Seconds(10)));
+  ASSERT_THAT(idle.Open(w->metrics, 40, In(absl::Seconds(30))), IsOk());
+  auto scrape = tests::testing::HttpGet(w->metrics, "/metrics", In(absl::Seconds(4)));
   ASSERT_THAT(scrape.status(), IsOk());
   EXPECT_EQ(scrape->status, 200);
   EXPECT_THAT(scrape->body, HasSubstr("flashcp_worker_build_info{"));
@@ -678,6 +679,16 @@ TEST(E2eWorkersTest, TheControlPortComesBackAfterAnFdFlood) {
   ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &low, nullptr), 0);
   tests::testing::IdleConnections idle;
   ASSERT_THAT(idle.Open(w->control, 32, In(timeout)), IsOk());
+  // Issue 31 item 7: the pod's liveness probe is GET /healthz on the metrics
+  // port, which answers with the process out of fds (its reserve fd).
+  const absl::Time full_by = In(timeout);
+  while (OpenFds(pid) < held + 16 && absl::Now() < full_by) {
+    absl::SleepFor(absl::Milliseconds(20));  // a bounded poll: gRPC accepts on its own
+  }
+  auto live = tests::testing::HttpGet(w->metrics, "/healthz", In(absl::Seconds(10)));
+  ASSERT_THAT(live.status(), IsOk());
+  EXPECT_EQ(live->status, 200);
+  EXPECT_EQ(live->body, "ok\n");
   // Each probe has 2 s, all of them 30 s (detection takes 5 checks 1 s apart).
   const absl::Time served_by = In(absl::Seconds(30));
   absl::StatusOr<HealthStatus> h = tests::testing::CheckHealth(fresh(), "", In(absl::Seconds(2)));

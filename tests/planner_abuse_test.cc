@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "proto/grpc_status.h"
 #include "tests/testing/grpc_probes.h"
+#include "tests/testing/http.h"
 #include "tests/testing/idle_connections.h"
 #include "tests/testing/planner_process.h"
 #include "tests/testing/subprocess.h"
@@ -199,6 +200,56 @@ TEST(PlannerAbuseTest, TwoSilentConnectionsDoNotStopAScrape) {
   EXPECT_THAT(p->Terminate(), IsOk());
 }
 
+// Issue 31 item 8: civetweb served /metrics one connection per thread (8
+// threads) and waited up to --metrics_request_timeout (2 s) for each
+// connection's request, so 40 silent connections held a scrape for about
+// 10 s, Prometheus's default scrape timeout. The endpoint now polls every
+// connection on one thread: the scrape is answered at once.
+TEST(PlannerAbuseTest, FortySilentConnectionsDoNotDelayAScrape) {
+  std::unique_ptr<PlannerProcess> p = Start({});
+  ASSERT_NE(p, nullptr);
+  IdleConnections idle;
+  ASSERT_THAT(idle.Open(p->metrics_address(), 40, Deadline()), IsOk());
+  absl::StatusOr<std::string> body = p->ScrapeMetrics(absl::Seconds(4));
+  ASSERT_THAT(body, IsOk());
+  EXPECT_THAT(*body, HasSubstr("flashcp_planner_build_info{"));
+  EXPECT_THAT(p->Terminate(), IsOk());
+}
+
+// Issue 31 item 7: the liveness probe called grpc.health.v1 on the client
+// port, which a connection flood can leave out of fds (with the rebuild off,
+// for good); a probe held past its threshold restarted the pod. The probe is
+// now GET /healthz on the metrics port, which keeps one fd in reserve: with
+// the planner out of fds and its gRPC listener dead, /healthz still answers.
+TEST(PlannerAbuseTest, TheLivenessProbeAnswersWhileTheClientPortIsOutOfFds) {
+  std::unique_ptr<PlannerProcess> p = Start({"--listener_check_interval", "0",
+                                             "--handshake_timeout", "10m"});
+  ASSERT_NE(p, nullptr);
+  const pid_t pid = p->process().pid();
+  const int held = OpenFds(pid);
+  ASSERT_GT(held, 0);
+  const int limit = held + 16;
+  const rlimit low{static_cast<rlim_t>(limit), static_cast<rlim_t>(limit)};
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &low, nullptr), 0);
+  IdleConnections idle;
+  ASSERT_THAT(idle.Open(p->grpc_address(), 32, Deadline()), IsOk());
+  const absl::Time full_by = Deadline();
+  while (OpenFds(pid) < limit && absl::Now() < full_by) {
+    absl::SleepFor(absl::Milliseconds(20));  // a bounded poll: gRPC accepts on its own
+  }
+  ASSERT_GE(OpenFds(pid), limit);
+  absl::StatusOr<tests::testing::HttpResponse> live =
+      tests::testing::HttpGet(p->metrics_address(), "/healthz", absl::Now() + absl::Seconds(10));
+  ASSERT_THAT(live, IsOk());
+  EXPECT_EQ(live->status, 200);
+  EXPECT_EQ(live->body, "ok\n");
+  // The gRPC port is still dead (nothing rebuilds it here).
+  EXPECT_THAT(Plan53(OwnChannel(p->grpc_address()), absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  idle.CloseAll();
+  EXPECT_THAT(p->Terminate(), IsOk());
+}
+
 // A unary Plan call whose request is `bytes` as they are; its status.
 absl::Status RawPlan(std::shared_ptr<grpc::Channel> channel, const std::string& bytes) {
   grpc::GenericStub stub(std::move(channel));
@@ -249,7 +300,8 @@ TEST(PlannerAbuseTest, BadBoundFlagsAreUsageErrorsNamingTheFlag) {
       {{"--max_connection_idle", "-1s"}, "--max_connection_idle: must be in [0, 365d], got -1s"},
       {{"--grpc_max_threads", "1"}, "--grpc_max_threads: must be at least 2, got 1"},
       {{"--listener_stall_checks", "0"}, "--listener_stall_checks: must be at least 1, got 0"},
-      {{"--metrics_threads", "0"}, "--metrics_threads: must be in [1, 256], got 0"},
+      {{"--metrics_max_connections", "0"},
+       "--metrics_max_connections: must be in [1, 65536], got 0"},
       {{"--metrics_request_timeout", "0"},
        "--metrics_request_timeout: must be in [1ms, 10m], got 0"},
   };

@@ -15,7 +15,6 @@
 #include "core/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "core/runtime/listener/resilient_server.h"
-#include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "core/runtime/process/host_port.h"
 #include "core/runtime/process/signals.h"
@@ -77,8 +76,8 @@ absl::Status RunWorker(const WorkerOptions& options,
   const DaemonOptions& o = options.daemon;
 
   FLASHCP_ASSIGN_OR_RETURN(
-      std::unique_ptr<prometheus::Exposer> exposer,
-      core::runtime::metrics_endpoint::StartExposer(options.metrics, options.metrics_http));
+      std::unique_ptr<core::runtime::metrics_endpoint::MetricsServer> exposer,
+      core::runtime::metrics_endpoint::MetricsServer::Start(options.metrics, options.metrics_http));
   exposer->RegisterCollectable(registry);
   PrometheusWorkerMetrics metrics(
       *registry, options.version,
@@ -115,7 +114,7 @@ absl::Status RunWorker(const WorkerOptions& options,
           {"flashcp.v1.WorkerControl"}, &clock));
   std::fprintf(stdout, "WORKER rank=%d control=%s:%d metrics=%s:%d\n", o.rank,
                Host(options.control).c_str(), server->port(), Host(options.metrics).c_str(),
-               exposer->GetListeningPorts().front());
+               exposer->port());
   std::fflush(stdout);
 
   std::thread waiter([&] {

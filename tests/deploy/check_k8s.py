@@ -2,24 +2,31 @@
 """deploy/k8s renders offline with `kubectl kustomize` for both overlays, and the rendered
 objects are what the overlays promise: the expected kinds; planning replicas (>= 2, rolling
 updates, --serve=planning, a budget that lets a drain evict one) and a rendezvous of its own
-(one replica, Recreate, --serve=rendezvous, its Service), both with gRPC health probes;
-workers with the pod IP as their Gloo host, the rendezvous address, gRPC health probes on the
-control port, seccomp RuntimeDefault and a read-only root (h100: NCCL's socket interface and
+(one replica, Recreate, --serve=rendezvous, --rendezvous_require_job_secret, its Service), both
+with gRPC startup and readiness probes and a liveness probe on the metrics port's /healthz;
+workers with the pod IP as their Gloo host, the rendezvous address, the job's own secret
+(FLASHCP_JOB_SECRET from a Secret that deploy/k8s/new-job-secret.sh makes anew per job: no
+render without it, two jobs never the same), gRPC startup and readiness probes on the control
+port and liveness on local rank 0's /healthz, seccomp RuntimeDefault and a read-only root (h100: NCCL's socket interface and
 IB HCAs, IPC_LOCK);
 one worker pod per node running one rank per GPU (h100: 8 GPUs, host IPC, memory-backed
 /dev/shm, GPU toleration and node selector) or per CPU rank (cpu-demo: --device cpu, no GPUs);
 node count and ranks per pod consistent between the StatefulSet, its ports and the PodMonitor's
 rank table; the dashboard ConfigMap equal to deploy/grafana/flashcp.json; and the generated
 files current (deploy/k8s/generate.py --check). Needs kubectl and PyYAML (python3-yaml)."""
+import base64
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Rendered from a copy of deploy/ (main() makes it), with a job secret of its own.
 K8S = ROOT / "deploy/k8s"
-EXPECTED_KINDS = {"Namespace", "ConfigMap", "Service", "Deployment", "StatefulSet",
+EXPECTED_KINDS = {"Namespace", "ConfigMap", "Secret", "Service", "Deployment", "StatefulSet",
                   "PodDisruptionBudget", "ServiceMonitor", "PodMonitor", "PrometheusRule"}
 failures = []
 
@@ -52,10 +59,32 @@ def env_field_of(container):
             for e in container.get("env", []) if "valueFrom" in e}
 
 
-def check_grpc_probes(where, what, c, port):
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+def check_grpc_probes(where, what, c, port, metrics_port):
+    for probe in ("startupProbe", "readinessProbe"):
         check(c.get(probe, {}).get("grpc", {}).get("port") == port,
               f"{where}: {what} {probe} is not a grpc probe on port {port}")
+    # Liveness on the metrics port's /healthz, which a flood of the gRPC port cannot exhaust.
+    live = c.get("livenessProbe", {}).get("httpGet", {})
+    check(live.get("path") == "/healthz" and live.get("port") == metrics_port,
+          f"{where}: {what} livenessProbe is not GET /healthz on port {metrics_port}: {live}")
+
+
+def job_secret(where, objs, c):
+    """The worker's FLASHCP_JOB_SECRET value, from the Secret its secretKeyRef names."""
+    refs = [e["valueFrom"]["secretKeyRef"] for e in c.get("env", [])
+            if e["name"] == "FLASHCP_JOB_SECRET" and "secretKeyRef" in e.get("valueFrom", {})]
+    check(len(refs) == 1, f"{where}: workers get no FLASHCP_JOB_SECRET from a Secret")
+    if not refs:
+        return None
+    secret = objs.get(("Secret", refs[0]["name"]), {})
+    value = secret.get("data", {}).get(refs[0]["key"])
+    check(value is not None, f"{where}: FLASHCP_JOB_SECRET names a missing Secret key {refs[0]}")
+    if value is None:
+        return None
+    value = base64.b64decode(value).decode()
+    check(re.fullmatch("[0-9a-f]{64}", value) is not None,
+          f"{where}: the job secret is not 64 hex digits")
+    return value
 
 
 def check_overlay(name, objs, device, ranks_per_node, nodes, gpus):
@@ -66,7 +95,7 @@ def check_overlay(name, objs, device, ranks_per_node, nodes, gpus):
     dep = objs.get(("Deployment", "flashcp-planner"), {})
     pod = dep.get("spec", {}).get("template", {}).get("spec", {})
     c = (pod.get("containers") or [{}])[0]
-    check_grpc_probes(where, "planner", c, 50051)
+    check_grpc_probes(where, "planner", c, 50051, 9464)
     replicas = dep.get("spec", {}).get("replicas", 0)
     check(replicas >= 2, f"{where}: planning must run >= 2 replicas, got {replicas}")
     strategy = dep.get("spec", {}).get("strategy", {})
@@ -90,7 +119,9 @@ def check_overlay(name, objs, device, ranks_per_node, nodes, gpus):
     check(rdv.get("spec", {}).get("strategy", {}).get("type") == "Recreate",
           f"{where}: the rendezvous must roll out with Recreate")
     check("--serve=rendezvous" in rc.get("args", []), f"{where}: rendezvous lacks --serve=rendezvous")
-    check_grpc_probes(where, "rendezvous", rc, 50051)
+    check_grpc_probes(where, "rendezvous", rc, 50051, 9464)
+    check("--rendezvous_require_job_secret" in rc.get("args", []),
+          f"{where}: rendezvous lacks --rendezvous_require_job_secret")
     check(rpod.get("securityContext", {}).get("runAsNonRoot") is True, f"{where}: rendezvous not non-root")
     rsvc = objs.get(("Service", "flashcp-rendezvous"), {})
     # One ServiceMonitor scrapes both as job="flashcp-planner" (the rules' and alerts' job).
@@ -125,7 +156,8 @@ def check_overlay(name, objs, device, ranks_per_node, nodes, gpus):
     control = int(env.get("FLASHCP_CONTROL_BASE_PORT") or 0)
     check({p["name"]: p["containerPort"] for p in c.get("ports", [])}.get("control-r0") == control,
           f"{where}: no control-r0 port at FLASHCP_CONTROL_BASE_PORT {control}")
-    check_grpc_probes(where, "worker", c, control)
+    check_grpc_probes(where, "worker", c, control, int(env.get("FLASHCP_METRICS_BASE_PORT") or 0))
+    secret = job_secret(where, objs, c)
     check(pod.get("securityContext", {}).get("seccompProfile", {}).get("type") == "RuntimeDefault",
           f"{where}: workers lack seccomp RuntimeDefault")
     csec = c.get("securityContext", {})
@@ -177,9 +209,11 @@ def check_overlay(name, objs, device, ranks_per_node, nodes, gpus):
           f"{where}: dashboard ConfigMap lacks the grafana_dashboard label")
     rule = objs.get(("PrometheusRule", "flashcp"), {})
     check(len(rule.get("spec", {}).get("groups", [])) >= 3, f"{where}: PrometheusRule has too few groups")
+    return secret
 
 
 def main():
+    global K8S
     if not shutil.which("kubectl"):
         # 77: ctest's SKIP_RETURN_CODE for this test (tests/CMakeLists.txt).
         print("SKIP: kubectl not found: `kubectl kustomize` renders deploy/k8s. Debian 12 has no "
@@ -188,8 +222,22 @@ def main():
         return 77
     res = subprocess.run([sys.executable, str(K8S / "generate.py"), "--check"], capture_output=True, text=True)
     check(res.returncode == 0, "generated files are stale: " + res.stderr.strip())
-    check_overlay("cpu-demo", render("cpu-demo"), device="cpu", ranks_per_node=2, nodes=2, gpus=None)
-    check_overlay("h100", render("h100"), device="cuda", ranks_per_node=8, nodes=2, gpus=8)
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(ROOT / "deploy", pathlib.Path(tmp) / "deploy")
+        K8S = pathlib.Path(tmp) / "deploy/k8s"
+        (K8S / "base/job-secret").unlink(missing_ok=True)
+        res = subprocess.run(["kubectl", "kustomize", str(K8S / "overlays/cpu-demo")],
+                             capture_output=True, text=True)
+        check(res.returncode != 0 and "job-secret" in res.stderr,
+              "the overlays render without a job secret (deploy/k8s/new-job-secret.sh)")
+        secrets = []
+        for _ in range(2):  # two jobs
+            subprocess.run([str(K8S / "new-job-secret.sh")], check=True, capture_output=True)
+            secrets.append(check_overlay("cpu-demo", render("cpu-demo"), device="cpu",
+                                         ranks_per_node=2, nodes=2, gpus=None))
+        check(secrets[0] is not None and secrets[0] != secrets[1],
+              "two jobs' secrets are the same")
+        check_overlay("h100", render("h100"), device="cuda", ranks_per_node=8, nodes=2, gpus=8)
     if failures:
         for msg in failures:
             print("FAIL: " + msg, file=sys.stderr)

@@ -17,7 +17,7 @@ cat > "$tmp/stub" <<'STUB'
 #!/usr/bin/env bash
 rank=$2
 echo "$*" >> "$STUB_LOG"
-env | grep -E '^NCCL_' | sort | sed "s/^/env $rank /" >> "$STUB_LOG" || true
+env | grep -E '^(NCCL_|FLASHCP_JOB_SECRET=)' | sort | sed "s/^/env $rank /" >> "$STUB_LOG" || true
 if [[ -n ${STUB_IGNORE_TERM:-} ]]; then
   trap 'echo "ignored term $rank" >> "$STUB_LOG"' TERM
 else
@@ -50,7 +50,7 @@ for k in 0 1 2 3; do
     fail "rank $((4 + k)) lacks NCCL's settings: $(cat "$tmp/log")"
 done
 [[ $(grep -vc '^env ' "$tmp/log") -eq 4 ]] || fail "expected 4 workers: $(cat "$tmp/log")"
-grep -qF "gloo host 10.1.2.3, rendezvous rdv:50052, NCCL_IB_HCA=mlx5_0,mlx5_1 NCCL_SOCKET_IFNAME=eth0" \
+grep -qF "gloo host 10.1.2.3, rendezvous rdv:50052, no job secret, NCCL_IB_HCA=mlx5_0,mlx5_1 NCCL_SOCKET_IFNAME=eth0" \
   "$tmp/err" || fail "settings not logged: $(cat "$tmp/err")"
 
 # 1b. One node: loopback Gloo and the planner as the rendezvous by default.
@@ -59,6 +59,37 @@ FLASHCP_NODES=1 FLASHCP_RANKS_PER_NODE=1 FLASHCP_NODE_RANK=0 FLASHCP_DEVICE=cpu 
   bash "$launch" 2>/dev/null || fail "single-node launch failed"
 grep -qxF -- "--rank 0 --world_size 1 --group flashcp --planner planner:50051 --rendezvous planner:50051 --gloo_host 127.0.0.1 --control 0.0.0.0:50061 --metrics 0.0.0.0:9470 --device cpu --local_rank 0" \
   "$tmp/log" || fail "single node: $(cat "$tmp/log")"
+
+# 1c. The job secret (issue 31): none made for a group across pods (test 1: a warning, the
+# open namespace); one node without one: a secret made per launch, the same for its ranks,
+# never logged; a given one reaches every rank unchanged.
+: > "$tmp/log"
+FLASHCP_NODES=2 FLASHCP_RANKS_PER_NODE=2 FLASHCP_NODE_RANK=0 FLASHCP_DEVICE=cpu \
+  FLASHCP_GLOO_HOST=10.1.2.3 bash "$launch" 2>"$tmp/err" || fail "multi-node launch failed"
+! grep -q "FLASHCP_JOB_SECRET" "$tmp/log" || fail "a multi-node rank got a made-up secret"
+grep -qF "FLASHCP_JOB_SECRET is not set: the group forms in the rendezvous' open namespace" \
+  "$tmp/err" || fail "no warning for a multi-node group without a secret: $(cat "$tmp/err")"
+secrets=()
+for launch_no in 1 2; do
+  : > "$tmp/log"
+  FLASHCP_NODES=1 FLASHCP_RANKS_PER_NODE=2 FLASHCP_NODE_RANK=0 FLASHCP_DEVICE=cpu \
+    bash "$launch" 2>"$tmp/err" || fail "single-node launch $launch_no failed"
+  mapfile -t got < <(grep -oP '^env [01] FLASHCP_JOB_SECRET=\K.*' "$tmp/log")
+  [[ ${#got[@]} -eq 2 && ${got[0]} == "${got[1]}" && ${got[0]} =~ ^[0-9a-f]{64}$ ]] ||
+    fail "launch $launch_no: ranks got secrets '${got[*]}'"
+  ! grep -qF "${got[0]}" "$tmp/err" || fail "the made secret was logged"
+  grep -qF "job secret made here" "$tmp/err" || fail "not logged as made: $(cat "$tmp/err")"
+  secrets+=("${got[0]}")
+done
+[[ ${secrets[0]} != "${secrets[1]}" ]] || fail "two launches made the same secret"
+: > "$tmp/log"
+FLASHCP_NODES=2 FLASHCP_RANKS_PER_NODE=2 FLASHCP_NODE_RANK=0 FLASHCP_DEVICE=cpu \
+  FLASHCP_GLOO_HOST=10.1.2.3 FLASHCP_JOB_SECRET=s3cret-of-job-7 bash "$launch" 2>"$tmp/err" ||
+  fail "launch with a secret failed"
+[[ $(grep -cxF "env 0 FLASHCP_JOB_SECRET=s3cret-of-job-7" "$tmp/log") -eq 1 &&
+  $(grep -cxF "env 1 FLASHCP_JOB_SECRET=s3cret-of-job-7" "$tmp/log") -eq 1 ]] ||
+  fail "the given secret did not reach every rank: $(cat "$tmp/log")"
+grep -qF "job secret given" "$tmp/err" || fail "not logged as given: $(cat "$tmp/err")"
 
 # 2. CPU device and an explicit node rank.
 : > "$tmp/log"

@@ -1,4 +1,5 @@
-// The /metrics server's flags, --metrics_threads and --metrics_request_timeout
+// The /metrics server's flags, --metrics_max_connections and
+// --metrics_request_timeout
 // (absl flags, read by core/flags.h): defined once here for the programs that
 // serve /metrics (flashcp-planner, flashcp-worker), their defaults
 // EndpointOptions{}'s. Its own target (flashcp_metrics_endpoint_flags): no
