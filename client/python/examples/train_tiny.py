@@ -144,7 +144,14 @@ def train_cp(rank, n, group, batches, seed, planner, address, report=None):
     model, opt = make_model(seed)
     # A 5 s connect timeout: flashcp_client's default min_reconnect_backoff_ms
     # (100) is also gRPC's minimum connect timeout, short on a loaded machine.
-    client = (flashcp.Client(address, options=(("grpc.min_reconnect_backoff_ms", 5000),))
+    tls_ca = os.environ.get("FLASHCP_TLS_CA")  # main() sets it from --tls_ca
+    creds = None
+    if tls_ca:
+        import grpc
+        with open(tls_ca, "rb") as f:
+            creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+    client = (flashcp.Client(address, options=(("grpc.min_reconnect_backoff_ms", 5000),),
+                             credentials=creds)
               if planner == "service" else None)
     losses, metrics = [], []
     ops = {"bytes_sent": 0, "attention_seconds": 0.0, "steps": 0, "accepted_samples": 0,
@@ -195,12 +202,14 @@ def train_cp(rank, n, group, batches, seed, planner, address, report=None):
     return losses, seconds, metrics, ops
 
 
-def _serve_metrics(rank, ports_file):
-    """prometheus_client's exporter on 127.0.0.1:0; appends "RANK PORT"."""
+def _serve_metrics(rank, ports_file, port, addr):
+    """prometheus_client's exporter on addr:port + rank (port 0: one the OS
+    picks); appends "RANK PORT" to ports_file if given."""
     import prometheus_client
-    server, _ = prometheus_client.start_http_server(0, addr="127.0.0.1")
-    with open(ports_file, "a") as f:  # one short line per rank: one write each
-        f.write(f"{rank} {server.server_port}\n")
+    server, _ = prometheus_client.start_http_server(port + rank if port else 0, addr=addr)
+    if ports_file:
+        with open(ports_file, "a") as f:  # one short line per rank: one write each
+            f.write(f"{rank} {server.server_port}\n")
 
 
 def _hold(hold_file, hold_s):
@@ -215,8 +224,8 @@ def _rank_main(rank, n, store_path, batches, seed, address, planners, out, ops_a
     dist.init_process_group("gloo", store=dist.FileStore(store_path, n), rank=rank,
                             world_size=n, timeout=datetime.timedelta(seconds=60))
     try:
-        if ops_args.get("ports_file"):
-            _serve_metrics(rank, ops_args["ports_file"])
+        if ops_args.get("ports_file") or ops_args.get("port"):
+            _serve_metrics(rank, ops_args["ports_file"], ops_args["port"], ops_args["addr"])
         result = {p: train_cp(rank, n, dist.group.WORLD, batches, seed, p, address,
                               ops_args.get("report"))
                   for p in planners}
@@ -264,13 +273,20 @@ def main(argv=None):
                     help="HOST:PORT of a running planner (default: start --planner_bin)")
     ap.add_argument("--metrics_ports_file", default="",
                     help="serve each rank's metrics on 127.0.0.1:0; append 'RANK PORT' here")
+    ap.add_argument("--metrics_port", type=int, default=0,
+                    help="serve rank r's metrics on --metrics_addr:PORT+r (a Job's pod)")
+    ap.add_argument("--metrics_addr", default="127.0.0.1")
+    ap.add_argument("--tls_ca", default="", help="PEM CA of a TLS planner (--planner_address)")
     ap.add_argument("--report_profile", default="",
                     help="report step times to the planner for this cost profile")
     ap.add_argument("--report_every", type=int, default=5, help="steps per report")
     ap.add_argument("--hold_file", default="", help="after training, serve until it exists")
     ap.add_argument("--hold_s", type=float, default=120.0)
     args = ap.parse_args(argv)
-    ops_args = {"ports_file": args.metrics_ports_file, "hold_file": args.hold_file,
+    if args.tls_ca:
+        os.environ["FLASHCP_TLS_CA"] = os.path.abspath(args.tls_ca)  # the spawned ranks read it
+    ops_args = {"ports_file": args.metrics_ports_file, "port": args.metrics_port,
+                "addr": args.metrics_addr, "hold_file": args.hold_file,
                 "hold_s": args.hold_s,
                 "report": (args.report_profile, args.report_every) if args.report_profile else None}
     torch.set_num_threads(1)
