@@ -82,3 +82,32 @@ def cp_rank(rank, n, archs, seed, docs, scheme):
         out[arch] = (loss.item(), grads if rank == 0 else None, int(moved),
                      int(batch["num_items_in_batch"]), tuple(batch["input_ids"].shape))
     return out
+
+
+def refusals(rank, n):
+    """What flashcp_attention_forward says to each input it refuses (one rank)."""
+    import flashcp
+    import flashcp.torch as ft
+    import flashcp.torch.hf as fhf
+    ctx = ft.CpContext(flashcp.plan([8], 1), 0)
+    q = torch.zeros(1, 4, 8, 16)
+    kv = torch.zeros(1, 2, 8, 16)
+    cases = {"no context": dict(),
+             "mask": dict(attention_mask=torch.ones(1, 1, 8, 8, dtype=torch.bool)),
+             "dropout": dict(dropout=0.1),
+             "window": dict(sliding_window=4),
+             "batch": dict(q=torch.zeros(2, 4, 8, 16))}
+    out = {}
+    for name, kw in cases.items():
+        args = {"attention_mask": None, **kw}
+        qq = args.pop("q", q)
+        if name != "no context":
+            args[fhf.CONTEXT_KWARG] = ctx
+        try:
+            fhf.flashcp_attention_forward(None, qq, kv, kv, **args)
+            out[name] = None
+        except ValueError as e:
+            out[name] = str(e)
+    o, w = fhf.flashcp_attention_forward(None, q, kv, kv, None, **{fhf.CONTEXT_KWARG: ctx})
+    out["ok"] = (tuple(o.shape), w)
+    return out

@@ -44,3 +44,15 @@ def test_hf_models_under_cp_equal_the_model_without_cp(n):
         assert set(grads) == set(ref_grads)
         for k in ref_grads:
             _close(torch.from_numpy(grads[k]), ref_grads[k], f"{arch} {k}")
+
+
+def test_what_the_attention_function_refuses_it_names():
+    got = harness.run(hf_cases.refusals, 1)[0]
+    assert got["ok"] == ((1, 8, 4, 16), None)
+    assert got["no context"].startswith("flashcp attention: call the model with "
+                                        "flashcp_context=<CpContext>")
+    assert got["mask"].startswith("flashcp attention: the model was given an attention mask")
+    assert got["dropout"] == ("flashcp attention: attention dropout 0.1 is not supported (set "
+                              "the config's attention_dropout to 0)")
+    assert got["window"].startswith("flashcp attention: sliding window 4 is not supported")
+    assert got["batch"].startswith("flashcp attention: query (2, 4, 8, 16); expected one packed")

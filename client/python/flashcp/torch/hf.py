@@ -86,7 +86,7 @@ def cp_batch(documents: Sequence[Sequence[int]], group: Optional[Any] = None, *,
              strategy: str = "", client: Optional[flashcp.Client] = None,
              scheme: str = "targeted", count_group: Optional[Any] = None,
              ignore_index: int = -100, plan_fields: Optional[Dict[str, Any]] = None,
-             ) -> Dict[str, Any]:
+             device: Optional[torch.device] = None) -> Dict[str, Any]:
     """The keyword arguments of a CausalLM's forward for this rank's share of
     one packed CP batch. A collective on `group` (and count_group): every
     rank calls it.
@@ -103,7 +103,8 @@ def cp_batch(documents: Sequence[Sequence[int]], group: Optional[Any] = None, *,
     (labels equal to shift_labels: the model computes a loss when labels is
     set, and takes shift_labels as the already shifted targets),
     num_items_in_batch (int64 scalar tensor), use_cache False,
-    flashcp_context (the CpContext), flashcp_scheme.
+    flashcp_context (the CpContext), flashcp_scheme. The tensors are on
+    `device` (default: the CPU).
     """
     group = group if group is not None else dist.group.WORLD
     rank = dist.get_rank(group)
@@ -112,13 +113,15 @@ def cp_batch(documents: Sequence[Sequence[int]], group: Optional[Any] = None, *,
     ctx = CpContext(plan, rank, group, doc_lens=lens, check_plan=False)
     ids = torch.tensor([t for d in documents for t in d], dtype=torch.int64)
     labels = ctx.labels(ids, ignore_index)
-    count = (labels != ignore_index).sum().to(collective_device(group))
-    dist.all_reduce(count, group=count_group if count_group is not None else group)
-    labels = labels.unsqueeze(0)
-    return {"input_ids": dispatch(ids, ctx).unsqueeze(0),
-            "position_ids": ctx.position_ids.unsqueeze(0),
+    counted = count_group if count_group is not None else group
+    count = (labels != ignore_index).sum().to(collective_device(counted))
+    dist.all_reduce(count, group=counted)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    labels = labels.unsqueeze(0).to(dev)
+    return {"input_ids": dispatch(ids, ctx).unsqueeze(0).to(dev),
+            "position_ids": ctx.position_ids.unsqueeze(0).to(dev),
             "labels": labels, "shift_labels": labels,
-            "num_items_in_batch": count.cpu(), "use_cache": False,
+            "num_items_in_batch": count.to(dev), "use_cache": False,
             CONTEXT_KWARG: ctx, SCHEME_KWARG: scheme}
 
 
