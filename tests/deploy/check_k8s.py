@@ -212,6 +212,73 @@ def check_overlay(name, objs, device, ranks_per_node, nodes, gpus):
     return secret
 
 
+def check_planner_only(objs):
+    """overlays/planner-only: the planner alone (no workers, no rendezvous), serving TLS from
+    the Secret flashcp-planner-tls, with TCP probes (grpc probes cannot speak TLS)."""
+    where = "overlays/planner-only"
+    kinds = {k for k, _ in objs}
+    check(kinds == EXPECTED_KINDS - {"StatefulSet", "PodMonitor"},
+          f"{where}: kinds {sorted(kinds)}")
+    check(not any("rendezvous" in n or "worker" in n for _, n in objs),
+          f"{where}: worker or rendezvous objects left: {sorted(n for _, n in objs)}")
+    dep = objs.get(("Deployment", "flashcp-planner"), {})
+    pod = dep.get("spec", {}).get("template", {}).get("spec", {})
+    c = (pod.get("containers") or [{}])[0]
+    args = c.get("args", [])
+    check("--serve=planning" in args, f"{where}: planner args {args}")
+    mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+    secrets = {v["name"]: v.get("secret", {}).get("secretName") for v in pod.get("volumes", [])}
+    tls = [n for n, s in secrets.items() if s == "flashcp-planner-tls"]
+    check(len(tls) == 1 and mounts.get(tls[0]) == "/etc/flashcp/tls",
+          f"{where}: Secret flashcp-planner-tls not mounted at /etc/flashcp/tls")
+    for flag, f in (("--tls_cert", "tls.crt"), ("--tls_key", "tls.key")):
+        check(f"{flag}=/etc/flashcp/tls/{f}" in args, f"{where}: no {flag}=/etc/flashcp/tls/{f}")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        check(c.get(probe, {}).get("tcpSocket", {}).get("port") == 50051 and
+              "grpc" not in c.get(probe, {}), f"{where}: {probe} is not a TCP probe of 50051")
+    return objs
+
+
+def check_training_job(planner_objs):
+    """examples/training-job.yaml: a Job running the tiny example against the planner-only
+    overlay's Service over TLS, every flag one the example has, each rank's metrics port
+    declared and scraped by its PodMonitor as job flashcp-worker."""
+    where = "examples/training-job.yaml"
+    docs = {(d["kind"], d["metadata"]["name"]): d
+            for d in yaml.safe_load_all((K8S / "examples/training-job.yaml").read_text()) if d}
+    check({k for k, _ in docs} == {"Job", "PodMonitor"}, f"{where}: kinds {sorted(docs)}")
+    job = next((d for (k, _), d in docs.items() if k == "Job"), {})
+    mon = next((d for (k, _), d in docs.items() if k == "PodMonitor"), {})
+    ns = next((n for k, n in planner_objs if k == "Namespace"), None)
+    check(job.get("metadata", {}).get("namespace") == ns, f"{where}: Job not in namespace {ns}")
+    tmpl = job.get("spec", {}).get("template", {})
+    pod, labels = tmpl.get("spec", {}), tmpl.get("metadata", {}).get("labels", {})
+    c = (pod.get("containers") or [{}])[0]
+    flags = dict(a.split("=", 1) for a in c.get("args", []))
+    known = set(re.findall(r'add_argument\("(--[a-z_]+)"', (ROOT / "client/python/examples/"
+                                                             "train_tiny.py").read_text()))
+    check(set(flags) <= known, f"{where}: flags the example lacks: {sorted(set(flags) - known)}")
+    svc = planner_objs.get(("Service", "flashcp-planner"), {})
+    grpc_port = next((p["port"] for p in svc.get("spec", {}).get("ports", [])
+                      if p["name"] == "grpc"), None)
+    check(flags.get("--planner_address") == f"flashcp-planner.{ns}.svc:{grpc_port}",
+          f"{where}: --planner_address {flags.get('--planner_address')}")
+    mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+    check(any(flags.get("--tls_ca", "").startswith(p + "/") for p in mounts.values()),
+          f"{where}: --tls_ca {flags.get('--tls_ca')} not under a mounted volume")
+    cp, base = int(flags.get("--cp", "0")), int(flags.get("--metrics_port", "0"))
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    check(cp >= 1 and ports == {f"metrics-r{r}": base + r for r in range(cp)},
+          f"{where}: ports {ports} for --cp {cp} --metrics_port {base}")
+    eps = [e["port"] for e in mon.get("spec", {}).get("podMetricsEndpoints", [])]
+    check(sorted(eps) == sorted(ports), f"{where}: PodMonitor scrapes {eps}, pod has {sorted(ports)}")
+    sel = mon.get("spec", {}).get("selector", {}).get("matchLabels", {})
+    check(sel and all(labels.get(k) == v for k, v in sel.items()),
+          f"{where}: PodMonitor selector {sel} does not match the pod {labels}")
+    check(labels.get(mon.get("spec", {}).get("jobLabel", "")) == "flashcp-worker",
+          f"{where}: the PodMonitor's job label is not flashcp-worker")
+
+
 def main():
     global K8S
     if not shutil.which("kubectl"):
@@ -238,11 +305,13 @@ def main():
         check(secrets[0] is not None and secrets[0] != secrets[1],
               "two jobs' secrets are the same")
         check_overlay("h100", render("h100"), device="cuda", ranks_per_node=8, nodes=2, gpus=8)
+        check_training_job(check_planner_only(render("planner-only")))
     if failures:
         for msg in failures:
             print("FAIL: " + msg, file=sys.stderr)
         return 1
-    print("PASS: kustomize renders cpu-demo and h100 with the expected objects")
+    print("PASS: kustomize renders cpu-demo, h100 and planner-only with the expected objects; "
+          "the training Job example matches the example and the planner-only overlay")
     return 0
 
 

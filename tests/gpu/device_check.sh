@@ -132,7 +132,8 @@ run_gtest worker_cuda_communicator_test 90
 run_gtest worker_cuda_rank_backend_test 90
 # flashcp.torch's CUDA path (client/python/tests_torch/test_cuda.py: the
 # native module's cuDNN shard attention and attention() on one rank, against
-# the CPU path), on the image's python3 and PyTorch: only with a build here
+# the CPU path; test_nccl.py: attention() over NCCL, one process per GPU,
+# skipped with fewer than 2 GPUs), on the image's python3 and PyTorch: only with a build here
 # (the carried build has no native module) and where python3 has pybind11,
 # pytest and what `import flashcp` needs (grpcio and flashcp_client's
 # generated stubs, which pip's build of client/python writes). Its output goes
@@ -142,8 +143,9 @@ if [[ $BIN == "$BUILD_DIR/bin" ]] && PYTHONPATH="$ROOT/client/python" \
   if run_stage build-native 180 cmake --build "$BUILD_DIR" -j "$(nproc)" --target _flashcp_native \
        >> "$OUT/gtests.log" 2>&1; then
     LD_LIBRARY_PATH=$PY_LD_LIBRARY_PATH PYTHONPATH="$ROOT/client/python:$BUILD_DIR/python" \
-      run_stage torch_cuda 180 python3 -m pytest -p no:cacheprovider -q -m gpu -rs \
-      "$ROOT/client/python/tests_torch/test_cuda.py" >> "$OUT/gtests.log" 2>&1 ||
+      run_stage torch_cuda 300 python3 -m pytest -p no:cacheprovider -q -m gpu -rs \
+      "$ROOT/client/python/tests_torch/test_cuda.py" \
+      "$ROOT/client/python/tests_torch/test_nccl.py" >> "$OUT/gtests.log" 2>&1 ||
       { FAILED=1; tail -30 "$OUT/gtests.log"; }
   else
     FAILED=1

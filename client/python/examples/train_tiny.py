@@ -12,10 +12,20 @@ without CP (dense attention with the document mask, same seeds) within
 --rtol. Prints tokens/s and the plans' imbalance and saving; --json prints
 the summary as one JSON line too.
 
+Operations: every step's attention metrics go through
+flashcp.torch.step_metrics (the flashcp_worker_* series the dashboards
+read); --metrics_ports_file makes each rank serve them (prometheus_client,
+127.0.0.1:0) and append "RANK PORT" to that file, for Prometheus to scrape;
+--report_profile sends each step's per-rank attention times to the planner
+(ReportStepTimes, the calibration's input; rank 0, every --report_every
+steps). --hold_file keeps the ranks serving after training until that file
+exists (a scraper's turn), at most --hold_s seconds.
+
     .prefix/venv/bin/python client/python/examples/train_tiny.py \
         --planner_bin build/bin/flashcp-planner --cp 2,4 --steps 20
 """
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -127,14 +137,26 @@ def train_reference(batches, seed):
     return losses
 
 
-def train_cp(rank, n, group, batches, seed, planner, address):
-    """One rank of CP training; returns (losses, seconds, plan metrics)."""
+def train_cp(rank, n, group, batches, seed, planner, address, report=None):
+    """One rank of CP training; returns (losses, seconds, plan metrics,
+    operations summary). report: (profile, every) to send step times to the
+    planner, or None."""
     model, opt = make_model(seed)
     # A 5 s connect timeout: flashcp_client's default min_reconnect_backoff_ms
     # (100) is also gRPC's minimum connect timeout, short on a loaded machine.
-    client = (flashcp.Client(address, options=(("grpc.min_reconnect_backoff_ms", 5000),))
+    tls_ca = os.environ.get("FLASHCP_TLS_CA")  # main() sets it from --tls_ca
+    creds = None
+    if tls_ca:
+        import grpc
+        with open(tls_ca, "rb") as f:
+            creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+    client = (flashcp.Client(address, options=(("grpc.min_reconnect_backoff_ms", 5000),),
+                             credentials=creds)
               if planner == "service" else None)
     losses, metrics = [], []
+    ops = {"bytes_sent": 0, "attention_seconds": 0.0, "steps": 0, "accepted_samples": 0,
+           "profile_samples": 0}
+    pending = []
     start = time.perf_counter()
     for lens, ids in batches:
         # --- the lines a training loop adds for FlashCP ---------------------
@@ -150,41 +172,82 @@ def train_cp(rank, n, group, batches, seed, planner, address):
         loss.backward()
         for p in model.parameters():  # each rank holds the gradient of its tokens
             dist.all_reduce(p.grad, group=group)
+        # What operations see: this step's attention (flashcp_worker_* series where
+        # prometheus_client is installed) and its per-rank times for calibration.
+        step = ft.step_metrics(ctx, "targeted", plan=plan)
+        if report and client and rank == 0:
+            pending.append(ft.step_times(plan, step.group_attention_seconds))
+            if len(pending) >= report[1] or len(losses) + 1 == len(batches):
+                got = client.report_step_times(report[0], pending)
+                ops["accepted_samples"] += got.accepted_samples
+                ops["profile_samples"] = got.profile_samples
+                pending = []
         # ---------------------------------------------------------------------
+        ops["bytes_sent"] += step.bytes_sent
+        ops["attention_seconds"] += step.attention_seconds
+        ops["steps"] += 1
         opt.step()
         total = loss.detach().clone()
         dist.all_reduce(total, group=group)
         losses.append(total.item())
         metrics.append((plan.metrics.imbalance_ratio, plan.metrics.comm_saving_ratio,
                         plan.metrics.targeted_saving_ratio))
-    return losses, time.perf_counter() - start, metrics
+    seconds = time.perf_counter() - start
+    # The group's totals (what a scrape of every rank adds up to).
+    sums = torch.tensor([ops["bytes_sent"], ops["attention_seconds"], ops["steps"]],
+                        dtype=torch.float64)
+    dist.all_reduce(sums, group=group)
+    ops["bytes_sent"], ops["attention_seconds"], ops["steps"] = (
+        int(sums[0]), float(sums[1]), int(sums[2]))
+    return losses, seconds, metrics, ops
 
 
-def _rank_main(rank, n, store_path, batches, seed, address, planners, out):
+def _serve_metrics(rank, ports_file, port, addr):
+    """prometheus_client's exporter on addr:port + rank (port 0: one the OS
+    picks); appends "RANK PORT" to ports_file if given."""
+    import prometheus_client
+    server, _ = prometheus_client.start_http_server(port + rank if port else 0, addr=addr)
+    if ports_file:
+        with open(ports_file, "a") as f:  # one short line per rank: one write each
+            f.write(f"{rank} {server.server_port}\n")
+
+
+def _hold(hold_file, hold_s):
+    deadline = time.monotonic() + hold_s
+    while not os.path.exists(hold_file) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _rank_main(rank, n, store_path, batches, seed, address, planners, out, ops_args):
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, n), rank=rank,
                             world_size=n, timeout=datetime.timedelta(seconds=60))
     try:
-        result = {p: train_cp(rank, n, dist.group.WORLD, batches, seed, p, address)
+        if ops_args.get("ports_file") or ops_args.get("port"):
+            _serve_metrics(rank, ops_args["ports_file"], ops_args["port"], ops_args["addr"])
+        result = {p: train_cp(rank, n, dist.group.WORLD, batches, seed, p, address,
+                              ops_args.get("report"))
                   for p in planners}
         if rank == 0:
             out.put(result)
+        if ops_args.get("hold_file"):
+            _hold(ops_args["hold_file"], ops_args["hold_s"])
     finally:
         dist.destroy_process_group()
 
 
-def run_cp(n, batches, seed, address, planners):
+def run_cp(n, batches, seed, address, planners, ops_args=None):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="flashcp-train-") as d:
         procs = [ctx.Process(target=_rank_main,
                              args=(r, n, os.path.join(d, "store"), batches, seed, address,
-                                   planners, out)) for r in range(n)]
+                                   planners, out, ops_args or {})) for r in range(n)]
         for p in procs:
             p.start()
         try:
-            result = out.get(timeout=600)
+            result = out.get(timeout=600 + (ops_args or {}).get("hold_s", 0))
         finally:
             for p in procs:
                 p.join(timeout=60)
@@ -206,7 +269,26 @@ def main(argv=None):
     ap.add_argument("--rtol", type=float, default=1e-4)
     ap.add_argument("--planners", default="service,inprocess")
     ap.add_argument("--json", action="store_true", help="also print the summary as JSON")
+    ap.add_argument("--planner_address", default="",
+                    help="HOST:PORT of a running planner (default: start --planner_bin)")
+    ap.add_argument("--metrics_ports_file", default="",
+                    help="serve each rank's metrics on 127.0.0.1:0; append 'RANK PORT' here")
+    ap.add_argument("--metrics_port", type=int, default=0,
+                    help="serve rank r's metrics on --metrics_addr:PORT+r (a Job's pod)")
+    ap.add_argument("--metrics_addr", default="127.0.0.1")
+    ap.add_argument("--tls_ca", default="", help="PEM CA of a TLS planner (--planner_address)")
+    ap.add_argument("--report_profile", default="",
+                    help="report step times to the planner for this cost profile")
+    ap.add_argument("--report_every", type=int, default=5, help="steps per report")
+    ap.add_argument("--hold_file", default="", help="after training, serve until it exists")
+    ap.add_argument("--hold_s", type=float, default=120.0)
     args = ap.parse_args(argv)
+    if args.tls_ca:
+        os.environ["FLASHCP_TLS_CA"] = os.path.abspath(args.tls_ca)  # the spawned ranks read it
+    ops_args = {"ports_file": args.metrics_ports_file, "port": args.metrics_port,
+                "addr": args.metrics_addr, "hold_file": args.hold_file,
+                "hold_s": args.hold_s,
+                "report": (args.report_profile, args.report_every) if args.report_profile else None}
     torch.set_num_threads(1)
     batches = corpus(args.steps, args.tokens, args.seed)
     ref = train_reference(batches, args.seed)
@@ -214,10 +296,11 @@ def main(argv=None):
     planners = args.planners.split(",")
     summary = {"steps": args.steps, "tokens_per_step": args.tokens, "reference": ref, "runs": []}
     ok = True
-    with flashcp.planner_process.start(os.path.abspath(args.planner_bin)) as address:
+    with (contextlib.nullcontext(args.planner_address) if args.planner_address else
+          flashcp.planner_process.start(os.path.abspath(args.planner_bin))) as address:
         for n in (int(x) for x in args.cp.split(",")):
-            for planner, (losses, seconds, metrics) in run_cp(
-                    n, batches, args.seed, address, planners).items():
+            for planner, (losses, seconds, metrics, ops) in run_cp(
+                    n, batches, args.seed, address, planners, ops_args).items():
                 rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
                 imb = sum(m[0] for m in metrics) / len(metrics)
                 sav = sum(m[1] for m in metrics) / len(metrics)
@@ -230,7 +313,7 @@ def main(argv=None):
                       f"targeted {tsav:.3f}")
                 summary["runs"].append(dict(cp=n, planner=planner, losses=losses, max_rel=rel,
                                             tokens_per_s=tps, imbalance=imb, comm_saving=sav,
-                                            targeted_saving=tsav))
+                                            targeted_saving=tsav, operations=ops))
     if args.json:
         print(json.dumps(summary))
     return 0 if ok else 1

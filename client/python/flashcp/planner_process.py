@@ -11,7 +11,7 @@ import select
 import signal
 import subprocess
 import time
-from typing import Iterator, Sequence, Tuple
+from typing import Dict, Iterator, Sequence, Tuple
 
 
 def _read_listening_line(proc: subprocess.Popen, deadline: float) -> str:
@@ -36,6 +36,14 @@ def launch(binary: str, extra_args: Sequence[str] = (), *,
     """Runs `binary` on 127.0.0.1:0 (gRPC and metrics; a later --listen in
     extra_args wins, e.g. to restart on a known port) and returns the process
     and its gRPC HOST:PORT once it listens. The caller stops it (stop())."""
+    proc, fields = launch_listening(binary, extra_args, startup_timeout=startup_timeout)
+    return proc, fields["grpc"]
+
+
+def launch_listening(binary: str, extra_args: Sequence[str] = (), *,
+                     startup_timeout: float = 60.0) -> Tuple[subprocess.Popen, Dict[str, str]]:
+    """As launch(), returning the LISTENING line's fields: {"grpc":
+    HOST:PORT, "metrics": HOST:PORT} (the metrics endpoint, for a scraper)."""
     if not binary or not os.access(binary, os.X_OK):
         raise FileNotFoundError(f"flashcp-planner {binary!r} is not an executable")
     proc = subprocess.Popen([binary, "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
@@ -45,8 +53,7 @@ def launch(binary: str, extra_args: Sequence[str] = (), *,
     except BaseException:
         stop(proc)
         raise
-    fields = dict(part.split("=", 1) for part in line.split()[1:])
-    return proc, fields["grpc"]
+    return proc, dict(part.split("=", 1) for part in line.split()[1:])
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> int:

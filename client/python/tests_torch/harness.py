@@ -23,8 +23,18 @@ def _context():
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
+        # The forkserver (a fresh interpreter) is given our sys.path but does
+        # not apply it before preloading: without this folder on its
+        # PYTHONPATH, the preload of cases and hf_cases fails silently (an
+        # ImportError is skipped) and every rank imports them itself (seconds
+        # each for transformers). hf_cases is skipped the same way where
+        # transformers is not installed.
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = os.environ.get("PYTHONPATH")
+        if here not in (path or "").split(os.pathsep):
+            os.environ["PYTHONPATH"] = here + (os.pathsep + path if path else "")
         _CTX.set_forkserver_preload(["torch", "torch.distributed", "flashcp", "flashcp.torch",
-                                     "cases"])
+                                     "cases", "hf_cases"])
     return _CTX
 
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from flashcp._native import native
 from flashcp.torch import _ops  # noqa: F401  (registers torch.ops.flashcp.*)
-from flashcp.torch._context import SCHEMES, CpContext, ExchangeError
+from flashcp.torch._context import SCHEMES, CpContext, ExchangeError, collective_device
 
 
 def _p2p(ctx: CpContext, send, recv, what: str) -> None:
@@ -105,12 +105,15 @@ def _gather_failed(ctx: CpContext, what: str, e: Exception) -> ExchangeError:
     # wait bounded by the group's timeout): the peers whose transfer fails
     # are named. Ranks that failed the same collective probe each other too.
     failed = []
-    one = torch.zeros(1)
+    # On the group's device: NCCL moves CUDA tensors only (a CPU probe would fail every peer).
+    dev = collective_device(ctx.group)
+    one = torch.zeros(1, device=dev)
     peers = [p for p in range(ctx.size) if p != ctx.rank]
     for p in peers:
         try:
             send = dist.isend(one, ctx.global_ranks[p], ctx.group, tag=_PROBE_TAG)
-            recv = dist.irecv(torch.zeros(1), ctx.global_ranks[p], ctx.group, tag=_PROBE_TAG)
+            recv = dist.irecv(torch.zeros(1, device=dev), ctx.global_ranks[p], ctx.group,
+                              tag=_PROBE_TAG)
             send.wait()
             recv.wait()
         except RuntimeError:

@@ -296,6 +296,8 @@ class CpContext:
         key = ("cuda", device, scheme, heads_q, heads_kv, head_dim, float(scale))
         k = self._kernels.get(key)
         if k is None:
+            from flashcp.torch._cuda_check import check_native_cuda_runtime
+            check_native_cuda_runtime(native().__file__)  # one CUDA runtime per process
             k = native().CudaAttention(self.layout(scheme).native, heads_q, heads_kv, head_dim,
                                        float(scale), torch.cuda.current_stream(device).cuda_stream)
             self._kernels[key] = k

@@ -1,0 +1,101 @@
+"""Whether the native module's CUDA runtime is the one of the torch it runs in.
+
+The native module's CUDA hook links the CUDA runtime it was built with
+(libcudart.so.MAJOR); torch links its own. Where the majors differ, both
+runtimes end up mapped in one process and CUDA objects (streams, memory)
+cross between them: refuse the CUDA path then, with what to rebuild, instead
+of failing later in a kernel. Read from the module's ELF dynamic section
+(DT_NEEDED) and the libraries mapped in this process (/proc/self/maps: what
+the module's own libraries pulled in too), no CUDA call: it runs, and is
+tested, on a machine without GPUs.
+The cuDNN pairing (the module built against one cuDNN 9 minor, torch's
+libcudnn.so.9 loaded) is not checked here: docs/gpu.md.
+"""
+import re
+import struct
+from typing import List, Optional
+
+import torch
+
+_SHT_DYNAMIC = 6
+_DT_NEEDED = 1
+
+
+def needed_libraries(path: str) -> List[str]:
+    """The DT_NEEDED entries of a 64-bit little-endian ELF shared object;
+    ValueError for anything else."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                for i in range(shnum)]
+    out = []
+    for _, typ, _, _, off, size, link, _, _, entsize in sections:
+        if typ != _SHT_DYNAMIC:
+            continue
+        strtab_off = sections[link][4]
+        for pos in range(off, off + size, entsize or 16):
+            tag, val = struct.unpack_from("<qQ", data, pos)
+            if tag == 0:
+                break
+            if tag == _DT_NEEDED:
+                end = data.index(b"\0", strtab_off + val)
+                out.append(data[strtab_off + val:end].decode())
+    return out
+
+
+def mapped_libraries(maps: str) -> List[str]:
+    """The file names of the objects mapped in a /proc/PID/maps text."""
+    names = []
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            name = parts[5].rsplit("/", 1)[-1]
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def cuda_runtime_mismatch(libs: List[str], torch_cuda: Optional[str]) -> Optional[str]:
+    """A message where a CUDA runtime among `libs` (file names:
+    libcudart.so.MAJOR[.minor...]) is not torch's CUDA major
+    (torch.version.cuda, e.g. "12.4"); None where every one agrees, or where
+    there is none (a CPU build)."""
+    majors = sorted({int(m.group(1)) for lib in libs
+                     for m in [re.fullmatch(r"libcudart\.so\.(\d+)(\.[0-9.]*)?", lib)] if m})
+    if not majors:
+        return None
+    if torch_cuda is None:
+        return (f"flashcp's native module links the CUDA {majors[0]} runtime, but this torch "
+                f"({torch.__version__}) has no CUDA: install a CUDA build of torch")
+    want = int(torch_cuda.split(".")[0])
+    other = [m for m in majors if m != want]
+    if other:
+        return (f"flashcp's native module links the CUDA {other[0]} runtime "
+                f"(libcudart.so.{other[0]}) but torch {torch.__version__} runs CUDA "
+                f"{torch_cuda}: both runtimes would be loaded in one process. Rebuild the "
+                f"module against CUDA {want} (scripts/build.sh with that nvcc), or install "
+                f"a torch built for CUDA {other[0]}")
+    return None
+
+
+_checked: Optional[str] = None
+
+
+def check_native_cuda_runtime(module_path: str) -> None:
+    """RuntimeError where cuda_runtime_mismatch finds one in the module's
+    DT_NEEDED or this process's mapped libraries (checked once)."""
+    global _checked
+    if _checked is None:
+        try:
+            with open("/proc/self/maps") as f:
+                mapped = mapped_libraries(f.read())
+        except OSError:  # not Linux: the module's own entries only
+            mapped = []
+        _checked = cuda_runtime_mismatch(needed_libraries(module_path) + mapped,
+                                         torch.version.cuda) or ""
+    if _checked:
+        raise RuntimeError(_checked)
