@@ -42,6 +42,13 @@ absl::StatusOr<CpAttentionStep> CpAttentionStep::Create(const core::Plan& plan, 
     return absl::InvalidArgumentError(
         absl::StrCat("rank: ", rank, " outside a group of ", plan.cp_size));
   }
+  if (scheme == core::CommScheme::kAllToAll) {
+    FLASHCP_ASSIGN_OR_RETURN(
+        AllToAllStep a2a,
+        AllToAllStep::Create(plan, rank, HeadShape{shape.heads, shape.heads, shape.head_dim,
+                                                   shape.scale}));
+    step.a2a_ = std::make_shared<AllToAllStep>(std::move(a2a));
+  }
   FLASHCP_ASSIGN_OR_RETURN(step.lay_, BuildCpRankLayout(plan, step.layout_, rank, scheme));
   step.plan_ = plan;
   step.rank_ = rank;
@@ -98,6 +105,10 @@ absl::Status CpAttentionStep::Forward(Communicator& comm, ThreadPool& pool,
   FLASHCP_RETURN_IF_ERROR(CheckSize("o", o.size(), rows_ * e));
   FLASHCP_RETURN_IF_ERROR(CheckSize("lse", lse.size(), rows_ * shape_.heads));
   forward_done_ = false;
+  if (a2a_ != nullptr) {
+    std::fill(lse.begin(), lse.end(), 0.0f);
+    return a2a_->Forward(comm, pool, q, k, v, o);
+  }
   // 1. Pack [K | V] rows; padding rows of an all-gather block stay 0.
   const int64_t row2 = 2 * e;
   std::vector<float> pack(lay_.pack_rows.size() * row2, 0.0f);
@@ -158,6 +169,7 @@ absl::Status CpAttentionStep::Backward(Communicator& comm, ThreadPool& pool,
                                        absl::Span<float> dk, absl::Span<float> dv) {
   const int64_t e = RowFloats();
   const int64_t row2 = 2 * e;
+  if (a2a_ != nullptr) return a2a_->Backward(comm, pool, dout, dq, dk, dv);
   if (!forward_done_) {
     return absl::FailedPreconditionError("backward: no successful forward on this step");
   }

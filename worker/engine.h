@@ -14,17 +14,21 @@
 // send/recv (targeted), as the layout says; the backward return is grouped
 // send/recv under every scheme. Shards attend as the layout groups them:
 // whole shards on their own rows (zero-copy), prefixed shards on their
-// staged [prefix pieces, own rows].
+// staged [prefix pieces, own rows]. Under all_to_all the step is an
+// AllToAllStep (a2a_step.h) with Hq = Hkv = heads; the log-sum-exps stay
+// with the heads there, so Forward leaves lse 0.
 #ifndef FLASHCP_WORKER_ENGINE_H_
 #define FLASHCP_WORKER_ENGINE_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/analysis.h"
 #include "core/types.h"
+#include "worker/a2a_step.h"
 #include "worker/attention_cpu.h"
 #include "worker/communicator.h"
 #include "worker/cp_layout.h"
@@ -83,6 +87,7 @@ class CpAttentionStep {
   const float* v_ = nullptr;
   std::vector<float> recv_;            // [recv_rows][K | V], then its gradient
   std::vector<float> stage_k_, stage_v_;  // [stage rows][H][D]: staged prefixes
+  std::shared_ptr<AllToAllStep> a2a_;  // all_to_all only: the whole step
 };
 
 }  // namespace flashcp::worker
