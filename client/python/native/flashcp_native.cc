@@ -338,7 +338,7 @@ class CpuAttention {
                                                     ", scale ", scale, " (each must be positive)")));
     }
     const worker::CpRankLayout& p = layout.rank_plan();
-    rows_ = p.local_rows;
+    rows_ = worker::AttentionRows(p);  // all_to_all: the head-parallel rows
     stage_rows_ = static_cast<int64_t>(p.stage_src.size());
     for (size_t i = 0; i < p.whole_start.size(); ++i) {
       whole_.push_back({p.whole_start[i], p.whole_len[i]});
@@ -611,7 +611,36 @@ m.def("plan_pipeline", &flashcp::python::PlanPipeline, py::arg("doc_lens"), py::
       .def("global_rows", [](const RankLayout& l, int32_t r) { return Int64Bytes(l.GlobalRows(r)); },
            py::arg("rank"))
       .def("positions", [](const RankLayout& l) { return Int64Bytes(l.Positions()); })
-      .def("segments", &RankLayout::Segments);
+      .def("segments", &RankLayout::Segments)
+      // all_to_all (worker/a2a_layout.h): the group, this rank's position,
+      // per position its real rows and first gathered row, the head-parallel
+      // rows S and doc_row (gathered row -> head-parallel row, int64 bytes).
+      .def_property_readonly("all_to_all", [](const RankLayout& l) {
+        return l.rank_plan().collective == flashcp::worker::Collective::kAllToAll;
+      })
+      .def_property_readonly("a2a_group", [](const RankLayout& l) { return l.rank_plan().a2a.group; })
+      .def_property_readonly("a2a_position", [](const RankLayout& l) { return l.rank_plan().a2a.position; })
+      .def_property_readonly("a2a_tokens", [](const RankLayout& l) { return l.rank_plan().a2a.tokens; })
+      .def_property_readonly("a2a_first", [](const RankLayout& l) { return l.rank_plan().a2a.first; })
+      .def_property_readonly("a2a_rows", [](const RankLayout& l) { return l.rank_plan().a2a.rows; })
+      .def_property_readonly("a2a_doc_row",
+                             [](const RankLayout& l) { return Int64Bytes(l.rank_plan().a2a.doc_row); })
+      .def(
+          "a2a_heads",
+          [](const RankLayout& l, int32_t query_heads, int32_t kv_heads, int32_t head_dim) {
+            const flashcp::core::AllToAllHeads h = flashcp::python::ValueOrRaise(
+                flashcp::worker::AllToAllLayoutHeads(l.rank_plan().a2a, query_heads, kv_heads,
+                                                     head_dim));
+            std::vector<std::tuple<int32_t, int32_t, int32_t, int32_t>> out;
+            for (size_t j = 0; j < h.query.size(); ++j) {
+              out.emplace_back(h.query[j].first, h.query[j].count, h.kv[j].first, h.kv[j].count);
+            }
+            return out;
+          },
+          py::arg("query_heads"), py::arg("kv_heads"), py::arg("head_dim"),
+          "Per position of the group: (first query head, query heads, first KV head, KV heads) "
+          "(core::AllToAllGroupHeads; RuntimeError FAILED_PRECONDITION naming query_heads where "
+          "the group's size does not divide Hq)");
   py::class_<CpuAttention>(m, "CpuAttention")
       .def(py::init<const RankLayout&, int32_t, int32_t, float, int>(), py::arg("layout"),
            py::arg("heads"), py::arg("head_dim"), py::arg("scale"), py::arg("threads"))
