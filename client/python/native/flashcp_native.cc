@@ -29,6 +29,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/python/native/cuda_backend.h"
 #include "core/analysis.h"
+#include "core/global_batch.h"
+#include "core/strategies.h"
 #include "core/ilp_deadline.h"
 #include "core/plan_hash.h"
 #include "core/ilp/pipeline_ckpt.h"
@@ -584,6 +586,45 @@ m.def("plan_pipeline", &flashcp::python::PlanPipeline, py::arg("doc_lens"), py::
         py::arg("vocab"), py::arg("profile"), py::arg("slice_count"),
         py::arg("ckpt_time_limit_seconds"),
         "A pipeline plan (core/pipeline.h) as flashcp-plan --pipeline's JSON line");
+  m.def(
+      "plan_global_batch",
+      [](const std::vector<int64_t>& doc_lens, int32_t dp_size, int32_t cp_size, int64_t context,
+         const std::string& strategy) {
+        namespace core = flashcp::core;
+        core::GlobalBatchOptions o;
+        o.dp_size = dp_size;
+        o.cp_size = cp_size;
+        o.context = context;
+        o.strategy = flashcp::python::ValueOrRaise(core::ParseStrategy(strategy));
+        absl::StatusOr<core::GlobalBatchPlan> g;
+        {
+          py::gil_scoped_release release;
+          g = core::PlanGlobalBatch(doc_lens, o);
+        }
+        const core::GlobalBatchPlan plan = flashcp::python::ValueOrRaise(std::move(g));
+        py::list replicas;
+        for (const core::ReplicaBatch& r : plan.replicas) {
+          std::vector<std::tuple<int32_t, int64_t, int64_t, int32_t>> shards;
+          for (const core::Shard& s : r.plan.shards) shards.emplace_back(s.doc, s.start, s.len, s.rank);
+          py::dict d;
+          d["pieces"] = r.pieces;
+          d["doc_lens"] = r.doc_lens;
+          d["workload"] = r.workload;
+          d["padding"] = r.plan.padding;
+          d["shards"] = shards;
+          replicas.append(d);
+        }
+        py::dict out;
+        out["piece_lens"] = plan.pieces.lens;
+        out["piece_doc"] = plan.pieces.doc;
+        out["imbalance"] = plan.imbalance;
+        out["first_fit_imbalance"] = plan.first_fit_imbalance;
+        out["replicas"] = replicas;
+        return out;
+      },
+      py::arg("doc_lens"), py::arg("dp_size"), py::arg("cp_size"), py::arg("context"),
+      py::arg("strategy"),
+      "core::PlanGlobalBatch: which pieces each DP replica packs and its CP plan (dict)");
   py::class_<RankLayout>(m, "RankLayout")
       .def(py::init<const std::vector<int64_t>&, int32_t, int64_t,
                     const std::vector<flashcp::python::ShardTuple>&, int32_t, const std::string&>(),
