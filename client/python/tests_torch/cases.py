@@ -416,7 +416,7 @@ def all_to_all_cases(rank, n, specs):
         doc_lens = spec["doc_lens"]
         ctx = ft.CpContext(spec["plan"], rank, doc_lens=doc_lens)
         q, k, v, dout = global_inputs(sum(doc_lens), spec["hq"], spec["hkv"], spec["d"],
-                                      spec["seed"])
+                                      spec["seed"], getattr(torch, spec.get("dtype", "float32")))
         want = [ft.dispatch(t, ctx) for t in spec["want"]]
         ql, kl, vl = (ft.dispatch(t, ctx).requires_grad_() for t in (q, k, v))
         try:

@@ -93,3 +93,22 @@ def test_all_to_all_matches_dense_reference_and_predicted_bytes(plan_bin, n):
     # Every strategy ran at least one batch (the one-document batch splits
     # its document over a group of N, and N divides Hq = 8).
     assert ran == set(STRATEGIES), set(STRATEGIES) - ran
+
+
+def test_bf16_messages_are_bf16_and_close_to_the_reference(plan_bin):
+    # bf16 inputs travel as bf16 (2 bytes an element: flashcp-plan's bytes at
+    # dtype_bytes 2), the kernels compute in fp32.
+    lens = [37, 1, 60, 5, 100, 1, 1, 29]
+    args = [plan_bin, "--cp", "2", "--strategy", "per_doc", "--heads", "2", "--query_heads",
+            "4", "--head_dim", str(D), "--dtype_bytes", "2"]
+    text = subprocess.run(args + [str(x) for x in lens], check=True, capture_output=True,
+                          text=True, timeout=60).stdout
+    a2a = next(x for x in json.loads(text)["metrics"]["bytes"] if x["scheme"] == "all_to_all")
+    spec = cases.with_reference(dict(doc_lens=lens, hq=4, hkv=2, d=D, seed=5,
+                                     dtype="bfloat16", plan=flashcp.plan_view(text)))
+    res = harness.run(cases.all_to_all_cases, 2, {"bf16": spec}, timeout_s=120)
+    for r in range(2):
+        status, errs, sent, received = res[r]["bf16"]
+        assert status == "ok"
+        assert max(errs) <= 0.1, errs  # bf16 inputs and outputs, fp32 inside
+        assert (sent, received) == (a2a["sent_bytes"][r], a2a["received_bytes"][r])
