@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "worker/attention_reference.h"
 #include "worker/cp_layout.h"
 #include "worker/cpstep.h"
+#include "worker/engine.h"
 #include "worker/testing/gloo_ranks.h"
 
 namespace flashcp::worker {
@@ -311,6 +313,102 @@ TEST(AllToAllEngineTest, CpStepMatchesReferenceAndBytes) {
     EXPECT_EQ((*results)[r].stats.bytes_sent, want.sent[r]) << r;
     EXPECT_EQ((*results)[r].stats.bytes_received, want.received[r]) << r;
   }
+}
+
+// A mixed plan (CpAttentionStep::CreateMixed): some rank groups run the
+// all-to-all, the others the targeted exchange, in one step; outputs and
+// gradients equal the reference and every rank's bytes equal
+// core::GroupedSchemeBytes' exactly.
+TEST(AllToAllMixedTest, GroupsRunTheirOwnSchemesInOneStep) {
+  constexpr int32_t kN = 8, kH = 4, kD = 8;
+  // The first plan (of a few batches and strategies) with two groups of
+  // several ranks, one of a size dividing kH.
+  std::optional<core::Plan> plan;
+  std::vector<core::RankGroup> groups;
+  for (int seed = 0; seed < 40 && !plan; ++seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<int64_t> lens;
+    for (int d = 0; d < 10; ++d) lens.push_back(1 + static_cast<int64_t>(rng() % 120));
+    for (core::Strategy s : {core::Strategy::kFlashCp, core::Strategy::kWholeDoc}) {
+      absl::StatusOr<core::Plan> p = core::MakePlan(s, core::Batch{lens, kN});
+      ASSERT_THAT(p, IsOk());
+      std::vector<core::RankGroup> g;
+      int a2a = 0, targeted = 0;
+      for (const std::vector<int32_t>& ranks : core::PlanRankGroups(*p)) {
+        const bool fits = kH % static_cast<int32_t>(ranks.size()) == 0;
+        const bool use_a2a = fits && ranks.size() > 1 && a2a == 0;
+        g.push_back(core::RankGroup{ranks, use_a2a ? core::CommScheme::kAllToAll
+                                                   : core::CommScheme::kTargeted});
+        a2a += use_a2a;
+        targeted += !use_a2a && ranks.size() > 1;
+      }
+      if (a2a > 0 && targeted > 0) {
+        plan = *p;
+        groups = g;
+        break;
+      }
+    }
+  }
+  ASSERT_TRUE(plan.has_value()) << "no plan with two multi-rank groups";
+  const AttentionShape shape{kH, kD, 0.3f};
+  const int64_t total = core::TotalTokens(plan->doc_lens);
+  std::mt19937_64 rng(9);
+  const std::vector<float> q = Random(total * kH * kD, rng), k = Random(total * kH * kD, rng),
+                           v = Random(total * kH * kD, rng), dout = Random(total * kH * kD, rng);
+  std::vector<float> ro(total * kH * kD), rlse(total * kH), rdq(total * kH * kD),
+      rdk(total * kH * kD), rdv(total * kH * kD);
+  ASSERT_THAT(ReferenceForward(shape, plan->doc_lens, q, k, v, absl::MakeSpan(ro),
+                               absl::MakeSpan(rlse)), IsOk());
+  ASSERT_THAT(ReferenceBackward(shape, plan->doc_lens, q, k, v, dout, absl::MakeSpan(rdq),
+                                absl::MakeSpan(rdk), absl::MakeSpan(rdv)), IsOk());
+  const core::ModelShape model{kH, kD, 4};
+  absl::StatusOr<core::PlanMetrics> metrics = core::AnalyzePlan(*plan, model);
+  ASSERT_THAT(metrics, IsOk());
+  absl::StatusOr<core::SchemeBytes> want =
+      core::GroupedSchemeBytes(*plan, *metrics, groups, model, 0);
+  ASSERT_THAT(want, IsOk());
+  absl::StatusOr<core::CommLayout> layout = core::BuildCommLayout(*plan);
+  ASSERT_THAT(layout, IsOk());
+  const std::vector<std::vector<int64_t>> global = GlobalRows(*plan, *layout);
+  const int64_t rows = core::TokensPerRank(total, kN);
+  testing::RunRanks(kN, absl::Seconds(60), [&](int32_t r, Communicator& comm) {
+    absl::StatusOr<CpAttentionStep> step = CpAttentionStep::CreateMixed(*plan, r, shape, groups);
+    ASSERT_THAT(step, IsOk());
+    auto local = [&](const std::vector<float>& g) {
+      std::vector<float> out(rows * kH * kD, 0.0f);
+      for (int64_t i = 0; i < rows; ++i)
+        if (global[r][i] >= 0)
+          std::copy_n(g.data() + global[r][i] * kH * kD, kH * kD, out.data() + i * kH * kD);
+      return out;
+    };
+    const std::vector<float> lq = local(q), lk = local(k), lv = local(v), ldout = local(dout);
+    std::vector<float> o(rows * kH * kD), lse(rows * kH), dq(rows * kH * kD), dk(rows * kH * kD),
+        dv(rows * kH * kD);
+    ThreadPool pool(1);
+    const CommStats before = comm.stats();
+    ASSERT_THAT(step->Forward(comm, pool, lq, lk, lv, absl::MakeSpan(o), absl::MakeSpan(lse)),
+                IsOk());
+    ASSERT_THAT(step->Backward(comm, pool, ldout, absl::MakeSpan(dq), absl::MakeSpan(dk),
+                               absl::MakeSpan(dv)), IsOk());
+    // The groups' calls stayed aligned: a barrier over all ranks still meets.
+    ASSERT_THAT(comm.Barrier(), IsOk());
+    const CommStats after = comm.stats();
+    EXPECT_EQ(after.bytes_sent - before.bytes_sent, want->sent[r]) << "rank " << r;
+    EXPECT_EQ(after.bytes_received - before.bytes_received, want->received[r]) << "rank " << r;
+    EXPECT_LE(MaxRelError(o, local(ro)), kTol) << "rank " << r;
+    EXPECT_LE(MaxRelError(dq, local(rdq)), kTol) << "rank " << r;
+    EXPECT_LE(MaxRelError(dk, local(rdk)), kTol) << "rank " << r;
+    EXPECT_LE(MaxRelError(dv, local(rdv)), kTol) << "rank " << r;
+  });
+  // Refused: groups that are not the plan's, and an all-gather group.
+  std::vector<core::RankGroup> merged = {core::RankGroup{{0, 1, 2, 3, 4, 5, 6, 7},
+                                                         core::CommScheme::kTargeted}};
+  EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, 0, shape, merged),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not the plan's")));
+  std::vector<core::RankGroup> gathered = groups;
+  gathered[0].scheme = core::CommScheme::kAllGather;
+  EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, 0, shape, gathered),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("groups[0]: scheme allgather")));
 }
 
 TEST(AllToAllStepErrorsTest, RefusesAGroupThatDoesNotDivideTheHeadsAndBadShapes) {

@@ -58,6 +58,42 @@ absl::StatusOr<CpAttentionStep> CpAttentionStep::Create(const core::Plan& plan, 
   return step;
 }
 
+absl::StatusOr<CpAttentionStep> CpAttentionStep::CreateMixed(
+    const core::Plan& plan, int32_t rank, const AttentionShape& shape,
+    const std::vector<core::RankGroup>& groups) {
+  FLASHCP_RETURN_IF_ERROR(core::ValidatePlan(plan));
+  std::vector<std::vector<int32_t>> want = core::PlanRankGroups(plan), got;
+  bool any_a2a = false;
+  const core::RankGroup* mine = nullptr;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    got.push_back(groups[g].ranks);
+    any_a2a = any_a2a || groups[g].scheme == core::CommScheme::kAllToAll;
+    if (std::find(groups[g].ranks.begin(), groups[g].ranks.end(), rank) != groups[g].ranks.end())
+      mine = &groups[g];
+    if (groups[g].scheme != core::CommScheme::kTargeted &&
+        groups[g].scheme != core::CommScheme::kAllToAll) {
+      return absl::UnimplementedError(absl::StrCat(
+          "groups[", g, "]: scheme ", core::CommSchemeName(groups[g].scheme),
+          " in a mixed plan (an all-gather within one group needs that group's own "
+          "communicator); targeted and all_to_all run"));
+    }
+  }
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  if (got != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "groups: ", groups.size(), " groups that are not the plan's ", want.size(),
+        " rank groups (core::PlanRankGroups: the ranks linked by shared documents)"));
+  }
+  if (mine == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: ", rank, " outside a group of ", plan.cp_size));
+  }
+  FLASHCP_ASSIGN_OR_RETURN(CpAttentionStep step, Create(plan, rank, shape, mine->scheme));
+  if (any_a2a && mine->scheme != core::CommScheme::kAllToAll) step.pad_calls_ = 1;
+  return step;
+}
+
 absl::Status CpAttentionStep::CheckComm(const Communicator& comm) const {
   if (comm.size() != plan_.cp_size || comm.rank() != rank_) {
     return absl::InvalidArgumentError(absl::StrCat("communicator is rank ", comm.rank(), " of ",
@@ -138,6 +174,7 @@ absl::Status CpAttentionStep::Forward(Communicator& comm, ThreadPool& pool,
       FLASHCP_RETURN_IF_ERROR(comm.SendRecv(sends, recvs));
     }
   }
+  for (int32_t i = 0; i < pad_calls_; ++i) FLASHCP_RETURN_IF_ERROR(comm.SendRecv({}, {}));
   // 3. Stage every prefixed shard's [prefix pieces, own rows].
   const int64_t staged = static_cast<int64_t>(lay_.stage_src.size());
   stage_k_.assign(staged * e, 0.0f);
@@ -215,6 +252,7 @@ absl::Status CpAttentionStep::Backward(Communicator& comm, ThreadPool& pool,
                            Bytes(absl::MakeSpan(back).subspan(lay_.back_first[i] * row2,
                                                               lay_.sends[i].rows * row2))});
   FLASHCP_RETURN_IF_ERROR(comm.SendRecv(sends, recvs));
+  for (int32_t i = 0; i < pad_calls_; ++i) FLASHCP_RETURN_IF_ERROR(comm.SendRecv({}, {}));
   for (size_t i = 0; i < lay_.sends.size(); ++i) {
     const RowSegment& s = lay_.sends[i];
     for (int64_t j = 0; j < s.rows; ++j) {
