@@ -420,7 +420,7 @@ def all_to_all_cases(rank, n, specs):
         want = [ft.dispatch(t, ctx) for t in spec["want"]]
         ql, kl, vl = (ft.dispatch(t, ctx).requires_grad_() for t in (q, k, v))
         try:
-            o = ft.attention(ql, kl, vl, ctx, scheme="all_to_all")
+            o = ft.attention(ql, kl, vl, ctx, scheme=spec.get("scheme", "all_to_all"))
         except RuntimeError as e:
             out[key] = ("refused", str(e))
             continue
@@ -428,4 +428,7 @@ def all_to_all_cases(rank, n, specs):
         got = [o.detach(), ql.grad, kl.grad, vl.grad]
         out[key] = ("ok", [float((a.float() - b).abs().max()) for a, b in zip(got, want)],
                     ctx.stats.bytes_sent, ctx.stats.bytes_received)
+        # Mixed plans the call refuses, before any exchange: (type, message).
+        out[(key, "refused")] = [_raises(lambda b=b: ft.attention(ql, kl, vl, ctx, scheme=b))
+                                 for b in spec.get("refuse", ())]
     return out

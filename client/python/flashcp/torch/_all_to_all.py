@@ -13,7 +13,7 @@ per peer and direction), so the bytes are core::AnalyzePlan's
 bytes["all_to_all"] exactly (the CPU engine's a2a_step.h moves the same).
 The padding row never travels; its output and gradients are 0.
 """
-from typing import List, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import torch
 
@@ -168,3 +168,56 @@ def attention_all_to_all(q, k, v, ctx: CpContext, scale: float) -> torch.Tensor:
                                vx.to(f32).contiguous(), none, none, kernel, ctx.stats)
     ctx.stats.calls += 1
     return _ToTokens.apply(oh.to(q.dtype), ctx, a)
+
+
+def plan_rank_groups(ctx: CpContext) -> List[Tuple[int, ...]]:
+    """The plan's rank groups (core::PlanRankGroups): ranks linked by the
+    documents they share, each ascending, by first rank."""
+    parent = list(range(ctx.size))
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    first = {}
+    for doc, _, _, rank in ctx.plan.shards:
+        if doc in first:
+            a, b = find(first[doc]), find(rank)
+            parent[max(a, b)] = min(a, b)
+        else:
+            first[doc] = rank
+    groups = {}
+    for r in range(ctx.size):
+        groups.setdefault(find(r), []).append(r)
+    return [tuple(g) for g in groups.values()]
+
+
+_MIXED = ("targeted", "all_to_all")
+
+
+def group_scheme(ctx: CpContext, groups: Sequence[Tuple[Sequence[int], str]]) -> str:
+    """This rank's scheme in a mixed plan: `groups` must list each of the
+    plan's rank groups once with "targeted" or "all_to_all" (ValueError
+    naming what differs; NotImplementedError for an all-gather scheme, which
+    would need a process group per group). Neither scheme sends outside its
+    group, so the groups run side by side on ctx.group."""
+    try:
+        given = [(tuple(sorted(int(r) for r in ranks)), s) for ranks, s in groups]
+    except (TypeError, ValueError):
+        raise ValueError(f"scheme: {groups!r}; expected a scheme name or a sequence of "
+                         "(ranks, scheme) pairs") from None
+    for ranks, s in given:
+        if s in ("allgather", "full_kv"):
+            raise NotImplementedError(
+                f"scheme: {s} for ranks {list(ranks)} in a mixed plan (an all-gather within "
+                "one group needs a process group of its own); targeted and all_to_all run")
+        if s not in _MIXED:
+            raise ValueError(f"scheme: {s!r} for ranks {list(ranks)}; expected one of "
+                             f"{', '.join(_MIXED)}")
+    want = sorted(plan_rank_groups(ctx))
+    if sorted(r for r, _ in given) != want:
+        raise ValueError(f"scheme: groups {sorted(r for r, _ in given)} are not the plan's rank "
+                         f"groups {want} (ranks linked by shared documents)")
+    return next(s for ranks, s in given if ctx.rank in ranks)

@@ -339,11 +339,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     converted); returns [C/N, Hq, D] in q's dtype (the padding row's output
     is 0). scheme: "targeted" (only the KV
     some rank needs, point to point), "allgather" (compacted non-last
-    shards, all-gathered), "full_kv" (the baseline) or "all_to_all"
+    shards, all-gathered), "full_kv" (the baseline), "all_to_all"
     (Ulysses within each rank group of the plan: heads split over the
     group, its documents attended whole; CPU only, _all_to_all.py; a group
     whose size does not divide Hq raises RuntimeError FAILED_PRECONDITION
-    naming query_heads). softmax_scale:
+    naming query_heads), or a mixed plan: a sequence of (ranks, scheme),
+    one per rank group of the plan (the ranks linked by shared documents),
+    each "targeted" or "all_to_all", e.g. what flashcp's choose_schemes
+    chose; each rank runs its group's. softmax_scale:
     default 1/sqrt(D). Every rank of ctx.group calls it, forward and backward.
     """
     if not isinstance(ctx, CpContext):
@@ -373,6 +376,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if not scale > 0 or not math.isfinite(scale):
         raise ValueError(f"softmax_scale: {softmax_scale!r}; must be positive and finite")
+    if not isinstance(scheme, str):
+        # A mixed plan: ((ranks, scheme), ...), one entry per rank group of
+        # the plan; this rank runs its group's scheme (_all_to_all.py).
+        from flashcp.torch._all_to_all import group_scheme
+        scheme = group_scheme(ctx, scheme)
     if scheme not in SCHEMES:
         raise ValueError(f"scheme: {scheme!r}; expected one of {', '.join(SCHEMES)}")
     on_cuda = q.device.type == "cuda"
