@@ -12,6 +12,7 @@
 // Context C = 16384 N (16K tokens a rank). Plain table tool, markdown out.
 //
 //   build/bin/scheme_bytes [--batches 4] [--seed 1] [--query_heads 64] [--heads 8]
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -81,8 +82,9 @@ int Run() {
                                  : "equal documents (B = N/8 of 8 x 16K tokens; 1 batch)");
     std::printf("| N | llama3 (all-gather) | per_doc (all-gather) | magi (targeted) | ulysses over N | "
                 "basp | flashcp's choice | flashcp groups: targeted / allgather / all_to_all | "
-                "flashcp inter below magi's and ulysses' |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+                "flashcp inter below magi's and ulysses' | flashcp inter vs ulysses': below / "
+                "equal / above | flashcp's largest group | batches with one group of all N (of the equal) |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int32_t n : kCps) {
       const int64_t context = int64_t{16384} * n;
       absl::StatusOr<std::vector<std::vector<int64_t>>> sampled =
@@ -96,6 +98,11 @@ int Run() {
       Link llama3, per_doc, magi, ulysses, basp, chosen;
       std::map<CommScheme, int64_t> schemes;
       int below = 0;
+      // flashcp's inter-node busiest link against Ulysses-over-N's, per
+      // batch: below, equal, above; and its largest rank group's size.
+      int vs_u[3] = {0, 0, 0};
+      size_t largest = 0;
+      int whole_group = 0, tie_whole = 0;  // batches with one group of all N; of the ties
       for (const std::vector<int64_t>& docs : *sampled) {
         const Batch batch{docs, n};
         PlanOptions options;
@@ -136,19 +143,31 @@ int Run() {
         chosen.Add(f->choice.bytes.phase);
         for (const ChosenGroup& cg : f->choice.groups) {
           if (cg.group.ranks.size() > 1) ++schemes[cg.group.scheme];
+          largest = std::max(largest, cg.group.ranks.size());
         }
         const int64_t fi = f->choice.bytes.phase.max_inter_node_bytes;
+        bool all_n = false;
+        for (const ChosenGroup& cg : f->choice.groups)
+          all_n = all_n || static_cast<int32_t>(cg.group.ranks.size()) == n;
+        whole_group += all_n;
+        if (u.ok()) {
+          const int64_t ui = u->phase.max_inter_node_bytes;
+          ++vs_u[fi < ui ? 0 : fi == ui ? 1 : 2];
+          tie_whole += fi == ui && all_n;
+        }
         if (fi < magi_phase.max_inter_node_bytes && (!u.ok() || fi < u->phase.max_inter_node_bytes)) {
           ++below;
         }
       }
-      std::printf("| %d | %s | %s | %s | %s | %s | %s | %lld / %lld / %lld | %d of %d |\n", n,
+      std::printf("| %d | %s | %s | %s | %s | %s | %s | %lld / %lld / %lld | %d of %d | %d / %d / %d "
+                  "| %zu | %d (%d) |\n", n,
                   llama3.Cell().c_str(), per_doc.Cell().c_str(), magi.Cell().c_str(),
                   ulysses.Cell().c_str(), basp.Cell().c_str(), chosen.Cell().c_str(),
                   static_cast<long long>(schemes[CommScheme::kTargeted]),
                   static_cast<long long>(schemes[CommScheme::kAllGather]),
                   static_cast<long long>(schemes[CommScheme::kAllToAll]), below,
-                  static_cast<int>(sampled->size()));
+                  static_cast<int>(sampled->size()), vs_u[0], vs_u[1], vs_u[2], largest,
+                  whole_group, tie_whole);
       std::fflush(stdout);
     }
     std::printf("\n");

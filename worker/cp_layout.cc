@@ -85,14 +85,23 @@ absl::Status PackTargeted(const Inputs& in, CpRankLayout& p, std::vector<int64_t
   return absl::OkStatus();
 }
 
-// The KV-row schemes; core::kKvCommSchemes has one entry each (static_assert
-// below). The all-to-all moves heads, not rows: not a layout of this table.
+// The all-to-all: heads within the rank's group (a2a_layout.h); no KV rows,
+// so no recv_row, and the attention batches are the group's documents whole.
+absl::Status PackAllToAll(const Inputs& in, CpRankLayout& p, std::vector<int64_t>&) {
+  FLASHCP_ASSIGN_OR_RETURN(p.a2a, BuildAllToAllLayout(in.plan, in.layout, in.rank));
+  p.whole_start = p.a2a.doc_start;
+  p.whole_len = p.a2a.doc_len;
+  return absl::OkStatus();
+}
+
+// Every scheme; core::kAllCommSchemes has one entry each (static_assert below).
 constexpr SchemeEntry kSchemes[] = {
     {core::CommScheme::kFullKv, Collective::kAllGather, PackFullKv},
     {core::CommScheme::kAllGather, Collective::kAllGather, PackCompacted},
     {core::CommScheme::kTargeted, Collective::kSendRecv, PackTargeted},
+    {core::CommScheme::kAllToAll, Collective::kAllToAll, PackAllToAll},
 };
-static_assert(std::size(kSchemes) == core::kNumKvCommSchemes, "one table entry per KV scheme");
+static_assert(std::size(kSchemes) == core::kNumCommSchemes, "one table entry per scheme");
 
 }  // namespace
 
@@ -109,9 +118,6 @@ absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
   const SchemeEntry* entry = nullptr;
   for (const SchemeEntry& e : kSchemes)
     if (e.scheme == scheme) entry = &e;
-  if (scheme == core::CommScheme::kAllToAll)
-    return absl::UnimplementedError(
-        "scheme: all_to_all moves heads, not KV rows; the engine does not run it yet");
   if (entry == nullptr)
     return absl::InvalidArgumentError(
         absl::StrCat("scheme: unknown communication scheme ", static_cast<int>(scheme)));
@@ -127,6 +133,7 @@ absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
     for (size_t i = 0; i < r.shards.size(); ++i) shard_row[r.shards[i]] = r.shard_offset[i];
   std::vector<int64_t> recv_row(plan.shards.size(), -1);
   FLASHCP_RETURN_IF_ERROR(entry->pack(Inputs{plan, layout, rank, shard_row}, p, recv_row));
+  if (p.collective == Collective::kAllToAll) return p;  // no KV rows to stage or return
   if (p.collective == Collective::kAllGather) {
     // Every peer gets the whole pack buffer; its block lands at peer * block_rows.
     p.recv_rows = int64_t{n} * p.block_rows;

@@ -11,7 +11,10 @@
 // Schemes are entries of one table (cp_layout.cc): a scheme says which rows
 // a rank packs, where each remote shard lands in the receive buffer, and the
 // collective that moves them. Everything else (staging, the gradients'
-// return) is derived from that once, here, for every scheme.
+// return) is derived from that once, here, for every KV scheme. The
+// all-to-all (Ulysses) moves heads, not KV rows: its entry fills `a2a`
+// (a2a_layout.h, the sibling that describes it) and the attention batches
+// (whole_*, over the head-parallel rows), and no KV-row field.
 //
 // Rows: a "row" is one token's K and V of all KV heads. The exchange buffers
 // hold rows of 2 * heads_kv * head_dim elements ([K | V]); local tensors hold
@@ -25,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "core/analysis.h"
 #include "core/types.h"
+#include "worker/a2a_layout.h"
 
 namespace flashcp::worker {
 
@@ -38,7 +42,9 @@ inline int64_t RemoteRow(int64_t recv_row) { return -1 - recv_row; }
 // (the communicator counts them alike); kAllGather is one all-gather of equal
 // blocks (every send is the whole pack buffer, the receive buffer is
 // [size][block_rows] with this rank's own block copied in).
-enum class Collective { kAllGather, kSendRecv };
+// kAllToAll: the head exchange of CpRankLayout::a2a (point to point within
+// the rank's group, one message per peer and direction), no KV rows.
+enum class Collective { kAllGather, kSendRecv, kAllToAll };
 
 struct RowSegment {
   int32_t peer = 0;
@@ -73,7 +79,9 @@ struct CpRankLayout {
   std::vector<int64_t> back_first;
   int64_t back_rows = 0;
 
-  // Attention of shards with no prefix (KV = their own local rows).
+  // Attention of shards with no prefix (KV = their own local rows). Under
+  // all_to_all: the group's documents, whole, on the a2a.rows head-parallel
+  // rows (a2a_layout.h), and no prefixed shards.
   std::vector<int64_t> whole_start;
   std::vector<int32_t> whole_len;
   // Attention of shards with a prefix: queries at local rows, KV staged
@@ -87,7 +95,16 @@ struct CpRankLayout {
   // within one round no two rows share a destination (the k-th prefix shard
   // of each document is in round k), so a round is one race-free launch.
   std::vector<std::vector<int64_t>> stage_rounds;
+
+  // all_to_all only (empty otherwise).
+  AllToAllLayout a2a;
 };
+
+// Rows of the query-side arrays the attention batches index: C/N local rows,
+// or under all_to_all the group's a2a.rows head-parallel rows.
+inline int64_t AttentionRows(const CpRankLayout& p) {
+  return p.collective == Collective::kAllToAll ? p.a2a.rows : p.local_rows;
+}
 
 // Whether the step calls the communicator for its exchange (forward and
 // backward) at all. Every rank of the group gets the same answer, so the

@@ -47,7 +47,9 @@ struct StepConfig {
   Fault fault;
 };
 
-// One rank's local outputs ([local rows][H][D], lse [local rows][H]), its
+// One rank's local outputs ([local rows][H][D], lse [local rows][H]; lse
+// empty under all_to_all, whose log-sum-exps stay with the heads, and then
+// left out of CompareWithReference's lse error), its
 // communication counts and the wall time of its forward+backward.
 struct RankResult {
   std::vector<float> o, lse, dq, dk, dv;

@@ -37,7 +37,7 @@
 
 ABSL_FLAG(int32_t, cp, 0, "ranks in the CP group (required)");
 ABSL_FLAG(std::string, strategy, "", "the planning strategy (required)");
-ABSL_FLAG(std::string, scheme, "", "the KV exchange: full_kv, allgather or targeted (required)");
+ABSL_FLAG(std::string, scheme, "", "the exchange: full_kv, allgather, targeted (KV) or all_to_all (heads; lse is not compared) (required)");
 ABSL_FLAG(int32_t, heads, 0, "attention heads (required)");
 ABSL_FLAG(int32_t, head_dim, 0, "head dimension (required)");
 ABSL_FLAG(std::string, ranks, "threads", "ranks as threads or processes (fork/exec, Gloo TCP)");
@@ -57,7 +57,7 @@ using namespace flashcp;  // NOLINT: a binary's main file
 constexpr double kTolerance = 1e-4;  // fp32 engine vs double reference, every output
 
 constexpr char kUsage[] =
-    "Usage: flashcp-cpstep --cp N --strategy S --scheme full_kv|allgather|targeted --heads H\n"
+    "Usage: flashcp-cpstep --cp N --strategy S --scheme full_kv|allgather|targeted|all_to_all --heads H\n"
     "                      --head_dim D [--flag=value ...] < batch\n\n"
     "Reads one batch (document lengths, commas or spaces) from stdin, runs its step on N\n"
     "ranks and checks it against the reference. Exit status: 0 every check passed; 1 a\n"

@@ -42,12 +42,55 @@ absl::StatusOr<CpAttentionStep> CpAttentionStep::Create(const core::Plan& plan, 
     return absl::InvalidArgumentError(
         absl::StrCat("rank: ", rank, " outside a group of ", plan.cp_size));
   }
+  if (scheme == core::CommScheme::kAllToAll) {
+    FLASHCP_ASSIGN_OR_RETURN(
+        AllToAllStep a2a,
+        AllToAllStep::Create(plan, rank, HeadShape{shape.heads, shape.heads, shape.head_dim,
+                                                   shape.scale}));
+    step.a2a_ = std::make_shared<AllToAllStep>(std::move(a2a));
+  }
   FLASHCP_ASSIGN_OR_RETURN(step.lay_, BuildCpRankLayout(plan, step.layout_, rank, scheme));
   step.plan_ = plan;
   step.rank_ = rank;
   step.shape_ = shape;
   step.rows_ = step.lay_.local_rows;
   step.real_rows_ = core::RankRealTokens(core::TotalTokens(plan.doc_lens), plan.cp_size, rank);
+  return step;
+}
+
+absl::StatusOr<CpAttentionStep> CpAttentionStep::CreateMixed(
+    const core::Plan& plan, int32_t rank, const AttentionShape& shape,
+    const std::vector<core::RankGroup>& groups) {
+  FLASHCP_RETURN_IF_ERROR(core::ValidatePlan(plan));
+  std::vector<std::vector<int32_t>> want = core::PlanRankGroups(plan), got;
+  bool any_a2a = false;
+  const core::RankGroup* mine = nullptr;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    got.push_back(groups[g].ranks);
+    any_a2a = any_a2a || groups[g].scheme == core::CommScheme::kAllToAll;
+    if (std::find(groups[g].ranks.begin(), groups[g].ranks.end(), rank) != groups[g].ranks.end())
+      mine = &groups[g];
+    if (groups[g].scheme != core::CommScheme::kTargeted &&
+        groups[g].scheme != core::CommScheme::kAllToAll) {
+      return absl::UnimplementedError(absl::StrCat(
+          "groups[", g, "]: scheme ", core::CommSchemeName(groups[g].scheme),
+          " in a mixed plan (an all-gather within one group needs that group's own "
+          "communicator); targeted and all_to_all run"));
+    }
+  }
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  if (got != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "groups: ", groups.size(), " groups that are not the plan's ", want.size(),
+        " rank groups (core::PlanRankGroups: the ranks linked by shared documents)"));
+  }
+  if (mine == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: ", rank, " outside a group of ", plan.cp_size));
+  }
+  FLASHCP_ASSIGN_OR_RETURN(CpAttentionStep step, Create(plan, rank, shape, mine->scheme));
+  if (any_a2a && mine->scheme != core::CommScheme::kAllToAll) step.pad_calls_ = 1;
   return step;
 }
 
@@ -98,6 +141,10 @@ absl::Status CpAttentionStep::Forward(Communicator& comm, ThreadPool& pool,
   FLASHCP_RETURN_IF_ERROR(CheckSize("o", o.size(), rows_ * e));
   FLASHCP_RETURN_IF_ERROR(CheckSize("lse", lse.size(), rows_ * shape_.heads));
   forward_done_ = false;
+  if (a2a_ != nullptr) {
+    std::fill(lse.begin(), lse.end(), 0.0f);
+    return a2a_->Forward(comm, pool, q, k, v, o);
+  }
   // 1. Pack [K | V] rows; padding rows of an all-gather block stay 0.
   const int64_t row2 = 2 * e;
   std::vector<float> pack(lay_.pack_rows.size() * row2, 0.0f);
@@ -127,6 +174,7 @@ absl::Status CpAttentionStep::Forward(Communicator& comm, ThreadPool& pool,
       FLASHCP_RETURN_IF_ERROR(comm.SendRecv(sends, recvs));
     }
   }
+  for (int32_t i = 0; i < pad_calls_; ++i) FLASHCP_RETURN_IF_ERROR(comm.SendRecv({}, {}));
   // 3. Stage every prefixed shard's [prefix pieces, own rows].
   const int64_t staged = static_cast<int64_t>(lay_.stage_src.size());
   stage_k_.assign(staged * e, 0.0f);
@@ -158,6 +206,7 @@ absl::Status CpAttentionStep::Backward(Communicator& comm, ThreadPool& pool,
                                        absl::Span<float> dk, absl::Span<float> dv) {
   const int64_t e = RowFloats();
   const int64_t row2 = 2 * e;
+  if (a2a_ != nullptr) return a2a_->Backward(comm, pool, dout, dq, dk, dv);
   if (!forward_done_) {
     return absl::FailedPreconditionError("backward: no successful forward on this step");
   }
@@ -203,6 +252,7 @@ absl::Status CpAttentionStep::Backward(Communicator& comm, ThreadPool& pool,
                            Bytes(absl::MakeSpan(back).subspan(lay_.back_first[i] * row2,
                                                               lay_.sends[i].rows * row2))});
   FLASHCP_RETURN_IF_ERROR(comm.SendRecv(sends, recvs));
+  for (int32_t i = 0; i < pad_calls_; ++i) FLASHCP_RETURN_IF_ERROR(comm.SendRecv({}, {}));
   for (size_t i = 0; i < lay_.sends.size(); ++i) {
     const RowSegment& s = lay_.sends[i];
     for (int64_t j = 0; j < s.rows; ++j) {

@@ -14,17 +14,22 @@
 // send/recv (targeted), as the layout says; the backward return is grouped
 // send/recv under every scheme. Shards attend as the layout groups them:
 // whole shards on their own rows (zero-copy), prefixed shards on their
-// staged [prefix pieces, own rows].
+// staged [prefix pieces, own rows]. Under all_to_all the step is an
+// AllToAllStep (a2a_step.h) with Hq = Hkv = heads; the log-sum-exps stay
+// with the heads there, so Forward leaves lse 0.
 #ifndef FLASHCP_WORKER_ENGINE_H_
 #define FLASHCP_WORKER_ENGINE_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/analysis.h"
+#include "core/rank_groups.h"
 #include "core/types.h"
+#include "worker/a2a_step.h"
 #include "worker/attention_cpu.h"
 #include "worker/communicator.h"
 #include "worker/cp_layout.h"
@@ -39,6 +44,19 @@ class CpAttentionStep {
   static absl::StatusOr<CpAttentionStep> Create(const core::Plan& plan, int32_t rank,
                                                 const AttentionShape& shape,
                                                 core::CommScheme scheme);
+
+  // A mixed plan (core/rank_groups.h, e.g. core::ChooseGroupSchemes'): each
+  // of the plan's rank groups (core::PlanRankGroups, each given once, in any
+  // order) runs its own scheme, targeted or all_to_all, within itself; a
+  // rank runs its group's. Every rank makes the same number of communicator
+  // calls (a targeted rank of a plan with an all_to_all group makes one
+  // empty send/recv per phase more), so the group's calls stay aligned; the
+  // bytes are core::GroupedSchemeBytes'. InvalidArgument where `groups` are
+  // not the plan's rank groups; Unimplemented for an all-gather group (it
+  // would need a communicator of its own group).
+  static absl::StatusOr<CpAttentionStep> CreateMixed(const core::Plan& plan, int32_t rank,
+                                                     const AttentionShape& shape,
+                                                     const std::vector<core::RankGroup>& groups);
 
   int64_t local_rows() const { return rows_; }
   int64_t real_rows() const { return real_rows_; }
@@ -83,6 +101,8 @@ class CpAttentionStep {
   const float* v_ = nullptr;
   std::vector<float> recv_;            // [recv_rows][K | V], then its gradient
   std::vector<float> stage_k_, stage_v_;  // [stage rows][H][D]: staged prefixes
+  std::shared_ptr<AllToAllStep> a2a_;  // all_to_all only: the whole step
+  int32_t pad_calls_ = 0;  // mixed plans: empty send/recvs after each KV exchange
 };
 
 }  // namespace flashcp::worker

@@ -37,6 +37,10 @@ absl::StatusOr<std::unique_ptr<GpuCpRank>> GpuCpRank::Create(CpRankLayout plan,
                                                              DeviceCommunicator& comm,
                                                              cudaStream_t compute) {
   FLASHCP_RETURN_IF_ERROR(ValidateAttentionShape(shape));
+  if (plan.collective == Collective::kAllToAll)
+    return absl::UnimplementedError(
+        "scheme: all_to_all does not run on the GPU step yet (an NCCL all-to-all of heads, "
+        "docs/gpu.md); the CPU engine runs it (worker/a2a_step.h)");
   if (comm.rank() != plan.rank || comm.size() != plan.size)
     return absl::InvalidArgumentError(absl::StrCat("communicator is rank ", comm.rank(), " of ",
                                                    comm.size(), ", plan is rank ", plan.rank,

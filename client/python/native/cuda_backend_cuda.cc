@@ -40,6 +40,10 @@ bool CudaBackendBuilt() { return true; }
 absl::StatusOr<std::unique_ptr<CudaShardAttention>> MakeCudaShardAttention(
     const worker::CpRankLayout& plan, int32_t heads_q, int32_t heads_kv, int32_t head_dim,
     float scale, uintptr_t stream) {
+  if (plan.collective == worker::Collective::kAllToAll) {
+    return absl::UnimplementedError(
+        "scheme: all_to_all has no CUDA path yet (docs/gpu.md); pass CPU tensors");
+  }
   worker::cuda::ShardAttentionSpec spec;
   spec.heads_q = heads_q;
   spec.heads_kv = heads_kv;

@@ -29,6 +29,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/python/native/cuda_backend.h"
 #include "core/analysis.h"
+#include "core/global_batch.h"
+#include "core/strategies.h"
 #include "core/ilp_deadline.h"
 #include "core/plan_hash.h"
 #include "core/ilp/pipeline_ckpt.h"
@@ -338,7 +340,7 @@ class CpuAttention {
                                                     ", scale ", scale, " (each must be positive)")));
     }
     const worker::CpRankLayout& p = layout.rank_plan();
-    rows_ = p.local_rows;
+    rows_ = worker::AttentionRows(p);  // all_to_all: the head-parallel rows
     stage_rows_ = static_cast<int64_t>(p.stage_src.size());
     for (size_t i = 0; i < p.whole_start.size(); ++i) {
       whole_.push_back({p.whole_start[i], p.whole_len[i]});
@@ -584,6 +586,45 @@ m.def("plan_pipeline", &flashcp::python::PlanPipeline, py::arg("doc_lens"), py::
         py::arg("vocab"), py::arg("profile"), py::arg("slice_count"),
         py::arg("ckpt_time_limit_seconds"),
         "A pipeline plan (core/pipeline.h) as flashcp-plan --pipeline's JSON line");
+  m.def(
+      "plan_global_batch",
+      [](const std::vector<int64_t>& doc_lens, int32_t dp_size, int32_t cp_size, int64_t context,
+         const std::string& strategy) {
+        namespace core = flashcp::core;
+        core::GlobalBatchOptions o;
+        o.dp_size = dp_size;
+        o.cp_size = cp_size;
+        o.context = context;
+        o.strategy = flashcp::python::ValueOrRaise(core::ParseStrategy(strategy));
+        absl::StatusOr<core::GlobalBatchPlan> g;
+        {
+          py::gil_scoped_release release;
+          g = core::PlanGlobalBatch(doc_lens, o);
+        }
+        const core::GlobalBatchPlan plan = flashcp::python::ValueOrRaise(std::move(g));
+        py::list replicas;
+        for (const core::ReplicaBatch& r : plan.replicas) {
+          std::vector<std::tuple<int32_t, int64_t, int64_t, int32_t>> shards;
+          for (const core::Shard& s : r.plan.shards) shards.emplace_back(s.doc, s.start, s.len, s.rank);
+          py::dict d;
+          d["pieces"] = r.pieces;
+          d["doc_lens"] = r.doc_lens;
+          d["workload"] = r.workload;
+          d["padding"] = r.plan.padding;
+          d["shards"] = shards;
+          replicas.append(d);
+        }
+        py::dict out;
+        out["piece_lens"] = plan.pieces.lens;
+        out["piece_doc"] = plan.pieces.doc;
+        out["imbalance"] = plan.imbalance;
+        out["first_fit_imbalance"] = plan.first_fit_imbalance;
+        out["replicas"] = replicas;
+        return out;
+      },
+      py::arg("doc_lens"), py::arg("dp_size"), py::arg("cp_size"), py::arg("context"),
+      py::arg("strategy"),
+      "core::PlanGlobalBatch: which pieces each DP replica packs and its CP plan (dict)");
   py::class_<RankLayout>(m, "RankLayout")
       .def(py::init<const std::vector<int64_t>&, int32_t, int64_t,
                     const std::vector<flashcp::python::ShardTuple>&, int32_t, const std::string&>(),
@@ -611,7 +652,36 @@ m.def("plan_pipeline", &flashcp::python::PlanPipeline, py::arg("doc_lens"), py::
       .def("global_rows", [](const RankLayout& l, int32_t r) { return Int64Bytes(l.GlobalRows(r)); },
            py::arg("rank"))
       .def("positions", [](const RankLayout& l) { return Int64Bytes(l.Positions()); })
-      .def("segments", &RankLayout::Segments);
+      .def("segments", &RankLayout::Segments)
+      // all_to_all (worker/a2a_layout.h): the group, this rank's position,
+      // per position its real rows and first gathered row, the head-parallel
+      // rows S and doc_row (gathered row -> head-parallel row, int64 bytes).
+      .def_property_readonly("all_to_all", [](const RankLayout& l) {
+        return l.rank_plan().collective == flashcp::worker::Collective::kAllToAll;
+      })
+      .def_property_readonly("a2a_group", [](const RankLayout& l) { return l.rank_plan().a2a.group; })
+      .def_property_readonly("a2a_position", [](const RankLayout& l) { return l.rank_plan().a2a.position; })
+      .def_property_readonly("a2a_tokens", [](const RankLayout& l) { return l.rank_plan().a2a.tokens; })
+      .def_property_readonly("a2a_first", [](const RankLayout& l) { return l.rank_plan().a2a.first; })
+      .def_property_readonly("a2a_rows", [](const RankLayout& l) { return l.rank_plan().a2a.rows; })
+      .def_property_readonly("a2a_doc_row",
+                             [](const RankLayout& l) { return Int64Bytes(l.rank_plan().a2a.doc_row); })
+      .def(
+          "a2a_heads",
+          [](const RankLayout& l, int32_t query_heads, int32_t kv_heads, int32_t head_dim) {
+            const flashcp::core::AllToAllHeads h = flashcp::python::ValueOrRaise(
+                flashcp::worker::AllToAllLayoutHeads(l.rank_plan().a2a, query_heads, kv_heads,
+                                                     head_dim));
+            std::vector<std::tuple<int32_t, int32_t, int32_t, int32_t>> out;
+            for (size_t j = 0; j < h.query.size(); ++j) {
+              out.emplace_back(h.query[j].first, h.query[j].count, h.kv[j].first, h.kv[j].count);
+            }
+            return out;
+          },
+          py::arg("query_heads"), py::arg("kv_heads"), py::arg("head_dim"),
+          "Per position of the group: (first query head, query heads, first KV head, KV heads) "
+          "(core::AllToAllGroupHeads; RuntimeError FAILED_PRECONDITION naming query_heads where "
+          "the group's size does not divide Hq)");
   py::class_<CpuAttention>(m, "CpuAttention")
       .def(py::init<const RankLayout&, int32_t, int32_t, float, int>(), py::arg("layout"),
            py::arg("heads"), py::arg("head_dim"), py::arg("scale"), py::arg("threads"))

@@ -404,3 +404,31 @@ def metrics_case(rank, n, spec):
     m = ft.step_metrics(ctx, spec["scheme"], callback=got.append, plan=plan)
     return {"metrics": dataclasses.asdict(m), "callback": [dataclasses.asdict(x) for x in got],
             "exported": exported, "stats_after": dataclasses.asdict(ctx.stats)}
+
+
+def all_to_all_cases(rank, n, specs):
+    """attention(scheme="all_to_all") per spec: ("ok", [max abs errors of O,
+    dQ, dK, dV], bytes sent, bytes received) on this rank, forward plus
+    backward, or ("refused", message) where this rank's group cannot split
+    the query heads (raised before any collective)."""
+    out = {}
+    for key, spec in specs.items():
+        doc_lens = spec["doc_lens"]
+        ctx = ft.CpContext(spec["plan"], rank, doc_lens=doc_lens)
+        q, k, v, dout = global_inputs(sum(doc_lens), spec["hq"], spec["hkv"], spec["d"],
+                                      spec["seed"], getattr(torch, spec.get("dtype", "float32")))
+        want = [ft.dispatch(t, ctx) for t in spec["want"]]
+        ql, kl, vl = (ft.dispatch(t, ctx).requires_grad_() for t in (q, k, v))
+        try:
+            o = ft.attention(ql, kl, vl, ctx, scheme=spec.get("scheme", "all_to_all"))
+        except RuntimeError as e:
+            out[key] = ("refused", str(e))
+            continue
+        o.backward(ft.dispatch(dout, ctx))
+        got = [o.detach(), ql.grad, kl.grad, vl.grad]
+        out[key] = ("ok", [float((a.float() - b).abs().max()) for a, b in zip(got, want)],
+                    ctx.stats.bytes_sent, ctx.stats.bytes_received)
+        # Mixed plans the call refuses, before any exchange: (type, message).
+        out[(key, "refused")] = [_raises(lambda b=b: ft.attention(ql, kl, vl, ctx, scheme=b))
+                                 for b in spec.get("refuse", ())]
+    return out

@@ -52,7 +52,7 @@ def test_bad_inputs_raise_precise_errors_without_collectives():
             "head_dim": ("ValueError", "k: head_dim 8 but q's is 16"),
             "kv_shapes": ("ValueError", f"k ({rows}, 2, 16) and v ({rows}, 1, 16) differ"),
             "scheme": ("ValueError", "scheme: 'ring'; expected one of targeted, allgather, "
-                                     "full_kv"),
+                                     "full_kv, all_to_all"),
             "scale": ("ValueError", "softmax_scale: -1.0; must be positive and finite"),
             "ctx": ("TypeError", "ctx: expected a flashcp.torch.CpContext, got object"),
             "still_works": (rows, 4, 16),

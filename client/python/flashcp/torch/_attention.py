@@ -342,7 +342,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     converted); returns [C/N, Hq, D] in q's dtype (the padding row's output
     is 0). scheme: "targeted" (only the KV
     some rank needs, point to point), "allgather" (compacted non-last
-    shards, all-gathered) or "full_kv" (the baseline). softmax_scale:
+    shards, all-gathered), "full_kv" (the baseline), "all_to_all"
+    (Ulysses within each rank group of the plan: heads split over the
+    group, its documents attended whole; CPU only, _all_to_all.py; a group
+    whose size does not divide Hq raises RuntimeError FAILED_PRECONDITION
+    naming query_heads), or a mixed plan: a sequence of (ranks, scheme),
+    one per rank group of the plan (the ranks linked by shared documents),
+    each "targeted" or "all_to_all", e.g. what flashcp's choose_schemes
+    chose; each rank runs its group's. softmax_scale:
     default 1/sqrt(D). Every rank of ctx.group calls it, forward and backward.
     """
     if not isinstance(ctx, CpContext):
@@ -372,9 +379,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if not scale > 0 or not math.isfinite(scale):
         raise ValueError(f"softmax_scale: {softmax_scale!r}; must be positive and finite")
+    if not isinstance(scheme, str):
+        # A mixed plan: ((ranks, scheme), ...), one entry per rank group of
+        # the plan; this rank runs its group's scheme (_all_to_all.py).
+        from flashcp.torch._all_to_all import group_scheme
+        scheme = group_scheme(ctx, scheme)
     if scheme not in SCHEMES:
         raise ValueError(f"scheme: {scheme!r}; expected one of {', '.join(SCHEMES)}")
     on_cuda = q.device.type == "cuda"
+    if scheme == "all_to_all":
+        if on_cuda:
+            raise NotImplementedError(
+                "scheme: all_to_all runs on CPU tensors only; the CUDA path (NCCL all-to-all) "
+                "waits for a GPU (docs/gpu.md)")
+        from flashcp.torch._all_to_all import attention_all_to_all
+        return attention_all_to_all(q, k, v, ctx, scale)
     if not on_cuda and torch.compiler.is_compiling():
         # torch.compile: the custom op (_ops.py), opaque to the tracer, so
         # attention stays in the graph; the same arithmetic as below.

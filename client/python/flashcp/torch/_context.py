@@ -11,7 +11,7 @@ import torch.distributed as dist
 from flashcp._native import native
 from flashcp._plan import PlanView, plan_view
 
-SCHEMES = ("targeted", "allgather", "full_kv")
+SCHEMES = ("targeted", "allgather", "full_kv", "all_to_all")
 
 # The live contexts by id, for the custom op (flashcp/torch/_ops.py), whose
 # arguments can only be tensors and plain values: a context passes itself as
@@ -215,6 +215,7 @@ class CpContext:
                              dist.group.WORLD else r for r in range(n)]
         self._layouts: Dict[str, Any] = {}
         self._kernels: Dict[Tuple, Any] = {}
+        self._a2a: Dict[Tuple, Any] = {}  # (Hq, Hkv, D) -> _all_to_all.A2aPlan
         self._side_streams: Dict[Any, Any] = {}  # CUDA device -> side stream
         # gloo moves CPU tensors only: the exchange of CUDA tensors over a gloo
         # group goes through host copies (NCCL takes them as they are).
