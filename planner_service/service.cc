@@ -22,7 +22,7 @@
 #include "core/strategies.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
-#include "planner_service/plan_batch.h"
+#include "proto/plan_batch.h"
 #include "proto/convert.h"
 #include "proto/raw_message.h"
 #include "proto/grpc_status.h"
@@ -121,7 +121,7 @@ absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceDeps& dep
     return absl::UnimplementedError(
         "strategy: ilp is disabled on this server (start it with --allow_ilp)");
   }
-  FLASHCP_ASSIGN_OR_RETURN(const int64_t bound, CheckPlanBounds(input, config.bounds));
+  FLASHCP_ASSIGN_OR_RETURN(const int64_t bound, proto::CheckPlanBounds(input, config.bounds));
   return Prepared{std::move(input), bound};
 }
 
@@ -209,7 +209,8 @@ class PlanReactor final : public grpc::ServerUnaryReactor {
 
   // On a pool thread.
   void RunJob(const proto::PlanInput& input) {
-    absl::StatusOr<v1::PlanResponse> planned = PlanBatch(input, *deps_.clock, *deps_.observer);
+    absl::StatusOr<v1::PlanResponse> planned =
+        proto::PlanBatch(input, *deps_.clock, *deps_.observer);
     if (!planned.ok()) {
       FinishWith(planned.status());
       return;
@@ -480,7 +481,7 @@ class PlanStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     absl::StatusOr<grpc::ByteBuffer> bytes;
     {
       const absl::StatusOr<v1::PlanResponse> planned =
-          PlanBatch(input, *deps_.clock, *deps_.observer);
+          proto::PlanBatch(input, *deps_.clock, *deps_.observer);
       if (planned.ok()) bytes = Serialize(*planned);
       const absl::Status status = !planned.ok() ? planned.status() : bytes.status();
       code = status.code();
