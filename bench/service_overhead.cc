@@ -1,7 +1,7 @@
 // service_overhead: the planner service against the in-process planner on
 // the same batches (issue 29, "Service speed"; issue 3's targets). For each
 // cell (data set, context, N) a pool of --batches batches (seed 1) is planned
-//   in process: proto::RequestFromProto + planner_service::PlanBatch (the
+//   in process: proto::RequestFromProto + proto::PlanBatch (the
 //     service's own planning step: MakePlan, AnalyzePlan, the cost model and
 //     the conversion to a PlanResponse) + SerializeResponse, on this thread;
 //     its thread CPU time per plan and the wall-time percentiles;
@@ -50,7 +50,7 @@
 #include "flashcp/v1/planner.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "planner_service/observer.h"
-#include "planner_service/plan_batch.h"
+#include "proto/plan_batch.h"
 #include "proto/convert.h"
 #include "tests/testing/planner_process.h"
 
@@ -128,10 +128,10 @@ Figures InProcess(const std::vector<v1::PlanRequest>& requests, int64_t passes) 
       absl::StatusOr<flashcp::proto::PlanInput> input =
           flashcp::proto::RequestFromProto(r, core::BatchLimits{});
       absl::StatusOr<v1::PlanResponse> response =
-          input.ok() ? flashcp::planner_service::PlanBatch(*input, clock, observer)
+          input.ok() ? flashcp::proto::PlanBatch(*input, clock, observer)
                      : absl::StatusOr<v1::PlanResponse>(input.status());
       absl::StatusOr<std::string> bytes =
-          response.ok() ? flashcp::planner_service::SerializeResponse(*response)
+          response.ok() ? flashcp::proto::SerializeResponse(*response)
                         : absl::StatusOr<std::string>(response.status());
       if (pass == 0) continue;  // warm-up
       ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());

@@ -25,6 +25,7 @@
 #include "core/mask.h"
 #include "core/plan_json.h"
 #include "core/plan_svg.h"
+#include "core/status_macros.h"
 #include "core/step_choice.h"
 #include "core/types.h"
 
@@ -317,142 +318,104 @@ std::string FormatSummaryTable(const std::vector<StrategySummary>& rows) {
   return out;
 }
 
-int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::ostream& err) {
-  constexpr absl::string_view kPrefix = "flashcp-plan: ";
-  BatchSource source(options, in);
-  if (absl::Status s = source.Open(); !s.ok()) {
-    err << kPrefix << s.message() << "\n";
-    return kExitBadInput;
-  }
-  if (options.pipeline) {  // core/cli_pipeline.h
-    PipelineCliRun run(options, out, err);
-    std::vector<int64_t> batch_docs;
-    std::string batch_where;
-    while (true) {
-      absl::StatusOr<bool> more = source.Next(batch_docs, batch_where);
-      if (!more.ok()) {
-        err << kPrefix << more.status().message() << "\n";
-        return kExitBadInput;
-      }
-      if (!*more) return run.Finish();
-      if (const int rc = run.Batch(std::move(batch_docs), batch_where); rc != kExitOk) return rc;
-    }
-  }
-  if (options.summary && options.from_all) {
-    const AttentionMask& mask = options.plan.attention_mask;
-    for (Strategy s : AllStrategies()) {
-      // Under block diffusion "all" is every strategy that plans the mask.
-      if (IsBlockDiffusion(mask) || InAllList(s)) continue;
-      const absl::string_view why =
-          s == Strategy::kCsbp ? "under the causal mask it is llama3's plan" : "it is slow";
-      err << kPrefix << "note: " << StrategyName(s) << " left out of \"all\" (" << why
-          << "); ask for it with --strategy " << StrategyName(s) << "\n";
-    }
-  }
+namespace {
 
-  std::vector<SummaryAccumulator> acc;
-  for (size_t id = 0; id < StrategyIdBound(); ++id) acc.emplace_back(static_cast<Strategy>(id));
+constexpr absl::string_view kPrefix = "flashcp-plan: ";
 
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
-  Clock::time_point last_progress = start;
-  const int64_t total = source.total();
-  int64_t done = 0;
+// --pipeline (core/cli_pipeline.h): every batch of `source` through one run.
+int RunPipelineCli(const CliOptions& options, BatchSource& source, std::ostream& out,
+                   std::ostream& err) {
+  PipelineCliRun run(options, out, err);
   std::vector<int64_t> docs;
   std::string where;
-  std::vector<PlanPanel> svg_panels;
-  // Each ILP plan stops --ilp_time_limit after its call starts.
-  const RealClock real_clock;
-  PlanOptions plan_options = options.plan;
   while (true) {
     absl::StatusOr<bool> more = source.Next(docs, where);
     if (!more.ok()) {
       err << kPrefix << more.status().message() << "\n";
       return kExitBadInput;
     }
-    if (!*more) break;
-    const Batch batch{std::move(docs), options.cp_size};
-    if (absl::Status s = ValidateBatch(batch); !s.ok()) {
-      err << kPrefix << where << ": " << s.message() << "\n";
-      return kExitBadInput;
-    }
-    for (const Strategy strategy : options.strategies) {
-      PlanInfo info;
-      const Clock::time_point t0 = Clock::now();
-      if (strategy == Strategy::kIlp) {
-        SetIlpDeadline(options.ilp_time_limit, real_clock.Now(), &real_clock, plan_options.ilp);
-      }
-      std::optional<StepTimeReport> step;
-      absl::StatusOr<Plan> plan;
-      if (options.choose_by_step_time && strategy == Strategy::kFlashCp) {
-        absl::StatusOr<StepChoice> choice =
-            PlanFlashCpByStepTime(batch, plan_options, options.shape, *options.step_time);
-        if (choice.ok()) {
-          plan = std::move(choice->plan);
-          step = std::move(choice->report);
-        } else {
-          plan = choice.status();
-        }
-      } else {
-        plan = MakePlan(strategy, batch, plan_options, &info);
-      }
-      const double ms = Ms(Clock::now() - t0);
-      if (!plan.ok()) {
-        err << kPrefix << where << ": " << StrategyName(strategy) << ": "
-            << plan.status().message() << "\n";
-        return kExitBadInput;
-      }
-      absl::StatusOr<PlanMetrics> metrics =
-          AnalyzePlan(*plan, options.shape, options.plan.ranks_per_node);
-      if (!metrics.ok()) {
-        err << kPrefix << where << ": " << StrategyName(strategy) << ": "
-            << metrics.status().message() << "\n";
-        return kExitBadInput;
-      }
-      if (options.step_time.has_value() && !step.has_value()) {
-        absl::StatusOr<StepTimeReport> r =
-            ReportStepTime(strategy, *plan, options.shape, options.step_time->layers,
-                           options.step_time->cluster, options.step_time->cluster_name);
-        if (!r.ok()) {
-          err << kPrefix << where << ": " << StrategyName(strategy) << ": "
-              << r.status().message() << "\n";
-          return kExitBadInput;
-        }
-        step = *std::move(r);
-      }
-      if (!options.svg_path.empty() && done == 0) {
-        svg_panels.push_back({std::string(StrategyName(strategy)), *plan});
-      }
-      if (options.summary) {
-        acc[static_cast<size_t>(strategy)].Add(*metrics, ms);
-        if (step.has_value()) acc[static_cast<size_t>(strategy)].AddStep(*step);
-      } else {
-        // planning_seconds stays 0 so that the output is deterministic.
-        // The cost report is the service's for a request naming no profile.
-        const PlanCostReport cost{std::string(kPairsProfile), options.plan.cost, false,
-                                  PredictPlanCost(options.plan.cost, *plan)};
-        out << PlanToJson(*plan, *metrics,
-                          {.batch_id = static_cast<uint64_t>(done),
-                           .strategy = StrategyName(strategy),
-                           .ilp = strategy == Strategy::kIlp ? &info : nullptr,
-                           .cost = &cost,
-                           .step = step.has_value() ? &*step : nullptr,
-                           .step_per_rank = options.step_time.has_value() &&
-                                            options.step_time->per_rank})
-            << "\n";
-      }
-    }
-    if (!options.summary) out.flush();
-    ++done;
-    const Clock::time_point now = Clock::now();
-    if (options.progress && now - last_progress >= std::chrono::seconds(1)) {
-      last_progress = now;
-      err << kPrefix << done;
-      if (total >= 0) err << "/" << total;
-      err << " batches planned, " << absl::StrFormat("%.1f", Ms(now - start) / 1000) << " s\n";
-    }
+    if (!*more) return run.Finish();
+    if (const int rc = run.Batch(std::move(docs), where); rc != kExitOk) return rc;
   }
+}
 
+// --summary over "all": a note for each strategy "all" leaves out.
+void NoteLeftOutOfAll(const CliOptions& options, std::ostream& err) {
+  const AttentionMask& mask = options.plan.attention_mask;
+  for (Strategy s : AllStrategies()) {
+    // Under block diffusion "all" is every strategy that plans the mask.
+    if (IsBlockDiffusion(mask) || InAllList(s)) continue;
+    const absl::string_view why =
+        s == Strategy::kCsbp ? "under the causal mask it is llama3's plan" : "it is slow";
+    err << kPrefix << "note: " << StrategyName(s) << " left out of \"all\" (" << why
+        << "); ask for it with --strategy " << StrategyName(s) << "\n";
+  }
+}
+
+// One strategy's plan of one batch, with what the output needs of it.
+struct PlannedBatch {
+  Plan plan;
+  PlanMetrics metrics;
+  PlanInfo info;                     // the ILP's
+  std::optional<StepTimeReport> step;  // when a step time is asked for
+  double ms = 0;                     // planning time (the plan alone)
+};
+
+// Plans `batch` with `strategy` (by step time where asked), analyzes the plan
+// and predicts its step time where asked; the first error, unchanged.
+absl::StatusOr<PlannedBatch> PlanOne(const CliOptions& options, Strategy strategy,
+                                     const Batch& batch, const RealClock& real_clock,
+                                     PlanOptions& plan_options) {
+  using Clock = std::chrono::steady_clock;
+  PlannedBatch r;
+  const Clock::time_point t0 = Clock::now();
+  if (strategy == Strategy::kIlp) {
+    // Each ILP plan stops --ilp_time_limit after its call starts.
+    SetIlpDeadline(options.ilp_time_limit, real_clock.Now(), &real_clock, plan_options.ilp);
+  }
+  if (options.choose_by_step_time && strategy == Strategy::kFlashCp) {
+    FLASHCP_ASSIGN_OR_RETURN(
+        StepChoice choice,
+        PlanFlashCpByStepTime(batch, plan_options, options.shape, *options.step_time));
+    r.plan = std::move(choice.plan);
+    r.step = std::move(choice.report);
+  } else {
+    FLASHCP_ASSIGN_OR_RETURN(r.plan, MakePlan(strategy, batch, plan_options, &r.info));
+  }
+  r.ms = Ms(Clock::now() - t0);
+  FLASHCP_ASSIGN_OR_RETURN(r.metrics,
+                           AnalyzePlan(r.plan, options.shape, options.plan.ranks_per_node));
+  if (options.step_time.has_value() && !r.step.has_value()) {
+    FLASHCP_ASSIGN_OR_RETURN(
+        r.step, ReportStepTime(strategy, r.plan, options.shape, options.step_time->layers,
+                               options.step_time->cluster, options.step_time->cluster_name));
+  }
+  return r;
+}
+
+// One plan as a JSON line. planning_seconds stays 0 so that the output is
+// deterministic; the cost report is the service's for a request naming no
+// profile.
+void WritePlanLine(const CliOptions& options, Strategy strategy, const PlannedBatch& p,
+                   int64_t batch_id, std::ostream& out) {
+  const PlanCostReport cost{std::string(kPairsProfile), options.plan.cost, false,
+                            PredictPlanCost(options.plan.cost, p.plan)};
+  out << PlanToJson(p.plan, p.metrics,
+                    {.batch_id = static_cast<uint64_t>(batch_id),
+                     .strategy = StrategyName(strategy),
+                     .ilp = strategy == Strategy::kIlp ? &p.info : nullptr,
+                     .cost = &cost,
+                     .step = p.step.has_value() ? &*p.step : nullptr,
+                     .step_per_rank =
+                         options.step_time.has_value() && options.step_time->per_rank})
+      << "\n";
+}
+
+// What the batches leave to write once read: the summary table, the SVG, the
+// final flush (an output error is kExitBadInput).
+int FinishCli(const CliOptions& options, const std::vector<SummaryAccumulator>& acc,
+              const std::vector<PlanPanel>& svg_panels, int64_t done, std::ostream& out,
+              std::ostream& err) {
   if (options.summary) {
     std::vector<StrategySummary> rows;
     for (Strategy s : options.strategies) rows.push_back(acc[static_cast<size_t>(s)].Finish());
@@ -472,6 +435,70 @@ int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::
     return kExitBadInput;
   }
   return kExitOk;
+}
+
+}  // namespace
+
+int RunCli(const CliOptions& options, std::istream& in, std::ostream& out, std::ostream& err) {
+  BatchSource source(options, in);
+  if (absl::Status s = source.Open(); !s.ok()) {
+    err << kPrefix << s.message() << "\n";
+    return kExitBadInput;
+  }
+  if (options.pipeline) return RunPipelineCli(options, source, out, err);
+  if (options.summary && options.from_all) NoteLeftOutOfAll(options, err);
+
+  std::vector<SummaryAccumulator> acc;
+  for (size_t id = 0; id < StrategyIdBound(); ++id) acc.emplace_back(static_cast<Strategy>(id));
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point last_progress = start;
+  int64_t done = 0;
+  std::vector<int64_t> docs;
+  std::string where;
+  std::vector<PlanPanel> svg_panels;
+  const RealClock real_clock;  // the ILP's deadline
+  PlanOptions plan_options = options.plan;
+  while (true) {
+    absl::StatusOr<bool> more = source.Next(docs, where);
+    if (!more.ok()) {
+      err << kPrefix << more.status().message() << "\n";
+      return kExitBadInput;
+    }
+    if (!*more) break;
+    const Batch batch{std::move(docs), options.cp_size};
+    if (absl::Status s = ValidateBatch(batch); !s.ok()) {
+      err << kPrefix << where << ": " << s.message() << "\n";
+      return kExitBadInput;
+    }
+    for (const Strategy strategy : options.strategies) {
+      absl::StatusOr<PlannedBatch> p = PlanOne(options, strategy, batch, real_clock, plan_options);
+      if (!p.ok()) {
+        err << kPrefix << where << ": " << StrategyName(strategy) << ": "
+            << p.status().message() << "\n";
+        return kExitBadInput;
+      }
+      if (!options.svg_path.empty() && done == 0) {
+        svg_panels.push_back({std::string(StrategyName(strategy)), p->plan});
+      }
+      if (options.summary) {
+        acc[static_cast<size_t>(strategy)].Add(p->metrics, p->ms);
+        if (p->step.has_value()) acc[static_cast<size_t>(strategy)].AddStep(*p->step);
+      } else {
+        WritePlanLine(options, strategy, *p, done, out);
+      }
+    }
+    if (!options.summary) out.flush();
+    ++done;
+    const Clock::time_point now = Clock::now();
+    if (options.progress && now - last_progress >= std::chrono::seconds(1)) {
+      last_progress = now;
+      err << kPrefix << done;
+      if (source.total() >= 0) err << "/" << source.total();
+      err << " batches planned, " << absl::StrFormat("%.1f", Ms(now - start) / 1000) << " s\n";
+    }
+  }
+  return FinishCli(options, acc, svg_panels, done, out, err);
 }
 
 }  // namespace flashcp::core

@@ -188,10 +188,10 @@ absl::StatusOr<CliOptions> WithPipelineFlags(CliOptions o, const CommandLine& li
   return o;
 }
 
-// CliOptions from the flags as parsed, `line` saying which were given.
-absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
-  CliOptions o;
-  o.warnings = line.warnings;
+// OptionsFromFlags in parts, each filling its fields of `o`, checked in
+// this order: the plan's options and the model shape; the inputs, the ILP,
+// the step time and the output switches; the one source of batches.
+absl::Status PlanAndShapeFlags(const CommandLine& line, CliOptions& o) {
   FLASHCP_ASSIGN_OR_RETURN(o.cp_size, IntFlagIn("cp", absl::GetFlag(FLAGS_cp), 1, kMaxCpSize));
   FLASHCP_ASSIGN_OR_RETURN(
       o.plan.target_imbalance,
@@ -221,6 +221,10 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
                                                        absl::GetFlag(FLAGS_dtype_bytes)));
   o.shape.query_heads = absl::GetFlag(FLAGS_query_heads);
   FLASHCP_RETURN_IF_ERROR(AsFlagError(ValidateModelShape(o.shape)));
+  return absl::OkStatus();
+}
+
+absl::Status InputAndStepFlags(const CommandLine& line, CliOptions& o) {
   for (const std::string& docs : absl::GetFlag(FLAGS_docs).items) {
     absl::StatusOr<std::vector<int64_t>> lens = ParseBatchLine(docs);
     if (!lens.ok())
@@ -255,7 +259,10 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
   }
   o.summary = absl::GetFlag(FLAGS_summary);
   o.progress = !absl::GetFlag(FLAGS_quiet);
+  return absl::OkStatus();
+}
 
+absl::Status BatchSourceFlags(const CommandLine& line, CliOptions& o) {
   if (!line.positional.empty()) {
     if (!o.batches_text.empty()) {
       return absl::InvalidArgumentError(
@@ -282,6 +289,16 @@ absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
       }
     }
   }
+  return absl::OkStatus();
+}
+
+// CliOptions from the flags as parsed, `line` saying which were given.
+absl::StatusOr<CliOptions> OptionsFromFlags(const CommandLine& line) {
+  CliOptions o;
+  o.warnings = line.warnings;
+  FLASHCP_RETURN_IF_ERROR(PlanAndShapeFlags(line, o));
+  FLASHCP_RETURN_IF_ERROR(InputAndStepFlags(line, o));
+  FLASHCP_RETURN_IF_ERROR(BatchSourceFlags(line, o));
   std::string strategy = absl::GetFlag(FLAGS_strategy);
   if (line.given.count("strategy") > 0 && strategy.empty()) {
     return absl::InvalidArgumentError("--strategy: missing value");

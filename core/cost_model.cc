@@ -338,6 +338,130 @@ absl::Status ValidateCostSample(const CostSample& s) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The norm of each feature's column over the inliers (`used` of them), or
+// FAILED_PRECONDITION when too few are left or a feature is 0 in all.
+absl::StatusOr<Vec> InlierColumnNorms(absl::Span<const CostSample> samples,
+                                      const std::vector<char>& inlier,
+                                      const CostFitOptions& options, int64_t& used) {
+  const int64_t n = static_cast<int64_t>(samples.size());
+  used = 0;
+  Vec norm{};
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (!inlier[i]) continue;
+    ++used;
+    const Vec x = FeatureVector(samples[i].features);
+    for (int j = 0; j < kF; ++j) norm[j] += x[j] * x[j];
+  }
+  if (used < options.min_samples) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        used, " usable samples (", n - used, " of ", n,
+        " rejected as outliers), need at least ", options.min_samples));
+  }
+  for (int j = 0; j < kF; ++j) {
+    if (!(norm[j] > 0)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "feature ", CostFeatureName(j), " is 0 in all ", used,
+          " samples: its coefficient cannot be fitted"));
+    }
+    norm[j] = std::sqrt(norm[j]);
+  }
+  return norm;
+}
+
+// Normal equations of the inliers on unit-norm columns: g beta = rhs.
+void NormalEquations(absl::Span<const CostSample> samples, const std::vector<char>& inlier,
+                     const Vec& norm, Mat& g, Vec& rhs) {
+  g = Mat{};
+  rhs = Vec{};
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (!inlier[i]) continue;
+    Vec x = FeatureVector(samples[i].features);
+    for (int j = 0; j < kF; ++j) x[j] /= norm[j];
+    for (int j = 0; j < kF; ++j) {
+      rhs[j] += x[j] * samples[i].seconds;
+      for (int k = 0; k < kF; ++k) g[j][k] += x[j] * x[k];
+    }
+  }
+}
+
+// Exact NNLS over subsets: the optimum is the least-squares solution on its
+// support, which is non-negative. Coefficients of the unit-norm columns.
+Vec NonNegativeLeastSquares(absl::Span<const CostSample> samples,
+                            const std::vector<char>& inlier, const Vec& norm, const Mat& g,
+                            const Vec& rhs) {
+  Vec best{};
+  double best_ss = std::numeric_limits<double>::infinity();
+  for (unsigned mask = 1; mask < (1u << kF); ++mask) {
+    Vec beta;
+    if (!SolveSubset(g, rhs, mask, beta)) continue;
+    if (std::any_of(beta.begin(), beta.end(), [](double b) { return b < 0; })) continue;
+    double ss = 0;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      if (!inlier[i]) continue;
+      const Vec x = FeatureVector(samples[i].features);
+      double pred = 0;
+      for (int j = 0; j < kF; ++j) pred += beta[j] * x[j] / norm[j];
+      ss += (pred - samples[i].seconds) * (pred - samples[i].seconds);
+    }
+    if (ss < best_ss) {
+      best_ss = ss;
+      best = beta;
+    }
+  }
+  return best;
+}
+
+// Under coefficients `c`: the inliers' mean absolute relative error into
+// `fit`, and the inliers afresh (relative residual within outlier_sigmas
+// robust scales of the inliers' median). True when the inliers changed.
+bool RefitInliers(absl::Span<const CostSample> samples, const CostCoefficients& c,
+                  const CostFitOptions& options, std::vector<char>& inlier, CostFit& fit) {
+  // Relative residuals of every sample under this fit.
+  std::vector<double> rel(samples.size());
+  std::vector<double> in_rel;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    rel[i] = (PredictRankCost(c, samples[i].features) - samples[i].seconds) / samples[i].seconds;
+    if (inlier[i]) in_rel.push_back(rel[i]);
+  }
+  const double med = Median(in_rel);
+  std::vector<double> dev;
+  for (double e : in_rel) dev.push_back(std::abs(e - med));
+  const double scale = std::max(1.4826 * Median(dev), options.min_residual_scale);
+  double err = 0;
+  for (double e : in_rel) err += std::abs(e);
+  fit.mean_abs_rel_error = err / static_cast<double>(fit.inliers);
+  bool changed = false;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const char keep = std::abs(rel[i] - med) <= options.outlier_sigmas * scale ? 1 : 0;
+    changed |= keep != inlier[i];
+    inlier[i] = keep;
+  }
+  return changed;
+}
+
+// The final fit's coefficients within kMaxCostCoefficient, its pair
+// coefficients > 0.
+absl::Status CheckFittedCoefficients(const CostCoefficients& c) {
+  const Vec v = {c.whole_pair, c.prefixed_pair, c.sequence, c.token};
+  for (int j = 0; j < kF; ++j) {
+    if (v[j] > kMaxCostCoefficient) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "fitted coefficient of ", CostFeatureName(j), " is ", v[j], ", above the bound ",
+          kMaxCostCoefficient));
+    }
+  }
+  if (!(c.whole_pair > 0) || !(c.prefixed_pair > 0)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fitted pair coefficients must be > 0, got whole_pair ", c.whole_pair,
+        ", prefixed_pair ", c.prefixed_pair));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<CostFit> FitCostModel(absl::Span<const CostSample> samples,
                                      const CostFitOptions& options) {
   for (size_t i = 0; i < samples.size(); ++i) {
@@ -345,44 +469,15 @@ absl::StatusOr<CostFit> FitCostModel(absl::Span<const CostSample> samples,
       return absl::InvalidArgumentError(absl::StrCat("samples[", i, "].", s.message()));
     }
   }
-  const int64_t n = static_cast<int64_t>(samples.size());
   std::vector<char> inlier(samples.size(), 1);
   CostFit fit;
-  fit.samples = n;
+  fit.samples = static_cast<int64_t>(samples.size());
   for (int32_t round = 0;; ++round) {
     int64_t used = 0;
-    Vec norm{};
-    for (size_t i = 0; i < samples.size(); ++i) {
-      if (!inlier[i]) continue;
-      ++used;
-      const Vec x = FeatureVector(samples[i].features);
-      for (int j = 0; j < kF; ++j) norm[j] += x[j] * x[j];
-    }
-    if (used < options.min_samples) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          used, " usable samples (", n - used, " of ", n,
-          " rejected as outliers), need at least ", options.min_samples));
-    }
-    for (int j = 0; j < kF; ++j) {
-      if (!(norm[j] > 0)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "feature ", CostFeatureName(j), " is 0 in all ", used,
-            " samples: its coefficient cannot be fitted"));
-      }
-      norm[j] = std::sqrt(norm[j]);
-    }
-    // Normal equations on unit-norm columns.
-    Mat g{};
-    Vec rhs{};
-    for (size_t i = 0; i < samples.size(); ++i) {
-      if (!inlier[i]) continue;
-      Vec x = FeatureVector(samples[i].features);
-      for (int j = 0; j < kF; ++j) x[j] /= norm[j];
-      for (int j = 0; j < kF; ++j) {
-        rhs[j] += x[j] * samples[i].seconds;
-        for (int k = 0; k < kF; ++k) g[j][k] += x[j] * x[k];
-      }
-    }
+    FLASHCP_ASSIGN_OR_RETURN(const Vec norm, InlierColumnNorms(samples, inlier, options, used));
+    Mat g;
+    Vec rhs;
+    NormalEquations(samples, inlier, norm, g, rhs);
     const auto [eig, low] = SymmetricEigen(g);
     const double hi = *std::max_element(eig.begin(), eig.end());
     const double lo = *std::min_element(eig.begin(), eig.end());
@@ -392,69 +487,16 @@ absl::StatusOr<CostFit> FitCostModel(absl::Span<const CostSample> samples,
           "ill-conditioned: condition number ", condition, " > ", options.max_condition,
           " over ", used, " samples; these features move together: ", FeatureList(low, 0.3)));
     }
-    // Exact NNLS over subsets: the optimum is the least-squares solution on
-    // its support, which is non-negative.
-    Vec best{};
-    double best_ss = std::numeric_limits<double>::infinity();
-    for (unsigned mask = 1; mask < (1u << kF); ++mask) {
-      Vec beta;
-      if (!SolveSubset(g, rhs, mask, beta)) continue;
-      if (std::any_of(beta.begin(), beta.end(), [](double b) { return b < 0; })) continue;
-      double ss = 0;
-      for (size_t i = 0; i < samples.size(); ++i) {
-        if (!inlier[i]) continue;
-        const Vec x = FeatureVector(samples[i].features);
-        double pred = 0;
-        for (int j = 0; j < kF; ++j) pred += beta[j] * x[j] / norm[j];
-        ss += (pred - samples[i].seconds) * (pred - samples[i].seconds);
-      }
-      if (ss < best_ss) {
-        best_ss = ss;
-        best = beta;
-      }
-    }
-    CostCoefficients c{best[0] / norm[0], best[1] / norm[1], best[2] / norm[2],
-                       best[3] / norm[3]};
-    // Relative residuals of every sample under this fit.
-    std::vector<double> rel(samples.size());
-    std::vector<double> in_rel;
-    for (size_t i = 0; i < samples.size(); ++i) {
-      rel[i] = (PredictRankCost(c, samples[i].features) - samples[i].seconds) /
-               samples[i].seconds;
-      if (inlier[i]) in_rel.push_back(rel[i]);
-    }
-    const double med = Median(in_rel);
-    std::vector<double> dev;
-    for (double e : in_rel) dev.push_back(std::abs(e - med));
-    const double scale = std::max(1.4826 * Median(dev), options.min_residual_scale);
+    const Vec best = NonNegativeLeastSquares(samples, inlier, norm, g, rhs);
+    const CostCoefficients c{best[0] / norm[0], best[1] / norm[1], best[2] / norm[2],
+                             best[3] / norm[3]};
     fit.coefficients = c;
     fit.condition = condition;
     fit.inliers = used;
-    double err = 0;
-    for (double e : in_rel) err += std::abs(e);
-    fit.mean_abs_rel_error = err / static_cast<double>(used);
-    bool changed = false;
-    for (size_t i = 0; i < samples.size(); ++i) {
-      const char keep = std::abs(rel[i] - med) <= options.outlier_sigmas * scale ? 1 : 0;
-      changed |= keep != inlier[i];
-      inlier[i] = keep;
-    }
+    const bool changed = RefitInliers(samples, c, options, inlier, fit);
     if (!changed || round + 1 >= options.max_rounds) break;
   }
-  const Vec v = {fit.coefficients.whole_pair, fit.coefficients.prefixed_pair,
-                 fit.coefficients.sequence, fit.coefficients.token};
-  for (int j = 0; j < kF; ++j) {
-    if (v[j] > kMaxCostCoefficient) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "fitted coefficient of ", CostFeatureName(j), " is ", v[j], ", above the bound ",
-          kMaxCostCoefficient));
-    }
-  }
-  if (!(fit.coefficients.whole_pair > 0) || !(fit.coefficients.prefixed_pair > 0)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fitted pair coefficients must be > 0, got whole_pair ", fit.coefficients.whole_pair,
-        ", prefixed_pair ", fit.coefficients.prefixed_pair));
-  }
+  FLASHCP_RETURN_IF_ERROR(CheckFittedCoefficients(fit.coefficients));
   return fit;
 }
 

@@ -80,6 +80,7 @@ const std::map<std::string, std::vector<uint64_t>>& Pinned() {
 
 TEST(PlanFingerprintTest, PlansOnTheDataSetsAreUnchanged) {
   std::string table;
+  std::string changed;  // one line per (strategy, cell) whose plans changed
   bool all_match = true;
   for (Strategy s : AllStrategies()) {
     if (s == Strategy::kIlp) continue;  // time-limited: not deterministic in wall time
@@ -94,8 +95,22 @@ TEST(PlanFingerprintTest, PlansOnTheDataSetsAreUnchanged) {
     absl::StrAppend(&table, "}},\n");
     auto it = Pinned().find(std::string(StrategyName(s)));
     all_match = all_match && it != Pinned().end() && it->second == got;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (it != Pinned().end() && i < it->second.size() && it->second[i] == got[i]) continue;
+      absl::StrAppend(&changed, "  ", StrategyName(s), " at context ", kCells[i].context,
+                      ", N = ", kCells[i].n, " (", kCells[i].batches,
+                      " batches of each data set)\n");
+    }
   }
-  EXPECT_TRUE(all_match) << "plans changed; if meant, pin:\n" << table;
+  // Which plans and how: scripts/plan_cmp.sh saves one build's plans and
+  // shows another's changes plan by plan (scripts/plan_diff.py).
+  EXPECT_TRUE(all_match)
+      << "plans changed in:\n" << changed
+      << "which plans and how: with PLAN_CMP_FLAGS=\"--strategy NAME\", run "
+         "scripts/plan_cmp.sh save /tmp/before OLD_BUILD/bin/flashcp-plan, then "
+         "scripts/plan_cmp.sh check /tmp/before (a before/after row per changed plan); "
+         "if meant, pin:\n"
+      << table;
 }
 
 }  // namespace

@@ -40,9 +40,9 @@ ABSL_FLAG(int64_t, stream_window_bytes,
 ABSL_FLAG(int64_t, stream_buffer_bytes,
           flashcp::planner_service::ServerOptions{}.stream_buffer_bytes,
           "unread response bytes all PlanStreams together may hold before they stop reading");
-ABSL_FLAG(int64_t, max_shard_ranks, flashcp::planner_service::PlanBounds{}.max_shard_ranks,
+ABSL_FLAG(int64_t, max_shard_ranks, flashcp::proto::PlanBounds{}.max_shard_ranks,
           "bound on a plan's shards x ranks, from the request; above: RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, max_response_bytes, flashcp::planner_service::PlanBounds{}.max_response_bytes,
+ABSL_FLAG(int64_t, max_response_bytes, flashcp::proto::PlanBounds{}.max_response_bytes,
           "bound on a response's bytes, from the request; above: RESOURCE_EXHAUSTED");
 ABSL_FLAG(bool, allow_ilp, flashcp::planner_service::ServerOptions{}.allow_ilp,
           "serve the ilp strategy (slow: own pool, --ilp_threads, --ilp_time_limit)");

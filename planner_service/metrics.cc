@@ -49,115 +49,94 @@ absl::string_view PrometheusMetrics::EventName(Event event) {
   return "unknown";
 }
 
+namespace {
+
+// One family each, registered in `registry` under `name` with `help`.
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& registry,
+                                                       const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+}
+prometheus::Family<prometheus::Histogram>& HistogramFamily(prometheus::Registry& registry,
+                                                           const char* name, const char* help) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry);
+}
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& registry,
+                                                   const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry);
+}
+// A family with its one unlabelled gauge.
+prometheus::Gauge& UnlabelledGauge(prometheus::Registry& registry, const char* name,
+                                   const char* help) {
+  return GaugeFamily(registry, name, help).Add({});
+}
+
+}  // namespace
+
 PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry, absl::string_view version)
-    : requests_(prometheus::BuildCounter()
-                    .Name("flashcp_planner_requests_total")
-                    .Help("Requests answered, by method and gRPC status code; a PlanStream "
-                          "item counts as one request")
-                    .Register(registry)),
-      request_duration_(prometheus::BuildHistogram()
-                            .Name("flashcp_planner_request_duration_seconds")
-                            .Help("Seconds from receiving a request (or stream item) to "
-                                  "answering it, by method")
-                            .Register(registry)),
-      planning_duration_(prometheus::BuildHistogram()
-                             .Name("flashcp_planner_planning_duration_seconds")
-                             .Help("Seconds spent planning and analysing one batch, by strategy")
-                             .Register(registry)),
-      inflight_(prometheus::BuildGauge()
-                    .Name("flashcp_planner_inflight_requests")
-                    .Help("Requests and stream items received and not yet answered")
-                    .Register(registry)
-                    .Add({})),
-      queue_depth_(prometheus::BuildGauge()
-                       .Name("flashcp_planner_queue_depth")
-                       .Help("Planning jobs waiting for a planning thread")
-                       .Register(registry)
-                       .Add({})),
-      queue_capacity_(prometheus::BuildGauge()
-                          .Name("flashcp_planner_queue_capacity")
-                          .Help("Planning jobs the queue holds before refusing with "
-                                "RESOURCE_EXHAUSTED (--queue_size)")
-                          .Register(registry)
-                          .Add({})),
-      stream_held_bytes_(prometheus::BuildGauge()
-                             .Name("flashcp_planner_stream_held_bytes")
-                             .Help("Response bytes PlanStreams hold unread by their clients, "
-                                   "reserved at each item's bound until it is planned "
-                                   "(bounded by --stream_buffer_bytes)")
-                             .Register(registry)
-                             .Add({})),
-      imbalance_(prometheus::BuildHistogram()
-                     .Name("flashcp_planner_plan_imbalance_ratio")
-                     .Help("Predicted imbalance (max / mean attention workload) of the plans "
-                           "served, by strategy and cp_size")
-                     .Register(registry)),
-      comm_saving_(prometheus::BuildHistogram()
-                       .Name("flashcp_planner_plan_comm_saving_ratio")
-                       .Help("Predicted saving of the plans served against a full-KV "
-                             "all-gather, by strategy, cp_size and scheme: allgather, 1 - max "
-                             "non-last tokens / (C/N); targeted, 1 - its phase bottleneck / "
-                             "the full-KV phase bottleneck")
-                       .Register(registry)),
-      phase_bottleneck_(prometheus::BuildHistogram()
-                            .Name("flashcp_planner_plan_phase_bottleneck_ratio")
-                            .Help("Predicted tokens the busiest rank sends (direction=send) or "
-                                  "receives (direction=receive) in one phase, over C/N, by "
-                                  "strategy, scheme (allgather, targeted) and cp_size; full KV "
-                                  "is N - 1")
-                            .Register(registry)),
-      rendezvous_groups_(prometheus::BuildGauge()
-                             .Name("flashcp_planner_rendezvous_groups")
-                             .Help("Rendezvous groups held (forming, formed or aborted)")
-                             .Register(registry)
-                             .Add({})),
-      rendezvous_members_(prometheus::BuildGauge()
-                              .Name("flashcp_planner_rendezvous_members")
-                              .Help("Members of all rendezvous groups")
-                              .Register(registry)
-                              .Add({})),
-      rendezvous_events_(prometheus::BuildCounter()
-                             .Name("flashcp_planner_rendezvous_events_total")
-                             .Help("Rendezvous events: join (a member joined or replaced one), "
-                                   "formed (a group became complete the first time), abort, "
-                                   "reform (an aborted group restarted by a new incarnation), "
-                                   "expired (an idle group dropped)")
-                             .Register(registry)) {
+    : requests_(CounterFamily(registry, "flashcp_planner_requests_total",
+          "Requests answered, by method and gRPC status code; a PlanStream "
+          "item counts as one request")),
+      request_duration_(HistogramFamily(registry, "flashcp_planner_request_duration_seconds",
+          "Seconds from receiving a request (or stream item) to "
+          "answering it, by method")),
+      planning_duration_(HistogramFamily(registry, "flashcp_planner_planning_duration_seconds",
+          "Seconds spent planning and analysing one batch, by strategy")),
+      inflight_(UnlabelledGauge(registry, "flashcp_planner_inflight_requests",
+          "Requests and stream items received and not yet answered")),
+      queue_depth_(UnlabelledGauge(registry, "flashcp_planner_queue_depth",
+          "Planning jobs waiting for a planning thread")),
+      queue_capacity_(UnlabelledGauge(registry, "flashcp_planner_queue_capacity",
+          "Planning jobs the queue holds before refusing with "
+          "RESOURCE_EXHAUSTED (--queue_size)")),
+      stream_held_bytes_(UnlabelledGauge(registry, "flashcp_planner_stream_held_bytes",
+          "Response bytes PlanStreams hold unread by their clients, "
+          "reserved at each item's bound until it is planned "
+          "(bounded by --stream_buffer_bytes)")),
+      imbalance_(HistogramFamily(registry, "flashcp_planner_plan_imbalance_ratio",
+          "Predicted imbalance (max / mean attention workload) of the plans "
+          "served, by strategy and cp_size")),
+      comm_saving_(HistogramFamily(registry, "flashcp_planner_plan_comm_saving_ratio",
+          "Predicted saving of the plans served against a full-KV "
+          "all-gather, by strategy, cp_size and scheme: allgather, 1 - max "
+          "non-last tokens / (C/N); targeted, 1 - its phase bottleneck / "
+          "the full-KV phase bottleneck")),
+      phase_bottleneck_(HistogramFamily(registry, "flashcp_planner_plan_phase_bottleneck_ratio",
+          "Predicted tokens the busiest rank sends (direction=send) or "
+          "receives (direction=receive) in one phase, over C/N, by "
+          "strategy, scheme (allgather, targeted) and cp_size; full KV "
+          "is N - 1")),
+      rendezvous_groups_(UnlabelledGauge(registry, "flashcp_planner_rendezvous_groups",
+          "Rendezvous groups held (forming, formed or aborted)")),
+      rendezvous_members_(UnlabelledGauge(registry, "flashcp_planner_rendezvous_members",
+          "Members of all rendezvous groups")),
+      rendezvous_events_(CounterFamily(registry, "flashcp_planner_rendezvous_events_total",
+          "Rendezvous events: join (a member joined or replaced one), "
+          "formed (a group became complete the first time), abort, "
+          "reform (an aborted group restarted by a new incarnation), "
+          "expired (an idle group dropped)")) {
   for (const Event e : {Event::kJoin, Event::kFormed, Event::kAbort, Event::kReform,
                         Event::kExpired}) {
     rendezvous_events_.Add({{"event", std::string(EventName(e))}});  // at 0 from the start
   }
-  prometheus::BuildGauge()
-      .Name("flashcp_planner_build_info")
-      .Help("Always 1; the version label names the planner's build")
-      .Register(registry)
+  GaugeFamily(registry, "flashcp_planner_build_info",
+          "Always 1; the version label names the planner's build")
       .Add({{"version", std::string(version)}})
       .Set(1);
-  cost_coefficient_ = &prometheus::BuildGauge()
-                           .Name("flashcp_planner_cost_coefficient")
-                           .Help("Cost model coefficient a profile's plans use once calibrated, "
-                                 "seconds per unit of the term (whole_pair, prefixed_pair, "
-                                 "sequence, token)")
-                           .Register(registry);
-  cost_samples_ = &prometheus::BuildGauge()
-                       .Name("flashcp_planner_cost_samples")
-                       .Help("Rank-step samples in a profile's calibration window; windows "
-                             "are per tenant: this and the fit gauges show the tenant "
-                             "refitted last")
-                       .Register(registry);
-  cost_reported_ = &prometheus::BuildCounter()
-                        .Name("flashcp_planner_cost_reported_samples_total")
-                        .Help("Rank-step samples accepted by ReportStepTimes, by profile, all tenants")
-                        .Register(registry);
-  cost_fit_error_ = &prometheus::BuildGauge()
-                         .Name("flashcp_planner_cost_fit_error_ratio")
-                         .Help("Mean |predicted - measured| / measured rank time of the "
-                               "profile's fit in use, over its inliers")
-                         .Register(registry);
-  cost_calibrated_ = &prometheus::BuildGauge()
-                          .Name("flashcp_planner_cost_calibrated")
-                          .Help("1 once a profile's plans use its online fit")
-                          .Register(registry);
+  cost_coefficient_ = &GaugeFamily(registry, "flashcp_planner_cost_coefficient",
+          "Cost model coefficient a profile's plans use once calibrated, "
+          "seconds per unit of the term (whole_pair, prefixed_pair, "
+          "sequence, token)");
+  cost_samples_ = &GaugeFamily(registry, "flashcp_planner_cost_samples",
+          "Rank-step samples in a profile's calibration window; windows "
+          "are per tenant: this and the fit gauges show the tenant "
+          "refitted last");
+  cost_reported_ = &CounterFamily(registry, "flashcp_planner_cost_reported_samples_total",
+          "Rank-step samples accepted by ReportStepTimes, by profile, all tenants");
+  cost_fit_error_ = &GaugeFamily(registry, "flashcp_planner_cost_fit_error_ratio",
+          "Mean |predicted - measured| / measured rank time of the "
+          "profile's fit in use, over its inliers");
+  cost_calibrated_ = &GaugeFamily(registry, "flashcp_planner_cost_calibrated",
+          "1 once a profile's plans use its online fit");
 }
 
 void PrometheusMetrics::OnRequestDone(absl::string_view method, absl::StatusCode code,

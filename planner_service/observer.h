@@ -12,12 +12,14 @@
 #include "core/analysis.h"
 #include "core/cost_model.h"
 #include "core/strategies.h"
+#include "proto/plan_batch.h"
 
 namespace flashcp::planner_service {
 
-class ServiceObserver {
+// OnPlanned (one successful plan: its planning and analysis time and its
+// quality) comes from proto::PlanObserver, what PlanBatch reports to.
+class ServiceObserver : public proto::PlanObserver {
  public:
-  virtual ~ServiceObserver() = default;
 
   // One answered request: a unary call, or one PlanStream item. `method` is
   // the RPC's name ("Plan", "PlanStream", ...); `seconds` from receipt to
@@ -35,10 +37,6 @@ class ServiceObserver {
   // Response bytes all PlanStreams hold for their clients (HeldBytes), after
   // every change.
   virtual void OnStreamHeldBytes(int64_t bytes) = 0;
-
-  // One successful plan: its planning and analysis time and its quality.
-  virtual void OnPlanned(core::Strategy strategy, double planning_seconds,
-                         const core::PlanMetrics& metrics) = 0;
 
   // A refit of one tenant's window of `profile` (calibration.h) after
   // reports of `accepted` samples in all; `state` is that window's.

@@ -60,11 +60,12 @@ absl::StatusOr<ServeRole> ParseServeRole(absl::string_view name) {
       absl::StrCat("--serve: want all, planning or rendezvous, got \"", name, "\""));
 }
 
-absl::Status ValidateOptions(const ServerOptions& o) {
-  FLASHCP_RETURN_IF_ERROR(core::runtime::process::SplitHostPort(o.listen, "--listen").status());
-  if (!o.metrics.empty()) {
-    FLASHCP_RETURN_IF_ERROR(core::runtime::process::SplitHostPort(o.metrics, "--metrics").status());
-  }
+namespace {
+
+// ValidateOptions in parts, checked in this order: the pools, queues and
+// batch limits; the per-plan and per-stream byte bounds; the ILP and TLS;
+// the connections' timeouts and the listener.
+absl::Status ValidatePoolsAndLimits(const ServerOptions& o) {
   if (o.threads < 1 || o.threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("--threads: must be in [1, 1024], got ",
                                                    o.threads));
@@ -99,6 +100,10 @@ absl::Status ValidateOptions(const ServerOptions& o) {
         absl::StrCat("--queue_per_client: must be in [0, --queue_size = ", o.queue_size,
                      "] (0: queue_size / 4), got ", o.queue_per_client));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateByteBounds(const ServerOptions& o) {
   if (o.bounds.max_shard_ranks < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_shard_ranks: must be at least 1, got ", o.bounds.max_shard_ranks));
@@ -117,6 +122,10 @@ absl::Status ValidateOptions(const ServerOptions& o) {
         "--stream_buffer_bytes: must be at least --stream_window_bytes = ", o.stream_window_bytes,
         ", got ", o.stream_buffer_bytes));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateIlpTlsAndConnections(const ServerOptions& o) {
   if (o.ilp_threads < 1 || o.ilp_threads > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("--ilp_threads: must be in [1, 64], got ", o.ilp_threads));
@@ -154,6 +163,19 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--listener_stall_checks: must be at least 1, got ", o.listener_stall_checks));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateOptions(const ServerOptions& o) {
+  FLASHCP_RETURN_IF_ERROR(core::runtime::process::SplitHostPort(o.listen, "--listen").status());
+  if (!o.metrics.empty()) {
+    FLASHCP_RETURN_IF_ERROR(core::runtime::process::SplitHostPort(o.metrics, "--metrics").status());
+  }
+  FLASHCP_RETURN_IF_ERROR(ValidatePoolsAndLimits(o));
+  FLASHCP_RETURN_IF_ERROR(ValidateByteBounds(o));
+  FLASHCP_RETURN_IF_ERROR(ValidateIlpTlsAndConnections(o));
   FLASHCP_RETURN_IF_ERROR(core::runtime::metrics_endpoint::ValidateEndpointOptions(o.metrics_http));
   return ValidateRendezvousOptions(o.rendezvous);
 }

@@ -20,7 +20,7 @@
 #include "planner_service/held_bytes.h"
 #include "core/runtime/listener/resilient_server.h"
 #include "planner_service/observer.h"
-#include "planner_service/plan_batch.h"
+#include "proto/plan_batch.h"
 #include "planner_service/planning_pool.h"
 #include "planner_service/rate_limiter.h"
 #include "planner_service/rendezvous_service.h"
@@ -50,7 +50,7 @@ struct ServerOptions {
   int64_t stream_window_bytes = ServiceConfig{}.stream_window_bytes;
   int64_t stream_buffer_bytes = int64_t{512} << 20;  // unread response bytes, all streams
   core::BatchLimits limits = ServiceConfig{}.limits;  // kDefaultBatchLimits
-  PlanBounds bounds;                     // --max_shard_ranks, --max_response_bytes
+  proto::PlanBounds bounds;              // --max_shard_ranks, --max_response_bytes
   // Largest message accepted, bytes; 0 sizes it from the limits (the largest
   // valid PlanRequest, proto::MaxRequestBytes, or Rendezvous request).
   int max_message_bytes = 0;

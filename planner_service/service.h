@@ -3,7 +3,7 @@
 // that a malformed one gets INVALID_ARGUMENT naming its type (in a stream,
 // that item's error; the stream goes on) and an oversized PlanRequest is
 // refused before it is parsed. Each call is
-// validated, bounded (plan_batch.h) and converted (proto/convert.h) on the
+// validated, bounded (proto/plan_batch.h) and converted (proto/convert.h) on the
 // gRPC thread, planned on a PlanningPool, serialized and finished from the
 // pool thread. A call that is cancelled or whose deadline passes stops its
 // plan (core::StopToken). It holds no state beyond its collaborators.
@@ -21,20 +21,15 @@
 #include "planner_service/calibration.h"
 #include "planner_service/held_bytes.h"
 #include "planner_service/observer.h"
-#include "planner_service/plan_batch.h"
+#include "proto/plan_batch.h"
 #include "planner_service/planning_pool.h"
 #include "planner_service/rate_limiter.h"
 
 namespace flashcp::planner_service {
 
-// The batch bounds a planner enforces unless told otherwise (flashcp-planner's
-// --max_docs, --max_tokens and --max_cp_size default to these, through
-// ServerOptions); core::BatchLimits{} is the model's own ceiling, far above.
-inline constexpr core::BatchLimits kDefaultBatchLimits{65536, int64_t{1} << 24, 1024};
-
 struct ServiceConfig {
-  core::BatchLimits limits = kDefaultBatchLimits;  // above these: RESOURCE_EXHAUSTED
-  PlanBounds bounds;         // shards x ranks and response bytes, before planning
+  core::BatchLimits limits = proto::kDefaultBatchLimits;  // above these: RESOURCE_EXHAUSTED
+  proto::PlanBounds bounds;        // shards x ranks and response bytes, before planning
   // PlanStream items one stream may have read and not yet answered; the
   // stream stops reading at this many and resumes as answers are written.
   int stream_window = 64;

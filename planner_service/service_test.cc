@@ -29,7 +29,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "planner_service/metrics.h"
-#include "planner_service/plan_batch.h"
+#include "proto/plan_batch.h"
 #include "planner_service/server.h"
 #include "proto/convert.h"
 #include "prometheus/registry.h"
@@ -100,136 +100,6 @@ class RecordingObserver final : public ServiceObserver {
   int64_t held_bytes = 0;
   int64_t max_held_bytes = 0;
 };
-
-TEST(PlanBatchTest, PlanningSecondsComeFromTheInjectedClock) {
-  core::testing::TickingClock clock{kTick};
-  RecordingObserver observer;
-  proto::PlanInput in;
-  in.batch_id = 5;
-  in.batch = core::Batch{{5, 3}, 2};
-  in.strategy = core::Strategy::kRing;
-  absl::StatusOr<v1::PlanResponse> r = PlanBatch(in, clock, observer);
-  ASSERT_THAT(r, IsOk());
-  EXPECT_EQ(r->batch_id(), 5u);
-  EXPECT_EQ(r->metrics().planning_seconds(), 0.001);  // two readings, one tick apart
-  ASSERT_EQ(observer.planned.size(), 1u);
-  EXPECT_EQ(observer.planned[0].method, "ring");
-  EXPECT_EQ(observer.planned[0].seconds, 0.001);
-  EXPECT_DOUBLE_EQ(observer.imbalances[0], 11.0 / 10.5);
-}
-
-// A request naming a cluster gets the step-time model's prediction of its
-// plan, exactly core::ReportStepTime's; by step time, flashcp's plan is
-// PlanFlashCpByStepTime's.
-TEST(PlanBatchTest, PredictedStepTimeWhenAClusterIsNamed) {
-  core::testing::TickingClock clock{kTick};
-  RecordingObserver observer;
-  proto::PlanInput in;
-  in.batch = core::Batch{{4000, 3000, 900, 500, 300, 200, 100}, 4};
-  in.strategy = core::Strategy::kFlashCp;
-  in.options.ranks_per_node = 2;
-  core::StepTimeOptions step;
-  step.cluster_name = "h100-sxm";
-  step.cluster = core::ClusterPreset("h100-sxm").value();
-  step.cluster.ranks_per_node = 2;
-  step.layers = 3;
-  step.per_rank = true;
-  in.step_time = step;
-  absl::StatusOr<v1::PlanResponse> r = PlanBatch(in, clock, observer);
-  ASSERT_THAT(r, IsOk());
-  absl::StatusOr<core::Plan> plan = core::MakePlan(in.strategy, in.batch, in.options);
-  ASSERT_THAT(plan, IsOk());
-  absl::StatusOr<core::StepTimeReport> want =
-      core::ReportStepTime(in.strategy, *plan, in.shape, 3, step.cluster, "h100-sxm");
-  ASSERT_THAT(want, IsOk());
-  EXPECT_EQ(r->metrics().predicted_step_seconds(), want->native().step_seconds);
-  EXPECT_EQ(r->metrics().predicted_exchange(), core::StepExchangeName(want->exchange));
-  EXPECT_EQ(r->metrics().predicted_cluster(), "h100-sxm");
-  EXPECT_EQ(r->metrics().predicted_exchanges_size(), core::kNumStepExchanges);
-  EXPECT_EQ(r->metrics().rank_predicted_times_size(), 4);
-
-  in.choose_by_step_time = true;
-  r = PlanBatch(in, clock, observer);
-  ASSERT_THAT(r, IsOk());
-  absl::StatusOr<core::StepChoice> choice =
-      core::PlanFlashCpByStepTime(in.batch, in.options, in.shape, step);
-  ASSERT_THAT(choice, IsOk());
-  EXPECT_EQ(r->metrics().predicted_step_seconds(), choice->report.native().step_seconds);
-  EXPECT_LE(r->metrics().predicted_step_seconds(), want->native().step_seconds);
-  ASSERT_EQ(r->shards_size(), static_cast<int>(choice->plan.shards.size()));
-}
-
-TEST(PlanBatchTest, ChooseSchemesAddsTheGroupsAndKeepsFlashcpsPlan) {
-  core::testing::TickingClock clock{kTick};
-  RecordingObserver observer;
-  proto::PlanInput in;
-  in.batch = core::Batch{{32768, 32768}, 16};
-  in.strategy = core::Strategy::kFlashCp;
-  in.options.ranks_per_node = 8;
-  absl::StatusOr<v1::PlanResponse> plain = PlanBatch(in, clock, observer);
-  ASSERT_THAT(plain, IsOk());
-  EXPECT_EQ(plain->groups_size(), 0);
-  EXPECT_EQ(plain->plan_source(), "");
-  in.choose_schemes = true;
-  absl::StatusOr<v1::PlanResponse> r = PlanBatch(in, clock, observer);
-  ASSERT_THAT(r, IsOk());
-  // Two equal documents on 16 ranks, 8 a node: flashcp's plan (or basp's,
-  // which groups them the same way) keeps each document on one node.
-  ASSERT_GE(r->groups_size(), 2);
-  int64_t ranks = 0;
-  for (const v1::SchemeGroup& g : r->groups()) {
-    ranks += g.ranks_size();
-    EXPECT_TRUE(g.scheme() == "targeted" || g.scheme() == "allgather" ||
-                g.scheme() == "all_to_all")
-        << g.scheme();
-  }
-  EXPECT_EQ(ranks, 16);
-  EXPECT_EQ(r->chosen_bytes().scheme(), "chosen");
-  EXPECT_EQ(r->chosen_bytes().phase_max_inter_node_bytes(), 0);
-  if (r->plan_source() == "flashcp") {
-    ASSERT_EQ(r->shards_size(), plain->shards_size());
-    for (int i = 0; i < r->shards_size(); ++i) {
-      EXPECT_EQ(r->shards(i).SerializeAsString(), plain->shards(i).SerializeAsString());
-    }
-  } else {
-    EXPECT_EQ(r->plan_source(), "basp");
-  }
-}
-
-// A block-diffusion request: the response covers both copies and says so;
-// with include_layout the missing layout is UNIMPLEMENTED, not a wrong one.
-TEST(PlanBatchTest, BlockDiffusionPlansBothCopies) {
-  core::testing::TickingClock clock{kTick};
-  RecordingObserver observer;
-  proto::PlanInput in;
-  in.batch = core::Batch{{8}, 2};
-  in.strategy = core::Strategy::kLlama3;
-  in.options.attention_mask = {core::MaskKind::kBlockDiffusion, 4};
-  absl::StatusOr<int64_t> bound = CheckPlanBounds(in, PlanBounds{});
-  ASSERT_THAT(bound, IsOk());
-  absl::StatusOr<v1::PlanResponse> r = PlanBatch(in, clock, observer);
-  ASSERT_THAT(r, IsOk());
-  EXPECT_LE(static_cast<int64_t>(r->ByteSizeLong()), *bound);
-  EXPECT_EQ(r->attention_mask(), "block_diffusion");
-  EXPECT_EQ(r->block_size(), 4);
-  EXPECT_THAT(r->doc_lens(), ElementsAre(8, 8));
-  EXPECT_THAT(r->metrics().rank_noisy_tokens(), ElementsAre(4, 4));
-  EXPECT_THAT(r->metrics().rank_workload(), ElementsAre(48.0, 48.0));
-  in.include_layout = true;
-  EXPECT_THAT(PlanBatch(in, clock, observer), StatusIs(absl::StatusCode::kUnimplemented));
-}
-
-TEST(PlanBatchTest, CoreErrorsPassThroughUnchanged) {
-  core::testing::TickingClock clock{kTick};
-  RecordingObserver observer;
-  proto::PlanInput in;
-  in.batch = core::Batch{{5, 3}, 2};
-  in.strategy = core::Strategy::kRing;
-  in.options.target_imbalance = 0.5;  // RequestFromProto would refuse; MakePlan does too
-  EXPECT_EQ(PlanBatch(in, clock, observer).status(),
-            absl::InvalidArgumentError("target_imbalance: must be a finite ratio >= 1, got 0.5"));
-  EXPECT_TRUE(observer.planned.empty());
-}
 
 TEST(PlannerServiceTest, UnaryLatencyAndInflightAreReported) {
   core::testing::TickingClock clock{kTick};
@@ -1189,26 +1059,6 @@ TEST_F(CalibrationTenantTest, ReportsAreRateLimitedPerClient) {
   clock.Advance(absl::Seconds(1));
   EXPECT_THAT(Report(*b, r, &response), IsOk());
   EXPECT_EQ(observer.Count("ReportStepTimes", absl::StatusCode::kResourceExhausted), 1);
-}
-
-}  // namespace
-}  // namespace flashcp::planner_service
-
-namespace flashcp::planner_service {
-namespace {
-
-// Issue 31 item 6: a response that cannot serialize is an error, never an
-// empty PlanResponse (the in-process flashcp.plan serializes through this).
-TEST(SerializeResponseTest, AResponseAboveItsBoundIsAnErrorNotEmpty) {
-  v1::PlanResponse r;
-  r.set_batch_id(7);
-  for (int i = 0; i < 100; ++i) r.add_doc_lens(1000 + i);
-  absl::StatusOr<std::string> all = SerializeResponse(r);
-  ASSERT_THAT(all.status(), IsOk());
-  EXPECT_EQ(static_cast<int64_t>(all->size()), static_cast<int64_t>(r.ByteSizeLong()));
-  EXPECT_EQ(SerializeResponse(r, 100).status(),
-            absl::ResourceExhaustedError(absl::StrCat(
-                "response: ", r.ByteSizeLong(), " bytes, above the 100 bytes it may take")));
 }
 
 }  // namespace

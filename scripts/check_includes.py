@@ -25,6 +25,11 @@
    worker test). KNOWN lists the upward includes that still exist, each to
    be removed (issue 28, "targets in layers"); an entry that no longer
    exists fails the check too, so the list only shrinks.
+3. The engine (worker/'s flashcp_engine target, ENGINE below) and the
+   Python extension (client/python/native, which links the engine, proto
+   and core only) include no gRPC, Prometheus, core/runtime or client
+   header, and of worker/ only the engine's headers (and worker/cuda's, the
+   extension's CUDA hook).
 
 Exit status 1 with one line per violation; run from anywhere:
   python3 scripts/check_includes.py
@@ -66,15 +71,17 @@ FORBIDDEN = {
     "worker": ["planner_service"],
 }
 
-# Upward includes that still exist: (file, included header).
-KNOWN = {
-    # The Python extension links the planner service for PlanBatch.
-    ("client/python/native/flashcp_native.cc", "planner_service/observer.h"),
-    ("client/python/native/flashcp_native.cc", "planner_service/plan_batch.h"),
-    # ... and the service's bounds (CheckPlanBounds, kDefaultBatchLimits), so
-    # that flashcp.plan in process refuses what the service refuses.
-    ("client/python/native/flashcp_native.cc", "planner_service/service.h"),
-}
+# Upward includes that still exist: (file, included header). None left: the
+# Python extension plans through proto/plan_batch.h (PlanBatch, its bounds,
+# kDefaultBatchLimits), not the planner service.
+KNOWN = set()
+
+
+# The files of flashcp_engine (worker/CMakeLists.txt), by stem.
+ENGINE = ["thread_pool", "attention_cpu", "attention_reference", "mask_reference",
+          "communicator", "gloo_communicator", "engine", "cp_layout", "a2a_layout", "a2a_step",
+          "cpstep"]
+ENGINE_FORBIDDEN = ("grpc/", "grpcpp/", "prometheus/", "core/runtime/", "client/")
 
 
 def sources(folder):
@@ -153,10 +160,27 @@ def check_folders(errors):
         errors.append(f"KNOWN lists {rel} -> {inc}, which no longer exists: remove it")
 
 
+def check_engine(errors):
+    files = [ROOT / "worker" / f"{stem}{ext}" for stem in ENGINE for ext in (".h", ".cc")]
+    files += list(sources("client/python/native"))
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        if not path.exists() or is_test(rel):
+            continue
+        for inc in includes(path):
+            if inc.startswith("client/python/native/") or inc.startswith("worker/cuda/"):
+                continue
+            worker_stem = pathlib.Path(inc).stem if inc.startswith("worker/") else None
+            if (inc.startswith(ENGINE_FORBIDDEN) or inc.endswith(".grpc.pb.h")
+                    or (worker_stem is not None and worker_stem not in ENGINE)):
+                errors.append(f"{rel} (engine or extension) includes {inc}: not the engine's")
+
+
 def main():
     errors = []
     check_internal(errors)
     check_folders(errors)
+    check_engine(errors)
     for e in errors:
         print(e)
     if not errors:

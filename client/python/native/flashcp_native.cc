@@ -1,5 +1,5 @@
 // _flashcp_native: the Python package's binding to the C++ core (pybind11).
-// Thin adapters only: planning is planner_service::PlanBatch (what the
+// Thin adapters only: planning is proto::PlanBatch (what the
 // service runs), the exchange layout is worker::BuildCpRankLayout (the CPU
 // engine's and the GPU step's layout, from core::BuildCommLayout), the attention is the CPU
 // kernels of worker/attention_cpu.h, or on CUDA tensors the project's cuDNN
@@ -40,10 +40,8 @@
 #include "flashcp/v1/planner.pb.h"
 #include "core/clock.h"
 #include "core/cost_model.h"
-#include "planner_service/observer.h"
-#include "planner_service/plan_batch.h"
-#include "planner_service/service.h"
 #include "proto/convert.h"
+#include "proto/plan_batch.h"
 #include "worker/attention_cpu.h"
 #include "worker/cp_layout.h"
 #include "worker/thread_pool.h"
@@ -119,9 +117,9 @@ py::bytes Plan(const std::string& request_bytes, int64_t max_docs, int64_t max_t
   }
   const core::BatchLimits limits{max_docs, max_tokens, max_cp_size};
   proto::PlanInput input = ValueOrRaise(proto::RequestFromProto(request, limits));
-  ValueOrRaise(planner_service::CheckPlanBounds(
-      input, planner_service::PlanBounds{max_shard_ranks, max_response_bytes}));
-  planner_service::NullObserver observer;
+  ValueOrRaise(proto::CheckPlanBounds(
+      input, proto::PlanBounds{max_shard_ranks, max_response_bytes}));
+  proto::NullPlanObserver observer;
   const core::RealClock clock;  // metrics.planning_seconds, as the service reports it
   const absl::Time start = clock.Now();
   const absl::Duration timeout = absl::Seconds(timeout_seconds);
@@ -154,8 +152,8 @@ py::bytes Plan(const std::string& request_bytes, int64_t max_docs, int64_t max_t
   {
     py::gil_scoped_release release;  // planning may take a while (ilp: seconds)
     absl::StatusOr<v1::PlanResponse> response =
-        planner_service::PlanBatch(input, clock, observer);
-    out = response.ok() ? planner_service::SerializeResponse(*response) : response.status();
+        proto::PlanBatch(input, clock, observer);
+    out = response.ok() ? proto::SerializeResponse(*response) : response.status();
   }
   if (interrupted.load()) throw py::error_already_set();  // KeyboardInterrupt, usually
   return py::bytes(ValueOrRaise(std::move(out)));
@@ -164,8 +162,8 @@ py::bytes Plan(const std::string& request_bytes, int64_t max_docs, int64_t max_t
 // The service's default bounds (kDefaultBatchLimits, PlanBounds{}), by the
 // names Plan takes them.
 py::dict ServiceBounds() {
-  const core::BatchLimits limits = planner_service::kDefaultBatchLimits;
-  const planner_service::PlanBounds bounds;
+  const core::BatchLimits limits = proto::kDefaultBatchLimits;
+  const proto::PlanBounds bounds;
   py::dict d;
   d["max_docs"] = limits.max_docs;
   d["max_tokens"] = limits.max_tokens;

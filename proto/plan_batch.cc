@@ -1,4 +1,4 @@
-#include "planner_service/plan_batch.h"
+#include "proto/plan_batch.h"
 
 #include <algorithm>
 #include <optional>
@@ -14,9 +14,9 @@
 #include "core/step_time.h"
 #include "core/strategies.h"
 
-namespace flashcp::planner_service {
+namespace flashcp::proto {
 
-absl::StatusOr<int64_t> CheckPlanBounds(const proto::PlanInput& input, const PlanBounds& bounds) {
+absl::StatusOr<int64_t> CheckPlanBounds(const PlanInput& input, const PlanBounds& bounds) {
   const int64_t shards =
       core::MaxPlanShards(input.strategy, input.batch, input.options.attention_mask);
   const int64_t ranks = input.batch.cp_size;
@@ -27,7 +27,7 @@ absl::StatusOr<int64_t> CheckPlanBounds(const proto::PlanInput& input, const Pla
         " shards; x ", ranks, " ranks = ", shards * ranks, ", above --max_shard_ranks = ",
         bounds.max_shard_ranks, "; plan fewer documents or tokens, or a smaller cp_size"));
   }
-  const int64_t bytes = proto::MaxResponseBytes(input, shards);
+  const int64_t bytes = MaxResponseBytes(input, shards);
   if (bytes > bounds.max_response_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "planner: the response may take up to ", bytes, " bytes", 
@@ -38,8 +38,8 @@ absl::StatusOr<int64_t> CheckPlanBounds(const proto::PlanInput& input, const Pla
   return bytes;
 }
 
-absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const core::Clock& clock,
-                                           ServiceObserver& observer) {
+absl::StatusOr<v1::PlanResponse> PlanBatch(const PlanInput& input, const core::Clock& clock,
+                                           PlanObserver& observer) {
   const absl::Time start = clock.Now();
   core::PlanOptions options = input.options;
   options.ilp.solver = core::ilp::Solve;  // the planner links the ILP
@@ -84,12 +84,12 @@ absl::StatusOr<v1::PlanResponse> PlanBatch(const proto::PlanInput& input, const 
   }
   const double seconds = absl::ToDoubleSeconds(clock.Now() - start);
   observer.OnPlanned(input.strategy, seconds, metrics);
-  v1::PlanResponse response = proto::ResponseToProto(
+  v1::PlanResponse response = ResponseToProto(
       input.batch_id, input.strategy, plan, metrics, layout ? &*layout : nullptr, seconds,
       input.strategy == core::Strategy::kIlp ? &info : nullptr, &cost);
-  if (chosen) proto::GroupSchemesToProto(*chosen, &response);
+  if (chosen) GroupSchemesToProto(*chosen, &response);
   if (step.has_value()) {
-    proto::StepTimeToProto(*step, input.step_time->per_rank, response.mutable_metrics());
+    StepTimeToProto(*step, input.step_time->per_rank, response.mutable_metrics());
   }
   return response;
 }
@@ -109,4 +109,4 @@ absl::StatusOr<std::string> SerializeResponse(const v1::PlanResponse& response,
   return out;
 }
 
-}  // namespace flashcp::planner_service
+}  // namespace flashcp::proto
