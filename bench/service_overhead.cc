@@ -50,8 +50,8 @@
 #include "flashcp/v1/planner.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "planner_service/observer.h"
-#include "proto/plan_batch.h"
 #include "proto/convert.h"
+#include "proto/plan_batch.h"
 #include "tests/testing/planner_process.h"
 
 ABSL_FLAG(std::string, planner_bin, "build/bin/flashcp-planner", "the flashcp-planner binary");
