@@ -395,12 +395,12 @@ absl::Status NoFit(const PipelineRequest& r, PipelineStrategy s, double over) {
       PipelineStrategyName(s), r.memory_budget_bytes, over, over / (1 << 30)));
 }
 
-// The K candidates: every K to 8, then steps of about a quarter (10, 12,
-// 15, 18, 22, ...) to 256, while lmax / K >= min_slice.
+// The K candidates: every K to 16, then steps of about a quarter (20, 25,
+// 31, ...) to 256, while lmax / K >= min_slice.
 std::vector<int32_t> SliceCounts(int64_t lmax, int64_t min_slice) {
   std::vector<int32_t> ks{1};
   for (int32_t k = 2; k <= 256 && lmax / k >= std::max<int64_t>(min_slice, 1);
-       k = std::max(k + 1, k + k / 4)) {
+       k = k < 16 ? k + 1 : k + k / 4) {
     ks.push_back(k);
   }
   return ks;
@@ -417,16 +417,25 @@ absl::StatusOr<PipelinePlan> PlanSearch(const PipelineRequest& r, const Pipeline
   double least_over = std::numeric_limits<double>::infinity();
   const std::vector<int32_t> ks =
       o.slice_count > 0 ? std::vector<int32_t>{o.slice_count} : SliceCounts(lmax, o.min_slice_tokens);
-  // (K, token capacity): Algorithm 1 with no capacity, and with lmax / K.
+  // (K, token capacity): Algorithm 1 with no capacity, and with lmax / K;
+  // capacity -1: the token-capped chunking (ChunkTokenCap), the only one of
+  // kDppNoWbc and also a candidate of kDpp, whose search keeps whichever
+  // chunking replays fastest (docs/pipeline.md, "Planner").
+  constexpr int64_t kTokenCapped = -1;
   std::vector<std::pair<int32_t, int64_t>> candidates;
   for (int32_t k : ks) {
+    if (st == PipelineStrategy::kDppNoWbc) {
+      candidates.emplace_back(k, kTokenCapped);
+      continue;
+    }
     candidates.emplace_back(k, 0);
-    if (st != PipelineStrategy::kDppNoWbc && k > 1) candidates.emplace_back(k, (lmax + k - 1) / k);
+    if (k > 1) candidates.emplace_back(k, (lmax + k - 1) / k);
+    if (st == PipelineStrategy::kDpp) candidates.emplace_back(k, kTokenCapped);
   }
   for (const auto& [k, capacity] : candidates) {
     FLASHCP_RETURN_IF_ERROR(o.stop.Check());
     const std::optional<Chunking> ch =
-        st == PipelineStrategy::kDppNoWbc ? ChunkTokenCap(r, k) : ChunkBalanced(r, k, capacity);
+        capacity == kTokenCapped ? ChunkTokenCap(r, k) : ChunkBalanced(r, k, capacity);
     if (!ch) continue;
     FLASHCP_ASSIGN_OR_RETURN(Scored s, Group(r, *ch, mode, o.max_pipelines));
     least_over = std::min(least_over, s.over_bytes);
