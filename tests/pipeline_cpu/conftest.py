@@ -1,0 +1,1 @@
+"""flashcp and flashcp.torch come from the installed copy (.prefix/venv)."""
