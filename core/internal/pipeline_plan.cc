@@ -395,12 +395,12 @@ absl::Status NoFit(const PipelineRequest& r, PipelineStrategy s, double over) {
       PipelineStrategyName(s), r.memory_budget_bytes, over, over / (1 << 30)));
 }
 
-// The K candidates: every K to 16, then steps of about a quarter (20, 25,
-// 31, ...) to 256, while lmax / K >= min_slice.
+// The K candidates: every K to 8, then steps of about a quarter (10, 12,
+// 15, 18, 22, ...) to 256, while lmax / K >= min_slice.
 std::vector<int32_t> SliceCounts(int64_t lmax, int64_t min_slice) {
   std::vector<int32_t> ks{1};
   for (int32_t k = 2; k <= 256 && lmax / k >= std::max<int64_t>(min_slice, 1);
-       k = k < 16 ? k + 1 : k + k / 4) {
+       k = std::max(k + 1, k + k / 4)) {
     ks.push_back(k);
   }
   return ks;
