@@ -125,6 +125,8 @@ def reference(cfg: TinyDecoderConfig, doc_lens: Sequence[int]):
 
 
 def stage_parameter_names(cfg: TinyDecoderConfig, pp_size: int, stage: int) -> List[str]:
+    """The parameters stage `stage` holds: its layers, the embedding on the
+    first stage, the final norm and LM head on the last."""
     per = cfg.layers // pp_size
     names = []
     model = TinyDecoder(cfg)
@@ -298,8 +300,9 @@ def run_rank(job: dict, rank: int) -> dict:
         dist.destroy_process_group()
     ref_loss, ref_grads = reference(cfg, job["doc_lens"])
     errors = {}
+    mine = set(stage_parameter_names(cfg, pp, rank))
     for name, p in stage.model.named_parameters():
-        if name not in stage_parameter_names(cfg, pp, rank):
+        if name not in mine:
             continue
         ref = ref_grads[name]
         got = p.grad if p.grad is not None else torch.zeros_like(ref)

@@ -1,1 +1,0 @@
-"""flashcp and flashcp.torch come from the installed copy (.prefix/venv)."""
