@@ -62,6 +62,10 @@ inline constexpr absl::string_view kDefaultPipelineProfile = "analytic";
 std::vector<std::string> PipelineProfileNames();
 // NotFound naming the profile and the known ones for an unknown name.
 absl::StatusOr<PipelineProfile> NamedPipelineProfile(absl::string_view name);
+// Sets the coefficient named as its PipelineProfile field ("fwd_pair_s");
+// InvalidArgument naming an unknown one (the value is checked later, by
+// CompletePipelineRequest).
+absl::Status SetPipelineCoefficient(PipelineProfile& profile, absl::string_view name, double value);
 
 // One batch to plan. Every field but doc_lens has a default, so {doc_lens, 4}
 // plans for 4 stages.
@@ -227,6 +231,12 @@ absl::StatusOr<PipelineSim> SimulatePipeline(const PipelineRequest& request,
 
 // Bytes over the budget at the replay's worst stage (<= 0: fits).
 double PipelineOverBudget(const PipelineRequest& request, const PipelineSim& sim);
+
+// Per stage, the op order of one pipeline (1F1B, docs/pipeline.md,
+// "Schedule"): the order the simulator replays and an executor runs
+// (flashcp.torch.pipeline). Only stage, chunk and backward are set.
+std::vector<std::vector<PipelineOp>> PipelineStageOrder(int32_t pp_size,
+                                                        const PipelineGroup& group);
 
 }  // namespace flashcp::core
 

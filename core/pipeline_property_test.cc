@@ -122,5 +122,30 @@ TEST(PipelinePropertyTest, ChunkInvariantsAndReplayOnRandomBatches) {
   EXPECT_GE(planned, 900) << "the generator should mostly make batches that fit";
 }
 
+// DPP's search covers the token-capped chunkings of dpp_no_wbc (and, with
+// greedy checkpointing, the no-checkpointing plans whenever those fit), so
+// with the greedy checkpointing (no solver) its replayed time is never above
+// either ablation's on any batch.
+TEST(PipelinePropertyTest, DppIsNeverSlowerThanItsAblationsUnderGreedyCheckpointing) {
+  SplitMix64Rng rng(7);
+  int compared = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const PipelineRequest req = RandomRequest(rng);
+    PipelineOptions o;
+    o.min_slice_tokens = 2048;
+    const auto dpp = PlanPipeline(req, o);
+    for (PipelineStrategy s : {PipelineStrategy::kDppNoWbc, PipelineStrategy::kDppNoCkpt}) {
+      o.strategy = s;
+      const auto other = PlanPipeline(req, o);
+      if (!other.ok()) continue;
+      ASSERT_THAT(dpp, IsOk()) << "an ablation fits, so DPP must";
+      EXPECT_LE(dpp->prediction.iteration_s, other->prediction.iteration_s)
+          << "trial " << trial << " against " << PipelineStrategyName(s);
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 300);
+}
+
 }  // namespace
 }  // namespace flashcp::core

@@ -129,6 +129,33 @@ TEST(PipelineScheduleTest, OneFOneBPerStage) {
   EXPECT_EQ(str(split[0]), "F0 F1 F2 F3 B2 B1 B0 B3 ");
 }
 
+TEST(PipelineScheduleTest, PublicStageOrderIsTheSimulators) {
+  const PipelineGroup s{{0, 1, 2, 3}, {2, 1, 0, 3}};
+  const auto orders = PipelineStageOrder(2, s);
+  const auto internal_orders = internal::StageOrders(2, s);
+  ASSERT_EQ(orders.size(), 2u);
+  for (int32_t p = 0; p < 2; ++p) {
+    ASSERT_EQ(orders[p].size(), internal_orders[p].size());
+    for (size_t i = 0; i < orders[p].size(); ++i) {
+      EXPECT_EQ(orders[p][i].stage, p);
+      EXPECT_EQ(orders[p][i].chunk, internal_orders[p][i].chunk);
+      EXPECT_EQ(orders[p][i].backward, internal_orders[p][i].backward);
+    }
+  }
+  EXPECT_EQ(orders[1][3].chunk, 2);
+  EXPECT_TRUE(orders[1][3].backward);
+}
+
+TEST(PipelineRequestTest, CoefficientsAreSetByName) {
+  PipelineProfile p;
+  ASSERT_THAT(SetPipelineCoefficient(p, "fwd_pair_s", 3e-9), IsOk());
+  ASSERT_THAT(SetPipelineCoefficient(p, "state_bytes_per_param", 8), IsOk());
+  EXPECT_EQ(p.fwd_pair_s, 3e-9);
+  EXPECT_EQ(p.state_bytes_per_param, 8);
+  EXPECT_THAT(SetPipelineCoefficient(p, "fwd_flops", 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("profile.fwd_flops")));
+}
+
 // Two stages of one layer each, 100-token chunks: forward 0.1 s, backward
 // 0.2 s, sends free (hidden 8, bandwidth 1e15 B/s, no latency).
 PipelineRequest TinyRequest() {

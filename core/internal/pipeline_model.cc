@@ -25,6 +25,33 @@ absl::StatusOr<PipelineProfile> NamedPipelineProfile(absl::string_view name) {
                                           absl::StrJoin(PipelineProfileNames(), ", ")));
 }
 
+absl::Status SetPipelineCoefficient(PipelineProfile& profile, absl::string_view name, double value) {
+  static constexpr std::pair<absl::string_view, double PipelineProfile::*> kFields[] = {
+      {"fwd_pair_s", &PipelineProfile::fwd_pair_s},
+      {"fwd_token_s", &PipelineProfile::fwd_token_s},
+      {"fwd_chunk_s", &PipelineProfile::fwd_chunk_s},
+      {"bwd_pair_s", &PipelineProfile::bwd_pair_s},
+      {"bwd_token_s", &PipelineProfile::bwd_token_s},
+      {"bwd_chunk_s", &PipelineProfile::bwd_chunk_s},
+      {"a2a_bytes_per_s", &PipelineProfile::a2a_bytes_per_s},
+      {"a2a_latency_s", &PipelineProfile::a2a_latency_s},
+      {"p2p_bytes_per_s", &PipelineProfile::p2p_bytes_per_s},
+      {"p2p_latency_s", &PipelineProfile::p2p_latency_s},
+      {"act_token_bytes", &PipelineProfile::act_token_bytes},
+      {"ckpt_token_bytes", &PipelineProfile::ckpt_token_bytes},
+      {"kv_token_bytes", &PipelineProfile::kv_token_bytes},
+      {"logits_token_bytes", &PipelineProfile::logits_token_bytes},
+      {"state_bytes_per_param", &PipelineProfile::state_bytes_per_param},
+  };
+  for (const auto& [n, field] : kFields) {
+    if (n == name) {
+      profile.*field = value;
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("profile.", name, ": unknown coefficient"));
+}
+
 absl::string_view PipelineStrategyName(PipelineStrategy s) {
   switch (s) {
     case PipelineStrategy::kDpp: return "dpp";

@@ -417,16 +417,25 @@ absl::StatusOr<PipelinePlan> PlanSearch(const PipelineRequest& r, const Pipeline
   double least_over = std::numeric_limits<double>::infinity();
   const std::vector<int32_t> ks =
       o.slice_count > 0 ? std::vector<int32_t>{o.slice_count} : SliceCounts(lmax, o.min_slice_tokens);
-  // (K, token capacity): Algorithm 1 with no capacity, and with lmax / K.
+  // (K, token capacity): Algorithm 1 with no capacity, and with lmax / K;
+  // capacity -1: the token-capped chunking (ChunkTokenCap), the only one of
+  // kDppNoWbc and also a candidate of kDpp, whose search keeps whichever
+  // chunking replays fastest (docs/pipeline.md, "Planner").
+  constexpr int64_t kTokenCapped = -1;
   std::vector<std::pair<int32_t, int64_t>> candidates;
   for (int32_t k : ks) {
+    if (st == PipelineStrategy::kDppNoWbc) {
+      candidates.emplace_back(k, kTokenCapped);
+      continue;
+    }
     candidates.emplace_back(k, 0);
-    if (st != PipelineStrategy::kDppNoWbc && k > 1) candidates.emplace_back(k, (lmax + k - 1) / k);
+    if (k > 1) candidates.emplace_back(k, (lmax + k - 1) / k);
+    if (st == PipelineStrategy::kDpp) candidates.emplace_back(k, kTokenCapped);
   }
   for (const auto& [k, capacity] : candidates) {
     FLASHCP_RETURN_IF_ERROR(o.stop.Check());
     const std::optional<Chunking> ch =
-        st == PipelineStrategy::kDppNoWbc ? ChunkTokenCap(r, k) : ChunkBalanced(r, k, capacity);
+        capacity == kTokenCapped ? ChunkTokenCap(r, k) : ChunkBalanced(r, k, capacity);
     if (!ch) continue;
     FLASHCP_ASSIGN_OR_RETURN(Scored s, Group(r, *ch, mode, o.max_pipelines));
     least_over = std::min(least_over, s.over_bytes);

@@ -129,6 +129,18 @@ absl::Status ValidatePipelinePlan(const PipelineRequest& r, const PipelinePlan& 
   return absl::OkStatus();
 }
 
+std::vector<std::vector<PipelineOp>> PipelineStageOrder(int32_t pp_size,
+                                                        const PipelineGroup& group) {
+  std::vector<std::vector<PipelineOp>> out(std::max(pp_size, 0));
+  const auto orders = internal::StageOrders(pp_size, group);
+  for (int32_t p = 0; p < pp_size; ++p) {
+    for (const internal::StageOp& op : orders[p]) {
+      out[p].push_back(PipelineOp{.stage = p, .chunk = op.chunk, .backward = op.backward});
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<PipelineSim> SimulatePipeline(const PipelineRequest& r, const PipelinePlan& plan) {
   FLASHCP_RETURN_IF_ERROR(ValidatePipelinePlan(r, plan));
   return internal::ReplayPipeline(r, plan);

@@ -15,10 +15,10 @@ flashcp_client (the gRPC client) is part of this distribution; `import
 flashcp_client` keeps working.
 """
 from flashcp._global_batch import GlobalBatch, Replica, plan_global_batch
-from flashcp._pipeline import plan_pipeline
+from flashcp._pipeline import pipeline_stage_order, plan_pipeline
 from flashcp._plan import PlanError, PlanView, plan, plan_hash, plan_view, response_from_json
 from flashcp_client import Client, Prefetcher, planner_pb2, planner_pb2_grpc
 
-__all__ = ["Client", "GlobalBatch", "PlanError", "PlanView", "Prefetcher", "Replica", "plan",
-           "plan_global_batch", "plan_hash", "plan_pipeline", "plan_view",
-           "planner_pb2", "planner_pb2_grpc", "response_from_json"]
+__all__ = ["Client", "GlobalBatch", "PlanError", "PlanView", "Prefetcher", "Replica",
+           "pipeline_stage_order", "plan", "plan_global_batch", "plan_hash", "plan_pipeline",
+           "plan_view", "planner_pb2", "planner_pb2_grpc", "response_from_json"]

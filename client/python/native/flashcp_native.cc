@@ -14,10 +14,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <thread>
 #include <memory>
 #include <string>
@@ -180,7 +182,8 @@ std::string PlanPipeline(const std::vector<int64_t>& doc_lens, int32_t pp_size,
                          const std::string& strategy, int32_t sp_size, double memory_budget_bytes,
                          int32_t layers, int32_t hidden, int32_t kv_hidden, int32_t ffn_hidden,
                          int32_t vocab, const std::string& profile, int32_t slice_count,
-                         double ckpt_time_limit_seconds) {
+                         double ckpt_time_limit_seconds,
+                         const std::map<std::string, double>& coefficients) {
   core::PipelineRequest r;
   r.doc_lens = doc_lens;
   r.pp_size = pp_size;
@@ -193,6 +196,9 @@ std::string PlanPipeline(const std::vector<int64_t>& doc_lens, int32_t pp_size,
   if (vocab != 0) r.model.vocab = vocab;
   r.profile = ValueOrRaise(core::NamedPipelineProfile(
       profile.empty() ? std::string(core::kDefaultPipelineProfile) : profile));
+  for (const auto& [name, value] : coefficients) {
+    if (absl::Status s = core::SetPipelineCoefficient(r.profile, name, value); !s.ok()) Raise(s);
+  }
   core::PipelineOptions o;
   if (!strategy.empty()) o.strategy = ValueOrRaise(core::ParsePipelineStrategy(strategy));
   o.slice_count = slice_count;
@@ -210,6 +216,27 @@ std::string PlanPipeline(const std::vector<int64_t>& doc_lens, int32_t pp_size,
       Raise(plan.status());
     }
     out = core::PipelinePlanToJson(*plan, 0, seconds);
+  }
+  return out;
+}
+
+// Per stage, one pipeline's op order as (chunk, backward) pairs
+// (core::PipelineStageOrder): what flashcp.torch.pipeline runs.
+std::vector<std::vector<std::pair<int32_t, bool>>> PipelineStageOrder(
+    int32_t pp_size, const std::vector<int32_t>& forward, const std::vector<int32_t>& backward) {
+  if (pp_size < 1 || forward.size() != backward.size()) {
+    throw py::value_error("pipeline_stage_order: pp_size must be >= 1 and backward a permutation of forward");
+  }
+  std::vector<int32_t> f = forward, b = backward;
+  std::sort(f.begin(), f.end());
+  std::sort(b.begin(), b.end());
+  if (f != b || (!f.empty() && f.front() < 0)) {
+    throw py::value_error("pipeline_stage_order: backward must be a permutation of forward");
+  }
+  std::vector<std::vector<std::pair<int32_t, bool>>> out(pp_size);
+  const auto orders = core::PipelineStageOrder(pp_size, core::PipelineGroup{forward, backward});
+  for (int32_t p = 0; p < pp_size; ++p) {
+    for (const core::PipelineOp& op : orders[p]) out[p].emplace_back(op.chunk, op.backward);
   }
   return out;
 }
@@ -582,7 +609,7 @@ m.def("plan_pipeline", &flashcp::python::PlanPipeline, py::arg("doc_lens"), py::
         py::arg("strategy"), py::arg("sp_size"), py::arg("memory_budget_bytes"),
         py::arg("layers"), py::arg("hidden"), py::arg("kv_hidden"), py::arg("ffn_hidden"),
         py::arg("vocab"), py::arg("profile"), py::arg("slice_count"),
-        py::arg("ckpt_time_limit_seconds"),
+        py::arg("ckpt_time_limit_seconds"), py::arg("coefficients") = std::map<std::string, double>{},
         "A pipeline plan (core/pipeline.h) as flashcp-plan --pipeline's JSON line");
   m.def(
       "plan_global_batch",
@@ -623,6 +650,9 @@ m.def("plan_pipeline", &flashcp::python::PlanPipeline, py::arg("doc_lens"), py::
       py::arg("doc_lens"), py::arg("dp_size"), py::arg("cp_size"), py::arg("context"),
       py::arg("strategy"),
       "core::PlanGlobalBatch: which pieces each DP replica packs and its CP plan (dict)");
+  m.def("pipeline_stage_order", &flashcp::python::PipelineStageOrder, py::arg("pp_size"),
+        py::arg("forward"), py::arg("backward"),
+        "Per stage, one pipeline's 1F1B op order as (chunk, backward) pairs");
   py::class_<RankLayout>(m, "RankLayout")
       .def(py::init<const std::vector<int64_t>&, int32_t, int64_t,
                     const std::vector<flashcp::python::ShardTuple>&, int32_t, const std::string&>(),

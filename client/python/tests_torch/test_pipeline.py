@@ -51,3 +51,67 @@ def test_same_plan_as_flashcp_plan(plan_bin):
     mine.pop("planning_seconds")
     theirs.pop("planning_seconds")
     assert mine == theirs
+
+
+def _tiny_plan(pp):
+    from flashcp.torch import pipeline as pipe
+    docs = [40, 23, 17, 9, 5, 3]
+    plan = flashcp.plan_pipeline(docs, pp, "dpp_full_ckpt", layers=4, hidden=32, kv_hidden=32,
+                                 ffn_hidden=64, vocab=64, slice_count=3)
+    return pipe, docs, plan
+
+
+def test_one_stage_execution_equals_training_without_chunks():
+    # flashcp.torch.pipeline in process (d_p = 1, no communication): the
+    # chunks, K/V kept for later slices and their dK/dV give the loss and
+    # gradients of training on the whole documents.
+    pipe, docs, plan = _tiny_plan(1)
+    assert any(c["kind"] == "split" for c in plan["chunks"])
+    cfg = pipe.TinyDecoderConfig()
+    stage = pipe.Stage(cfg, plan, docs, 1, 0)
+    ops = stage.run(flashcp.pipeline_stage_order(plan, 1)[0])
+    assert [(k, b) for k, b, _, _ in ops] == flashcp.pipeline_stage_order(plan, 1)[0]
+    ref_loss, ref_grads = pipe.reference(cfg, docs)
+    assert stage.loss == pytest.approx(ref_loss, rel=1e-5)
+    for name, p in stage.model.named_parameters():
+        err = (p.grad - ref_grads[name]).abs().max() / ref_grads[name].abs().max()
+        assert err <= 1e-4, name
+
+
+def test_a_split_document_run_backward_in_forward_order_is_refused():
+    # The later slice's dK/dV must reach the earlier slice before its
+    # backward; run first slice first and the stage ends with state behind.
+    pipe, docs, plan = _tiny_plan(1)
+    order = flashcp.pipeline_stage_order(plan, 1)[0]
+    forward = [k for k, b in order if not b]
+    stage = pipe.Stage(pipe.TinyDecoderConfig(), plan, docs, 1, 0)
+    with pytest.raises(RuntimeError, match="left state behind"):
+        stage.run([(k, False) for k in forward] + [(k, True) for k in forward])
+
+
+def test_stage_order_is_one_f_one_b():
+    # d_p = 2, 3 chunks, no shared document: stage 0 warms up 2 forwards,
+    # stage 1 alternates.
+    plan = {"pipelines": [{"forward": [0, 1, 2], "backward": [0, 1, 2]}]}
+    assert flashcp.pipeline_stage_order(plan, 2) == [
+        [(0, False), (1, False), (0, True), (2, False), (1, True), (2, True)],
+        [(0, False), (0, True), (1, False), (1, True), (2, False), (2, True)]]
+
+
+def test_explicit_coefficients_replace_the_profiles():
+    docs = [3000, 1000, 500]
+    base = flashcp.plan_pipeline(docs, 2, "dpp_no_ckpt", slice_count=1)
+    slow = flashcp.plan_pipeline(docs, 2, "dpp_no_ckpt", slice_count=1,
+                                 coefficients={"fwd_chunk_s": 1.0, "bwd_chunk_s": 2.0})
+    # One chunk per document here; every chunk now costs 32 / 2 layers x 3 s
+    # per stage more, which dominates the iteration.
+    assert len(slow["chunks"]) == len(base["chunks"])
+    assert slow["prediction"]["iteration_s"] > base["prediction"]["iteration_s"] + 16 * 3
+    with pytest.raises(flashcp.PlanError) as e:
+        flashcp.plan_pipeline(docs, 2, coefficients={"fwd_flops": 1.0})
+    assert e.value.code == "INVALID_ARGUMENT"
+    assert "profile.fwd_flops" in str(e.value)
+    with pytest.raises(flashcp.PlanError) as e:
+        flashcp.plan_pipeline(docs, 2, coefficients={"p2p_bytes_per_s": 0.0})
+    assert e.value.code == "INVALID_ARGUMENT"
+    assert "profile.p2p_bytes_per_s" in str(e.value)
