@@ -31,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "core/analysis.h"
 #include "core/flags.h"
+#include "core/mask.h"
 #include "core/strategies.h"
 #include "worker/cpstep.h"
 #include "worker/gloo_communicator.h"
@@ -41,6 +42,10 @@ ABSL_FLAG(std::string, scheme, "", "the KV exchange: full_kv, allgather or targe
 ABSL_FLAG(int32_t, heads, 0, "attention heads (required)");
 ABSL_FLAG(int32_t, head_dim, 0, "head dimension (required)");
 ABSL_FLAG(std::string, ranks, "threads", "ranks as threads or processes (fork/exec, Gloo TCP)");
+ABSL_FLAG(std::string, attention_mask, "causal_document",
+          "the attention mask: causal_document or block_diffusion (then the step runs the "
+          "2C rows [noisy ; clean] of the batch; docs/bdlm.md)");
+ABSL_FLAG(int64_t, block_size, 0, "block size b of --attention_mask=block_diffusion (>= 1)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the random inputs");
 ABSL_FLAG(int32_t, threads_per_rank, 0, "CPU threads per rank; 0: hardware threads / N");
 ABSL_FLAG(int64_t, timeout_ms, 60000, "a rank's collective timeout, milliseconds");
@@ -103,6 +108,18 @@ int Run(int argc, char** argv) {
     return usage_error(
         absl::InvalidArgumentError(absl::StrCat("--strategy: ", strategy.status().message())));
   }
+  core::PlanOptions plan_options;
+  {
+    absl::StatusOr<core::MaskKind> kind = core::ParseMaskKind(absl::GetFlag(FLAGS_attention_mask));
+    if (!kind.ok()) {
+      return usage_error(
+          absl::InvalidArgumentError(absl::StrCat("--", kind.status().message())));
+    }
+    plan_options.attention_mask = {*kind, absl::GetFlag(FLAGS_block_size)};
+    if (absl::Status s = core::ValidateAttentionMask(plan_options.attention_mask); !s.ok()) {
+      return usage_error(absl::InvalidArgumentError(absl::StrCat("--", s.message())));
+    }
+  }
   absl::StatusOr<core::CommScheme> scheme = core::ParseCommScheme(absl::GetFlag(FLAGS_scheme));
   if (!scheme.ok()) {
     return usage_error(
@@ -144,7 +161,7 @@ int Run(int argc, char** argv) {
     }
     lens.push_back(len);
   }
-  absl::StatusOr<core::Plan> plan = core::MakePlan(*strategy, core::Batch{lens, cp});
+  absl::StatusOr<core::Plan> plan = core::MakePlan(*strategy, core::Batch{lens, cp}, plan_options);
   if (!plan.ok()) {
     std::cerr << "flashcp-cpstep: plan: " << plan.status() << "\n";
     return 1;
@@ -155,7 +172,7 @@ int Run(int argc, char** argv) {
     return 1;
   }
   const worker::StepInputs inputs =
-      worker::MakeInputs(core::TotalTokens(lens), config.shape, seed);
+      worker::MakeInputs(core::TotalTokens(plan->doc_lens), config.shape, seed);  // 2C rows under block diffusion
   const absl::Time start = absl::Now();
   absl::StatusOr<std::vector<worker::RankResult>> results;
   if (ranks == "threads") {
