@@ -37,6 +37,10 @@ absl::StatusOr<std::unique_ptr<GpuCpRank>> GpuCpRank::Create(CpRankLayout plan,
                                                              DeviceCommunicator& comm,
                                                              cudaStream_t compute) {
   FLASHCP_RETURN_IF_ERROR(ValidateAttentionShape(shape));
+  if (plan.block_size > 0)  // its kernels are the causal ones (docs/gpu.md)
+    return absl::UnimplementedError(
+        "attention_mask: the CUDA step does not compute block_diffusion yet; the CPU engine "
+        "(flashcp-cpstep, the worker with --device cpu, flashcp.torch on CPU tensors) does");
   if (comm.rank() != plan.rank || comm.size() != plan.size)
     return absl::InvalidArgumentError(absl::StrCat("communicator is rank ", comm.rank(), " of ",
                                                    comm.size(), ", plan is rank ", plan.rank,

@@ -40,6 +40,9 @@ bool CudaBackendBuilt() { return true; }
 absl::StatusOr<std::unique_ptr<CudaShardAttention>> MakeCudaShardAttention(
     const worker::CpRankLayout& plan, int32_t heads_q, int32_t heads_kv, int32_t head_dim,
     float scale, uintptr_t stream) {
+  if (plan.block_size > 0)  // the shard kernels are the causal ones (docs/gpu.md)
+    return absl::UnimplementedError(
+        "attention_mask: the CUDA path does not compute block_diffusion yet; use CPU tensors");
   worker::cuda::ShardAttentionSpec spec;
   spec.heads_q = heads_q;
   spec.heads_kv = heads_kv;
