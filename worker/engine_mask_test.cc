@@ -249,5 +249,20 @@ TEST(EngineMaskErrorTest, BadBlockSizeIsRefusedNamingIt) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block_size")));
 }
 
+// The all-to-all scheme moves heads, and a rank group would split a
+// document's noisy and clean copies: a precise refusal, not a wrong answer.
+TEST(EngineMaskErrorTest, AllToAllIsUnimplementedNamingTheScheme) {
+  core::PlanOptions options;
+  options.attention_mask = {core::MaskKind::kBlockDiffusion, 4};
+  absl::StatusOr<core::Plan> plan =
+      core::MakePlan(core::Strategy::kFlashCp, core::Batch{{40, 9, 1}, 2}, options);
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<core::CommLayout> layout = core::BuildCommLayout(*plan);
+  ASSERT_THAT(layout, IsOk());
+  EXPECT_THAT(BuildCpRankLayout(*plan, *layout, 0, core::CommScheme::kAllToAll),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       HasSubstr("scheme: all_to_all under attention_mask block_diffusion")));
+}
+
 }  // namespace
 }  // namespace flashcp::worker
