@@ -249,6 +249,52 @@ TEST(EngineMaskErrorTest, BadBlockSizeIsRefusedNamingIt) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block_size")));
 }
 
+// Staged gradients return round by round (the GPU step's race-free
+// launches): every staged row in exactly one round, and within a round no
+// two rows share a destination, though a rank's noisy and clean shards of
+// one document stage the same clean rows.
+TEST(EngineMaskLayoutTest, StageRoundsNeverShareADestination) {
+  int shared = 0;
+  for (const int32_t n : {1, 2, 3, 4}) {
+    for (const int64_t b : {1, 4, 16}) {
+      for (const BatchCase& batch : Batches(n)) {
+        for (core::Strategy strategy : core::AllStrategies()) {
+          const core::AttentionMask mask{core::MaskKind::kBlockDiffusion, b};
+          if (!core::PlansMask(strategy, mask)) continue;
+          core::PlanOptions options;
+          options.attention_mask = mask;
+          absl::StatusOr<core::Plan> plan =
+              core::MakePlan(strategy, core::Batch{batch.doc_lens, n}, options);
+          if (!plan.ok()) continue;  // csbp's refusals (checked above)
+          absl::StatusOr<core::CommLayout> layout = core::BuildCommLayout(*plan);
+          ASSERT_THAT(layout, IsOk());
+          for (int32_t r = 0; r < n; ++r) {
+            for (core::CommScheme scheme : core::kKvCommSchemes) {
+              absl::StatusOr<CpRankLayout> p = BuildCpRankLayout(*plan, *layout, r, scheme);
+              ASSERT_THAT(p, IsOk());
+              std::vector<int> seen(p->stage_src.size(), 0);
+              for (const std::vector<int64_t>& round : p->stage_rounds) {
+                std::vector<int64_t> dests;
+                for (int64_t row : round) {
+                  ++seen[row];
+                  dests.push_back(p->stage_src[row]);
+                }
+                std::sort(dests.begin(), dests.end());
+                EXPECT_EQ(std::adjacent_find(dests.begin(), dests.end()), dests.end());
+              }
+              for (int count : seen) EXPECT_EQ(count, 1);
+              std::vector<int64_t> all = p->stage_src;
+              std::sort(all.begin(), all.end());
+              if (std::adjacent_find(all.begin(), all.end()) != all.end()) ++shared;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(shared, 0);  // the case the rounds exist for does occur
+}
+
 // The all-to-all scheme moves heads, and a rank group would split a
 // document's noisy and clean copies: a precise refusal, not a wrong answer.
 TEST(EngineMaskErrorTest, AllToAllIsUnimplementedNamingTheScheme) {
