@@ -9,6 +9,7 @@
 #include "core/echo.h"
 #include "core/rank_groups.h"
 #include "core/mask.h"
+#include "core/mask_layout.h"
 #include "core/status_macros.h"
 
 namespace flashcp::core {
@@ -324,13 +325,9 @@ absl::Status ValidatePlan(const Plan& plan) {
 
 absl::StatusOr<CommLayout> BuildCommLayout(const Plan& plan) {
   FLASHCP_RETURN_IF_ERROR(ValidatePlan(plan));
-  if (IsBlockDiffusion(plan.mask)) {
-    // The compacted send ranges below are the causal mask's (whole non-last
-    // shards); the block-diffusion exchange is ComputeMaskTraffic's.
-    return absl::UnimplementedError(
-        "attention_mask: no per-rank exchange layout for block_diffusion plans yet "
-        "(their traffic is in the metrics)");
-  }
+  // The compacted send ranges below are the causal mask's (whole non-last
+  // shards); the block-diffusion exchange is ComputeMaskTraffic's.
+  if (IsBlockDiffusion(plan.mask)) return BuildMaskCommLayout(plan);
   const int32_t n = plan.cp_size;
   const DocIndex index = IndexByDoc(plan);
   CommLayout layout;

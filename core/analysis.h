@@ -77,11 +77,13 @@ inline double ShardWorkload(int64_t prefix, int64_t len) {
 // cancellation).
 inline double PrefixWorkload(double x) { return x * (x + 1.0) * 0.5; }
 
-// One entry of a rank's compacted send buffer: a non-last shard of this rank.
+// One entry of a rank's compacted send buffer: a non-last shard of this rank
+// (under block diffusion: a part of a shard some other rank needs).
 struct SendRange {
   int32_t shard = 0;   // index into Plan::shards
   int64_t offset = 0;  // first token's offset in the compacted buffer
   int64_t len = 0;     // tokens
+  int64_t skip = 0;    // tokens of the shard before the range (0 under the causal mask)
 };
 
 // One shard of a document, as the exchange sees it.
@@ -89,6 +91,7 @@ struct DocPiece {
   int32_t shard = 0;       // index into Plan::shards
   int32_t rank = 0;        // owner
   int32_t send_index = -1; // index into the owner's RankLayout::send; -1 for the last shard
+                           // (and under block diffusion, where a shard may have several)
 };
 
 // The ranks that need some of this rank's compacted ranges under kTargeted.
@@ -116,6 +119,9 @@ struct CommLayout {
 };
 
 // Builds the layout; the plan must be valid (ValidatePlan), else InvalidArgument.
+// Under block diffusion (core/mask.h, BuildMaskCommLayout) a send range is a
+// part of a shard and a rank receives exactly the remote K/V its queries
+// attend to (ComputeMaskTraffic).
 absl::StatusOr<CommLayout> BuildCommLayout(const Plan& plan);
 
 // What one phase moves under one scheme (SPEC "Targeted exchange, per

@@ -127,19 +127,11 @@ void AppendNeededKv(const Plan& plan, const Shard& s, std::vector<DocRange>& out
   }
 }
 
-MaskTraffic ComputeMaskTraffic(const Plan& plan) {
+void ForEachNeededRemote(const Plan& plan,
+                         const std::function<void(int32_t dest, int32_t shard, int64_t begin,
+                                                  int64_t end)>& f) {
   const int32_t n = plan.cp_size;
   const size_t docs = plan.doc_lens.size();
-  const bool bd = IsBlockDiffusion(plan.mask);
-  MaskTraffic t;
-  t.sent_tokens.assign(n, 0);
-  t.received_tokens.assign(n, 0);
-  t.clean_sent_tokens.assign(n, 0);
-  t.clean_received_tokens.assign(n, 0);
-  t.needed_elsewhere_tokens.assign(n, 0);
-  t.clean_needed_elsewhere_tokens.assign(n, 0);
-  t.pair_tokens.assign(static_cast<size_t>(n) * n, 0);
-  t.shard_dests.assign(plan.shards.size(), {});
   // Pieces of each plan document by start (CSR).
   std::vector<int32_t> begin(docs + 1, 0), pieces(plan.shards.size());
   for (const Shard& s : plan.shards) ++begin[s.doc + 1];
@@ -154,9 +146,6 @@ MaskTraffic ComputeMaskTraffic(const Plan& plan) {
     std::sort(pieces.begin() + begin[d], pieces.begin() + begin[d + 1],
               [&](int32_t a, int32_t b) { return plan.shards[a].start < plan.shards[b].start; });
   }
-  const auto is_clean = [&](int32_t doc) { return bd && !IsNoisyDoc(plan, doc); };
-  // Per shard, the parts of it other ranks need (for the compacted buffer).
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> covered(plan.shards.size());
   std::vector<DocRange> need;
   size_t i = 0;
   for (int32_t r = 0; r < n; ++r) {
@@ -185,21 +174,41 @@ MaskTraffic ComputeMaskTraffic(const Plan& plan) {
         const Shard& s = plan.shards[*it];
         if (s.start >= hi) break;
         if (s.rank == r) continue;
-        const int64_t a = std::max(lo, s.start), e = std::min(hi, s.start + s.len);
-        const int64_t tokens = e - a;
-        t.received_tokens[r] += tokens;
-        t.sent_tokens[s.rank] += tokens;
-        t.pair_tokens[static_cast<size_t>(s.rank) * n + r] += tokens;
-        if (is_clean(doc)) {
-          t.clean_received_tokens[r] += tokens;
-          t.clean_sent_tokens[s.rank] += tokens;
-        }
-        covered[*it].emplace_back(a, e);
-        std::vector<int32_t>& dests = t.shard_dests[*it];
-        if (dests.empty() || dests.back() != r) dests.push_back(r);  // r ascending
+        f(r, *it, std::max(lo, s.start), std::min(hi, s.start + s.len));
       }
     }
   }
+}
+
+MaskTraffic ComputeMaskTraffic(const Plan& plan) {
+  const int32_t n = plan.cp_size;
+  const bool bd = IsBlockDiffusion(plan.mask);
+  MaskTraffic t;
+  t.sent_tokens.assign(n, 0);
+  t.received_tokens.assign(n, 0);
+  t.clean_sent_tokens.assign(n, 0);
+  t.clean_received_tokens.assign(n, 0);
+  t.needed_elsewhere_tokens.assign(n, 0);
+  t.clean_needed_elsewhere_tokens.assign(n, 0);
+  t.pair_tokens.assign(static_cast<size_t>(n) * n, 0);
+  t.shard_dests.assign(plan.shards.size(), {});
+  const auto is_clean = [&](int32_t doc) { return bd && !IsNoisyDoc(plan, doc); };
+  // Per shard, the parts of it other ranks need (for the compacted buffer).
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> covered(plan.shards.size());
+  ForEachNeededRemote(plan, [&](int32_t r, int32_t p, int64_t a, int64_t e) {
+    const Shard& s = plan.shards[p];
+    const int64_t tokens = e - a;
+    t.received_tokens[r] += tokens;
+    t.sent_tokens[s.rank] += tokens;
+    t.pair_tokens[static_cast<size_t>(s.rank) * n + r] += tokens;
+    if (is_clean(s.doc)) {
+      t.clean_received_tokens[r] += tokens;
+      t.clean_sent_tokens[s.rank] += tokens;
+    }
+    covered[p].emplace_back(a, e);
+    std::vector<int32_t>& dests = t.shard_dests[p];
+    if (dests.empty() || dests.back() != r) dests.push_back(r);  // r ascending
+  });
   for (size_t p = 0; p < plan.shards.size(); ++p) {
     std::vector<std::pair<int64_t, int64_t>>& c = covered[p];
     if (c.empty()) continue;

@@ -13,6 +13,7 @@
 #define FLASHCP_CORE_MASK_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -90,6 +91,25 @@ struct DocRange {
 //  - block diffusion, clean shard [a, e): [0, min(ceil(e/b) b, L)) of its
 //    clean copy (block-causal: a cut clean block needs its later tokens too).
 void AppendNeededKv(const Plan& plan, const Shard& s, std::vector<DocRange>& out);
+
+// Whether a query sees a key under block diffusion with block size b (>= 1),
+// both of one document at positions q_pos and k_pos within it (the table
+// above). The one statement of the rule the kernels evaluate per pair.
+inline bool BlockDiffusionSees(int64_t b, bool q_noisy, int64_t q_pos, bool k_noisy,
+                               int64_t k_pos) {
+  const int64_t j = q_pos / b, k = k_pos / b;
+  if (q_noisy) return k_noisy ? k == j : k < j;
+  return !k_noisy && k <= j;
+}
+
+// Calls f(dest, shard, begin, end) for every part [begin, end) (document
+// positions) of a shard owned by a rank other than `dest` that dest's
+// queries attend to (AppendNeededKv over its shards, merged): each needed
+// remote token exactly once per dest; dest ascending, then document and
+// position ascending. The plan must be valid.
+void ForEachNeededRemote(const Plan& plan,
+                         const std::function<void(int32_t dest, int32_t shard, int64_t begin,
+                                                  int64_t end)>& f);
 
 // The K/V exchange under plan.mask, one phase (forward; backward returns the
 // gradients the same way): every rank receives, once, each remote token some

@@ -252,7 +252,7 @@ TEST(MaskTest, MakePlanRejectsBadMasks) {
                        HasSubstr("strategy: magi does not plan attention_mask block_diffusion")));
   absl::StatusOr<Plan> plan = MakePlan(Strategy::kLlama3, Batch{{8}, 2}, options);
   ASSERT_THAT(plan, IsOk());
-  EXPECT_THAT(BuildCommLayout(*plan), StatusIs(absl::StatusCode::kUnimplemented));
+  EXPECT_THAT(BuildCommLayout(*plan), IsOk());  // mask_layout_test.cc checks it
 }
 
 }  // namespace

@@ -87,8 +87,9 @@ absl::StatusOr<PanelFacts> Facts(const Plan& plan) {
   PanelFacts f;
   FLASHCP_ASSIGN_OR_RETURN(f.metrics, AnalyzePlan(plan, ModelShape{}));
   if (IsBlockDiffusion(plan.mask)) {
-    // No send layout under the mask (BuildCommLayout): the rows are the
-    // shards in rank order, the destinations the mask's exchange.
+    // Under the mask a shard may send several parts (core/mask_layout.h):
+    // the rows are the shards in rank order, the destinations per shard the
+    // mask's exchange.
     MaskTraffic traffic = ComputeMaskTraffic(plan);
     f.dests = std::move(traffic.shard_dests);
     f.layout.ranks.resize(plan.cp_size);

@@ -84,6 +84,7 @@ void LayoutToProto(const core::CommLayout& layout,
       s->set_shard(send.shard);
       s->set_offset(send.offset);
       s->set_len(send.len);
+      s->set_skip(send.skip);
     }
     p->set_send_tokens(rank.send_tokens);
     for (const core::TargetedSend& t : rank.targeted) {

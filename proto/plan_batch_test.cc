@@ -141,6 +141,9 @@ TEST(PlanBatchTest, ChooseSchemesAddsTheGroupsAndKeepsFlashcpsPlan) {
 
 // A block-diffusion request: the response covers both copies and says so;
 // with include_layout the missing layout is UNIMPLEMENTED, not a wrong one.
+// A block-diffusion request: the response covers both copies and says so;
+// with include_layout the mask's layout (core/mask_layout.h): rank 0's clean
+// block 1 needs the clean block 0 rank 1 holds, nothing else travels.
 TEST(PlanBatchTest, BlockDiffusionPlansBothCopies) {
   core::testing::TickingClock clock{kTick};
   RecordingObserver observer;
@@ -159,7 +162,14 @@ TEST(PlanBatchTest, BlockDiffusionPlansBothCopies) {
   EXPECT_THAT(r->metrics().rank_noisy_tokens(), ElementsAre(4, 4));
   EXPECT_THAT(r->metrics().rank_workload(), ElementsAre(48.0, 48.0));
   in.include_layout = true;
-  EXPECT_THAT(PlanBatch(in, clock, observer), StatusIs(absl::StatusCode::kUnimplemented));
+  r = PlanBatch(in, clock, observer);
+  ASSERT_THAT(r, IsOk());
+  ASSERT_EQ(r->layout_size(), 2);
+  EXPECT_EQ(r->layout(0).send_tokens(), 0);
+  EXPECT_EQ(r->layout(1).send_tokens(), 4);
+  ASSERT_EQ(r->layout(1).targeted_size(), 1);
+  EXPECT_EQ(r->layout(1).targeted(0).dest(), 0);
+  EXPECT_EQ(r->layout(1).targeted(0).tokens(), 4);
 }
 
 TEST(PlanBatchTest, CoreErrorsPassThroughUnchanged) {

@@ -77,6 +77,48 @@ INSTANTIATE_TEST_SUITE_P(Cases, EngineProcessTest,
                                            ProcessCase{3, "zigzag", "targeted"},
                                            ProcessCase{4, "per_doc", "allgather"}));
 
+// Block diffusion (--attention_mask=block_diffusion --block_size=b): the
+// step over the batch's 2C rows, ranks as processes, against the mask's
+// dense oracle, bytes as predicted.
+struct MaskCase {
+  int cp;
+  const char* strategy;
+  const char* scheme;
+  int block_size;
+};
+
+class EngineProcessMaskTest : public ::testing::TestWithParam<MaskCase> {};
+
+TEST_P(EngineProcessMaskTest, ProcessesMatchTheMaskOracleAndPredictedBytes) {
+  const MaskCase& c = GetParam();
+  const CpStepRun run = CpStep(
+      "90,1,17,3,1,40", absl::StrCat("--cp ", c.cp, " --strategy ", c.strategy, " --scheme ",
+                                     c.scheme, " --attention_mask=block_diffusion --block_size=",
+                                     c.block_size,
+                                     " --heads 2 --head_dim 8 --ranks processes "
+                                     "--threads_per_rank 1 --seed 5"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("\"ok\":true"));
+  EXPECT_EQ(Field(run.output, "bytes_sent"), Field(run.output, "predicted_bytes_sent"));
+  EXPECT_EQ(Field(run.output, "bytes_received"), Field(run.output, "predicted_bytes_received"));
+  for (const char* out : {"out", "lse", "dq", "dk", "dv"}) {
+    const double err = std::stod(Field(run.output, out));
+    EXPECT_LE(err, 1e-5) << out;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, EngineProcessMaskTest,
+                         ::testing::Values(MaskCase{2, "csbp", "allgather", 4},
+                                           MaskCase{3, "flashcp", "targeted", 16},
+                                           MaskCase{4, "llama3", "full_kv", 1}));
+
+TEST(EngineProcessCliTest, BadBlockSizeExitsTwoNamingIt) {
+  const CpStepRun run = CpStep("5", "--cp 2 --strategy csbp --scheme targeted --heads 1 "
+                                    "--head_dim 4 --attention_mask=block_diffusion --block_size=0");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("--block_size: must be in [1, 2^40]"));
+}
+
 // A rank process that SIGKILLs itself after connecting: every other rank fails
 // fast with Unavailable (closed sockets), far inside the 30 s communicator
 // timeout. Rank 0 talks to rank 1 first, so its error names rank 1 (as a

@@ -5,7 +5,9 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "core/mask.h"
 #include "core/status_macros.h"
+#include "worker/cp_layout_mask.h"
 
 namespace flashcp::worker {
 namespace {
@@ -115,6 +117,7 @@ absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
   if (static_cast<int32_t>(layout.ranks.size()) != n)
     return absl::InvalidArgumentError(
         absl::StrCat("layout has ", layout.ranks.size(), " ranks, plan ", n));
+  if (core::IsBlockDiffusion(plan.mask)) return BuildMaskedCpRankLayout(plan, layout, rank, scheme);
   const SchemeEntry* entry = nullptr;
   for (const SchemeEntry& e : kSchemes)
     if (e.scheme == scheme) entry = &e;

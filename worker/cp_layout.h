@@ -98,6 +98,20 @@ struct CpRankLayout {
 
   // all_to_all only (empty otherwise).
   AllToAllLayout a2a;
+  // Block diffusion (core/mask.h; 0 under the causal mask): block_size > 0.
+  // Then no shard is whole: every shard is a "prefixed" shard whose staged
+  // rows are exactly the K/V its queries attend to (core::AppendNeededKv, in
+  // that order), each staged row and each shard's queries carrying what the
+  // mask needs, and the kernel evaluates core::BlockDiffusionSees per
+  // (query, key). prefix_kv_len[i] - prefix_q_len[i] is then not a position.
+  // stage_rounds: shards are put in the first round none of whose rows
+  // shares a destination with theirs (a rank's noisy and clean shards of one
+  // document stage the same clean rows).
+  int64_t block_size = 0;
+  std::vector<uint8_t> prefix_q_noisy;  // per prefixed shard: 1 for a noisy copy
+  std::vector<int64_t> prefix_q_pos;    // per prefixed shard: its first query's position
+  std::vector<uint8_t> stage_noisy;     // per staged row: 1 for noisy K/V
+  std::vector<int64_t> stage_pos;       // per staged row: position in its document
 };
 
 // Rows of the query-side arrays the attention batches index: C/N local rows,

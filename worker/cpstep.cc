@@ -18,12 +18,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/file.h"
+#include "core/mask.h"
 #include "core/random.h"
 #include "core/status_macros.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "worker/attention_reference.h"
 #include "worker/engine.h"
+#include "worker/mask_reference.h"
 #include "worker/gloo_communicator.h"
 #include "worker/thread_pool.h"
 
@@ -83,6 +85,8 @@ std::string PlanText(const core::Plan& plan) {
   for (const core::Shard& s : plan.shards) {
     out << s.doc << ' ' << s.start << ' ' << s.len << ' ' << s.rank << '\n';
   }
+  // The mask, only where it is not the causal default (that text unchanged).
+  if (core::IsBlockDiffusion(plan.mask)) out << "block_diffusion " << plan.mask.block_size << '\n';
   return out.str();
 }
 
@@ -104,6 +108,12 @@ absl::StatusOr<core::Plan> ReadPlan(const std::string& path) {
   plan.shards.resize(shards);
   for (core::Shard& s : plan.shards) in >> s.doc >> s.start >> s.len >> s.rank;
   if (!in) return absl::DataLossError(absl::StrCat(path, ": truncated plan"));
+  std::string mask;
+  if (in >> mask) {
+    FLASHCP_ASSIGN_OR_RETURN(plan.mask.kind, core::ParseMaskKind(mask));
+    if (!(in >> plan.mask.block_size))
+      return absl::DataLossError(absl::StrCat(path, ": truncated mask"));
+  }
   return plan;
 }
 
@@ -451,11 +461,24 @@ absl::StatusOr<StepErrors> CompareWithReference(const core::Plan& plan,
   }
   std::vector<float> ro(total * e), rlse(total * shape.heads), rdq(total * e), rdk(total * e),
       rdv(total * e);
-  FLASHCP_RETURN_IF_ERROR(ReferenceForward(shape, plan.doc_lens, inputs.q, inputs.k, inputs.v,
-                                           absl::MakeSpan(ro), absl::MakeSpan(rlse)));
-  FLASHCP_RETURN_IF_ERROR(ReferenceBackward(shape, plan.doc_lens, inputs.q, inputs.k, inputs.v,
-                                            inputs.dout, absl::MakeSpan(rdq), absl::MakeSpan(rdk),
-                                            absl::MakeSpan(rdv)));
+  if (core::IsBlockDiffusion(plan.mask)) {
+    // The plan's 2n documents are the batch's n noisy copies, then its n
+    // clean copies: in plan order they are the step's [noisy ; clean] rows.
+    const std::vector<int64_t> batch(plan.doc_lens.begin(),
+                                     plan.doc_lens.begin() + plan.doc_lens.size() / 2);
+    const int64_t b = plan.mask.block_size;
+    FLASHCP_RETURN_IF_ERROR(BlockDiffusionReferenceForward(
+        shape, batch, b, inputs.q, inputs.k, inputs.v, absl::MakeSpan(ro), absl::MakeSpan(rlse)));
+    FLASHCP_RETURN_IF_ERROR(BlockDiffusionReferenceBackward(
+        shape, batch, b, inputs.q, inputs.k, inputs.v, inputs.dout, absl::MakeSpan(rdq),
+        absl::MakeSpan(rdk), absl::MakeSpan(rdv)));
+  } else {
+    FLASHCP_RETURN_IF_ERROR(ReferenceForward(shape, plan.doc_lens, inputs.q, inputs.k, inputs.v,
+                                             absl::MakeSpan(ro), absl::MakeSpan(rlse)));
+    FLASHCP_RETURN_IF_ERROR(ReferenceBackward(shape, plan.doc_lens, inputs.q, inputs.k,
+                                              inputs.v, inputs.dout, absl::MakeSpan(rdq),
+                                              absl::MakeSpan(rdk), absl::MakeSpan(rdv)));
+  }
   // Ranks that returned no lse (all_to_all) leave 0 in both.
   for (int32_t r = 0; r < plan.cp_size; ++r) {
     if (!results[r].lse.empty()) continue;

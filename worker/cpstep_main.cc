@@ -31,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "core/analysis.h"
 #include "core/flags.h"
+#include "core/mask.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
 #include "worker/cpstep.h"
@@ -42,6 +43,10 @@ ABSL_FLAG(std::string, scheme, "", "the exchange: full_kv, allgather, targeted (
 ABSL_FLAG(int32_t, heads, 0, "attention heads (required)");
 ABSL_FLAG(int32_t, head_dim, 0, "head dimension (required)");
 ABSL_FLAG(std::string, ranks, "threads", "ranks as threads or processes (fork/exec, Gloo TCP)");
+ABSL_FLAG(std::string, attention_mask, "causal_document",
+          "the attention mask: causal_document or block_diffusion (then the step runs the "
+          "2C rows [noisy ; clean] of the batch; docs/bdlm.md)");
+ABSL_FLAG(int64_t, block_size, 0, "block size b of --attention_mask=block_diffusion (>= 1)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the random inputs");
 ABSL_FLAG(int32_t, threads_per_rank, 0, "CPU threads per rank; 0: hardware threads / N");
 ABSL_FLAG(int64_t, timeout_ms, 60000, "a rank's collective timeout, milliseconds");
@@ -83,6 +88,7 @@ struct CpstepFlags {
   int32_t threads_per_rank = 0;
   core::Strategy strategy = core::Strategy::kFlashCp;
   core::CommScheme scheme = core::CommScheme::kTargeted;
+  core::PlanOptions plan_options;  // the attention mask
   std::string ranks;  // threads or processes
   std::string fault;  // "", crash or hang
 };
@@ -111,6 +117,12 @@ absl::StatusOr<CpstepFlags> ReadFlags(const core::CommandLine& line) {
     return absl::InvalidArgumentError(absl::StrCat("--strategy: ", strategy.status().message()));
   }
   f.strategy = *strategy;
+  absl::StatusOr<core::MaskKind> kind = core::ParseMaskKind(absl::GetFlag(FLAGS_attention_mask));
+  if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("--", kind.status().message()));
+  f.plan_options.attention_mask = {*kind, absl::GetFlag(FLAGS_block_size)};
+  if (absl::Status s = core::ValidateAttentionMask(f.plan_options.attention_mask); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", s.message()));
+  }
   absl::StatusOr<core::CommScheme> scheme = core::ParseCommScheme(absl::GetFlag(FLAGS_scheme));
   if (!scheme.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--scheme: ", scheme.status().message()));
@@ -229,7 +241,8 @@ int Run(int argc, char** argv) {
     std::cerr << "flashcp-cpstep: " << lens.status().message() << "\n";
     return 1;
   }
-  absl::StatusOr<core::Plan> plan = core::MakePlan(f->strategy, core::Batch{*lens, f->cp});
+  absl::StatusOr<core::Plan> plan =
+      core::MakePlan(f->strategy, core::Batch{*lens, f->cp}, f->plan_options);
   if (!plan.ok()) {
     std::cerr << "flashcp-cpstep: plan: " << plan.status() << "\n";
     return 1;
@@ -240,8 +253,9 @@ int Run(int argc, char** argv) {
     std::cerr << "flashcp-cpstep: analysis: " << metrics.status() << "\n";
     return 1;
   }
+  // 2C rows under block diffusion: the plan's documents are both copies.
   const worker::StepInputs inputs =
-      worker::MakeInputs(core::TotalTokens(*lens), config.shape, f->seed);
+      worker::MakeInputs(core::TotalTokens(plan->doc_lens), config.shape, f->seed);
   const absl::Time start = absl::Now();
   absl::StatusOr<std::vector<worker::RankResult>> results =
       RunStep(*f, *plan, config, inputs, argc, argv);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "worker/attention_masked_cpu.h"
 
 namespace flashcp::worker {
 namespace {
@@ -189,9 +190,16 @@ absl::Status CpAttentionStep::Forward(Communicator& comm, ThreadPool& pool,
   // 4. Attention.
   std::fill(o.begin(), o.end(), 0.0f);  // padding rows stay 0
   std::fill(lse.begin(), lse.end(), 0.0f);
-  const std::vector<DocAttention> docs = Docs(k, v, {}, {}, {}, {});
-  FLASHCP_RETURN_IF_ERROR(
-      AttentionForwardCpu(shape_, docs, rows_, q.data(), o.data(), lse.data(), pool));
+  if (lay_.block_size > 0) {  // block diffusion: every shard on its staged K/V, masked
+    const std::vector<MaskedShardAttention> shards =
+        MaskedStagedShards(lay_, stage_k_.data(), stage_v_.data(), nullptr, nullptr, e);
+    FLASHCP_RETURN_IF_ERROR(MaskedAttentionForwardCpu(shape_, lay_.block_size, shards, rows_,
+                                                      q.data(), o.data(), lse.data(), pool));
+  } else {
+    const std::vector<DocAttention> docs = Docs(k, v, {}, {}, {}, {});
+    FLASHCP_RETURN_IF_ERROR(
+        AttentionForwardCpu(shape_, docs, rows_, q.data(), o.data(), lse.data(), pool));
+  }
   q_ = q.data();
   k_ = k.data();
   v_ = v.data();
@@ -223,11 +231,18 @@ absl::Status CpAttentionStep::Backward(Communicator& comm, ThreadPool& pool,
   // shards' into gradients of the staged rows.
   const int64_t staged = static_cast<int64_t>(lay_.stage_src.size());
   std::vector<float> gk(staged * e, 0.0f), gv(staged * e, 0.0f);
-  const std::vector<DocAttention> docs =
-      Docs(absl::MakeConstSpan(k_, rows_ * e), absl::MakeConstSpan(v_, rows_ * e), dk, dv,
-           absl::MakeSpan(gk), absl::MakeSpan(gv));
-  FLASHCP_RETURN_IF_ERROR(AttentionBackwardCpu(shape_, docs, rows_, q_, o_, lse_, dout.data(),
-                                               dq.data(), pool));
+  if (lay_.block_size > 0) {
+    const std::vector<MaskedShardAttention> shards =
+        MaskedStagedShards(lay_, stage_k_.data(), stage_v_.data(), gk.data(), gv.data(), e);
+    FLASHCP_RETURN_IF_ERROR(MaskedAttentionBackwardCpu(shape_, lay_.block_size, shards, rows_, q_,
+                                                       o_, lse_, dout.data(), dq.data(), pool));
+  } else {
+    const std::vector<DocAttention> docs =
+        Docs(absl::MakeConstSpan(k_, rows_ * e), absl::MakeConstSpan(v_, rows_ * e), dk, dv,
+             absl::MakeSpan(gk), absl::MakeSpan(gv));
+    FLASHCP_RETURN_IF_ERROR(AttentionBackwardCpu(shape_, docs, rows_, q_, o_, lse_, dout.data(),
+                                                 dq.data(), pool));
+  }
   // 2. Staged rows' gradients to where the rows came from: local rows, or
   // the receive buffer (reused as its own gradient, in the layout the KV
   // arrived in).

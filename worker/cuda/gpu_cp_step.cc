@@ -41,6 +41,10 @@ absl::StatusOr<std::unique_ptr<GpuCpRank>> GpuCpRank::Create(CpRankLayout plan,
     return absl::UnimplementedError(
         "scheme: all_to_all does not run on the GPU step yet (an NCCL all-to-all of heads, "
         "docs/gpu.md); the CPU engine runs it (worker/a2a_step.h)");
+  if (plan.block_size > 0)  // its kernels are the causal ones (docs/gpu.md)
+    return absl::UnimplementedError(
+        "attention_mask: the CUDA step does not compute block_diffusion yet; the CPU engine "
+        "(flashcp-cpstep, the worker with --device cpu, flashcp.torch on CPU tensors) does");
   if (comm.rank() != plan.rank || comm.size() != plan.size)
     return absl::InvalidArgumentError(absl::StrCat("communicator is rank ", comm.rank(), " of ",
                                                    comm.size(), ", plan is rank ", plan.rank,

@@ -108,6 +108,10 @@ class PlanView:
     # PlanResponse.planner_version ("" where not carried); not compared: the
     # same plan from two planner versions is the same plan.
     planner_version: str = dataclasses.field(default="", compare=False)
+    # The mask (docs/bdlm.md): "" and 0 for the causal document mask; under
+    # "block_diffusion" doc_lens lists the n noisy copies, then the n clean.
+    attention_mask: str = ""
+    block_size: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -119,7 +123,7 @@ class PlanView:
         it from the view's own fields, whatever the plan came from): 16 hex
         digits, PlanResponse.plan_hash of the same plan."""
         return native().plan_hash(list(self.doc_lens), self.cp_size, self.padding,
-                                  list(self.shards))
+                                  list(self.shards), block_size=self.block_size)
 
 
 def response_from_json(p: Any) -> planner_pb2.PlanResponse:
@@ -191,6 +195,7 @@ def plan_view(p: Any) -> PlanView:
                         imbalance=p.metrics.imbalance_ratio,
                         comm_saving=p.metrics.comm_saving_ratio,
                         targeted_saving=p.metrics.targeted_saving_ratio,
-                        planner_version=p.planner_version)
+                        planner_version=p.planner_version,
+                        attention_mask=p.attention_mask, block_size=p.block_size)
     raise ValueError(f"plan: expected a PlanResponse, its JSON or a PlanView, got "
                      f"{type(p).__name__}")

@@ -44,6 +44,9 @@ absl::StatusOr<std::unique_ptr<CudaShardAttention>> MakeCudaShardAttention(
     return absl::UnimplementedError(
         "scheme: all_to_all has no CUDA path yet (docs/gpu.md); pass CPU tensors");
   }
+  if (plan.block_size > 0)  // the shard kernels are the causal ones (docs/gpu.md)
+    return absl::UnimplementedError(
+        "attention_mask: the CUDA path does not compute block_diffusion yet; use CPU tensors");
   worker::cuda::ShardAttentionSpec spec;
   spec.heads_q = heads_q;
   spec.heads_kv = heads_kv;

@@ -45,6 +45,7 @@
 #include "proto/convert.h"
 #include "proto/plan_batch.h"
 #include "worker/attention_cpu.h"
+#include "worker/attention_masked_cpu.h"
 #include "worker/cp_layout.h"
 #include "worker/thread_pool.h"
 
@@ -248,9 +249,12 @@ py::bytes Int64Bytes(const std::vector<int64_t>& v) {
 using ShardTuple = std::tuple<int32_t, int64_t, int64_t, int32_t>;  // doc, start, len, rank
 using Segment = std::tuple<int32_t, int64_t, int64_t>;              // peer, first, rows
 
+// block_size > 0: a block-diffusion plan (core/mask.h) of that block size;
+// 0: the causal document mask.
 core::Plan MakePlan(const std::vector<int64_t>& doc_lens, int32_t cp_size, int64_t padding,
-                    const std::vector<ShardTuple>& shards) {
+                    const std::vector<ShardTuple>& shards, int64_t block_size = 0) {
   core::Plan plan;
+  if (block_size != 0) plan.mask = {core::MaskKind::kBlockDiffusion, block_size};
   plan.cp_size = cp_size;
   plan.doc_lens = doc_lens;
   plan.padding = padding;
@@ -266,8 +270,9 @@ core::Plan MakePlan(const std::vector<int64_t>& doc_lens, int32_t cp_size, int64
 class RankLayout {
  public:
   RankLayout(const std::vector<int64_t>& doc_lens, int32_t cp_size, int64_t padding,
-             const std::vector<ShardTuple>& shards, int32_t rank, const std::string& scheme) {
-    plan_ = MakePlan(doc_lens, cp_size, padding, shards);
+             const std::vector<ShardTuple>& shards, int32_t rank, const std::string& scheme,
+             int64_t block_size) {
+    plan_ = MakePlan(doc_lens, cp_size, padding, shards, block_size);
     Check(core::ValidatePlan(plan_));
     const core::CommScheme s = ValueOrRaise(core::ParseCommScheme(scheme));
     layout_ = ValueOrRaise(core::BuildCommLayout(plan_));
@@ -365,6 +370,7 @@ class CpuAttention {
                                                     ", scale ", scale, " (each must be positive)")));
     }
     const worker::CpRankLayout& p = layout.rank_plan();
+    if (p.block_size > 0) masked_ = p;  // block diffusion: the masked kernel on staged rows
     rows_ = worker::AttentionRows(p);  // all_to_all: the head-parallel rows
     stage_rows_ = static_cast<int64_t>(p.stage_src.size());
     for (size_t i = 0; i < p.whole_start.size(); ++i) {
@@ -381,9 +387,15 @@ class CpuAttention {
 
   void Forward(Buf q, Buf k, Buf v, Buf ks, Buf vs, Buf o, Buf lse) {
     CheckForwardBuffers(q, k, v, ks, vs, o, lse);
-    const std::vector<worker::DocAttention> docs = Docs(k, v, ks, vs, {}, {}, {}, {});
     absl::Status st;
-    {
+    if (masked_.block_size > 0) {
+      const std::vector<worker::MaskedShardAttention> shards =
+          worker::MaskedStagedShards(masked_, F(ks), F(vs), nullptr, nullptr, RowFloats());
+      py::gil_scoped_release release;
+      st = worker::MaskedAttentionForwardCpu(shape_, masked_.block_size, shards, rows_, F(q),
+                                             F(o), F(lse), *pool_);
+    } else {
+      const std::vector<worker::DocAttention> docs = Docs(k, v, ks, vs, {}, {}, {}, {});
       py::gil_scoped_release release;
       st = worker::AttentionForwardCpu(shape_, docs, rows_, F(q), F(o), F(lse), *pool_);
     }
@@ -402,9 +414,15 @@ class CpuAttention {
     CheckRows("dv", dv, rows_);
     CheckRows("dk_stage", dks, stage_rows_);
     CheckRows("dv_stage", dvs, stage_rows_);
-    const std::vector<worker::DocAttention> docs = Docs(k, v, ks, vs, dk, dv, dks, dvs);
     absl::Status st;
-    {
+    if (masked_.block_size > 0) {
+      const std::vector<worker::MaskedShardAttention> shards =
+          worker::MaskedStagedShards(masked_, F(ks), F(vs), F(dks), F(dvs), RowFloats());
+      py::gil_scoped_release release;
+      st = worker::MaskedAttentionBackwardCpu(shape_, masked_.block_size, shards, rows_, F(q),
+                                              F(o), F(lse), F(dout), F(dq), *pool_);
+    } else {
+      const std::vector<worker::DocAttention> docs = Docs(k, v, ks, vs, dk, dv, dks, dvs);
       py::gil_scoped_release release;
       st = worker::AttentionBackwardCpu(shape_, docs, rows_, F(q), F(o), F(lse), F(dout), F(dq),
                                         *pool_);
@@ -464,6 +482,7 @@ class CpuAttention {
 
   worker::AttentionShape shape_;
   std::unique_ptr<worker::ThreadPool> pool_;
+  worker::CpRankLayout masked_;  // block_size 0 unless the plan is block diffusion
   int64_t rows_ = 0, stage_rows_ = 0;
   std::vector<Whole> whole_;
   std::vector<Prefixed> prefix_;
@@ -581,11 +600,12 @@ PYBIND11_MODULE(_flashcp_native, m) {
   m.def(
       "plan_hash",
       [](const std::vector<int64_t>& doc_lens, int32_t cp_size, int64_t padding,
-         const std::vector<flashcp::python::ShardTuple>& shards) {
-        return flashcp::core::PlanHashHex(
-            flashcp::core::PlanHash(flashcp::python::MakePlan(doc_lens, cp_size, padding, shards)));
+         const std::vector<flashcp::python::ShardTuple>& shards, int64_t block_size) {
+        return flashcp::core::PlanHashHex(flashcp::core::PlanHash(
+            flashcp::python::MakePlan(doc_lens, cp_size, padding, shards, block_size)));
       },
       py::arg("doc_lens"), py::arg("cp_size"), py::arg("padding"), py::arg("shards"),
+      py::arg("block_size") = 0,
       "core::PlanHash as PlanResponse.plan_hash writes it (16 hex digits); shards as "
       "(doc, start, len, rank)");
   m.attr("planner_version") = std::string(flashcp::core::PlannerVersion());
@@ -655,9 +675,10 @@ m.def("plan_pipeline", &flashcp::python::PlanPipeline, py::arg("doc_lens"), py::
         "Per stage, one pipeline's 1F1B op order as (chunk, backward) pairs");
   py::class_<RankLayout>(m, "RankLayout")
       .def(py::init<const std::vector<int64_t>&, int32_t, int64_t,
-                    const std::vector<flashcp::python::ShardTuple>&, int32_t, const std::string&>(),
+                    const std::vector<flashcp::python::ShardTuple>&, int32_t, const std::string&,
+                    int64_t>(),
            py::arg("doc_lens"), py::arg("cp_size"), py::arg("padding"), py::arg("shards"),
-           py::arg("rank"), py::arg("scheme"))
+           py::arg("rank"), py::arg("scheme"), py::arg("block_size") = 0)
       .def_property_readonly("rank", &RankLayout::rank)
       .def_property_readonly("size", &RankLayout::size)
       .def_property_readonly("local_rows", &RankLayout::local_rows)

@@ -179,6 +179,13 @@ class CpContext:
     (C/N), real_rows (this rank's real tokens), total_tokens (real tokens of
     the batch), padding, plan_hash (this plan's, core/plan_hash.h).
 
+    Block diffusion (a plan with attention_mask "block_diffusion",
+    docs/bdlm.md): the global sequence is the 2C rows [noisy ; clean]
+    (total_tokens is 2C; dispatch refuses any other row count, naming both);
+    block_size is b, and per local row is_noisy (bool) and block_index
+    (position // b, int64) say what the row is; both None under the causal
+    mask. cu_seqlens_k and max_seqlen_k describe the causal mask only.
+
     Before anything else runs on the group, the ranks compare plan_hash (one
     all_gather of 8 bytes a rank, after every local check): where they hold
     different plans, every rank raises PlanMismatchError naming the ranks
@@ -205,7 +212,12 @@ class CpContext:
         if mine != rank:
             raise ValueError(f"CpContext: rank {rank} given, but this process is rank {mine} "
                              "of the group")
-        if doc_lens is not None and tuple(int(x) for x in doc_lens) != self.plan.doc_lens:
+        # Under block diffusion the plan lists 2n documents (n noisy copies,
+        # then the n clean): the batch's n documents name it as well.
+        plan_docs = {self.plan.doc_lens}
+        if self.plan.block_size:
+            plan_docs.add(self.plan.doc_lens[:len(self.plan.doc_lens) // 2])
+        if doc_lens is not None and tuple(int(x) for x in doc_lens) not in plan_docs:
             raise ValueError(f"CpContext: the plan is for documents {_short(self.plan.doc_lens)}, "
                              f"the batch has {_short(doc_lens)}")
         self.rank = rank
@@ -220,8 +232,10 @@ class CpContext:
         # gloo moves CPU tensors only: the exchange of CUDA tensors over a gloo
         # group goes through host copies (NCCL takes them as they are).
         self.host_staged = (n > 1 and dist.get_backend(self.group) == "gloo")
+        self.block_size = int(self.plan.block_size)  # 0: the causal document mask
         lay = native().RankLayout(list(self.plan.doc_lens), n, self.plan.padding,
-                                  list(self.plan.shards), rank, "targeted")  # core::ValidatePlan
+                                  list(self.plan.shards), rank, "targeted",
+                                  block_size=self.block_size)  # core::ValidatePlan
         self.local_rows = lay.local_rows
         self.total_tokens = lay.total_tokens
         self.padding = self.plan.padding
@@ -230,6 +244,18 @@ class CpContext:
         segs = lay.segments()  # (first local row, start in document, len, doc)
         self.real_rows = sum(s[2] for s in segs)
         self.position_ids = _int64(lay.positions())
+        # Block diffusion: per local row, whether it is a noisy token and its
+        # block (position // block_size); False and 0 on the padding row.
+        # None under the causal document mask.
+        self.is_noisy: Optional[torch.Tensor] = None
+        self.block_index: Optional[torch.Tensor] = None
+        if self.block_size:
+            half = len(self.plan.doc_lens) // 2  # plan documents [0, half) are noisy copies
+            self.is_noisy = torch.zeros(self.local_rows, dtype=torch.bool)
+            for first, _, length, doc in segs:
+                self.is_noisy[first:first + length] = doc < half
+            self.block_index = torch.div(self.position_ids, self.block_size,
+                                         rounding_mode="floor")
         q = [0]
         k = [0]
         for _, start, length, _ in segs:
@@ -276,7 +302,8 @@ class CpContext:
         if lay is None:
             lay = SchemeLayout(native().RankLayout(list(self.plan.doc_lens), self.size,
                                                    self.plan.padding, list(self.plan.shards),
-                                                   self.rank, scheme), self.local_rows)
+                                                   self.rank, scheme,
+                                                   block_size=self.block_size), self.local_rows)
             self._layouts[scheme] = lay
         return lay
 
@@ -329,6 +356,10 @@ class CpContext:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         c = self.total_tokens + self.padding
+        if self.block_size and (x.dim() < 1 or x.shape[0] not in (self.total_tokens, c)):
+            raise ValueError(f"{name}: {x.shape[0] if x.dim() else 0} rows; a block_diffusion "
+                             f"step's input is [noisy ; clean], 2C = {self.total_tokens} rows "
+                             f"(C = {self.total_tokens // 2}), or {c} with the padding")
         if x.dim() < 1 or x.shape[0] not in (self.total_tokens, c):
             raise ValueError(f"{name}: {tuple(x.shape)}; the plan is for {self.total_tokens} "
                              f"tokens (+{self.padding} padding): the first dimension must be "
