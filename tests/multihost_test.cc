@@ -168,6 +168,8 @@ TEST_P(MultiHostTest, LauncherPodsFormAGroupWithThePodIp) {
                           "FLASHCP_RENDEZVOUS=" + rendezvous_address_,
                           "FLASHCP_GLOO_HOST=" + NetnsLab::Address(host),
                           "NCCL_SOCKET_IFNAME=eth0",  // the h100 overlay's setting
+                          // One secret for all pods, as deploy/k8s's Secret gives them.
+                          "FLASHCP_JOB_SECRET=multihost-test-job",
                           absl::StrCat("FLASHCP_WORKER=", FLASHCP_WORKER_BIN),
                           "/bin/bash", FLASHCP_LAUNCHER,
                           "--context", "2048", "--heads", "1", "--head_dim", "16",
@@ -184,7 +186,7 @@ TEST_P(MultiHostTest, LauncherPodsFormAGroupWithThePodIp) {
     EXPECT_EQ(*code, 0) << "pod " << pod << ": " << *out;
     EXPECT_THAT(*out, HasSubstr(absl::StrCat("gloo host ", NetnsLab::Address(kFirstRankHost + pod),
                                              ", rendezvous ", rendezvous_address_,
-                                             ", NCCL_SOCKET_IFNAME=eth0")));
+                                             ", job secret given, NCCL_SOCKET_IFNAME=eth0")));
     // The interface NCCL is told to use is the one that carries the pod IP.
     absl::StatusOr<std::string> ip = NetnsLab::IpBinary();
     ASSERT_THAT(ip, IsOk());
