@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/mask_rule.h"
 #include "core/types.h"
 
 namespace flashcp::core {
@@ -92,15 +93,8 @@ struct DocRange {
 //    clean copy (block-causal: a cut clean block needs its later tokens too).
 void AppendNeededKv(const Plan& plan, const Shard& s, std::vector<DocRange>& out);
 
-// Whether a query sees a key under block diffusion with block size b (>= 1),
-// both of one document at positions q_pos and k_pos within it (the table
-// above). The one statement of the rule the kernels evaluate per pair.
-inline bool BlockDiffusionSees(int64_t b, bool q_noisy, int64_t q_pos, bool k_noisy,
-                               int64_t k_pos) {
-  const int64_t j = q_pos / b, k = k_pos / b;
-  if (q_noisy) return k_noisy ? k == j : k < j;
-  return !k_noisy && k <= j;
-}
+// BlockDiffusionSees(b, q_noisy, q_pos, k_noisy, k_pos), the per-pair rule
+// the kernels evaluate: core/mask_rule.h (usable from CUDA device code).
 
 // Calls f(dest, shard, begin, end) for every part [begin, end) (document
 // positions) of a shard owned by a rank other than `dest` that dest's

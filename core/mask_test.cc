@@ -257,3 +257,19 @@ TEST(MaskTest, MakePlanRejectsBadMasks) {
 
 }  // namespace
 }  // namespace flashcp::core
+
+namespace flashcp::core {
+namespace {
+
+// core/mask_rule.h is constexpr (and __host__ __device__ under nvcc): the
+// CUDA kernels evaluate this very function. The table of core/mask.h, b = 4.
+static_assert(BlockDiffusionSees(4, true, 5, true, 7));    // noisy q, own noisy block
+static_assert(!BlockDiffusionSees(4, true, 5, true, 3));   // noisy q, earlier noisy block
+static_assert(BlockDiffusionSees(4, true, 5, false, 3));   // noisy q, earlier clean block
+static_assert(!BlockDiffusionSees(4, true, 5, false, 4));  // noisy q, own clean block
+static_assert(!BlockDiffusionSees(4, false, 5, true, 5));  // clean q never sees noisy
+static_assert(BlockDiffusionSees(4, false, 5, false, 7));  // clean q, own clean block
+static_assert(!BlockDiffusionSees(4, false, 5, false, 8)); // clean q, later clean block
+
+}  // namespace
+}  // namespace flashcp::core

@@ -11,11 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
+#include "core/mask.h"
 #include "worker/attention_reference.h"
 #include "worker/cuda/attention_kernels.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/cudnn_attention.h"
 #include "worker/cuda/device_communicator.h"
+#include "worker/mask_reference.h"
 
 namespace flashcp::worker::cuda {
 namespace {
@@ -121,9 +123,13 @@ worker::AttentionShape RefShape(const AttentionShape& s) {
 struct RefOut {
   std::vector<float> o, lse, dq, dk, dv;
 };
+// Under block diffusion (mask.block_size > 0) `docs` are the plan's 2n
+// documents [noisy copies ; clean copies] and the oracle is
+// worker/mask_reference.h over the first n lengths.
 absl::StatusOr<RefOut> Reference(const AttentionShape& shape, const std::vector<int64_t>& docs,
                                  const std::vector<float>& q, const std::vector<float>& k,
-                                 const std::vector<float>& v, const std::vector<float>& dout) {
+                                 const std::vector<float>& v, const std::vector<float>& dout,
+                                 const core::AttentionMask& mask = {}) {
   int64_t rows = 0;
   for (int64_t d : docs) rows += d;
   const int hq = shape.heads_q, hkv = shape.heads_kv, d = shape.head_dim;
@@ -135,6 +141,17 @@ absl::StatusOr<RefOut> Reference(const AttentionShape& shape, const std::vector<
   r.dq.resize(rows * hq * d);
   std::vector<float> dke(rows * hq * d), dve(rows * hq * d);
   const worker::AttentionShape rs = RefShape(shape);
+  if (core::IsBlockDiffusion(mask)) {
+    const std::vector<int64_t> lens(docs.begin(), docs.begin() + docs.size() / 2);
+    FLASHCP_RETURN_IF_ERROR(worker::BlockDiffusionReferenceForward(
+        rs, lens, mask.block_size, q, ke, ve, absl::MakeSpan(r.o), absl::MakeSpan(r.lse)));
+    FLASHCP_RETURN_IF_ERROR(worker::BlockDiffusionReferenceBackward(
+        rs, lens, mask.block_size, q, ke, ve, dout, absl::MakeSpan(r.dq), absl::MakeSpan(dke),
+        absl::MakeSpan(dve)));
+    r.dk = SumHeads(dke, rows, hq, hkv, d);
+    r.dv = SumHeads(dve, rows, hq, hkv, d);
+    return r;
+  }
   FLASHCP_RETURN_IF_ERROR(worker::ReferenceForward(rs, docs, q, ke, ve, absl::MakeSpan(r.o),
                                                    absl::MakeSpan(r.lse)));
   // The kernels store O in bf16 and compute D = dout . O from it: so does the
@@ -399,13 +416,14 @@ absl::StatusOr<CpCheck> RunCpCheck(const core::Plan& plan, const CpCheckOptions&
 
   RefOut ref;
   CpReferenceCache* cache = options.reference_cache;
-  if (cache != nullptr && cache->docs == plan.doc_lens && cache->seed == options.seed &&
+  if (cache != nullptr && cache->docs == plan.doc_lens && cache->mask == plan.mask &&
+      cache->seed == options.seed &&
       cache->heads_q == hq && cache->heads_kv == hkv && cache->head_dim == d) {
     ref = RefOut{cache->o, cache->lse, cache->dq, cache->dk, cache->dv};
   } else {
-    FLASHCP_ASSIGN_OR_RETURN(ref, Reference(shape, plan.doc_lens, q, k, v, dout));
+    FLASHCP_ASSIGN_OR_RETURN(ref, Reference(shape, plan.doc_lens, q, k, v, dout, plan.mask));
     if (cache != nullptr)
-      *cache = CpReferenceCache{plan.doc_lens, options.seed, hq, hkv, d,
+      *cache = CpReferenceCache{plan.doc_lens, plan.mask, options.seed, hq, hkv, d,
                                 ref.o, ref.lse, ref.dq, ref.dk, ref.dv};
   }
   // Gather in global order; padding rows must hold exact zeros.

@@ -69,6 +69,7 @@ enum class AttentionBackend { kCudnn, kPlain };
 // the slow part of a check; strategies, schemes and backends share it).
 struct CpReferenceCache {
   std::vector<int64_t> docs;
+  core::AttentionMask mask;  // the plan's; block diffusion uses mask_reference.h
   uint64_t seed = 0;
   int32_t heads_q = 0, heads_kv = 0, head_dim = 0;
   std::vector<float> o, lse, dq, dk, dv;
@@ -93,7 +94,8 @@ struct CpCheck {
   bool ok() const;
 };
 
-// The whole CP step for `plan`: N ranks as threads on one GPU through a
+// The whole CP step for `plan` (under plan.mask: the causal oracle, or the
+// block-diffusion one, worker/mask_reference.h): N ranks as threads on one GPU through a
 // DeviceLocalGroup, each a GpuCpRank on its own streams; O, LSE, dQ, dK, dV
 // gathered from all ranks against the reference over the packed batch, and
 // the bytes each rank moved against the analysis (KV heads, bf16). The ranks

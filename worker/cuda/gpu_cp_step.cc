@@ -7,6 +7,7 @@
 #include "core/status_macros.h"
 #include "worker/cuda/comm_kernels.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/masked_attention_kernels.h"
 
 namespace flashcp::worker::cuda {
 namespace {
@@ -41,10 +42,9 @@ absl::StatusOr<std::unique_ptr<GpuCpRank>> GpuCpRank::Create(CpRankLayout plan,
     return absl::UnimplementedError(
         "scheme: all_to_all does not run on the GPU step yet (an NCCL all-to-all of heads, "
         "docs/gpu.md); the CPU engine runs it (worker/a2a_step.h)");
-  if (plan.block_size > 0)  // its kernels are the causal ones (docs/gpu.md)
-    return absl::UnimplementedError(
-        "attention_mask: the CUDA step does not compute block_diffusion yet; the CPU engine "
-        "(flashcp-cpstep, the worker with --device cpu, flashcp.torch on CPU tensors) does");
+  if (plan.block_size > 0 && !plan.whole_len.empty())  // cp_layout.h: none is whole
+    return absl::InvalidArgumentError(absl::StrCat(
+        "whole_len: a block-diffusion layout has no whole shards, got ", plan.whole_len.size()));
   if (comm.rank() != plan.rank || comm.size() != plan.size)
     return absl::InvalidArgumentError(absl::StrCat("communicator is rank ", comm.rank(), " of ",
                                                    comm.size(), ", plan is rank ", plan.rank,
@@ -69,7 +69,12 @@ absl::Status GpuCpRank::Init() {
                                            plan_.whole_len, shape_, compute_));
     whole_.emplace(std::move(b));
   }
-  if (!plan_.prefix_q_len.empty()) {
+  if (plan_.block_size > 0) {
+    FLASHCP_ASSIGN_OR_RETURN(MaskedBatch m, MaskedBatch::Create(plan_, compute_));
+    masked_.emplace(std::move(m));
+    FLASHCP_ASSIGN_OR_RETURN(masked_delta_,
+                             DeviceBuffer<float>::Allocate(plan_.local_rows * shape_.heads_q));
+  } else if (!plan_.prefix_q_len.empty()) {
     std::vector<int64_t> kv_start;
     int64_t at = 0;
     for (int32_t len : plan_.prefix_kv_len) {
@@ -162,7 +167,10 @@ absl::Status GpuCpRank::Forward(const bf16* q, const bf16* k, const bf16* v, bf1
   FLASHCP_RETURN_IF_ERROR(LaunchStageKv(k, v, recv_.data(), d_stage_src_.data(), stage_rows, width_,
                                         stage_k_.data(), stage_v_.data(), compute_));
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_[2].get(), compute_), ctx, ": event");
-  if (prefix_)
+  if (masked_)
+    FLASHCP_RETURN_IF_ERROR(LaunchMaskedAttentionForward(shape_, masked_->tables(), q, stage_k_.data(),
+                                                         stage_v_.data(), o, lse, compute_));
+  else if (prefix_)
     FLASHCP_RETURN_IF_ERROR(
         attention_.Forward(*prefix_, {q, stage_k_.data(), stage_v_.data(), o, lse}, compute_));
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_[3].get(), compute_), ctx, ": event");
@@ -186,7 +194,11 @@ absl::Status GpuCpRank::Backward(const bf16* dout, bf16* dq, bf16* dk, bf16* dv)
     FLASHCP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ret_.data(), 0, ret_.bytes(), compute_), ctx, ": zero");
   // 1. Prefixed shards: their gradients of remote rows are what travels.
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_[4].get(), compute_), ctx, ": event");
-  if (prefix_)
+  if (masked_)
+    FLASHCP_RETURN_IF_ERROR(LaunchMaskedAttentionBackward(
+        shape_, masked_->tables(), q_, stage_k_.data(), stage_v_.data(), o_, lse_, dout, masked_delta_.data(),
+        dq, gstage_k_.data(), gstage_v_.data(), compute_));
+  else if (prefix_)
     FLASHCP_RETURN_IF_ERROR(attention_.Backward(
         *prefix_,
         {q_, stage_k_.data(), stage_v_.data(), o_, dout, lse_, dq, gstage_k_.data(), gstage_v_.data()},

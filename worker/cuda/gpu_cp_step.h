@@ -10,6 +10,9 @@
 // gradients of remote rows summed in fp32 and sent back as bf16 to their
 // owners while the whole documents' backward runs; each owner adds what comes
 // back in fp32, then rounds dK, dV to bf16 once.
+// Under block diffusion (plan.block_size > 0) every shard is prefixed and its
+// attention is the masked kernel pair (masked_attention_kernels.h, bf16
+// storage, fp32 arithmetic), not `attention`; the exchange is the same.
 //
 // Local tensors (device, row = token, C/N rows, padding rows at the end):
 //   q, o, dout, dq [rows][heads_q][D] bf16; k, v, dk, dv [rows][heads_kv][D]
@@ -31,6 +34,7 @@
 #include "worker/cp_layout.h"
 #include "worker/cuda/device_communicator.h"
 #include "worker/cuda/device_memory.h"
+#include "worker/cuda/masked_batch.h"
 
 namespace flashcp::worker::cuda {
 
@@ -78,6 +82,11 @@ class GpuCpRank {
   int64_t real_rows_ = 0;  // local rows the shards cover: [0, real_rows_)
 
   std::optional<VarlenBatch> whole_, prefix_;
+  // Block diffusion (plan_.block_size > 0): every shard is prefixed and runs
+  // the masked kernels (masked_attention_kernels.h) instead of `attention_`;
+  // masked_delta_ is their backward scratch (local_rows * heads_q).
+  std::optional<MaskedBatch> masked_;
+  DeviceBuffer<float> masked_delta_;
   DeviceBuffer<int64_t> d_pack_rows_, d_stage_src_, d_round_rows_;
   std::vector<std::pair<int64_t, int64_t>> rounds_;  // (first, count) in d_round_rows_
   DeviceBuffer<bf16> pack_, recv_, stage_k_, stage_v_, gstage_k_, gstage_v_, tmp_dk_, tmp_dv_;

@@ -1,10 +1,14 @@
 // The whole GPU CP step (ranks as threads on one GPU, device-local
 // communicator) against the CPU reference over the packed batch, for every
 // scheme and several strategies, with cuDNN and with the plain kernels; and
-// the bytes every rank moved equal the plan analysis's prediction.
+// the bytes every rank moved equal the plan analysis's prediction. Under the
+// block-diffusion mask: the masked kernels (masked_attention_kernels.h) in the
+// step against the fp64 block-diffusion oracle (worker/mask_reference.h, the
+// one the CPU engine's engine_mask_test checks against).
 #include <random>
 #include <vector>
 
+#include "core/mask.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -59,6 +63,48 @@ TEST(GpuCpStepTest, MatchesReferenceForEveryScheme) {
       }
     }
   }
+}
+
+TEST(GpuCpStepTest, MatchesReferenceUnderBlockDiffusion) {
+  FLASHCP_SKIP_WITHOUT_GPU();
+  // Short, long and one-token documents (2C = 220), as the CPU engine's test.
+  const std::vector<int64_t> docs = {1, 37, 3, 1, 50, 5, 1, 12};
+  int ran = 0;
+  for (int32_t n : {1, 2, 3, 4}) {
+    for (int64_t b : {1, 4, 16}) {
+      CpReferenceCache cache;
+      const uint64_t seed = std::random_device{}();
+      core::PlanOptions plan_options;
+      plan_options.attention_mask = {core::MaskKind::kBlockDiffusion, b};
+      for (core::Strategy strategy : core::AllStrategies()) {
+        if (!core::PlansMask(strategy, plan_options.attention_mask)) continue;
+        auto plan = core::MakePlan(strategy, core::Batch{docs, n}, plan_options);
+        // csbp refuses a batch with fewer blocks than ranks.
+        if (strategy == core::Strategy::kCsbp &&
+            plan.status().code() == absl::StatusCode::kFailedPrecondition)
+          continue;
+        ASSERT_THAT(plan, IsOk());
+        for (core::CommScheme scheme : core::kKvCommSchemes) {
+          CpCheckOptions options;
+          options.scheme = scheme;
+          options.shape = {.heads_q = 4, .heads_kv = 2, .head_dim = 64};
+          options.backend = AttentionBackend::kPlain;  // unused: the masked kernels run
+          options.seed = seed;
+          options.reference_cache = &cache;
+          SCOPED_TRACE(testing::Message() << core::StrategyName(strategy) << " "
+                                          << core::CommSchemeName(scheme) << " n=" << n
+                                          << " b=" << b << " seed=" << seed);
+          auto check = RunCpCheck(*plan, options);
+          ASSERT_THAT(check, IsOk());
+          EXPECT_TRUE(check->errors.ok()) << check->errors.ToString();
+          EXPECT_EQ(check->bytes_sent, check->predicted_sent);
+          EXPECT_EQ(check->bytes_received, check->predicted_received);
+          ++ran;
+        }
+      }
+    }
+  }
+  EXPECT_GE(ran, 4 * 3 * 3);
 }
 
 }  // namespace
