@@ -137,7 +137,8 @@ run_gtest worker_cuda_rank_backend_test 90
 run_gtest worker_cuda_cp_step_test 150 --gtest_filter='*BlockDiffusion*'
 # flashcp.torch's CUDA path (client/python/tests_torch/test_cuda.py: the
 # native module's cuDNN shard attention and attention() on one rank, against
-# the CPU path; test_nccl.py: attention() over NCCL, one process per GPU,
+# the CPU path, and attention() under block diffusion (the masked kernels)
+# at N = 1, 2, 4 over gloo; test_nccl.py: attention() over NCCL, one process per GPU,
 # skipped with fewer than 2 GPUs), on the image's python3 and PyTorch: only with a build here
 # (the carried build has no native module) and where python3 has pybind11,
 # pytest and what `import flashcp` needs (grpcio and flashcp_client's

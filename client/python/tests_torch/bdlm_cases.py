@@ -61,3 +61,25 @@ def attention_case(rank, n, spec):
 
 def attention_cases(rank, n, specs):
     return {key: attention_case(rank, n, spec) for key, spec in specs.items()}
+
+
+def cuda_attention_cases(rank, n, specs):
+    """test_cuda.py: per case, the CUDA path (bf16, the masked kernels through
+    the binding's CUDA hook) against the CPU path (fp32 on the same bf16
+    values) on this rank's rows: max abs error and the CPU result's max abs,
+    for O, dQ, dK, dV."""
+    out = {}
+    for key, spec in specs.items():
+        lens, plan, scheme = spec["doc_lens"], spec["plan"], spec["scheme"]
+        ctx = ft.CpContext(plan, rank, doc_lens=lens)
+        q, k, v, dout = (t.bfloat16().float() for t in inputs(lens, spec["heads"], spec["d"],
+                                                                spec["seed"]))
+        res = {}
+        for dev, dtype in (("cpu", torch.float32), ("cuda", torch.bfloat16)):
+            ql, kl, vl = (ft.dispatch(t, ctx).to(dev, dtype).requires_grad_() for t in (q, k, v))
+            o = ft.attention(ql, kl, vl, ctx, scheme=scheme)
+            o.backward(ft.dispatch(dout, ctx).to(dev, dtype))
+            res[dev] = [t.detach().float().cpu() for t in (o, ql.grad, kl.grad, vl.grad)]
+        out[key] = {"err": [float((a - b).abs().max()) for a, b in zip(res["cuda"], res["cpu"])],
+                    "ref": [float(b.abs().max()) for b in res["cpu"]]}
+    return out

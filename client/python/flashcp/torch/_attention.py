@@ -387,10 +387,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     if scheme not in SCHEMES:
         raise ValueError(f"scheme: {scheme!r}; expected one of {', '.join(SCHEMES)}")
     on_cuda = q.device.type == "cuda"
-    if on_cuda and ctx.block_size:
-        raise NotImplementedError(
-            "attention: the CUDA path does not compute attention_mask block_diffusion yet "
-            "(docs/gpu.md); pass CPU tensors")
     if scheme == "all_to_all":
         if ctx.block_size:
             raise NotImplementedError(
