@@ -27,7 +27,8 @@ __device__ __forceinline__ float Dot(const bf16* a, const bf16* b, int d) {
 }
 
 // Thread (i, h): query i of all shards, query head h. Online softmax in fp32.
-__global__ void MaskedForwardKernel(MaskedTables m, int64_t q_count, int hq, int hkv, int d, float scale,
+__global__ void MaskedForwardKernel(MaskedTables m, int64_t q_count, int hq, int hkv, int d,
+                                    float scale,
                                     const bf16* __restrict__ q, const bf16* __restrict__ sk,
                                     const bf16* __restrict__ sv, bf16* __restrict__ o,
                                     float* __restrict__ lse) {
@@ -45,7 +46,9 @@ __global__ void MaskedForwardKernel(MaskedTables m, int64_t q_count, int hq, int
   float mx = -INFINITY, l = 0.f;
   const int64_t first = m.shard_kv_first[s], len = m.shard_kv_len[s];
   for (int64_t j = first; j < first + len; ++j) {
-    if (!core::BlockDiffusionSees(m.block_size, noisy, pos, m.stage_noisy[j] != 0, m.stage_pos[j])) continue;
+    if (!core::BlockDiffusionSees(m.block_size, noisy, pos, m.stage_noisy[j] != 0,
+                                  m.stage_pos[j]))
+      continue;
     const float sc = scale * Dot(qi, sk + (j * hkv + hk) * d, d);
     const float nm = fmaxf(mx, sc);
     const float corr = expf(mx - nm), p = expf(sc - nm);
@@ -62,7 +65,8 @@ __global__ void MaskedForwardKernel(MaskedTables m, int64_t q_count, int hq, int
 
 // Thread (i, h): dQ of query i, head h; also writes delta = dO . O (from
 // the stored bf16 O) for the dK/dV kernel.
-__global__ void MaskedDqKernel(MaskedTables m, int64_t q_count, int hq, int hkv, int d, float scale,
+__global__ void MaskedDqKernel(MaskedTables m, int64_t q_count, int hq, int hkv, int d,
+                               float scale,
                                const bf16* __restrict__ q, const bf16* __restrict__ sk,
                                const bf16* __restrict__ sv, const bf16* __restrict__ o,
                                const float* __restrict__ lse, const bf16* __restrict__ dout,
@@ -84,7 +88,9 @@ __global__ void MaskedDqKernel(MaskedTables m, int64_t q_count, int hq, int hkv,
   for (int x = 0; x < d; ++x) acc[x] = 0.f;
   const int64_t first = m.shard_kv_first[s], len = m.shard_kv_len[s];
   for (int64_t j = first; j < first + len; ++j) {
-    if (!core::BlockDiffusionSees(m.block_size, noisy, pos, m.stage_noisy[j] != 0, m.stage_pos[j])) continue;
+    if (!core::BlockDiffusionSees(m.block_size, noisy, pos, m.stage_noisy[j] != 0,
+                                  m.stage_pos[j]))
+      continue;
     const bf16* kj = sk + (j * hkv + hk) * d;
     const float p = expf(scale * Dot(qi, kj, d) - l);
     const float ds = p * (Dot(doi, sv + (j * hkv + hk) * d, d) - dl);
@@ -97,7 +103,8 @@ __global__ void MaskedDqKernel(MaskedTables m, int64_t q_count, int hq, int hkv,
 // Thread (r, hk): dK, dV of staged row r, KV head hk, summed over the query
 // heads of its group and every query of its shard that sees it. Staged rows
 // are per shard, so each is written by exactly one thread (no atomics).
-__global__ void MaskedDkvKernel(MaskedTables m, int64_t stage_rows, int hq, int hkv, int d, float scale,
+__global__ void MaskedDkvKernel(MaskedTables m, int64_t stage_rows, int hq, int hkv, int d,
+                                float scale,
                                 const bf16* __restrict__ q, const bf16* __restrict__ sk,
                                 const bf16* __restrict__ sv, const float* __restrict__ lse,
                                 const bf16* __restrict__ dout, const float* __restrict__ delta,
