@@ -10,43 +10,15 @@
 #include "core/rank_groups.h"
 #include "core/mask.h"
 #include "core/mask_layout.h"
+#include "core/internal/targeted_phase.h"
 #include "core/status_macros.h"
 
 namespace flashcp::core {
 namespace {
 
-// Shards grouped by document, each group sorted by start: a CSR table, so a
-// batch of a million documents costs two flat arrays, not a million vectors.
-struct DocIndex {
-  std::vector<int32_t> begin;   // size n_docs + 1; group of doc d is [begin[d], begin[d+1])
-  std::vector<int32_t> shards;  // shard indices
-};
-
-DocIndex IndexByDoc(const Plan& plan) {
-  const size_t n_docs = plan.doc_lens.size();
-  DocIndex index;
-  index.begin.assign(n_docs + 1, 0);
-  for (const Shard& s : plan.shards) ++index.begin[s.doc + 1];
-  std::partial_sum(index.begin.begin(), index.begin.end(), index.begin.begin());
-  index.shards.resize(plan.shards.size());
-  std::vector<int32_t> fill(index.begin.begin(), index.begin.end() - 1);
-  for (size_t i = 0; i < plan.shards.size(); ++i) {
-    index.shards[fill[plan.shards[i].doc]++] = static_cast<int32_t>(i);
-  }
-  // Most documents are whole (one shard) and many cut ones come in order:
-  // those need no sort.
-  const auto by_start = [&](int32_t a, int32_t b) {
-    return plan.shards[a].start < plan.shards[b].start;
-  };
-  for (size_t d = 0; d < n_docs; ++d) {
-    const auto first = index.shards.begin() + index.begin[d];
-    const auto last = index.shards.begin() + index.begin[d + 1];
-    if (last - first > 1 && !std::is_sorted(first, last, by_start)) {
-      std::sort(first, last, by_start);
-    }
-  }
-  return index;
-}
+using internal::DocIndex;
+using internal::IndexByDoc;
+using internal::TargetedPhase;
 
 absl::StatusOr<int64_t> CheckedBytes(absl::int128 value, absl::string_view what) {
   if (value > absl::int128(std::numeric_limits<int64_t>::max())) {
@@ -82,123 +54,6 @@ absl::Status FillSchemeBytes(const std::vector<int64_t>& phase_sent,
   FLASHCP_ASSIGN_OR_RETURN(p.bottleneck_bytes, CheckedBytes(kv * p.bottleneck_tokens, what));
   FLASHCP_ASSIGN_OR_RETURN(out.bottleneck, CheckedBytes(2 * kv * p.bottleneck_tokens, what));
   return absl::OkStatus();
-}
-
-// One phase's targeted tokens per rank (SPEC "Targeted exchange, per
-// phase"), from a valid plan's shards grouped by document.
-// With `inter` set, also the tokens sent to ranks on other nodes (node of
-// rank r: r / ranks_per_node; ranks_per_node 0: one node), summed over ranks;
-// with `pairs` set (N x N, zeroed by the caller), the tokens each rank sends
-// each other one, pairs[src * N + dest]; with `rank_inter` set (and
-// `inter`), per rank the tokens sent to ([0]) and received from ([1]) ranks
-// on other nodes.
-void TargetedPhase(const Plan& plan, const DocIndex& index, std::vector<int64_t>& fwd_sent,
-                   std::vector<int64_t>& fwd_recv, int32_t ranks_per_node = 0,
-                   int64_t* inter = nullptr, std::vector<int64_t>* pairs = nullptr,
-                   std::array<std::vector<int64_t>, 2>* rank_inter = nullptr) {
-  const int32_t n = plan.cp_size;
-  const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
-  std::vector<int32_t> node_distinct((n + per_node - 1) / per_node, 0);
-  if (inter != nullptr) *inter = 0;
-  std::vector<int64_t> node_tokens;  // per node: tokens of the pieces before the current one
-  if (rank_inter != nullptr) {
-    (*rank_inter)[0].assign(n, 0);
-    (*rank_inter)[1].assign(n, 0);
-    node_tokens.assign(node_distinct.size(), 0);
-  }
-  // Forward KV tokens each rank sends and receives under kTargeted, counted
-  // in O(pieces) per document: rank d receives every piece before its own last
-  // piece of the document that it does not own itself.
-  fwd_sent.assign(n, 0);
-  fwd_recv.assign(n, 0);
-  std::vector<int32_t> last_pos(n, -1);
-  // Capacity hints: at most n distinct owners per document, and usually at
-  // most two pieces per owner (a zigzag's), so the per-document buffers
-  // below are allocated once, not regrown document after document.
-  const size_t pieces_hint = 2 * static_cast<size_t>(n) + 1;
-  std::vector<int32_t> touched;
-  touched.reserve(n);
-  std::vector<int64_t> prefix_tokens;  // tokens of pieces [0, k)
-  prefix_tokens.reserve(pieces_hint);
-  std::vector<int64_t> own_before;     // per rank: its tokens among the pieces seen so far
-  own_before.assign(n, 0);
-  std::vector<int32_t> distinct_after;
-  distinct_after.reserve(pieces_hint);
-  std::vector<int32_t> later;  // distinct owners of the pieces after the current one
-  for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
-    const int32_t b = index.begin[d], e = index.begin[d + 1], count = e - b;
-    if (count <= 1 || n == 1) continue;
-    touched.clear();
-    for (int32_t k = 0; k < count; ++k) {
-      const int32_t r = plan.shards[index.shards[b + k]].rank;
-      if (last_pos[r] < 0) touched.push_back(r);
-      last_pos[r] = k;
-    }
-    // distinct_after[k]: distinct owners of pieces k+1..count-1.
-    distinct_after.assign(count, 0);
-    int32_t distinct = 0;
-    for (int32_t k = count - 1; k >= 0; --k) {
-      distinct_after[k] = distinct;
-      if (last_pos[plan.shards[index.shards[b + k]].rank] == k) ++distinct;
-    }
-    // Received by r: tokens of pieces before last_pos[r], minus r's own among them.
-    prefix_tokens.assign(count + 1, 0);
-    for (int32_t k = 0; k < count; ++k) {
-      prefix_tokens[k + 1] = prefix_tokens[k] + plan.shards[index.shards[b + k]].len;
-    }
-    for (int32_t k = 0; k < count; ++k) {
-      const Shard& s = plan.shards[index.shards[b + k]];
-      const bool owner_later = last_pos[s.rank] > k;
-      fwd_sent[s.rank] += s.len * (distinct_after[k] - (owner_later ? 1 : 0));
-      if (k < last_pos[s.rank]) own_before[s.rank] += s.len;
-    }
-    if (inter != nullptr) {
-      // Piece k goes to the distinct owners of later pieces but itself; of
-      // those, the ones outside its node: walk back, counting owners per node.
-      for (int32_t k = count - 1; k >= 0; --k) {
-        const Shard& s = plan.shards[index.shards[b + k]];
-        const int32_t node = s.rank / per_node;
-        const int32_t later_total = distinct_after[k];
-        const int32_t later_here = node_distinct[node];
-        const bool owner_later = last_pos[s.rank] > k;
-        // The owner's own later piece counts in both; the rest of its node's are intra.
-        const int64_t piece_inter = s.len * ((later_total - (owner_later ? 1 : 0)) -
-                                             (later_here - (owner_later ? 1 : 0)));
-        *inter += piece_inter;
-        if (rank_inter != nullptr) (*rank_inter)[0][s.rank] += piece_inter;
-        if (last_pos[s.rank] == k) ++node_distinct[node];
-      }
-      for (int32_t r : touched) node_distinct[r / per_node] = 0;
-      if (rank_inter != nullptr) {
-        // Rank r receives the pieces before its last one held off its node.
-        for (int32_t k = 0; k < count; ++k) {
-          const Shard& s = plan.shards[index.shards[b + k]];
-          const int32_t node = s.rank / per_node;
-          if (last_pos[s.rank] == k) {
-            (*rank_inter)[1][s.rank] += prefix_tokens[k] - node_tokens[node];
-          }
-          node_tokens[node] += s.len;
-        }
-        for (int32_t r : touched) node_tokens[r / per_node] = 0;
-      }
-    }
-    if (pairs != nullptr) {
-      // Piece k goes to each distinct owner of a later piece but its own.
-      later.clear();
-      for (int32_t k = count - 1; k >= 0; --k) {
-        const Shard& s = plan.shards[index.shards[b + k]];
-        for (int32_t dest : later) {
-          if (dest != s.rank) (*pairs)[static_cast<size_t>(s.rank) * n + dest] += s.len;
-        }
-        if (last_pos[s.rank] == k) later.push_back(s.rank);
-      }
-    }
-    for (int32_t r : touched) {
-      fwd_recv[r] += prefix_tokens[last_pos[r]] - own_before[r];
-      own_before[r] = 0;
-      last_pos[r] = -1;
-    }
-  }
 }
 
 }  // namespace
@@ -453,22 +308,19 @@ int64_t TargetedPhaseLowerBound(const Batch& batch, double max_workload) {
   return bound;
 }
 
-absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape,
-                                        int32_t ranks_per_node) {
-  FLASHCP_RETURN_IF_ERROR(ValidateModelShape(shape));
-  FLASHCP_RETURN_IF_ERROR(ValidateRanksPerNode(ranks_per_node));
-  FLASHCP_RETURN_IF_ERROR(ValidatePlan(plan));
-  const int32_t n = plan.cp_size;
-  const int64_t total = TotalTokens(plan.doc_lens);
-  PlanMetrics m;
-  m.tokens_per_rank = TokensPerRank(total, n);
-  m.padding = plan.padding;
-  m.rank_tokens.assign(n, 0);
-  m.rank_workload.assign(n, 0.0);
-  m.rank_nonlast_tokens.assign(n, 0);
-  m.rank_segments.assign(n, 0);
+namespace {
 
-  const DocIndex index = IndexByDoc(plan);
+// One phase's targeted traffic: tokens per rank, inter-node tokens (summed
+// and per rank: sent [0], received [1]) and, under block diffusion, the mask's.
+struct TargetedTraffic {
+  std::vector<int64_t> sent, recv;
+  int64_t inter = 0;
+  std::array<std::vector<int64_t>, 2> rank_inter;
+  MaskTraffic bd;  // block diffusion only
+};
+
+// Documents cut into several shards and the shortest such shard.
+void CountCutDocs(const Plan& plan, const DocIndex& index, PlanMetrics& m) {
   for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
     if (index.begin[d + 1] - index.begin[d] <= 1) continue;
     ++m.cut_docs;
@@ -477,36 +329,44 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
       if (m.min_cut_shard_len == 0 || len < m.min_cut_shard_len) m.min_cut_shard_len = len;
     }
   }
-  const bool bd = IsBlockDiffusion(plan.mask);
-  m.mask = plan.mask;
-  std::vector<int64_t> fwd_sent, fwd_recv;
-  int64_t targeted_inter = 0;
-  std::array<std::vector<int64_t>, 2> targeted_rank_inter;
-  MaskTraffic bd_traffic;  // block diffusion only
-  if (bd) {
-    bd_traffic = ComputeMaskTraffic(plan);
-    fwd_sent = bd_traffic.sent_tokens;
-    fwd_recv = bd_traffic.received_tokens;
-    const int32_t node_size = ranks_per_node <= 0 ? n : ranks_per_node;
-    targeted_rank_inter[0].assign(n, 0);
-    targeted_rank_inter[1].assign(n, 0);
-    for (int32_t a = 0; a < n; ++a) {
-      for (int32_t b = 0; b < n; ++b) {
-        if (a / node_size != b / node_size) {
-          const int64_t t = bd_traffic.pair_tokens[static_cast<size_t>(a) * n + b];
-          targeted_inter += t;
-          targeted_rank_inter[0][a] += t;
-          targeted_rank_inter[1][b] += t;
-        }
+}
+
+// The targeted traffic; under block diffusion also the mask's per-rank
+// fields of m (needed-elsewhere tokens, noisy tokens zeroed, cut noisy blocks).
+TargetedTraffic ComputeTargeted(const Plan& plan, const DocIndex& index, int32_t ranks_per_node,
+                                PlanMetrics& m) {
+  const int32_t n = plan.cp_size;
+  TargetedTraffic t;
+  if (!IsBlockDiffusion(plan.mask)) {
+    TargetedPhase(plan, index, t.sent, t.recv, ranks_per_node, &t.inter, nullptr, &t.rank_inter);
+    return t;
+  }
+  t.bd = ComputeMaskTraffic(plan);
+  t.sent = t.bd.sent_tokens;
+  t.recv = t.bd.received_tokens;
+  const int32_t node_size = ranks_per_node <= 0 ? n : ranks_per_node;
+  t.rank_inter[0].assign(n, 0);
+  t.rank_inter[1].assign(n, 0);
+  for (int32_t a = 0; a < n; ++a) {
+    for (int32_t b = 0; b < n; ++b) {
+      if (a / node_size != b / node_size) {
+        const int64_t tokens = t.bd.pair_tokens[static_cast<size_t>(a) * n + b];
+        t.inter += tokens;
+        t.rank_inter[0][a] += tokens;
+        t.rank_inter[1][b] += tokens;
       }
     }
-    m.rank_nonlast_tokens = bd_traffic.needed_elsewhere_tokens;
-    m.rank_noisy_tokens.assign(n, 0);
-    m.cut_noisy_blocks = CutNoisyBlocks(plan);
-  } else {
-    TargetedPhase(plan, index, fwd_sent, fwd_recv, ranks_per_node, &targeted_inter, nullptr,
-                  &targeted_rank_inter);
   }
+  m.rank_nonlast_tokens = t.bd.needed_elsewhere_tokens;
+  m.rank_noisy_tokens.assign(n, 0);
+  m.cut_noisy_blocks = CutNoisyBlocks(plan);
+  return t;
+}
+
+// Per-rank tokens, workload, segments and non-last (or, under block
+// diffusion, noisy) tokens, then the imbalance and the all-gather saving.
+void AccumulateRanks(const Plan& plan, const DocIndex& index, PlanMetrics& m) {
+  const bool bd = IsBlockDiffusion(plan.mask);
   std::vector<uint8_t> is_last(plan.shards.size(), 0);
   for (size_t d = 0; d < plan.doc_lens.size(); ++d) {
     is_last[index.shards[index.begin[d + 1] - 1]] = 1;
@@ -527,30 +387,36 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
     total_workload += w;
     max_workload = std::max(max_workload, w);
   }
-  m.imbalance = max_workload / (total_workload / n);
+  m.imbalance = max_workload / (total_workload / plan.cp_size);
   m.max_nonlast_tokens =
       *std::max_element(m.rank_nonlast_tokens.begin(), m.rank_nonlast_tokens.end());
   m.comm_saving = 1.0 - static_cast<double>(m.max_nonlast_tokens) /
                             static_cast<double>(m.tokens_per_rank);
+}
 
-  const absl::int128 per_token = absl::int128(shape.heads) * shape.head_dim * shape.dtype_bytes;
+// Bytes of full_kv, allgather and targeted, per rank and intra/inter-node.
+absl::Status FillGatherSchemes(int32_t n, int32_t ranks_per_node, absl::int128 per_token,
+                               const TargetedTraffic& t, PlanMetrics& m) {
+  SchemeBytes& full_kv = m.bytes[static_cast<int>(CommScheme::kFullKv)];
+  SchemeBytes& gather = m.bytes[static_cast<int>(CommScheme::kAllGather)];
+  SchemeBytes& targeted = m.bytes[static_cast<int>(CommScheme::kTargeted)];
   const int64_t peers = n - 1;
   std::vector<int64_t> full_tokens(n, m.tokens_per_rank * peers);
   std::vector<int64_t> gather_tokens(n, m.max_nonlast_tokens * peers);
-  FLASHCP_RETURN_IF_ERROR(FillSchemeBytes(full_tokens, full_tokens, per_token, "full_kv",
-                                          m.bytes[static_cast<int>(CommScheme::kFullKv)]));
-  FLASHCP_RETURN_IF_ERROR(FillSchemeBytes(gather_tokens, gather_tokens, per_token, "allgather",
-                                          m.bytes[static_cast<int>(CommScheme::kAllGather)]));
-  FLASHCP_RETURN_IF_ERROR(FillSchemeBytes(fwd_sent, fwd_recv, per_token, "targeted",
-                                          m.bytes[static_cast<int>(CommScheme::kTargeted)]));
+  FLASHCP_RETURN_IF_ERROR(FillSchemeBytes(full_tokens, full_tokens, per_token, "full_kv", full_kv));
+  FLASHCP_RETURN_IF_ERROR(
+      FillSchemeBytes(gather_tokens, gather_tokens, per_token, "allgather", gather));
+  FLASHCP_RETURN_IF_ERROR(FillSchemeBytes(t.sent, t.recv, per_token, "targeted", targeted));
   // Intra- and inter-node bytes of one phase: an all-gather sends every
   // rank's buffer to each peer, so per rank r (N - 1) copies, those to ranks
   // outside r's node inter-node.
   const int32_t per_node = ranks_per_node <= 0 ? n : ranks_per_node;
   int64_t inter_pairs = 0;  // ordered (sender, receiver) pairs on different nodes
+  std::vector<int64_t> off_node(n);
   for (int32_t r = 0; r < n; ++r) {
     const int32_t node_begin = r / per_node * per_node;
-    inter_pairs += n - (std::min(n, node_begin + per_node) - node_begin);
+    off_node[r] = n - (std::min(n, node_begin + per_node) - node_begin);
+    inter_pairs += off_node[r];
   }
   const absl::int128 all_pairs = absl::int128(n) * (n - 1);
   const auto split = [&](SchemeBytes& b, absl::int128 inter_tokens,
@@ -562,97 +428,120 @@ absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shap
                                           "intra-node"));
     return absl::OkStatus();
   };
-  FLASHCP_RETURN_IF_ERROR(split(m.bytes[static_cast<int>(CommScheme::kFullKv)],
-                                absl::int128(m.tokens_per_rank) * inter_pairs,
+  FLASHCP_RETURN_IF_ERROR(split(full_kv, absl::int128(m.tokens_per_rank) * inter_pairs,
                                 absl::int128(m.tokens_per_rank) * all_pairs));
-  FLASHCP_RETURN_IF_ERROR(split(m.bytes[static_cast<int>(CommScheme::kAllGather)],
-                                absl::int128(m.max_nonlast_tokens) * inter_pairs,
+  FLASHCP_RETURN_IF_ERROR(split(gather, absl::int128(m.max_nonlast_tokens) * inter_pairs,
                                 absl::int128(m.max_nonlast_tokens) * all_pairs));
   absl::int128 targeted_total = 0;
-  for (int64_t t : fwd_sent) targeted_total += t;
-  FLASHCP_RETURN_IF_ERROR(split(m.bytes[static_cast<int>(CommScheme::kTargeted)],
-                                targeted_inter, targeted_total));
+  for (int64_t tokens : t.sent) targeted_total += tokens;
+  FLASHCP_RETURN_IF_ERROR(split(targeted, t.inter, targeted_total));
   // Per rank and link: an all-gather block goes to each peer off the rank's
   // node (and one comes from each).
-  {
-    std::vector<int64_t> full_inter(n), gather_inter(n);
-    for (int32_t r = 0; r < n; ++r) {
-      const int32_t node_begin = r / per_node * per_node;
-      const int64_t off_node = n - (std::min(n, node_begin + per_node) - node_begin);
-      full_inter[r] = m.tokens_per_rank * off_node;
-      gather_inter[r] = m.max_nonlast_tokens * off_node;
-    }
-    const int64_t kv_row = static_cast<int64_t>(2 * per_token);
-    FLASHCP_RETURN_IF_ERROR(FillLinkSplit(full_inter, full_inter, kv_row,
-                                          m.bytes[static_cast<int>(CommScheme::kFullKv)].phase));
-    FLASHCP_RETURN_IF_ERROR(FillLinkSplit(
-        gather_inter, gather_inter, kv_row, m.bytes[static_cast<int>(CommScheme::kAllGather)].phase));
-    FLASHCP_RETURN_IF_ERROR(FillLinkSplit(targeted_rank_inter[0], targeted_rank_inter[1], kv_row,
-                                          m.bytes[static_cast<int>(CommScheme::kTargeted)].phase));
+  std::vector<int64_t> full_inter(n), gather_inter(n);
+  for (int32_t r = 0; r < n; ++r) {
+    full_inter[r] = m.tokens_per_rank * off_node[r];
+    gather_inter[r] = m.max_nonlast_tokens * off_node[r];
   }
-  // The all-to-all within the plan's rank groups, where every group's size
-  // divides Hq.
-  {
-    SchemeBytes& a2a = m.bytes[static_cast<int>(CommScheme::kAllToAll)];
-    // Under block diffusion a document's noisy and clean copies are two plan
-    // documents, so the plan's rank groups do not say which ranks a head
-    // split must span: the scheme is not offered there.
-    absl::StatusOr<AllToAllPhase> phase =
-        bd ? absl::StatusOr<AllToAllPhase>(absl::FailedPreconditionError(
-                 "attention_mask: the all-to-all scheme is not planned under block diffusion"))
-           : AllToAllTraffic(m.rank_tokens, PlanRankGroups(plan), shape, ranks_per_node);
-    if (phase.ok()) {
-      FLASHCP_RETURN_IF_ERROR(FillSchemeBytesFromUnits(
-          phase->sent, phase->received, phase->inter_sent, phase->inter_received,
-          int64_t{shape.head_dim} * shape.dtype_bytes, a2a));
-      m.all_to_all_replicated_kv_heads = phase->replicated_kv_heads;
-    } else if (phase.status().code() == absl::StatusCode::kFailedPrecondition) {
-      m.all_to_all_inapplicable = std::string(phase.status().message());
-      const std::vector<int64_t> zero(n, 0);
-      FLASHCP_RETURN_IF_ERROR(FillSchemeBytesFromUnits(zero, zero, zero, zero, 1, a2a));
-    } else {
-      return phase.status();
-    }
+  const int64_t kv_row = static_cast<int64_t>(2 * per_token);
+  FLASHCP_RETURN_IF_ERROR(FillLinkSplit(full_inter, full_inter, kv_row, full_kv.phase));
+  FLASHCP_RETURN_IF_ERROR(FillLinkSplit(gather_inter, gather_inter, kv_row, gather.phase));
+  return FillLinkSplit(t.rank_inter[0], t.rank_inter[1], kv_row, targeted.phase);
+}
+
+// The all-to-all within the plan's rank groups, where every group's size
+// divides Hq.
+absl::Status FillAllToAll(const Plan& plan, const ModelShape& shape, int32_t ranks_per_node,
+                          PlanMetrics& m) {
+  SchemeBytes& a2a = m.bytes[static_cast<int>(CommScheme::kAllToAll)];
+  // Under block diffusion a document's noisy and clean copies are two plan
+  // documents, so the plan's rank groups do not say which ranks a head
+  // split must span: the scheme is not offered there.
+  absl::StatusOr<AllToAllPhase> phase =
+      IsBlockDiffusion(plan.mask)
+          ? absl::StatusOr<AllToAllPhase>(absl::FailedPreconditionError(
+                "attention_mask: the all-to-all scheme is not planned under block diffusion"))
+          : AllToAllTraffic(m.rank_tokens, PlanRankGroups(plan), shape, ranks_per_node);
+  if (phase.ok()) {
+    FLASHCP_RETURN_IF_ERROR(FillSchemeBytesFromUnits(
+        phase->sent, phase->received, phase->inter_sent, phase->inter_received,
+        int64_t{shape.head_dim} * shape.dtype_bytes, a2a));
+    m.all_to_all_replicated_kv_heads = phase->replicated_kv_heads;
+    return absl::OkStatus();
   }
-  if (bd) {
-    // Clean and noisy K/V received per rank: an all-gather delivers every
-    // peer's buffer (full_kv: its tokens; allgather: its needed-elsewhere
-    // tokens), the targeted exchange the needed tokens.
-    std::vector<int64_t> clean(n), noisy(n), clean_buf(n), noisy_buf(n);
-    for (int32_t r = 0; r < n; ++r) {
-      clean[r] = m.rank_tokens[r] - m.rank_noisy_tokens[r];
-      noisy[r] = m.rank_noisy_tokens[r];
-      clean_buf[r] = bd_traffic.clean_needed_elsewhere_tokens[r];
-      noisy_buf[r] = bd_traffic.needed_elsewhere_tokens[r] - clean_buf[r];
-    }
-    const auto from_peers = [&](const std::vector<int64_t>& per_rank) {
-      const int64_t sum = std::accumulate(per_rank.begin(), per_rank.end(), int64_t{0});
-      std::vector<int64_t> out(n);
-      for (int32_t r = 0; r < n; ++r) out[r] = sum - per_rank[r];
-      return out;
-    };
-    const auto fill = [&](CommScheme scheme, std::vector<int64_t> clean_recv,
-                          std::vector<int64_t> noisy_recv) -> absl::Status {
-      PhaseTraffic& p = m.bytes[static_cast<int>(scheme)].phase;
-      const int64_t max_clean = *std::max_element(clean_recv.begin(), clean_recv.end());
-      const int64_t max_noisy = *std::max_element(noisy_recv.begin(), noisy_recv.end());
-      FLASHCP_ASSIGN_OR_RETURN(p.max_clean_received_bytes,
-                               CheckedBytes(2 * per_token * max_clean, "clean"));
-      FLASHCP_ASSIGN_OR_RETURN(p.max_noisy_received_bytes,
-                               CheckedBytes(2 * per_token * max_noisy, "noisy"));
-      p.clean_received_tokens = std::move(clean_recv);
-      p.noisy_received_tokens = std::move(noisy_recv);
-      return absl::OkStatus();
-    };
-    FLASHCP_RETURN_IF_ERROR(fill(CommScheme::kFullKv, from_peers(clean), from_peers(noisy)));
-    FLASHCP_RETURN_IF_ERROR(
-        fill(CommScheme::kAllGather, from_peers(clean_buf), from_peers(noisy_buf)));
-    std::vector<int64_t> targeted_noisy(n);
-    for (int32_t r = 0; r < n; ++r) {
-      targeted_noisy[r] = bd_traffic.received_tokens[r] - bd_traffic.clean_received_tokens[r];
-    }
-    FLASHCP_RETURN_IF_ERROR(
-        fill(CommScheme::kTargeted, bd_traffic.clean_received_tokens, targeted_noisy));
+  if (phase.status().code() != absl::StatusCode::kFailedPrecondition) return phase.status();
+  m.all_to_all_inapplicable = std::string(phase.status().message());
+  const std::vector<int64_t> zero(plan.cp_size, 0);
+  return FillSchemeBytesFromUnits(zero, zero, zero, zero, 1, a2a);
+}
+
+// Block diffusion: clean and noisy K/V received per rank. An all-gather
+// delivers every peer's buffer (full_kv: its tokens; allgather: its
+// needed-elsewhere tokens), the targeted exchange the needed tokens.
+absl::Status FillCleanNoisy(int32_t n, absl::int128 per_token, const MaskTraffic& bd,
+                            PlanMetrics& m) {
+  std::vector<int64_t> clean(n), noisy(n), clean_buf(n), noisy_buf(n);
+  for (int32_t r = 0; r < n; ++r) {
+    clean[r] = m.rank_tokens[r] - m.rank_noisy_tokens[r];
+    noisy[r] = m.rank_noisy_tokens[r];
+    clean_buf[r] = bd.clean_needed_elsewhere_tokens[r];
+    noisy_buf[r] = bd.needed_elsewhere_tokens[r] - clean_buf[r];
+  }
+  const auto from_peers = [&](const std::vector<int64_t>& per_rank) {
+    const int64_t sum = std::accumulate(per_rank.begin(), per_rank.end(), int64_t{0});
+    std::vector<int64_t> out(n);
+    for (int32_t r = 0; r < n; ++r) out[r] = sum - per_rank[r];
+    return out;
+  };
+  const auto fill = [&](CommScheme scheme, std::vector<int64_t> clean_recv,
+                        std::vector<int64_t> noisy_recv) -> absl::Status {
+    PhaseTraffic& p = m.bytes[static_cast<int>(scheme)].phase;
+    const int64_t max_clean = *std::max_element(clean_recv.begin(), clean_recv.end());
+    const int64_t max_noisy = *std::max_element(noisy_recv.begin(), noisy_recv.end());
+    FLASHCP_ASSIGN_OR_RETURN(p.max_clean_received_bytes,
+                             CheckedBytes(2 * per_token * max_clean, "clean"));
+    FLASHCP_ASSIGN_OR_RETURN(p.max_noisy_received_bytes,
+                             CheckedBytes(2 * per_token * max_noisy, "noisy"));
+    p.clean_received_tokens = std::move(clean_recv);
+    p.noisy_received_tokens = std::move(noisy_recv);
+    return absl::OkStatus();
+  };
+  FLASHCP_RETURN_IF_ERROR(fill(CommScheme::kFullKv, from_peers(clean), from_peers(noisy)));
+  FLASHCP_RETURN_IF_ERROR(
+      fill(CommScheme::kAllGather, from_peers(clean_buf), from_peers(noisy_buf)));
+  std::vector<int64_t> targeted_noisy(n);
+  for (int32_t r = 0; r < n; ++r) {
+    targeted_noisy[r] = bd.received_tokens[r] - bd.clean_received_tokens[r];
+  }
+  return fill(CommScheme::kTargeted, bd.clean_received_tokens, targeted_noisy);
+}
+
+}  // namespace
+
+absl::StatusOr<PlanMetrics> AnalyzePlan(const Plan& plan, const ModelShape& shape,
+                                        int32_t ranks_per_node) {
+  FLASHCP_RETURN_IF_ERROR(ValidateModelShape(shape));
+  FLASHCP_RETURN_IF_ERROR(ValidateRanksPerNode(ranks_per_node));
+  FLASHCP_RETURN_IF_ERROR(ValidatePlan(plan));
+  const int32_t n = plan.cp_size;
+  const int64_t total = TotalTokens(plan.doc_lens);
+  PlanMetrics m;
+  m.tokens_per_rank = TokensPerRank(total, n);
+  m.padding = plan.padding;
+  m.rank_tokens.assign(n, 0);
+  m.rank_workload.assign(n, 0.0);
+  m.rank_nonlast_tokens.assign(n, 0);
+  m.rank_segments.assign(n, 0);
+  m.mask = plan.mask;
+
+  const DocIndex index = IndexByDoc(plan);
+  CountCutDocs(plan, index, m);
+  const TargetedTraffic targeted_traffic = ComputeTargeted(plan, index, ranks_per_node, m);
+  AccumulateRanks(plan, index, m);
+  const absl::int128 per_token = absl::int128(shape.heads) * shape.head_dim * shape.dtype_bytes;
+  FLASHCP_RETURN_IF_ERROR(FillGatherSchemes(n, ranks_per_node, per_token, targeted_traffic, m));
+  FLASHCP_RETURN_IF_ERROR(FillAllToAll(plan, shape, ranks_per_node, m));
+  if (IsBlockDiffusion(plan.mask)) {
+    FLASHCP_RETURN_IF_ERROR(FillCleanNoisy(n, per_token, targeted_traffic.bd, m));
   }
   const int64_t full = m.bytes[static_cast<int>(CommScheme::kFullKv)].phase.bottleneck_tokens;
   const int64_t targeted =

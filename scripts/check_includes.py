@@ -43,7 +43,7 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 LAYERS = {
     0: ["strategies_internal", "flashcp_pieces", "flashcp_score", "flashcp_options",
-        "flashcp_tuning", "pipeline_internal"],
+        "flashcp_tuning", "pipeline_internal", "targeted_phase"],
     1: ["sliver_repair", "sliver_fix", "flashcp_slivers"],
     2: ["per_doc", "whole_doc_place", "flashcp_util", "recut", "whole_doc", "baselines", "magi", "basp",
         "bdlm", "bdlm_csbp", "bdlm_flashcp",

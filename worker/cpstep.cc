@@ -323,28 +323,12 @@ absl::Status ParseRankError(const std::string& text) {
   return absl::Status(static_cast<absl::StatusCode>(code), text.substr(nl + 1));
 }
 
-absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
-                                                     const StepConfig& config,
-                                                     const std::vector<std::string>& argv) {
-  const int32_t n = plan.cp_size;
-  const char* tmp = getenv("TMPDIR");
-  std::string tmpl = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/flashcp-cpstep-XXXXXX");
-  if (mkdtemp(tmpl.data()) == nullptr) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("mkdtemp ", tmpl));
-  }
-  const std::string dir = tmpl;
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{dir};
-  std::error_code ec;
-  std::filesystem::create_directory(dir + "/store", ec);
-  if (ec) return absl::ErrnoToStatus(ec.value(), absl::StrCat("mkdir ", dir, "/store"));
-  FLASHCP_RETURN_IF_ERROR(WriteFileAtomically(dir + "/plan.txt", PlanText(plan)));
+namespace {
 
+// Starts one process per rank (argv plus its rank and the shared dir); on a
+// failed fork kills and reaps those already started.
+absl::StatusOr<std::vector<pid_t>> SpawnRanks(const std::vector<std::string>& argv,
+                                              const std::string& dir, int32_t n) {
   std::vector<pid_t> pids(n, -1);
   for (int32_t r = 0; r < n; ++r) {
     std::vector<std::string> args = argv;
@@ -368,8 +352,14 @@ absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
     }
     pids[r] = pid;
   }
-  // Reap children; once one has failed, give the rest `timeout` to finish
-  // (their collectives fail by then), then kill what is left (hung ranks).
+  return pids;
+}
+
+// Reaps the children, returning each one's wait status; once one has failed,
+// gives the rest `timeout` to finish (their collectives fail by then), then
+// kills what is left (hung ranks).
+std::vector<int> ReapRanks(const std::vector<pid_t>& pids, absl::Duration timeout) {
+  const int32_t n = static_cast<int32_t>(pids.size());
   std::vector<int> wstatus(n, 0);
   std::vector<bool> done(n, false);
   int32_t remaining = n;
@@ -387,7 +377,7 @@ absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
       wstatus[r] = st;
       --remaining;
       if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && kill_at == absl::InfiniteFuture()) {
-        kill_at = absl::Now() + config.timeout;
+        kill_at = absl::Now() + timeout;
       }
     }
     if (reaped) continue;
@@ -399,29 +389,57 @@ absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
     }
     absl::SleepFor(absl::Milliseconds(5));  // polling interval of the reaper, not a wait for luck
   }
+  return wstatus;
+}
+
+// Rank r's result file when it exited 0, else the error it wrote or how it died.
+absl::StatusOr<RankResult> CollectRank(const std::string& dir, int32_t r, int st) {
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+    absl::StatusOr<std::string> data = core::ReadFile(kRankFile, RankPath(dir, r, "bin"));
+    return data.ok() ? ParseResult(*data, RankPath(dir, r, "bin")) : data.status();
+  }
+  absl::StatusOr<std::string> err = core::ReadFile(kRankFile, RankPath(dir, r, "err"));
+  if (err.ok()) return ParseRankError(*err);
+  if (WIFSIGNALED(st)) {
+    return absl::AbortedError(absl::StrCat("process killed by signal ", WTERMSIG(st)));
+  }
+  return absl::UnknownError(
+      absl::StrCat("process exited with status ", WEXITSTATUS(st), " and no error file"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RankResult>> RunProcesses(const core::Plan& plan,
+                                                     const StepConfig& config,
+                                                     const std::vector<std::string>& argv) {
+  const int32_t n = plan.cp_size;
+  const char* tmp = getenv("TMPDIR");
+  std::string tmpl = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/flashcp-cpstep-XXXXXX");
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("mkdtemp ", tmpl));
+  }
+  const std::string dir = tmpl;
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  std::error_code ec;
+  std::filesystem::create_directory(dir + "/store", ec);
+  if (ec) return absl::ErrnoToStatus(ec.value(), absl::StrCat("mkdir ", dir, "/store"));
+  FLASHCP_RETURN_IF_ERROR(WriteFileAtomically(dir + "/plan.txt", PlanText(plan)));
+  FLASHCP_ASSIGN_OR_RETURN(const std::vector<pid_t> pids, SpawnRanks(argv, dir, n));
+  const std::vector<int> wstatus = ReapRanks(pids, config.timeout);
   std::vector<absl::Status> statuses(n);
   std::vector<RankResult> results(n);
   for (int32_t r = 0; r < n; ++r) {
-    const int st = wstatus[r];
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-      absl::StatusOr<std::string> data = core::ReadFile(kRankFile, RankPath(dir, r, "bin"));
-      absl::StatusOr<RankResult> res =
-          data.ok() ? ParseResult(*data, RankPath(dir, r, "bin")) : data.status();
-      if (res.ok()) {
-        results[r] = *std::move(res);
-      } else {
-        statuses[r] = res.status();
-      }
-      continue;
-    }
-    absl::StatusOr<std::string> err = core::ReadFile(kRankFile, RankPath(dir, r, "err"));
-    if (err.ok()) {
-      statuses[r] = ParseRankError(*err);
-    } else if (WIFSIGNALED(st)) {
-      statuses[r] = absl::AbortedError(absl::StrCat("process killed by signal ", WTERMSIG(st)));
+    absl::StatusOr<RankResult> res = CollectRank(dir, r, wstatus[r]);
+    if (res.ok()) {
+      results[r] = *std::move(res);
     } else {
-      statuses[r] = absl::UnknownError(
-          absl::StrCat("process exited with status ", WEXITSTATUS(st), " and no error file"));
+      statuses[r] = res.status();
     }
   }
   FLASHCP_RETURN_IF_ERROR(Combine(statuses, config.fault.rank));

@@ -85,6 +85,26 @@ void PlanFeed::Watch() {
   if (fire) canceller_.Cancel();
 }
 
+namespace {
+
+// A broken stream worth reconnecting: the planner went away or the call ended.
+bool IsRetryable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled ||
+         s.code() == absl::StatusCode::kAborted;
+}
+
+client::PipelineOptions StreamOptions(int prefetch, client::PipelineCanceller* canceller) {
+  client::PipelineOptions options;
+  options.inflight = prefetch;
+  // No stream deadline: the watchdog (`timeout` without a plan) and the
+  // destructor end a stream through canceller_, whatever its length.
+  options.call.timeout = absl::InfiniteDuration();
+  options.canceller = canceller;
+  return options;
+}
+
+}  // namespace
+
 void PlanFeed::Loop() {
   int64_t delivered = 0;
   core::Backoff backoff;  // 100 ms doubling to 1 s
@@ -152,13 +172,8 @@ void PlanFeed::Loop() {
       ++delivered;
       waiting_since_ = clock_.Now();
     };
-    client::PipelineOptions options;
-    options.inflight = config_.prefetch;
-    // No stream deadline: the watchdog (`timeout` without a plan) and the
-    // destructor end a stream through canceller_, whatever its length.
-    options.call.timeout = absl::InfiniteDuration();
-    options.canceller = &canceller_;
-    const absl::Status s = client::PlanPipelined(*planner_, options, source, sink);
+    const absl::Status s =
+        client::PlanPipelined(*planner_, StreamOptions(config_.prefetch, &canceller_), source, sink);
     if (!source_error.ok()) {
       push(source_error);
       return;
@@ -166,10 +181,7 @@ void PlanFeed::Loop() {
     if (s.ok()) return;
     last = s;
     if (finished(last)) return;
-    const bool retryable = s.code() == absl::StatusCode::kUnavailable ||
-                           s.code() == absl::StatusCode::kCancelled ||
-                           s.code() == absl::StatusCode::kAborted;
-    if (!retryable) {
+    if (!IsRetryable(s)) {
       push(absl::Status(s.code(), absl::StrCat("plan stream: ", s.message())));
       return;
     }

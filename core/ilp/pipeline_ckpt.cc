@@ -57,12 +57,8 @@ double Objective(const CkptProblem& p, const std::vector<int32_t>& c) {
   return o;
 }
 
-}  // namespace
-
-absl::StatusOr<CkptSolution> SolvePipelineCkpt(const CkptProblem& problem,
-                                               const std::vector<int32_t>& start,
-                                               const CkptSolveOptions& options,
-                                               const StopToken& stop) {
+absl::Status ValidateCkptInput(const CkptProblem& problem, const std::vector<int32_t>& start,
+                               const CkptSolveOptions& options) {
   const int32_t n = problem.vars;
   if (n < 0 || problem.cost.size() != static_cast<size_t>(n)) {
     return absl::InvalidArgumentError("problem.cost: not one cost per variable");
@@ -84,7 +80,97 @@ absl::StatusOr<CkptSolution> SolvePipelineCkpt(const CkptProblem& problem,
   if (!std::isfinite(options.time_limit_seconds) || options.time_limit_seconds < 0) {
     return absl::InvalidArgumentError("ckpt.time_limit_seconds: must be finite and >= 0");
   }
+  return absl::OkStatus();
+}
+
+// Loads the problem, each row scaled by its largest coefficient and the
+// costs by cost_scale, into `solver`; returns the number of rows loaded
+// (rows with no nonzero coefficient are left out).
+size_t LoadScaledProblem(const CkptProblem& problem, double cost_scale,
+                         OsiClpSolverInterface& solver) {
+  const int32_t n = problem.vars;
+  std::vector<int> ri, ci;
+  std::vector<double> el, rlb, rub;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  for (const CkptRow& row : problem.rows) {
+    double scale = 0;
+    for (const auto& [j, a] : row.terms) scale = std::max(scale, std::abs(a));
+    if (scale == 0) continue;
+    const int r = static_cast<int>(rlb.size());
+    for (const auto& [j, a] : row.terms) {
+      ri.push_back(r);
+      ci.push_back(j);
+      el.push_back(a / scale);
+    }
+    rlb.push_back(row.rhs / scale);
+    rub.push_back(kInf);
+  }
+  std::vector<double> lb(n, 0.0), ub(n, problem.max_value), obj(n);
+  for (int32_t j = 0; j < n; ++j) obj[j] = problem.cost[j] / cost_scale;
+  // A variable in no row is 0 at the optimum (costs are >= 0).
+  CoinPackedMatrix matrix(false, ri.data(), ci.data(), el.data(),
+                          static_cast<CoinBigIndex>(el.size()));
+  // Triplets size the matrix by the largest index seen: a variable in no
+  // row would have no column.
+  matrix.setDimensions(static_cast<int>(rlb.size()), n);
+  solver.loadProblem(matrix, lb.data(), ub.data(), obj.data(), rlb.data(), rub.data());
+  return rlb.size();
+}
+
+// Branch and bound from `best` (the start); keeps CBC's solution where it is
+// feasible and no worse, and sets the gap and optimality.
+absl::Status RunBranchAndBound(const CkptProblem& problem, const CkptSolveOptions& options,
+                               const StopToken& stop, double cost_scale,
+                               OsiClpSolverInterface& solver, CkptSolution& best) {
+  const int32_t n = problem.vars;
+  for (int32_t j = 0; j < n; ++j) solver.setInteger(j);
+  CbcModel model(solver);
+  model.setLogLevel(0);
+  model.messageHandler()->setLogLevel(0);
+  model.solver()->messageHandler()->setLogLevel(0);
+  model.setUseElapsedTime(true);
+  model.setMaximumSeconds(options.time_limit_seconds);
+  model.setAllowableFractionGap(std::max(options.relative_gap, 1e-9));
+  model.setAllowableGap(1e-9);
+  model.setNumberThreads(0);
+  const StopHandler handler(&stop);
+  model.passInEventHandler(&handler);
+  model.initialSolve();
+  std::vector<double> start_d(best.values.begin(), best.values.end());
+  model.setBestSolution(start_d.data(), n, best.objective / cost_scale, /*check=*/true);
+  model.branchAndBound();
   FLASHCP_RETURN_IF_ERROR(stop.Check());
+  const double bound = model.getBestPossibleObjValue() * cost_scale;
+  if (const double* sol = model.bestSolution(); sol != nullptr) {
+    std::vector<int32_t> c(n);
+    for (int32_t j = 0; j < n; ++j) {
+      c[j] = std::clamp(static_cast<int32_t>(std::lround(sol[j])), 0, problem.max_value);
+    }
+    const double o = Objective(problem, c);
+    if (Feasible(problem, c) && o <= best.objective) {
+      best.values = std::move(c);
+      best.objective = o;
+    }
+  }
+  best.gap = best.objective > 0 ? std::max(0.0, (best.objective - bound) / best.objective) : 0.0;
+  // Proven means within the allowed gap; optimal when that gap is 0, or
+  // when no LP node could beat the incumbent (secondary status 1: CBC then
+  // leaves the root LP's value as its bound, so the gap above is stale).
+  best.optimal = model.isProvenOptimal() &&
+                 (options.relative_gap <= 1e-9 || best.gap <= 1e-9 || model.secondaryStatus() == 1);
+  if (best.optimal) best.gap = 0;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CkptSolution> SolvePipelineCkpt(const CkptProblem& problem,
+                                               const std::vector<int32_t>& start,
+                                               const CkptSolveOptions& options,
+                                               const StopToken& stop) {
+  FLASHCP_RETURN_IF_ERROR(ValidateCkptInput(problem, start, options));
+  FLASHCP_RETURN_IF_ERROR(stop.Check());
+  const int32_t n = problem.vars;
   CkptSolution best;
   best.values = start;
   best.objective = Objective(problem, start);
@@ -99,74 +185,14 @@ absl::StatusOr<CkptSolution> SolvePipelineCkpt(const CkptProblem& problem,
     OsiClpSolverInterface solver;
     solver.messageHandler()->setLogLevel(0);
     solver.setHintParam(OsiDoReducePrint, true, OsiHintTry);
-    std::vector<int> ri, ci;
-    std::vector<double> el, rlb, rub;
-    constexpr double kInf = std::numeric_limits<double>::infinity();
-    for (const CkptRow& row : problem.rows) {
-      double scale = 0;
-      for (const auto& [j, a] : row.terms) scale = std::max(scale, std::abs(a));
-      if (scale == 0) continue;
-      const int r = static_cast<int>(rlb.size());
-      for (const auto& [j, a] : row.terms) {
-        ri.push_back(r);
-        ci.push_back(j);
-        el.push_back(a / scale);
-      }
-      rlb.push_back(row.rhs / scale);
-      rub.push_back(kInf);
-    }
-    std::vector<double> lb(n, 0.0), ub(n, problem.max_value), obj(n);
-    for (int32_t j = 0; j < n; ++j) obj[j] = problem.cost[j] / cost_scale;
-    // A variable in no row is 0 at the optimum (costs are >= 0).
-    CoinPackedMatrix matrix(false, ri.data(), ci.data(), el.data(),
-                            static_cast<CoinBigIndex>(el.size()));
-    // Triplets size the matrix by the largest index seen: a variable in no
-    // row would have no column.
-    matrix.setDimensions(static_cast<int>(rlb.size()), n);
-    solver.loadProblem(matrix, lb.data(), ub.data(), obj.data(), rlb.data(), rub.data());
-    if (rlb.empty()) {
+    if (LoadScaledProblem(problem, cost_scale, solver) == 0) {
       // No row: the empty matrix has no columns CBC knows of; all zero is optimal.
       best.values.assign(n, 0);
       best.objective = 0;
       best.optimal = true;
       return best;
     }
-    for (int32_t j = 0; j < n; ++j) solver.setInteger(j);
-    CbcModel model(solver);
-    model.setLogLevel(0);
-    model.messageHandler()->setLogLevel(0);
-    model.solver()->messageHandler()->setLogLevel(0);
-    model.setUseElapsedTime(true);
-    model.setMaximumSeconds(options.time_limit_seconds);
-    model.setAllowableFractionGap(std::max(options.relative_gap, 1e-9));
-    model.setAllowableGap(1e-9);
-    model.setNumberThreads(0);
-    const StopHandler handler(&stop);
-    model.passInEventHandler(&handler);
-    model.initialSolve();
-    std::vector<double> start_d(start.begin(), start.end());
-    model.setBestSolution(start_d.data(), n, best.objective / cost_scale, /*check=*/true);
-    model.branchAndBound();
-    FLASHCP_RETURN_IF_ERROR(stop.Check());
-    const double bound = model.getBestPossibleObjValue() * cost_scale;
-    if (const double* sol = model.bestSolution(); sol != nullptr) {
-      std::vector<int32_t> c(n);
-      for (int32_t j = 0; j < n; ++j) {
-        c[j] = std::clamp(static_cast<int32_t>(std::lround(sol[j])), 0, problem.max_value);
-      }
-      const double o = Objective(problem, c);
-      if (Feasible(problem, c) && o <= best.objective) {
-        best.values = std::move(c);
-        best.objective = o;
-      }
-    }
-    best.gap = best.objective > 0 ? std::max(0.0, (best.objective - bound) / best.objective) : 0.0;
-    // Proven means within the allowed gap; optimal when that gap is 0, or
-    // when no LP node could beat the incumbent (secondary status 1: CBC then
-    // leaves the root LP's value as its bound, so the gap above is stale).
-    best.optimal = model.isProvenOptimal() &&
-                   (options.relative_gap <= 1e-9 || best.gap <= 1e-9 || model.secondaryStatus() == 1);
-    if (best.optimal) best.gap = 0;
+    FLASHCP_RETURN_IF_ERROR(RunBranchAndBound(problem, options, stop, cost_scale, solver, best));
     return best;
   } catch (const CoinError& e) {
     return absl::InternalError(absl::StrCat("pipeline ckpt: CBC failed in ", e.className(),

@@ -311,6 +311,175 @@ bool CpCheck::ok() const {
   return errors.ok() && bytes_sent == predicted_sent && bytes_received == predicted_received;
 }
 
+namespace {
+
+// The packed batch's random inputs and, per rank and local row, its global
+// row (-1 for padding).
+struct CpInputs {
+  int64_t local = 0;  // rows per rank
+  std::vector<float> q, k, v, dout;
+  std::vector<std::vector<int64_t>> global;
+};
+
+CpInputs MakeCpInputs(const core::Plan& plan, const core::CommLayout& layout,
+                      const AttentionShape& shape, uint64_t seed) {
+  const int32_t n = plan.cp_size;
+  const int hq = shape.heads_q, hkv = shape.heads_kv, d = shape.head_dim;
+  const int64_t total = core::TotalTokens(plan.doc_lens);
+  CpInputs in;
+  in.local = core::TokensPerRank(total, n);
+  std::mt19937_64 rng(seed);
+  in.q = RandomBf16(rng, total * hq * d);
+  in.k = RandomBf16(rng, total * hkv * d);
+  in.v = RandomBf16(rng, total * hkv * d);
+  in.dout = RandomBf16(rng, total * hq * d);
+  std::vector<int64_t> doc_first(plan.doc_lens.size(), 0);
+  for (size_t i = 1; i < doc_first.size(); ++i) doc_first[i] = doc_first[i - 1] + plan.doc_lens[i - 1];
+  in.global.assign(n, std::vector<int64_t>(in.local, -1));
+  for (int32_t r = 0; r < n; ++r) {
+    const core::RankLayout& rl = layout.ranks[r];
+    for (size_t i = 0; i < rl.shards.size(); ++i) {
+      const core::Shard& s = plan.shards[rl.shards[i]];
+      for (int64_t t = 0; t < s.len; ++t) {
+        in.global[r][rl.shard_offset[i] + t] = doc_first[s.doc] + s.start + t;
+      }
+    }
+  }
+  return in;
+}
+
+// Rank r's rows of `all` (rows of `width` values).
+std::vector<float> SliceRows(const CpInputs& in, const std::vector<float>& all, int32_t r,
+                             int width) {
+  std::vector<float> out(in.local * width, 0.25f);  // padding rows: finite filler
+  for (int64_t row = 0; row < in.local; ++row)
+    if (in.global[r][row] >= 0)
+      std::memcpy(&out[row * width], &all[in.global[r][row] * width], width * sizeof(float));
+  return out;
+}
+
+struct RankOut {
+  absl::Status status;
+  std::vector<float> o, lse, dq, dk, dv;
+  CommStats stats;
+  CpAttentionTimes times;
+  std::string fallback;
+};
+
+// One rank's forward and backward on its own stream, its outputs downloaded.
+absl::Status RunCheckRank(const core::Plan& plan, const core::CommLayout& layout,
+                          const CpCheckOptions& options, const CpInputs& in,
+                          DeviceLocalGroup& group, int32_t r, RankOut& out) {
+  const AttentionShape& shape = options.shape;
+  const int hq = shape.heads_q, hkv = shape.heads_kv, d = shape.head_dim;
+  const int64_t local = in.local;
+  FLASHCP_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device), "rank ", r, ": cudaSetDevice");
+  FLASHCP_ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create());
+  const cudaStream_t s = stream.get();
+  FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<DeviceCommunicator> comm, group.Join(r));
+  std::unique_ptr<Attention> attention;
+  CudnnAttention* cudnn = nullptr;
+  if (options.backend == AttentionBackend::kCudnn) {
+    FLASHCP_ASSIGN_OR_RETURN(auto a, CudnnAttention::Create(shape));
+    cudnn = a.get();
+    attention = std::move(a);
+  } else {
+    FLASHCP_ASSIGN_OR_RETURN(attention, PlainAttention::Create(shape));
+  }
+  FLASHCP_ASSIGN_OR_RETURN(CpRankLayout rp, BuildCpRankLayout(plan, layout, r, options.scheme));
+  FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> dq_in, UploadBf16(SliceRows(in, in.q, r, hq * d), s));
+  FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> dk_in, UploadBf16(SliceRows(in, in.k, r, hkv * d), s));
+  FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> dv_in, UploadBf16(SliceRows(in, in.v, r, hkv * d), s));
+  FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> ddo, UploadBf16(SliceRows(in, in.dout, r, hq * d), s));
+  FLASHCP_ASSIGN_OR_RETURN(auto o, Poisoned<bf16>(local * hq * d, s));
+  FLASHCP_ASSIGN_OR_RETURN(auto lse, Poisoned<float>(local * hq, s));
+  FLASHCP_ASSIGN_OR_RETURN(auto dq, Poisoned<bf16>(local * hq * d, s));
+  FLASHCP_ASSIGN_OR_RETURN(auto dk, Poisoned<bf16>(local * hkv * d, s));
+  FLASHCP_ASSIGN_OR_RETURN(auto dv, Poisoned<bf16>(local * hkv * d, s));
+  FLASHCP_ASSIGN_OR_RETURN(auto step, GpuCpRank::Create(std::move(rp), shape, *attention, *comm, s));
+  FLASHCP_RETURN_IF_ERROR(step->Forward(dq_in.data(), dk_in.data(), dv_in.data(), o.data(), lse.data()));
+  FLASHCP_RETURN_IF_ERROR(step->Backward(ddo.data(), dq.data(), dk.data(), dv.data()));
+  FLASHCP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s), "rank ", r, ": CP step");
+  FLASHCP_ASSIGN_OR_RETURN(out.times, step->Times());
+  FLASHCP_ASSIGN_OR_RETURN(out.o, DownloadBf16(o, s));
+  FLASHCP_ASSIGN_OR_RETURN(out.lse, DownloadF32(lse, s));
+  FLASHCP_ASSIGN_OR_RETURN(out.dq, DownloadBf16(dq, s));
+  FLASHCP_ASSIGN_OR_RETURN(out.dk, DownloadBf16(dk, s));
+  FLASHCP_ASSIGN_OR_RETURN(out.dv, DownloadBf16(dv, s));
+  out.stats = comm->stats();
+  if (cudnn != nullptr) out.fallback = cudnn->fallback_reason();
+  return absl::OkStatus();
+}
+
+// All ranks as threads; the root cause of a failure: a rank's own failure
+// before the peers' "group broken" echoes of it.
+absl::Status RunCheckRanks(const core::Plan& plan, const core::CommLayout& layout,
+                           const CpCheckOptions& options, const CpInputs& in,
+                           std::vector<RankOut>& outs) {
+  const int32_t n = plan.cp_size;
+  FLASHCP_ASSIGN_OR_RETURN(std::shared_ptr<DeviceLocalGroup> group,
+                           DeviceLocalGroup::Create(n, options.device, options.timeout));
+  {
+    std::vector<std::thread> threads;
+    for (int32_t r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        outs[r].status = RunCheckRank(plan, layout, options, in, *group, r, outs[r]);
+        // Peers waiting for this rank in a collective fail now, not at the timeout.
+        if (!outs[r].status.ok())
+          group->Abort(absl::Status(outs[r].status.code(),
+                                    absl::StrCat("rank ", r, " failed: ", outs[r].status.message())));
+      });
+    for (std::thread& t : threads) t.join();
+  }
+  for (int pass = 0; pass < 2; ++pass)
+    for (int32_t r = 0; r < n; ++r) {
+      const absl::Status& st = outs[r].status;
+      if (st.ok() || (pass == 0 && absl::StrContains(st.message(), "group broken"))) continue;
+      return absl::Status(st.code(), absl::StrCat("CP check rank ", r, ": ", st.message()));
+    }
+  return absl::OkStatus();
+}
+
+// The reference over the packed batch under plan.mask, from
+// options.reference_cache where it holds this (documents, mask, seed, shape),
+// else computed (and cached).
+absl::StatusOr<RefOut> CachedReference(const core::Plan& plan, const CpCheckOptions& options,
+                                       const CpInputs& in) {
+  const AttentionShape& shape = options.shape;
+  const int hq = shape.heads_q, hkv = shape.heads_kv, d = shape.head_dim;
+  CpReferenceCache* cache = options.reference_cache;
+  if (cache != nullptr && cache->docs == plan.doc_lens && cache->mask == plan.mask &&
+      cache->seed == options.seed && cache->heads_q == hq && cache->heads_kv == hkv &&
+      cache->head_dim == d) {
+    return RefOut{cache->o, cache->lse, cache->dq, cache->dk, cache->dv};
+  }
+  FLASHCP_ASSIGN_OR_RETURN(RefOut ref,
+                           Reference(shape, plan.doc_lens, in.q, in.k, in.v, in.dout, plan.mask));
+  if (cache != nullptr)
+    *cache = CpReferenceCache{plan.doc_lens, plan.mask, options.seed, hq, hkv, d,
+                              ref.o, ref.lse, ref.dq, ref.dk, ref.dv};
+  return ref;
+}
+
+// One output gathered from all ranks in global order against the
+// reference; padding rows must hold exact zeros.
+ErrorStats CompareGathered(const std::vector<RankOut>& outs, std::vector<float> RankOut::*member,
+                           int width, const std::vector<float>& want_all, const CpInputs& in) {
+  std::vector<float> got, want;
+  for (size_t r = 0; r < outs.size(); ++r)
+    for (int64_t row = 0; row < in.local; ++row) {
+      const std::vector<float>& src = outs[r].*member;
+      const int64_t g = in.global[r][row];
+      for (int e = 0; e < width; ++e) {
+        got.push_back(src[row * width + e]);
+        want.push_back(g >= 0 ? want_all[g * width + e] : 0.f);
+      }
+    }
+  return Compare(got, want);
+}
+
+}  // namespace
+
 absl::StatusOr<CpCheck> RunCpCheck(const core::Plan& plan, const CpCheckOptions& options) {
   const AttentionShape& shape = options.shape;
   FLASHCP_RETURN_IF_ERROR(ValidateAttentionShape(shape));
@@ -319,152 +488,16 @@ absl::StatusOr<CpCheck> RunCpCheck(const core::Plan& plan, const CpCheckOptions&
   FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics metrics, core::AnalyzePlan(plan, model));
   const int32_t n = plan.cp_size;
   const int hq = shape.heads_q, hkv = shape.heads_kv, d = shape.head_dim;
-  const int64_t total = core::TotalTokens(plan.doc_lens);
-  const int64_t local = core::TokensPerRank(total, n);
-
-  std::mt19937_64 rng(options.seed);
-  const std::vector<float> q = RandomBf16(rng, total * hq * d), k = RandomBf16(rng, total * hkv * d),
-                           v = RandomBf16(rng, total * hkv * d), dout = RandomBf16(rng, total * hq * d);
-  // global row of (rank, local row); -1 for padding.
-  std::vector<int64_t> doc_first(plan.doc_lens.size(), 0);
-  for (size_t i = 1; i < doc_first.size(); ++i) doc_first[i] = doc_first[i - 1] + plan.doc_lens[i - 1];
-  std::vector<std::vector<int64_t>> global(n, std::vector<int64_t>(local, -1));
-  for (int32_t r = 0; r < n; ++r) {
-    const core::RankLayout& rl = layout.ranks[r];
-    for (size_t i = 0; i < rl.shards.size(); ++i) {
-      const core::Shard& s = plan.shards[rl.shards[i]];
-      for (int64_t t = 0; t < s.len; ++t) global[r][rl.shard_offset[i] + t] = doc_first[s.doc] + s.start + t;
-    }
-  }
-  auto slice = [&](const std::vector<float>& all, int32_t r, int width) {
-    std::vector<float> out(local * width, 0.25f);  // padding rows: finite filler
-    for (int64_t row = 0; row < local; ++row)
-      if (global[r][row] >= 0)
-        std::memcpy(&out[row * width], &all[global[r][row] * width], width * sizeof(float));
-    return out;
-  };
-
-  FLASHCP_ASSIGN_OR_RETURN(std::shared_ptr<DeviceLocalGroup> group,
-                           DeviceLocalGroup::Create(n, options.device, options.timeout));
-  struct RankOut {
-    absl::Status status;
-    std::vector<float> o, lse, dq, dk, dv;
-    CommStats stats;
-    CpAttentionTimes times;
-    std::string fallback;
-  };
+  const CpInputs in = MakeCpInputs(plan, layout, shape, options.seed);
   std::vector<RankOut> outs(n);
-  auto run_rank = [&](int32_t r) -> absl::Status {
-    RankOut& out = outs[r];
-    FLASHCP_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device), "rank ", r, ": cudaSetDevice");
-    FLASHCP_ASSIGN_OR_RETURN(CudaStream stream, CudaStream::Create());
-    const cudaStream_t s = stream.get();
-    FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<DeviceCommunicator> comm, group->Join(r));
-    std::unique_ptr<Attention> attention;
-    CudnnAttention* cudnn = nullptr;
-    if (options.backend == AttentionBackend::kCudnn) {
-      FLASHCP_ASSIGN_OR_RETURN(auto a, CudnnAttention::Create(shape));
-      cudnn = a.get();
-      attention = std::move(a);
-    } else {
-      FLASHCP_ASSIGN_OR_RETURN(attention, PlainAttention::Create(shape));
-    }
-    FLASHCP_ASSIGN_OR_RETURN(CpRankLayout rp, BuildCpRankLayout(plan, layout, r, options.scheme));
-    FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> dq_in, UploadBf16(slice(q, r, hq * d), s));
-    FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> dk_in, UploadBf16(slice(k, r, hkv * d), s));
-    FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> dv_in, UploadBf16(slice(v, r, hkv * d), s));
-    FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> ddo, UploadBf16(slice(dout, r, hq * d), s));
-    FLASHCP_ASSIGN_OR_RETURN(auto o, Poisoned<bf16>(local * hq * d, s));
-    FLASHCP_ASSIGN_OR_RETURN(auto lse, Poisoned<float>(local * hq, s));
-    FLASHCP_ASSIGN_OR_RETURN(auto dq, Poisoned<bf16>(local * hq * d, s));
-    FLASHCP_ASSIGN_OR_RETURN(auto dk, Poisoned<bf16>(local * hkv * d, s));
-    FLASHCP_ASSIGN_OR_RETURN(auto dv, Poisoned<bf16>(local * hkv * d, s));
-    FLASHCP_ASSIGN_OR_RETURN(auto step, GpuCpRank::Create(std::move(rp), shape, *attention, *comm, s));
-    FLASHCP_RETURN_IF_ERROR(step->Forward(dq_in.data(), dk_in.data(), dv_in.data(), o.data(), lse.data()));
-    FLASHCP_RETURN_IF_ERROR(step->Backward(ddo.data(), dq.data(), dk.data(), dv.data()));
-    FLASHCP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s), "rank ", r, ": CP step");
-    FLASHCP_ASSIGN_OR_RETURN(out.times, step->Times());
-    FLASHCP_ASSIGN_OR_RETURN(out.o, DownloadBf16(o, s));
-    FLASHCP_ASSIGN_OR_RETURN(out.lse, DownloadF32(lse, s));
-    FLASHCP_ASSIGN_OR_RETURN(out.dq, DownloadBf16(dq, s));
-    FLASHCP_ASSIGN_OR_RETURN(out.dk, DownloadBf16(dk, s));
-    FLASHCP_ASSIGN_OR_RETURN(out.dv, DownloadBf16(dv, s));
-    out.stats = comm->stats();
-    if (cudnn != nullptr) out.fallback = cudnn->fallback_reason();
-    return absl::OkStatus();
-  };
-  {
-    std::vector<std::thread> threads;
-    for (int32_t r = 0; r < n; ++r)
-      threads.emplace_back([&, r] {
-        outs[r].status = run_rank(r);
-        // Peers waiting for this rank in a collective fail now, not at the timeout.
-        if (!outs[r].status.ok())
-          group->Abort(absl::Status(outs[r].status.code(),
-                                    absl::StrCat("rank ", r, " failed: ", outs[r].status.message())));
-      });
-    for (std::thread& t : threads) t.join();
-  }
-  // Report the root cause: a rank's own failure before the peers' "group
-  // broken" echoes of it.
-  for (int pass = 0; pass < 2; ++pass)
-    for (int32_t r = 0; r < n; ++r) {
-      const absl::Status& st = outs[r].status;
-      if (st.ok() || (pass == 0 && absl::StrContains(st.message(), "group broken"))) continue;
-      return absl::Status(st.code(), absl::StrCat("CP check rank ", r, ": ", st.message()));
-    }
-
-  RefOut ref;
-  CpReferenceCache* cache = options.reference_cache;
-  if (cache != nullptr && cache->docs == plan.doc_lens && cache->mask == plan.mask &&
-      cache->seed == options.seed &&
-      cache->heads_q == hq && cache->heads_kv == hkv && cache->head_dim == d) {
-    ref = RefOut{cache->o, cache->lse, cache->dq, cache->dk, cache->dv};
-  } else {
-    FLASHCP_ASSIGN_OR_RETURN(ref, Reference(shape, plan.doc_lens, q, k, v, dout, plan.mask));
-    if (cache != nullptr)
-      *cache = CpReferenceCache{plan.doc_lens, plan.mask, options.seed, hq, hkv, d,
-                                ref.o, ref.lse, ref.dq, ref.dk, ref.dv};
-  }
-  // Gather in global order; padding rows must hold exact zeros.
-  auto gather = [&](auto member, int width, const std::vector<float>& want_all,
-                    std::vector<float>& got, std::vector<float>& want) {
-    for (int32_t r = 0; r < n; ++r)
-      for (int64_t row = 0; row < local; ++row) {
-        const std::vector<float>& src = outs[r].*member;
-        const int64_t g = global[r][row];
-        for (int e = 0; e < width; ++e) {
-          got.push_back(src[row * width + e]);
-          want.push_back(g >= 0 ? want_all[g * width + e] : 0.f);
-        }
-      }
-  };
+  FLASHCP_RETURN_IF_ERROR(RunCheckRanks(plan, layout, options, in, outs));
+  FLASHCP_ASSIGN_OR_RETURN(const RefOut ref, CachedReference(plan, options, in));
   CpCheck c;
-  {
-    std::vector<float> got, want;
-    gather(&RankOut::o, hq * d, ref.o, got, want);
-    c.errors.out = Compare(got, want);
-  }
-  {
-    std::vector<float> got, want;
-    gather(&RankOut::lse, hq, ref.lse, got, want);
-    c.errors.lse = Compare(got, want);
-  }
-  {
-    std::vector<float> got, want;
-    gather(&RankOut::dq, hq * d, ref.dq, got, want);
-    c.errors.dq = Compare(got, want);
-  }
-  {
-    std::vector<float> got, want;
-    gather(&RankOut::dk, hkv * d, ref.dk, got, want);
-    c.errors.dk = Compare(got, want);
-  }
-  {
-    std::vector<float> got, want;
-    gather(&RankOut::dv, hkv * d, ref.dv, got, want);
-    c.errors.dv = Compare(got, want);
-  }
+  c.errors.out = CompareGathered(outs, &RankOut::o, hq * d, ref.o, in);
+  c.errors.lse = CompareGathered(outs, &RankOut::lse, hq, ref.lse, in);
+  c.errors.dq = CompareGathered(outs, &RankOut::dq, hq * d, ref.dq, in);
+  c.errors.dk = CompareGathered(outs, &RankOut::dk, hkv * d, ref.dk, in);
+  c.errors.dv = CompareGathered(outs, &RankOut::dv, hkv * d, ref.dv, in);
   const core::SchemeBytes& predicted = metrics.bytes[static_cast<int>(options.scheme)];
   for (int32_t r = 0; r < n; ++r) {
     c.bytes_sent.push_back(outs[r].stats.bytes_sent);

@@ -130,42 +130,51 @@ absl::StatusOr<std::vector<core::Dataset>> Datasets() {
 }
 
 // ---- check -----------------------------------------------------------------
-absl::Status RunCheck(uint64_t seed) {
+struct KernelCase {
+  const char* name;
+  std::vector<int32_t> q, kv;
+  bool gaps;
+};
+
+// One kernel check's JSON line and console line.
+void ReportKernelCheck(const char* impl, const KernelCase& c, const AttentionShape& shape,
+                       uint64_t s, const absl::StatusOr<AttentionCheck>& check, bool ok) {
+  Emit(absl::StrCat("{\"check\":\"attention\",\"impl\":\"", impl, "\",\"case\":\"", c.name,
+                    "\",\"heads_q\":", shape.heads_q, ",\"heads_kv\":", shape.heads_kv,
+                    ",\"seed\":", s, ",\"pass\":", ok ? "true" : "false", ",",
+                    check.ok() ? CheckJson(*check)
+                               : absl::StrCat("\"error\":\"", JsonEscape(check.status().ToString()), "\""),
+                    "}"));
+  std::cerr << absl::StrFormat("check %-11s %-14s H=%2d/%2d  %s\n", impl, c.name,
+                               shape.heads_q, shape.heads_kv,
+                               ok ? "PASS" : absl::StrCat("FAIL ", check.ok() ? check->ToString()
+                                                                               : check.status().ToString()));
+}
+
+// The kernel checks (the cases in `only`, or all): returns the failures.
+absl::StatusOr<int> RunKernelChecks(std::mt19937_64& rng, const std::vector<std::string>& only) {
   int failures = 0;
-  const auto result = [&failures]() {
-    if (failures > 0) return absl::InternalError(absl::StrCat(failures, " checks failed"));
-    std::cerr << "check: all passed\n";
-    return absl::OkStatus();
-  };
-  std::mt19937_64 rng(seed);
-  const std::vector<std::string> only =
-      absl::StrSplit(absl::GetFlag(FLAGS_check_cases), ',', absl::SkipEmpty());
   // Kernels: small head counts keep the fp64 CPU reference fast; one case at
   // H = 16 exercises the benchmark shape.
   const std::vector<AttentionShape> shapes = {{.heads_q = 4, .heads_kv = 4, .head_dim = 128},
                                               {.heads_q = 4, .heads_kv = 2, .head_dim = 128},
                                               {.heads_q = 16, .heads_kv = 16, .head_dim = 128}};
-  struct Case {
-    const char* name;
-    std::vector<int32_t> q, kv;
-    bool gaps;
-  };
-  const std::vector<Case> cases = {{"single_1", {1}, {1}, false},
-                                   {"single_777", {777}, {777}, false},
-                                   {"single_1024", {1024}, {1024}, false},
-                                   {"packed", {5, 300, 1, 64, 129, 1000}, {5, 300, 1, 64, 129, 1000}, false},
-                                   {"prefixed", {100, 1, 333, 64}, {100, 200, 1500, 64}, false},
-                                   {"prefixed_gaps", {50, 256, 7}, {450, 256, 1200}, true},
-                                   // Graphs with s_q = 1 (run 1 left a row of LSE unwritten).
-                                   {"q1_kv2", {1}, {2}, false},
-                                   {"q1_prefixed", {1, 1}, {2, 5}, false}};
+  const std::vector<KernelCase> cases = {{"single_1", {1}, {1}, false},
+                                       {"single_777", {777}, {777}, false},
+                                       {"single_1024", {1024}, {1024}, false},
+                                       {"packed", {5, 300, 1, 64, 129, 1000}, {5, 300, 1, 64, 129, 1000}, false},
+                                       {"prefixed", {100, 1, 333, 64}, {100, 200, 1500, 64}, false},
+                                       {"prefixed_gaps", {50, 256, 7}, {450, 256, 1200}, true},
+                                       // Graphs with s_q = 1 (run 1 left a row of LSE unwritten).
+                                       {"q1_kv2", {1}, {2}, false},
+                                       {"q1_prefixed", {1, 1}, {2, 5}, false}};
   for (const AttentionShape& shape : shapes) {
     FLASHCP_ASSIGN_OR_RETURN(auto plain, PlainAttention::Create(shape));
     // The plain kernels and every cuDNN configuration kernels mode times.
     FLASHCP_ASSIGN_OR_RETURN(const CudnnConfigs cudnn, MakeCudnnConfigs(shape));
     std::vector<std::pair<const char*, Attention*>> impls = {{"plain", plain.get()}};
     for (const auto& named : cudnn.Named()) impls.push_back(named);
-    for (const Case& c : cases) {
+    for (const KernelCase& c : cases) {
       if (!only.empty() && std::find(only.begin(), only.end(), c.name) == only.end()) continue;
       // Keep the single-threaded fp64 reference cheap at H = 16.
       if (shape.heads_q == 16 && c.kv.size() > 1) continue;
@@ -176,22 +185,43 @@ absl::Status RunCheck(uint64_t seed) {
         auto check = CheckAttention(*a, shape, c.q, c.kv, s, c.gaps);
         const bool ok = check.ok() && check->ok();
         failures += ok ? 0 : 1;
-        Emit(absl::StrCat("{\"check\":\"attention\",\"impl\":\"", impl, "\",\"case\":\"", c.name,
-                          "\",\"heads_q\":", shape.heads_q, ",\"heads_kv\":", shape.heads_kv,
-                          ",\"seed\":", s, ",\"pass\":", ok ? "true" : "false", ",",
-                          check.ok() ? CheckJson(*check)
-                                     : absl::StrCat("\"error\":\"", JsonEscape(check.status().ToString()), "\""),
-                          "}"));
-        std::cerr << absl::StrFormat("check %-11s %-14s H=%2d/%2d  %s\n", impl, c.name,
-                                     shape.heads_q, shape.heads_kv,
-                                     ok ? "PASS" : absl::StrCat("FAIL ", check.ok() ? check->ToString()
-                                                                                     : check.status().ToString()));
+        ReportKernelCheck(impl, c, shape, s, check, ok);
       }
     }
   }
-  // The whole CP step: every scheme, the strategies of the comparison, N = 2, 4, 8
-  // (not when only some kernel cases were asked for).
-  if (!only.empty()) return result();
+  return failures;
+}
+
+// One CP-step check's JSON line and console line.
+void ReportCpCheck(const char* bname, core::Strategy strategy, core::CommScheme scheme, int32_t n,
+                   uint64_t seed, const absl::StatusOr<CpCheck>& check, bool ok) {
+  Emit(absl::StrCat(
+      "{\"check\":\"cp_step\",\"impl\":\"", bname, "\",\"strategy\":\"",
+      core::StrategyName(strategy), "\",\"scheme\":\"", core::CommSchemeName(scheme),
+      "\",\"cp\":", n, ",\"seed\":", seed, ",\"pass\":", ok ? "true" : "false", ",",
+      check.ok()
+          ? absl::StrCat(CheckJson(check->errors), ",\"bytes_sent\":[",
+                         absl::StrJoin(check->bytes_sent, ","), "],\"predicted_bytes_sent\":[",
+                         absl::StrJoin(check->predicted_sent, ","), "],\"bytes_received\":[",
+                         absl::StrJoin(check->bytes_received, ","),
+                         "],\"predicted_bytes_received\":[",
+                         absl::StrJoin(check->predicted_received, ","), "],\"fallback\":\"",
+                         JsonEscape(check->fallback), "\"")
+          : absl::StrCat("\"error\":\"", JsonEscape(check.status().ToString()), "\""),
+      "}"));
+  std::cerr << absl::StrFormat(
+      "check cp %-5s %-8s %-9s N=%d  %s\n", bname, core::StrategyName(strategy),
+      core::CommSchemeName(scheme), n,
+      ok ? "PASS"
+         : absl::StrCat("FAIL ", check.ok() ? absl::StrCat(check->errors.ToString(), " fallback=",
+                                                          check->fallback)
+                                            : check.status().ToString()));
+}
+
+// The whole CP step: every scheme, the strategies of the comparison, N = 2,
+// 4, 8; returns the failures.
+absl::StatusOr<int> RunCpChecks(uint64_t seed, std::mt19937_64& rng) {
+  int failures = 0;
   FLASHCP_ASSIGN_OR_RETURN(std::vector<int64_t> docs,
                            core::SampleBatch(core::Dataset::kWlbLlm, 2048, seed, 0));
   docs.insert(docs.begin(), 1);  // a one-token document too
@@ -215,32 +245,27 @@ absl::Status RunCheck(uint64_t seed) {
           const bool ok = check.ok() && check->ok() && check->fallback.empty();
           failures += ok ? 0 : 1;
           const char* bname = backend == AttentionBackend::kCudnn ? "cudnn" : "plain";
-          Emit(absl::StrCat(
-              "{\"check\":\"cp_step\",\"impl\":\"", bname, "\",\"strategy\":\"",
-              core::StrategyName(strategy), "\",\"scheme\":\"", core::CommSchemeName(scheme),
-              "\",\"cp\":", n, ",\"seed\":", o.seed, ",\"pass\":", ok ? "true" : "false", ",",
-              check.ok()
-                  ? absl::StrCat(CheckJson(check->errors), ",\"bytes_sent\":[",
-                                 absl::StrJoin(check->bytes_sent, ","), "],\"predicted_bytes_sent\":[",
-                                 absl::StrJoin(check->predicted_sent, ","), "],\"bytes_received\":[",
-                                 absl::StrJoin(check->bytes_received, ","),
-                                 "],\"predicted_bytes_received\":[",
-                                 absl::StrJoin(check->predicted_received, ","), "],\"fallback\":\"",
-                                 JsonEscape(check->fallback), "\"")
-                  : absl::StrCat("\"error\":\"", JsonEscape(check.status().ToString()), "\""),
-              "}"));
-          std::cerr << absl::StrFormat(
-              "check cp %-5s %-8s %-9s N=%d  %s\n", bname, core::StrategyName(strategy),
-              core::CommSchemeName(scheme), n,
-              ok ? "PASS"
-                 : absl::StrCat("FAIL ", check.ok() ? absl::StrCat(check->errors.ToString(), " fallback=",
-                                                                  check->fallback)
-                                                    : check.status().ToString()));
+          ReportCpCheck(bname, strategy, scheme, n, o.seed, check, ok);
         }
       }
     }
   }
-  return result();
+  return failures;
+}
+
+absl::Status RunCheck(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::vector<std::string> only =
+      absl::StrSplit(absl::GetFlag(FLAGS_check_cases), ',', absl::SkipEmpty());
+  FLASHCP_ASSIGN_OR_RETURN(int failures, RunKernelChecks(rng, only));
+  // The CP step not when only some kernel cases were asked for.
+  if (only.empty()) {
+    FLASHCP_ASSIGN_OR_RETURN(const int cp_failures, RunCpChecks(seed, rng));
+    failures += cp_failures;
+  }
+  if (failures > 0) return absl::InternalError(absl::StrCat(failures, " checks failed"));
+  std::cerr << "check: all passed\n";
+  return absl::OkStatus();
 }
 
 // ---- timing ----------------------------------------------------------------
