@@ -48,6 +48,17 @@ def test_a_second_cuda_runtime_is_refused_naming_both():
         "flashcp's native module links the CUDA 12 runtime, but this torch")
 
 
-def test_this_process_passes_the_check():
-    # This build's module and torch agree (a CPU module maps no runtime of its own).
-    cc.check_native_cuda_runtime(native().__file__)
+def test_this_process_is_checked_by_its_own_build():
+    # A CPU build's module maps no CUDA runtime and passes; a module built
+    # with the toolkit's nvcc (CUDA 13 by default) beside the pinned cu124
+    # torch is refused, naming both (docs/gpu.md: what waits).
+    with open("/proc/self/maps") as f:
+        libs = cc.needed_libraries(native().__file__) + cc.mapped_libraries(f.read())
+    want = cc.cuda_runtime_mismatch(libs, torch.version.cuda)
+    if want is None:
+        cc.check_native_cuda_runtime(native().__file__)
+    else:
+        assert "both runtimes would be loaded" in want
+        with pytest.raises(RuntimeError) as e:
+            cc.check_native_cuda_runtime(native().__file__)
+        assert str(e.value) == want
