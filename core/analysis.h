@@ -29,7 +29,8 @@ enum class CommScheme {
 inline constexpr int kNumCommSchemes = 4;
 inline constexpr std::array<CommScheme, kNumCommSchemes> kAllCommSchemes = {
     CommScheme::kFullKv, CommScheme::kAllGather, CommScheme::kTargeted, CommScheme::kAllToAll};
-// The schemes that exchange KV rows (worker/cp_layout.h's table).
+// The schemes that exchange K/V rows between ranks (all but all_to_all, which
+// moves heads of Q, K, V and O: core/rank_groups.h).
 inline constexpr int kNumKvCommSchemes = 3;
 inline constexpr std::array<CommScheme, kNumKvCommSchemes> kKvCommSchemes = {
     CommScheme::kFullKv, CommScheme::kAllGather, CommScheme::kTargeted};
