@@ -468,6 +468,64 @@ TEST(E2eWorkersTest, RunThroughPrometheusRulesDashboardAndCommSaving) {
   EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
 }
 
+// The sum of a counter family's samples in a /metrics exposition.
+double SumSamples(const std::string& exposition, const std::string& name) {
+  double sum = 0;
+  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
+    if (!absl::StartsWith(line, name + "{")) continue;
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
+  }
+  return sum;
+}
+
+// Block diffusion through the real binaries: the flags reach the real
+// planner's requests, the group steps the 2C-row plans, and every rank's
+// bytes sent are the plans' prediction for it (its own counters).
+TEST(E2eWorkersTest, ABlockDiffusionRunMovesThePredictedBytes) {
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  constexpr int64_t kSteps = 3;
+  std::vector<Worker> ws = StartGroup(
+      "bdlm", (*planner)->grpc_address(),
+      {"--steps", absl::StrCat(kSteps), "--strategy", "csbp", "--scheme", "allgather",
+       "--attention_mask", "block_diffusion", "--block_size", "4", "--linger", "--timeout_s",
+       "30"});
+  ASSERT_EQ(ws.size(), static_cast<size_t>(kRanks));
+  for (const Worker& w : ws) {
+    ASSERT_THAT(AwaitStatus(
+                    w,
+                    [](const v1::WorkerStatus& s) {
+                      return s.state() == v1::WorkerStatus::IDLE && s.steps_done() == kSteps;
+                    },
+                    In(absl::Seconds(120)))
+                    .status(),
+                IsOk());
+    auto scrape = tests::testing::HttpGet(w.metrics, "/metrics", In(absl::Seconds(10)));
+    ASSERT_THAT(scrape.status(), IsOk());
+    const double sent = SumSamples(scrape->body, "flashcp_worker_bytes_sent_total");
+    EXPECT_GT(sent, 0) << w.metrics;
+    EXPECT_EQ(sent, SumSamples(scrape->body, "flashcp_worker_predicted_bytes_sent_total"))
+        << w.metrics;
+  }
+  ASSERT_THAT(ws[1].process->Signal(SIGTERM), IsOk());
+  for (Worker& w : ws) {
+    auto code = w.Finish(In(absl::Seconds(30)));
+    ASSERT_THAT(code.status(), IsOk());
+    EXPECT_EQ(*code, 0) << w.output;
+    EXPECT_THAT(w.output, Not(HasSubstr("the plan predicts")));
+  }
+  EXPECT_THAT(ws[0].output, HasSubstr("RUN {\"strategy\":\"csbp\",\"scheme\":\"allgather\","
+                                      "\"steps\":3,"));
+  // The plans cover 2C rows: full_kv would have every rank send its 2C/N
+  // rows of K and V (fp32) to the N - 1 others forward, and their gradients
+  // back, every step (the causal mask's C rows give half).
+  const int64_t full_kv = kSteps * 2 * kRanks * (kRanks - 1) * (2 * kContext / kRanks) * 2 *
+                          kHeads * kHeadDim * 4;
+  EXPECT_THAT(ws[0].output, HasSubstr(absl::StrCat("\"full_kv_bytes\":", full_kv)));
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
 TEST(E2eWorkersTest, KilledWorkerFailsTheOthersWithinTheTimeout) {
   auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
   ASSERT_THAT(planner.status(), IsOk());

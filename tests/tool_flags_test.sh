@@ -96,6 +96,10 @@ bad flashcp-worker "--world_size" --world_size=two
 bad flashcp-worker "--world_size" --world-size=two
 bad flashcp-worker "--heads" --heads=0
 bad flashcp-worker "--dataset" --dataset=c4
+bad flashcp-worker "--attention_mask" --attention_mask=bidirectional
+bad flashcp-worker "--block_size" --attention_mask=block_diffusion
+bad flashcp-worker "--block_size" --attention_mask=block_diffusion --block_size=0
+bad flashcp-worker "--block_size" --block_size=4
 bad flashcp-loadgen "--dataset" --server 127.0.0.1:1 --dataset=c4
 bad flashcp-client "--batches" --server 127.0.0.1:1 --dataset=pile --batches=0
 bad flashcp-plan "--cp" --cp=abc

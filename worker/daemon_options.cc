@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/cost_model.h"
 #include "core/flags.h"
+#include "core/mask.h"
 #include "core/status_macros.h"
 #include "core/step_time.h"
 #include "core/strategies.h"
@@ -31,6 +32,14 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o) {
   }
   if (!core::ParseStrategy(o.strategy).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--strategy: unknown \"", o.strategy, "\""));
+  }
+  if (absl::Status s = core::ValidateAttentionMask(o.attention_mask); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", s.message()));
+  }
+  if (!core::PlansMask(*core::ParseStrategy(o.strategy), o.attention_mask)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--strategy: \"", o.strategy, "\" does not plan --attention_mask=",
+                     core::MaskKindName(o.attention_mask.kind)));
   }
   // The element size is the backend's (RankBackend::dtype_bytes), not a flag.
   FLASHCP_RETURN_IF_ERROR(

@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "core/analysis.h"
 #include "core/datasets.h"
+#include "core/mask.h"
 #include "core/strategies.h"
 
 namespace flashcp::worker {
@@ -23,6 +24,10 @@ struct DaemonOptions {
   // A planner strategy name.
   std::string strategy = std::string(core::StrategyName(core::kDefaultStrategy));
   core::CommScheme scheme = core::CommScheme::kAllGather;
+  // The attention mask the plans and steps run under (--attention_mask,
+  // --block_size): the causal document mask by default; block diffusion
+  // plans and steps the 2C rows [noisy ; clean] of each C-token batch.
+  core::AttentionMask attention_mask;
   double target_imbalance = 0.0;     // 0: the planner's default
   int32_t heads = 4;                 // H
   int32_t head_dim = 64;             // D

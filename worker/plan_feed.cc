@@ -137,6 +137,7 @@ void PlanFeed::Loop() {
     return;
   }
   core::PlanOptions plan_options;
+  plan_options.attention_mask = config_.attention_mask;
   if (config_.target_imbalance > 0) plan_options.target_imbalance = config_.target_imbalance;
   const core::ModelShape shape{config_.heads, config_.head_dim, config_.dtype_bytes};
   absl::Status last = absl::OkStatus();

@@ -19,6 +19,7 @@
 #include "client/planner_client.h"
 #include "core/clock.h"
 #include "core/datasets.h"
+#include "core/types.h"
 #include "flashcp/v1/planner.pb.h"
 
 namespace flashcp::worker {
@@ -39,6 +40,7 @@ class PlanFeed {
     int64_t context = 0;
     int32_t cp_size = 1;
     std::string strategy;
+    core::AttentionMask attention_mask;  // PlanRequest.attention_mask, block_size
     double target_imbalance = 0.0;
     int32_t heads = 1, head_dim = 1;
     int32_t dtype_bytes = 4;  // the backend's element size, for the plans' byte counts

@@ -26,6 +26,7 @@ using testing::ScriptedPlanner;
 
 PlanFeed::Config FeedConfig(int64_t count, absl::Duration timeout) {
   return {.dataset = core::Dataset::kPile, .context = 4096, .cp_size = 4, .strategy = "flashcp",
+          .attention_mask = {},
           .target_imbalance = 0, .heads = 2, .head_dim = 32, .dtype_bytes = 4, .seed = 7,
           .first_batch = 3, .count = count, .prefetch = 2, .timeout = timeout,
           .cost_profile = "", .rank_speed = nullptr, .cluster = ""};
@@ -90,6 +91,27 @@ TEST(PlanFeedTest, EachRequestAsksForTheStepTimeOnTheCluster) {
   PlanFeed feed2(plain, FeedConfig(1, absl::Seconds(30)), &clock);
   ASSERT_THAT(feed2.Next(absl::Seconds(30)).status(), IsOk());
   EXPECT_EQ(plain->request_clusters(), (std::vector<std::string>{""}));
+}
+
+TEST(PlanFeedTest, EachRequestCarriesTheAttentionMask) {
+  auto planner =
+      std::make_shared<ScriptedPlanner>(/*broken_streams=*/0, /*answers_before_break=*/0);
+  const core::RealClock clock;
+  PlanFeed::Config config = FeedConfig(2, absl::Seconds(30));
+  config.attention_mask = {core::MaskKind::kBlockDiffusion, 16};
+  PlanFeed feed(planner, config, &clock);
+  for (int64_t k = 0; k < 2; ++k) {
+    absl::StatusOr<std::optional<v1::PlanResponse>> next = feed.Next(absl::Seconds(30));
+    ASSERT_THAT(next.status(), IsOk()) << k;
+    ASSERT_TRUE(next->has_value()) << k;
+  }
+  using Mask = std::pair<std::string, int64_t>;
+  EXPECT_EQ(planner->request_masks(), (std::vector<Mask>(2, {"block_diffusion", 16})));
+  // The default mask is not sent: the requests stay as they were.
+  auto plain = std::make_shared<ScriptedPlanner>(0, 0);
+  PlanFeed feed2(plain, FeedConfig(1, absl::Seconds(30)), &clock);
+  ASSERT_THAT(feed2.Next(absl::Seconds(30)).status(), IsOk());
+  EXPECT_EQ(plain->request_masks(), (std::vector<Mask>{{"", 0}}));
 }
 
 TEST(PlanFeedTest, GivesUpWithUnavailableAfterTheTimeoutWithoutPlans) {

@@ -39,6 +39,7 @@
 #include "client/internal/tls_flags.h"
 #include "core/flags.h"
 #include "core/log.h"
+#include "core/mask.h"
 #include "core/status_macros.h"
 #include "core/strategies.h"
 #include "prometheus/registry.h"
@@ -73,6 +74,13 @@ ABSL_FLAG(std::string, strategy, flashcp::worker::DaemonOptions{}.strategy, "pla
 ABSL_FLAG(std::string, scheme,
           std::string(flashcp::core::CommSchemeName(flashcp::worker::DaemonOptions{}.scheme)),
           "KV exchange: full_kv, allgather, targeted");
+ABSL_FLAG(std::string, attention_mask,
+          std::string(flashcp::core::MaskKindName(
+              flashcp::worker::DaemonOptions{}.attention_mask.kind)),
+          "the attention mask: causal_document or block_diffusion (then every step runs the "
+          "2C rows [noisy ; clean] of its C-token batch; docs/bdlm.md)");
+ABSL_FLAG(int64_t, block_size, flashcp::worker::DaemonOptions{}.attention_mask.block_size,
+          "block size b of --attention_mask=block_diffusion (>= 1)");
 ABSL_FLAG(double, target_imbalance, flashcp::worker::DaemonOptions{}.target_imbalance,
           "target imbalance for flashcp; 0: the planner's default");
 ABSL_FLAG(int32_t, heads, flashcp::worker::DaemonOptions{}.heads, "attention heads (H)");
@@ -134,6 +142,10 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
   if (!scheme.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--scheme: ", scheme.status().message()));
   }
+  const auto mask_kind = flashcp::core::ParseMaskKind(absl::GetFlag(FLAGS_attention_mask));
+  if (!mask_kind.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", mask_kind.status().message()));
+  }
   std::random_device entropy;
   fw::WorkerOptions w{
       .daemon = {.rank = absl::GetFlag(FLAGS_rank),
@@ -144,6 +156,7 @@ absl::StatusOr<fw::WorkerOptions> OptionsFromFlags(const flashcp::core::CommandL
                  .context = absl::GetFlag(FLAGS_context),
                  .strategy = absl::GetFlag(FLAGS_strategy),
                  .scheme = *scheme,
+                 .attention_mask = {*mask_kind, absl::GetFlag(FLAGS_block_size)},
                  .target_imbalance = absl::GetFlag(FLAGS_target_imbalance),
                  .heads = absl::GetFlag(FLAGS_heads),
                  .head_dim = absl::GetFlag(FLAGS_head_dim),

@@ -165,8 +165,14 @@ class ScriptedPlanner final : public client::PlannerClient {
     absl::MutexLock lock(&mu_);
     return request_clusters_;
   }
+  // The attention_mask and block_size of every request written, in order.
+  std::vector<std::pair<std::string, int64_t>> request_masks() {
+    absl::MutexLock lock(&mu_);
+    return request_masks_;
+  }
   void RecordRequest(const v1::PlanRequest& request) {
     absl::MutexLock lock(&mu_);
+    request_masks_.emplace_back(request.attention_mask(), request.block_size());
     request_clusters_.push_back(request.cluster());
     request_dtype_bytes_.push_back(request.dtype_bytes());
     request_rank_speeds_.emplace_back(request.rank_speed().begin(), request.rank_speed().end());
@@ -177,6 +183,7 @@ class ScriptedPlanner final : public client::PlannerClient {
   std::vector<int32_t> request_dtype_bytes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<double>> request_rank_speeds_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> request_clusters_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, int64_t>> request_masks_ ABSL_GUARDED_BY(mu_);
   const int broken_streams_, answers_before_break_;
   int opened_ ABSL_GUARDED_BY(mu_) = 0;
   core::ManualClock* const clock_ = nullptr;
