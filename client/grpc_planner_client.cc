@@ -13,7 +13,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "proto/grpc_status.h"
+#include "proto/rpc/grpc_status.h"
 
 namespace flashcp::client {
 namespace {
@@ -45,7 +45,7 @@ class GrpcPlanStream final : public PlanStream {
   void Cancel() override { context_.TryCancel(); }
   absl::Status Finish() override {
     finished_ = true;
-    return proto::FromGrpcStatus(stream_->Finish());
+    return proto::rpc::FromGrpcStatus(stream_->Finish());
   }
 
  private:
@@ -60,7 +60,7 @@ absl::StatusOr<Response> Unary(const CallOptions& options, Call call) {
   Configure(context, options);
   Response response;
   const grpc::Status status = call(&context, &response);
-  if (!status.ok()) return proto::FromGrpcStatus(status);
+  if (!status.ok()) return proto::rpc::FromGrpcStatus(status);
   return response;
 }
 
@@ -135,7 +135,7 @@ void GrpcPlannerClient::PlanAsync(const v1::PlanRequest& request, const CallOpti
                          PlanCallback done = std::move(call->done);
                          PlanResult result = status.ok()
                                                  ? PlanResult(std::move(call->response))
-                                                 : PlanResult(proto::FromGrpcStatus(status));
+                                                 : PlanResult(proto::rpc::FromGrpcStatus(status));
                          delete call;
                          std::move(done)(std::move(result));
                        });

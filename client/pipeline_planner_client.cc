@@ -4,8 +4,8 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "proto/grpc_status.h"
 #include "proto/pipeline_convert.h"
+#include "proto/rpc/grpc_status.h"
 
 namespace flashcp::client {
 
@@ -17,7 +17,7 @@ absl::StatusOr<v1::PipelinePlan> PipelinePlannerClient::PlanPipeline(
   context.set_wait_for_ready(options.wait_for_ready);
   v1::PipelinePlan plan;
   const grpc::Status s = stub_->PlanPipeline(&context, request, &plan);
-  if (!s.ok()) return proto::FromGrpcStatus(s);
+  if (!s.ok()) return proto::rpc::FromGrpcStatus(s);
   return plan;
 }
 

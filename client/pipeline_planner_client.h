@@ -19,7 +19,7 @@ class PipelinePlannerClient {
   explicit PipelinePlannerClient(std::shared_ptr<grpc::Channel> channel)
       : stub_(v1::PipelinePlanner::NewStub(std::move(channel))) {}
 
-  // The server's status as an absl::Status (proto::FromGrpcStatus): e.g.
+  // The server's status as an absl::Status (proto::rpc::FromGrpcStatus): e.g.
   // INVALID_ARGUMENT naming the field, FAILED_PRECONDITION when nothing fits.
   absl::StatusOr<v1::PipelinePlan> PlanPipeline(const v1::PlanPipelineRequest& request,
                                                 const CallOptions& options = {}) const;

@@ -11,8 +11,8 @@
 #include "absl/time/time.h"
 #include "core/ilp/pipeline_ckpt.h"
 #include "core/pipeline.h"
-#include "proto/grpc_status.h"
 #include "proto/pipeline_convert.h"
+#include "proto/rpc/grpc_status.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -86,7 +86,7 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
     deps_.observer->OnRequestDone("PlanPipeline", status.code(),
                                   absl::ToDoubleSeconds(deps_.clock->Now() - received_));
     deps_.observer->OnInflightChange(-1);
-    Finish(proto::ToGrpcStatus(status));
+    Finish(proto::rpc::ToGrpcStatus(status));
   }
 
   const ServiceDeps& deps_;

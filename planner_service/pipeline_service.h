@@ -3,7 +3,7 @@
 // (proto/pipeline_convert.h), planned on the planner's pool with the CBC
 // checkpoint ILP and a StopToken that stops when the call is cancelled or its
 // deadline passes, and converted back; errors map through the one
-// absl -> grpc status mapping (proto/grpc_status.h).
+// absl -> grpc status mapping (proto/rpc/grpc_status.h).
 #ifndef FLASHCP_PLANNER_SERVICE_PIPELINE_SERVICE_H_
 #define FLASHCP_PLANNER_SERVICE_PIPELINE_SERVICE_H_
 

@@ -17,8 +17,8 @@
 #include "core/status_macros.h"
 #include "planner_service/service_calls.h"
 #include "proto/convert.h"
-#include "proto/grpc_status.h"
 #include "proto/plan_batch.h"
+#include "proto/rpc/grpc_status.h"
 
 namespace flashcp::planner_service {
 namespace {

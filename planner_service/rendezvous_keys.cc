@@ -18,8 +18,8 @@
 #include "core/echo.h"
 #include "core/status_macros.h"
 #include "planner_service/rendezvous_internal.h"
-#include "proto/grpc_status.h"
-#include "proto/raw_message.h"
+#include "proto/rpc/grpc_status.h"
+#include "proto/rpc/raw_message.h"
 
 namespace flashcp::planner_service {
 

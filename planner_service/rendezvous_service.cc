@@ -18,8 +18,8 @@
 #include "core/echo.h"
 #include "core/status_macros.h"
 #include "planner_service/rendezvous_internal.h"
-#include "proto/grpc_status.h"
-#include "proto/raw_message.h"
+#include "proto/rpc/grpc_status.h"
+#include "proto/rpc/raw_message.h"
 
 namespace flashcp::planner_service {
 
@@ -70,7 +70,7 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
 grpc::ServerUnaryReactor* Finished(grpc::CallbackServerContext* context,
                                    const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(proto::ToGrpcStatus(status));
+  reactor->Finish(proto::rpc::ToGrpcStatus(status));
   return reactor;
 }
 
@@ -91,7 +91,7 @@ grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext* c
                                                   const grpc::ByteBuffer* raw,
                                                   grpc::ByteBuffer* response) {
   v1::JoinRequest request;
-  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  if (absl::Status s = proto::rpc::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
   const absl::StatusOr<RendezvousState::Joined> joined =
       state_->Join(CallerOf(*context), request.group(), request.rank(), request.world_size(),
                    request.incarnation(),
@@ -100,14 +100,14 @@ grpc::ServerUnaryReactor* RendezvousService::Join(grpc::CallbackServerContext* c
   v1::JoinResponse out;
   out.set_world_size(joined->world_size);
   out.set_token(joined->token);
-  return Finished(context, proto::SerializeRaw(out, response));
+  return Finished(context, proto::rpc::SerializeRaw(out, response));
 }
 
 grpc::ServerUnaryReactor* RendezvousService::AwaitMembers(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* raw,
                                                           grpc::ByteBuffer* response) {
   v1::AwaitMembersRequest request;
-  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  if (absl::Status s = proto::rpc::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
   if (absl::Status s = ValidateTimeoutMs(request.timeout_ms()); !s.ok()) {
     return Finished(context, s);
   }
@@ -120,9 +120,9 @@ grpc::ServerUnaryReactor* RendezvousService::AwaitMembers(grpc::CallbackServerCo
         if (ranks.ok()) {
           v1::AwaitMembersResponse out;
           out.mutable_ranks()->Add(ranks->begin(), ranks->end());
-          status = proto::SerializeRaw(out, response);
+          status = proto::rpc::SerializeRaw(out, response);
         }
-        reactor->Finish(proto::ToGrpcStatus(status));
+        reactor->Finish(proto::rpc::ToGrpcStatus(status));
       }));
   return reactor;
 }
@@ -131,10 +131,10 @@ grpc::ServerUnaryReactor* RendezvousService::Set(grpc::CallbackServerContext* co
                                                  const grpc::ByteBuffer* raw,
                                                  grpc::ByteBuffer* response) {
   v1::SetRequest request;
-  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  if (absl::Status s = proto::rpc::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
   absl::Status s = state_->Set(CallerOf(*context), request.group(), request.token(),
                                request.key(), request.value());
-  if (s.ok()) s = proto::SerializeRaw(v1::SetResponse(), response);
+  if (s.ok()) s = proto::rpc::SerializeRaw(v1::SetResponse(), response);
   return Finished(context, s);
 }
 
@@ -142,7 +142,7 @@ grpc::ServerUnaryReactor* RendezvousService::Get(grpc::CallbackServerContext* co
                                                  const grpc::ByteBuffer* raw,
                                                  grpc::ByteBuffer* response) {
   v1::GetRequest request;
-  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  if (absl::Status s = proto::rpc::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
   if (absl::Status s = ValidateTimeoutMs(request.timeout_ms()); !s.ok()) {
     return Finished(context, s);
   }
@@ -157,10 +157,10 @@ grpc::ServerUnaryReactor* RendezvousService::Get(grpc::CallbackServerContext* co
           // The one copy of the values, outside the state's lock.
           v1::GetResponse out;
           for (const RendezvousState::Value& v : values->values) out.add_values(*v);
-          status = proto::SerializeRaw(out, response);
+          status = proto::rpc::SerializeRaw(out, response);
           reactor->Hold(std::move(values->charge));
         }
-        reactor->Finish(proto::ToGrpcStatus(status));
+        reactor->Finish(proto::rpc::ToGrpcStatus(status));
       }));
   return reactor;
 }
@@ -169,10 +169,10 @@ grpc::ServerUnaryReactor* RendezvousService::Abort(grpc::CallbackServerContext* 
                                                    const grpc::ByteBuffer* raw,
                                                    grpc::ByteBuffer* response) {
   v1::AbortRequest request;
-  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  if (absl::Status s = proto::rpc::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
   absl::Status s = state_->Abort(CallerOf(*context), request.group(), request.token(),
                                  request.rank(), request.reason());
-  if (s.ok()) s = proto::SerializeRaw(v1::AbortResponse(), response);
+  if (s.ok()) s = proto::rpc::SerializeRaw(v1::AbortResponse(), response);
   return Finished(context, s);
 }
 
@@ -180,10 +180,10 @@ grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* 
                                                    const grpc::ByteBuffer* raw,
                                                    grpc::ByteBuffer* response) {
   v1::LeaveRequest request;
-  if (absl::Status s = proto::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
+  if (absl::Status s = proto::rpc::ParseRaw(*raw, &request); !s.ok()) return Finished(context, s);
   absl::Status s = state_->Leave(CallerOf(*context), request.group(), request.token(),
                                  request.rank(), request.incarnation());
-  if (s.ok()) s = proto::SerializeRaw(v1::LeaveResponse(), response);
+  if (s.ok()) s = proto::rpc::SerializeRaw(v1::LeaveResponse(), response);
   return Finished(context, s);
 }
 

@@ -460,7 +460,7 @@ class RendezvousState {
 
 // The gRPC adapter on the callback API: parses, validates, clamps waits to
 // min(timeout_ms, the call's deadline), calls the state, maps the Status
-// (proto/grpc_status.h). The methods are raw (proto/raw_message.h): a request
+// (proto/rpc/grpc_status.h). The methods are raw (proto/rpc/raw_message.h): a request
 // that does not parse gets INVALID_ARGUMENT naming its type, where the
 // generated handler answered INTERNAL with no message. A wait's reactor
 // finishes from the state's callback; a cancelled call cancels its wait. No

@@ -9,8 +9,8 @@
 #include "planner_service/plan_stream.h"
 #include "planner_service/service_calls.h"
 #include "proto/convert.h"
-#include "proto/grpc_status.h"
 #include "proto/plan_batch.h"
+#include "proto/rpc/grpc_status.h"
 
 // The service's calls by file: Plan here; PlanStream in plan_stream.cc;
 // ListStrategies, GetServerInfo and ReportStepTimes in service_info.cc; what
@@ -92,7 +92,7 @@ class PlanReactor final : public grpc::ServerUnaryReactor {
     deps_.observer->OnRequestDone(
         "Plan", status.code(), absl::ToDoubleSeconds(deps_.clock->Now() - received_));
     deps_.observer->OnInflightChange(-1);
-    Finish(proto::ToGrpcStatus(status));
+    Finish(proto::rpc::ToGrpcStatus(status));
   }
 
   const ServiceDeps& deps_;

@@ -7,10 +7,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/ilp/ilp.h"
 #include "core/ilp_deadline.h"
 #include "core/status_macros.h"
 #include "proto/plan_batch.h"
-#include "proto/raw_message.h"
+#include "proto/rpc/raw_message.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -76,7 +77,7 @@ absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceDeps& dep
         "at this server's --max_docs, --max_tokens and --max_cp_size (", max_bytes, " bytes)"));
   }
   v1::PlanRequest request;
-  FLASHCP_RETURN_IF_ERROR(proto::ParseRaw(bytes, &request));
+  FLASHCP_RETURN_IF_ERROR(proto::rpc::ParseRaw(bytes, &request));
   *batch_id = request.batch_id();
   // A named profile is planned with the caller's calibrated fit where it has
   // one, and validated against it (rank_speed), once.
@@ -92,6 +93,8 @@ absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceDeps& dep
     return absl::UnimplementedError(
         "strategy: ilp is disabled on this server (start it with --allow_ilp)");
   }
+  // The planner links the ILP (core/ilp, CBC) and hands it to PlanBatch here.
+  input.options.ilp.solver = core::ilp::Solve;
   FLASHCP_ASSIGN_OR_RETURN(const int64_t bound, proto::CheckPlanBounds(input, config.bounds));
   return Prepared{std::move(input), bound};
 }

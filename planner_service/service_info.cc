@@ -11,8 +11,8 @@
 #include "planner_service/service.h"
 #include "planner_service/service_calls.h"
 #include "proto/convert.h"
-#include "proto/grpc_status.h"
-#include "proto/raw_message.h"
+#include "proto/rpc/grpc_status.h"
+#include "proto/rpc/raw_message.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -29,7 +29,7 @@ grpc::ServerUnaryReactor* AnswerSmallCall(const ServiceDeps& deps, absl::string_
   const absl::Time received = deps.clock->Now();
   grpc::ByteBuffer bytes(*in);
   Request request;
-  absl::Status status = proto::ParseRaw(&bytes, &request);
+  absl::Status status = proto::rpc::ParseRaw(&bytes, &request);
   if (status.ok()) {
     Reply reply;
     fill(reply);
@@ -40,7 +40,7 @@ grpc::ServerUnaryReactor* AnswerSmallCall(const ServiceDeps& deps, absl::string_
   deps.observer->OnRequestDone(method, status.code(),
                                absl::ToDoubleSeconds(deps.clock->Now() - received));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(proto::ToGrpcStatus(status));
+  reactor->Finish(proto::rpc::ToGrpcStatus(status));
   return reactor;
 }
 
@@ -94,14 +94,14 @@ class ReportReactor final : public grpc::ServerUnaryReactor {
     }
     grpc::ByteBuffer bytes(request);
     v1::ReportStepTimesRequest message;
-    FLASHCP_RETURN_IF_ERROR(proto::ParseRaw(&bytes, &message));
+    FLASHCP_RETURN_IF_ERROR(proto::rpc::ParseRaw(&bytes, &message));
     return proto::StepTimesFromProto(message);
   }
 
   void FinishWith(const absl::Status& status) {
     deps_.observer->OnRequestDone("ReportStepTimes", status.code(),
                                   absl::ToDoubleSeconds(deps_.clock->Now() - received_));
-    Finish(proto::ToGrpcStatus(status));
+    Finish(proto::rpc::ToGrpcStatus(status));
   }
 
   const ServiceDeps& deps_;

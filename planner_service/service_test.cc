@@ -34,7 +34,7 @@
 #include "proto/convert.h"
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
-#include "proto/grpc_status.h"
+#include "proto/rpc/grpc_status.h"
 #include "tests/testing/expected_plans.h"
 
 namespace flashcp::planner_service {
@@ -284,7 +284,7 @@ absl::Status UnaryPlan(v1::Planner::Stub& stub, const v1::PlanRequest& request,
                        v1::PlanResponse* response) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
-  return proto::FromGrpcStatus(stub.Plan(&context, request, response));
+  return proto::rpc::FromGrpcStatus(stub.Plan(&context, request, response));
 }
 
 // A PlanStream that writes raw messages in order, then half-closes, and
@@ -799,7 +799,7 @@ absl::Status Report(v1::Planner::Stub& stub, const v1::ReportStepTimesRequest& r
                     v1::ReportStepTimesResponse* response) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
-  return proto::FromGrpcStatus(stub.ReportStepTimes(&context, request, response));
+  return proto::rpc::FromGrpcStatus(stub.ReportStepTimes(&context, request, response));
 }
 
 // `steps` steps of 4 ranks, features spread over a CPU-sized range (a fixed

@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/analysis.h"
 #include "core/group_schemes.h"
-#include "core/ilp/ilp.h"
 #include "core/status_macros.h"
 #include "core/step_choice.h"
 #include "core/step_time.h"
@@ -41,8 +40,7 @@ absl::StatusOr<int64_t> CheckPlanBounds(const PlanInput& input, const PlanBounds
 absl::StatusOr<v1::PlanResponse> PlanBatch(const PlanInput& input, const core::Clock& clock,
                                            PlanObserver& observer) {
   const absl::Time start = clock.Now();
-  core::PlanOptions options = input.options;
-  options.ilp.solver = core::ilp::Solve;  // the planner links the ILP
+  const core::PlanOptions& options = input.options;  // ilp: the caller's solver
   core::PlanInfo info;
   std::optional<core::StepTimeReport> step;
   // choose_schemes: the plan (flashcp's or basp's) and its groups' schemes;

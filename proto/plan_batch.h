@@ -1,9 +1,11 @@
 // The planning step of the service and of flashcp.plan in process: one
 // validated request in, one response out, under the service's bounds. Runs on
 // a planning-pool thread (or the caller's); pure apart from the clock it is
-// given and the observer it reports to. Its own target (flashcp_plan_batch,
-// which links the ILP), beside the converter, so that the Python extension
-// plans as the planner does without linking the planner service.
+// given and the observer it reports to. In flashcp_proto, beside the
+// converter, so that the Python extension plans as the planner does without
+// linking the planner service, gRPC or CBC: the `ilp` strategy runs the
+// solver the caller sets in input.options.ilp.solver (the planner service
+// sets core::ilp::Solve; unset, MakePlan says FailedPrecondition).
 #ifndef FLASHCP_PROTO_PLAN_BATCH_H_
 #define FLASHCP_PROTO_PLAN_BATCH_H_
 
@@ -62,8 +64,10 @@ absl::StatusOr<int64_t> CheckPlanBounds(const PlanInput& input, const PlanBounds
 // input's cost model and (if asked) core::BuildCommLayout, converted to a
 // response whose metrics.planning_seconds is the `clock` time
 // those took. Errors are the core's, unchanged (e.g. Unimplemented for a
-// strategy not built yet; input.options.stop's status once it says stop, also
-// between the steps). On success reports observer.OnPlanned.
+// strategy not built yet; FailedPrecondition for `ilp` when
+// input.options.ilp.solver is unset, or the solver's own status;
+// input.options.stop's status once it says stop, also between the steps).
+// On success reports observer.OnPlanned.
 absl::StatusOr<v1::PlanResponse> PlanBatch(const PlanInput& input, const core::Clock& clock,
                                            PlanObserver& observer);
 

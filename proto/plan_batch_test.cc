@@ -184,6 +184,53 @@ TEST(PlanBatchTest, CoreErrorsPassThroughUnchanged) {
   EXPECT_TRUE(observer.planned.empty());
 }
 
+// The ILP is injected (flashcp_proto links no CBC): unset, `ilp` is the
+// core's FailedPrecondition and nothing is reported.
+TEST(PlanBatchTest, IlpWithoutASolverIsFailedPrecondition) {
+  core::testing::TickingClock clock{kTick};
+  RecordingObserver observer;
+  PlanInput in;
+  in.batch = core::Batch{{5, 3}, 2};
+  in.strategy = core::Strategy::kIlp;
+  EXPECT_THAT(PlanBatch(in, clock, observer).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_TRUE(observer.planned.empty());
+}
+
+// A stand-in for core::ilp::Solve: ring's plan, with a recognisable info.
+absl::StatusOr<core::Plan> FakeIlp(const core::Batch& batch, const core::IlpOptions&,
+                                   const core::StopToken&, core::PlanInfo* info) {
+  info->ilp_gap = 0.25;
+  info->ilp_optimal = false;
+  info->ilp_granularity = 7;
+  return core::MakePlan(core::Strategy::kRing, batch);
+}
+
+absl::StatusOr<core::Plan> RefusingIlp(const core::Batch&, const core::IlpOptions&,
+                                       const core::StopToken&, core::PlanInfo*) {
+  return absl::FailedPreconditionError("ilp: not here");
+}
+
+TEST(PlanBatchTest, IlpRunsTheCallersSolverAndReportsItsInfo) {
+  core::testing::TickingClock clock{kTick};
+  RecordingObserver observer;
+  PlanInput in;
+  in.batch = core::Batch{{5, 3}, 2};
+  in.strategy = core::Strategy::kIlp;
+  in.options.ilp.solver = FakeIlp;
+  absl::StatusOr<v1::PlanResponse> r = PlanBatch(in, clock, observer);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->ilp().gap(), 0.25);
+  EXPECT_FALSE(r->ilp().optimal());
+  EXPECT_EQ(r->ilp().granularity(), 7);
+  ASSERT_EQ(observer.planned.size(), 1u);
+  EXPECT_EQ(observer.planned[0].method, "ilp");
+  in.options.ilp.solver = RefusingIlp;  // its status, unchanged
+  EXPECT_EQ(PlanBatch(in, clock, observer).status(),
+            absl::FailedPreconditionError("ilp: not here"));
+  EXPECT_EQ(observer.planned.size(), 1u);
+}
+
 // Issue 31 item 6: a response that cannot serialize is an error, never an
 // empty PlanResponse (the in-process flashcp.plan serializes through this).
 TEST(SerializeResponseTest, AResponseAboveItsBoundIsAnErrorNotEmpty) {

@@ -23,7 +23,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
-#include "proto/grpc_status.h"
+#include "proto/rpc/grpc_status.h"
 #include "tests/testing/grpc_probes.h"
 #include "tests/testing/http.h"
 #include "tests/testing/idle_connections.h"
@@ -65,7 +65,7 @@ absl::Status Plan53(std::shared_ptr<grpc::Channel> channel, absl::Duration timeo
   v1::PlanResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return proto::FromGrpcStatus(v1::Planner::NewStub(channel)->Plan(&context, r, &response));
+  return proto::rpc::FromGrpcStatus(v1::Planner::NewStub(channel)->Plan(&context, r, &response));
 }
 
 // "Max open files  SOFT  HARD  files" of /proc/PID/limits.
@@ -254,7 +254,7 @@ TEST(PlannerAbuseTest, TheLivenessProbeAnswersWhileTheClientPortIsOutOfFds) {
 absl::Status RawPlan(std::shared_ptr<grpc::Channel> channel, const std::string& bytes) {
   grpc::GenericStub stub(std::move(channel));
   grpc::Slice slice(bytes);
-  return proto::FromGrpcStatus(tests::testing::RawUnaryCall(
+  return proto::rpc::FromGrpcStatus(tests::testing::RawUnaryCall(
       stub, "/flashcp.v1.Planner/Plan", grpc::ByteBuffer(&slice, 1), Deadline()));
 }
 

@@ -22,7 +22,7 @@
 #include "flashcp/v1/rendezvous.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/grpc_status.h"
+#include "proto/rpc/grpc_status.h"
 #include "tests/testing/expected_plans.h"
 #include "tests/testing/grpc_probes.h"
 #include "tests/testing/metrics_text.h"
@@ -71,7 +71,7 @@ absl::Status Plan(v1::Planner::Stub& stub, const v1::PlanRequest& request,
                   v1::PlanResponse* response, absl::Duration timeout = kTimeout) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return proto::FromGrpcStatus(stub.Plan(&context, request, response));
+  return proto::rpc::FromGrpcStatus(stub.Plan(&context, request, response));
 }
 
 // A unary Plan started asynchronously; `done` is notified with `status`.

@@ -1,6 +1,6 @@
 // flashcp.v1.WorkerControl over a WorkerDaemon: a thin adapter on gRPC's
 // callback API (every call is short: it takes the daemon's lock, never
-// waits). The methods are raw (proto/raw_message.h): a request that does not
+// waits). The methods are raw (proto/rpc/raw_message.h): a request that does not
 // parse gets INVALID_ARGUMENT naming its type, where the generated handler
 // answered with an empty message.
 #ifndef FLASHCP_WORKER_CONTROL_SERVICE_H_

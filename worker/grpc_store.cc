@@ -12,8 +12,8 @@
 #include "core/status_macros.h"
 #include "gloo/common/error.h"
 #include "grpcpp/grpcpp.h"
-#include "proto/grpc_status.h"
 #include "proto/rendezvous_limits.h"
+#include "proto/rpc/grpc_status.h"
 
 namespace flashcp::worker {
 namespace {
@@ -30,7 +30,7 @@ int64_t WaitMillis(absl::Duration d) {
 }
 
 absl::Status WithContext(const grpc::Status& s, absl::string_view what) {
-  const absl::Status status = proto::FromGrpcStatus(s);
+  const absl::Status status = proto::rpc::FromGrpcStatus(s);
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat("rendezvous ", what, ": ", status.message()));
 }

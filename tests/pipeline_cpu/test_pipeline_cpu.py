@@ -14,7 +14,8 @@ SHAPE = dict(layers=4, hidden=32, kv_hidden=32, ffn_hidden=64, vocab=64)
 
 def plan_with_some_checkpointing(pp):
     """A DPP plan whose budget lies halfway between no and full
-    checkpointing's peaks, so that the ILP checkpoints some chunks only; K = 3
+    checkpointing's peaks, so that the checkpointing (in process the
+    greedy one: no CBC in the extension) checkpoints some chunks only; K = 3
     cuts the 40- and 23-token documents into split and hybrid chunks."""
     kw = dict(SHAPE, slice_count=3)
     none = flashcp.plan_pipeline(DOCS, pp, "dpp_no_ckpt", **kw)

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/unknown_field_set.h"
-#include "proto/grpc_status.h"
+#include "proto/rpc/grpc_status.h"
 
 namespace flashcp::tests::testing {
 namespace {
@@ -113,7 +113,7 @@ absl::StatusOr<HealthStatus> CheckHealth(std::shared_ptr<grpc::Channel> channel,
   const grpc::ByteBuffer request = ToBuffer(service.empty() ? "" : LengthDelimited(1, service));
   grpc::ByteBuffer response;
   const grpc::Status status = RawUnaryCall(stub, kHealthCheck, request, deadline, &response);
-  if (!status.ok()) return proto::FromGrpcStatus(status);
+  if (!status.ok()) return proto::rpc::FromGrpcStatus(status);
   return ParseHealth(response);
 }
 
@@ -182,7 +182,7 @@ absl::StatusOr<HealthStatus> HealthWatch::Next(absl::Time deadline) {
     ++pending_;
     if (absl::Status s = Await(&finish_tag, deadline, &ok); !s.ok()) return s;
     if (status.ok()) return absl::OutOfRangeError("Health/Watch: the server ended the stream");
-    return proto::FromGrpcStatus(status);
+    return proto::rpc::FromGrpcStatus(status);
   }
   return ParseHealth(read_buf_);
 }
@@ -235,7 +235,7 @@ absl::StatusOr<std::vector<std::string>> ListServicesByReflection(
     while (cq.Next(&got, &ok)) {
     }
   }
-  if (!status.ok()) return proto::FromGrpcStatus(status);
+  if (!status.ok()) return proto::rpc::FromGrpcStatus(status);
   if (!got_reply) return absl::DataLossError("reflection: no reply");
 
   // ServerReflectionResponse { ListServiceResponse list_services_response = 6;

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/client_context.h"
-#include "proto/grpc_status.h"
+#include "proto/rpc/grpc_status.h"
 
 namespace flashcp::tests::testing {
 
@@ -48,7 +48,7 @@ absl::StatusOr<std::string> JoinAlone(v1::Rendezvous::StubInterface& stub,
   context.set_deadline(absl::ToChronoTime(deadline));
   v1::JoinResponse joined;
   const absl::Status s =
-      proto::FromGrpcStatus(stub.Join(&context, JoinRequestOf(group, 0, 1), &joined));
+      proto::rpc::FromGrpcStatus(stub.Join(&context, JoinRequestOf(group, 0, 1), &joined));
   if (!s.ok()) return s;
   return joined.token();
 }

@@ -1,6 +1,7 @@
 """flashcp.plan_pipeline: DPP-style pipeline-parallel plans of a batch's
-documents, in process (core/pipeline.h through the native binding; the
-checkpoint ILP on CBC). docs/pipeline.md has the model and what it claims."""
+documents, in process (core/pipeline.h through the native binding, with the
+planner's greedy checkpointing: the checkpoint ILP links CBC, which the
+extension does not). docs/pipeline.md has the model and what it claims."""
 import json
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
@@ -21,15 +22,20 @@ def plan_pipeline(doc_lens: Iterable[int], pp_size: int = 4, strategy: str = "dp
     flashcp-plan --pipeline's fields: chunks ({kind, slices: [{doc, start,
     len}]}), pipelines ({forward, backward}), ckpt[stage][chunk], slice_count,
     ckpt_solver, ckpt_gap, ckpt_optimal, prediction {iteration_s,
-    bubble_share, recompute_s, stage_peak_bytes}, planning_seconds. Raises
-    PlanError: INVALID_ARGUMENT naming the field, FAILED_PRECONDITION when no
-    plan fits the memory budget (saying by how much)."""
+    bubble_share, recompute_s, stage_peak_bytes}, planning_seconds.
+    Checkpointing in process is the greedy one (ckpt_solver "greedy" for the
+    DPP strategies; the baselines' "none", "full", "uniform"); the checkpoint
+    ILP (ckpt_solver "ilp") runs in the planner service's PlanPipeline and
+    in flashcp-plan --pipeline, which link CBC; ckpt_time_limit_seconds, its
+    time limit there, is accepted here for compatibility and has no effect.
+    Raises PlanError: INVALID_ARGUMENT naming the field, FAILED_PRECONDITION
+    when no plan fits the memory budget (saying by how much)."""
+    del ckpt_time_limit_seconds  # no checkpoint ILP in process
     try:
         out = native().plan_pipeline(
             [int(d) for d in doc_lens], int(pp_size), str(strategy), int(sp_size),
             float(memory_budget_gib) * (1 << 30), int(layers), int(hidden), int(kv_hidden),
             int(ffn_hidden), int(vocab), str(profile), int(slice_count),
-            float(ckpt_time_limit_seconds),
             {str(k): float(v) for k, v in (coefficients or {}).items()})
     except ValueError as e:
         raise PlanError("INVALID_ARGUMENT", str(e)) from None

@@ -39,6 +39,9 @@ def plan(doc_lens: Iterable[int], cp_size: int, strategy: str = "", *,
     validation, the plan's bounds, core::MakePlan, AnalyzePlan, the response
     conversion): the PlanResponse equals the service's for the same request,
     byte for byte, except metrics.planning_seconds (this process's time).
+    Strategy "ilp" is the exception: the extension links no CBC, so it
+    raises PlanError FAILED_PRECONDITION naming where it runs (a planner
+    started with --allow_ilp, or flashcp-plan --strategy ilp).
     Zero values mean the defaults (planner.proto); min_shard_tokens None is
     the default 128, -1 turns the rule off; ranks_per_node, cost_profile (the
     named profiles: calibration lives in a planner), cost and rank_speed as

@@ -33,9 +33,7 @@
 #include "core/analysis.h"
 #include "core/global_batch.h"
 #include "core/strategies.h"
-#include "core/ilp_deadline.h"
 #include "core/plan_hash.h"
-#include "core/ilp/pipeline_ckpt.h"
 #include "core/pipeline.h"
 #include "core/pipeline_json.h"
 #include "core/types.h"
@@ -96,6 +94,17 @@ void CheckMapped(const char* name, uintptr_t address, int64_t bytes) {
   }
 }
 
+// The `ilp` strategy's solver in this module: the ILP links CBC, which the
+// extension does not (core, proto and the engine only), so `ilp` plans where
+// it does.
+absl::StatusOr<core::Plan> IlpNotInProcess(const core::Batch&, const core::IlpOptions&,
+                                           const core::StopToken&, core::PlanInfo*) {
+  return absl::FailedPreconditionError(
+      "strategy: ilp is not planned in process (the Python extension links no CBC): plan it "
+      "with the planner service (flashcp-planner --allow_ilp; flashcp.Client(address).plan("
+      "..., \"ilp\")) or with flashcp-plan --strategy ilp");
+}
+
 // A serialized flashcp.v1.PlanRequest in, a serialized PlanResponse out, in
 // process, through the service's own steps: validation
 // (proto::RequestFromProto under `limits`), the plan's bounds
@@ -106,7 +115,7 @@ void CheckMapped(const char* name, uintptr_t address, int64_t bytes) {
 // planner). Planning runs with the GIL released and stops at its next check
 // (core::StopToken) once a signal handler has raised (Ctrl-C: the
 // KeyboardInterrupt propagates) or `timeout_seconds` (> 0) has passed
-// (DEADLINE_EXCEEDED).
+// (DEADLINE_EXCEEDED). `ilp`: FAILED_PRECONDITION (IlpNotInProcess).
 py::bytes Plan(const std::string& request_bytes, int64_t max_docs, int64_t max_tokens,
                int32_t max_cp_size, int64_t max_shard_ranks, int64_t max_response_bytes,
                double timeout_seconds) {
@@ -122,13 +131,11 @@ py::bytes Plan(const std::string& request_bytes, int64_t max_docs, int64_t max_t
   proto::PlanInput input = ValueOrRaise(proto::RequestFromProto(request, limits));
   ValueOrRaise(proto::CheckPlanBounds(
       input, proto::PlanBounds{max_shard_ranks, max_response_bytes}));
+  input.options.ilp.solver = IlpNotInProcess;
   proto::NullPlanObserver observer;
   const core::RealClock clock;  // metrics.planning_seconds, as the service reports it
   const absl::Time start = clock.Now();
   const absl::Duration timeout = absl::Seconds(timeout_seconds);
-  if (timeout_seconds > 0 && input.strategy == core::Strategy::kIlp) {
-    core::SetIlpDeadline(timeout, start, &clock, input.options.ilp);
-  }
   // The stop check runs on the planning threads; signals are checked (the
   // GIL taken) at most every 20 ms, on the calling thread only.
   const std::thread::id caller = std::this_thread::get_id();
@@ -153,7 +160,7 @@ py::bytes Plan(const std::string& request_bytes, int64_t max_docs, int64_t max_t
   });
   absl::StatusOr<std::string> out;
   {
-    py::gil_scoped_release release;  // planning may take a while (ilp: seconds)
+    py::gil_scoped_release release;  // planning may take a while
     absl::StatusOr<v1::PlanResponse> response =
         proto::PlanBatch(input, clock, observer);
     out = response.ok() ? proto::SerializeResponse(*response) : response.status();
@@ -177,13 +184,15 @@ py::dict ServiceBounds() {
 }
 
 // A pipeline plan (core/pipeline.h) in process, as flashcp-plan --pipeline's
-// JSON line (core/pipeline_json.h), with the CBC checkpoint ILP. Zeros take
-// the request's documented defaults.
+// JSON line (core/pipeline_json.h). Zeros take the request's documented
+// defaults. Checkpointing is the planner's greedy one (ckpt_solver "greedy"
+// for the DPP strategies): the checkpoint ILP links CBC, which the extension
+// does not; the planner service's PlanPipeline and flashcp-plan --pipeline
+// run it.
 std::string PlanPipeline(const std::vector<int64_t>& doc_lens, int32_t pp_size,
                          const std::string& strategy, int32_t sp_size, double memory_budget_bytes,
                          int32_t layers, int32_t hidden, int32_t kv_hidden, int32_t ffn_hidden,
                          int32_t vocab, const std::string& profile, int32_t slice_count,
-                         double ckpt_time_limit_seconds,
                          const std::map<std::string, double>& coefficients) {
   core::PipelineRequest r;
   r.doc_lens = doc_lens;
@@ -203,11 +212,10 @@ std::string PlanPipeline(const std::vector<int64_t>& doc_lens, int32_t pp_size,
   core::PipelineOptions o;
   if (!strategy.empty()) o.strategy = ValueOrRaise(core::ParsePipelineStrategy(strategy));
   o.slice_count = slice_count;
-  o.ckpt_solver = core::ilp::SolvePipelineCkpt;
-  o.ckpt.time_limit_seconds = ckpt_time_limit_seconds;
+  o.ckpt_solver = nullptr;  // greedy checkpointing: no CBC in the extension
   std::string out;
   {
-    py::gil_scoped_release release;  // the K search and CBC may take a while
+    py::gil_scoped_release release;  // the K search may take a while
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<core::PipelinePlan> plan = core::PlanPipeline(r, o);
     const double seconds =
@@ -629,8 +637,9 @@ m.def("plan_pipeline", &flashcp::python::PlanPipeline, py::arg("doc_lens"), py::
         py::arg("strategy"), py::arg("sp_size"), py::arg("memory_budget_bytes"),
         py::arg("layers"), py::arg("hidden"), py::arg("kv_hidden"), py::arg("ffn_hidden"),
         py::arg("vocab"), py::arg("profile"), py::arg("slice_count"),
-        py::arg("ckpt_time_limit_seconds"), py::arg("coefficients") = std::map<std::string, double>{},
-        "A pipeline plan (core/pipeline.h) as flashcp-plan --pipeline's JSON line");
+        py::arg("coefficients") = std::map<std::string, double>{},
+        "A pipeline plan (core/pipeline.h) as flashcp-plan --pipeline's JSON line, with the "
+        "greedy checkpointing (no CBC in process)");
   m.def(
       "plan_global_batch",
       [](const std::vector<int64_t>& doc_lens, int32_t dp_size, int32_t cp_size, int64_t context,

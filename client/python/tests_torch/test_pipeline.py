@@ -12,7 +12,7 @@ def test_defaults_plan_for_four_stages():
     plan = flashcp.plan_pipeline([40000, 20000, 9000, 5000, 3000, 1200, 800], 4)
     assert plan["strategy"] == "dpp"
     assert len(plan["ckpt"]) == 4
-    assert plan["ckpt_solver"] in ("ilp", "greedy")
+    assert plan["ckpt_solver"] == "greedy"  # no CBC in process: the greedy checkpointing
     assert len(plan["prediction"]["stage_peak_bytes"]) == 4
     assert max(plan["prediction"]["stage_peak_bytes"]) <= 80 * 2**30
     # Every token in exactly one chunk.
@@ -26,6 +26,19 @@ def test_defaults_plan_for_four_stages():
             assert start == at
             at += n
         assert at == lens
+
+
+def test_in_process_checkpointing_is_greedy_and_the_time_limit_is_accepted():
+    # No CBC in the extension: the DPP strategies checkpoint greedily, and the
+    # checkpoint ILP's time limit, kept for compatibility, changes nothing.
+    docs = [40000, 20000, 9000, 5000]
+    a = flashcp.plan_pipeline(docs, 4)
+    b = flashcp.plan_pipeline(docs, 4, ckpt_time_limit_seconds=0.5)
+    a.pop("planning_seconds")
+    b.pop("planning_seconds")
+    assert a == b
+    assert a["ckpt_solver"] == "greedy"
+    assert (a["ckpt_gap"], a["ckpt_optimal"]) == (0, False)
 
 
 def test_errors_name_the_field():

@@ -47,7 +47,7 @@ def test_in_process_plan_equals_service_and_cli_on_a_dataset(plan_bin, planner_a
         assert view == flashcp.plan_view(line), line["strategy"]
 
 
-def test_in_process_options_and_ilp_match_the_service(planner_address):
+def test_in_process_options_match_the_service_and_ilp_runs_there(planner_address):
     client = flashcp.Client(planner_address, options=CLIENT_OPTIONS)
     for kwargs in ({"target_imbalance": 1.3}, {"heads": 8, "head_dim": 64, "dtype_bytes": 4},
                    {"cost_profile": "cpu-fp32", "rank_speed": [1, 1.5, 0.5, 1],
@@ -61,9 +61,14 @@ def test_in_process_options_and_ilp_match_the_service(planner_address):
     remote = client._get_stub().Plan(req, timeout=30)
     assert _bytes_without_time(flashcp.plan([500, 40, 3], 2, "flashcp", min_shard_tokens=-1)) \
         == _bytes_without_time(remote)
-    remote = client.plan([64, 32, 16], 2, "ilp")
-    assert flashcp.plan_view(flashcp.plan([64, 32, 16], 2, "ilp")).shards == \
-        flashcp.plan_view(remote).shards
+    # ilp plans where CBC is linked (the extension links none): the service
+    # plans it; in process it is FAILED_PRECONDITION naming where it runs.
+    assert flashcp.plan_view(client.plan([64, 32, 16], 2, "ilp")).shards
+    with pytest.raises(flashcp.PlanError) as local:
+        flashcp.plan([64, 32, 16], 2, "ilp")
+    assert local.value.code == "FAILED_PRECONDITION"
+    assert "flashcp-planner --allow_ilp" in str(local.value)
+    assert "flashcp-plan --strategy ilp" in str(local.value)
 
 
 @pytest.mark.parametrize("args, field", [

@@ -1,4 +1,4 @@
-#include "proto/grpc_status.h"
+#include "proto/rpc/grpc_status.h"
 
 #include <string>
 #include <vector>
@@ -6,7 +6,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 
-namespace flashcp::proto {
+namespace flashcp::proto::rpc {
 namespace {
 
 struct CodePair {
@@ -66,4 +66,4 @@ TEST(GrpcStatusTest, CodesOutsideTheRangeBecomeUnknown) {
 }
 
 }  // namespace
-}  // namespace flashcp::proto
+}  // namespace flashcp::proto::rpc

@@ -1,10 +1,10 @@
-#include "proto/grpc_status.h"
+#include "proto/rpc/grpc_status.h"
 
 #include <string>
 
 #include "absl/strings/str_cat.h"
 
-namespace flashcp::proto {
+namespace flashcp::proto::rpc {
 namespace {
 
 // google.rpc.Code's range; both enums use it.
@@ -28,4 +28,4 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(code), status.error_message());
 }
 
-}  // namespace flashcp::proto
+}  // namespace flashcp::proto::rpc

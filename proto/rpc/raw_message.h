@@ -2,15 +2,15 @@
 // place. A generated handler answers a request that does not parse with
 // INTERNAL or UNIMPLEMENTED and no message; the services take their requests
 // raw so that such a request gets INVALID_ARGUMENT "could not parse <type>".
-#ifndef FLASHCP_PROTO_RAW_MESSAGE_H_
-#define FLASHCP_PROTO_RAW_MESSAGE_H_
+#ifndef FLASHCP_PROTO_RPC_RAW_MESSAGE_H_
+#define FLASHCP_PROTO_RPC_RAW_MESSAGE_H_
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/byte_buffer.h"
 
-namespace flashcp::proto {
+namespace flashcp::proto::rpc {
 
 // `*bytes` (consumed) parsed as a `Message`: INVALID_ARGUMENT naming the
 // type unless they are one.
@@ -42,6 +42,6 @@ absl::Status SerializeRaw(const Message& message, grpc::ByteBuffer* out) {
                                           s.error_message()));
 }
 
-}  // namespace flashcp::proto
+}  // namespace flashcp::proto::rpc
 
-#endif  // FLASHCP_PROTO_RAW_MESSAGE_H_
+#endif  // FLASHCP_PROTO_RPC_RAW_MESSAGE_H_
