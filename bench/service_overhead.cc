@@ -17,6 +17,7 @@
 //
 //   build/bin/service_overhead --planner_bin build/bin/flashcp-planner
 //       [--cells pile:131072:8,...] [--batches 64] [--passes 3] [--window 64]
+#include <dirent.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -65,6 +67,8 @@ ABSL_FLAG(int64_t, passes, 10,
           "timed passes over the pool per mode, 1 to 1000 (the server's CPU time is read in "
           "clock ticks: resolution one tick over passes x batches plans)");
 ABSL_FLAG(int64_t, window, 64, "stream: requests in flight, 1 to 4096");
+ABSL_FLAG(bool, unary, true, "run the unary mode (false: its columns read 0; for profiling)");
+ABSL_FLAG(bool, stream, true, "run the stream mode (false: its columns read 0; for profiling)");
 
 namespace {
 
@@ -90,6 +94,41 @@ double ProcessCpuSeconds(pid_t pid) {
   return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// CPU time of each live thread of `pid` summed by thread name (comm),
+// seconds: /proc/PID/task/TID/schedstat's first field (nanoseconds on CPU).
+// Threads that exited in between are missing: the breakdown, not the total.
+std::map<std::string, double> ThreadCpuByName(pid_t pid) {
+  std::map<std::string, double> out;
+  const std::string dir = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (const dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream comm(absl::StrCat(dir, "/", e->d_name, "/comm"));
+    std::ifstream sched(absl::StrCat(dir, "/", e->d_name, "/schedstat"));
+    std::string name;
+    double ns = 0;
+    if (std::getline(comm, name) && sched >> ns) out[name] += 1e-9 * ns;
+  }
+  closedir(d);
+  return out;
+}
+
+// after - before per name, microseconds per plan, "name us, ..." largest first.
+std::string ThreadBreakdown(const std::map<std::string, double>& before,
+                            const std::map<std::string, double>& after, double plans) {
+  std::vector<std::pair<double, std::string>> parts;
+  for (const auto& [name, seconds] : after) {
+    auto it = before.find(name);
+    const double us = 1e6 * (seconds - (it == before.end() ? 0.0 : it->second)) / plans;
+    if (us >= 0.5) parts.emplace_back(us, name);
+  }
+  std::sort(parts.rbegin(), parts.rend());
+  std::vector<std::string> text;
+  for (const auto& [us, name] : parts) text.push_back(absl::StrCat(name, " ", std::lround(us)));
+  return absl::StrJoin(text, ", ");
+}
+
 struct Cell {
   core::Dataset dataset;
   int64_t context;
@@ -101,6 +140,7 @@ struct Figures {
   double p50_ms = 0, p99_ms = 0;
   double plans_per_second = 0;
   int64_t errors = 0;
+  std::string threads;  // the service: CPU us per plan by server thread name
 };
 
 std::vector<v1::PlanRequest> Requests(const Cell& cell, core::Strategy strategy, int64_t count) {
@@ -157,11 +197,13 @@ Figures Unary(v1::Planner::Stub& stub, pid_t pid, const std::vector<v1::PlanRequ
   Figures f;
   std::vector<double> ms;
   double cpu0 = 0;
+  std::map<std::string, double> threads0;
   const Clock::time_point start_all = Clock::now();
   Clock::time_point start = start_all;
   for (int64_t pass = 0; pass <= passes; ++pass) {
     if (pass == 1) {
       cpu0 = ProcessCpuSeconds(pid);
+      threads0 = ThreadCpuByName(pid);
       start = Clock::now();
     }
     for (const v1::PlanRequest& r : requests) {
@@ -177,6 +219,7 @@ Figures Unary(v1::Planner::Stub& stub, pid_t pid, const std::vector<v1::PlanRequ
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   f.cpu_us_per_plan = 1e6 * (ProcessCpuSeconds(pid) - cpu0) / static_cast<double>(ms.size());
+  f.threads = ThreadBreakdown(threads0, ThreadCpuByName(pid), static_cast<double>(ms.size()));
   f.p50_ms = core::Percentile(ms, 0.5);
   f.p99_ms = core::Percentile(ms, 0.99);
   f.plans_per_second = static_cast<double>(ms.size()) / seconds;
@@ -223,11 +266,13 @@ Figures Stream(v1::Planner::Stub& stub, pid_t pid, const std::vector<v1::PlanReq
   Figures f;
   f.errors += StreamPass(stub, requests, window);  // warm-up
   const double cpu0 = ProcessCpuSeconds(pid);
+  const std::map<std::string, double> threads0 = ThreadCpuByName(pid);
   const Clock::time_point start = Clock::now();
   for (int64_t pass = 0; pass < passes; ++pass) f.errors += StreamPass(stub, requests, window);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const double plans = static_cast<double>(passes) * static_cast<double>(requests.size());
   f.cpu_us_per_plan = 1e6 * (ProcessCpuSeconds(pid) - cpu0) / plans;
+  f.threads = ThreadBreakdown(threads0, ThreadCpuByName(pid), plans);
   f.plans_per_second = plans / seconds;
   return f;
 }
@@ -289,11 +334,15 @@ int main(int argc, char** argv) {
       1e6 / static_cast<double>(sysconf(_SC_CLK_TCK)) /
           static_cast<double>(*passes * *batches));
   int rc = 0;
+  std::vector<std::string> breakdown;
   for (const Cell& c : cells) {
     const std::vector<v1::PlanRequest> requests = Requests(c, *strategy, *batches);
     const Figures in = InProcess(requests, *passes);
-    const Figures un = Unary(*stub, pid, requests, *passes);
-    const Figures st = Stream(*stub, pid, requests, *passes, *window);
+    const Figures un =
+        absl::GetFlag(FLAGS_unary) ? Unary(*stub, pid, requests, *passes) : Figures{};
+    const Figures st = absl::GetFlag(FLAGS_stream)
+                           ? Stream(*stub, pid, requests, *passes, *window)
+                           : Figures{};
     const int64_t errors = in.errors + un.errors + st.errors;
     if (errors != 0) rc = 1;
     std::printf("| %s | %lld | %d | %.0f | %.3f | %.3f | %.0f | %.2f | %.3f | %.3f | %.2f | %.0f "
@@ -305,7 +354,13 @@ int main(int argc, char** argv) {
                 st.cpu_us_per_plan / in.cpu_us_per_plan, st.plans_per_second,
                 static_cast<long long>(errors));
     std::fflush(stdout);
+    breakdown.push_back(absl::StrCat("| ", core::DatasetName(c.dataset), " | ", c.context, " | ",
+                                     c.n, " | ", un.threads, " | ", st.threads, " |\n"));
   }
+  std::printf("\nServer CPU us per plan by thread name (/proc/PID/task/TID/schedstat; live "
+              "threads only):\n\n| data set | C | N | unary | stream |\n| --- | --- | --- | --- "
+              "| --- |\n%s",
+              absl::StrJoin(breakdown, "").c_str());
   const absl::StatusOr<int> exit_code = (*planner)->Terminate();
   if (!exit_code.ok() || *exit_code != 0) rc = 1;
   return rc;
