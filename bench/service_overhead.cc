@@ -39,6 +39,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -114,6 +115,23 @@ std::map<std::string, double> ThreadCpuByName(pid_t pid) {
   return out;
 }
 
+// Seconds the live threads of `pid` have run: /proc/PID/task/TID/schedstat's
+// first field (nanoseconds on a CPU), summed.
+double ThreadsRunSeconds(pid_t pid) {
+  double total = 0;
+  const std::string dir = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  while (const dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(absl::StrCat(dir, "/", e->d_name, "/schedstat"));
+    double run = 0;
+    if (in >> run) total += 1e-9 * run;
+  }
+  closedir(d);
+  return total;
+}
+
 // after - before per name, microseconds per plan, "name us, ..." largest first.
 std::string ThreadBreakdown(const std::map<std::string, double>& before,
                             const std::map<std::string, double>& after, double plans) {
@@ -141,6 +159,11 @@ struct Figures {
   double plans_per_second = 0;
   int64_t errors = 0;
   std::string threads;  // the service: CPU us per plan by server thread name
+  // The tail in CPU time, beside the wall time's: in process, percentiles
+  // of each call's thread CPU time; unary, of the CPU time the server's
+  // threads ran while each call was in flight (schedstat; it includes the
+  // server's idle housekeeping, microseconds).
+  double own_p50_ms = 0, own_p99_ms = 0;
 };
 
 std::vector<v1::PlanRequest> Requests(const Cell& cell, core::Strategy strategy, int64_t count) {
@@ -159,7 +182,7 @@ Figures InProcess(const std::vector<v1::PlanRequest>& requests, int64_t passes) 
   core::RealClock clock;
   flashcp::planner_service::NullObserver observer;
   Figures f;
-  std::vector<double> ms;
+  std::vector<double> ms, cpu_ms;
   double cpu = 0;
   for (int64_t pass = 0; pass <= passes; ++pass) {
     for (const v1::PlanRequest& r : requests) {
@@ -175,13 +198,16 @@ Figures InProcess(const std::vector<v1::PlanRequest>& requests, int64_t passes) 
                         : absl::StatusOr<std::string>(response.status());
       if (pass == 0) continue;  // warm-up
       ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-      cpu += flashcp::bench::ThreadCpuSeconds() - c0;
+      cpu_ms.push_back(1e3 * (flashcp::bench::ThreadCpuSeconds() - c0));
+      cpu += 1e-3 * cpu_ms.back();
       if (!bytes.ok()) ++f.errors;
     }
   }
   f.cpu_us_per_plan = 1e6 * cpu / static_cast<double>(ms.size());
   f.p50_ms = core::Percentile(ms, 0.5);
   f.p99_ms = core::Percentile(ms, 0.99);
+  f.own_p50_ms = core::Percentile(cpu_ms, 0.5);
+  f.own_p99_ms = core::Percentile(cpu_ms, 0.99);
   return f;
 }
 
@@ -195,7 +221,7 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
 Figures Unary(v1::Planner::Stub& stub, pid_t pid, const std::vector<v1::PlanRequest>& requests,
               int64_t passes) {
   Figures f;
-  std::vector<double> ms;
+  std::vector<double> ms, own_ms;
   double cpu0 = 0;
   std::map<std::string, double> threads0;
   const Clock::time_point start_all = Clock::now();
@@ -210,10 +236,14 @@ Figures Unary(v1::Planner::Stub& stub, pid_t pid, const std::vector<v1::PlanRequ
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
       v1::PlanResponse response;
+      const double q0 = pass == 0 ? 0 : ThreadsRunSeconds(pid);
       const Clock::time_point t0 = Clock::now();
       const grpc::Status st = stub.Plan(&context, r, &response);
+      const Clock::time_point t1 = Clock::now();
       if (pass == 0) continue;
-      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      const double q1 = ThreadsRunSeconds(pid);
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      own_ms.push_back(1e3 * (q1 - q0));
       if (!st.ok() || response.has_error()) ++f.errors;
     }
   }
@@ -222,6 +252,8 @@ Figures Unary(v1::Planner::Stub& stub, pid_t pid, const std::vector<v1::PlanRequ
   f.threads = ThreadBreakdown(threads0, ThreadCpuByName(pid), static_cast<double>(ms.size()));
   f.p50_ms = core::Percentile(ms, 0.5);
   f.p99_ms = core::Percentile(ms, 0.99);
+  f.own_p50_ms = core::Percentile(own_ms, 0.5);
+  f.own_p99_ms = core::Percentile(own_ms, 0.99);
   f.plans_per_second = static_cast<double>(ms.size()) / seconds;
   return f;
 }
@@ -334,7 +366,7 @@ int main(int argc, char** argv) {
       1e6 / static_cast<double>(sysconf(_SC_CLK_TCK)) /
           static_cast<double>(*passes * *batches));
   int rc = 0;
-  std::vector<std::string> breakdown;
+  std::vector<std::string> breakdown, tails;
   for (const Cell& c : cells) {
     const std::vector<v1::PlanRequest> requests = Requests(c, *strategy, *batches);
     const Figures in = InProcess(requests, *passes);
@@ -356,11 +388,24 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     breakdown.push_back(absl::StrCat("| ", core::DatasetName(c.dataset), " | ", c.context, " | ",
                                      c.n, " | ", un.threads, " | ", st.threads, " |\n"));
+    tails.push_back(absl::StrFormat(
+        "| %s | %d | %d | %.3f / %.3f (%.2f) | %.3f / %.3f (%.2f) | %.3f / %.3f (%.2f) | %.3f / "
+        "%.3f (%.2f) |\n",
+        core::DatasetName(c.dataset), c.context, c.n, in.p50_ms, in.p99_ms,
+        in.p99_ms / in.p50_ms, in.own_p50_ms, in.own_p99_ms, in.own_p99_ms / in.own_p50_ms,
+        un.p50_ms, un.p99_ms, un.p99_ms / un.p50_ms, un.own_p50_ms, un.own_p99_ms,
+        un.own_p99_ms / un.own_p50_ms));
   }
   std::printf("\nServer CPU us per plan by thread name (/proc/PID/task/TID/schedstat; live "
               "threads only):\n\n| data set | C | N | unary | stream |\n| --- | --- | --- | --- "
               "| --- |\n%s",
               absl::StrJoin(breakdown, "").c_str());
+  std::printf("\nTails, p50 / p99 ms (p99 / p50): in process wall time and thread CPU time; "
+              "unary wall time and the server's CPU time during the call (all its threads, "
+              "schedstat):\n\n| data set | C | N | in process wall | in "
+              "process CPU | unary wall | unary server CPU |\n| --- | --- | --- | --- | "
+              "--- | --- | --- |\n%s",
+              absl::StrJoin(tails, "").c_str());
   const absl::StatusOr<int> exit_code = (*planner)->Terminate();
   if (!exit_code.ok() || *exit_code != 0) rc = 1;
   return rc;
