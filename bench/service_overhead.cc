@@ -13,10 +13,15 @@
 //     CPU time per plan and plans per second.
 // Each mode makes --passes passes over the pool after one warm-up pass.
 // Targets (issue 29): server CPU per plan <= 1.3 x in process; unary p99 <=
-// 3 x p50. Markdown on stdout.
+// 3 x p50. Markdown on stdout: the main table; the server's CPU per plan by
+// thread name (schedstat; which of the pool's and gRPC's threads spend it);
+// and the tails in CPU time beside wall time (in process: each call's thread
+// CPU; unary: the server's CPU while each call was in flight), which tell the
+// machine's scheduling noise from the service's own tail.
 //
 //   build/bin/service_overhead --planner_bin build/bin/flashcp-planner
 //       [--cells pile:131072:8,...] [--batches 64] [--passes 3] [--window 64]
+//       [--unary=false] [--stream=false]   (to profile one mode)
 #include <dirent.h>
 #include <sys/types.h>
 #include <unistd.h>
