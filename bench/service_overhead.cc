@@ -13,10 +13,16 @@
 //     CPU time per plan and plans per second.
 // Each mode makes --passes passes over the pool after one warm-up pass.
 // Targets (issue 29): server CPU per plan <= 1.3 x in process; unary p99 <=
-// 3 x p50. Markdown on stdout.
+// 3 x p50. Markdown on stdout: the main table; the server's CPU per plan by
+// thread name (schedstat; which of the pool's and gRPC's threads spend it);
+// and the tails in CPU time beside wall time (in process: each call's thread
+// CPU; unary: the server's CPU while each call was in flight), which tell the
+// machine's scheduling noise from the service's own tail.
 //
 //   build/bin/service_overhead --planner_bin build/bin/flashcp-planner
 //       [--cells pile:131072:8,...] [--batches 64] [--passes 3] [--window 64]
+//       [--unary=false] [--stream=false]   (to profile one mode)
+#include <dirent.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -27,6 +33,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -37,6 +44,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -65,6 +73,8 @@ ABSL_FLAG(int64_t, passes, 10,
           "timed passes over the pool per mode, 1 to 1000 (the server's CPU time is read in "
           "clock ticks: resolution one tick over passes x batches plans)");
 ABSL_FLAG(int64_t, window, 64, "stream: requests in flight, 1 to 4096");
+ABSL_FLAG(bool, unary, true, "run the unary mode (false: its columns read 0; for profiling)");
+ABSL_FLAG(bool, stream, true, "run the stream mode (false: its columns read 0; for profiling)");
 
 namespace {
 
@@ -90,6 +100,58 @@ double ProcessCpuSeconds(pid_t pid) {
   return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// CPU time of each live thread of `pid` summed by thread name (comm),
+// seconds: /proc/PID/task/TID/schedstat's first field (nanoseconds on CPU).
+// Threads that exited in between are missing: the breakdown, not the total.
+std::map<std::string, double> ThreadCpuByName(pid_t pid) {
+  std::map<std::string, double> out;
+  const std::string dir = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (const dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream comm(absl::StrCat(dir, "/", e->d_name, "/comm"));
+    std::ifstream sched(absl::StrCat(dir, "/", e->d_name, "/schedstat"));
+    std::string name;
+    double ns = 0;
+    if (std::getline(comm, name) && sched >> ns) out[name] += 1e-9 * ns;
+  }
+  closedir(d);
+  return out;
+}
+
+// Seconds the live threads of `pid` have run: /proc/PID/task/TID/schedstat's
+// first field (nanoseconds on a CPU), summed.
+double ThreadsRunSeconds(pid_t pid) {
+  double total = 0;
+  const std::string dir = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  while (const dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(absl::StrCat(dir, "/", e->d_name, "/schedstat"));
+    double run = 0;
+    if (in >> run) total += 1e-9 * run;
+  }
+  closedir(d);
+  return total;
+}
+
+// after - before per name, microseconds per plan, "name us, ..." largest first.
+std::string ThreadBreakdown(const std::map<std::string, double>& before,
+                            const std::map<std::string, double>& after, double plans) {
+  std::vector<std::pair<double, std::string>> parts;
+  for (const auto& [name, seconds] : after) {
+    auto it = before.find(name);
+    const double us = 1e6 * (seconds - (it == before.end() ? 0.0 : it->second)) / plans;
+    if (us >= 0.5) parts.emplace_back(us, name);
+  }
+  std::sort(parts.rbegin(), parts.rend());
+  std::vector<std::string> text;
+  for (const auto& [us, name] : parts) text.push_back(absl::StrCat(name, " ", std::lround(us)));
+  return absl::StrJoin(text, ", ");
+}
+
 struct Cell {
   core::Dataset dataset;
   int64_t context;
@@ -101,6 +163,12 @@ struct Figures {
   double p50_ms = 0, p99_ms = 0;
   double plans_per_second = 0;
   int64_t errors = 0;
+  std::string threads;  // the service: CPU us per plan by server thread name
+  // The tail in CPU time, beside the wall time's: in process, percentiles
+  // of each call's thread CPU time; unary, of the CPU time the server's
+  // threads ran while each call was in flight (schedstat; it includes the
+  // server's idle housekeeping, microseconds).
+  double own_p50_ms = 0, own_p99_ms = 0;
 };
 
 std::vector<v1::PlanRequest> Requests(const Cell& cell, core::Strategy strategy, int64_t count) {
@@ -119,7 +187,7 @@ Figures InProcess(const std::vector<v1::PlanRequest>& requests, int64_t passes) 
   core::RealClock clock;
   flashcp::planner_service::NullObserver observer;
   Figures f;
-  std::vector<double> ms;
+  std::vector<double> ms, cpu_ms;
   double cpu = 0;
   for (int64_t pass = 0; pass <= passes; ++pass) {
     for (const v1::PlanRequest& r : requests) {
@@ -135,13 +203,16 @@ Figures InProcess(const std::vector<v1::PlanRequest>& requests, int64_t passes) 
                         : absl::StatusOr<std::string>(response.status());
       if (pass == 0) continue;  // warm-up
       ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-      cpu += flashcp::bench::ThreadCpuSeconds() - c0;
+      cpu_ms.push_back(1e3 * (flashcp::bench::ThreadCpuSeconds() - c0));
+      cpu += 1e-3 * cpu_ms.back();
       if (!bytes.ok()) ++f.errors;
     }
   }
   f.cpu_us_per_plan = 1e6 * cpu / static_cast<double>(ms.size());
   f.p50_ms = core::Percentile(ms, 0.5);
   f.p99_ms = core::Percentile(ms, 0.99);
+  f.own_p50_ms = core::Percentile(cpu_ms, 0.5);
+  f.own_p99_ms = core::Percentile(cpu_ms, 0.99);
   return f;
 }
 
@@ -155,30 +226,39 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
 Figures Unary(v1::Planner::Stub& stub, pid_t pid, const std::vector<v1::PlanRequest>& requests,
               int64_t passes) {
   Figures f;
-  std::vector<double> ms;
+  std::vector<double> ms, own_ms;
   double cpu0 = 0;
+  std::map<std::string, double> threads0;
   const Clock::time_point start_all = Clock::now();
   Clock::time_point start = start_all;
   for (int64_t pass = 0; pass <= passes; ++pass) {
     if (pass == 1) {
       cpu0 = ProcessCpuSeconds(pid);
+      threads0 = ThreadCpuByName(pid);
       start = Clock::now();
     }
     for (const v1::PlanRequest& r : requests) {
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
       v1::PlanResponse response;
+      const double q0 = pass == 0 ? 0 : ThreadsRunSeconds(pid);
       const Clock::time_point t0 = Clock::now();
       const grpc::Status st = stub.Plan(&context, r, &response);
+      const Clock::time_point t1 = Clock::now();
       if (pass == 0) continue;
-      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      const double q1 = ThreadsRunSeconds(pid);
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      own_ms.push_back(1e3 * (q1 - q0));
       if (!st.ok() || response.has_error()) ++f.errors;
     }
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   f.cpu_us_per_plan = 1e6 * (ProcessCpuSeconds(pid) - cpu0) / static_cast<double>(ms.size());
+  f.threads = ThreadBreakdown(threads0, ThreadCpuByName(pid), static_cast<double>(ms.size()));
   f.p50_ms = core::Percentile(ms, 0.5);
   f.p99_ms = core::Percentile(ms, 0.99);
+  f.own_p50_ms = core::Percentile(own_ms, 0.5);
+  f.own_p99_ms = core::Percentile(own_ms, 0.99);
   f.plans_per_second = static_cast<double>(ms.size()) / seconds;
   return f;
 }
@@ -223,11 +303,13 @@ Figures Stream(v1::Planner::Stub& stub, pid_t pid, const std::vector<v1::PlanReq
   Figures f;
   f.errors += StreamPass(stub, requests, window);  // warm-up
   const double cpu0 = ProcessCpuSeconds(pid);
+  const std::map<std::string, double> threads0 = ThreadCpuByName(pid);
   const Clock::time_point start = Clock::now();
   for (int64_t pass = 0; pass < passes; ++pass) f.errors += StreamPass(stub, requests, window);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const double plans = static_cast<double>(passes) * static_cast<double>(requests.size());
   f.cpu_us_per_plan = 1e6 * (ProcessCpuSeconds(pid) - cpu0) / plans;
+  f.threads = ThreadBreakdown(threads0, ThreadCpuByName(pid), plans);
   f.plans_per_second = plans / seconds;
   return f;
 }
@@ -289,11 +371,15 @@ int main(int argc, char** argv) {
       1e6 / static_cast<double>(sysconf(_SC_CLK_TCK)) /
           static_cast<double>(*passes * *batches));
   int rc = 0;
+  std::vector<std::string> breakdown, tails;
   for (const Cell& c : cells) {
     const std::vector<v1::PlanRequest> requests = Requests(c, *strategy, *batches);
     const Figures in = InProcess(requests, *passes);
-    const Figures un = Unary(*stub, pid, requests, *passes);
-    const Figures st = Stream(*stub, pid, requests, *passes, *window);
+    const Figures un =
+        absl::GetFlag(FLAGS_unary) ? Unary(*stub, pid, requests, *passes) : Figures{};
+    const Figures st = absl::GetFlag(FLAGS_stream)
+                           ? Stream(*stub, pid, requests, *passes, *window)
+                           : Figures{};
     const int64_t errors = in.errors + un.errors + st.errors;
     if (errors != 0) rc = 1;
     std::printf("| %s | %lld | %d | %.0f | %.3f | %.3f | %.0f | %.2f | %.3f | %.3f | %.2f | %.0f "
@@ -305,7 +391,26 @@ int main(int argc, char** argv) {
                 st.cpu_us_per_plan / in.cpu_us_per_plan, st.plans_per_second,
                 static_cast<long long>(errors));
     std::fflush(stdout);
+    breakdown.push_back(absl::StrCat("| ", core::DatasetName(c.dataset), " | ", c.context, " | ",
+                                     c.n, " | ", un.threads, " | ", st.threads, " |\n"));
+    tails.push_back(absl::StrFormat(
+        "| %s | %d | %d | %.3f / %.3f (%.2f) | %.3f / %.3f (%.2f) | %.3f / %.3f (%.2f) | %.3f / "
+        "%.3f (%.2f) |\n",
+        core::DatasetName(c.dataset), c.context, c.n, in.p50_ms, in.p99_ms,
+        in.p99_ms / in.p50_ms, in.own_p50_ms, in.own_p99_ms, in.own_p99_ms / in.own_p50_ms,
+        un.p50_ms, un.p99_ms, un.p99_ms / un.p50_ms, un.own_p50_ms, un.own_p99_ms,
+        un.own_p99_ms / un.own_p50_ms));
   }
+  std::printf("\nServer CPU us per plan by thread name (/proc/PID/task/TID/schedstat; live "
+              "threads only):\n\n| data set | C | N | unary | stream |\n| --- | --- | --- | --- "
+              "| --- |\n%s",
+              absl::StrJoin(breakdown, "").c_str());
+  std::printf("\nTails, p50 / p99 ms (p99 / p50): in process wall time and thread CPU time; "
+              "unary wall time and the server's CPU time during the call (all its threads, "
+              "schedstat):\n\n| data set | C | N | in process wall | in "
+              "process CPU | unary wall | unary server CPU |\n| --- | --- | --- | --- | "
+              "--- | --- | --- |\n%s",
+              absl::StrJoin(tails, "").c_str());
   const absl::StatusOr<int> exit_code = (*planner)->Terminate();
   if (!exit_code.ok() || *exit_code != 0) rc = 1;
   return rc;

@@ -141,10 +141,26 @@ PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry, absl::strin
 
 void PrometheusMetrics::OnRequestDone(absl::string_view method, absl::StatusCode code,
                                       double seconds) {
-  const std::string m(method);
-  // gRPC's code names ("OK", "INVALID_ARGUMENT", ...), as absl spells them.
-  requests_.Add({{"method", m}, {"code", absl::StatusCodeToString(code)}}).Increment();
-  request_duration_.Add({{"method", m}}, LatencyBuckets()).Observe(seconds);
+  prometheus::Counter* requests = nullptr;
+  prometheus::Histogram* duration = nullptr;
+  {
+    absl::MutexLock lock(&series_mu_);
+    auto it = method_series_.find(method);
+    if (it == method_series_.end()) {
+      it = method_series_.emplace(std::string(method), MethodSeries{}).first;
+      it->second.duration =
+          &request_duration_.Add({{"method", it->first}}, LatencyBuckets());
+    }
+    prometheus::Counter*& counter = it->second.requests[static_cast<int>(code)];
+    // gRPC's code names ("OK", "INVALID_ARGUMENT", ...), as absl spells them.
+    if (counter == nullptr) {
+      counter = &requests_.Add({{"method", it->first}, {"code", absl::StatusCodeToString(code)}});
+    }
+    requests = counter;
+    duration = it->second.duration;
+  }
+  requests->Increment();
+  duration->Observe(seconds);
 }
 
 void PrometheusMetrics::OnInflightChange(int delta) { inflight_.Increment(delta); }
@@ -170,30 +186,49 @@ void PrometheusMetrics::OnStreamHeldBytes(int64_t bytes) {
   stream_held_bytes_.Set(static_cast<double>(bytes));
 }
 
+const PrometheusMetrics::PlanSeries& PrometheusMetrics::PlanSeriesFor(core::Strategy strategy,
+                                                                    int64_t cp_size) {
+  absl::MutexLock lock(&series_mu_);
+  std::unique_ptr<PlanSeries>& series =
+      plan_series_[std::make_pair(static_cast<int>(strategy), cp_size)];
+  if (series != nullptr) return *series;
+  series = std::make_unique<PlanSeries>();
+  const std::string s(core::StrategyName(strategy));
+  const std::string n = std::to_string(cp_size);
+  series->duration = &planning_duration_.Add({{"strategy", s}, {"cp_size", n}}, LatencyBuckets());
+  series->imbalance = &imbalance_.Add({{"strategy", s}, {"cp_size", n}}, ImbalanceBuckets());
+  for (const core::CommScheme scheme :
+       {core::CommScheme::kAllGather, core::CommScheme::kTargeted}) {
+    const int i = scheme == core::CommScheme::kAllGather ? 0 : 1;
+    const std::string name(core::CommSchemeName(scheme));
+    series->saving[i] =
+        &comm_saving_.Add({{"strategy", s}, {"scheme", name}, {"cp_size", n}}, SavingBuckets());
+    series->sent[i] = &phase_bottleneck_.Add(
+        {{"strategy", s}, {"scheme", name}, {"cp_size", n}, {"direction", "send"}},
+        PhaseBuckets());
+    series->received[i] = &phase_bottleneck_.Add(
+        {{"strategy", s}, {"scheme", name}, {"cp_size", n}, {"direction", "receive"}},
+        PhaseBuckets());
+  }
+  return *series;
+}
+
 void PrometheusMetrics::OnPlanned(core::Strategy strategy, double planning_seconds,
                                   const core::PlanMetrics& metrics) {
-  const std::string s(core::StrategyName(strategy));
   // One workload per rank: its count is the plan's cp_size.
-  const std::string n = std::to_string(metrics.rank_workload.size());
-  planning_duration_.Add({{"strategy", s}, {"cp_size", n}}, LatencyBuckets())
-      .Observe(planning_seconds);
-  imbalance_.Add({{"strategy", s}, {"cp_size", n}}, ImbalanceBuckets()).Observe(metrics.imbalance);
+  const PlanSeries& series =
+      PlanSeriesFor(strategy, static_cast<int64_t>(metrics.rank_workload.size()));
+  series.duration->Observe(planning_seconds);
+  series.imbalance->Observe(metrics.imbalance);
   const double per_rank = static_cast<double>(std::max<int64_t>(1, metrics.tokens_per_rank));
   for (const core::CommScheme scheme :
        {core::CommScheme::kAllGather, core::CommScheme::kTargeted}) {
-    const std::string name(core::CommSchemeName(scheme));
-    comm_saving_.Add({{"strategy", s}, {"scheme", name}, {"cp_size", n}}, SavingBuckets())
-        .Observe(scheme == core::CommScheme::kAllGather ? metrics.comm_saving
-                                                        : metrics.targeted_saving);
+    const int i = scheme == core::CommScheme::kAllGather ? 0 : 1;
+    series.saving[i]->Observe(scheme == core::CommScheme::kAllGather ? metrics.comm_saving
+                                                                     : metrics.targeted_saving);
     const core::PhaseTraffic& phase = metrics.bytes[static_cast<int>(scheme)].phase;
-    phase_bottleneck_
-        .Add({{"strategy", s}, {"scheme", name}, {"cp_size", n}, {"direction", "send"}},
-             PhaseBuckets())
-        .Observe(static_cast<double>(phase.max_sent_tokens) / per_rank);
-    phase_bottleneck_
-        .Add({{"strategy", s}, {"scheme", name}, {"cp_size", n}, {"direction", "receive"}},
-             PhaseBuckets())
-        .Observe(static_cast<double>(phase.max_received_tokens) / per_rank);
+    series.sent[i]->Observe(static_cast<double>(phase.max_sent_tokens) / per_rank);
+    series.received[i]->Observe(static_cast<double>(phase.max_received_tokens) / per_rank);
   }
 }
 

@@ -28,7 +28,12 @@
 #ifndef FLASHCP_PLANNER_SERVICE_METRICS_H_
 #define FLASHCP_PLANNER_SERVICE_METRICS_H_
 
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -70,6 +75,24 @@ class PrometheusMetrics final : public ServiceObserver, public RendezvousObserve
   static absl::string_view EventName(Event event);
 
  private:
+  // The series one plan records into, by (strategy, cp_size): found in their
+  // families once and kept, so that a plan costs one map lookup instead of
+  // ten label-set lookups (each building its labels on the heap).
+  struct PlanSeries {
+    prometheus::Histogram* duration = nullptr;
+    prometheus::Histogram* imbalance = nullptr;
+    // By core::CommScheme: kAllGather, kTargeted.
+    prometheus::Histogram* saving[2] = {nullptr, nullptr};
+    prometheus::Histogram* sent[2] = {nullptr, nullptr};
+    prometheus::Histogram* received[2] = {nullptr, nullptr};
+  };
+  // The series one request records into, by method, then code.
+  struct MethodSeries {
+    prometheus::Histogram* duration = nullptr;
+    std::map<int, prometheus::Counter*> requests;  // by absl::StatusCode
+  };
+  const PlanSeries& PlanSeriesFor(core::Strategy strategy, int64_t cp_size);
+
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& request_duration_;
   prometheus::Family<prometheus::Histogram>& planning_duration_;
@@ -90,6 +113,11 @@ class PrometheusMetrics final : public ServiceObserver, public RendezvousObserve
   prometheus::Family<prometheus::Gauge>* cost_fit_error_ = nullptr;
   prometheus::Family<prometheus::Gauge>* cost_calibrated_ = nullptr;
   absl::Mutex cost_mu_;  // serialises OnCalibration
+
+  absl::Mutex series_mu_;  // guards the two caches; their entries never move or go
+  std::map<std::pair<int, int64_t>, std::unique_ptr<PlanSeries>> plan_series_
+      ABSL_GUARDED_BY(series_mu_);
+  std::map<std::string, MethodSeries, std::less<>> method_series_ ABSL_GUARDED_BY(series_mu_);
 };
 
 }  // namespace flashcp::planner_service

@@ -766,6 +766,40 @@ TEST(PrometheusMetricsTest, PlanQualityCarriesCpSizeAndEachSchemesPhaseBottlenec
   EXPECT_THAT(text, Not(HasSubstr("scheme=\"full_kv\"")));
 }
 
+// The series are found once per label set and kept (PlanSeriesFor, the
+// method cache): repeated and interleaved calls still land each in its own
+// series, with exact counts.
+TEST(PrometheusMetricsTest, RepeatedPlansAndRequestsCountInTheirOwnSeries) {
+  prometheus::Registry registry;
+  PrometheusMetrics m(registry, "test");
+  core::PlanMetrics pm;
+  pm.rank_workload = {1, 1};  // N = 2
+  pm.tokens_per_rank = 10;
+  pm.imbalance = 1.5;
+  for (int i = 0; i < 3; ++i) {
+    m.OnPlanned(core::Strategy::kFlashCp, 0.25, pm);
+    m.OnPlanned(core::Strategy::kRing, 0.125, pm);
+    m.OnRequestDone("Plan", absl::StatusCode::kOk, 0.5);
+    m.OnRequestDone("PlanStream", absl::StatusCode::kOk, 0.25);
+  }
+  m.OnRequestDone("Plan", absl::StatusCode::kInvalidArgument, 1.0);
+  const std::string text = Scrape(registry);
+  for (const char* line : {
+           "flashcp_planner_planning_duration_seconds_count{cp_size=\"2\",strategy=\"flashcp\"} 3",
+           "flashcp_planner_planning_duration_seconds_sum{cp_size=\"2\",strategy=\"flashcp\"} 0.75",
+           "flashcp_planner_planning_duration_seconds_sum{cp_size=\"2\",strategy=\"ring\"} 0.375",
+           "flashcp_planner_plan_imbalance_ratio_sum{cp_size=\"2\",strategy=\"ring\"} 4.5",
+           "flashcp_planner_requests_total{code=\"OK\",method=\"Plan\"} 3",
+           "flashcp_planner_requests_total{code=\"INVALID_ARGUMENT\",method=\"Plan\"} 1",
+           "flashcp_planner_requests_total{code=\"OK\",method=\"PlanStream\"} 3",
+           "flashcp_planner_request_duration_seconds_count{method=\"Plan\"} 4",
+           "flashcp_planner_request_duration_seconds_sum{method=\"Plan\"} 2.5",
+           "flashcp_planner_request_duration_seconds_sum{method=\"PlanStream\"} 0.75",
+       }) {
+    EXPECT_THAT(text, HasSubstr(std::string(line) + "\n")) << line;
+  }
+}
+
 TEST(PrometheusMetricsTest, RendezvousAndQueueSeries) {
   prometheus::Registry registry;
   PrometheusMetrics m(registry, "test");
