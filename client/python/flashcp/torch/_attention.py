@@ -82,7 +82,13 @@ class _PostFailed(Exception):
 def _posting(op, peer: int):
     """op (dist.isend / dist.irecv as batch_isend_irecv calls it), raising
     _PostFailed(peer) from the backend's error."""
+    send = op is dist.isend
+
     def post(*args, **kwargs):
+        # batch_isend_irecv names the peer group_dst only for dist.isend
+        # itself (an identity test), group_src for any other callable.
+        if send and "group_src" in kwargs:
+            kwargs["group_dst"] = kwargs.pop("group_src")
         try:
             return op(*args, **kwargs)
         except RuntimeError as e:

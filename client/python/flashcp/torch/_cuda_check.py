@@ -8,8 +8,12 @@ of failing later in a kernel. Read from the module's ELF dynamic section
 (DT_NEEDED) and the libraries mapped in this process (/proc/self/maps: what
 the module's own libraries pulled in too), no CUDA call: it runs, and is
 tested, on a machine without GPUs.
-The cuDNN pairing (the module built against one cuDNN 9 minor, torch's
-libcudnn.so.9 loaded) is not checked here: docs/gpu.md.
+The pinned torch (2.11.0+cu130) and the system toolkit that builds the
+module are both CUDA 13, so they agree. cuDNN is not checked here: module
+and torch share one soname (libcudnn.so.9), so one cuDNN is loaded, torch's
+(9.19.0 in the pinned wheel, the system's 9.19.0 too); cuDNN runs an
+application built against an older or equal minor, not a newer one
+(docs/gpu.md).
 """
 import re
 import struct
