@@ -404,9 +404,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
                 "waits for a GPU (docs/gpu.md)")
         from flashcp.torch._all_to_all import attention_all_to_all
         return attention_all_to_all(q, k, v, ctx, scale)
-    if not on_cuda and torch.compiler.is_compiling():
-        # torch.compile: the custom op (_ops.py), opaque to the tracer, so
-        # attention stays in the graph; the same arithmetic as below.
+    if torch.compiler.is_compiling():
+        # torch.compile: the custom op (_ops.py; CPU and CUDA kernels),
+        # opaque to the tracer, so attention stays in the graph; the same
+        # arithmetic as below.
         o, _ = torch.ops.flashcp.cp_attention(q, k, v, ctx.op_handle, scheme, scale)
         return o.to(q.dtype)
     lay = ctx.layout(scheme)
