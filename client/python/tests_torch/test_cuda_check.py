@@ -110,3 +110,15 @@ def test_this_process_is_checked_by_its_own_build():
         with pytest.raises(RuntimeError) as e:
             cc.check_native_cuda_runtime(native().__file__)
         assert str(e.value) == want
+
+
+def test_links_cuda_runtime_reads_the_module_s_elf(tmp_path):
+    # native() imports torch before a module that links a CUDA runtime, so
+    # that its libcudart / libcudnn resolve to torch's copies (flashcp/_native.py).
+    from flashcp import _native
+    assert _native.links_cuda_runtime(_stub_elf(tmp_path / "a", "libcudart.so.13"))
+    assert _native.links_cuda_runtime(native().__file__) == native().cuda_built
+    p = tmp_path / "x.so"
+    p.write_bytes(b"#!/bin/sh\n")
+    assert not _native.links_cuda_runtime(str(p))
+    assert not _native.links_cuda_runtime(str(tmp_path / "missing.so"))
