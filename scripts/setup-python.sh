@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up the project-local Python environment .prefix/venv (never the system
 # Python): the exact pins of client/python/requirements.txt (grpcio,
-# grpcio-tools, protobuf, pytest, torch, pybind11, ...; torch is a 4.6 GB
-# download the first time), then the flashcp distribution (packages flashcp,
+# grpcio-tools, protobuf, pytest, torch, pybind11, ...; torch 2.11.0+cu130
+# and its CUDA 13 libraries are a download of a few GB the first time), then the flashcp distribution (packages flashcp,
 # flashcp.torch, flashcp_client), whose gRPC stubs grpcio-tools generates from
 # proto/ while it installs. The native module (_flashcp_native) is CMake's
 # (client/python/native, scripts/build.sh).

@@ -343,22 +343,26 @@ def compile_case(rank, n, spec):
     """TinyAttentionModel on two steps (two batches, two plans) eager and
     under torch.compile (aot_eager): graph breaks (torch._dynamo.explain and
     the compile counters), graphs compiled, and the largest difference of
-    loss and parameter gradients between the two."""
+    loss and parameter gradients between the two (and the largest magnitude
+    of the eager ones). spec["device"]: "cpu" (fp32, default) or "cuda"
+    (cuda:0, bf16: the custom op's CUDA kernels)."""
     from torch._dynamo.utils import counters
+    dev = spec.get("device", "cpu")
+    dtype = torch.float32 if dev == "cpu" else torch.bfloat16
     torch.manual_seed(0)
-    model = TinyAttentionModel()
+    model = TinyAttentionModel().to(dev, dtype)
     steps = []
     for lens, plan in spec["steps"]:
         ctx = ft.CpContext(plan, rank, doc_lens=lens)
         x = ft.dispatch(torch.randn(sum(lens), 32, generator=torch.Generator().manual_seed(5)),
-                        ctx)
+                        ctx).to(dev, dtype)
         steps.append((ctx, x))
     torch._dynamo.reset()
     explained = torch._dynamo.explain(model)(steps[0][1], steps[0][0])
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(model, backend="aot_eager")
-    diffs = []
+    diffs, mags = [], []
     for ctx, x in steps:
         got = []
         for fn in (model, compiled):
@@ -367,9 +371,10 @@ def compile_case(rank, n, spec):
             loss.backward()
             got.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
         diffs.append(max(float((a - b).abs().max()) for a, b in zip(*got)))
+        mags.append(max(float(a.abs().max()) for a in got[0]))
     return {"explain_breaks": explained.graph_break_count, "explain_graphs": explained.graph_count,
             "graph_breaks": sum(counters["graph_break"].values()),
-            "unique_graphs": counters["stats"]["unique_graphs"], "diffs": diffs}
+            "unique_graphs": counters["stats"]["unique_graphs"], "diffs": diffs, "mags": mags}
 
 
 def metrics_case(rank, n, spec):

@@ -9,16 +9,22 @@ LR = 0.5
 
 
 def _params(model):
-    """Parameters by name (DDP's module. prefix dropped), as numpy copies."""
+    """Parameters by name (DDP's module. prefix dropped), as numpy copies;
+    FSDP2's sharded DTensors gathered whole (a collective: every rank calls)."""
+    from torch.distributed.tensor import DTensor
     out = {}
     for k, p in model.named_parameters():
-        out[k.removeprefix("module.")] = p.detach().numpy().copy()
+        p = p.detach()
+        if isinstance(p, DTensor):
+            p = p.full_tensor()
+        out[k.removeprefix("module.")] = p.numpy().copy()
     return out
 
 
 def train_rank(rank, n, kind, arch, seed, steps, dp, cp):
     """steps: per step, each replica's documents. Returns (global losses,
-    final parameters) from rank 0, the replica and cp rank of each rank."""
+    final parameters) from rank 0, the replica and cp rank of each rank, and
+    whether every parameter is a DTensor (sharded by FSDP2)."""
     import flashcp.torch.dp_cp as dpcp
     import flashcp.torch.hf as fhf
     mesh = dpcp.mesh(dp, cp)
@@ -37,8 +43,11 @@ def train_rank(rank, n, kind, arch, seed, steps, dp, cp):
         total = loss.detach().clone()
         dist.all_reduce(total)
         losses.append(total.item())
+    from torch.distributed.tensor import DTensor
+    sharded = all(isinstance(p, DTensor) for p in model.parameters())
     params = _params(model)
-    return (losses, params if rank == 0 else None, replica, mesh.get_local_rank(dpcp.CP))
+    return (losses, params if rank == 0 else None, replica, mesh.get_local_rank(dpcp.CP),
+            sharded)
 
 
 def train_reference(arch, seed, steps):
@@ -61,13 +70,3 @@ def train_reference(arch, seed, steps):
         opt.zero_grad()
         losses.append(total)
     return losses, {k: p.detach().numpy().copy() for k, p in model.named_parameters()}
-
-
-def fsdp2_on_cpu(rank, n):
-    """data_parallel(..., "fsdp2") on a CPU mesh: the refusal's message."""
-    import flashcp.torch.dp_cp as dpcp
-    try:
-        dpcp.data_parallel(torch.nn.Linear(2, 2), dpcp.mesh(1, n), "fsdp2")
-    except ValueError as e:
-        return str(e)
-    return None

@@ -143,3 +143,19 @@ def test_cuda_attention_under_block_diffusion_matches_the_cpu_path(n):
             for name, err, ref in zip(("o", "dq", "dk", "dv"), r["err"], r["ref"]):
                 assert _close(err, ref), f"{key} n={n} rank {rank} {name}: max abs error " \
                                          f"{err} (|ref| {ref})"
+
+
+def test_compiled_cuda_attention_has_no_graph_break_and_matches_eager():
+    # The custom op's CUDA kernels (flashcp/torch/_ops.py) under torch.compile:
+    # 2 ranks on cuda:0 over gloo, a bf16 TinyAttentionModel, two plans.
+    from test_compile import STEPS
+    n = 2
+    steps = [(lens, flashcp.plan_view(flashcp.plan(lens, n, s, min_shard_tokens=8)))
+             for lens, s in zip(STEPS, ["flashcp", "zigzag"])]
+    res = harness.run(cases.compile_case, n, dict(steps=steps, device="cuda"), timeout_s=300)
+    for rank, r in enumerate(res):
+        assert r["explain_breaks"] == 0 and r["explain_graphs"] == 1, (rank, r)
+        assert r["graph_breaks"] == 0, (rank, r)
+        assert r["unique_graphs"] == 1, (rank, r)
+        for err, ref in zip(r["diffs"], r["mags"]):
+            assert _close(err, ref), (rank, r)

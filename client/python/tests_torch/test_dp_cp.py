@@ -1,8 +1,8 @@
 """DP x CP (flashcp.torch.dp_cp): 4 gloo ranks as DP 2 x CP 2, a stock
 transformers Llama with flashcp.torch.hf, gradients reduced by DDP over
-dp x cp: every step's loss and the parameters after the steps equal
-single-process training on the union of the replicas' documents. FSDP2
-needs CUDA in torch 2.5: refused on a CPU mesh, with the reason."""
+dp x cp (DDP) or sharded over it (FSDP2's fully_shard): every step's loss
+and the parameters after the steps equal single-process training on the
+union of the replicas' documents."""
 import os
 
 import numpy as np
@@ -33,18 +33,21 @@ def reference():
     return dp_cp_cases.train_reference("llama", SEED, steps())
 
 
-def test_fsdp2_is_refused_on_a_cpu_mesh_with_the_reason():
-    msgs = harness.run(dp_cp_cases.fsdp2_on_cpu, 2)
-    assert msgs == [msgs[0]] * 2
-    assert msgs[0].startswith("kind 'fsdp2': torch ") and "needs CUDA" in msgs[0]
+def test_an_unknown_kind_is_refused_naming_it():
+    import torch
+
+    import flashcp.torch.dp_cp as dpcp
+    with pytest.raises(ValueError, match=r"^kind: 'zero3'; expected 'ddp' or 'fsdp2'$"):
+        dpcp.data_parallel(torch.nn.Linear(2, 2), None, "zero3")
 
 
-@pytest.mark.parametrize("kind", ["ddp"])
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
 def test_dp2_x_cp2_equals_single_process_training(kind, reference):
     ref_losses, ref_params = reference
     res = harness.run(dp_cp_cases.train_rank, 4, kind, "llama", SEED, steps(), 2, 2,
                       timeout_s=180)
     assert [(r[2], r[3]) for r in res] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [r[4] for r in res] == [kind == "fsdp2"] * 4  # FSDP2's parameters are DTensors
     losses, params = res[0][0], res[0][1]
     assert all(r[0] == losses for r in res)
     assert losses == pytest.approx(ref_losses, rel=1e-5)

@@ -82,7 +82,13 @@ class _PostFailed(Exception):
 def _posting(op, peer: int):
     """op (dist.isend / dist.irecv as batch_isend_irecv calls it), raising
     _PostFailed(peer) from the backend's error."""
+    send = op is dist.isend
+
     def post(*args, **kwargs):
+        # batch_isend_irecv names the peer group_dst only for dist.isend
+        # itself (an identity test), group_src for any other callable.
+        if send and "group_src" in kwargs:
+            kwargs["group_dst"] = kwargs.pop("group_src")
         try:
             return op(*args, **kwargs)
         except RuntimeError as e:
@@ -398,9 +404,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
                 "waits for a GPU (docs/gpu.md)")
         from flashcp.torch._all_to_all import attention_all_to_all
         return attention_all_to_all(q, k, v, ctx, scale)
-    if not on_cuda and torch.compiler.is_compiling():
-        # torch.compile: the custom op (_ops.py), opaque to the tracer, so
-        # attention stays in the graph; the same arithmetic as below.
+    if torch.compiler.is_compiling():
+        # torch.compile: the custom op (_ops.py; CPU and CUDA kernels),
+        # opaque to the tracer, so attention stays in the graph; the same
+        # arithmetic as below.
         o, _ = torch.ops.flashcp.cp_attention(q, k, v, ctx.op_handle, scheme, scale)
         return o.to(q.dtype)
     lay = ctx.layout(scheme)

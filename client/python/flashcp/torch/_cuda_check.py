@@ -8,44 +8,19 @@ of failing later in a kernel. Read from the module's ELF dynamic section
 (DT_NEEDED) and the libraries mapped in this process (/proc/self/maps: what
 the module's own libraries pulled in too), no CUDA call: it runs, and is
 tested, on a machine without GPUs.
-The cuDNN pairing (the module built against one cuDNN 9 minor, torch's
-libcudnn.so.9 loaded) is not checked here: docs/gpu.md.
+The pinned torch (2.11.0+cu130) and the system toolkit that builds the
+module are both CUDA 13, so they agree. cuDNN is not checked here: module
+and torch share one soname (libcudnn.so.9), so one cuDNN is loaded, torch's
+(9.19.0 in the pinned wheel, the system's 9.19.0 too); cuDNN runs an
+application built against an older or equal minor, not a newer one
+(docs/gpu.md).
 """
 import re
-import struct
 from typing import List, Optional
 
 import torch
 
-_SHT_DYNAMIC = 6
-_DT_NEEDED = 1
-
-
-def needed_libraries(path: str) -> List[str]:
-    """The DT_NEEDED entries of a 64-bit little-endian ELF shared object;
-    ValueError for anything else."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
-                for i in range(shnum)]
-    out = []
-    for _, typ, _, _, off, size, link, _, _, entsize in sections:
-        if typ != _SHT_DYNAMIC:
-            continue
-        strtab_off = sections[link][4]
-        for pos in range(off, off + size, entsize or 16):
-            tag, val = struct.unpack_from("<qQ", data, pos)
-            if tag == 0:
-                break
-            if tag == _DT_NEEDED:
-                end = data.index(b"\0", strtab_off + val)
-                out.append(data[strtab_off + val:end].decode())
-    return out
-
+from flashcp._native import needed_libraries  # noqa: F401  (the ELF reader, used below)
 
 def mapped_libraries(maps: str) -> List[str]:
     """The file names of the objects mapped in a /proc/PID/maps text."""

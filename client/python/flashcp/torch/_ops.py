@@ -1,4 +1,4 @@
-"""attention() as torch.library custom ops, for torch.compile (CPU path).
+"""attention() as torch.library custom ops, for torch.compile (CPU and CUDA).
 
 torch.compile cannot trace the exchange (torch.distributed calls on the
 plan's layout) or the native kernels. The ops below are opaque to it: a fake
@@ -10,14 +10,22 @@ autograd composition of _attention.py, which is the same arithmetic.
 The context crosses as its op_handle (a one-element int64 tensor,
 _context.context_of): an op's arguments are tensors and plain values.
 
-flashcp::cp_attention(q, k, v, handle, scheme, scale) -> (o, lse), both fp32:
-o [C/N, Hq, D], lse [C/N, Hq] (what the kernels' backward needs).
+flashcp::cp_attention(q, k, v, handle, scheme, scale) -> (o, lse):
+o [C/N, Hq, D] (fp32 on the CPU, q's bf16 on CUDA), lse [C/N, Hq] fp32
+(what the kernels' backward needs).
 flashcp::cp_attention_backward(dout, q, k, v, o, lse, handle, scheme, scale)
 -> (dq, dk, dv) in the inputs' dtypes. The backward stages the prefix KV
 again (the forward exchange once more: the staged rows are not an output,
 their count depends on the plan, and a compiled graph would specialize on
 it), then runs the kernels' backward, returns the staged rows' gradients to
 their owners (the backward exchange) and adds them onto the local K, V.
+
+The CUDA kernels (register_kernel("cuda")) run _CudaCpAttention's forward
+and backward (_attention.py: the streams, the cuDNN calls) with _Saved in
+place of its autograd context. Its two shard groups write disjoint rows of
+o and lse (worker/cuda/shard_attention.h), so the op returns them merged by
+row, and the backward hands the merged o and lse to both groups (each reads
+only its own rows, as test_cuda.py's both-groups call does).
 """
 import time
 from typing import Tuple
@@ -77,8 +85,34 @@ def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: torc
 
 @cp_attention.register_fake
 def _cp_attention_fake(q, k, v, handle, scheme, scale):
-    return (torch.empty_like(q, dtype=_F32),
+    return (torch.empty_like(q, dtype=_F32 if q.device.type == "cpu" else q.dtype),
             q.new_empty((q.shape[0], q.shape[1]), dtype=_F32))
+
+
+class _Saved:
+    """_CudaCpAttention's autograd context (fctx) inside the CUDA kernels:
+    what its _forward saves and its _backward reads."""
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+def _cuda_kernel(ctx, scheme, q, k, scale):
+    return ctx.cuda_kernel(scheme, q.shape[1], k.shape[1], q.shape[2], scale, q.device)
+
+
+@cp_attention.register_kernel("cuda")
+def _cp_attention_cuda(q, k, v, handle, scheme, scale):
+    from flashcp.torch._attention import _CudaCpAttention
+    ctx = context_of(handle)
+    lay = ctx.layout(scheme)
+    saved = _Saved()
+    with torch.cuda.device(q.device):
+        kernel = _cuda_kernel(ctx, scheme, q, k, scale)
+        o = _CudaCpAttention._forward(saved, q, k, v, ctx, lay, kernel)
+        *_, lse_w, _, lse_p = saved.saved_tensors  # (..., o_w, lse_w, o_p, lse_p)
+        whole_rows = lay.whole_rows_on(q.device)
+        return o, lse_p.index_copy(0, whole_rows, lse_w.index_select(0, whole_rows))
 
 
 @torch.library.custom_op("flashcp::cp_attention_backward", mutates_args=(), device_types="cpu")
@@ -125,6 +159,21 @@ def cp_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 @cp_attention_backward.register_fake
 def _cp_attention_backward_fake(dout, q, k, v, o, lse, handle, scheme, scale):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@cp_attention_backward.register_kernel("cuda")
+def _cp_attention_backward_cuda(dout, q, k, v, o, lse, handle, scheme, scale):
+    from flashcp.torch._attention import _CudaCpAttention
+    ctx = context_of(handle)
+    lay = ctx.layout(scheme)
+    saved = _Saved()
+    with torch.cuda.device(q.device):
+        saved.kernel = _cuda_kernel(ctx, scheme, q, k, scale)
+        _, ks, vs, saved.pack_rows = _staged(k, v, ctx, lay)  # the staging, again
+        saved.ctx, saved.lay = ctx, lay
+        saved.save_for_backward(q, k, v, ks.contiguous(), vs.contiguous(), o, lse, o, lse)
+        dq, dk, dv, *_ = _CudaCpAttention._backward(saved, dout)
+    return dq, dk, dv
 
 
 def _setup_context(ctx, inputs, output):

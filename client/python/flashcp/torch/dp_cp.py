@@ -23,8 +23,8 @@ Which group does what, and why the loss is scaled:
   multiplies by cp_size instead: the average over the replicas is then
   wanted, the sum over each replica's cp ranks still is.)
 Equal to single-process training on the union of the replicas' documents:
-tests_torch/test_dp_cp.py (DDP, DP 2 x CP 2, gloo on CPU). FSDP2 needs CUDA
-in torch 2.5 and waits for GPUs (docs/gpu.md).
+tests_torch/test_dp_cp.py (DDP and FSDP2, DP 2 x CP 2, gloo on CPU); on
+GPUs (NCCL) neither has run yet (docs/gpu.md).
 """
 from typing import Any
 
@@ -80,20 +80,13 @@ def data_parallel(model: torch.nn.Module, m: DeviceMesh, kind: str = "ddp") -> A
     """The model wrapped for gradient reduction over dp x cp: "ddp"
     (DistributedDataParallel on the flattened group) or "fsdp2" (fully_shard
     of each layer of the model's layer stacks, then the root, on the
-    flattened mesh; parameters become DTensors). fsdp2 needs a CUDA mesh
-    (ValueError on a CPU one) and has not run yet: no GPU was lent
-    (docs/gpu.md)."""
+    flattened mesh; parameters become DTensors: p.full_tensor() gathers one,
+    a collective). Both run on a CPU (gloo) mesh as on a CUDA one."""
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel
         return DistributedDataParallel(model, process_group=dp_cp_group(m))
     if kind == "fsdp2":
-        if m.device_type == "cpu":
-            # torch 2.5's FSDP2 (and FSDP1) refuse to run without an
-            # accelerator ("FSDP requires CUDA for streams"), late, at the
-            # first forward: refuse here, with the reason, instead.
-            raise ValueError(f"kind 'fsdp2': torch {torch.__version__}'s FSDP needs CUDA (its "
-                             "streams); on a CPU mesh use 'ddp'")
-        from torch.distributed._composable.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard
         flat = dp_cp_mesh(m)
         for layer in _layers(model):
             fully_shard(layer, mesh=flat)
