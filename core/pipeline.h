@@ -199,6 +199,9 @@ struct PipelineOptions {
   int64_t min_slice_tokens = 256;  // K candidates leave no mesh slice shorter
   int32_t slice_count = 0;         // K for the DPP strategies; 0: searched
   int32_t max_pipelines = 8;       // bound on the DP's pipelines
+  // Skip chunkings whose lower bound on the replayed time is not below the
+  // best replay so far (the plan is the same; false: replay every one).
+  bool prune_by_bound = true;
   StopToken stop;
 };
 

@@ -348,11 +348,16 @@ CkptModel BuildCkptModel(const PipelineRequest& r, const PipelinePlan& plan) {
   m.problem.vars = vars;
   m.problem.cost.assign(vars, 0.0);
   std::vector<ChunkCost> costs(nc);
-  std::vector<double> saving(nc), transient(nc);
+  // Per chunk: bytes with nothing checkpointed on a stage before the last
+  // and on the last (its logits), one checkpointed layer's saving, and a
+  // backward's working layer; computed once, read at every op below.
+  std::vector<double> saving(nc), transient(nc), act_inner(nc), act_last(nc);
   for (size_t k = 0; k < nc; ++k) {
     costs[k] = ChunkCosts(r, plan.chunks[k]);
     saving[k] = CkptSavingBytes(r, plan.chunks[k]);
     transient[k] = BackwardTransientBytes(r, plan.chunks[k]);
+    act_inner[k] = ActivationBytes(r, plan.chunks[k], 0, 0);
+    act_last[k] = ActivationBytes(r, plan.chunks[k], pp - 1, 0);
   }
   // Objective: a diagonal's recompute delays the pipeline once (Eq. 15-16),
   // by its slowest member's recompute: cost = max layer forward time on it.
@@ -385,20 +390,20 @@ CkptModel BuildCkptModel(const PipelineRequest& r, const PipelinePlan& plan) {
           }
           extra = transient[op.chunk];
         }
-        CkptRow row;
+        const std::vector<double>& act = p == pp - 1 ? act_last : act_inner;
         double need = dkv_live + extra - avail;
         double most = 0;
         for (int32_t k : live) {
-          need += ActivationBytes(r, plan.chunks[k], p, 0);
-          row.terms.emplace_back(m.VarOf(pp, p, k), saving[k]);
+          need += act[k];
           most += saving[k] * max_c;
         }
+        m.worst_over_bytes = std::max(m.worst_over_bytes, need - most);
         if (need > 0) {
-          m.worst_over_bytes = std::max(m.worst_over_bytes, need - most);
+          CkptRow row;
+          row.terms.reserve(live.size());
+          for (int32_t k : live) row.terms.emplace_back(m.VarOf(pp, p, k), saving[k]);
           row.rhs = need;
           m.problem.rows.push_back(std::move(row));
-        } else {
-          m.worst_over_bytes = std::max(m.worst_over_bytes, need - most);
         }
         if (op.backward) {
           live.erase(std::find(live.begin(), live.end(), op.chunk));
