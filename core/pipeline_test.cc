@@ -147,6 +147,18 @@ TEST(PipelineScheduleTest, PublicStageOrderIsTheSimulators) {
   EXPECT_TRUE(orders[1][3].backward);
 }
 
+TEST(PipelineRequestTest, NamedProfiles) {
+  EXPECT_THAT(PipelineProfileNames(), ElementsAre("analytic", "cpu_tiny_decoder"));
+  const auto cpu = NamedPipelineProfile("cpu_tiny_decoder");
+  ASSERT_THAT(cpu, IsOk());
+  EXPECT_EQ(cpu->fwd_pair_s, 3.387e-8);
+  EXPECT_EQ(cpu->bwd_chunk_s, 7.843e-4);
+  EXPECT_EQ(cpu->act_token_bytes, 8248);
+  EXPECT_EQ(cpu->state_bytes_per_param, 8);
+  EXPECT_THAT(NamedPipelineProfile("h100"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("known: analytic, cpu_tiny_decoder")));
+}
+
 TEST(PipelineRequestTest, CoefficientsAreSetByName) {
   PipelineProfile p;
   ASSERT_THAT(SetPipelineCoefficient(p, "fwd_pair_s", 3e-9), IsOk());
@@ -226,6 +238,7 @@ TEST(PipelineJsonTest, WritesThePlanAndDrawsItsReplay) {
   ASSERT_THAT(sim, IsOk());
   p.prediction = *sim;
   p.prediction.stage_peak_bytes = {1.5, 2};  // short numbers for the exact string
+  p.prediction.stage_model_state_bytes = {0.5, 1};
   p.prediction.iteration_s = 0.875;
   p.prediction.bubble_share = 0.25;
   p.prediction.recompute_s = 0.0625;
@@ -235,7 +248,8 @@ TEST(PipelineJsonTest, WritesThePlanAndDrawsItsReplay) {
             "\"start\":0,\"len\":100}]}],\"pipelines\":[{\"forward\":[0,1],\"backward\":[0,1]}],"
             "\"ckpt\":[[1,0],[0,0]],\"slice_count\":0,\"ckpt_solver\":\"greedy\",\"ckpt_gap\":0,"
             "\"ckpt_optimal\":false,\"prediction\":{\"iteration_s\":0.875,\"bubble_share\":0.25,"
-            "\"recompute_s\":0.0625,\"stage_peak_bytes\":[1.5,2]},\"planning_seconds\":0.5}");
+            "\"recompute_s\":0.0625,\"stage_peak_bytes\":[1.5,2],\"stage_model_state_bytes\":[0.5,1]},"
+            "\"planning_seconds\":0.5}");
   const auto svg = PipelinePlanToSvg(p);
   ASSERT_THAT(svg, IsOk());
   // 8 ops, one of them with a hatched recompute part.

@@ -17,10 +17,34 @@
 
 namespace flashcp::core {
 
-std::vector<std::string> PipelineProfileNames() { return {std::string(kDefaultPipelineProfile)}; }
+std::vector<std::string> PipelineProfileNames() {
+  return {std::string(kDefaultPipelineProfile), std::string(kCpuTinyDecoderProfile)};
+}
 
 absl::StatusOr<PipelineProfile> NamedPipelineProfile(absl::string_view name) {
   if (name == kDefaultPipelineProfile) return PipelineProfile{};
+  if (name == kCpuTinyDecoderProfile) {
+    // Fitted by bench/pipeline_cpu_fit.py (docs/benchmarks.md, "Pipeline plans
+    // executed on CPU"; bench/results/pipeline/pipeline_cpu_fit.json): the
+    // tiny decoder L = 4, D = 64, F = 256, V = 128 in fp32, one torch thread
+    // per stage process on the 2-vCPU VM. Times: op CPU seconds; memory: heap
+    // bytes above weights and gradients (so 8 bytes of state per parameter:
+    // fp32 weights and gradients, no optimizer); ckpt and K/V counted (4 D,
+    // 2 x 4 D_kv). Sends: loopback gloo, not fitted (the default values).
+    PipelineProfile p;
+    p.fwd_pair_s = 3.387e-8;
+    p.fwd_token_s = 7.732e-6;
+    p.fwd_chunk_s = 8.453e-4;
+    p.bwd_pair_s = 3.197e-8;
+    p.bwd_token_s = 1.168e-5;
+    p.bwd_chunk_s = 7.843e-4;
+    p.act_token_bytes = 8248;
+    p.logits_token_bytes = 1879;
+    p.ckpt_token_bytes = 256;
+    p.kv_token_bytes = 512;
+    p.state_bytes_per_param = 8;
+    return p;
+  }
   return absl::NotFoundError(absl::StrCat("pipeline profile \"", name, "\" is unknown; known: ",
                                           absl::StrJoin(PipelineProfileNames(), ", ")));
 }
