@@ -40,7 +40,8 @@ struct PipelineModel {
 // heads). Memory is bytes per token and layer at d_s = 1, divided by d_s.
 // A coefficient left at 0 where "0: derived" is said takes the derived value
 // (PipelineProfileFor fills them). The shipped profile "analytic" is an
-// estimate for an H100-class GPU in bf16 (docs/pipeline.md), not a fit.
+// estimate for an H100-class GPU in bf16 (docs/pipeline.md), not a fit;
+// "cpu_tiny_decoder" is a fit, for a tiny decoder on CPU.
 struct PipelineProfile {
   double fwd_pair_s = 0;   // per causal (query, key) pair; 0: 4 D flops at 200 TFLOP/s
   double fwd_token_s = 0;  // per token; 0: 2 x layer params flops at 300 TFLOP/s
@@ -59,6 +60,9 @@ struct PipelineProfile {
   double state_bytes_per_param = 16;  // weights, grads, Adam (mixed precision); ZeRO-3 over d_s
 };
 inline constexpr absl::string_view kDefaultPipelineProfile = "analytic";
+// Fitted from CPU pipeline runs of a tiny fp32 decoder (L = 4, D = 64,
+// F = 256, V = 128; bench/pipeline_cpu_fit.py): for that model only.
+inline constexpr absl::string_view kCpuTinyDecoderProfile = "cpu_tiny_decoder";
 std::vector<std::string> PipelineProfileNames();
 // NotFound naming the profile and the known ones for an unknown name.
 absl::StatusOr<PipelineProfile> NamedPipelineProfile(absl::string_view name);
@@ -199,6 +203,9 @@ struct PipelineOptions {
   int64_t min_slice_tokens = 256;  // K candidates leave no mesh slice shorter
   int32_t slice_count = 0;         // K for the DPP strategies; 0: searched
   int32_t max_pipelines = 8;       // bound on the DP's pipelines
+  // Skip chunkings whose lower bound on the replayed time is not below the
+  // best replay so far (the plan is the same; false: replay every one).
+  bool prune_by_bound = true;
   StopToken stop;
 };
 

@@ -76,6 +76,8 @@ std::string PipelinePlanToJson(const PipelinePlan& plan, uint64_t batch_id,
   AppendDouble(out, plan.prediction.recompute_s);
   out += ",\"stage_peak_bytes\":";
   AppendList(out, plan.prediction.stage_peak_bytes);
+  out += ",\"stage_model_state_bytes\":";
+  AppendList(out, plan.prediction.stage_model_state_bytes);
   out += "},\"planning_seconds\":";
   AppendDouble(out, planning_seconds);
   out += '}';

@@ -147,5 +147,28 @@ TEST(PipelinePropertyTest, DppIsNeverSlowerThanItsAblationsUnderGreedyCheckpoint
   EXPECT_GE(compared, 300);
 }
 
+// The search skips chunkings whose lower bound is not below the best replay
+// so far: it must return exactly the plan the exhaustive search returns.
+TEST(PipelinePropertyTest, PruningByTheLowerBoundLosesNothing) {
+  SplitMix64Rng rng(11);
+  int pruned_equal = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const PipelineRequest req = RandomRequest(rng);
+    PipelineOptions o;
+    o.min_slice_tokens = 1024;
+    const auto pruned = PlanPipeline(req, o);
+    o.prune_by_bound = false;
+    const auto full = PlanPipeline(req, o);
+    ASSERT_EQ(pruned.ok(), full.ok()) << "trial " << trial;
+    if (!full.ok()) continue;
+    ASSERT_EQ(pruned->prediction.iteration_s, full->prediction.iteration_s) << "trial " << trial;
+    ASSERT_EQ(pruned->slice_count, full->slice_count) << "trial " << trial;
+    ASSERT_EQ(pruned->chunks.size(), full->chunks.size()) << "trial " << trial;
+    ASSERT_EQ(pruned->ckpt, full->ckpt) << "trial " << trial;
+    ++pruned_equal;
+  }
+  EXPECT_GE(pruned_equal, 180);
+}
+
 }  // namespace
 }  // namespace flashcp::core

@@ -1,5 +1,6 @@
 #include "core/pipeline.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -146,6 +147,18 @@ TEST(PipelineScheduleTest, PublicStageOrderIsTheSimulators) {
   EXPECT_TRUE(orders[1][3].backward);
 }
 
+TEST(PipelineRequestTest, NamedProfiles) {
+  EXPECT_THAT(PipelineProfileNames(), ElementsAre("analytic", "cpu_tiny_decoder"));
+  const auto cpu = NamedPipelineProfile("cpu_tiny_decoder");
+  ASSERT_THAT(cpu, IsOk());
+  EXPECT_EQ(cpu->fwd_pair_s, 3.387e-8);
+  EXPECT_EQ(cpu->bwd_chunk_s, 7.843e-4);
+  EXPECT_EQ(cpu->act_token_bytes, 8248);
+  EXPECT_EQ(cpu->state_bytes_per_param, 8);
+  EXPECT_THAT(NamedPipelineProfile("h100"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("known: analytic, cpu_tiny_decoder")));
+}
+
 TEST(PipelineRequestTest, CoefficientsAreSetByName) {
   PipelineProfile p;
   ASSERT_THAT(SetPipelineCoefficient(p, "fwd_pair_s", 3e-9), IsOk());
@@ -225,6 +238,7 @@ TEST(PipelineJsonTest, WritesThePlanAndDrawsItsReplay) {
   ASSERT_THAT(sim, IsOk());
   p.prediction = *sim;
   p.prediction.stage_peak_bytes = {1.5, 2};  // short numbers for the exact string
+  p.prediction.stage_model_state_bytes = {0.5, 1};
   p.prediction.iteration_s = 0.875;
   p.prediction.bubble_share = 0.25;
   p.prediction.recompute_s = 0.0625;
@@ -234,7 +248,8 @@ TEST(PipelineJsonTest, WritesThePlanAndDrawsItsReplay) {
             "\"start\":0,\"len\":100}]}],\"pipelines\":[{\"forward\":[0,1],\"backward\":[0,1]}],"
             "\"ckpt\":[[1,0],[0,0]],\"slice_count\":0,\"ckpt_solver\":\"greedy\",\"ckpt_gap\":0,"
             "\"ckpt_optimal\":false,\"prediction\":{\"iteration_s\":0.875,\"bubble_share\":0.25,"
-            "\"recompute_s\":0.0625,\"stage_peak_bytes\":[1.5,2]},\"planning_seconds\":0.5}");
+            "\"recompute_s\":0.0625,\"stage_peak_bytes\":[1.5,2],\"stage_model_state_bytes\":[0.5,1]},"
+            "\"planning_seconds\":0.5}");
   const auto svg = PipelinePlanToSvg(p);
   ASSERT_THAT(svg, IsOk());
   // 8 ops, one of them with a hatched recompute part.
@@ -318,6 +333,43 @@ TEST(PipelineStrategiesTest, EveryStrategyPlansAndReplays) {
   EXPECT_THAT(ParsePipelineStrategy("token_level"), IsOk());
   EXPECT_THAT(ParsePipelineStrategy("nope"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dpp_full_ckpt")));
+}
+
+
+// A batch of pipeline_bench's table (wlbllm, 64 documents, d_p = 4, no
+// memory pressure) that token_level won while every cut document followed
+// the longest one's mesh: cutting each on its own work-balanced mesh (no
+// small tails left alone) makes DPP's plan faster than token_level's.
+TEST(PipelineStrategiesTest, PerDocumentMeshesBeatTokenLevelOnATableBatch) {
+  const PipelineRequest req = Req({
+      1568, 5683, 701, 1512, 5183, 2295, 890, 5290, 801, 788, 902, 5009, 4907, 2287, 1034, 4481,
+      3282, 400, 887, 6124, 2947, 3977, 926, 3027, 4448, 3761, 787, 1091, 3979, 1149, 1905, 6121,
+      2916, 3013, 2838, 1655, 5597, 2677, 1715, 2459, 2850, 5127, 124, 496, 1866, 6070, 730,
+      4539, 2913, 413, 5288, 877, 764, 2694, 3933, 178, 2938, 1445, 343, 3642, 5960, 2076, 2660,
+      2802}, 4);
+  PipelineOptions o;
+  const auto dpp = PlanPipeline(req, o);
+  o.strategy = PipelineStrategy::kTokenLevel;
+  const auto token = PlanPipeline(req, o);
+  ASSERT_THAT(dpp, IsOk());
+  ASSERT_THAT(token, IsOk());
+  EXPECT_LT(dpp->prediction.iteration_s, token->prediction.iteration_s);
+  // Some document other than the longest is cut off its mesh: a split
+  // slice that starts at no boundary of the longest document's slices.
+  std::vector<int64_t> mesh;
+  const int32_t longest = 19;  // 6124 tokens
+  for (const PipelineChunk& c : dpp->chunks) {
+    for (const PipelineSlice& s : c.slices) {
+      if (s.doc == longest) mesh.push_back(s.start);
+    }
+  }
+  bool off_mesh = false;
+  for (const PipelineChunk& c : dpp->chunks) {
+    for (const PipelineSlice& s : c.slices) {
+      off_mesh |= s.start > 0 && std::find(mesh.begin(), mesh.end(), s.start) == mesh.end();
+    }
+  }
+  EXPECT_TRUE(off_mesh);
 }
 
 }  // namespace

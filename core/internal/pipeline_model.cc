@@ -17,10 +17,34 @@
 
 namespace flashcp::core {
 
-std::vector<std::string> PipelineProfileNames() { return {std::string(kDefaultPipelineProfile)}; }
+std::vector<std::string> PipelineProfileNames() {
+  return {std::string(kDefaultPipelineProfile), std::string(kCpuTinyDecoderProfile)};
+}
 
 absl::StatusOr<PipelineProfile> NamedPipelineProfile(absl::string_view name) {
   if (name == kDefaultPipelineProfile) return PipelineProfile{};
+  if (name == kCpuTinyDecoderProfile) {
+    // Fitted by bench/pipeline_cpu_fit.py (docs/benchmarks.md, "Pipeline plans
+    // executed on CPU"; bench/results/pipeline/pipeline_cpu_fit.json): the
+    // tiny decoder L = 4, D = 64, F = 256, V = 128 in fp32, one torch thread
+    // per stage process on the 2-vCPU VM. Times: op CPU seconds; memory: heap
+    // bytes above weights and gradients (so 8 bytes of state per parameter:
+    // fp32 weights and gradients, no optimizer); ckpt and K/V counted (4 D,
+    // 2 x 4 D_kv). Sends: loopback gloo, not fitted (the default values).
+    PipelineProfile p;
+    p.fwd_pair_s = 3.387e-8;
+    p.fwd_token_s = 7.732e-6;
+    p.fwd_chunk_s = 8.453e-4;
+    p.bwd_pair_s = 3.197e-8;
+    p.bwd_token_s = 1.168e-5;
+    p.bwd_chunk_s = 7.843e-4;
+    p.act_token_bytes = 8248;
+    p.logits_token_bytes = 1879;
+    p.ckpt_token_bytes = 256;
+    p.kv_token_bytes = 512;
+    p.state_bytes_per_param = 8;
+    return p;
+  }
   return absl::NotFoundError(absl::StrCat("pipeline profile \"", name, "\" is unknown; known: ",
                                           absl::StrJoin(PipelineProfileNames(), ", ")));
 }
@@ -348,11 +372,16 @@ CkptModel BuildCkptModel(const PipelineRequest& r, const PipelinePlan& plan) {
   m.problem.vars = vars;
   m.problem.cost.assign(vars, 0.0);
   std::vector<ChunkCost> costs(nc);
-  std::vector<double> saving(nc), transient(nc);
+  // Per chunk: bytes with nothing checkpointed on a stage before the last
+  // and on the last (its logits), one checkpointed layer's saving, and a
+  // backward's working layer; computed once, read at every op below.
+  std::vector<double> saving(nc), transient(nc), act_inner(nc), act_last(nc);
   for (size_t k = 0; k < nc; ++k) {
     costs[k] = ChunkCosts(r, plan.chunks[k]);
     saving[k] = CkptSavingBytes(r, plan.chunks[k]);
     transient[k] = BackwardTransientBytes(r, plan.chunks[k]);
+    act_inner[k] = ActivationBytes(r, plan.chunks[k], 0, 0);
+    act_last[k] = ActivationBytes(r, plan.chunks[k], pp - 1, 0);
   }
   // Objective: a diagonal's recompute delays the pipeline once (Eq. 15-16),
   // by its slowest member's recompute: cost = max layer forward time on it.
@@ -385,20 +414,20 @@ CkptModel BuildCkptModel(const PipelineRequest& r, const PipelinePlan& plan) {
           }
           extra = transient[op.chunk];
         }
-        CkptRow row;
+        const std::vector<double>& act = p == pp - 1 ? act_last : act_inner;
         double need = dkv_live + extra - avail;
         double most = 0;
         for (int32_t k : live) {
-          need += ActivationBytes(r, plan.chunks[k], p, 0);
-          row.terms.emplace_back(m.VarOf(pp, p, k), saving[k]);
+          need += act[k];
           most += saving[k] * max_c;
         }
+        m.worst_over_bytes = std::max(m.worst_over_bytes, need - most);
         if (need > 0) {
-          m.worst_over_bytes = std::max(m.worst_over_bytes, need - most);
+          CkptRow row;
+          row.terms.reserve(live.size());
+          for (int32_t k : live) row.terms.emplace_back(m.VarOf(pp, p, k), saving[k]);
           row.rhs = need;
           m.problem.rows.push_back(std::move(row));
-        } else {
-          m.worst_over_bytes = std::max(m.worst_over_bytes, need - most);
         }
         if (op.backward) {
           live.erase(std::find(live.begin(), live.end(), op.chunk));

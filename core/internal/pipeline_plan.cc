@@ -92,39 +92,55 @@ Chunking Assemble(const PipelineRequest& r, const std::vector<std::vector<Pipeli
   return sorted;
 }
 
-// Algorithm 1 (workload-balanced chunking) for slice count K of the longest
-// document, with token capacity C (the algorithm's "token capacity" input;
-// 0: none). The mesh gives the longest document's slices equal forward +
-// backward work (later slices are shorter: more context), each boundary at
-// most C tokens after the previous one (more slices follow if needed).
-// Under causal attention the work-balanced first slice is long (about
-// lmax / sqrt(K) tokens when pairs dominate), and its activations with it; C =
-// lmax / K makes the mesh equal-token (the work-balanced boundaries all lie
-// at or beyond i lmax / K). Empty when K leaves a mesh slice empty.
-std::optional<Chunking> ChunkBalanced(const PipelineRequest& r, int32_t k, int64_t capacity) {
-  const int64_t lmax = *std::max_element(r.doc_lens.begin(), r.doc_lens.end());
-  const double total = SliceWork(r, 0, lmax);
+// Boundaries [0, ..., len] cutting `len` tokens into `k` slices of equal
+// forward + backward work (later slices are shorter: more context), each at
+// most `capacity` tokens after the previous one (0: no cap; more slices
+// follow while the rest exceeds it). Empty when k leaves a slice empty.
+std::optional<std::vector<int64_t>> WorkMesh(const PipelineRequest& r, int64_t len, int32_t k,
+                                             int64_t capacity) {
+  const double total = SliceWork(r, 0, len);
   std::vector<int64_t> mesh{0};
   for (int32_t i = 1; i < k; ++i) {
     const double target = total * i / k;
-    int64_t lo = mesh.back() + 1, hi = lmax;  // smallest x with work(0, x) >= target
+    int64_t lo = mesh.back() + 1, hi = len;  // smallest x with work(0, x) >= target
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;
       if (SliceWork(r, 0, mid) >= target) hi = mid; else lo = mid + 1;
     }
     if (capacity > 0) lo = std::min(lo, mesh.back() + capacity);
-    if (lo >= lmax) return std::nullopt;
+    if (lo >= len) return std::nullopt;
     mesh.push_back(lo);
   }
-  while (capacity > 0 && lmax - mesh.back() > capacity) mesh.push_back(mesh.back() + capacity);
-  mesh.push_back(lmax);
+  while (capacity > 0 && len - mesh.back() > capacity) mesh.push_back(mesh.back() + capacity);
+  mesh.push_back(len);
+  return mesh;
+}
+
+// Algorithm 1 (workload-balanced chunking) for slice count K of the longest
+// document, with token capacity C (the algorithm's "token capacity" input;
+// 0: none). The mesh gives the longest document's slices equal forward +
+// backward work (WorkMesh). Under causal attention the work-balanced first
+// slice is long (about lmax / sqrt(K) tokens when pairs dominate), and its
+// activations with it; C = lmax / K makes the mesh equal-token (the
+// work-balanced boundaries all lie at or beyond i lmax / K). Longer
+// documents are cut along that mesh; with `per_doc_mesh` each instead gets
+// its own work-balanced mesh of ceil(len / T_m) slices under the same cap
+// T_m (the longest slice of the longest document's mesh), so a document
+// just over T_m becomes two similar slices instead of a full one and a
+// short tail. Empty when K leaves a mesh slice empty.
+std::optional<Chunking> ChunkBalanced(const PipelineRequest& r, int32_t k, int64_t capacity,
+                                      bool per_doc_mesh) {
+  const int64_t lmax = *std::max_element(r.doc_lens.begin(), r.doc_lens.end());
+  const std::optional<std::vector<int64_t>> lmax_mesh = WorkMesh(r, lmax, k, capacity);
+  if (!lmax_mesh) return std::nullopt;
+  const std::vector<int64_t>& mesh = *lmax_mesh;
   double t_target = 0;
   int64_t t_cap = 0;
   for (size_t i = 0; i + 1 < mesh.size(); ++i) {
     t_target = std::max(t_target, SliceWork(r, mesh[i], mesh[i + 1] - mesh[i]));
     t_cap = std::max(t_cap, mesh[i + 1] - mesh[i]);
   }
-  // Documents longer than the cap are cut along the mesh; each leaves a tail.
+  // Documents longer than the cap are cut; each leaves a tail.
   std::vector<std::vector<PipelineSlice>> cut(r.doc_lens.size());
   std::vector<Bucket> buckets;
   std::vector<int32_t> shorts;
@@ -134,9 +150,14 @@ std::optional<Chunking> ChunkBalanced(const PipelineRequest& r, int32_t k, int64
       shorts.push_back(static_cast<int32_t>(d));
       continue;
     }
-    for (size_t i = 0; i + 1 < mesh.size() && mesh[i] < len; ++i) {
-      const int64_t end = std::min(mesh[i + 1], len);
-      cut[d].push_back(PipelineSlice{static_cast<int32_t>(d), mesh[i], end - mesh[i]});
+    std::optional<std::vector<int64_t>> own;
+    if (per_doc_mesh && len < lmax) {
+      own = WorkMesh(r, len, static_cast<int32_t>((len + t_cap - 1) / t_cap), t_cap);
+    }
+    const std::vector<int64_t>& m = own ? *own : mesh;
+    for (size_t i = 0; i + 1 < m.size() && m[i] < len; ++i) {
+      const int64_t end = std::min(m[i + 1], len);
+      cut[d].push_back(PipelineSlice{static_cast<int32_t>(d), m[i], end - m[i]});
     }
     const PipelineSlice tail = cut[d].back();
     buckets.push_back(Bucket{tail, {}, SliceWork(r, tail.start, tail.len), tail.len});
@@ -406,6 +427,32 @@ std::vector<int32_t> SliceCounts(int64_t lmax, int64_t min_slice) {
   return ks;
 }
 
+bool SameChunks(const Chunking& a, const Chunking& b) {
+  if (a.units != b.units || a.chunks.size() != b.chunks.size()) return false;
+  for (size_t i = 0; i < a.chunks.size(); ++i) {
+    if (a.chunks[i].kind != b.chunks[i].kind || a.chunks[i].slices != b.chunks[i].slices) return false;
+  }
+  return true;
+}
+
+// A lower bound on the replayed time of any grouping of `ch` (pipelines
+// back to back, any checkpointing): every stage runs every chunk's forward
+// and backward; the last stage starts no earlier than the first chunk's
+// forward has crossed the other stages; and every stage's last op is the
+// backward of the last unit's first chunk (the last pipeline's backward
+// order ends with it), which then crosses the other stages again.
+double LowerBound(const PipelineRequest& r, const Chunking& ch) {
+  double busy = 0;
+  for (const PipelineChunk& c : ch.chunks) {
+    const internal::ChunkCost cost = internal::ChunkCosts(r, c);
+    busy += cost.fwd_s + cost.bwd_s;
+  }
+  if (ch.units.empty()) return busy;
+  const internal::ChunkCost first = internal::ChunkCosts(r, ch.chunks[ch.units.front().front()]);
+  const internal::ChunkCost last = internal::ChunkCosts(r, ch.chunks[ch.units.back().front()]);
+  return busy + (r.pp_size - 1) * (first.fwd_s + first.p2p_s + last.bwd_s + last.p2p_s);
+}
+
 absl::StatusOr<PipelinePlan> PlanSearch(const PipelineRequest& r, const PipelineOptions& o) {
   const PipelineStrategy st = o.strategy;
   const CkptMode mode = st == PipelineStrategy::kDppNoCkpt     ? CkptMode::kNone
@@ -417,31 +464,58 @@ absl::StatusOr<PipelinePlan> PlanSearch(const PipelineRequest& r, const Pipeline
   double least_over = std::numeric_limits<double>::infinity();
   const std::vector<int32_t> ks =
       o.slice_count > 0 ? std::vector<int32_t>{o.slice_count} : SliceCounts(lmax, o.min_slice_tokens);
-  // (K, token capacity): Algorithm 1 with no capacity, and with lmax / K;
-  // capacity -1: the token-capped chunking (ChunkTokenCap), the only one of
-  // kDppNoWbc and also a candidate of kDpp, whose search keeps whichever
-  // chunking replays fastest (docs/pipeline.md, "Planner").
-  constexpr int64_t kTokenCapped = -1;
-  std::vector<std::pair<int32_t, int64_t>> candidates;
+  // Chunkings per K: Algorithm 1 with no token capacity and with lmax / K,
+  // and (kDpp) with no capacity and every cut document on its own mesh;
+  // and the token-capped chunking (ChunkTokenCap), the only one of kDppNoWbc
+  // and also a candidate of kDpp, whose search keeps whichever chunking
+  // replays fastest (docs/pipeline.md, "Planner").
+  struct Candidate {
+    int32_t k;
+    Chunking chunking;
+    double bound;  // LowerBound of its plan's replayed time
+  };
+  std::vector<Candidate> candidates;
+  auto add = [&](int32_t k, std::optional<Chunking> ch) {
+    if (!ch) return;
+    // Chunkings of one K often coincide (no document but the longest cut).
+    for (size_t i = candidates.size(); i > 0 && candidates[i - 1].k == k; --i) {
+      if (SameChunks(candidates[i - 1].chunking, *ch)) return;
+    }
+    candidates.push_back({k, std::move(*ch), 0});
+  };
   for (int32_t k : ks) {
+    FLASHCP_RETURN_IF_ERROR(o.stop.Check());
     if (st == PipelineStrategy::kDppNoWbc) {
-      candidates.emplace_back(k, kTokenCapped);
+      add(k, ChunkTokenCap(r, k));
       continue;
     }
-    candidates.emplace_back(k, 0);
-    if (k > 1) candidates.emplace_back(k, (lmax + k - 1) / k);
-    if (st == PipelineStrategy::kDpp) candidates.emplace_back(k, kTokenCapped);
+    add(k, ChunkBalanced(r, k, 0, false));
+    if (k > 1) add(k, ChunkBalanced(r, k, (lmax + k - 1) / k, false));
+    if (st == PipelineStrategy::kDpp) {
+      add(k, ChunkTokenCap(r, k));
+      if (k > 1) add(k, ChunkBalanced(r, k, 0, true));
+    }
   }
-  for (const auto& [k, capacity] : candidates) {
+  // Best bound first; a candidate whose bound is not below the best replay
+  // so far cannot win (ties keep the earlier candidate), so the search stops
+  // there. The bound ignores recompute, so it prunes most without memory
+  // pressure.
+  for (Candidate& c : candidates) c.bound = LowerBound(r, c.chunking);
+  std::vector<size_t> order(candidates.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return candidates[a].bound < candidates[b].bound; });
+  size_t best_index = 0;
+  for (size_t i : order) {
     FLASHCP_RETURN_IF_ERROR(o.stop.Check());
-    const std::optional<Chunking> ch =
-        capacity == kTokenCapped ? ChunkTokenCap(r, k) : ChunkBalanced(r, k, capacity);
-    if (!ch) continue;
-    FLASHCP_ASSIGN_OR_RETURN(Scored s, Group(r, *ch, mode, o.max_pipelines));
+    const Candidate& c = candidates[i];
+    if (o.prune_by_bound && best.fits && c.bound * (1 - 1e-9) >= best.time) break;
+    FLASHCP_ASSIGN_OR_RETURN(Scored s, Group(r, c.chunking, mode, o.max_pipelines));
     least_over = std::min(least_over, s.over_bytes);
-    if (s.fits && s.time < best.time) {
+    if (s.fits && (s.time < best.time || (s.time == best.time && i < best_index))) {
       best = std::move(s);
-      best_k = k;
+      best_k = c.k;
+      best_index = i;
     }
   }
   if (!best.fits) return NoFit(r, st, least_over);

@@ -43,4 +43,9 @@ def test_losses_and_gradients_equal_training_without_pp(pp, tmp_path):
             assert err <= 1e-4, (r["rank"], name, err)
             seen.add(name)
         assert len(r["ops"]) == 2 * len(plan["chunks"])
+        # The heap-sampled iteration: one (chunk, backward, before, after)
+        # per op, in the op order, and a peak no lower than any sample.
+        assert [(k, b) for k, b, _, _ in r["mem_ops"]] == [(k, b) for k, b, _, _ in r["ops"]]
+        assert r["peak_activation_bytes"] > 0
+        assert r["peak_activation_bytes"] >= max(max(m[2], m[3]) for m in r["mem_ops"])
     assert seen == set(ref_grads)  # every parameter on exactly one stage, all compared

@@ -18,9 +18,12 @@ JOB.json: {"plan": <plan_pipeline dict>, "pp_size": d_p, "doc_lens": [...],
 for the gloo rendezvous>, "out": <folder>}; run_plan writes it and starts the
 ranks. Each rank writes out/rank<R>.json:
 its stage's gradients' max relative error against `reference`, the loss (last
-stage), the iteration's wall seconds and its ops' seconds.
+stage), the iteration's wall seconds and its ops' seconds, and from a
+separate iteration its peak heap bytes above weights and gradients
+(HeapMeter: activation memory) with the heap before and after every op.
 """
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -143,6 +146,40 @@ def stage_parameter_names(cfg: TinyDecoderConfig, pp_size: int, stage: int) -> L
     return names
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+class HeapMeter:
+    """Bytes the C heap has in use (glibc mallinfo2: uordblks + hblkhd), where
+    torch's CPU allocator puts every tensor; `sample` records the peak above
+    `base` since the last `reset`. None where glibc has no mallinfo2."""
+
+    def __init__(self):
+        try:
+            f = ctypes.CDLL("libc.so.6").mallinfo2
+            f.restype = _MallInfo2
+            self._f = f
+        except (OSError, AttributeError):
+            self._f = None
+        self.base = 0
+        self.peak = 0
+
+    def available(self) -> bool:
+        return self._f is not None
+
+    def in_use(self) -> int:
+        m = self._f()
+        return int(m.uordblks + m.hblkhd)
+
+    def sample(self) -> int:
+        now = self.in_use() - self.base
+        self.peak = max(self.peak, now)
+        return now
+
+
 @dataclass
 class _Saved:
     inp: Optional[torch.Tensor]  # received activation (requires grad), None on stage 0
@@ -171,6 +208,8 @@ class Stage:
         self.sends: List[dist.Work] = []
         self.loss = 0.0
         self.started = 0.0
+        self.meter: Optional[HeapMeter] = None  # set: sample the heap through the ops
+        self.mem_ops: List[Tuple[int, bool, int, int]] = []  # chunk, backward, bytes before, after
 
     def slices(self, chunk: int) -> List[Slice]:
         return [(s["doc"], s["start"], s["len"]) for s in self.plan["chunks"][chunk]["slices"]]
@@ -209,6 +248,10 @@ class Stage:
                 x, k, v = checkpoint(layer, x, sl, ctx, use_reentrant=False)
             else:
                 x, k, v = layer(x, sl, ctx)
+            if self.meter is not None:
+                self.meter.sample()
+                if x.requires_grad:  # again at this layer boundary in the backward
+                    x.register_hook(self._sample_hook)
             at = 0
             for d, a, m in sl:
                 if a + m < self.doc_lens[d]:  # a later slice attends to it
@@ -224,6 +267,10 @@ class Stage:
             saved.out = x
             self.sends.append(dist.isend(x.detach().contiguous(), self.stage + 1))
         self.saved[chunk] = saved
+
+    def _sample_hook(self, grad):
+        self.meter.sample()
+        return grad
 
     def backward(self, chunk: int):
         saved = self.saved.pop(chunk)
@@ -263,13 +310,20 @@ class Stage:
         """Runs the ops in order; returns (chunk, backward, wall seconds,
         compute seconds) per op. Compute: this thread's CPU time after the
         op's input or gradient arrived (torch runs one thread per rank), so
-        that other processes on a loaded host do not count."""
+        that other processes on a loaded host do not count. With `meter`
+        set, the heap is sampled at every op's start and end and at every
+        layer boundary of both passes (so a layer's transient peak inside its
+        backward is not seen)."""
         timed = []
+        self.mem_ops = []
         for chunk, backward in order:
+            before = self.meter.sample() if self.meter is not None else 0
             t0 = time.perf_counter()
             (self.backward if backward else self.forward)(chunk)
             timed.append((chunk, backward, time.perf_counter() - t0,
                           time.thread_time() - self.started))
+            if self.meter is not None:
+                self.mem_ops.append((chunk, backward, before, self.meter.sample()))
         for w in self.sends:
             w.wait()
         self.sends.clear()
@@ -287,9 +341,24 @@ def run_rank(job: dict, rank: int) -> dict:
     try:
         stage = Stage(cfg, job["plan"], job["doc_lens"], pp, rank)
         # A first iteration warms up (lazy imports, allocator); its gradients
-        # and loss are dropped, the second one is measured and compared.
+        # and loss are dropped (zeroed in place: gradients stay allocated, so
+        # the heap's base holds weights and gradients). The second one samples
+        # the heap: its peak above the base is the stage's activation memory
+        # (activations, kept K/V, dK/dV, logits, sends in flight). The third
+        # one is timed and compared.
         stage.run(order)
-        stage.model.zero_grad(set_to_none=True)
+        meter = HeapMeter()
+        peak_bytes, mem_ops = None, []
+        if meter.available():
+            stage.model.zero_grad(set_to_none=False)
+            stage.loss = 0.0
+            dist.barrier()
+            meter.base = meter.in_use()
+            stage.meter = meter
+            stage.run(order)
+            stage.meter = None
+            peak_bytes, mem_ops = meter.peak, stage.mem_ops
+        stage.model.zero_grad(set_to_none=False)
         stage.loss = 0.0
         dist.barrier()
         t0 = time.perf_counter()
@@ -308,7 +377,8 @@ def run_rank(job: dict, rank: int) -> dict:
         got = p.grad if p.grad is not None else torch.zeros_like(ref)
         errors[name] = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
     return {"rank": rank, "loss": stage.loss if rank == pp - 1 else None, "ref_loss": ref_loss,
-            "grad_rel_err": errors, "seconds": seconds,
+            "grad_rel_err": errors, "seconds": seconds, "peak_activation_bytes": peak_bytes,
+            "mem_ops": [list(m) for m in mem_ops],
             "ops": [[k, b, s, c] for k, b, s, c in timed]}
 
 
