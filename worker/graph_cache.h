@@ -46,9 +46,13 @@ struct GraphKey {
 };
 
 // A graph's max sequence length: the next power of two, at least 64 (x <= 64
-// gives 64). The floor keeps cuDNN off degenerate dims (s_q = 1 graphs left a
-// row of statistics unwritten on the H200, 2026-11-29); a larger dim costs
-// empty tiles and backward workspace only.
+// gives 64). The floor keeps cuDNN off degenerate dims: the frontend's
+// validate refuses s_q = s_kv = 1 (GRAPH_NOT_SUPPORTED), and a graph with
+// s_q = 1 (a rank whose prefixed pieces were all one token) left a row of
+// statistics unwritten (device check, 2026-11-29). The true lengths come in
+// seq_len; a larger dim costs empty tiles and backward workspace, which the
+// frontend sizes from the dims (fp32 dQ and softmax sums, about
+// b * s_q * heads_q * (D + 1) * 4 bytes).
 int64_t GraphLen(int64_t x);
 
 // The class of a varlen batch of q_len.size() sequences (q_len[i] queries

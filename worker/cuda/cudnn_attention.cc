@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <exception>
 #include <sstream>
-#include <vector>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"

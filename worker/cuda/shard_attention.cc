@@ -106,9 +106,9 @@ bool ShardBatches::ready() const { return impl_->ready || impl_->tables.empty();
 absl::Status ShardBatches::UseDeviceTables(const void* device, int64_t count) {
   if (count != static_cast<int64_t>(impl_->tables.size()) ||
       (device == nullptr && count > 0))
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard tables: ", count, " int32 at ", device == nullptr ? "null" : "an address",
-                     "; expected ", impl_->tables.size(), " at a device address"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard tables: ", count, " int32 at ", device == nullptr ? "null" : "an address",
+        "; expected ", impl_->tables.size(), " at a device address"));
   const int32_t* at = static_cast<const int32_t*>(device);
   if (impl_->whole) {
     const size_t n = impl_->whole->host_tables().size();
@@ -143,7 +143,8 @@ absl::StatusOr<std::unique_ptr<ShardAttention>> ShardAttention::Create(
     return absl::InvalidArgumentError(absl::StrCat("scale: ", s.scale, "; must be positive"));
   const AttentionShape shape{s.heads_q, s.heads_kv, s.head_dim, s.scale};
   FLASHCP_RETURN_IF_ERROR(ValidateAttentionShape(shape));
-  FLASHCP_CUDA_RETURN_IF_ERROR(cudaFree(nullptr), "CUDA context");  // FailedPrecondition without a device
+  // FailedPrecondition without a usable device.
+  FLASHCP_CUDA_RETURN_IF_ERROR(cudaFree(nullptr), "CUDA context");
   auto impl = std::make_unique<Impl>();
   impl->shape = s;
   CudnnOptions options;

@@ -196,8 +196,9 @@ absl::StatusOr<std::unique_ptr<CudaShardAttention>> MakeCudaShardAttention(
   FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<worker::cuda::ShardBatches> batches,
                            worker::cuda::ShardBatches::Describe(
                                SpecOf(plan, heads_q, heads_kv, head_dim, scale)));
-  FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<worker::cuda::ShardAttention> a,
-                           worker::cuda::ShardAttention::Create({heads_q, heads_kv, head_dim, scale}));
+  FLASHCP_ASSIGN_OR_RETURN(
+      std::unique_ptr<worker::cuda::ShardAttention> a,
+      worker::cuda::ShardAttention::Create({heads_q, heads_kv, head_dim, scale}));
   FLASHCP_RETURN_IF_ERROR(batches->Upload(P(stream)));
   return std::unique_ptr<CudaShardAttention>(new Cudnn(std::move(a), std::move(batches)));
 }
