@@ -77,7 +77,8 @@ elif [[ -f .prefix/cudnn-frontend/include/cudnn_frontend.h ]] &&
      -DFLASHCP_PYTHON="$(command -v python3)" \
      -DCMAKE_LIBRARY_PATH="${PYLIBS//:/;}" > "$OUT/configure.log" 2>&1 &&
    run_stage build 240 cmake --build "$BUILD_DIR" -j "$(nproc)" --target flashcp-gpu-bench \
-     worker_cuda_attention_test worker_cuda_communicator_test worker_cuda_cp_step_test; then
+     worker_cuda_attention_test worker_cuda_communicator_test worker_cuda_cp_step_test \
+     worker_cuda_graph_cache_test; then
   BIN=$BUILD_DIR/bin
   TESTS=$BUILD_DIR/tests
   say "built here for sm_90a"
@@ -130,6 +131,10 @@ run_gtest() {
 }
 run_gtest worker_cuda_communicator_test 90
 run_gtest worker_cuda_rank_backend_test 90
+# The cuDNN graph cache across steps (issue 30): two batches of one shape
+# class against the fp64 reference, graphs built on the first only; an LRU
+# of two graphs over three steps. Never yet run on a GPU (docs/gpu.md).
+run_gtest worker_cuda_graph_cache_test 90
 # The block-diffusion mask's CUDA kernels in the CP step against the fp64
 # block-diffusion oracle (N = 1..4, b in {1, 4, 16}, every strategy and KV
 # scheme); `check` does not cover them, so this runs always. Never yet run on
@@ -138,7 +143,8 @@ run_gtest worker_cuda_cp_step_test 150 --gtest_filter='*BlockDiffusion*'
 # flashcp.torch's CUDA path (client/python/tests_torch/test_cuda.py: the
 # native module's cuDNN shard attention and attention() on one rank, against
 # the CPU path, and attention() under block diffusion (the masked kernels)
-# at N = 1, 2, 4 over gloo; test_nccl.py: attention() over NCCL, one process per GPU,
+# at N = 1, 2, 4 over gloo; test_cuda_cache.py: two steps of one shape class on the
+# long-lived cache build graphs on the first only; test_nccl.py: attention() over NCCL, one process per GPU,
 # skipped with fewer than 2 GPUs), on the image's python3 and PyTorch: only with a build here
 # (the carried build has no native module) and where python3 has pybind11,
 # pytest and what `import flashcp` needs (grpcio and flashcp_client's
@@ -151,6 +157,7 @@ if [[ $BIN == "$BUILD_DIR/bin" ]] && PYTHONPATH="$ROOT/client/python" \
     LD_LIBRARY_PATH=$PY_LD_LIBRARY_PATH PYTHONPATH="$ROOT/client/python:$BUILD_DIR/python" \
       run_stage torch_cuda 300 python3 -m pytest -p no:cacheprovider -q -m gpu -rs \
       "$ROOT/client/python/tests_torch/test_cuda.py" \
+      "$ROOT/client/python/tests_torch/test_cuda_cache.py" \
       "$ROOT/client/python/tests_torch/test_nccl.py" >> "$OUT/gtests.log" 2>&1 ||
       { FAILED=1; tail -30 "$OUT/gtests.log"; }
   else

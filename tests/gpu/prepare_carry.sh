@@ -15,7 +15,7 @@ BUILD_DIR=${BUILD_DIR:-build-gpu-carry}
 JOBS=${JOBS:-$(nproc)}
 DEST=.gpu-carry
 TARGETS=(flashcp-gpu-bench worker_cuda_attention_test worker_cuda_communicator_test
-         worker_cuda_cp_step_test worker_cuda_rank_backend_test)
+         worker_cuda_cp_step_test worker_cuda_rank_backend_test worker_cuda_graph_cache_test)
 
 bash scripts/setup-cudnn-frontend.sh
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHCP_WERROR=ON \

@@ -63,6 +63,33 @@ absl::StatusOr<VarlenBatch> VarlenBatch::Create(std::vector<int64_t> q_start,
                                                 std::vector<int32_t> kv_len,
                                                 const AttentionShape& shape,
                                                 cudaStream_t stream) {
+  FLASHCP_ASSIGN_OR_RETURN(VarlenBatch b, Describe(std::move(q_start), std::move(q_len),
+                                                   std::move(kv_start), std::move(kv_len), shape));
+  FLASHCP_ASSIGN_OR_RETURN(b.dev_, DeviceBuffer<int32_t>::Allocate(b.host_.size()));
+  FLASHCP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.dev_.data(), b.host_.data(),
+                                               b.host_.size() * sizeof(int32_t),
+                                               cudaMemcpyHostToDevice, stream),
+                               "upload varlen lengths (", b.host_.size() * 4, " bytes)");
+  // A pageable copy may read the host array after the call returns: wait for
+  // it, so that the batch may move or die right away.
+  FLASHCP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "upload varlen lengths: sync");
+  return b;
+}
+
+absl::Status VarlenBatch::UseDeviceTables(const int32_t* device, size_t count) {
+  if (device == nullptr || count != host_.size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "varlen batch tables: ", count, " int32 at ", device == nullptr ? "null" : "an address",
+        "; expected ", host_.size(), " at a device address"));
+  external_ = device;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<VarlenBatch> VarlenBatch::Describe(std::vector<int64_t> q_start,
+                                                  std::vector<int32_t> q_len,
+                                                  std::vector<int64_t> kv_start,
+                                                  std::vector<int32_t> kv_len,
+                                                  const AttentionShape& shape) {
   FLASHCP_RETURN_IF_ERROR(ValidateAttentionShape(shape));
   const size_t n = q_len.size();
   if (kv_len.size() != n || q_start.size() != n || kv_start.size() != n)
@@ -107,14 +134,7 @@ absl::StatusOr<VarlenBatch> VarlenBatch::Create(std::vector<int64_t> q_start,
     return absl::InvalidArgumentError(absl::StrCat(
         "batch too large for int32 element offsets: ", b.q_rows_, " query and ", b.kv_rows_,
         " KV rows at ", q_row, " and ", kv_row, " elements per row"));
-  std::vector<int32_t> narrow(host.begin(), host.end());
-  FLASHCP_ASSIGN_OR_RETURN(b.dev_, DeviceBuffer<int32_t>::Allocate(narrow.size()));
-  FLASHCP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.dev_.data(), narrow.data(),
-                                               narrow.size() * sizeof(int32_t),
-                                               cudaMemcpyHostToDevice, stream),
-                               "upload varlen lengths (", narrow.size() * 4, " bytes)");
-  // The host vector dies here: wait for the pageable copy to finish.
-  FLASHCP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "upload varlen lengths: sync");
+  b.host_.assign(host.begin(), host.end());
   b.q_len_ = std::move(q_len);
   b.kv_len_ = std::move(kv_len);
   return b;

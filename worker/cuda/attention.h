@@ -72,6 +72,21 @@ class VarlenBatch {
                                             std::vector<int32_t> kv_len,
                                             const AttentionShape& shape, cudaStream_t stream);
 
+  // Create's checks and host tables without device memory (no CUDA call):
+  // the device arrays are unset until UseDeviceTables points them at memory
+  // the caller filled with host_tables() (the flashcp binding: a torch
+  // tensor, so a training step's tables come from torch's allocator).
+  static absl::StatusOr<VarlenBatch> Describe(std::vector<int64_t> q_start,
+                                              std::vector<int32_t> q_len,
+                                              std::vector<int64_t> kv_start,
+                                              std::vector<int32_t> kv_len,
+                                              const AttentionShape& shape);
+  // The int32 arrays below, back to back (7 * (num_seqs + 1) entries).
+  const std::vector<int32_t>& host_tables() const { return host_; }
+  // `device` must hold host_tables() (count entries) while calls read this
+  // batch; InvalidArgument where it is null or count differs.
+  absl::Status UseDeviceTables(const int32_t* device, size_t count);
+
   int32_t num_seqs() const { return static_cast<int32_t>(q_len_.size()); }
   const std::vector<int32_t>& q_len() const { return q_len_; }
   const std::vector<int32_t>& kv_len() const { return kv_len_; }
@@ -88,20 +103,23 @@ class VarlenBatch {
   // num_seqs + 1 entries (the last is the end of the last sequence); seq_*
   // have num_seqs. *_elems are starts times the row width in elements, which
   // is what cuDNN's ragged offsets are.
-  const int32_t* d_q_start() const { return dev_.data() + 0 * stride_; }
-  const int32_t* d_kv_start() const { return dev_.data() + 1 * stride_; }
-  const int32_t* d_seq_q() const { return dev_.data() + 2 * stride_; }
-  const int32_t* d_seq_kv() const { return dev_.data() + 3 * stride_; }
-  const int32_t* d_q_elems() const { return dev_.data() + 4 * stride_; }   // q_start * heads_q * D
-  const int32_t* d_kv_elems() const { return dev_.data() + 5 * stride_; }  // kv_start * heads_kv * D
-  const int32_t* d_lse_elems() const { return dev_.data() + 6 * stride_; } // q_start * heads_q
+  const int32_t* d_q_start() const { return tables() + 0 * stride_; }
+  const int32_t* d_kv_start() const { return tables() + 1 * stride_; }
+  const int32_t* d_seq_q() const { return tables() + 2 * stride_; }
+  const int32_t* d_seq_kv() const { return tables() + 3 * stride_; }
+  const int32_t* d_q_elems() const { return tables() + 4 * stride_; }   // q_start * heads_q * D
+  const int32_t* d_kv_elems() const { return tables() + 5 * stride_; }  // kv_start * heads_kv * D
+  const int32_t* d_lse_elems() const { return tables() + 6 * stride_; } // q_start * heads_q
 
  private:
   std::vector<int32_t> q_len_, kv_len_;
   int64_t total_q_ = 0, total_kv_ = 0, q_rows_ = 0, kv_rows_ = 0;
   int32_t max_q_ = 0, max_kv_ = 0;
-  size_t stride_ = 0;  // num_seqs + 1, each array's slot in dev_
-  DeviceBuffer<int32_t> dev_;
+  const int32_t* tables() const { return external_ != nullptr ? external_ : dev_.data(); }
+  size_t stride_ = 0;  // num_seqs + 1, each array's slot in the tables
+  std::vector<int32_t> host_;
+  DeviceBuffer<int32_t> dev_;             // Create's upload
+  const int32_t* external_ = nullptr;     // UseDeviceTables' (caller-owned)
 };
 
 struct AttentionForwardArgs {

@@ -4,11 +4,10 @@
 
 #include <cstdint>
 #include <exception>
-#include <map>
 #include <sstream>
-#include <tuple>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -41,46 +40,22 @@ absl::Status CudnnStatus(cudnnStatus_t s, absl::string_view step) {
   return absl::InternalError(absl::StrCat("cuDNN ", step, ": ", cudnnGetErrorString(s)));
 }
 
-// A graph's max sequence length: the next power of two, at least 64. The
-// floor keeps cuDNN off degenerate dims: the frontend's validate refuses
-// s_q = s_kv = 1 (GRAPH_NOT_SUPPORTED), and a graph with s_q = 1 (a rank whose
-// prefixed pieces were all one token) left a row of statistics unwritten
-// (device check, 2026-11-29). The true lengths come in seq_len; a larger dim
-// costs empty tiles and backward workspace, which the frontend sizes from the
-// dims (fp32 dQ and softmax sums, about b * s_q * heads_q * (D + 1) * 4 bytes).
-int64_t GraphLen(int64_t x) {
-  int64_t p = 64;
-  while (p < x) p <<= 1;
-  return p;
-}
-
 // Strides of a packed [tokens, heads, D] tensor seen as cuDNN's (b, h, s, d).
 // The batch stride is nominal: the ragged offsets place each sequence.
 std::vector<int64_t> ThdStrides(int64_t s, int64_t h, int64_t d) { return {s * h * d, d, h * d, 1}; }
-
-struct Key {
-  bool backward;
-  // Every sequence has q_len == kv_len: the top-left causal mask is the same
-  // mask as the bottom-right one, and cuDNN runs it faster (header).
-  bool top_left;
-  int64_t b, s_q, s_kv;
-  friend bool operator<(const Key& x, const Key& y) {
-    return std::tie(x.backward, x.top_left, x.b, x.s_q, x.s_kv) <
-           std::tie(y.backward, y.top_left, y.b, y.s_q, y.s_kv);
-  }
-};
 
 }  // namespace
 
 class CudnnAttention::Graphs {
  public:
   struct Entry {
-    std::shared_ptr<fe::graph::Graph> graph;  // null when cuDNN rejected the shape
-    absl::Status build_status;
+    std::shared_ptr<fe::graph::Graph> graph;
     int64_t workspace = 0;  // bytes, for the selected plan (all plans' max until a tune succeeds)
     bool tuned = false;     // autotune ran (or was not asked for)
   };
-  std::map<Key, Entry> cache;
+  explicit Graphs(size_t capacity) : cache(capacity) {}
+  // A rejected shape is cached as its build status (not retried each call).
+  GraphCache<Entry> cache;
 };
 
 namespace {
@@ -109,23 +84,23 @@ TensorPtr Thd(fe::graph::Graph& g, Uid uid, const char* name, int64_t b, int64_t
 // Builds one graph: the frontend's validate -> operation graph -> heuristics
 // -> support check -> plans sequence, each step's error kept.
 absl::StatusOr<CudnnAttention::Graphs::Entry> BuildGraph(const AttentionShape& shape,
-                                                         const Key& key, bool all_plans,
+                                                         const GraphKey& key, bool all_plans,
                                                          cudnnHandle_t handle) {
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  const int64_t b = key.b, hq = shape.heads_q, hkv = shape.heads_kv, d = shape.head_dim;
+  const int64_t b = key.sequences, hq = shape.heads_q, hkv = shape.heads_kv, d = shape.head_dim;
   auto rag_q = Int32Vector(*g, kRagQ, "ragged_q", b + 1);
   auto rag_kv = Int32Vector(*g, kRagKv, "ragged_kv", b + 1);
   auto rag_stats = Int32Vector(*g, kRagStats, "ragged_stats", b + 1);
   auto seq_q = Int32Vector(*g, kSeqQ, "seq_q", b);
   auto seq_kv = Int32Vector(*g, kSeqKv, "seq_kv", b);
-  auto q = Thd(*g, kQ, "Q", b, hq, key.s_q, d, rag_q);
-  auto k = Thd(*g, kK, "K", b, hkv, key.s_kv, d, rag_kv);
-  auto v = Thd(*g, kV, "V", b, hkv, key.s_kv, d, rag_kv);
-  const std::vector<int64_t> stats_dim = {b, hq, key.s_q, 1};
-  const std::vector<int64_t> stats_stride = {key.s_q * hq, 1, hq, 1};  // LSE [tokens, heads]
+  auto q = Thd(*g, kQ, "Q", b, hq, key.max_q, d, rag_q);
+  auto k = Thd(*g, kK, "K", b, hkv, key.max_kv, d, rag_kv);
+  auto v = Thd(*g, kV, "V", b, hkv, key.max_kv, d, rag_kv);
+  const std::vector<int64_t> stats_dim = {b, hq, key.max_q, 1};
+  const std::vector<int64_t> stats_stride = {key.max_q * hq, 1, hq, 1};  // LSE [tokens, heads]
   const auto alignment =
       key.top_left ? fe::DiagonalAlignment_t::TOP_LEFT : fe::DiagonalAlignment_t::BOTTOM_RIGHT;
 
@@ -140,13 +115,13 @@ absl::StatusOr<CudnnAttention::Graphs::Entry> BuildGraph(const AttentionShape& s
                      .set_seq_len_q(seq_q)
                      .set_seq_len_kv(seq_kv);
     auto [o, stats] = g->sdpa(q, k, v, attrs);
-    o->set_output(true).set_uid(kO).set_dim({b, hq, key.s_q, d})
-        .set_stride(ThdStrides(key.s_q, hq, d)).set_ragged_offset(rag_q);
+    o->set_output(true).set_uid(kO).set_dim({b, hq, key.max_q, d})
+        .set_stride(ThdStrides(key.max_q, hq, d)).set_ragged_offset(rag_q);
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT)
         .set_dim(stats_dim).set_stride(stats_stride).set_ragged_offset(rag_stats);
   } else {
-    auto o = Thd(*g, kO, "O", b, hq, key.s_q, d, rag_q);
-    auto dout = Thd(*g, kDo, "dO", b, hq, key.s_q, d, rag_q);
+    auto o = Thd(*g, kO, "O", b, hq, key.max_q, d, rag_q);
+    auto dout = Thd(*g, kDo, "dO", b, hq, key.max_q, d, rag_q);
     auto stats = g->tensor(fe::graph::Tensor_attributes()
                                .set_uid(kStats)
                                .set_name("stats")
@@ -163,12 +138,12 @@ absl::StatusOr<CudnnAttention::Graphs::Entry> BuildGraph(const AttentionShape& s
                      .set_seq_len_q(seq_q)
                      .set_seq_len_kv(seq_kv);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, attrs);
-    dq->set_output(true).set_uid(kDq).set_dim({b, hq, key.s_q, d})
-        .set_stride(ThdStrides(key.s_q, hq, d)).set_ragged_offset(rag_q);
-    dk->set_output(true).set_uid(kDk).set_dim({b, hkv, key.s_kv, d})
-        .set_stride(ThdStrides(key.s_kv, hkv, d)).set_ragged_offset(rag_kv);
-    dv->set_output(true).set_uid(kDv).set_dim({b, hkv, key.s_kv, d})
-        .set_stride(ThdStrides(key.s_kv, hkv, d)).set_ragged_offset(rag_kv);
+    dq->set_output(true).set_uid(kDq).set_dim({b, hq, key.max_q, d})
+        .set_stride(ThdStrides(key.max_q, hq, d)).set_ragged_offset(rag_q);
+    dk->set_output(true).set_uid(kDk).set_dim({b, hkv, key.max_kv, d})
+        .set_stride(ThdStrides(key.max_kv, hkv, d)).set_ragged_offset(rag_kv);
+    dv->set_output(true).set_uid(kDv).set_dim({b, hkv, key.max_kv, d})
+        .set_stride(ThdStrides(key.max_kv, hkv, d)).set_ragged_offset(rag_kv);
   }
 
   FLASHCP_RETURN_IF_ERROR(FeStatus(g->validate(), "validate"));
@@ -194,7 +169,7 @@ absl::StatusOr<CudnnAttention::Graphs::Entry> BuildGraph(const AttentionShape& s
 int64_t CudnnRuntimeVersion() { return static_cast<int64_t>(cudnnGetVersion()); }
 
 CudnnAttention::CudnnAttention(const AttentionShape& shape, CudnnOptions options)
-    : shape_(shape), options_(options), graphs_(std::make_unique<Graphs>()) {}
+    : shape_(shape), options_(options), graphs_(std::make_unique<Graphs>(options.max_graphs)) {}
 
 CudnnAttention::~CudnnAttention() {
   graphs_.reset();  // plans hold the handle's resources: drop them first
@@ -243,44 +218,51 @@ std::unordered_map<int64_t, void*> BatchPack(const VarlenBatch& batch) {
           {kRagStats, const_cast<int32_t*>(batch.d_lse_elems())}};
 }
 
-bool AllWhole(const VarlenBatch& batch) {
-  for (int32_t i = 0; i < batch.num_seqs(); ++i)
-    if (batch.q_len()[i] != batch.kv_len()[i]) return false;
-  return true;
-}
-
 }  // namespace
 
 absl::Status CudnnAttention::Run(bool backward, const VarlenBatch& batch,
-                                 std::unordered_map<int64_t, void*>& pack, cudaStream_t stream) {
-  const Key key{backward, !options_.always_bottom_right && AllWhole(batch), batch.num_seqs(),
-                GraphLen(batch.max_q()), GraphLen(batch.max_kv())};
+                                 std::unordered_map<int64_t, void*>& pack, cudaStream_t stream,
+                                 WorkspaceFn workspace) {
+  const GraphKey key = MakeGraphKey(backward, options_.always_bottom_right, batch.q_len(),
+                                    batch.kv_len());
   const cudnnHandle_t h = static_cast<cudnnHandle_t>(handle_);
   return NoThrow(backward ? "SDPA backward" : "SDPA forward", [&]() -> absl::Status {
-    auto it = graphs_->cache.find(key);
-    if (it == graphs_->cache.end()) {
-      auto built = BuildGraph(shape_, key, options_.autotune, h);
-      Graphs::Entry e;
-      if (built.ok()) e = *std::move(built);
-      else e.build_status = built.status();
-      it = graphs_->cache.emplace(key, std::move(e)).first;
+    std::vector<absl::StatusOr<Graphs::Entry>> evicted;
+    absl::StatusOr<Graphs::Entry>& found = graphs_->cache.Get(
+        key, [&] { return BuildGraph(shape_, key, options_.autotune, h); }, &evicted);
+    if (!evicted.empty()) {
+      // An evicted graph may still run on some stream: let the device finish
+      // before its plans go (only on eviction, never in a steady state whose
+      // shape classes fit max_graphs).
+      FLASHCP_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "graph cache eviction: sync");
+      evicted.clear();
     }
-    Graphs::Entry& entry = it->second;
-    if (!entry.graph) return entry.build_status;
-    FLASHCP_RETURN_IF_ERROR(workspace_.Reserve(static_cast<size_t>(entry.workspace)));
+    if (!found.ok()) return found.status();
+    Graphs::Entry& entry = *found;
+    void* ws = nullptr;
+    if (entry.workspace > 0) {
+      FLASHCP_ASSIGN_OR_RETURN(ws, workspace(static_cast<size_t>(entry.workspace)));
+    }
     FLASHCP_RETURN_IF_ERROR(CudnnStatus(cudnnSetStream(h, stream), "cudnnSetStream"));
     if (!entry.tuned) {
       entry.tuned = true;
       // Not fatal: a failed tune leaves the heuristics' choice selected.
-      if (entry.graph->autotune(h, pack, workspace_.data()).is_good()) {
-        int64_t ws = 0;
-        if (entry.graph->get_workspace_size(ws).is_good()) entry.workspace = ws;
+      if (entry.graph->autotune(h, pack, ws).is_good()) {
+        int64_t tuned_ws = 0;
+        if (entry.graph->get_workspace_size(tuned_ws).is_good()) entry.workspace = tuned_ws;
       }
     }
-    return FeStatus(entry.graph->execute(h, pack, workspace_.data()),
+    return FeStatus(entry.graph->execute(h, pack, ws),
                     backward ? "execute backward" : "execute forward");
   });
 }
+
+absl::StatusOr<void*> CudnnAttention::OwnWorkspace(size_t bytes) {
+  FLASHCP_RETURN_IF_ERROR(workspace_.Reserve(bytes));
+  return static_cast<void*>(workspace_.data());
+}
+
+GraphCacheStats CudnnAttention::graph_stats() const { return graphs_->cache.stats(); }
 
 bool CudnnAttention::TakeFallback(const absl::Status& status) {
   if (status.ok() || !options_.allow_fallback || !fallback_ ||
@@ -293,6 +275,16 @@ bool CudnnAttention::TakeFallback(const absl::Status& status) {
 
 absl::Status CudnnAttention::Forward(const VarlenBatch& batch, const AttentionForwardArgs& a,
                                      cudaStream_t stream) {
+  return Forward(batch, a, stream, [this](size_t bytes) { return OwnWorkspace(bytes); });
+}
+
+absl::Status CudnnAttention::Backward(const VarlenBatch& batch, const AttentionBackwardArgs& a,
+                                      cudaStream_t stream) {
+  return Backward(batch, a, stream, [this](size_t bytes) { return OwnWorkspace(bytes); });
+}
+
+absl::Status CudnnAttention::Forward(const VarlenBatch& batch, const AttentionForwardArgs& a,
+                                     cudaStream_t stream, WorkspaceFn workspace) {
   if (batch.total_q() == 0) return absl::OkStatus();
   std::unordered_map<int64_t, void*> pack = BatchPack(batch);
   pack.insert({{kQ, const_cast<bf16*>(a.q)},
@@ -300,12 +292,12 @@ absl::Status CudnnAttention::Forward(const VarlenBatch& batch, const AttentionFo
                {kV, const_cast<bf16*>(a.v)},
                {kO, a.out},
                {kStats, a.lse}});
-  absl::Status status = Run(/*backward=*/false, batch, pack, stream);
+  absl::Status status = Run(/*backward=*/false, batch, pack, stream, workspace);
   return TakeFallback(status) ? fallback_->Forward(batch, a, stream) : status;
 }
 
 absl::Status CudnnAttention::Backward(const VarlenBatch& batch, const AttentionBackwardArgs& a,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, WorkspaceFn workspace) {
   if (batch.total_kv() == 0) return absl::OkStatus();
   std::unordered_map<int64_t, void*> pack = BatchPack(batch);
   pack.insert({{kQ, const_cast<bf16*>(a.q)},
@@ -317,7 +309,7 @@ absl::Status CudnnAttention::Backward(const VarlenBatch& batch, const AttentionB
                {kDq, a.dq},
                {kDk, a.dk},
                {kDv, a.dv}});
-  absl::Status status = Run(/*backward=*/true, batch, pack, stream);
+  absl::Status status = Run(/*backward=*/true, batch, pack, stream, workspace);
   return TakeFallback(status) ? fallback_->Backward(batch, a, stream) : status;
 }
 

@@ -7,10 +7,16 @@
 // the same mask, and it is what the call uses: cuDNN 9.19's backward ran at half
 // the speed with the bottom-right one on such batches (docs/gpu.md).
 //
-// Graphs are built once per (direction, mask, sequences, padded max lengths)
-// and cached; max lengths round up to a power of two (at least 64) so that the
-// many shapes of a training run share few graphs (the true lengths come in the
-// seq_len tensors).
+// Graphs are built once per shape class (worker/graph_cache.h: direction,
+// mask, sequences, max lengths rounded up to a power of two, at least 64) so
+// that the many shapes of a training run share few graphs (the true lengths
+// come in the seq_len tensors), and held in a bounded LRU cache
+// (CudnnOptions::max_graphs) with hit / miss / build counters. A long-lived
+// object (one per device and attention shape: the flashcp Python binding's
+// CudaAttentionCache) keeps its handle and graphs across training steps; the
+// workspace comes from the object (grown by cudaMalloc, kept) or, per call,
+// from the caller (WorkspaceFn: the binding hands out torch's caching
+// allocator's memory, so a steady-state step calls no cudaMalloc / cudaFree).
 // Where cuDNN rejects a graph (check_support or build fails: an old library,
 // an unsupported shape), the call falls back to our plain kernels and the
 // reason is kept in fallback_reason(): a result, never a silent switch.
@@ -24,11 +30,13 @@
 #include <string>
 #include <unordered_map>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/cuda/attention.h"
 #include "worker/cuda/attention_kernels.h"
 #include "worker/cuda/device_memory.h"
+#include "worker/graph_cache.h"
 
 namespace flashcp::worker::cuda {
 
@@ -48,7 +56,18 @@ struct CudnnOptions {
   // The bottom-right mask even where the top-left one is the same mask: to
   // measure and check what the choice costs (flashcp-gpu-bench).
   bool always_bottom_right = false;
+  // Graphs held at most (least recently used evicted first; an eviction
+  // synchronizes the device once before the graph is destroyed, since it may
+  // still be running). A training run of one attention shape needs about
+  // four per distinct (sequences, rounded lengths) class of its ranks.
+  size_t max_graphs = 64;
 };
+
+// Device memory for one graph execution's workspace: `bytes` (> 0) bytes,
+// usable on the call's stream until the stream passes the call's work (the
+// memory of a caching allocator's block freed after the call is enqueued,
+// as torch's is, qualifies). Called at most once per graph execution.
+using WorkspaceFn = absl::FunctionRef<absl::StatusOr<void*>(size_t bytes)>;
 
 class CudnnAttention final : public Attention {
  public:
@@ -64,6 +83,15 @@ class CudnnAttention final : public Attention {
   absl::Status Backward(const VarlenBatch& batch, const AttentionBackwardArgs& args,
                         cudaStream_t stream) override;
 
+  // As above, with the workspace from `workspace` instead of this object's.
+  absl::Status Forward(const VarlenBatch& batch, const AttentionForwardArgs& args,
+                       cudaStream_t stream, WorkspaceFn workspace);
+  absl::Status Backward(const VarlenBatch& batch, const AttentionBackwardArgs& args,
+                        cudaStream_t stream, WorkspaceFn workspace);
+
+  // The graph cache's counters (worker/graph_cache.h) since Create.
+  GraphCacheStats graph_stats() const;
+
   // Empty while every call ran on cuDNN; else why the last fallback happened.
   const std::string& fallback_reason() const { return fallback_reason_; }
   int64_t fallback_calls() const { return fallback_calls_; }
@@ -76,7 +104,11 @@ class CudnnAttention final : public Attention {
   // uid -> device pointer), building it on first use and autotuning it then
   // where options_.autotune.
   absl::Status Run(bool backward, const VarlenBatch& batch,
-                   std::unordered_map<int64_t, void*>& pack, cudaStream_t stream);
+                   std::unordered_map<int64_t, void*>& pack, cudaStream_t stream,
+                   WorkspaceFn workspace);
+  // This object's own workspace, grown to `bytes` (WorkspaceFn for the
+  // overloads without one).
+  absl::StatusOr<void*> OwnWorkspace(size_t bytes);
   // Whether a failed Run goes to the plain kernels (a rejected graph, with a
   // fallback allowed and available); records why when it does.
   bool TakeFallback(const absl::Status& status);

@@ -2,6 +2,7 @@
 // backend).
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "client/python/native/cuda_backend.h"
 #include "core/status_macros.h"
 #include "worker/cuda/attention.h"
@@ -18,22 +19,118 @@ namespace {
 
 void* P(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
+// The shard groups of a layout (not all_to_all, not block diffusion).
+worker::cuda::ShardAttentionSpec SpecOf(const worker::CpRankLayout& plan, int32_t heads_q,
+                                        int32_t heads_kv, int32_t head_dim, float scale) {
+  worker::cuda::ShardAttentionSpec spec;
+  spec.heads_q = heads_q;
+  spec.heads_kv = heads_kv;
+  spec.head_dim = head_dim;
+  spec.scale = scale;
+  spec.q_rows = plan.local_rows;
+  spec.stage_rows = static_cast<int64_t>(plan.stage_src.size());
+  spec.whole_start = plan.whole_start;
+  spec.whole_len = plan.whole_len;
+  spec.prefix_q_start = plan.prefix_q_start;
+  spec.prefix_q_len = plan.prefix_q_len;
+  spec.prefix_kv_len = plan.prefix_kv_len;
+  return spec;
+}
+
+worker::cuda::ShardForwardBuffers ForwardBuffers(const CudaShardBuffers& b) {
+  return {P(b.q), P(b.k), P(b.v), P(b.k_stage), P(b.v_stage), P(b.out), P(b.lse)};
+}
+worker::cuda::ShardBackwardBuffers BackwardBuffers(const CudaShardBuffers& b) {
+  return {P(b.q),    P(b.k),  P(b.v),  P(b.k_stage), P(b.v_stage),  P(b.out),     P(b.dout),
+          P(b.lse),  P(b.dq), P(b.dk), P(b.dv),      P(b.dk_stage), P(b.dv_stage)};
+}
+
+absl::Status CheckCollective(const worker::CpRankLayout& plan) {
+  if (plan.collective == worker::Collective::kAllToAll) {
+    return absl::UnimplementedError(
+        "scheme: all_to_all has no CUDA path yet (docs/gpu.md); pass CPU tensors");
+  }
+  return absl::OkStatus();
+}
+
+// One layout on its own attention (graphs and workspace die with it): the
+// per-step object of CudaShardAttention, kept for callers without an
+// allocator; flashcp.torch uses the cache below.
 class Cudnn final : public CudaShardAttention {
  public:
-  explicit Cudnn(std::unique_ptr<worker::cuda::ShardAttention> a) : a_(std::move(a)) {}
+  Cudnn(std::unique_ptr<worker::cuda::ShardAttention> a,
+        std::unique_ptr<worker::cuda::ShardBatches> batches)
+      : a_(std::move(a)), batches_(std::move(batches)) {}
 
   absl::Status Forward(const CudaShardBuffers& b, uintptr_t stream, uint32_t groups) override {
-    return a_->Forward({P(b.q), P(b.k), P(b.v), P(b.k_stage), P(b.v_stage), P(b.out), P(b.lse)},
-                       P(stream), groups);
+    return a_->Forward(*batches_, ForwardBuffers(b), P(stream), groups);
   }
   absl::Status Backward(const CudaShardBuffers& b, uintptr_t stream, uint32_t groups) override {
-    return a_->Backward({P(b.q), P(b.k), P(b.v), P(b.k_stage), P(b.v_stage), P(b.out), P(b.dout),
-                         P(b.lse), P(b.dq), P(b.dk), P(b.dv), P(b.dk_stage), P(b.dv_stage)},
-                        P(stream), groups);
+    return a_->Backward(*batches_, BackwardBuffers(b), P(stream), groups);
   }
   std::string fallback_reason() const override { return a_->fallback_reason(); }
 
  private:
+  std::unique_ptr<worker::cuda::ShardAttention> a_;
+  std::unique_ptr<worker::cuda::ShardBatches> batches_;
+};
+
+class Batch final : public CudaShardBatch {
+ public:
+  explicit Batch(std::unique_ptr<worker::cuda::ShardBatches> b) : b_(std::move(b)) {}
+  const std::vector<int32_t>& tables() const override { return b_->tables(); }
+  absl::Status UseDeviceTables(uintptr_t device, int64_t count) override {
+    return b_->UseDeviceTables(P(device), count);
+  }
+  const worker::cuda::ShardBatches& batches() const { return *b_; }
+
+ private:
+  std::unique_ptr<worker::cuda::ShardBatches> b_;
+};
+
+class Cache final : public CudaAttentionCache {
+ public:
+  Cache(worker::cuda::ShardAttentionShape shape, std::unique_ptr<worker::cuda::ShardAttention> a)
+      : shape_(shape), a_(std::move(a)) {}
+
+  absl::StatusOr<std::unique_ptr<CudaShardBatch>> Describe(
+      const worker::CpRankLayout& plan) override {
+    FLASHCP_RETURN_IF_ERROR(CheckCollective(plan));
+    if (plan.block_size > 0) {
+      return absl::UnimplementedError(
+          "attention_mask block_diffusion: the cached CUDA attention runs causal layouts only "
+          "(the masked kernels run per step, CudaAttention)");
+    }
+    FLASHCP_ASSIGN_OR_RETURN(
+        std::unique_ptr<worker::cuda::ShardBatches> b,
+        worker::cuda::ShardBatches::Describe(
+            SpecOf(plan, shape_.heads_q, shape_.heads_kv, shape_.head_dim, shape_.scale)));
+    return std::unique_ptr<CudaShardBatch>(new Batch(std::move(b)));
+  }
+  absl::Status Forward(const CudaShardBatch& batch, const CudaShardBuffers& b, uintptr_t stream,
+                       uint32_t groups, CudaWorkspaceFn workspace) override {
+    return a_->Forward(static_cast<const Batch&>(batch).batches(), ForwardBuffers(b), P(stream),
+                       groups, Workspace{workspace});
+  }
+  absl::Status Backward(const CudaShardBatch& batch, const CudaShardBuffers& b, uintptr_t stream,
+                        uint32_t groups, CudaWorkspaceFn workspace) override {
+    return a_->Backward(static_cast<const Batch&>(batch).batches(), BackwardBuffers(b),
+                        P(stream), groups, Workspace{workspace});
+  }
+  std::string fallback_reason() const override { return a_->fallback_reason(); }
+  worker::GraphCacheStats graph_stats() const override { return a_->graph_stats(); }
+
+ private:
+  // The caller's addresses as pointers (the lambda lives for the call).
+  struct Workspace {
+    CudaWorkspaceFn fn;
+    absl::StatusOr<void*> operator()(size_t bytes) const {
+      FLASHCP_ASSIGN_OR_RETURN(uintptr_t a, fn(bytes));
+      return P(a);
+    }
+  };
+
+  worker::cuda::ShardAttentionShape shape_;
   std::unique_ptr<worker::cuda::ShardAttention> a_;
 };
 
@@ -83,10 +180,7 @@ bool CudaBackendBuilt() { return true; }
 absl::StatusOr<std::unique_ptr<CudaShardAttention>> MakeCudaShardAttention(
     const worker::CpRankLayout& plan, int32_t heads_q, int32_t heads_kv, int32_t head_dim,
     float scale, uintptr_t stream) {
-  if (plan.collective == worker::Collective::kAllToAll) {
-    return absl::UnimplementedError(
-        "scheme: all_to_all has no CUDA path yet (docs/gpu.md); pass CPU tensors");
-  }
+  FLASHCP_RETURN_IF_ERROR(CheckCollective(plan));
   if (plan.block_size > 0) {
     const worker::cuda::AttentionShape shape{heads_q, heads_kv, head_dim, scale};
     FLASHCP_RETURN_IF_ERROR(worker::cuda::ValidateAttentionShape(shape));
@@ -99,21 +193,27 @@ absl::StatusOr<std::unique_ptr<CudaShardAttention>> MakeCudaShardAttention(
     return std::unique_ptr<CudaShardAttention>(
         new Masked(shape, std::move(batch), std::move(delta)));
   }
-  worker::cuda::ShardAttentionSpec spec;
-  spec.heads_q = heads_q;
-  spec.heads_kv = heads_kv;
-  spec.head_dim = head_dim;
-  spec.scale = scale;
-  spec.q_rows = plan.local_rows;
-  spec.stage_rows = static_cast<int64_t>(plan.stage_src.size());
-  spec.whole_start = plan.whole_start;
-  spec.whole_len = plan.whole_len;
-  spec.prefix_q_start = plan.prefix_q_start;
-  spec.prefix_q_len = plan.prefix_q_len;
-  spec.prefix_kv_len = plan.prefix_kv_len;
-  FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<worker::cuda::ShardAttention> a,
-                           worker::cuda::ShardAttention::Create(spec, P(stream)));
-  return std::unique_ptr<CudaShardAttention>(new Cudnn(std::move(a)));
+  FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<worker::cuda::ShardBatches> batches,
+                           worker::cuda::ShardBatches::Describe(
+                               SpecOf(plan, heads_q, heads_kv, head_dim, scale)));
+  FLASHCP_ASSIGN_OR_RETURN(
+      std::unique_ptr<worker::cuda::ShardAttention> a,
+      worker::cuda::ShardAttention::Create({heads_q, heads_kv, head_dim, scale}));
+  FLASHCP_RETURN_IF_ERROR(batches->Upload(P(stream)));
+  return std::unique_ptr<CudaShardAttention>(new Cudnn(std::move(a), std::move(batches)));
+}
+
+absl::StatusOr<std::unique_ptr<CudaAttentionCache>> MakeCudaAttentionCache(
+    int32_t heads_q, int32_t heads_kv, int32_t head_dim, float scale, int64_t max_graphs) {
+  if (max_graphs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_graphs: ", max_graphs, "; must be at least 1"));
+  }
+  const worker::cuda::ShardAttentionShape shape{heads_q, heads_kv, head_dim, scale};
+  FLASHCP_ASSIGN_OR_RETURN(
+      std::unique_ptr<worker::cuda::ShardAttention> a,
+      worker::cuda::ShardAttention::Create(shape, static_cast<size_t>(max_graphs)));
+  return std::unique_ptr<CudaAttentionCache>(new Cache(shape, std::move(a)));
 }
 
 }  // namespace flashcp::python

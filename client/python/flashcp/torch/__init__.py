@@ -21,9 +21,10 @@ in fp32 and returned in bf16); on CUDA it is the project's cuDNN path
 from flashcp.torch._attention import attention
 from flashcp.torch._context import (AttentionStats, CpContext, ExchangeError,
                                     PlanMismatchError, dispatch, undispatch)
+from flashcp.torch._cuda_cache import graph_stats as cuda_graph_stats
 from flashcp.torch._group_plan import plan_on_first_rank
 from flashcp.torch._metrics import StepMetrics, step_metrics, step_times
 
 __all__ = ["AttentionStats", "CpContext", "ExchangeError", "PlanMismatchError", "StepMetrics",
-           "attention", "dispatch", "plan_on_first_rank", "step_metrics", "step_times",
-           "undispatch"]
+           "attention", "cuda_graph_stats", "dispatch", "plan_on_first_rank", "step_metrics",
+           "step_times", "undispatch"]
