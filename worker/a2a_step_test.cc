@@ -435,6 +435,15 @@ TEST(AllToAllMixedTest, EveryCombinationOfSchemesRunsInOneStep) {
                                                          core::CommScheme::kTargeted}};
   EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, 0, AttentionShape{kH, kD, 0.3f}, merged),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not the plan's")));
+  // The two-level scheme is analysed (core/two_level.h), not run.
+  std::vector<core::RankGroup> two;
+  for (const std::vector<int32_t>& ranks : multi)
+    two.push_back(core::RankGroup{ranks, core::CommScheme::kAllToAll, /*two_level=*/true});
+  for (const std::vector<int32_t>& ranks : single)
+    two.push_back(core::RankGroup{ranks, core::CommScheme::kTargeted});
+  EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, 0, AttentionShape{kH, kD, 0.3f}, two),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       HasSubstr("groups[0]: the two-level scheme (core/two_level.h) is analysed")));
 }
 
 // BuildCpRankLayout within a group: an all-gather's blocks point to point

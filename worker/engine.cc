@@ -71,6 +71,11 @@ absl::StatusOr<CpAttentionStep> CpAttentionStep::CreateMixed(
     any_a2a = any_a2a || groups[g].scheme == core::CommScheme::kAllToAll;
     if (std::find(groups[g].ranks.begin(), groups[g].ranks.end(), rank) != groups[g].ranks.end())
       mine = &groups[g];
+    if (groups[g].two_level) {
+      return absl::UnimplementedError(absl::StrCat(
+          "groups[", g, "]: the two-level scheme (core/two_level.h) is analysed, not run; "
+          "run the group's all_to_all or targeted"));
+    }
   }
   std::sort(want.begin(), want.end());
   std::sort(got.begin(), got.end());
