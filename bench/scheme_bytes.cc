@@ -81,7 +81,7 @@ int Run() {
     std::printf("### %s\n\n", d ? std::string(DatasetName(*d)).c_str()
                                  : "equal documents (B = N/8 of 8 x 16K tokens; 1 batch)");
     std::printf("| N | llama3 (all-gather) | per_doc (all-gather) | magi (targeted) | ulysses over N | "
-                "basp | flashcp's choice | flashcp groups: targeted / allgather / all_to_all | "
+                "basp | flashcp's choice | flashcp groups: targeted / allgather / all_to_all / two_level | "
                 "flashcp inter below magi's and ulysses' | flashcp inter vs ulysses': below / "
                 "equal / above | flashcp's largest group | batches with one group of all N (of the equal) |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -97,6 +97,7 @@ int Run() {
       }
       Link llama3, per_doc, magi, ulysses, basp, chosen;
       std::map<CommScheme, int64_t> schemes;
+      int64_t two_level = 0;
       int below = 0;
       // flashcp's inter-node busiest link against Ulysses-over-N's, per
       // batch: below, equal, above; and its largest rank group's size.
@@ -142,7 +143,7 @@ int Run() {
         }
         chosen.Add(f->choice.bytes.phase);
         for (const ChosenGroup& cg : f->choice.groups) {
-          if (cg.group.ranks.size() > 1) ++schemes[cg.group.scheme];
+          if (cg.group.ranks.size() > 1) ++(cg.group.two_level ? two_level : schemes[cg.group.scheme]);
           largest = std::max(largest, cg.group.ranks.size());
         }
         const int64_t fi = f->choice.bytes.phase.max_inter_node_bytes;
@@ -159,13 +160,14 @@ int Run() {
           ++below;
         }
       }
-      std::printf("| %d | %s | %s | %s | %s | %s | %s | %lld / %lld / %lld | %d of %d | %d / %d / %d "
+      std::printf("| %d | %s | %s | %s | %s | %s | %s | %lld / %lld / %lld / %lld | %d of %d | %d / %d / %d "
                   "| %zu | %d (%d) |\n", n,
                   llama3.Cell().c_str(), per_doc.Cell().c_str(), magi.Cell().c_str(),
                   ulysses.Cell().c_str(), basp.Cell().c_str(), chosen.Cell().c_str(),
                   static_cast<long long>(schemes[CommScheme::kTargeted]),
                   static_cast<long long>(schemes[CommScheme::kAllGather]),
-                  static_cast<long long>(schemes[CommScheme::kAllToAll]), below,
+                  static_cast<long long>(schemes[CommScheme::kAllToAll]),
+                  static_cast<long long>(two_level), below,
                   static_cast<int>(sampled->size()), vs_u[0], vs_u[1], vs_u[2], largest,
                   whole_group, tie_whole);
       std::fflush(stdout);

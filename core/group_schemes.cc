@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "core/two_level.h"
 
 namespace flashcp::core {
 
@@ -53,6 +54,21 @@ absl::StatusOr<GroupSchemeChoice> ChooseGroupSchemes(const Plan& plan, const Pla
         best.weighted_bottleneck = cost;
         have = true;
       }
+    }
+    // The two-level scheme, last (ties keep the above), where the group
+    // spans nodes in equal parts whose size divides Hq.
+    absl::StatusOr<GroupPhaseBytes> two =
+        TwoLevelGroupPhase(plan, metrics, best.group.ranks, shape, ranks_per_node);
+    if (two.ok()) {
+      const double cost = WeightedBottleneck(*two, weight);
+      if (!have || cost < best.weighted_bottleneck) {
+        best.group.scheme = CommScheme::kAllToAll;
+        best.group.two_level = true;
+        best.weighted_bottleneck = cost;
+        have = true;
+      }
+    } else if (two.status().code() != absl::StatusCode::kFailedPrecondition) {
+      return two.status();
     }
     out.weighted_bottleneck = std::max(out.weighted_bottleneck, best.weighted_bottleneck);
     groups.push_back(best.group);

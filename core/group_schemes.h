@@ -41,10 +41,12 @@ struct GroupSchemeChoice {
 };
 
 // Per rank group of `plan` (metrics = AnalyzePlan(plan, shape,
-// ranks_per_node)) the scheme among targeted, allgather (within the group)
-// and all_to_all (where the group's size divides Hq) with the least
-// WeightedBottleneck; on a tie the earlier of that list (one rank: targeted,
-// nothing moves). InvalidArgument for a bad weight, shape or ranks_per_node.
+// ranks_per_node)) the scheme among targeted, allgather (within the group),
+// all_to_all (where the group's size divides Hq) and the two-level scheme
+// (core/two_level.h: where the group spans nodes in equal parts whose size
+// divides Hq; RankGroup::two_level) with the least WeightedBottleneck; on a
+// tie the earlier of that list (one rank: targeted, nothing moves).
+// InvalidArgument for a bad weight, shape or ranks_per_node.
 absl::StatusOr<GroupSchemeChoice> ChooseGroupSchemes(const Plan& plan, const PlanMetrics& metrics,
                                                      const ModelShape& shape,
                                                      int32_t ranks_per_node, double weight);

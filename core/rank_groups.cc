@@ -7,6 +7,7 @@
 #include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "core/two_level.h"
 
 namespace flashcp::core {
 namespace {
@@ -372,8 +373,11 @@ absl::StatusOr<SchemeBytes> GroupedSchemeBytes(const Plan& plan, const PlanMetri
   }
   std::vector<int64_t> sent(n, 0), recv(n, 0), inter_sent(n, 0), inter_recv(n, 0);
   for (const RankGroup& g : groups) {
-    FLASHCP_ASSIGN_OR_RETURN(GroupPhaseBytes b,
-                             GroupSchemePhase(metrics, g, shape, ranks_per_node));
+    FLASHCP_ASSIGN_OR_RETURN(
+        GroupPhaseBytes b,
+        g.two_level && g.scheme == CommScheme::kAllToAll
+            ? TwoLevelGroupPhase(plan, metrics, g.ranks, shape, ranks_per_node)
+            : GroupSchemePhase(metrics, g, shape, ranks_per_node));
     for (size_t j = 0; j < g.ranks.size(); ++j) {
       const int32_t r = g.ranks[j];
       sent[r] = b.sent[j];

@@ -91,6 +91,10 @@ absl::Status FillSchemeBytesFromUnits(const std::vector<int64_t>& phase_sent,
 struct RankGroup {
   std::vector<int32_t> ranks;  // ascending
   CommScheme scheme = CommScheme::kTargeted;
+  // With scheme all_to_all: the two-level scheme instead (core/two_level.h:
+  // the all-to-all within each node's part of the group, a targeted KV
+  // exchange across nodes). Analysis only: the engine refuses it.
+  bool two_level = false;
   friend bool operator==(const RankGroup&, const RankGroup&) = default;
 };
 
@@ -112,7 +116,8 @@ absl::StatusOr<GroupPhaseBytes> GroupSchemePhase(const PlanMetrics& metrics,
 // bytes (phase token lists empty: the schemes' rows differ): kFullKv and
 // kAllGather are all-gathers among the group's ranks only (full C/N blocks,
 // or compacted non-last blocks padded to the group's largest), kTargeted as
-// AnalyzePlan's (it never leaves a group), kAllToAll as AllToAllTraffic.
+// AnalyzePlan's (it never leaves a group), kAllToAll as AllToAllTraffic, or
+// with two_level as TwoLevelGroupPhase (core/two_level.h).
 // `metrics` is AnalyzePlan(plan, shape, ranks_per_node). The groups must
 // each be a union of PlanRankGroups' groups and together cover [0, N):
 // InvalidArgument otherwise; FailedPrecondition for an all-to-all group whose

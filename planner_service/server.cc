@@ -256,6 +256,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   s->report_limiter_ = std::make_unique<KeyedRateLimiter>(options.report_rate, clock);
   deps.report_limiter = s->report_limiter_.get();
   s->pipeline_service_ = std::make_unique<PipelinePlannerService>(deps);
+  s->global_batch_service_ = std::make_unique<GlobalBatchPlannerService>(deps);
   s->service_ = std::make_unique<PlannerService>(std::move(deps));
 
   s->rendezvous_ = std::make_unique<RendezvousHost>(options.rendezvous, /*clock=*/nullptr,
@@ -282,6 +283,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
             if (ServesPlanning(server->options_.serve)) {
               builder.RegisterService(server->service_.get());
               builder.RegisterService(server->pipeline_service_.get());
+              builder.RegisterService(server->global_batch_service_.get());
             }
             if (ServesRendezvous(server->options_.serve)) {
               builder.RegisterService(server->rendezvous_->service());

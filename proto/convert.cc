@@ -324,7 +324,8 @@ void GroupSchemesToProto(const core::GroupSchemePlan& chosen, v1::PlanResponse* 
   for (const core::ChosenGroup& g : chosen.choice.groups) {
     v1::SchemeGroup* p = out->add_groups();
     p->mutable_ranks()->Add(g.group.ranks.begin(), g.group.ranks.end());
-    p->set_scheme(std::string(core::CommSchemeName(g.group.scheme)));
+    p->set_scheme(g.group.two_level ? std::string("two_level")
+                                    : std::string(core::CommSchemeName(g.group.scheme)));
     p->set_weighted_bottleneck_bytes(g.weighted_bottleneck);
   }
   SchemeBytesToProto(core::CommScheme::kTargeted, chosen.choice.bytes, out->mutable_chosen_bytes());

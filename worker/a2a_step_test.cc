@@ -315,64 +315,35 @@ TEST(AllToAllEngineTest, CpStepMatchesReferenceAndBytes) {
   }
 }
 
-// A mixed plan (CpAttentionStep::CreateMixed): some rank groups run the
-// all-to-all, the others the targeted exchange, in one step; outputs and
-// gradients equal the reference and every rank's bytes equal
-// core::GroupedSchemeBytes' exactly.
-TEST(AllToAllMixedTest, GroupsRunTheirOwnSchemesInOneStep) {
-  constexpr int32_t kN = 8, kH = 4, kD = 8;
-  // The first plan (of a few batches and strategies) with two groups of
-  // several ranks, one of a size dividing kH.
-  std::optional<core::Plan> plan;
-  std::vector<core::RankGroup> groups;
-  for (int seed = 0; seed < 40 && !plan; ++seed) {
-    std::mt19937_64 rng(seed);
-    std::vector<int64_t> lens;
-    for (int d = 0; d < 10; ++d) lens.push_back(1 + static_cast<int64_t>(rng() % 120));
-    for (core::Strategy s : {core::Strategy::kFlashCp, core::Strategy::kWholeDoc}) {
-      absl::StatusOr<core::Plan> p = core::MakePlan(s, core::Batch{lens, kN});
-      ASSERT_THAT(p, IsOk());
-      std::vector<core::RankGroup> g;
-      int a2a = 0, targeted = 0;
-      for (const std::vector<int32_t>& ranks : core::PlanRankGroups(*p)) {
-        const bool fits = kH % static_cast<int32_t>(ranks.size()) == 0;
-        const bool use_a2a = fits && ranks.size() > 1 && a2a == 0;
-        g.push_back(core::RankGroup{ranks, use_a2a ? core::CommScheme::kAllToAll
-                                                   : core::CommScheme::kTargeted});
-        a2a += use_a2a;
-        targeted += !use_a2a && ranks.size() > 1;
-      }
-      if (a2a > 0 && targeted > 0) {
-        plan = *p;
-        groups = g;
-        break;
-      }
-    }
-  }
-  ASSERT_TRUE(plan.has_value()) << "no plan with two multi-rank groups";
+// Runs `groups` of `plan` (CpAttentionStep::CreateMixed) on real Gloo ranks,
+// forward and backward: outputs and gradients equal the reference and every
+// rank's bytes equal core::GroupedSchemeBytes' exactly.
+void RunMixed(const core::Plan& plan, const std::vector<core::RankGroup>& groups, int32_t kH,
+              int32_t kD) {
+  const int32_t n = plan.cp_size;
   const AttentionShape shape{kH, kD, 0.3f};
-  const int64_t total = core::TotalTokens(plan->doc_lens);
+  const int64_t total = core::TotalTokens(plan.doc_lens);
   std::mt19937_64 rng(9);
   const std::vector<float> q = Random(total * kH * kD, rng), k = Random(total * kH * kD, rng),
                            v = Random(total * kH * kD, rng), dout = Random(total * kH * kD, rng);
   std::vector<float> ro(total * kH * kD), rlse(total * kH), rdq(total * kH * kD),
       rdk(total * kH * kD), rdv(total * kH * kD);
-  ASSERT_THAT(ReferenceForward(shape, plan->doc_lens, q, k, v, absl::MakeSpan(ro),
+  ASSERT_THAT(ReferenceForward(shape, plan.doc_lens, q, k, v, absl::MakeSpan(ro),
                                absl::MakeSpan(rlse)), IsOk());
-  ASSERT_THAT(ReferenceBackward(shape, plan->doc_lens, q, k, v, dout, absl::MakeSpan(rdq),
+  ASSERT_THAT(ReferenceBackward(shape, plan.doc_lens, q, k, v, dout, absl::MakeSpan(rdq),
                                 absl::MakeSpan(rdk), absl::MakeSpan(rdv)), IsOk());
   const core::ModelShape model{kH, kD, 4};
-  absl::StatusOr<core::PlanMetrics> metrics = core::AnalyzePlan(*plan, model);
+  absl::StatusOr<core::PlanMetrics> metrics = core::AnalyzePlan(plan, model);
   ASSERT_THAT(metrics, IsOk());
   absl::StatusOr<core::SchemeBytes> want =
-      core::GroupedSchemeBytes(*plan, *metrics, groups, model, 0);
+      core::GroupedSchemeBytes(plan, *metrics, groups, model, 0);
   ASSERT_THAT(want, IsOk());
-  absl::StatusOr<core::CommLayout> layout = core::BuildCommLayout(*plan);
+  absl::StatusOr<core::CommLayout> layout = core::BuildCommLayout(plan);
   ASSERT_THAT(layout, IsOk());
-  const std::vector<std::vector<int64_t>> global = GlobalRows(*plan, *layout);
-  const int64_t rows = core::TokensPerRank(total, kN);
-  testing::RunRanks(kN, absl::Seconds(60), [&](int32_t r, Communicator& comm) {
-    absl::StatusOr<CpAttentionStep> step = CpAttentionStep::CreateMixed(*plan, r, shape, groups);
+  const std::vector<std::vector<int64_t>> global = GlobalRows(plan, *layout);
+  const int64_t rows = core::TokensPerRank(total, n);
+  testing::RunRanks(n, absl::Seconds(60), [&](int32_t r, Communicator& comm) {
+    absl::StatusOr<CpAttentionStep> step = CpAttentionStep::CreateMixed(plan, r, shape, groups);
     ASSERT_THAT(step, IsOk());
     auto local = [&](const std::vector<float>& g) {
       std::vector<float> out(rows * kH * kD, 0.0f);
@@ -400,15 +371,124 @@ TEST(AllToAllMixedTest, GroupsRunTheirOwnSchemesInOneStep) {
     EXPECT_LE(MaxRelError(dk, local(rdk)), kTol) << "rank " << r;
     EXPECT_LE(MaxRelError(dv, local(rdv)), kTol) << "rank " << r;
   });
-  // Refused: groups that are not the plan's, and an all-gather group.
+}
+
+// A mixed plan (CpAttentionStep::CreateMixed): each rank group runs its own
+// scheme in one step. Every combination of the four schemes over the plan's
+// three multi-rank groups (all_to_all only on groups whose size divides the
+// heads), one-rank groups targeted: at least 4 x 4 x 3 = 48 steps (an
+// all-gather group was Unimplemented before it ran point to point within its
+// group).
+TEST(AllToAllMixedTest, EveryCombinationOfSchemesRunsInOneStep) {
+  constexpr int32_t kN = 8, kH = 4, kD = 8;
+  // The first plan (of a few batches and strategies) with three groups of
+  // several ranks, at least two of a size dividing kH.
+  std::optional<core::Plan> plan;
+  std::vector<std::vector<int32_t>> multi, single;
+  for (int seed = 0; seed < 400 && !plan; ++seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<int64_t> lens;
+    for (int d = 0; d < 10; ++d) lens.push_back(1 + static_cast<int64_t>(rng() % 120));
+    for (core::Strategy s : {core::Strategy::kFlashCp, core::Strategy::kWholeDoc}) {
+      absl::StatusOr<core::Plan> p = core::MakePlan(s, core::Batch{lens, kN});
+      ASSERT_THAT(p, IsOk());
+      std::vector<std::vector<int32_t>> m, o;
+      int dividing = 0;
+      for (const std::vector<int32_t>& ranks : core::PlanRankGroups(*p)) {
+        (ranks.size() > 1 ? m : o).push_back(ranks);
+        dividing += ranks.size() > 1 && kH % static_cast<int32_t>(ranks.size()) == 0;
+      }
+      if (m.size() == 3 && dividing >= 2) {
+        plan = *p;
+        multi = m;
+        single = o;
+        break;
+      }
+    }
+  }
+  ASSERT_TRUE(plan.has_value()) << "no plan with three multi-rank groups";
+  const core::CommScheme kAll[] = {core::CommScheme::kTargeted, core::CommScheme::kAllGather,
+                                   core::CommScheme::kFullKv, core::CommScheme::kAllToAll};
+  int runs = 0, want_runs = 1;
+  for (const std::vector<int32_t>& g : multi)
+    want_runs *= kH % static_cast<int32_t>(g.size()) == 0 ? 4 : 3;
+  for (int combo = 0; combo < 64; ++combo) {
+    std::vector<core::RankGroup> groups;
+    bool ok = true;
+    for (size_t g = 0; g < multi.size(); ++g) {
+      const core::CommScheme s = kAll[(combo >> (2 * g)) & 3];
+      ok = ok && (s != core::CommScheme::kAllToAll ||
+                  kH % static_cast<int32_t>(multi[g].size()) == 0);
+      groups.push_back(core::RankGroup{multi[g], s});
+    }
+    if (!ok) continue;
+    for (const std::vector<int32_t>& ranks : single)
+      groups.push_back(core::RankGroup{ranks, core::CommScheme::kTargeted});
+    SCOPED_TRACE(absl::StrCat("combination ", combo));
+    RunMixed(*plan, groups, kH, kD);
+    ++runs;
+  }
+  EXPECT_EQ(runs, want_runs);
+  EXPECT_GE(runs, 48);
+  // Refused: groups that are not the plan's.
   std::vector<core::RankGroup> merged = {core::RankGroup{{0, 1, 2, 3, 4, 5, 6, 7},
                                                          core::CommScheme::kTargeted}};
-  EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, 0, shape, merged),
+  EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, 0, AttentionShape{kH, kD, 0.3f}, merged),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not the plan's")));
-  std::vector<core::RankGroup> gathered = groups;
-  gathered[0].scheme = core::CommScheme::kAllGather;
-  EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, 0, shape, gathered),
-              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("groups[0]: scheme allgather")));
+  // The two-level scheme is analysed (core/two_level.h), not run.
+  std::vector<core::RankGroup> two;
+  for (const std::vector<int32_t>& ranks : multi)
+    two.push_back(core::RankGroup{ranks, core::CommScheme::kAllToAll, /*two_level=*/true});
+  for (const std::vector<int32_t>& ranks : single)
+    two.push_back(core::RankGroup{ranks, core::CommScheme::kTargeted});
+  EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, 0, AttentionShape{kH, kD, 0.3f}, two),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       HasSubstr("groups[0]: the two-level scheme (core/two_level.h) is analysed")));
+}
+
+// BuildCpRankLayout within a group: an all-gather's blocks point to point
+// among the group's ranks only, at the sender's position in the group; the
+// group's own largest compacted block; bad groups refused.
+TEST(GroupLayoutTest, AllGatherWithinAGroupIsPointToPointAmongItsRanks) {
+  // whole_doc over 4 ranks of [6, 2, 6, 2]: 16 tokens, 4 a rank; document 0
+  // is [0, 2) on rank 2 and [2, 6) on rank 0, document 2 [0, 2) on rank 3
+  // and [2, 6) on rank 1: groups {0, 2} and {1, 3}, each with one rank
+  // sending 2 non-last tokens.
+  const core::Plan plan = *core::MakePlan(core::Strategy::kWholeDoc, core::Batch{{6, 2, 6, 2}, 4});
+  ASSERT_EQ(core::PlanRankGroups(plan), (std::vector<std::vector<int32_t>>{{0, 2}, {1, 3}}));
+  const core::CommLayout layout = *core::BuildCommLayout(plan);
+  absl::StatusOr<CpRankLayout> p =
+      BuildCpRankLayout(plan, layout, 3, core::CommScheme::kAllGather, {3, 1});
+  ASSERT_THAT(p, IsOk());
+  EXPECT_EQ(p->collective, Collective::kSendRecv);
+  EXPECT_EQ(p->block_rows, 2);  // rank 3 sends the 2 non-last tokens of document 2
+  ASSERT_EQ(p->sends.size(), 1u);
+  EXPECT_EQ(p->sends[0].peer, 1);
+  EXPECT_EQ(p->sends[0].rows, 2);
+  ASSERT_EQ(p->recvs.size(), 1u);
+  EXPECT_EQ(p->recvs[0].peer, 1);
+  EXPECT_EQ(p->recvs[0].first, 0);  // rank 1 is the group's first
+  EXPECT_EQ(p->recv_rows, 4);
+  absl::StatusOr<CpRankLayout> full =
+      BuildCpRankLayout(plan, layout, 0, core::CommScheme::kFullKv, {0, 2});
+  ASSERT_THAT(full, IsOk());
+  EXPECT_EQ(full->block_rows, 4);
+  EXPECT_EQ(full->recv_rows, 8);
+  ASSERT_EQ(full->recvs.size(), 1u);
+  EXPECT_EQ(full->recvs[0].peer, 2);
+  EXPECT_EQ(full->recvs[0].first, 4);  // rank 2's block, second in the group
+  // Without a group: the all-gather of all four ranks, unchanged.
+  absl::StatusOr<CpRankLayout> all = BuildCpRankLayout(plan, layout, 3, core::CommScheme::kAllGather);
+  ASSERT_THAT(all, IsOk());
+  EXPECT_EQ(all->collective, Collective::kAllGather);
+  EXPECT_EQ(all->recv_rows, 8);
+  EXPECT_EQ(all->sends.size(), 3u);
+  EXPECT_THAT(BuildCpRankLayout(plan, layout, 0, core::CommScheme::kAllGather, {1, 3}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group: does not hold rank 0")));
+  EXPECT_THAT(BuildCpRankLayout(plan, layout, 0, core::CommScheme::kAllGather, {0, 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group: rank 0 given twice")));
+  EXPECT_THAT(BuildCpRankLayout(plan, layout, 0, core::CommScheme::kAllGather, {0, 4}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group: rank 4 outside [0, 4)")));
 }
 
 TEST(AllToAllStepErrorsTest, RefusesAGroupThatDoesNotDivideTheHeadsAndBadShapes) {

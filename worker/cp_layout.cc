@@ -17,6 +17,9 @@ struct Inputs {
   const core::CommLayout& layout;
   int32_t rank;
   const std::vector<int64_t>& shard_row;  // per plan shard: first local row on its owner
+  // The all-gather's members: slot[r] is rank r's block in the receive
+  // buffer, -1 for a rank outside the group (every rank its own without one).
+  const std::vector<int32_t>& slot;
 };
 
 // A scheme's part of the layout: p.pack_rows (plus block_rows under
@@ -41,7 +44,8 @@ absl::Status PackFullKv(const Inputs& in, CpRankLayout& p, std::vector<int64_t>&
   for (int64_t t = 0; t < p.local_rows; ++t) p.pack_rows.push_back(t);
   for (size_t s = 0; s < in.plan.shards.size(); ++s) {
     const int32_t owner = in.plan.shards[s].rank;
-    if (owner != in.rank) recv_row[s] = owner * p.block_rows + in.shard_row[s];
+    if (owner != in.rank && in.slot[owner] >= 0)
+      recv_row[s] = in.slot[owner] * p.block_rows + in.shard_row[s];
   }
   return absl::OkStatus();
 }
@@ -49,13 +53,14 @@ absl::Status PackFullKv(const Inputs& in, CpRankLayout& p, std::vector<int64_t>&
 // Every rank's compacted non-last shards (RankLayout::send), all-gathered in
 // blocks padded to the largest (Eq. 5).
 absl::Status PackCompacted(const Inputs& in, CpRankLayout& p, std::vector<int64_t>& recv_row) {
-  for (const core::RankLayout& r : in.layout.ranks)
-    p.block_rows = std::max(p.block_rows, r.send_tokens);
+  for (int32_t r = 0; r < p.size; ++r)
+    if (in.slot[r] >= 0) p.block_rows = std::max(p.block_rows, in.layout.ranks[r].send_tokens);
   for (const core::SendRange& s : in.layout.ranks[in.rank].send) AppendRows(in, s.shard, s.len, p.pack_rows);
   p.pack_rows.resize(p.block_rows, kNoRow);
   for (int32_t r = 0; r < p.size; ++r) {
-    if (r == in.rank) continue;
-    for (const core::SendRange& s : in.layout.ranks[r].send) recv_row[s.shard] = r * p.block_rows + s.offset;
+    if (r == in.rank || in.slot[r] < 0) continue;
+    for (const core::SendRange& s : in.layout.ranks[r].send)
+      recv_row[s.shard] = in.slot[r] * p.block_rows + s.offset;
   }
   return absl::OkStatus();
 }
@@ -110,6 +115,13 @@ static_assert(std::size(kSchemes) == core::kNumCommSchemes, "one table entry per
 absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
                                                const core::CommLayout& layout, int32_t rank,
                                                core::CommScheme scheme) {
+  return BuildCpRankLayout(plan, layout, rank, scheme, {});
+}
+
+absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
+                                               const core::CommLayout& layout, int32_t rank,
+                                               core::CommScheme scheme,
+                                               const std::vector<int32_t>& group) {
   FLASHCP_RETURN_IF_ERROR(core::ValidatePlan(plan));
   const int32_t n = plan.cp_size;
   if (rank < 0 || rank >= n)
@@ -117,7 +129,33 @@ absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
   if (static_cast<int32_t>(layout.ranks.size()) != n)
     return absl::InvalidArgumentError(
         absl::StrCat("layout has ", layout.ranks.size(), " ranks, plan ", n));
-  if (core::IsBlockDiffusion(plan.mask)) return BuildMaskedCpRankLayout(plan, layout, rank, scheme);
+  // slot[r]: rank r's block of an all-gather; -1 outside `group`.
+  std::vector<int32_t> slot(n, -1);
+  if (group.empty()) {
+    for (int32_t r = 0; r < n; ++r) slot[r] = r;
+  } else {
+    std::vector<int32_t> members = group;
+    std::sort(members.begin(), members.end());
+    for (size_t j = 0; j < members.size(); ++j) {
+      const int32_t r = members[j];
+      if (r < 0 || r >= n || slot[r] >= 0)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "group: rank ", r, r < 0 || r >= n ? " outside [0, " : " given twice in a plan of ",
+            r < 0 || r >= n ? absl::StrCat(n, ")") : absl::StrCat(n, " ranks")));
+      slot[r] = static_cast<int32_t>(j);
+    }
+    if (slot[rank] < 0)
+      return absl::InvalidArgumentError(absl::StrCat("group: does not hold rank ", rank));
+  }
+  const bool in_group = !group.empty() && (scheme == core::CommScheme::kFullKv ||
+                                           scheme == core::CommScheme::kAllGather);
+  if (core::IsBlockDiffusion(plan.mask)) {
+    if (in_group)
+      return absl::UnimplementedError(absl::StrCat(
+          "scheme: ", core::CommSchemeName(scheme),
+          " within one rank group under block diffusion; run it over the whole plan"));
+    return BuildMaskedCpRankLayout(plan, layout, rank, scheme);
+  }
   const SchemeEntry* entry = nullptr;
   for (const SchemeEntry& e : kSchemes)
     if (e.scheme == scheme) entry = &e;
@@ -135,16 +173,21 @@ absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
   for (const core::RankLayout& r : layout.ranks)
     for (size_t i = 0; i < r.shards.size(); ++i) shard_row[r.shards[i]] = r.shard_offset[i];
   std::vector<int64_t> recv_row(plan.shards.size(), -1);
-  FLASHCP_RETURN_IF_ERROR(entry->pack(Inputs{plan, layout, rank, shard_row}, p, recv_row));
+  FLASHCP_RETURN_IF_ERROR(entry->pack(Inputs{plan, layout, rank, shard_row, slot}, p, recv_row));
   if (p.collective == Collective::kAllToAll) return p;  // no KV rows to stage or return
   if (p.collective == Collective::kAllGather) {
-    // Every peer gets the whole pack buffer; its block lands at peer * block_rows.
-    p.recv_rows = int64_t{n} * p.block_rows;
-    for (int32_t peer = 0; peer < n && p.block_rows > 0; ++peer) {
-      if (peer == rank) continue;
+    // Every peer (of the group) gets the whole pack buffer; its block lands
+    // at slot[peer] * block_rows.
+    int32_t members = 0;
+    for (int32_t peer = 0; peer < n; ++peer) {
+      if (slot[peer] < 0) continue;
+      ++members;
+      if (peer == rank || p.block_rows == 0) continue;
       p.sends.push_back(RowSegment{peer, 0, p.block_rows});
-      p.recvs.push_back(RowSegment{peer, peer * p.block_rows, p.block_rows});
+      p.recvs.push_back(RowSegment{peer, slot[peer] * p.block_rows, p.block_rows});
     }
+    p.recv_rows = int64_t{members} * p.block_rows;
+    if (in_group) p.collective = Collective::kSendRecv;  // the group's messages, point to point
   }
   for (const RowSegment& s : p.sends) {
     p.back_first.push_back(p.back_rows);

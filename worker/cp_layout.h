@@ -135,6 +135,23 @@ absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
                                                const core::CommLayout& layout, int32_t rank,
                                                core::CommScheme scheme);
 
+// The same for `scheme` run within `group` only: the ranks of one of the
+// plan's rank groups (core::PlanRankGroups: no document is shared across
+// groups) or a union of them, holding `rank`, each once, in any order; a
+// mixed plan's group (core/rank_groups.h). full_kv and allgather become
+// point to point among the group's ranks (Collective::kSendRecv: no
+// communicator of the group's own is needed): each member sends its whole
+// block, C/N rows or its compacted non-last rows padded to the group's
+// largest, to every other member, which lands it at the sender's position
+// in the group, ascending (core::GroupedSchemeBytes' count). targeted and
+// all_to_all never leave a group: as above. InvalidArgument for a group
+// without `rank`, a rank outside [0, N) or one given twice; Unimplemented
+// for full_kv or allgather within a group under block diffusion.
+absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
+                                               const core::CommLayout& layout, int32_t rank,
+                                               core::CommScheme scheme,
+                                               const std::vector<int32_t>& group);
+
 // Rows this rank sends and receives, forward plus backward (the backward
 // return mirrors the forward exchange), under the communicator's counting
 // (worker/communicator.h): multiply by 2 * heads_kv * head_dim * dtype bytes.

@@ -71,12 +71,10 @@ absl::StatusOr<CpAttentionStep> CpAttentionStep::CreateMixed(
     any_a2a = any_a2a || groups[g].scheme == core::CommScheme::kAllToAll;
     if (std::find(groups[g].ranks.begin(), groups[g].ranks.end(), rank) != groups[g].ranks.end())
       mine = &groups[g];
-    if (groups[g].scheme != core::CommScheme::kTargeted &&
-        groups[g].scheme != core::CommScheme::kAllToAll) {
+    if (groups[g].two_level) {
       return absl::UnimplementedError(absl::StrCat(
-          "groups[", g, "]: scheme ", core::CommSchemeName(groups[g].scheme),
-          " in a mixed plan (an all-gather within one group needs that group's own "
-          "communicator); targeted and all_to_all run"));
+          "groups[", g, "]: the two-level scheme (core/two_level.h) is analysed, not run; "
+          "run the group's all_to_all or targeted"));
     }
   }
   std::sort(want.begin(), want.end());
@@ -91,6 +89,10 @@ absl::StatusOr<CpAttentionStep> CpAttentionStep::CreateMixed(
         absl::StrCat("rank: ", rank, " outside a group of ", plan.cp_size));
   }
   FLASHCP_ASSIGN_OR_RETURN(CpAttentionStep step, Create(plan, rank, shape, mine->scheme));
+  // An all-gather group's blocks travel point to point within the group
+  // (cp_layout.h), one send/recv a phase, as a targeted group's do.
+  FLASHCP_ASSIGN_OR_RETURN(step.lay_,
+                           BuildCpRankLayout(plan, step.layout_, rank, mine->scheme, mine->ranks));
   if (any_a2a && mine->scheme != core::CommScheme::kAllToAll) step.pad_calls_ = 1;
   return step;
 }

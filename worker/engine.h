@@ -47,13 +47,14 @@ class CpAttentionStep {
 
   // A mixed plan (core/rank_groups.h, e.g. core::ChooseGroupSchemes'): each
   // of the plan's rank groups (core::PlanRankGroups, each given once, in any
-  // order) runs its own scheme, targeted or all_to_all, within itself; a
-  // rank runs its group's. Every rank makes the same number of communicator
-  // calls (a targeted rank of a plan with an all_to_all group makes one
-  // empty send/recv per phase more), so the group's calls stay aligned; the
-  // bytes are core::GroupedSchemeBytes'. InvalidArgument where `groups` are
-  // not the plan's rank groups; Unimplemented for an all-gather group (it
-  // would need a communicator of its own group).
+  // order) runs its own scheme within itself; a rank runs its group's. An
+  // all-gather group (full_kv, allgather) sends its blocks point to point
+  // among its ranks (BuildCpRankLayout with the group), so no communicator
+  // of its own is needed. Every rank makes the same number of communicator
+  // calls (a targeted or all-gather rank of a plan with an all_to_all group
+  // makes one empty send/recv per phase more), so the group's calls stay
+  // aligned; the bytes are core::GroupedSchemeBytes'. InvalidArgument where
+  // `groups` are not the plan's rank groups.
   static absl::StatusOr<CpAttentionStep> CreateMixed(const core::Plan& plan, int32_t rank,
                                                      const AttentionShape& shape,
                                                      const std::vector<core::RankGroup>& groups);

@@ -3,12 +3,12 @@ flashcp_client), generating flashcp_client's gRPC stubs from the proto.
 
 The proto is read from $FLASHCP_PROTO_DIR, else ../../proto (this file's place
 in the FlashCP tree: the canonical proto), else ./proto, the copy committed
-inside this folder (proto/flashcp/v1/planner.proto, kept byte-identical to the
-canonical one by tests/test_wheel.py), so that a copy of client/python alone,
-or its sdist, builds the wheel. grpc_tools.protoc writes planner_pb2.py and
-planner_pb2_grpc.py into flashcp_client/_gen/ inside the build tree only; the
-generated import line is rewritten to point into the package, so the stubs do
-not claim a top-level `flashcp` package.
+inside this folder (proto/flashcp/v1/planner.proto and global_batch.proto,
+kept byte-identical to the canonical ones by tests/test_wheel.py), so that a
+copy of client/python alone, or its sdist, builds the wheel. grpc_tools.protoc
+writes <name>_pb2.py and <name>_pb2_grpc.py into flashcp_client/_gen/ inside
+the build tree only; the generated import lines are rewritten to point into
+the package, so the stubs do not claim a top-level `flashcp` package.
 """
 import os
 import pathlib
@@ -19,6 +19,8 @@ from setuptools.command.sdist import sdist
 
 HERE = pathlib.Path(__file__).resolve().parent
 PROTO = "flashcp/v1/planner.proto"
+# Every proto the client's stubs come from (global_batch imports planner).
+PROTOS = (PROTO, "flashcp/v1/global_batch.proto")
 
 
 def proto_dir() -> pathlib.Path:
@@ -43,18 +45,17 @@ def generate(out_package: pathlib.Path) -> None:
     well_known = pathlib.Path(grpc_tools.__file__).parent / "_proto"
     rc = protoc.main([
         "grpc_tools.protoc", f"-I{root}", f"-I{well_known}",
-        f"--python_out={out}", f"--grpc_python_out={out}", str(root / PROTO),
+        f"--python_out={out}", f"--grpc_python_out={out}", *(str(root / p) for p in PROTOS),
     ])
     if rc != 0:
-        raise RuntimeError(f"grpc_tools.protoc failed on {root / PROTO} (exit {rc})")
+        raise RuntimeError(f"grpc_tools.protoc failed on {root} {PROTOS} (exit {rc})")
     gen = out / "flashcp" / "v1"
     for d in (out, out / "flashcp", gen):
         (d / "__init__.py").touch()
-    grpc_file = gen / "planner_pb2_grpc.py"
-    text = grpc_file.read_text()
-    text = text.replace("from flashcp.v1 import planner_pb2",
-                        "from flashcp_client._gen.flashcp.v1 import planner_pb2")
-    grpc_file.write_text(text)
+    for py in sorted(gen.glob("*_pb2*.py")):
+        text = py.read_text()
+        text = text.replace("from flashcp.v1 import ", "from flashcp_client._gen.flashcp.v1 import ")
+        py.write_text(text)
 
 
 class BuildPyWithStubs(build_py):
@@ -64,13 +65,14 @@ class BuildPyWithStubs(build_py):
 
 
 class SdistWithProto(sdist):
-    """Puts the proto into the sdist (proto/flashcp/v1/planner.proto)."""
+    """Puts the protos into the sdist (proto/flashcp/v1/*.proto of PROTOS)."""
 
     def make_release_tree(self, base_dir, files):
         super().make_release_tree(base_dir, files)
-        dest = pathlib.Path(base_dir) / "proto" / PROTO
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes((proto_dir() / PROTO).read_bytes())
+        for proto in PROTOS:
+            dest = pathlib.Path(base_dir) / "proto" / proto
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes((proto_dir() / proto).read_bytes())
 
 
 setup(cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProto})

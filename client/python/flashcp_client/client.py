@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, 
 
 import grpc
 
-from flashcp_client._gen.flashcp.v1 import planner_pb2, planner_pb2_grpc
+from flashcp_client._gen.flashcp.v1 import (global_batch_pb2, global_batch_pb2_grpc, planner_pb2,
+                                            planner_pb2_grpc)
 
 # Reconnect quickly once a server comes (back) up: gRPC's own backoff grows to
 # 120 s. Plans of large batches exceed gRPC's 4 MiB default message size.
@@ -468,6 +469,29 @@ class Client:
         req = planner_pb2.ReportStepTimesRequest(cost_profile=cost_profile, steps=list(steps))
         return self._call(lambda t, ready: self._get_stub().ReportStepTimes(
             req, timeout=t, wait_for_ready=ready), timeout)
+
+    def plan_global_batch(self, doc_lens: Iterable[int], dp_size: int, cp_size: int,
+                          context: int, strategy: str = "", *, timeout: Optional[float] = None,
+                          batch_id: int = 0, **fields: Any) -> global_batch_pb2.GlobalBatchPlan:
+        """PlanGlobalBatch: which of the global batch's documents each of
+        dp_size replicas packs (at most `context` tokens each; a longer
+        document cut into context-sized pieces), balancing the replicas'
+        attention work, and each replica's CP plan over cp_size ranks with
+        `strategy` and `fields` (request()'s: heads, ranks_per_node, cost ...).
+        Retries UNAVAILABLE as plan() does; raises grpc.RpcError with the
+        server's code (INVALID_ARGUMENT naming the field, "plan.<field>" for
+        the replicas' options; FAILED_PRECONDITION naming doc_lens where the
+        documents do not fit whole)."""
+        req = global_batch_pb2.PlanGlobalBatchRequest(
+            batch_id=_int_arg("batch_id", batch_id), doc_lens=_doc_lens(doc_lens),
+            dp_size=_int_arg("dp_size", dp_size), context=_int_arg("context", context),
+            plan=self.request((), cp_size, strategy, **fields))
+        return self._call(lambda t, ready: self._global_batch_stub().PlanGlobalBatch(
+            req, timeout=t, wait_for_ready=ready), timeout)
+
+    def _global_batch_stub(self) -> global_batch_pb2_grpc.GlobalBatchPlannerStub:
+        self._get_stub()  # this process's channel
+        return global_batch_pb2_grpc.GlobalBatchPlannerStub(self._channel)
 
     def list_strategies(self, *, timeout: Optional[float] = None) -> list:
         resp = self._call(lambda t, ready: self._get_stub().ListStrategies(

@@ -278,14 +278,16 @@ core::Plan MakePlan(const std::vector<int64_t>& doc_lens, int32_t cp_size, int64
 // where every local row comes from in the packed global batch.
 class RankLayout {
  public:
+  // `group`: a mixed plan's rank group holding `rank` (empty: the whole
+  // plan), the scheme run within it (worker::BuildCpRankLayout's).
   RankLayout(const std::vector<int64_t>& doc_lens, int32_t cp_size, int64_t padding,
              const std::vector<ShardTuple>& shards, int32_t rank, const std::string& scheme,
-             int64_t block_size) {
+             int64_t block_size, const std::vector<int32_t>& group) {
     plan_ = MakePlan(doc_lens, cp_size, padding, shards, block_size);
     Check(core::ValidatePlan(plan_));
     const core::CommScheme s = ValueOrRaise(core::ParseCommScheme(scheme));
     layout_ = ValueOrRaise(core::BuildCommLayout(plan_));
-    rank_plan_ = ValueOrRaise(worker::BuildCpRankLayout(plan_, layout_, rank, s));
+    rank_plan_ = ValueOrRaise(worker::BuildCpRankLayout(plan_, layout_, rank, s, group));
     total_ = core::TotalTokens(plan_.doc_lens);
     doc_first_.assign(plan_.doc_lens.size(), 0);
     for (size_t d = 1; d < plan_.doc_lens.size(); ++d) {
@@ -861,9 +863,10 @@ m.def("plan_pipeline", &flashcp::python::PlanPipeline, py::arg("doc_lens"), py::
   py::class_<RankLayout>(m, "RankLayout")
       .def(py::init<const std::vector<int64_t>&, int32_t, int64_t,
                     const std::vector<flashcp::python::ShardTuple>&, int32_t, const std::string&,
-                    int64_t>(),
+                    int64_t, const std::vector<int32_t>&>(),
            py::arg("doc_lens"), py::arg("cp_size"), py::arg("padding"), py::arg("shards"),
-           py::arg("rank"), py::arg("scheme"), py::arg("block_size") = 0)
+           py::arg("rank"), py::arg("scheme"), py::arg("block_size") = 0,
+           py::arg("group") = std::vector<int32_t>{})
       .def_property_readonly("rank", &RankLayout::rank)
       .def_property_readonly("size", &RankLayout::size)
       .def_property_readonly("local_rows", &RankLayout::local_rows)

@@ -10,6 +10,7 @@ import zipfile
 
 PKG = pathlib.Path(__file__).resolve().parents[1]  # client/python
 PROTO = pathlib.Path("flashcp/v1/planner.proto")
+PROTOS = (PROTO, pathlib.Path("flashcp/v1/global_batch.proto"))
 BUILD_TIMEOUT_S = 300
 
 
@@ -30,10 +31,11 @@ def _pip_wheel(src: pathlib.Path, out: pathlib.Path) -> subprocess.CompletedProc
 
 
 def test_the_packaged_proto_is_the_trees_proto():
-    tree = PKG.parents[1] / "proto" / PROTO
-    copy = PKG / "proto" / PROTO
-    assert copy.read_bytes() == tree.read_bytes(), (
-        f"{copy} differs from {tree}: cp {tree} {copy}")
+    for proto in PROTOS:
+        tree = PKG.parents[1] / "proto" / proto
+        copy = PKG / "proto" / proto
+        assert copy.read_bytes() == tree.read_bytes(), (
+            f"{copy} differs from {tree}: cp {tree} {copy}")
 
 
 def test_a_copy_of_client_python_alone_builds_the_wheel(tmp_path):
@@ -47,19 +49,27 @@ def test_a_copy_of_client_python_alone_builds_the_wheel(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for want in ("flashcp_client/_gen/flashcp/v1/planner_pb2.py",
                  "flashcp_client/_gen/flashcp/v1/planner_pb2_grpc.py",
+                 "flashcp_client/_gen/flashcp/v1/global_batch_pb2.py",
+                 "flashcp_client/_gen/flashcp/v1/global_batch_pb2_grpc.py",
                  "flashcp_client/client.py", "flashcp/__init__.py",
                  "flashcp/torch/_attention.py"):
         assert want in names, (want, sorted(names))
     # The stubs import from the wheel itself (not from the installed package).
     code = ("import flashcp_client, flashcp_client._gen.flashcp.v1.planner_pb2 as pb;"
             "print(flashcp_client.__file__);"
-            "print(pb.PlanRequest.DESCRIPTOR.full_name, pb.PlanResponse.DESCRIPTOR.full_name)")
+            "print(pb.PlanRequest.DESCRIPTOR.full_name, pb.PlanResponse.DESCRIPTOR.full_name);"
+            "import flashcp_client._gen.flashcp.v1.global_batch_pb2 as gb;"
+            "print(gb.__file__, gb.GlobalBatchReplica.DESCRIPTOR.fields_by_name['plan']"
+            ".message_type.full_name)")
     got = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(wheel)},
                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert got.returncode == 0, got.stderr
-    where, names_line = got.stdout.splitlines()
+    where, names_line, global_batch_line = got.stdout.splitlines()
     assert where.startswith(str(wheel)), where
     assert names_line == "flashcp.v1.PlanRequest flashcp.v1.PlanResponse"
+    gb_where, gb_plan = global_batch_line.split()
+    assert gb_where.startswith(str(wheel)), gb_where
+    assert gb_plan == "flashcp.v1.PlanResponse"
 
 
 def test_a_copy_without_its_proto_fails_naming_the_proto(tmp_path):

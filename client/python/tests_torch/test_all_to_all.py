@@ -118,36 +118,53 @@ def test_bf16_messages_are_bf16_and_close_to_the_reference(plan_bin):
 
 def test_a_mixed_plan_runs_each_group_with_its_scheme(plan_bin):
     # whole_doc's plan of this batch at N = 8 has two rank groups, {0, 1, 2,
-    # 7} and {3, 4, 5, 6} (found by search): the first runs all_to_all, the
-    # second targeted, side by side. Each rank moves its group's scheme's
-    # bytes (flashcp-plan's, per rank).
+    # 7} and {3, 4, 5, 6} (found by search). Every combination of the four
+    # schemes over the two groups runs side by side (an all-gather group
+    # point to point among its ranks); each rank moves its group's scheme's
+    # bytes: flashcp-plan's per rank for targeted and all_to_all, and for an
+    # all-gather group its block (C/N rows, or the group's largest non-last
+    # rows) to and from each of the other 3, forward and back
+    # (core::GroupedSchemeBytes).
     lens = [139, 160, 157, 85, 118, 154, 8, 59, 163, 46, 141, 150]
-    text = _plan_json(plan_bin, lens, 8, "whole_doc", 2)
+    hkv = 2
+    text = _plan_json(plan_bin, lens, 8, "whole_doc", hkv)
     view = flashcp.plan_view(text)
-    groups = [{0, 1, 2, 7}, {3, 4, 5, 6}]
-    multi = groups
-    a2a = min(multi, key=min)
-    mixed = [(sorted(g), "all_to_all" if g == a2a else "targeted") for g in groups]
+    groups = [(0, 1, 2, 7), (3, 4, 5, 6)]
     metrics = json.loads(text)["metrics"]
     by = {x["scheme"]: x for x in metrics["bytes"]}
+    kv_row = 2 * hkv * D * 4  # [K | V] of a token, fp32
+
+    def want(scheme, g, r):
+        if scheme in ("targeted", "all_to_all"):
+            return by[scheme]["sent_bytes"][r], by[scheme]["received_bytes"][r]
+        block = (metrics["tokens_per_rank"] if scheme == "full_kv"
+                 else max(metrics["rank_nonlast_tokens"][x] for x in g))
+        b = 2 * kv_row * block * (len(g) - 1)
+        return b, b
+
+    schemes = ("targeted", "allgather", "full_kv", "all_to_all")
+    combos = [(a, b) for a in schemes for b in schemes]
     refuse = [[(list(range(8)), "targeted")],
-              [([0, 1, 2, 7], "allgather"), ([3, 4, 5, 6], "targeted")],
               [([0, 1, 2, 7], "ring"), ([3, 4, 5, 6], "targeted")]]
-    spec = dict(cases.with_reference(dict(doc_lens=lens, hq=HQ, hkv=2, d=D, seed=7,
-                                          plan=view)), scheme=mixed, refuse=refuse)
-    res = harness.run(cases.all_to_all_cases, 8, {"mixed": spec}, timeout_s=120)
-    for r in range(8):
-        status, errs, sent, received = res[r]["mixed"]
-        assert status == "ok"
-        assert max(errs) <= TOL, (r, errs)
-        assert res[r][("mixed", "refused")] == [
-            ("ValueError", "scheme: groups [(0, 1, 2, 3, 4, 5, 6, 7)] are not the plan's rank "
-                           "groups [(0, 1, 2, 7), (3, 4, 5, 6)] (ranks linked by shared "
-                           "documents)"),
-            ("NotImplementedError", "scheme: allgather for ranks [0, 1, 2, 7] in a mixed plan "
-                                    "(an all-gather within one group needs a process group of "
-                                    "its own); targeted and all_to_all run"),
-            ("ValueError", "scheme: 'ring' for ranks [0, 1, 2, 7]; expected one of targeted, "
-                           "all_to_all")], r
-        mine = next(s for g, s in mixed if r in g)
-        assert (sent, received) == (by[mine]["sent_bytes"][r], by[mine]["received_bytes"][r]), r
+    specs = {}
+    for a, b in combos:
+        mixed = [(list(groups[0]), a), (list(groups[1]), b)]
+        specs[(a, b)] = dict(cases.with_reference(dict(doc_lens=lens, hq=HQ, hkv=hkv, d=D, seed=7,
+                                                       plan=view)), scheme=mixed, refuse=refuse)
+    res = harness.run(cases.all_to_all_cases, 8, specs, timeout_s=300)
+    for a, b in combos:
+        for r in range(8):
+            status, errs, sent, received = res[r][(a, b)]
+            assert status == "ok", ((a, b), r, status)
+            assert max(errs) <= TOL, ((a, b), r, errs)
+            assert res[r][((a, b), "refused")] == [
+                ("ValueError", "scheme: groups [(0, 1, 2, 3, 4, 5, 6, 7)] are not the plan's "
+                               "rank groups [(0, 1, 2, 7), (3, 4, 5, 6)] (ranks linked by shared "
+                               "documents)"),
+                ("ValueError", "scheme: 'ring' for ranks [0, 1, 2, 7]; expected one of targeted, "
+                               "allgather, full_kv, all_to_all")], r
+            g, mine = (groups[0], a) if r in groups[0] else (groups[1], b)
+            assert (sent, received) == want(mine, g, r), ((a, b), r)
+    # An all-gather group's bytes are not the whole plan's all-gather's.
+    assert want("allgather", groups[0], 0) != (by["allgather"]["sent_bytes"][0],
+                                               by["allgather"]["received_bytes"][0])

@@ -194,25 +194,23 @@ def plan_rank_groups(ctx: CpContext) -> List[Tuple[int, ...]]:
     return [tuple(g) for g in groups.values()]
 
 
-_MIXED = ("targeted", "all_to_all")
+_MIXED = ("targeted", "allgather", "full_kv", "all_to_all")
 
 
-def group_scheme(ctx: CpContext, groups: Sequence[Tuple[Sequence[int], str]]) -> str:
-    """This rank's scheme in a mixed plan: `groups` must list each of the
-    plan's rank groups once with "targeted" or "all_to_all" (ValueError
-    naming what differs; NotImplementedError for an all-gather scheme, which
-    would need a process group per group). Neither scheme sends outside its
-    group, so the groups run side by side on ctx.group."""
+def group_scheme(ctx: CpContext, groups: Sequence[Tuple[Sequence[int], str]]
+                 ) -> Tuple[str, Tuple[int, ...]]:
+    """This rank's scheme in a mixed plan and its group's ranks (ascending):
+    `groups` must list each of the plan's rank groups once with one of
+    targeted, allgather, full_kv, all_to_all (ValueError naming what
+    differs). No scheme sends outside its group (an all-gather group's
+    blocks travel point to point among its ranks: the layout of
+    ctx.layout(scheme, group)), so the groups run side by side on ctx.group."""
     try:
         given = [(tuple(sorted(int(r) for r in ranks)), s) for ranks, s in groups]
     except (TypeError, ValueError):
         raise ValueError(f"scheme: {groups!r}; expected a scheme name or a sequence of "
                          "(ranks, scheme) pairs") from None
     for ranks, s in given:
-        if s in ("allgather", "full_kv"):
-            raise NotImplementedError(
-                f"scheme: {s} for ranks {list(ranks)} in a mixed plan (an all-gather within "
-                "one group needs a process group of its own); targeted and all_to_all run")
         if s not in _MIXED:
             raise ValueError(f"scheme: {s!r} for ranks {list(ranks)}; expected one of "
                              f"{', '.join(_MIXED)}")
@@ -220,4 +218,4 @@ def group_scheme(ctx: CpContext, groups: Sequence[Tuple[Sequence[int], str]]) ->
     if sorted(r for r, _ in given) != want:
         raise ValueError(f"scheme: groups {sorted(r for r, _ in given)} are not the plan's rank "
                          f"groups {want} (ranks linked by shared documents)")
-    return next(s for ranks, s in given if ctx.rank in ranks)
+    return next((s, ranks) for ranks, s in given if ctx.rank in ranks)

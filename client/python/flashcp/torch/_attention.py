@@ -354,8 +354,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     whose size does not divide Hq raises RuntimeError FAILED_PRECONDITION
     naming query_heads), or a mixed plan: a sequence of (ranks, scheme),
     one per rank group of the plan (the ranks linked by shared documents),
-    each "targeted" or "all_to_all", e.g. what flashcp's choose_schemes
-    chose; each rank runs its group's. softmax_scale:
+    each "targeted", "allgather", "full_kv" or "all_to_all", e.g. what
+    flashcp's choose_schemes chose; each rank runs its group's (an
+    all-gather group point to point among its ranks, CPU tensors only).
+    softmax_scale:
     default 1/sqrt(D). Every rank of ctx.group calls it, forward and backward.
     """
     if not isinstance(ctx, CpContext):
@@ -385,11 +387,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if not scale > 0 or not math.isfinite(scale):
         raise ValueError(f"softmax_scale: {softmax_scale!r}; must be positive and finite")
+    group = None  # an all-gather group of a mixed plan: its ranks
     if not isinstance(scheme, str):
         # A mixed plan: ((ranks, scheme), ...), one entry per rank group of
         # the plan; this rank runs its group's scheme (_all_to_all.py).
         from flashcp.torch._all_to_all import group_scheme
-        scheme = group_scheme(ctx, scheme)
+        scheme, ranks = group_scheme(ctx, scheme)
+        if scheme in ("allgather", "full_kv") and len(ranks) < ctx.size:
+            group = ranks
+            if q.device.type != "cpu" or torch.compiler.is_compiling():
+                raise NotImplementedError(
+                    f"scheme: {scheme} for ranks {list(ranks)} in a mixed plan runs on CPU "
+                    "tensors, not compiled; on CUDA or under torch.compile use targeted "
+                    "(docs/gpu.md)")
     if scheme not in SCHEMES:
         raise ValueError(f"scheme: {scheme!r}; expected one of {', '.join(SCHEMES)}")
     on_cuda = q.device.type == "cuda"
@@ -410,12 +420,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
         # arithmetic as below.
         o, _ = torch.ops.flashcp.cp_attention(q, k, v, ctx.op_handle, scheme, scale)
         return o.to(q.dtype)
-    lay = ctx.layout(scheme)
+    lay = ctx.layout(scheme, group)
     if on_cuda:
         with torch.cuda.device(q.device):
             kernel = ctx.cuda_kernel(scheme, hq, hkv, d, scale, q.device)
     else:
-        kernel = ctx.kernel(scheme, hq, d, scale)
+        kernel = ctx.kernel(scheme, hq, d, scale, group)
     if on_cuda:
         return _CudaCpAttention.apply(q, k, v, ctx, lay, kernel)
     dtype = q.dtype

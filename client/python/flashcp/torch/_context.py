@@ -225,7 +225,7 @@ class CpContext:
         self.threads = int(threads) if threads else torch.get_num_threads()
         self.global_ranks = [dist.get_global_rank(self.group, r) if self.group is not
                              dist.group.WORLD else r for r in range(n)]
-        self._layouts: Dict[str, Any] = {}
+        self._layouts: Dict[Any, Any] = {}
         self._kernels: Dict[Tuple, Any] = {}
         self._a2a: Dict[Tuple, Any] = {}  # (Hq, Hkv, D) -> _all_to_all.A2aPlan
         self._side_streams: Dict[Any, Any] = {}  # CUDA device -> side stream
@@ -294,25 +294,30 @@ class CpContext:
             raise PlanMismatchError(self.rank, hashes)
 
     # -- the layout (C++) ------------------------------------------------------
-    def layout(self, scheme: str) -> SchemeLayout:
-        """This rank's layout under `scheme` (cached)."""
+    def layout(self, scheme: str, group: Optional[Sequence[int]] = None) -> SchemeLayout:
+        """This rank's layout under `scheme` (cached); with `group` (a mixed
+        plan's rank group holding this rank), `scheme` run within the group
+        only (worker/cp_layout.h: an all-gather point to point among its ranks)."""
         if scheme not in SCHEMES:
             raise ValueError(f"scheme: {scheme!r}; expected one of {', '.join(SCHEMES)}")
-        lay = self._layouts.get(scheme)
+        key = scheme if group is None else (scheme, tuple(group))
+        lay = self._layouts.get(key)
         if lay is None:
             lay = SchemeLayout(native().RankLayout(list(self.plan.doc_lens), self.size,
                                                    self.plan.padding, list(self.plan.shards),
                                                    self.rank, scheme,
-                                                   block_size=self.block_size), self.local_rows)
-            self._layouts[scheme] = lay
+                                                   block_size=self.block_size,
+                                                   group=list(group or ())), self.local_rows)
+            self._layouts[key] = lay
         return lay
 
-    def kernel(self, scheme: str, heads: int, head_dim: int, scale: float):
+    def kernel(self, scheme: str, heads: int, head_dim: int, scale: float,
+               group: Optional[Sequence[int]] = None):
         """The native CPU attention of this rank's shards (cached)."""
-        key = (scheme, heads, head_dim, float(scale))
+        key = (scheme, heads, head_dim, float(scale), None if group is None else tuple(group))
         k = self._kernels.get(key)
         if k is None:
-            k = native().CpuAttention(self.layout(scheme).native, heads, head_dim,
+            k = native().CpuAttention(self.layout(scheme, group).native, heads, head_dim,
                                       float(scale), self.threads)
             self._kernels[key] = k
         return k
