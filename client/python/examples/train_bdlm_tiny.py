@@ -182,6 +182,11 @@ def _rank_main(rank, n, store_path, batches, block, seed, strategy, out):
         result = train_cp(rank, n, dist.group.WORLD, batches, block, seed, strategy)
         if rank == 0:
             out.put(result)
+        # torch's gloo threads drop a finished collective's tensors under the
+        # GIL; a rank that reached interpreter exit first aborted there
+        # ("terminate called without an active exception"). Waiting here
+        # gives them the GIL while the interpreter is alive.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

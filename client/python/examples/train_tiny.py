@@ -233,6 +233,11 @@ def _rank_main(rank, n, store_path, batches, seed, address, planners, out, ops_a
             out.put(result)
         if ops_args.get("hold_file"):
             _hold(ops_args["hold_file"], ops_args["hold_s"])
+        # torch's gloo threads drop a finished collective's tensors under the
+        # GIL; a rank that reached interpreter exit first aborted there
+        # ("terminate called without an active exception"). Waiting here
+        # gives them the GIL while the interpreter is alive.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
