@@ -52,7 +52,7 @@ LAYERS = {
     1: ["sliver_repair", "sliver_fix", "flashcp_slivers"],
     2: ["per_doc", "whole_doc_place", "flashcp_util", "recut", "whole_doc", "baselines", "magi", "basp",
         "bdlm", "bdlm_csbp", "bdlm_flashcp",
-        "pipeline_model", "pipeline_plan", "pipeline_sim"],
+        "pipeline_model", "pipeline_chunking", "pipeline_plan", "pipeline_sim"],
     3: ["flashcp_balance", "flashcp_roles"],
     4: ["flashcp_judge"],
     5: ["flashcp_search", "flashcp_repair", "flashcp_recut", "flashcp_grouped", "flashcp_kv",
