@@ -4,7 +4,7 @@
 // (torch.cuda.current_stream().cuda_stream). CMake compiles
 // cuda_backend_cuda.cc where the CUDA backend is built and
 // cuda_backend_none.cc (Unimplemented) elsewhere: no CUDA header or #ifdef
-// here. Counts are checked by the caller (flashcp_native.cc).
+// here. Counts are checked by the caller (native_cuda.cc).
 #ifndef FLASHCP_CLIENT_PYTHON_NATIVE_CUDA_BACKEND_H_
 #define FLASHCP_CLIENT_PYTHON_NATIVE_CUDA_BACKEND_H_
 
