@@ -110,91 +110,50 @@ constexpr SchemeEntry kSchemes[] = {
 };
 static_assert(std::size(kSchemes) == core::kNumCommSchemes, "one table entry per scheme");
 
-}  // namespace
-
-absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
-                                               const core::CommLayout& layout, int32_t rank,
-                                               core::CommScheme scheme) {
-  return BuildCpRankLayout(plan, layout, rank, scheme, {});
-}
-
-absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
-                                               const core::CommLayout& layout, int32_t rank,
-                                               core::CommScheme scheme,
-                                               const std::vector<int32_t>& group) {
-  FLASHCP_RETURN_IF_ERROR(core::ValidatePlan(plan));
-  const int32_t n = plan.cp_size;
-  if (rank < 0 || rank >= n)
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside [0, ", n, ")"));
-  if (static_cast<int32_t>(layout.ranks.size()) != n)
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout has ", layout.ranks.size(), " ranks, plan ", n));
-  // slot[r]: rank r's block of an all-gather; -1 outside `group`.
+// slot[r]: rank r's block of an all-gather, its index in the sorted `group`
+// (every rank where `group` is empty); -1 outside the group.
+absl::StatusOr<std::vector<int32_t>> GroupSlots(const std::vector<int32_t>& group, int32_t n,
+                                                int32_t rank) {
   std::vector<int32_t> slot(n, -1);
   if (group.empty()) {
     for (int32_t r = 0; r < n; ++r) slot[r] = r;
-  } else {
-    std::vector<int32_t> members = group;
-    std::sort(members.begin(), members.end());
-    for (size_t j = 0; j < members.size(); ++j) {
-      const int32_t r = members[j];
-      if (r < 0 || r >= n || slot[r] >= 0)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "group: rank ", r, r < 0 || r >= n ? " outside [0, " : " given twice in a plan of ",
-            r < 0 || r >= n ? absl::StrCat(n, ")") : absl::StrCat(n, " ranks")));
-      slot[r] = static_cast<int32_t>(j);
-    }
-    if (slot[rank] < 0)
-      return absl::InvalidArgumentError(absl::StrCat("group: does not hold rank ", rank));
+    return slot;
   }
-  const bool in_group = !group.empty() && (scheme == core::CommScheme::kFullKv ||
-                                           scheme == core::CommScheme::kAllGather);
-  if (core::IsBlockDiffusion(plan.mask)) {
-    if (in_group)
-      return absl::UnimplementedError(absl::StrCat(
-          "scheme: ", core::CommSchemeName(scheme),
-          " within one rank group under block diffusion; run it over the whole plan"));
-    return BuildMaskedCpRankLayout(plan, layout, rank, scheme);
+  std::vector<int32_t> members = group;
+  std::sort(members.begin(), members.end());
+  for (size_t j = 0; j < members.size(); ++j) {
+    const int32_t r = members[j];
+    if (r < 0 || r >= n || slot[r] >= 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group: rank ", r, r < 0 || r >= n ? " outside [0, " : " given twice in a plan of ",
+          r < 0 || r >= n ? absl::StrCat(n, ")") : absl::StrCat(n, " ranks")));
+    slot[r] = static_cast<int32_t>(j);
   }
-  const SchemeEntry* entry = nullptr;
-  for (const SchemeEntry& e : kSchemes)
-    if (e.scheme == scheme) entry = &e;
-  if (entry == nullptr)
-    return absl::InvalidArgumentError(
-        absl::StrCat("scheme: unknown communication scheme ", static_cast<int>(scheme)));
-  CpRankLayout p;
-  p.rank = rank;
-  p.size = n;
-  p.scheme = scheme;
-  p.collective = entry->collective;
-  p.local_rows = core::TokensPerRank(core::TotalTokens(plan.doc_lens), n);
+  if (slot[rank] < 0)
+    return absl::InvalidArgumentError(absl::StrCat("group: does not hold rank ", rank));
+  return slot;
+}
 
-  std::vector<int64_t> shard_row(plan.shards.size(), -1);
-  for (const core::RankLayout& r : layout.ranks)
-    for (size_t i = 0; i < r.shards.size(); ++i) shard_row[r.shards[i]] = r.shard_offset[i];
-  std::vector<int64_t> recv_row(plan.shards.size(), -1);
-  FLASHCP_RETURN_IF_ERROR(entry->pack(Inputs{plan, layout, rank, shard_row, slot}, p, recv_row));
-  if (p.collective == Collective::kAllToAll) return p;  // no KV rows to stage or return
-  if (p.collective == Collective::kAllGather) {
-    // Every peer (of the group) gets the whole pack buffer; its block lands
-    // at slot[peer] * block_rows.
-    int32_t members = 0;
-    for (int32_t peer = 0; peer < n; ++peer) {
-      if (slot[peer] < 0) continue;
-      ++members;
-      if (peer == rank || p.block_rows == 0) continue;
-      p.sends.push_back(RowSegment{peer, 0, p.block_rows});
-      p.recvs.push_back(RowSegment{peer, slot[peer] * p.block_rows, p.block_rows});
-    }
-    p.recv_rows = int64_t{members} * p.block_rows;
-    if (in_group) p.collective = Collective::kSendRecv;  // the group's messages, point to point
+// An all-gather as messages: every peer of the group gets the whole pack
+// buffer; its block lands at slot[peer] * block_rows.
+void AddAllGatherMessages(const std::vector<int32_t>& slot, CpRankLayout& p) {
+  int32_t members = 0;
+  for (int32_t peer = 0; peer < p.size; ++peer) {
+    if (slot[peer] < 0) continue;
+    ++members;
+    if (peer == p.rank || p.block_rows == 0) continue;
+    p.sends.push_back(RowSegment{peer, 0, p.block_rows});
+    p.recvs.push_back(RowSegment{peer, slot[peer] * p.block_rows, p.block_rows});
   }
-  for (const RowSegment& s : p.sends) {
-    p.back_first.push_back(p.back_rows);
-    p.back_rows += s.rows;
-  }
+  p.recv_rows = int64_t{members} * p.block_rows;
+}
 
-  // Attention batches and the staging of prefixes.
+// The attention batches of p.rank's shards (whole documents, and prefixed
+// shards with their staged K/V rows: local rows, then received ones).
+absl::Status AddAttentionBatches(const core::Plan& plan, const core::CommLayout& layout,
+                                 const std::vector<int64_t>& shard_row,
+                                 const std::vector<int64_t>& recv_row, CpRankLayout& p) {
+  const int32_t rank = p.rank;
   const core::RankLayout& me = layout.ranks[rank];
   std::map<int32_t, int32_t> prefix_shards_of_doc;  // doc -> local prefix shards so far
   for (size_t i = 0; i < me.shards.size(); ++i) {
@@ -234,6 +193,67 @@ absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
     p.prefix_q_len.push_back(static_cast<int32_t>(sh.len));
     p.prefix_kv_len.push_back(static_cast<int32_t>(staged));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
+                                               const core::CommLayout& layout, int32_t rank,
+                                               core::CommScheme scheme) {
+  return BuildCpRankLayout(plan, layout, rank, scheme, {});
+}
+
+absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
+                                               const core::CommLayout& layout, int32_t rank,
+                                               core::CommScheme scheme,
+                                               const std::vector<int32_t>& group) {
+  FLASHCP_RETURN_IF_ERROR(core::ValidatePlan(plan));
+  const int32_t n = plan.cp_size;
+  if (rank < 0 || rank >= n)
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside [0, ", n, ")"));
+  if (static_cast<int32_t>(layout.ranks.size()) != n)
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout has ", layout.ranks.size(), " ranks, plan ", n));
+  FLASHCP_ASSIGN_OR_RETURN(const std::vector<int32_t> slot, GroupSlots(group, n, rank));
+  const bool in_group = !group.empty() && (scheme == core::CommScheme::kFullKv ||
+                                           scheme == core::CommScheme::kAllGather);
+  if (core::IsBlockDiffusion(plan.mask)) {
+    if (in_group)
+      return absl::UnimplementedError(absl::StrCat(
+          "scheme: ", core::CommSchemeName(scheme),
+          " within one rank group under block diffusion; run it over the whole plan"));
+    return BuildMaskedCpRankLayout(plan, layout, rank, scheme);
+  }
+  const SchemeEntry* entry = nullptr;
+  for (const SchemeEntry& e : kSchemes)
+    if (e.scheme == scheme) entry = &e;
+  if (entry == nullptr)
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheme: unknown communication scheme ", static_cast<int>(scheme)));
+  CpRankLayout p;
+  p.rank = rank;
+  p.size = n;
+  p.scheme = scheme;
+  p.collective = entry->collective;
+  p.local_rows = core::TokensPerRank(core::TotalTokens(plan.doc_lens), n);
+
+  std::vector<int64_t> shard_row(plan.shards.size(), -1);
+  for (const core::RankLayout& r : layout.ranks)
+    for (size_t i = 0; i < r.shards.size(); ++i) shard_row[r.shards[i]] = r.shard_offset[i];
+  std::vector<int64_t> recv_row(plan.shards.size(), -1);
+  FLASHCP_RETURN_IF_ERROR(entry->pack(Inputs{plan, layout, rank, shard_row, slot}, p, recv_row));
+  if (p.collective == Collective::kAllToAll) return p;  // no KV rows to stage or return
+  if (p.collective == Collective::kAllGather) {
+    AddAllGatherMessages(slot, p);
+    if (in_group) p.collective = Collective::kSendRecv;  // the group's messages, point to point
+  }
+  for (const RowSegment& s : p.sends) {
+    p.back_first.push_back(p.back_rows);
+    p.back_rows += s.rows;
+  }
+
+  FLASHCP_RETURN_IF_ERROR(AddAttentionBatches(plan, layout, shard_row, recv_row, p));
   return p;
 }
 
