@@ -2,6 +2,11 @@
 // plan_hash, plan_rank_features, pipelines and the global batch.
 #include "client/python/native/native_common.h"
 
+#include <atomic>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+
 namespace flashcp::python {
 namespace {
 
@@ -47,34 +52,33 @@ py::bytes Plan(const std::string& request_bytes, int64_t max_docs, int64_t max_t
   const core::RealClock clock;  // metrics.planning_seconds, as the service reports it
   const absl::Time start = clock.Now();
   const absl::Duration timeout = absl::Seconds(timeout_seconds);
-  // The stop check runs on the planning threads; signals are checked (the
-  // GIL taken) at most every 20 ms, on the calling thread only.
-  const std::thread::id caller = std::this_thread::get_id();
+  // Planning runs on its own thread while this (the calling, main) thread
+  // checks for signals every 20 ms with the GIL taken: Python runs signal
+  // handlers on the main thread only, and a planning stage may keep every
+  // other thread busy for seconds. The stop token reads the result.
   std::atomic<bool> interrupted{false};
-  absl::Time last_signal_check = start;
   input.options.stop = core::StopToken([&]() -> absl::Status {
     if (interrupted.load()) return absl::CancelledError("flashcp.plan: interrupted");
-    const absl::Time now = clock.Now();
-    if (timeout_seconds > 0 && now - start >= timeout) {
+    if (timeout_seconds > 0 && clock.Now() - start >= timeout) {
       return absl::DeadlineExceededError(absl::StrCat(
           "flashcp.plan: no plan within the timeout of ", timeout_seconds, " s"));
-    }
-    if (std::this_thread::get_id() == caller && now - last_signal_check >= absl::Milliseconds(20)) {
-      last_signal_check = now;
-      py::gil_scoped_acquire acquire;
-      if (PyErr_CheckSignals() != 0) {  // the handler's exception stays set
-        interrupted.store(true);
-        return absl::CancelledError("flashcp.plan: interrupted");
-      }
     }
     return absl::OkStatus();
   });
   absl::StatusOr<std::string> out;
   {
     py::gil_scoped_release release;  // planning may take a while
-    absl::StatusOr<v1::PlanResponse> response =
-        proto::PlanBatch(input, clock, observer);
-    out = response.ok() ? proto::SerializeResponse(*response) : response.status();
+    absl::Notification done;
+    std::thread planner([&] {
+      absl::StatusOr<v1::PlanResponse> response = proto::PlanBatch(input, clock, observer);
+      out = response.ok() ? proto::SerializeResponse(*response) : response.status();
+      done.Notify();
+    });
+    while (!interrupted.load() && !done.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
+      py::gil_scoped_acquire acquire;
+      if (PyErr_CheckSignals() != 0) interrupted.store(true);  // the exception stays set
+    }
+    planner.join();  // an interrupted plan ends at its next stop check
   }
   if (interrupted.load()) throw py::error_already_set();  // KeyboardInterrupt, usually
   return py::bytes(ValueOrRaise(std::move(out)));
