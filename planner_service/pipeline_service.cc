@@ -1,18 +1,16 @@
 #include "planner_service/pipeline_service.h"
 
 #include <algorithm>
-#include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/ilp/pipeline_ckpt.h"
 #include "core/pipeline.h"
+#include "planner_service/pooled_unary_reactor.h"
 #include "proto/pipeline_convert.h"
-#include "proto/rpc/grpc_status.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -40,63 +38,6 @@ absl::StatusOr<v1::PipelinePlan> PlanOne(const ServiceDeps& deps,
   return proto::PipelinePlanToProto(*plan, in->batch_id,
                                     absl::ToDoubleSeconds(deps.clock->Now() - t0));
 }
-
-// One unary call: planned on the pool; Finish exactly once (on admission
-// failure, from the job, or from OnCancel when the job was still queued).
-class UnaryReactor final : public grpc::ServerUnaryReactor {
- public:
-  UnaryReactor(const ServiceDeps& deps, grpc::CallbackServerContext* context,
-               const v1::PlanPipelineRequest* request, v1::PipelinePlan* response)
-      : deps_(deps), context_(context), request_(request), response_(response),
-        received_(deps.clock->Now()) {
-    deps_.observer->OnInflightChange(+1);
-    absl::Status admitted;
-    {
-      absl::MutexLock lock(&mu_);
-      absl::StatusOr<PlanningPool::Ticket> ticket =
-          deps_.pool->Submit([this] { RunJob(); }, context_->peer());
-      if (ticket.ok()) {
-        ticket_ = *ticket;
-      } else {
-        admitted = ticket.status();
-      }
-    }
-    if (!admitted.ok()) FinishWith(admitted);
-  }
-
-  void OnCancel() override {
-    bool dropped = false;
-    {
-      absl::MutexLock lock(&mu_);
-      dropped = ticket_.has_value() && deps_.pool->Cancel(*ticket_);
-    }
-    if (dropped) FinishWith(absl::CancelledError("planner: the call was cancelled while queued"));
-  }
-
-  void OnDone() override { delete this; }
-
- private:
-  void RunJob() {
-    absl::StatusOr<v1::PipelinePlan> plan = PlanOne(deps_, *request_, context_);
-    if (plan.ok()) *response_ = *std::move(plan);
-    FinishWith(plan.status());
-  }
-
-  void FinishWith(const absl::Status& status) {
-    deps_.observer->OnRequestDone("PlanPipeline", status.code(),
-                                  absl::ToDoubleSeconds(deps_.clock->Now() - received_));
-    deps_.observer->OnInflightChange(-1);
-    Finish(proto::rpc::ToGrpcStatus(status));
-  }
-
-  const ServiceDeps& deps_;
-  grpc::CallbackServerContext* const context_;
-  const v1::PlanPipelineRequest* const request_;
-  v1::PipelinePlan* const response_;
-  const absl::Time received_;
-  absl::Mutex mu_;
-  std::optional<PlanningPool::Ticket> ticket_;
-};
 
 // One stream, one item at a time: read, plan on the pool, write, read. A
 // failed item is answered with `error` set. At most one operation or job is
@@ -162,7 +103,12 @@ class StreamReactor final
 grpc::ServerUnaryReactor* PipelinePlannerService::PlanPipeline(
     grpc::CallbackServerContext* context, const v1::PlanPipelineRequest* request,
     v1::PipelinePlan* response) {
-  return new UnaryReactor(deps_, context, request, response);
+  auto* reactor = new PooledUnaryReactor<v1::PipelinePlan>(deps_, "PlanPipeline",
+                                                           deps_.clock->Now(), response);
+  reactor->Start(deps_.pool, context->peer(), [deps = &deps_, request, context] {
+    return PlanOne(*deps, *request, context);
+  });
+  return reactor;
 }
 
 grpc::ServerBidiReactor<v1::PlanPipelineRequest, v1::PipelinePlan>*
