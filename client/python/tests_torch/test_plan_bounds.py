@@ -45,6 +45,10 @@ def test_ctrl_c_interrupts_planning_promptly():
     script = textwrap.dedent(f"""
         import os, signal, threading, time
         import flashcp
+        # Python keeps SIGINT ignored where its parent ignored it (a shell's
+        # background job, as CI may run the suite); a user's Ctrl-C has the
+        # default handler.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         t = time.monotonic()
         try:
