@@ -14,7 +14,19 @@ if [[ ! -x $VENV/bin/python ]]; then
   echo "setup-python: creating $VENV" >&2
   python3 -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+# --no-cache-dir: the wheels (torch and its CUDA libraries, a few GB) are
+# installed once into .prefix; a second copy in ~/.cache would only double
+# the disk this needs.
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-cache-dir -q)
+# A first install needs about 9 GiB free (downloaded wheels plus the unpacked
+# venv); say so up front rather than leave pip's "No space left on device".
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  avail_kib=$(df --output=avail -k .prefix | tail -1)
+  if (( avail_kib < 9 * 1024 * 1024 )); then
+    echo "setup-python: warning: $((avail_kib / 1024)) MiB free under .prefix; installing" \
+         "torch needs about 9 GiB (df -h .prefix)" >&2
+  fi
+fi
 "${PIP[@]}" install -r client/python/requirements.txt
 # The distribution was named flashcp-client before it held flashcp too; the
 # old one's files overlap (flashcp_client/).
