@@ -4,6 +4,8 @@
 
 #include "core/mask.h"
 #include "core/plan_hash.h"
+#include "core/strategies.h"
+#include "proto/global_batch_convert.h"
 
 // Upper bounds on the wire size of a PlanRequest and a PlanResponse.
 namespace flashcp::proto {
@@ -133,6 +135,35 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
              nonlast * send + nonlast * (ranks - 1) * shard_index;
   }
   return bytes;
+}
+
+int64_t MaxGlobalBatchResponseBytes(const GlobalBatchInput& input) {
+  const int64_t c = input.context, docs = static_cast<int64_t>(input.doc_lens.size());
+  // The pieces, counted (core::CutToContext, not made: a short context over
+  // long documents makes up to max_docs x max_tokens of them).
+  int64_t pieces = 0, piece_lens_body = 0, longest = 0;
+  for (int64_t len : input.doc_lens) {
+    const int64_t full = len / c, rest = len % c;
+    pieces += full + (rest > 0 ? 1 : 0);
+    piece_lens_body += full * VarintBytes(c) + (rest > 0 ? VarintBytes(rest) : 0);
+    longest = std::max(longest, std::min(len, c));
+  }
+  // A replica packs at most C tokens and at most one piece per document (two
+  // of one document would be a C-token piece and more), so at most
+  // min(documents, C) pieces, none longer than `longest`: its plan is bounded
+  // by Plan's bound for that many documents of that length over cp_size.
+  const int64_t m = std::max<int64_t>(1, std::min(docs, c));
+  PlanInput replica = input.replica;
+  replica.batch.doc_lens.assign(m, longest);
+  const int64_t shards =
+      core::MaxPlanShards(replica.strategy, replica.batch, replica.options.attention_mask);
+  const int64_t plan = MaxResponseBytes(replica, shards);
+  // pieces (int32 indices), doc_lens, workload, plan.
+  const int64_t per_replica = Delimited(Delimited(m * VarintBytes(pieces)) +
+                                        Delimited(m * VarintBytes(longest)) + kDouble +
+                                        Delimited(plan));
+  return kInt64 + Delimited(piece_lens_body) + Delimited(pieces * VarintBytes(docs)) +
+         int64_t{input.dp_size} * per_replica + 3 * kDouble;
 }
 
 }  // namespace flashcp::proto
