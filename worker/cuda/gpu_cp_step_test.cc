@@ -132,8 +132,8 @@ TEST(GpuCpStepTest, MatchesReferenceUnderAllToAll) {
       CpReferenceCache cache;
       const uint64_t seed = std::random_device{}();
       for (AttentionBackend backend : {AttentionBackend::kPlain, AttentionBackend::kCudnn}) {
-        for (core::Strategy strategy : {core::Strategy::kFlashCp, core::Strategy::kLlama3,
-                                        core::Strategy::kPerDoc, core::Strategy::kWholeDoc}) {
+        for (core::Strategy strategy : {core::Strategy::kFlashCp, core::Strategy::kPerDoc,
+                                        core::Strategy::kWholeDoc}) {
           auto plan = core::MakePlan(strategy, core::Batch{c.docs, c.n});
           ASSERT_THAT(plan, IsOk());
           CpCheckOptions options;
@@ -163,7 +163,7 @@ TEST(GpuCpStepTest, MatchesReferenceUnderAllToAll) {
       }
     }
   }
-  EXPECT_GE(ran, 60);
+  EXPECT_GE(ran, 45);
   EXPECT_GE(refused, 1);  // groups of 3 cannot split 8 query heads
 }
 
