@@ -16,13 +16,16 @@ gradients are 0.
 
 CPU tensors: the local attention on the CPU kernels (fp32). CUDA tensors
 (bf16): on the project's cuDNN path over the head-parallel rows (the
-layout's whole shards: the group's documents; _context.cuda_kernel), KV
-heads as they are where this position's query heads read them in cuDNN's
-GQA order, else expanded per query head. Over a gloo group the CUDA
-exchange is host-staged (CpContext.host_staged), over NCCL it moves device
-memory. The CUDA path has not run on a GPU yet (docs/gpu.md).
+layout's whole shards: the group's documents; attention_on_kernels with
+_context.cuda_kernel), KV heads as they are where this position's query
+heads read them in cuDNN's GQA order, else expanded per query head. Over a
+gloo group the CUDA exchange is host-staged (CpContext.host_staged), over
+NCCL it moves device memory. The CUDA path has not run on a GPU yet
+(docs/gpu.md); its composition runs on the CPU with a test double of the
+kernels (test_all_to_all.py).
 """
-from typing import Any, List, Sequence, Tuple
+import contextlib
+from typing import Any, Callable, List, Sequence, Tuple
 
 import torch
 
@@ -189,21 +192,29 @@ class _ToTokens(torch.autograd.Function):
                 None, None)
 
 
-class _CudaWholeAttention(torch.autograd.Function):
-    """The CUDA kernels over the head-parallel rows (the layout's whole
+def _stream(t: torch.Tensor) -> int:
+    """The current stream of t's device as an int (a CPU test double's: 0)."""
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+def _on_device(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+class _KernelWholeAttention(torch.autograd.Function):
+    """The device kernels over the head-parallel rows (the layout's whole
     shards: the group's documents), on the current stream. qh [S, nq, D],
-    kh, vh [S, nk, D] bf16 contiguous, nk dividing nq (cuDNN's GQA)."""
+    kh, vh [S, nk, D] contiguous, nk dividing nq (cuDNN's GQA: query head a
+    reads KV head a // (nq / nk)); `kernel` as _context.cuda_kernel's."""
 
     @staticmethod
     def forward(fctx, qh, kh, vh, kernel):
         from flashcp.torch._attention import _NONE, _buf
-        mod = native()
-        with torch.cuda.device(qh.device):
-            stream = torch.cuda.current_stream(qh.device).cuda_stream
+        with _on_device(qh):
             o = torch.zeros_like(qh)
             lse = torch.zeros(qh.shape[0], qh.shape[1], dtype=torch.float32, device=qh.device)
             kernel.forward(_buf(qh), _buf(kh), _buf(vh), _NONE, _NONE, _buf(o), _buf(lse),
-                           stream, mod.CUDA_WHOLE_SHARDS)
+                           _stream(qh), native().CUDA_WHOLE_SHARDS)
         fctx.kernel = kernel
         fctx.save_for_backward(qh, kh, vh, o, lse)
         return o
@@ -211,16 +222,37 @@ class _CudaWholeAttention(torch.autograd.Function):
     @staticmethod
     def backward(fctx, dout):
         from flashcp.torch._attention import _NONE, _buf
-        mod = native()
         qh, kh, vh, o, lse = fctx.saved_tensors
-        with torch.cuda.device(qh.device):
-            stream = torch.cuda.current_stream(qh.device).cuda_stream
+        with _on_device(qh):
             dout = dout.to(qh.dtype).contiguous()
             dq, dk, dv = torch.zeros_like(qh), torch.zeros_like(kh), torch.zeros_like(vh)
             fctx.kernel.backward(_buf(qh), _buf(kh), _buf(vh), _NONE, _NONE, _buf(o), _buf(lse),
-                                 _buf(dout), _buf(dq), _buf(dk), _buf(dv), _NONE, _NONE, stream,
-                                 mod.CUDA_WHOLE_SHARDS)
+                                 _buf(dout), _buf(dq), _buf(dk), _buf(dv), _NONE, _NONE,
+                                 _stream(qh), native().CUDA_WHOLE_SHARDS)
         return dq, dk, dv, None
+
+
+def attention_on_kernels(q, k, v, ctx: CpContext, a: A2aPlan,
+                         kernel_of: Callable[[int, int], Any]) -> torch.Tensor:
+    """The all-to-all with the local attention on device kernels:
+    kernel_of(query heads, KV heads) gives this position's (the CUDA path:
+    _context.cuda_kernel; a test double on the CPU). KV heads go in as they
+    are where a.gqa_order holds, else one copy per query head."""
+    qh, kh, vh = _ToHeads.apply(q, k, v, ctx, a)
+    if not a.gqa_order:  # KV per query head
+        kv_of = a.index(q.device)[1]
+        kh, vh = kh.index_select(1, kv_of).contiguous(), vh.index_select(1, kv_of).contiguous()
+    oh = _KernelWholeAttention.apply(qh, kh, vh, kernel_of(qh.shape[1], kh.shape[1]))
+    ctx.stats.calls += 1
+    return _ToTokens.apply(oh, ctx, a)
+
+
+def a2a_plan(ctx: CpContext, hq: int, hkv: int, d: int) -> A2aPlan:
+    """ctx's A2aPlan of (Hq, Hkv, D), made once."""
+    a = ctx._a2a.get((hq, hkv, d))
+    if a is None:
+        a = ctx._a2a[(hq, hkv, d)] = A2aPlan(ctx, hq, hkv, d)
+    return a
 
 
 @torch.compiler.disable  # torch.compile: runs eagerly (a graph break), not traced
@@ -229,20 +261,13 @@ def attention_all_to_all(q, k, v, ctx: CpContext, scale: float) -> torch.Tensor:
     caller: CUDA ones bf16)."""
     from flashcp.torch._attention import _LocalAttention
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
-    a = ctx._a2a.get((hq, hkv, d))
-    if a is None:
-        a = ctx._a2a[(hq, hkv, d)] = A2aPlan(ctx, hq, hkv, d)
+    a = a2a_plan(ctx, hq, hkv, d)
     nq = a.heads[a.pos][1]
     if q.is_cuda:
-        qh, kh, vh = _ToHeads.apply(q, k, v, ctx, a)
-        if not a.gqa_order:  # KV per query head
-            kv_of = a.index(q.device)[1]
-            kh, vh = kh.index_select(1, kv_of).contiguous(), vh.index_select(1, kv_of).contiguous()
-        with torch.cuda.device(q.device):
-            kernel = ctx.cuda_kernel(SCHEME, nq, kh.shape[1], d, scale, q.device)
-        oh = _CudaWholeAttention.apply(qh, kh, vh, kernel)
-        ctx.stats.calls += 1
-        return _ToTokens.apply(oh, ctx, a)
+        def kernel_of(heads_q: int, heads_kv: int):
+            with torch.cuda.device(q.device):
+                return ctx.cuda_kernel(SCHEME, heads_q, heads_kv, d, scale, q.device)
+        return attention_on_kernels(q, k, v, ctx, a, kernel_of)
     kernel = ctx.kernel(SCHEME, nq, d, scale)  # CpuAttention over the S head-parallel rows
     qh, kh, vh = _ToHeads.apply(q, k, v, ctx, a)
     kx, vx = kh.index_select(1, a.kv_of), vh.index_select(1, a.kv_of)  # GQA: KV per query head
