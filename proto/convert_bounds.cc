@@ -150,20 +150,28 @@ int64_t MaxGlobalBatchResponseBytes(const GlobalBatchInput& input) {
   }
   // A replica packs at most C tokens and at most one piece per document (two
   // of one document would be a C-token piece and more), so at most
-  // min(documents, C) pieces, none longer than `longest`: its plan is bounded
-  // by Plan's bound for that many documents of that length over cp_size.
-  const int64_t m = std::max<int64_t>(1, std::min(docs, c));
+  // min(documents, C) pieces, none longer than `longest`; and the i-th
+  // largest replica at most P / i of the P pieces (the i largest share
+  // them). Its entry is bounded as Plan's answer (monotone in the number of
+  // documents) for that many documents of that length over cp_size:
+  // replicas i in [2^j, 2^(j+1)) at the bound for P / 2^j.
+  const int64_t most = std::max<int64_t>(1, std::min(docs, c));
   PlanInput replica = input.replica;
-  replica.batch.doc_lens.assign(m, longest);
-  const int64_t shards =
-      core::MaxPlanShards(replica.strategy, replica.batch, replica.options.attention_mask);
-  const int64_t plan = MaxResponseBytes(replica, shards);
-  // pieces (int32 indices), doc_lens, workload, plan.
-  const int64_t per_replica = Delimited(Delimited(m * VarintBytes(pieces)) +
-                                        Delimited(m * VarintBytes(longest)) + kDouble +
-                                        Delimited(plan));
-  return kInt64 + Delimited(piece_lens_body) + Delimited(pieces * VarintBytes(docs)) +
-         int64_t{input.dp_size} * per_replica + 3 * kDouble;
+  const auto entry = [&](int64_t m) {
+    replica.batch.doc_lens.assign(m, longest);
+    const int64_t shards =
+        core::MaxPlanShards(replica.strategy, replica.batch, replica.options.attention_mask);
+    // pieces (int32 indices), doc_lens, workload, plan.
+    return Delimited(Delimited(m * VarintBytes(pieces)) + Delimited(m * VarintBytes(longest)) +
+                     kDouble + Delimited(MaxResponseBytes(replica, shards)));
+  };
+  int64_t replicas = 0;
+  for (int64_t first = 1; first <= input.dp_size; first *= 2) {
+    const int64_t count = std::min<int64_t>(input.dp_size, 2 * first - 1) - first + 1;
+    replicas += count * entry(std::max<int64_t>(1, std::min(most, pieces / first)));
+  }
+  return kInt64 + Delimited(piece_lens_body) + Delimited(pieces * VarintBytes(docs)) + replicas +
+         3 * kDouble;
 }
 
 }  // namespace flashcp::proto

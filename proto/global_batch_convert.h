@@ -43,10 +43,10 @@ absl::StatusOr<GlobalBatchInput> GlobalBatchRequestFromProto(
     const CostResolver& resolve = nullptr);
 
 // An upper bound on the serialized GlobalBatchPlan answering `input`, from
-// the request alone (no planning, nothing of the pieces' size made): the
-// pieces counted, and dp_size replicas, each bounded as Plan's answer
-// (MaxResponseBytes) for min(documents, context) documents of the longest
-// piece's length over cp_size ranks.
+// the request alone (no planning, nothing of the pieces' size made): the P
+// pieces counted, and the dp_size replicas, the i-th largest bounded as
+// Plan's answer (MaxResponseBytes) for min(documents, context, P / i)
+// documents of the longest piece's length over cp_size ranks.
 int64_t MaxGlobalBatchResponseBytes(const GlobalBatchInput& input);
 
 // The request for a global batch; `plan` is the replicas' PlanRequest
