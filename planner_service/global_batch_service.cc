@@ -25,6 +25,8 @@ absl::StatusOr<proto::GlobalBatchInput> Prepare(const ServiceDeps& deps,
   }
   FLASHCP_ASSIGN_OR_RETURN(proto::GlobalBatchInput input,
                            proto::GlobalBatchRequestFromProto(request, deps.config.limits, resolve));
+  // The answer's size, bounded from the request before any planning.
+  FLASHCP_RETURN_IF_ERROR(proto::CheckGlobalBatchBounds(input, deps.config.bounds).status());
   if (input.replica.strategy == core::Strategy::kIlp && !deps.config.allow_ilp) {
     return absl::UnimplementedError(
         "plan.strategy: ilp is disabled on this server (start it with --allow_ilp)");

@@ -1,7 +1,9 @@
 // flashcp.v1.GlobalBatchPlanner (proto/flashcp/v1/global_batch.proto): a
 // thin adapter over core::PlanGlobalBatch (proto/global_batch.h). The request
 // is converted on the gRPC thread (the replicas' options as Plan validates
-// them, the caller's calibrated profile included), planned on the planner's
+// them, the caller's calibrated profile included), its answer's size bounded
+// (proto::CheckGlobalBatchBounds: RESOURCE_EXHAUSTED above
+// --max_response_bytes, before any planning), planned on the planner's
 // pool (the ILP's pool for strategy ilp, which needs --allow_ilp) with a
 // StopToken that stops when the call is cancelled or its deadline passes;
 // errors map through the one absl -> grpc status mapping (proto/rpc/grpc_status.h).

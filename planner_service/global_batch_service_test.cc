@@ -1,7 +1,9 @@
 // flashcp.v1.GlobalBatchPlanner on a real server on loopback (port 0).
 #include "planner_service/global_batch_service.h"
 
+#include <algorithm>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "planner_service/server.h"
 #include "proto/convert.h"
+#include "proto/global_batch.h"
 #include "proto/plan_batch.h"
 
 namespace flashcp::planner_service {
@@ -45,6 +48,21 @@ class CountingObserver final : public ServiceObserver {
 };
 
 class GlobalBatchServiceTest : public ::testing::Test {
+ public:
+  // docs over dp_size replicas of cp_size ranks, context tokens each.
+  static v1::PlanGlobalBatchRequest Request(uint64_t id, std::vector<int64_t> docs,
+                                            int32_t dp_size, int32_t cp_size, int64_t context,
+                                            const std::string& strategy = "per_doc") {
+    v1::PlanGlobalBatchRequest r;
+    r.set_batch_id(id);
+    for (int64_t d : docs) r.add_doc_lens(d);
+    r.set_dp_size(dp_size);
+    r.set_context(context);
+    r.mutable_plan()->set_cp_size(cp_size);
+    r.mutable_plan()->set_strategy(strategy);
+    return r;
+  }
+
  protected:
   void SetUp() override {
     ServerOptions options;
@@ -58,20 +76,6 @@ class GlobalBatchServiceTest : public ::testing::Test {
   }
   void TearDown() override {
     if (server_) server_->Shutdown();
-  }
-
-  // docs over dp_size replicas of cp_size ranks, context tokens each.
-  static v1::PlanGlobalBatchRequest Request(uint64_t id, std::vector<int64_t> docs,
-                                            int32_t dp_size, int32_t cp_size, int64_t context,
-                                            const std::string& strategy = "per_doc") {
-    v1::PlanGlobalBatchRequest r;
-    r.set_batch_id(id);
-    for (int64_t d : docs) r.add_doc_lens(d);
-    r.set_dp_size(dp_size);
-    r.set_context(context);
-    r.mutable_plan()->set_cp_size(cp_size);
-    r.mutable_plan()->set_strategy(strategy);
-    return r;
   }
 
   grpc::Status Call(const v1::PlanGlobalBatchRequest& r, v1::GlobalBatchPlan* out) {
@@ -219,6 +223,103 @@ TEST_F(GlobalBatchServiceTest, CppClientEqualsTheCoreInProcess) {
   EXPECT_THAT(client.PlanGlobalBatch(docs, o),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        StartsWith("context: 4 tokens; must be at least plan.cp_size (8)")));
+}
+
+// The answer's size is bounded from the request before any planning
+// (proto::CheckGlobalBatchBounds): above --max_response_bytes the call is
+// RESOURCE_EXHAUSTED naming dp_size, cp_size, the documents and the flag.
+TEST(GlobalBatchBoundsTest, AnswerOverMaxResponseBytesIsRefusedBeforePlanning) {
+  CountingObserver observer;
+  core::testing::TickingClock clock{absl::Milliseconds(1)};
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.metrics = "";
+  options.bounds.max_response_bytes = 20000;
+  auto server = PlannerServer::Start(options, &observer, &clock);
+  ASSERT_THAT(server, IsOk());
+  auto stub = v1::GlobalBatchPlanner::NewStub(
+      grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()));
+  auto call = [&](const v1::PlanGlobalBatchRequest& r, v1::GlobalBatchPlan* out) {
+    grpc::ClientContext context;
+    return stub->PlanGlobalBatch(&context, r, out);
+  };
+  auto bound = [](const v1::PlanGlobalBatchRequest& r) {
+    auto in = proto::GlobalBatchRequestFromProto(r, proto::kDefaultBatchLimits);
+    EXPECT_THAT(in, IsOk());
+    return proto::MaxGlobalBatchResponseBytes(*in);
+  };
+  v1::GlobalBatchPlan plan;
+  // Two replicas of 2 ranks, 5 documents: within the bound, and the answer
+  // is no larger than it.
+  const v1::PlanGlobalBatchRequest small =
+      GlobalBatchServiceTest::Request(1, {9, 1, 3, 3, 3}, 2, 2, 10);
+  ASSERT_LE(bound(small), 20000);
+  grpc::Status s = call(small, &plan);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LE(static_cast<int64_t>(plan.ByteSizeLong()), bound(small));
+  // 64 replicas of 8 ranks, 200 documents: refused with the exact account.
+  std::vector<int64_t> docs(200, 100);
+  const v1::PlanGlobalBatchRequest big = GlobalBatchServiceTest::Request(2, docs, 64, 8, 400);
+  const int64_t big_bytes = bound(big);
+  ASSERT_GT(big_bytes, 20000);
+  s = call(big, &plan);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(s.error_message(),
+            absl::StrCat("dp_size: 64 replicas x cp_size 8 x 200 documents (context 400) may "
+                         "make an answer of up to ", big_bytes, " bytes, above "
+                         "--max_response_bytes = 20000; plan fewer replicas or documents, or a "
+                         "longer context"));
+  // A context of 1 token over 64 documents of 2^24 tokens cuts 2^30 pieces:
+  // refused from the count alone, none of them made (making them would take
+  // 16 GiB before planning began).
+  const v1::PlanGlobalBatchRequest pieces = GlobalBatchServiceTest::Request(
+      3, std::vector<int64_t>(64, int64_t{1} << 24), 1, 1, 1);
+  s = call(pieces, &plan);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(),
+              StartsWith("dp_size: 1 replicas x cp_size 1 x 64 documents (context 1) may make "
+                         "an answer of up to "));
+  EXPECT_GT(bound(pieces), int64_t{2} << 30);  // 2^30 pieces, two bytes each at least
+  (*server)->Shutdown();
+  absl::MutexLock lock(&observer.mu);
+  EXPECT_THAT(observer.done,
+              ElementsAre("PlanGlobalBatch:OK", "PlanGlobalBatch:RESOURCE_EXHAUSTED",
+                          "PlanGlobalBatch:RESOURCE_EXHAUSTED"));
+}
+
+// The bound holds: on random global batches (1-4 replicas of 1-4 ranks,
+// 1-30 documents, some cut to the context), every answer
+// that plans is no larger than proto::MaxGlobalBatchResponseBytes.
+TEST(GlobalBatchBoundsTest, BoundHoldsOnRandomBatches) {
+  std::mt19937_64 rng(27);
+  const char* strategies[] = {"per_doc", "flashcp", "llama3", "zigzag", "whole_doc"};
+  core::testing::TickingClock clock{absl::Milliseconds(1)};
+  int planned = 0, cut_planned = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const int32_t dp = 1 + static_cast<int32_t>(rng() % 4);
+    const int32_t cp = 1 + static_cast<int32_t>(rng() % 4);
+    // Every fourth batch: 1-3 long documents and a context that cuts them;
+    // else 1-30 documents and room for about twice their tokens.
+    const bool cut = i % 4 == 0;
+    std::vector<int64_t> docs(1 + rng() % (cut ? 3 : 30));
+    for (int64_t& d : docs) d = cut ? 100 + static_cast<int64_t>(rng() % 500)
+                                    : 1 + static_cast<int64_t>(rng() % 100);
+    const int64_t total = core::TotalTokens(docs);
+    const int64_t context = std::max<int64_t>(
+        {cp, 20, (cut ? total / dp + 50 : 2 * total / dp) + static_cast<int64_t>(rng() % 50)});
+    const v1::PlanGlobalBatchRequest r =
+        GlobalBatchServiceTest::Request(i, docs, dp, cp, context, strategies[i % 5]);
+    auto in = proto::GlobalBatchRequestFromProto(r, proto::kDefaultBatchLimits);
+    ASSERT_THAT(in, IsOk());
+    auto plan = proto::PlanGlobalBatchRequest(*in, clock);
+    if (!plan.ok()) continue;  // first fit left a piece or a replica empty
+    ++planned;
+    cut_planned += plan->piece_lens_size() > static_cast<int>(docs.size());
+    EXPECT_LE(static_cast<int64_t>(plan->ByteSizeLong()), proto::MaxGlobalBatchResponseBytes(*in))
+        << r.DebugString();
+  }
+  EXPECT_GE(planned, 500);
+  EXPECT_GE(cut_planned, 50);
 }
 
 }  // namespace

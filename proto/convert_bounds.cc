@@ -4,6 +4,8 @@
 
 #include "core/mask.h"
 #include "core/plan_hash.h"
+#include "core/strategies.h"
+#include "proto/global_batch_convert.h"
 
 // Upper bounds on the wire size of a PlanRequest and a PlanResponse.
 namespace flashcp::proto {
@@ -133,6 +135,43 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
              nonlast * send + nonlast * (ranks - 1) * shard_index;
   }
   return bytes;
+}
+
+int64_t MaxGlobalBatchResponseBytes(const GlobalBatchInput& input) {
+  const int64_t c = input.context, docs = static_cast<int64_t>(input.doc_lens.size());
+  // The pieces, counted (core::CutToContext, not made: a short context over
+  // long documents makes up to max_docs x max_tokens of them).
+  int64_t pieces = 0, piece_lens_body = 0, longest = 0;
+  for (int64_t len : input.doc_lens) {
+    const int64_t full = len / c, rest = len % c;
+    pieces += full + (rest > 0 ? 1 : 0);
+    piece_lens_body += full * VarintBytes(c) + (rest > 0 ? VarintBytes(rest) : 0);
+    longest = std::max(longest, std::min(len, c));
+  }
+  // A replica packs at most C tokens and at most one piece per document (two
+  // of one document would be a C-token piece and more), so at most
+  // min(documents, C) pieces, none longer than `longest`; and the i-th
+  // largest replica at most P / i of the P pieces (the i largest share
+  // them). Its entry is bounded as Plan's answer (monotone in the number of
+  // documents) for that many documents of that length over cp_size:
+  // replicas i in [2^j, 2^(j+1)) at the bound for P / 2^j.
+  const int64_t most = std::max<int64_t>(1, std::min(docs, c));
+  PlanInput replica = input.replica;
+  const auto entry = [&](int64_t m) {
+    replica.batch.doc_lens.assign(m, longest);
+    const int64_t shards =
+        core::MaxPlanShards(replica.strategy, replica.batch, replica.options.attention_mask);
+    // pieces (int32 indices), doc_lens, workload, plan.
+    return Delimited(Delimited(m * VarintBytes(pieces)) + Delimited(m * VarintBytes(longest)) +
+                     kDouble + Delimited(MaxResponseBytes(replica, shards)));
+  };
+  int64_t replicas = 0;
+  for (int64_t first = 1; first <= input.dp_size; first *= 2) {
+    const int64_t count = std::min<int64_t>(input.dp_size, 2 * first - 1) - first + 1;
+    replicas += count * entry(std::max<int64_t>(1, std::min(most, pieces / first)));
+  }
+  return kInt64 + Delimited(piece_lens_body) + Delimited(pieces * VarintBytes(docs)) + replicas +
+         3 * kDouble;
 }
 
 }  // namespace flashcp::proto

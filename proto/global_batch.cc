@@ -12,6 +12,19 @@
 
 namespace flashcp::proto {
 
+absl::StatusOr<int64_t> CheckGlobalBatchBounds(const GlobalBatchInput& input,
+                                               const PlanBounds& bounds) {
+  const int64_t bytes = MaxGlobalBatchResponseBytes(input);
+  if (bytes > bounds.max_response_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "dp_size: ", input.dp_size, " replicas x cp_size ", input.replica.batch.cp_size, " x ",
+        input.doc_lens.size(), " documents (context ", input.context,
+        ") may make an answer of up to ", bytes, " bytes, above --max_response_bytes = ",
+        bounds.max_response_bytes, "; plan fewer replicas or documents, or a longer context"));
+  }
+  return bytes;
+}
+
 absl::StatusOr<v1::GlobalBatchPlan> PlanGlobalBatchRequest(const GlobalBatchInput& input,
                                                            const core::Clock& clock) {
   const absl::Time start = clock.Now();

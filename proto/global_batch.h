@@ -11,8 +11,15 @@
 #include "core/clock.h"
 #include "flashcp/v1/global_batch.pb.h"
 #include "proto/global_batch_convert.h"
+#include "proto/plan_batch.h"
 
 namespace flashcp::proto {
+
+// MaxGlobalBatchResponseBytes(input), or RESOURCE_EXHAUSTED naming dp_size,
+// cp_size, the documents and --max_response_bytes where it passes
+// bounds.max_response_bytes (the server's largest answer). Before planning.
+absl::StatusOr<int64_t> CheckGlobalBatchBounds(const GlobalBatchInput& input,
+                                               const PlanBounds& bounds);
 
 // core::PlanGlobalBatch (strategy ilp through the caller's solver; stopping on
 // input.replica.options.stop between replicas' analyses), each replica's

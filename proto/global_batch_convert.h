@@ -42,6 +42,13 @@ absl::StatusOr<GlobalBatchInput> GlobalBatchRequestFromProto(
     const v1::PlanGlobalBatchRequest& request, const core::BatchLimits& limits,
     const CostResolver& resolve = nullptr);
 
+// An upper bound on the serialized GlobalBatchPlan answering `input`, from
+// the request alone (no planning, nothing of the pieces' size made): the P
+// pieces counted, and the dp_size replicas, the i-th largest bounded as
+// Plan's answer (MaxResponseBytes) for min(documents, context, P / i)
+// documents of the longest piece's length over cp_size ranks.
+int64_t MaxGlobalBatchResponseBytes(const GlobalBatchInput& input);
+
 // The request for a global batch; `plan` is the replicas' PlanRequest
 // (RequestToProto's, doc_lens and batch_id cleared here).
 v1::PlanGlobalBatchRequest GlobalBatchRequestToProto(uint64_t batch_id,

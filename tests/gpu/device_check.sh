@@ -140,11 +140,18 @@ run_gtest worker_cuda_graph_cache_test 90
 # scheme); `check` does not cover them, so this runs always. Never yet run on
 # a GPU (docs/gpu.md).
 run_gtest worker_cuda_cp_step_test 150 --gtest_filter='*BlockDiffusion*'
+# The all-to-all (Ulysses) GPU step (worker/cuda/gpu_a2a_step.h, issue 27):
+# heads over each rank group, N = 1..8, MHA and GQA, plain and cuDNN, against
+# the fp64 reference, bytes equal to the analysis; `check` does not cover it,
+# so this runs always. Never yet run on a GPU (docs/gpu.md).
+run_gtest worker_cuda_cp_step_test 150 --gtest_filter='*AllToAll*'
 # flashcp.torch's CUDA path (client/python/tests_torch/test_cuda.py: the
 # native module's cuDNN shard attention and attention() on one rank, against
 # the CPU path, and attention() under block diffusion (the masked kernels)
 # at N = 1, 2, 4 over gloo; test_cuda_cache.py: two steps of one shape class on the
-# long-lived cache build graphs on the first only; test_nccl.py: attention() over NCCL, one process per GPU,
+# long-lived cache build graphs on the first only; test_cuda_all_to_all.py: all_to_all and
+# mixed plans on CUDA tensors against the CPU path at N = 1, 2, 4 over gloo; test_nccl.py:
+# attention() over NCCL (all_to_all included), one process per GPU,
 # skipped with fewer than 2 GPUs), on the image's python3 and PyTorch: only with a build here
 # (the carried build has no native module) and where python3 has pybind11,
 # pytest and what `import flashcp` needs (grpcio and flashcp_client's
@@ -158,6 +165,7 @@ if [[ $BIN == "$BUILD_DIR/bin" ]] && PYTHONPATH="$ROOT/client/python" \
       run_stage torch_cuda 300 python3 -m pytest -p no:cacheprovider -q -m gpu -rs \
       "$ROOT/client/python/tests_torch/test_cuda.py" \
       "$ROOT/client/python/tests_torch/test_cuda_cache.py" \
+      "$ROOT/client/python/tests_torch/test_cuda_all_to_all.py" \
       "$ROOT/client/python/tests_torch/test_nccl.py" >> "$OUT/gtests.log" 2>&1 ||
       { FAILED=1; tail -30 "$OUT/gtests.log"; }
   else
@@ -187,7 +195,7 @@ LD_LIBRARY_PATH=$PY_LD_LIBRARY_PATH python3 tests/gpu/report.py "$RESULTS" | tee
 # ---- 6. The repeating gtests, last so that they cannot crowd out the tables ----
 if [[ ${RUN_GTESTS:-0} == 1 ]]; then
   run_gtest worker_cuda_attention_test 120
-  run_gtest worker_cuda_cp_step_test 150 --gtest_filter='-*BlockDiffusion*'
+  run_gtest worker_cuda_cp_step_test 150 --gtest_filter='-*BlockDiffusion*:*AllToAll*'
 fi
 say "done (failed=$FAILED); results in $OUT"
 exit $FAILED

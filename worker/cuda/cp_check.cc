@@ -396,7 +396,18 @@ absl::Status RunCheckRank(const core::Plan& plan, const core::CommLayout& layout
   FLASHCP_ASSIGN_OR_RETURN(auto dq, Poisoned<bf16>(local * hq * d, s));
   FLASHCP_ASSIGN_OR_RETURN(auto dk, Poisoned<bf16>(local * hkv * d, s));
   FLASHCP_ASSIGN_OR_RETURN(auto dv, Poisoned<bf16>(local * hkv * d, s));
-  FLASHCP_ASSIGN_OR_RETURN(auto step, GpuCpRank::Create(std::move(rp), shape, *attention, *comm, s));
+  // all_to_all attends this position's heads: an attention of the same kind.
+  const AttentionFactory heads = [&options](const AttentionShape& local)
+      -> absl::StatusOr<std::unique_ptr<Attention>> {
+    if (options.backend == AttentionBackend::kCudnn) {
+      FLASHCP_ASSIGN_OR_RETURN(auto a, CudnnAttention::Create(local));
+      return std::unique_ptr<Attention>(std::move(a));
+    }
+    FLASHCP_ASSIGN_OR_RETURN(auto a, PlainAttention::Create(local));
+    return std::unique_ptr<Attention>(std::move(a));
+  };
+  FLASHCP_ASSIGN_OR_RETURN(auto step,
+                           GpuCpRank::Create(std::move(rp), shape, *attention, *comm, s, heads));
   FLASHCP_RETURN_IF_ERROR(step->Forward(dq_in.data(), dk_in.data(), dv_in.data(), o.data(), lse.data()));
   FLASHCP_RETURN_IF_ERROR(step->Backward(ddo.data(), dq.data(), dk.data(), dv.data()));
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s), "rank ", r, ": CP step");
@@ -484,7 +495,7 @@ absl::StatusOr<CpCheck> RunCpCheck(const core::Plan& plan, const CpCheckOptions&
   const AttentionShape& shape = options.shape;
   FLASHCP_RETURN_IF_ERROR(ValidateAttentionShape(shape));
   FLASHCP_ASSIGN_OR_RETURN(const core::CommLayout layout, core::BuildCommLayout(plan));
-  const core::ModelShape model{shape.heads_kv, shape.head_dim, 2};
+  const core::ModelShape model{shape.heads_kv, shape.head_dim, 2, shape.heads_q};
   FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics metrics, core::AnalyzePlan(plan, model));
   const int32_t n = plan.cp_size;
   const int hq = shape.heads_q, hkv = shape.heads_kv, d = shape.head_dim;
@@ -494,7 +505,9 @@ absl::StatusOr<CpCheck> RunCpCheck(const core::Plan& plan, const CpCheckOptions&
   FLASHCP_ASSIGN_OR_RETURN(const RefOut ref, CachedReference(plan, options, in));
   CpCheck c;
   c.errors.out = CompareGathered(outs, &RankOut::o, hq * d, ref.o, in);
-  c.errors.lse = CompareGathered(outs, &RankOut::lse, hq, ref.lse, in);
+  // all_to_all keeps the log-sum-exps with the heads (lse is zeros): not compared.
+  if (options.scheme != core::CommScheme::kAllToAll)
+    c.errors.lse = CompareGathered(outs, &RankOut::lse, hq, ref.lse, in);
   c.errors.dq = CompareGathered(outs, &RankOut::dq, hq * d, ref.dq, in);
   c.errors.dk = CompareGathered(outs, &RankOut::dk, hkv * d, ref.dk, in);
   c.errors.dv = CompareGathered(outs, &RankOut::dv, hkv * d, ref.dv, in);

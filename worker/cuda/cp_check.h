@@ -98,7 +98,8 @@ struct CpCheck {
 // block-diffusion one, worker/mask_reference.h): N ranks as threads on one GPU through a
 // DeviceLocalGroup, each a GpuCpRank on its own streams; O, LSE, dQ, dK, dV
 // gathered from all ranks against the reference over the packed batch, and
-// the bytes each rank moved against the analysis (KV heads, bf16). The ranks
+// the bytes each rank moved against the analysis (bf16; KV heads, and Hq for
+// all_to_all, whose LSE stays with the heads and is not compared). The ranks
 // run concurrently on the one GPU, so the times are not per-rank compute
 // times; flashcp-gpu-bench measures those one rank after another.
 absl::StatusOr<CpCheck> RunCpCheck(const core::Plan& plan, const CpCheckOptions& options);

@@ -7,6 +7,7 @@
 #include "core/status_macros.h"
 #include "worker/cuda/comm_kernels.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/cudnn_attention.h"
 #include "worker/cuda/masked_attention_kernels.h"
 
 namespace flashcp::worker::cuda {
@@ -32,16 +33,24 @@ absl::Span<std::byte> Bytes(bf16* p, int64_t elems) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GpuCpRank>> GpuCpRank::Create(CpRankLayout plan,
-                                                             const AttentionShape& shape,
-                                                             Attention& attention,
-                                                             DeviceCommunicator& comm,
-                                                             cudaStream_t compute) {
+absl::StatusOr<std::unique_ptr<GpuCpRank>> GpuCpRank::Create(
+    CpRankLayout plan, const AttentionShape& shape, Attention& attention,
+    DeviceCommunicator& comm, cudaStream_t compute, const AttentionFactory& head_attention) {
   FLASHCP_RETURN_IF_ERROR(ValidateAttentionShape(shape));
-  if (plan.collective == Collective::kAllToAll)
-    return absl::UnimplementedError(
-        "scheme: all_to_all does not run on the GPU step yet (an NCCL all-to-all of heads, "
-        "docs/gpu.md); the CPU engine runs it (worker/a2a_step.h)");
+  if (plan.collective == Collective::kAllToAll) {
+    const AttentionFactory cudnn = [](const AttentionShape& s)
+        -> absl::StatusOr<std::unique_ptr<Attention>> {
+      FLASHCP_ASSIGN_OR_RETURN(std::unique_ptr<CudnnAttention> a, CudnnAttention::Create(s));
+      return std::unique_ptr<Attention>(std::move(a));
+    };
+    FLASHCP_ASSIGN_OR_RETURN(
+        std::unique_ptr<GpuAllToAllStep> a2a,
+        GpuAllToAllStep::Create(plan, shape, head_attention ? head_attention : cudnn, comm,
+                                compute));
+    std::unique_ptr<GpuCpRank> r(new GpuCpRank(std::move(plan), shape, attention, comm, compute));
+    r->a2a_ = std::move(a2a);
+    return r;
+  }
   if (plan.block_size > 0 && !plan.whole_len.empty())  // cp_layout.h: none is whole
     return absl::InvalidArgumentError(absl::StrCat(
         "whole_len: a block-diffusion layout has no whole shards, got ", plan.whole_len.size()));
@@ -120,6 +129,7 @@ absl::Status GpuCpRank::Init() {
 }
 
 absl::Status GpuCpRank::Forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse) {
+  if (a2a_) return a2a_->Forward(q, k, v, o, lse);
   q_ = q, k_ = k, v_ = v, o_ = o, lse_ = lse;
   const int64_t row2 = 2 * width_;
   const int64_t pack_rows = static_cast<int64_t>(plan_.pack_rows.size());
@@ -178,6 +188,7 @@ absl::Status GpuCpRank::Forward(const bf16* q, const bf16* k, const bf16* v, bf1
 }
 
 absl::Status GpuCpRank::Backward(const bf16* dout, bf16* dq, bf16* dk, bf16* dv) {
+  if (a2a_) return a2a_->Backward(dout, dq, dk, dv);
   if (q_ == nullptr) return absl::FailedPreconditionError("CP backward before forward");
   const int64_t row2 = 2 * width_;
   const int64_t kv_elems = plan_.local_rows * width_;
@@ -251,6 +262,11 @@ absl::Status GpuCpRank::Backward(const bf16* dout, bf16* dq, bf16* dk, bf16* dv)
 
 absl::StatusOr<CpAttentionTimes> GpuCpRank::Times() const {
   CpAttentionTimes t;
+  if (a2a_) {  // whole documents only
+    FLASHCP_ASSIGN_OR_RETURN(t.whole_fwd_ms, a2a_->ForwardMs());
+    FLASHCP_ASSIGN_OR_RETURN(t.whole_bwd_ms, a2a_->BackwardMs());
+    return t;
+  }
   float* out[4] = {&t.whole_fwd_ms, &t.prefix_fwd_ms, &t.prefix_bwd_ms, &t.whole_bwd_ms};
   const int order[4] = {0, 2, 4, 6};
   for (int i = 0; i < 4; ++i) {

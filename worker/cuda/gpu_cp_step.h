@@ -14,6 +14,10 @@
 // attention is the masked kernel pair (masked_attention_kernels.h, bf16
 // storage, fp32 arithmetic), not `attention`; the exchange is the same.
 //
+// Under all_to_all (plan.collective == kAllToAll) the step is
+// GpuAllToAllStep's (gpu_a2a_step.h): heads, not KV rows, travel, and the
+// log-sum-exps stay with the heads (lse is written as zeros).
+//
 // Local tensors (device, row = token, C/N rows, padding rows at the end):
 //   q, o, dout, dq [rows][heads_q][D] bf16; k, v, dk, dv [rows][heads_kv][D]
 //   bf16; lse [rows][heads_q] fp32. Every element of o, lse, dq, dk, dv is
@@ -34,6 +38,7 @@
 #include "worker/cp_layout.h"
 #include "worker/cuda/device_communicator.h"
 #include "worker/cuda/device_memory.h"
+#include "worker/cuda/gpu_a2a_step.h"
 #include "worker/cuda/masked_batch.h"
 
 namespace flashcp::worker::cuda {
@@ -49,12 +54,13 @@ struct CpAttentionTimes {
 class GpuCpRank {
  public:
   // `attention` and `comm` must outlive the rank. Uploads the index arrays and
-  // allocates the exchange and staging buffers (sizes from the plan).
-  static absl::StatusOr<std::unique_ptr<GpuCpRank>> Create(CpRankLayout plan,
-                                                           const AttentionShape& shape,
-                                                           Attention& attention,
-                                                           DeviceCommunicator& comm,
-                                                           cudaStream_t compute);
+  // allocates the exchange and staging buffers (sizes from the plan). Under
+  // all_to_all `attention` is not used: `head_attention` makes the attention
+  // of this position's heads (empty: CudnnAttention).
+  static absl::StatusOr<std::unique_ptr<GpuCpRank>> Create(
+      CpRankLayout plan, const AttentionShape& shape, Attention& attention,
+      DeviceCommunicator& comm, cudaStream_t compute,
+      const AttentionFactory& head_attention = {});
 
   absl::Status Forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse);
   // After Forward, with the same q, k, v, o, lse still alive.
@@ -81,6 +87,7 @@ class GpuCpRank {
   int64_t width_ = 0;      // heads_kv * head_dim
   int64_t real_rows_ = 0;  // local rows the shards cover: [0, real_rows_)
 
+  std::unique_ptr<GpuAllToAllStep> a2a_;  // all_to_all: the whole step
   std::optional<VarlenBatch> whole_, prefix_;
   // Block diffusion (plan_.block_size > 0): every shard is prefixed and runs
   // the masked kernels (masked_attention_kernels.h) instead of `attention_`;

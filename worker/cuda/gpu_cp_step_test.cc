@@ -1,7 +1,8 @@
 // The whole GPU CP step (ranks as threads on one GPU, device-local
 // communicator) against the CPU reference over the packed batch, for every
 // scheme and several strategies, with cuDNN and with the plain kernels; and
-// the bytes every rank moved equal the plan analysis's prediction. Under the
+// the bytes every rank moved equal the plan analysis's prediction; the same
+// under the all-to-all (heads, gpu_a2a_step.h). Under the
 // block-diffusion mask: the masked kernels (masked_attention_kernels.h) in the
 // step against the fp64 block-diffusion oracle (worker/mask_reference.h, the
 // one the CPU engine's engine_mask_test checks against).
@@ -105,6 +106,65 @@ TEST(GpuCpStepTest, MatchesReferenceUnderBlockDiffusion) {
     }
   }
   EXPECT_GE(ran, 4 * 3 * 3);
+}
+
+TEST(GpuCpStepTest, MatchesReferenceUnderAllToAll) {
+  FLASHCP_SKIP_WITHOUT_GPU();
+  // The all-to-all (gpu_a2a_step.h) through GpuCpRank: heads over each rank
+  // group of the plan, documents whole, against the fp64 reference (LSE
+  // stays with the heads, not compared), bytes equal to the analysis's
+  // bytes[all_to_all] (bf16, Hq). Shapes: MHA, GQA in the attention's order,
+  // and (6, 3) where position 0 of a group of 2 reads KV heads 0, 0, 1 (each
+  // query head gets its KV head's copy). A group whose size does not divide
+  // Hq is FailedPrecondition naming query_heads, as the CPU engine's.
+  const std::vector<Case> cases = {{{1}, 1},
+                                   {{700}, 2},
+                                   {{300, 1, 1, 45, 500, 2, 60}, 3},
+                                   {{600, 100, 7, 7, 200, 300}, 4},
+                                   {{512, 512}, 4},
+                                   {{1024}, 8}};
+  const AttentionShape shapes[] = {{.heads_q = 8, .heads_kv = 8, .head_dim = 64},
+                                   {.heads_q = 8, .heads_kv = 2, .head_dim = 64},
+                                   {.heads_q = 6, .heads_kv = 3, .head_dim = 64}};
+  int ran = 0, refused = 0;
+  for (const Case& c : cases) {
+    for (const AttentionShape& shape : shapes) {
+      CpReferenceCache cache;
+      const uint64_t seed = std::random_device{}();
+      for (AttentionBackend backend : {AttentionBackend::kPlain, AttentionBackend::kCudnn}) {
+        for (core::Strategy strategy : {core::Strategy::kFlashCp, core::Strategy::kPerDoc,
+                                        core::Strategy::kWholeDoc}) {
+          auto plan = core::MakePlan(strategy, core::Batch{c.docs, c.n});
+          ASSERT_THAT(plan, IsOk());
+          CpCheckOptions options;
+          options.scheme = core::CommScheme::kAllToAll;
+          options.shape = shape;
+          options.backend = backend;
+          options.seed = seed;
+          options.reference_cache = &cache;
+          SCOPED_TRACE(testing::Message()
+                       << (backend == AttentionBackend::kCudnn ? "cudnn " : "plain ")
+                       << core::StrategyName(strategy) << " n=" << c.n << " hq=" << shape.heads_q
+                       << " hkv=" << shape.heads_kv << " seed=" << seed);
+          auto check = RunCpCheck(*plan, options);
+          if (check.status().code() == absl::StatusCode::kFailedPrecondition) {
+            EXPECT_THAT(std::string(check.status().message()), testing::HasSubstr("query_heads"));
+            ++refused;
+            continue;
+          }
+          ASSERT_THAT(check, IsOk());
+          EXPECT_TRUE(check->errors.ok()) << check->errors.ToString();
+          EXPECT_EQ(check->errors.lse.count, 0);  // not compared
+          EXPECT_EQ(check->bytes_sent, check->predicted_sent);
+          EXPECT_EQ(check->bytes_received, check->predicted_received);
+          EXPECT_EQ(check->fallback, "");
+          ++ran;
+        }
+      }
+    }
+  }
+  EXPECT_GE(ran, 45);
+  EXPECT_GE(refused, 1);  // groups of 3 cannot split 8 query heads
 }
 
 }  // namespace

@@ -69,8 +69,9 @@ using CudaWorkspaceFn = absl::FunctionRef<absl::StatusOr<uintptr_t>(size_t bytes
 class CudaAttentionCache {
  public:
   virtual ~CudaAttentionCache() = default;
-  // This rank's shard groups under `plan`; Unimplemented for all_to_all and
-  // block-diffusion layouts (MakeCudaShardAttention runs those).
+  // This rank's shard groups under `plan` (all_to_all: the head-parallel
+  // rows'); Unimplemented for block-diffusion layouts (MakeCudaShardAttention
+  // runs those).
   virtual absl::StatusOr<std::unique_ptr<CudaShardBatch>> Describe(
       const worker::CpRankLayout& plan) = 0;
   // As CudaShardAttention's, on `batch` (whose tables are on the device).

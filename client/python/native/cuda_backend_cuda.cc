@@ -19,7 +19,9 @@ namespace {
 
 void* P(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
-// The shard groups of a layout (not all_to_all, not block diffusion).
+// The shard groups of a layout (not block diffusion). Under all_to_all the
+// query-side rows are the head-parallel rows (cp_layout.h's AttentionRows)
+// and the whole shards the group's documents; there are no prefixed shards.
 worker::cuda::ShardAttentionSpec SpecOf(const worker::CpRankLayout& plan, int32_t heads_q,
                                         int32_t heads_kv, int32_t head_dim, float scale) {
   worker::cuda::ShardAttentionSpec spec;
@@ -27,7 +29,7 @@ worker::cuda::ShardAttentionSpec SpecOf(const worker::CpRankLayout& plan, int32_
   spec.heads_kv = heads_kv;
   spec.head_dim = head_dim;
   spec.scale = scale;
-  spec.q_rows = plan.local_rows;
+  spec.q_rows = worker::AttentionRows(plan);
   spec.stage_rows = static_cast<int64_t>(plan.stage_src.size());
   spec.whole_start = plan.whole_start;
   spec.whole_len = plan.whole_len;
@@ -45,10 +47,12 @@ worker::cuda::ShardBackwardBuffers BackwardBuffers(const CudaShardBuffers& b) {
           P(b.lse),  P(b.dq), P(b.dk), P(b.dv),      P(b.dk_stage), P(b.dv_stage)};
 }
 
+// all_to_all attends whole documents under the causal document mask only
+// (flashcp.torch refuses it under block diffusion before it gets here).
 absl::Status CheckCollective(const worker::CpRankLayout& plan) {
-  if (plan.collective == worker::Collective::kAllToAll) {
+  if (plan.collective == worker::Collective::kAllToAll && plan.block_size > 0) {
     return absl::UnimplementedError(
-        "scheme: all_to_all has no CUDA path yet (docs/gpu.md); pass CPU tensors");
+        "scheme: all_to_all under attention_mask block_diffusion is not built; use targeted");
   }
   return absl::OkStatus();
 }

@@ -7,12 +7,13 @@ namespace {
 
 // The CUDA calls' buffers of one layout (bf16 device buffers, the layout's
 // two shard groups as in CpuAttention, KV heads as they are: cuDNN's GQA),
-// each (address, count) checked for its size.
+// each (address, count) checked for its size. Query-side rows: C/N, or under
+// all_to_all the head-parallel rows (cp_layout.h's AttentionRows).
 class CudaBufferCheck {
  public:
   CudaBufferCheck(const worker::CpRankLayout& p, int32_t heads_q, int32_t heads_kv,
                   int32_t head_dim)
-      : rows_(p.local_rows),
+      : rows_(worker::AttentionRows(p)),
         stage_rows_(static_cast<int64_t>(p.stage_src.size())),
         q_row_(int64_t{heads_q} * head_dim),
         kv_row_(int64_t{heads_kv} * head_dim),

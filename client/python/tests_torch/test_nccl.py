@@ -1,7 +1,7 @@
 """The CUDA path on NCCL: one process per GPU (2, and 4 where there are 4),
 attention() in bf16 over an NCCL group (the grouped batch_isend_irecv
 exchange, the plan check's all-gather, CUDA tensors as they are, no host
-staging), forward and backward, against dense document-masked attention in
+staging; all_to_all's head exchange the same grouped call), forward and backward, against dense document-masked attention in
 fp32 on the same bf16 inputs. Marked gpu; skipped with fewer
 than 2 CUDA devices (CI, the build machines, a one-GPU lease): it has not
 run yet (docs/gpu.md). Tolerance as test_cuda.py's."""
@@ -54,7 +54,7 @@ def _rank(rank, n, store_path, scheme, out):
         out.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
-@pytest.mark.parametrize("scheme", ["targeted", "allgather"])
+@pytest.mark.parametrize("scheme", ["targeted", "allgather", "all_to_all"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_attention_over_nccl_matches_dense_attention(n, scheme):
     if torch.cuda.device_count() < n:

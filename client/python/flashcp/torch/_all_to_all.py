@@ -5,18 +5,31 @@ share; worker/a2a_layout.h, through the native layout), every position
 sends its real tokens' Q, K, V rows of each other position's heads, receives
 the group's other tokens of its own heads (core::AllToAllGroupHeads: Hq / K
 query heads, the KV heads those read, replicated where K > Hkv), attends the
-group's documents whole on the CPU kernels, and returns the output rows to
-their owners. Backward mirrors it: dO out as Q went, dQ, dK, dV back as O
-came (a replicated KV head's gradients summed by its owner, in fp32). Each
-exchange is one batch_isend_irecv with the group's other ranks (one message
-per peer and direction), so the bytes are core::AnalyzePlan's
-bytes["all_to_all"] exactly (the CPU engine's a2a_step.h moves the same).
-The padding row never travels; its output and gradients are 0.
+group's documents whole, and returns the output rows to their owners.
+Backward mirrors it: dO out as Q went, dQ, dK, dV back as O came (a
+replicated KV head's gradients summed by its owner, in fp32). Each exchange
+is one batch_isend_irecv with the group's other ranks (one message per peer
+and direction; on NCCL one grouped ncclSend/ncclRecv call), so the bytes are
+core::AnalyzePlan's bytes["all_to_all"] exactly (the CPU engine's
+a2a_step.h moves the same). The padding row never travels; its output and
+gradients are 0.
+
+CPU tensors: the local attention on the CPU kernels (fp32). CUDA tensors
+(bf16): on the project's cuDNN path over the head-parallel rows (the
+layout's whole shards: the group's documents; attention_on_kernels with
+_context.cuda_kernel), KV heads as they are where this position's query
+heads read them in cuDNN's GQA order, else expanded per query head. Over a
+gloo group the CUDA exchange is host-staged (CpContext.host_staged), over
+NCCL it moves device memory. The CUDA path has not run on a GPU yet
+(docs/gpu.md); its composition runs on the CPU with a test double of the
+kernels (test_all_to_all.py).
 """
-from typing import Any, List, Sequence, Tuple
+import contextlib
+from typing import Any, Callable, List, Sequence, Tuple
 
 import torch
 
+from flashcp._native import native
 from flashcp.torch._context import CpContext, _int64
 
 SCHEME = "all_to_all"
@@ -43,6 +56,12 @@ class A2aPlan:
         g = hq // hkv
         # Per query head of this position: its KV head among this position's.
         self.kv_of = torch.tensor([(q0 + a) // g - k0 for a in range(nq)], dtype=torch.int64)
+        nk = self.heads[self.pos][3]
+        # cuDNN's GQA reads KV head a // (nq / nk) for query head a: where
+        # kv_of is that, the CUDA kernels take the nk KV heads as they are.
+        self.gqa_order = nq % nk == 0 and self.kv_of.tolist() == [a // (nq // nk)
+                                                                   for a in range(nq)]
+        self._on = {}  # device -> (doc_row, kv_of) there
 
     @property
     def mine(self) -> int:
@@ -51,13 +70,35 @@ class A2aPlan:
     def peers(self):
         return [i for i in range(len(self.group)) if i != self.pos]
 
+    def index(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(doc_row, kv_of) on `device` (copied once per CUDA device)."""
+        if device.type == "cpu":
+            return self.doc_row, self.kv_of
+        got = self._on.get(device)
+        if got is None:
+            got = self._on[device] = (self.doc_row.to(device), self.kv_of.to(device))
+        return got
+
     def own_rows(self, p: int) -> torch.Tensor:
         """Head-parallel rows of position p's tokens, in its local order."""
         return self.doc_row[self.first[p]:self.first[p] + self.tokens[p]]
 
 
 def _exchange(ctx: CpContext, a: A2aPlan, send, recv, what: str) -> None:
+    """send / recv: (position, tensor) lists, one grouped batch_isend_irecv.
+    CUDA tensors over gloo travel through host copies; over NCCL as they
+    are, empty messages left out (both ends know every message's size, so
+    they leave out the same ones)."""
     from flashcp.torch._attention import _p2p
+    if any(t.is_cuda for _, t in send + recv):
+        if ctx.host_staged:
+            host = [(i, torch.empty(t.shape, dtype=t.dtype)) for i, t in recv]
+            _exchange(ctx, a, [(i, t.cpu()) for i, t in send], host, what)
+            for (_, t), (_, h) in zip(recv, host):
+                t.copy_(h)
+            return
+        send = [(i, t) for i, t in send if t.numel()]
+        recv = [(i, t) for i, t in recv if t.numel()]
     _p2p(ctx, [(a.group[i], t) for i, t in send], [(a.group[i], t) for i, t in recv], what)
 
 
@@ -81,7 +122,7 @@ class _ToHeads(torch.autograd.Function):
         got = dict(recv)
         got[a.pos] = torch.cat([q[:m, q0:q0 + nq], k[:m, k0:k0 + nk], v[:m, k0:k0 + nk]], dim=1)
         gathered = torch.cat([got[p] for p in range(len(a.group))])
-        heads = q.new_empty((a.rows, w, a.d)).index_copy_(0, a.doc_row, gathered)
+        heads = q.new_empty((a.rows, w, a.d)).index_copy_(0, a.index(q.device)[0], gathered)
         fctx.ctx, fctx.a = ctx, a
         return (heads[:, :nq].contiguous(), heads[:, nq:nq + nk].contiguous(),
                 heads[:, nq + nk:].contiguous())
@@ -94,7 +135,7 @@ class _ToHeads(torch.autograd.Function):
         dqh = dqh if dqh is not None else like.new_zeros((a.rows, nq, a.d))
         dkh = dkh if dkh is not None else like.new_zeros((a.rows, nk, a.d))
         dvh = dvh if dvh is not None else like.new_zeros((a.rows, nk, a.d))
-        g = torch.cat([dqh, dkh, dvh], dim=1).index_select(0, a.doc_row)  # gathered order
+        g = torch.cat([dqh, dkh, dvh], dim=1).index_select(0, a.index(like.device)[0])  # gathered order
         send = [(p, g[a.first[p]:a.first[p] + a.tokens[p]].contiguous()) for p in a.peers()]
         recv = []
         for i in a.peers():
@@ -105,7 +146,7 @@ class _ToHeads(torch.autograd.Function):
         got[a.pos] = g[a.first[a.pos]:a.first[a.pos] + a.mine]
         m = a.mine
         dq = g.new_zeros((a.local_rows, a.hq, a.d))
-        dk = torch.zeros((a.local_rows, a.hkv, a.d), dtype=torch.float32)
+        dk = torch.zeros((a.local_rows, a.hkv, a.d), dtype=torch.float32, device=g.device)
         dv = torch.zeros_like(dk)
         for i in range(len(a.group)):  # positions in order: a deterministic sum
             qi, nqi, ki, nki = a.heads[i]
@@ -122,7 +163,7 @@ class _ToTokens(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx, oh, ctx, a: A2aPlan):
-        g = oh.index_select(0, a.doc_row)  # gathered order
+        g = oh.index_select(0, a.index(oh.device)[0])  # gathered order
         send = [(p, g[a.first[p]:a.first[p] + a.tokens[p]].contiguous()) for p in a.peers()]
         recv = [(i, g.new_empty((a.mine, a.heads[i][1], a.d))) for i in a.peers()]
         _exchange(ctx, a, send, recv, "all_to_all forward O return")
@@ -147,18 +188,86 @@ class _ToTokens(torch.autograd.Function):
         got = dict(recv)
         got[a.pos] = do[:m, q0:q0 + nq]
         gathered = torch.cat([got[p] for p in range(len(a.group))])
-        return do.new_empty((a.rows, nq, a.d)).index_copy_(0, a.doc_row, gathered), None, None
+        return (do.new_empty((a.rows, nq, a.d)).index_copy_(0, a.index(do.device)[0], gathered),
+                None, None)
+
+
+def _stream(t: torch.Tensor) -> int:
+    """The current stream of t's device as an int (a CPU test double's: 0)."""
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+def _on_device(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+class _KernelWholeAttention(torch.autograd.Function):
+    """The device kernels over the head-parallel rows (the layout's whole
+    shards: the group's documents), on the current stream. qh [S, nq, D],
+    kh, vh [S, nk, D] contiguous, nk dividing nq (cuDNN's GQA: query head a
+    reads KV head a // (nq / nk)); `kernel` as _context.cuda_kernel's."""
+
+    @staticmethod
+    def forward(fctx, qh, kh, vh, kernel):
+        from flashcp.torch._attention import _NONE, _buf
+        with _on_device(qh):
+            o = torch.zeros_like(qh)
+            lse = torch.zeros(qh.shape[0], qh.shape[1], dtype=torch.float32, device=qh.device)
+            kernel.forward(_buf(qh), _buf(kh), _buf(vh), _NONE, _NONE, _buf(o), _buf(lse),
+                           _stream(qh), native().CUDA_WHOLE_SHARDS)
+        fctx.kernel = kernel
+        fctx.save_for_backward(qh, kh, vh, o, lse)
+        return o
+
+    @staticmethod
+    def backward(fctx, dout):
+        from flashcp.torch._attention import _NONE, _buf
+        qh, kh, vh, o, lse = fctx.saved_tensors
+        with _on_device(qh):
+            dout = dout.to(qh.dtype).contiguous()
+            dq, dk, dv = torch.zeros_like(qh), torch.zeros_like(kh), torch.zeros_like(vh)
+            fctx.kernel.backward(_buf(qh), _buf(kh), _buf(vh), _NONE, _NONE, _buf(o), _buf(lse),
+                                 _buf(dout), _buf(dq), _buf(dk), _buf(dv), _NONE, _NONE,
+                                 _stream(qh), native().CUDA_WHOLE_SHARDS)
+        return dq, dk, dv, None
+
+
+def attention_on_kernels(q, k, v, ctx: CpContext, a: A2aPlan,
+                         kernel_of: Callable[[int, int], Any]) -> torch.Tensor:
+    """The all-to-all with the local attention on device kernels:
+    kernel_of(query heads, KV heads) gives this position's (the CUDA path:
+    _context.cuda_kernel; a test double on the CPU). KV heads go in as they
+    are where a.gqa_order holds, else one copy per query head."""
+    qh, kh, vh = _ToHeads.apply(q, k, v, ctx, a)
+    if not a.gqa_order:  # KV per query head
+        kv_of = a.index(q.device)[1]
+        kh, vh = kh.index_select(1, kv_of).contiguous(), vh.index_select(1, kv_of).contiguous()
+    oh = _KernelWholeAttention.apply(qh, kh, vh, kernel_of(qh.shape[1], kh.shape[1]))
+    ctx.stats.calls += 1
+    return _ToTokens.apply(oh, ctx, a)
+
+
+def a2a_plan(ctx: CpContext, hq: int, hkv: int, d: int) -> A2aPlan:
+    """ctx's A2aPlan of (Hq, Hkv, D), made once."""
+    a = ctx._a2a.get((hq, hkv, d))
+    if a is None:
+        a = ctx._a2a[(hq, hkv, d)] = A2aPlan(ctx, hq, hkv, d)
+    return a
 
 
 @torch.compiler.disable  # torch.compile: runs eagerly (a graph break), not traced
 def attention_all_to_all(q, k, v, ctx: CpContext, scale: float) -> torch.Tensor:
-    """attention() under all_to_all on CPU tensors (checked by the caller)."""
+    """attention() under all_to_all on CPU or CUDA tensors (checked by the
+    caller: CUDA ones bf16)."""
     from flashcp.torch._attention import _LocalAttention
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
-    a = ctx._a2a.get((hq, hkv, d))
-    if a is None:
-        a = ctx._a2a[(hq, hkv, d)] = A2aPlan(ctx, hq, hkv, d)
+    a = a2a_plan(ctx, hq, hkv, d)
     nq = a.heads[a.pos][1]
+    if q.is_cuda:
+        def kernel_of(heads_q: int, heads_kv: int):
+            with torch.cuda.device(q.device):
+                return ctx.cuda_kernel(SCHEME, heads_q, heads_kv, d, scale, q.device)
+        return attention_on_kernels(q, k, v, ctx, a, kernel_of)
     kernel = ctx.kernel(SCHEME, nq, d, scale)  # CpuAttention over the S head-parallel rows
     qh, kh, vh = _ToHeads.apply(q, k, v, ctx, a)
     kx, vx = kh.index_select(1, a.kv_of), vh.index_select(1, a.kv_of)  # GQA: KV per query head

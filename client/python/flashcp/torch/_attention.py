@@ -14,7 +14,9 @@ CPU: the project's CPU kernels (fp32), the steps composed of autograd ops.
 CUDA: the project's cuDNN path (bf16, worker/cuda/shard_attention.h through
 the binding's CUDA hook), the step as one autograd node that overlaps the
 whole shards' attention with the exchange on a side stream, as the GPU step
-does (_CudaCpAttention). The CUDA path has not run on a GPU yet.
+does (_CudaCpAttention); all_to_all on the same kernels over the head-parallel
+rows (_all_to_all.py); a mixed plan's all-gather group point to point among
+its ranks, as on the CPU. The CUDA path has not run on a GPU yet.
 """
 import math
 import time
@@ -350,13 +352,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     some rank needs, point to point), "allgather" (compacted non-last
     shards, all-gathered), "full_kv" (the baseline), "all_to_all"
     (Ulysses within each rank group of the plan: heads split over the
-    group, its documents attended whole; CPU only, _all_to_all.py; a group
+    group, its documents attended whole, _all_to_all.py; a group
     whose size does not divide Hq raises RuntimeError FAILED_PRECONDITION
     naming query_heads), or a mixed plan: a sequence of (ranks, scheme),
     one per rank group of the plan (the ranks linked by shared documents),
     each "targeted", "allgather", "full_kv" or "all_to_all", e.g. what
     flashcp's choose_schemes chose; each rank runs its group's (an
-    all-gather group point to point among its ranks, CPU tensors only).
+    all-gather group point to point among its ranks; not under
+    torch.compile).
     softmax_scale:
     default 1/sqrt(D). Every rank of ctx.group calls it, forward and backward.
     """
@@ -395,11 +398,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
         scheme, ranks = group_scheme(ctx, scheme)
         if scheme in ("allgather", "full_kv") and len(ranks) < ctx.size:
             group = ranks
-            if q.device.type != "cpu" or torch.compiler.is_compiling():
+            if torch.compiler.is_compiling():
                 raise NotImplementedError(
-                    f"scheme: {scheme} for ranks {list(ranks)} in a mixed plan runs on CPU "
-                    "tensors, not compiled; on CUDA or under torch.compile use targeted "
-                    "(docs/gpu.md)")
+                    f"scheme: {scheme} for ranks {list(ranks)} in a mixed plan does not run "
+                    "compiled; under torch.compile use targeted")
     if scheme not in SCHEMES:
         raise ValueError(f"scheme: {scheme!r}; expected one of {', '.join(SCHEMES)}")
     on_cuda = q.device.type == "cuda"
@@ -408,10 +410,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
             raise NotImplementedError(
                 "scheme: all_to_all under attention_mask block_diffusion is not built (the "
                 "plan's rank groups split a document's noisy and clean copies); use targeted")
-        if on_cuda:
-            raise NotImplementedError(
-                "scheme: all_to_all runs on CPU tensors only; the CUDA path (NCCL all-to-all) "
-                "waits for a GPU (docs/gpu.md)")
         from flashcp.torch._all_to_all import attention_all_to_all
         return attention_all_to_all(q, k, v, ctx, scale)
     if torch.compiler.is_compiling():
@@ -423,7 +421,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     lay = ctx.layout(scheme, group)
     if on_cuda:
         with torch.cuda.device(q.device):
-            kernel = ctx.cuda_kernel(scheme, hq, hkv, d, scale, q.device)
+            kernel = ctx.cuda_kernel(scheme, hq, hkv, d, scale, q.device, group)
     else:
         kernel = ctx.kernel(scheme, hq, d, scale, group)
     if on_cuda:

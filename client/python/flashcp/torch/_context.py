@@ -323,26 +323,29 @@ class CpContext:
         return k
 
     def cuda_kernel(self, scheme: str, heads_q: int, heads_kv: int, head_dim: int,
-                    scale: float, device: torch.device):
+                    scale: float, device: torch.device,
+                    group: Optional[Sequence[int]] = None):
         """The CUDA attention (cuDNN, bf16) of this rank's shards on `device`
-        (cached; call with `device` current). Causal layouts run on the
-        process's long-lived cache of `device` and shape (_cuda_cache.py:
-        cuDNN handle and graphs kept across steps, workspace from torch's
-        allocator); block-diffusion and all_to_all layouts on a per-context
-        native CudaAttention."""
-        key = ("cuda", device, scheme, heads_q, heads_kv, head_dim, float(scale))
+        (cached; call with `device` current); `group` as layout()'s. Causal
+        layouts, all_to_all's included (its whole shards are the group's
+        documents on the head-parallel rows; heads_q, heads_kv this
+        position's), run on the process's long-lived cache of `device` and
+        shape (_cuda_cache.py: cuDNN handle and graphs kept across steps,
+        workspace from torch's allocator); block-diffusion layouts on a
+        per-context native CudaAttention."""
+        key = ("cuda", device, scheme, heads_q, heads_kv, head_dim, float(scale),
+               None if group is None else tuple(group))
         k = self._kernels.get(key)
         if k is None:
             from flashcp.torch._cuda_check import check_native_cuda_runtime
             check_native_cuda_runtime(native().__file__)  # one CUDA runtime per process
-            if self.block_size or scheme == "all_to_all":
-                k = native().CudaAttention(self.layout(scheme).native, heads_q, heads_kv,
-                                           head_dim, float(scale),
+            lay = self.layout(scheme, group).native
+            if self.block_size:
+                k = native().CudaAttention(lay, heads_q, heads_kv, head_dim, float(scale),
                                            torch.cuda.current_stream(device).cuda_stream)
             else:
                 from flashcp.torch._cuda_cache import shard_kernel
-                k = shard_kernel(self.layout(scheme).native, heads_q, heads_kv, head_dim,
-                                 float(scale), device)
+                k = shard_kernel(lay, heads_q, heads_kv, head_dim, float(scale), device)
             self._kernels[key] = k
         return k
 

@@ -170,7 +170,8 @@ class CachedShardKernel:
 
 def shard_kernel(layout: Any, heads_q: int, heads_kv: int, head_dim: int, scale: float,
                  device: torch.device) -> CachedShardKernel:
-    """This layout (a native RankLayout, causal, not all_to_all) on the
+    """This layout (a native RankLayout under the causal mask; under
+    all_to_all its head-parallel rows, heads this position's) on the
     device's cache for the shape."""
     return CachedShardKernel(attention_cache(device, heads_q, heads_kv, head_dim, scale), layout,
                              device)
