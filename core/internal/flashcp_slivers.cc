@@ -91,25 +91,38 @@ RepairBudget BudgetOf(const Batch& batch, const SliverRepair& repair, int64_t mi
                                    std::min(4 * slivers, (int64_t{1} << 20) / visits)};
 }
 
-// A lower bound on the attempts after which no sliver is left: a cut
-// document of L tokens ends whole or in at most floor(L / m) pieces of >= m
-// tokens each, and its pieces become fewer only by a fix of one of its own
-// slivers, by at most two (the sliver absorbed, and the pieces either side
-// merged where they then touch on one rank); chain shifts, growths and new
-// cuts change no document's piece count, and a new cut's pieces are >= m.
+// A lower bound on the attempts after which cut document c has no sliver:
+// a document of L tokens ends whole or in at most floor(L / m) pieces of
+// >= m tokens each, and its pieces become fewer only by a fix of one of its
+// own slivers, by at most two (the sliver absorbed, and the pieces either
+// side merged where they then touch on one rank); chain shifts, growths and
+// new cuts change no document's piece count, and a new cut's pieces are
+// >= m.
+int64_t DocAttemptsToClear(const Batch& batch, const SliverRepair& repair, size_t c,
+                           int64_t min_shard) {
+  const auto pieces = static_cast<int64_t>(repair.docs[c].size());
+  const int64_t most = std::max<int64_t>(1, batch.doc_lens[repair.doc_index[c]] / min_shard);
+  return pieces > most ? (pieces - most + 1) / 2 : 0;
+}
+
+// Their sum over the cut documents: no sliver is left before as many
+// attempts.
 int64_t AttemptsToClear(const Batch& batch, const SliverRepair& repair, int64_t min_shard) {
   int64_t need = 0;
   for (size_t c = 0; c < repair.docs.size(); ++c) {
-    const auto pieces = static_cast<int64_t>(repair.docs[c].size());
-    const int64_t most = std::max<int64_t>(1, batch.doc_lens[repair.doc_index[c]] / min_shard);
-    if (pieces > most) need += (pieces - most + 1) / 2;
+    need += DocAttemptsToClear(batch, repair, c, min_shard);
   }
   return need;
 }
 
 // RepairSlivers' passes over the loaded slivers, at most `attempts` fixes
-// tried.
-void FixSlivers(SliverRepair& repair, int64_t min_shard, int64_t attempts) {
+// tried. With `need` >= 0 (AttemptsToClear of the loaded pieces), kept up
+// to date after each attempt: it falls by at most one per attempt (only
+// the fixed document's term changes), so once it exceeds the attempts left
+// some sliver certainly stays, and the passes stop there, returning false.
+bool FixSlivers(const Batch& batch, SliverRepair& repair, int64_t min_shard, int64_t attempts,
+                int64_t need) {
+  if (need > attempts) return false;
   for (auto& w : repair.whole) std::sort(w.begin(), w.end());
   for (bool progress = true; progress && attempts > 0;) {
     progress = false;
@@ -118,7 +131,13 @@ void FixSlivers(SliverRepair& repair, int64_t min_shard, int64_t attempts) {
         const std::vector<Piece>& p = repair.docs[c];
         if (p.size() > 1 && p[i].len < min_shard) {
           --attempts;
-          if (repair.Fix(c, i)) {
+          const int64_t before = need >= 0 ? DocAttemptsToClear(batch, repair, c, min_shard) : 0;
+          const bool fixed = repair.Fix(c, i);
+          if (need >= 0) {
+            need += DocAttemptsToClear(batch, repair, c, min_shard) - before;
+            if (need > attempts) return false;
+          }
+          if (fixed) {
             progress = true;
             continue;  // position i now holds the next piece (or a grown one)
           }
@@ -127,10 +146,11 @@ void FixSlivers(SliverRepair& repair, int64_t min_shard, int64_t attempts) {
       }
     }
   }
+  return true;
 }
 
 // RepairSlivers, or where `only_clear` and its attempts certainly leave a
-// sliver (AttemptsToClear), nullopt without trying them.
+// sliver (AttemptsToClear, before or during them), nullopt.
 std::optional<std::vector<Shard>> Repair(const Batch& batch, std::vector<Shard> pieces,
                                          int64_t min_shard, double max_workload,
                                          int64_t max_nonlast_growth, RepairScratch& scratch,
@@ -141,15 +161,15 @@ std::optional<std::vector<Shard>> Repair(const Batch& batch, std::vector<Shard> 
   repair.Reset(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
   repair.Load(batch, pieces);
   const RepairBudget budget = BudgetOf(batch, repair, min_shard);
-  if (only_clear && budget.slivers > 0 &&
-      AttemptsToClear(batch, repair, min_shard) > budget.attempts) {
+  // With no sliver, the merged shards as they are.
+  if (budget.slivers > 0 &&
+      !FixSlivers(batch, repair, min_shard, budget.attempts,
+                  only_clear ? AttemptsToClear(batch, repair, min_shard) : -1)) {
     return std::nullopt;
   }
   // `repair` holds the pieces now: its output reuses their buffer.
   std::vector<Shard>& out = pieces;
   out.clear();
-  // With no sliver, the merged shards as they are.
-  if (budget.slivers > 0) FixSlivers(repair, min_shard, budget.attempts);
   repair.Emit(out);
   return std::move(out);
 }
