@@ -1,13 +1,17 @@
 // flashcp's repair stage (flashcp_repair.h): slivers removed by chains of
 // cut-point shifts, whole-document moves and new cuts, hand-worked.
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "core/analysis.h"
 #include "core/internal/flashcp_repair.h"
 #include "core/internal/flashcp_util.h"
+#include "core/internal/per_doc.h"
 #include "core/internal/strategies_internal.h"
 #include "core/random.h"
 #include "core/testing/candidates.h"
@@ -287,6 +291,91 @@ TEST(ShiftPiecesToRoomTest, MovesACutPointByTheExcess) {
   EXPECT_FALSE(internal::ShiftPiecesToRoom(batch, 5, kept, kept_room));
   EXPECT_EQ(kept, (std::vector<Shard>{{0, 0, 6, 0}, {0, 6, 4, 1}, {1, 0, 4, 0}}));
   EXPECT_THAT(kept_room, ElementsAre(-2, 2));
+}
+
+// A full 2N-chunk zigzag of D documents of 640 tokens on 32 ranks, min
+// 128: each document in 64 chunks of 10 tokens, chunks 31 and 32 merged on
+// rank 31, so 63 pieces, every one a sliver. A document ends whole or in at
+// most 640 / 128 = 5 pieces, and each attempt takes at most two of one
+// document's pieces away: it needs (63 - 5 + 1) / 2 = 29 attempts. Attempts
+// allowed: 32 + 16 + min(4 slivers, 2^20 / (pieces + D + 1)).
+// D = 60: 3,780 pieces, 2^20 / 3,841 = 272, so 320 attempts against 60 x 29
+// = 1,740 needed: RepairAllSlivers gives up without trying, and the repair,
+// tried, keeps slivers. D = 10: 630 pieces, 48 + min(2,520, 1,635) = 1,683
+// attempts against 290: it repairs, as RepairSlivers does.
+TEST(RepairAllSliversTest, GivesUpOnlyWhereTheAttemptsCannotSuffice) {
+  internal::RepairScratch scratch;
+  for (const int docs : {60, 10}) {
+    const Batch batch{std::vector<int64_t>(docs, 640), 32};
+    std::vector<int32_t> all(docs);
+    for (int d = 0; d < docs; ++d) all[d] = d;
+    const std::vector<Shard> zig = internal::PerDocPieces(batch, all);
+    const std::vector<Shard> repaired = internal::RepairSlivers(
+        batch, zig, 128, std::numeric_limits<double>::infinity(), internal::kAnyNonlastGrowth);
+    const std::optional<std::vector<Shard>> all_clear = internal::RepairAllSlivers(
+        batch, zig, 128, std::numeric_limits<double>::infinity(), internal::kAnyNonlastGrowth,
+        scratch);
+    EXPECT_EQ(internal::PartKeepsSlivers(batch, zig, 128, scratch), docs == 60);
+    if (docs == 60) {
+      EXPECT_FALSE(all_clear.has_value());
+      EXPECT_GT(internal::CountSlivers(internal::FinishPlan(batch, repaired), 128), 0);
+    } else {
+      ASSERT_TRUE(all_clear.has_value());
+      EXPECT_EQ(*all_clear, repaired);
+    }
+  }
+}
+
+// On random batches (many short documents, 64 to 1,087 tokens, a full
+// zigzag of the k longest, k random, and the rest whole): RepairAllSlivers
+// is RepairSlivers' result,
+// or nullopt only where that result keeps a sliver; PartKeepsSlivers of the
+// zigzag alone says nullopt only where RepairAllSlivers of the whole does.
+TEST(RepairAllSliversTest, GivesUpOnlyWhereTheRepairKeepsASliver) {
+  SplitMix64Rng rng(29);
+  internal::RepairScratch scratch;
+  const int64_t m = 128;
+  int gave_up = 0, repaired_all = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    const int32_t n = trial % 2 == 0 ? 16 : 32;
+    std::vector<int64_t> docs;
+    for (int64_t total = 0; total < (1 << 16);) {
+      docs.push_back(std::min<int64_t>(64 + static_cast<int64_t>(rng.Next() % 1024),
+                                       (1 << 16) - total));
+      total += docs.back();
+    }
+    const Batch batch{std::move(docs), n};
+    std::vector<int32_t> order(batch.doc_lens.size());
+    for (size_t d = 0; d < order.size(); ++d) order[d] = static_cast<int32_t>(d);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return batch.doc_lens[a] > batch.doc_lens[b]; });
+    const size_t k = 1 + rng.Next() % order.size();
+    const std::vector<Shard> zig = internal::PerDocPieces(
+        batch, std::vector<int32_t>(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k)));
+    std::vector<Shard> pieces = zig;
+    for (size_t i = k; i < order.size(); ++i) {
+      pieces.push_back(Shard{order[i], 0, batch.doc_lens[order[i]], static_cast<int32_t>(i % n)});
+    }
+    const double inf = std::numeric_limits<double>::infinity();
+    const std::vector<Shard> full =
+        internal::RepairSlivers(batch, pieces, m, inf, internal::kAnyNonlastGrowth);
+    const std::optional<std::vector<Shard>> all_clear =
+        internal::RepairAllSlivers(batch, pieces, m, inf, internal::kAnyNonlastGrowth, scratch);
+    if (internal::PartKeepsSlivers(batch, zig, m, scratch)) {
+      EXPECT_FALSE(all_clear.has_value()) << "trial " << trial;
+    }
+    if (all_clear.has_value()) {
+      EXPECT_EQ(*all_clear, full) << "trial " << trial;
+      ++repaired_all;
+    } else {
+      EXPECT_GT(internal::CountSlivers(internal::FinishPlan(batch, full), m), 0)
+          << "trial " << trial;
+      ++gave_up;
+    }
+  }
+  // Both outcomes were checked.
+  EXPECT_GT(gave_up, 0);
+  EXPECT_GT(repaired_all, 0);
 }
 
 }  // namespace

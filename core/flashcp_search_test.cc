@@ -1,5 +1,6 @@
 // flashcp's search stage (flashcp_search.h): the walk over k and the
 // candidates it keeps, hand-worked.
+#include <cstddef>
 #include <span>
 #include <utility>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "core/internal/flashcp_options.h"
 #include "core/internal/flashcp_search.h"
 #include "core/internal/flashcp_util.h"
+#include "core/internal/per_doc.h"
 #include "core/internal/strategies_internal.h"
 #include "core/strategies.h"
 #include "core/testing/status_matchers.h"
@@ -216,6 +218,25 @@ TEST(CompactedSearchTest, StopsWithTheTokensStatus) {
   internal::CompactedSearch search(batch, o);
   EXPECT_EQ(search.FindBoundary(), absl::CancelledError("enough"));
   EXPECT_EQ(search.FallbackCandidates(0).status(), absl::CancelledError("enough"));
+}
+
+// Assemble's full 2N-chunk zigzag of the k longest documents is
+// PerDocPieces of them, whichever k are asked for and in whatever order
+// (the search keeps one run over the order and takes its prefixes).
+TEST(CompactedSearchTest, AssemblesTheFullZigzagOfAnyK) {
+  absl::StatusOr<std::vector<int64_t>> docs = SampleBatch(Dataset::kPile, 1 << 17, 1, 17);
+  ASSERT_THAT(docs.status(), IsOk());
+  const Batch batch{*std::move(docs), 32};
+  const internal::FlashCpOptions o = internal::FlashCpOptions::For(batch, PlanOptions{});
+  internal::CompactedSearch search(batch, o);
+  const size_t n = o.order.size();
+  for (const size_t k : {n, n / 2, n - 1, size_t{0}, size_t{1}, n / 3, n}) {
+    const std::vector<int32_t> first(o.order.begin(),
+                                     o.order.begin() + static_cast<std::ptrdiff_t>(k));
+    EXPECT_EQ(search.Assemble({}, internal::WholeDocPlacement{}, k, false),
+              internal::PerDocPieces(batch, first))
+        << "k " << k;
+  }
 }
 
 }  // namespace

@@ -45,7 +45,10 @@ struct WinnerKey {
 // repaired to the same failure; a different candidate equal in all of
 // WinnerKey would be skipped too), the best repaired plan (Better on the
 // repaired plans' scores) with no cut piece shorter than m that still meets
-// the target; nullopt if none.
+// the target; nullopt if none. A candidate whose repair certainly keeps a
+// sliver (RepairAllSlivers; for the candidates sharing a Per-Doc part,
+// CompactedSearch::PerDocKeepsSlivers, told before it is assembled) takes
+// its slot without being repaired: the answer is the same, only cheaper.
 std::optional<Plan> RepairFallback(const Batch& batch, const FlashCpOptions& options,
                                    CompactedSearch& search,
                                    const std::vector<SearchCandidate>& candidates,

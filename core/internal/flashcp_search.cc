@@ -208,10 +208,8 @@ bool CompactedSearch::TryK(size_t k) {
   // rank gets the same share of every document: the best balance, short
   // shards and all, which the score charges).
   if (refit) {
-    const std::vector<Shard> zig = PerDocPieces(batch_, zig_docs);
-    std::vector<int64_t> need = o_.targets;
-    for (const Shard& s : zig) need[s.rank] -= s.len;
-    TryVariants(k, false, ScoreOf(zig), need, rest, feasible);
+    ExtendFullRun(k);  // its entries stay valid throughout: TryVariants extends none
+    TryVariants(k, false, full_.scores[k], full_.needs[k], rest, feasible);
   }
   tried_[k] = feasible ? 1 : 0;
   return feasible;
@@ -332,12 +330,49 @@ std::vector<Shard> CompactedSearch::Assemble(std::vector<Shard> pieces,
     const std::vector<Shard>& zig = ReducedZigOf(k).pieces;
     pieces.insert(pieces.end(), zig.begin(), zig.end());
   } else {  // the full 2N-chunk zigzag
-    const std::vector<int32_t> zig_docs(o_.order.begin(),
-                                        o_.order.begin() + static_cast<std::ptrdiff_t>(k));
-    const std::vector<Shard> zig = PerDocPieces(batch_, zig_docs);
-    pieces.insert(pieces.end(), zig.begin(), zig.end());
+    ExtendFullRun(k);
+    pieces.insert(pieces.end(), full_.pieces.begin(),
+                  full_.pieces.begin() + static_cast<std::ptrdiff_t>(full_.ends[k]));
   }
   return pieces;
+}
+
+void CompactedSearch::ExtendFullRun(size_t k) {
+  FullRun& run = full_;
+  if (run.ends.empty()) {
+    run.ends.push_back(0);
+    run.scores.push_back(ScoreOf({}));
+    run.needs.push_back(o_.targets);
+  }
+  // PerDocPieces without a minimum shard or rooms is AppendPerDocPieces
+  // from a fresh cursor, document by document.
+  for (size_t d = run.ends.size() - 1; d < k; ++d) {
+    const size_t begin = run.pieces.size();
+    AppendPerDocPieces(batch_, std::span<const int32_t>(o_.order).subspan(d, 1), 0, nullptr,
+                       run.cursor, run.pieces);
+    const std::span<const Shard> added = std::span<const Shard>(run.pieces).subspan(begin);
+    ZigScore score = run.scores.back();
+    AddToZigScore(added, score);
+    std::vector<int64_t> need = run.needs.back();
+    for (const Shard& s : added) need[s.rank] -= s.len;
+    run.ends.push_back(run.pieces.size());
+    run.scores.push_back(std::move(score));
+    run.needs.push_back(std::move(need));
+  }
+}
+
+bool CompactedSearch::PerDocKeepsSlivers(size_t k, bool reduced) {
+  for (const auto& [at, mode, keeps] : keeps_slivers_) {
+    if (at == k && mode == reduced) return keeps;
+  }
+  RepairScratch scratch;
+  if (!reduced) ExtendFullRun(k);
+  const bool keeps =
+      reduced ? PartKeepsSlivers(batch_, ReducedZigOf(k).pieces, o_.min_shard, scratch)
+              : PartKeepsSlivers(batch_, std::span<const Shard>(full_.pieces).first(full_.ends[k]),
+                                 o_.min_shard, scratch);
+  keeps_slivers_.emplace_back(k, reduced, keeps);
+  return keeps;
 }
 
 }  // namespace flashcp::core::internal

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -67,6 +68,12 @@ class CompactedSearch {
   std::vector<Shard> Assemble(std::vector<Shard> pieces, const WholeDocPlacement& held,
                               size_t k, bool reduced);
 
+  // Whether the repair of every candidate at k in this Per-Doc mode
+  // certainly keeps a sliver (PartKeepsSlivers of its Per-Doc pieces: a
+  // full 2N-chunk zigzag of many short documents), so that the fallback
+  // skips them without assembling them. Told once per (k, mode).
+  bool PerDocKeepsSlivers(size_t k, bool reduced);
+
  private:
   // What a candidate's score takes from its Per-Doc part, made once per
   // part: the part's workload per rank, its partial score (AddPieces) and
@@ -93,6 +100,23 @@ class CompactedSearch {
     ZigScore score;             // of `pieces`
   };
   const ReducedZig& ReducedZigOf(size_t k);
+  // The full 2N-chunk zigzags of a growing prefix of the order, as one run
+  // (PerDocPieces of the first k documents is the run's first ends[k]
+  // pieces), with each prefix's score and rooms: a prefix's score is its
+  // pieces' added in order, so a snapshot per document is every k's score,
+  // not a sum over its pieces again. TryK needs one where the reduced
+  // zigzag was refit, the fallback's TryK again at the same k, Assemble for
+  // the winner, the fallback and the re-cut.
+  struct FullRun {
+    std::vector<Shard> pieces;
+    PerDocCursor cursor;
+    std::vector<size_t> ends;                 // per k, the first k documents' pieces
+    std::vector<ZigScore> scores;             // per k, their score
+    std::vector<std::vector<int64_t>> needs;  // per k, targets less their tokens per rank
+  };
+  // The run extended to at least the first k documents.
+  void ExtendFullRun(size_t k);
+  FullRun full_;
   // The reduced zigzags of a growing prefix of the order, unfitted: each
   // document's first piece (begins), the rooms left after all of them. The
   // prefixes scored so far (pieces [0, end), by end): a longer one extends
@@ -106,6 +130,8 @@ class CompactedSearch {
   };
   ZigRun run_;
   std::vector<Shard> zig_buffer_;  // AddToZigScore's copy of its pieces
+  // PerDocKeepsSlivers' answers: (k, reduced, keeps slivers).
+  std::vector<std::tuple<size_t, bool, bool>> keeps_slivers_;
 
   // Every Whole-Doc variant with the k longest documents Per-Doc; true if
   // one meets the target (or the stop token said stop).

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "core/internal/flashcp_pieces.h"
@@ -60,14 +61,16 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
                        scratch);
 }
 
-std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
-                                 int64_t min_shard, double max_workload,
-                                 int64_t max_nonlast_growth, RepairScratch& scratch) {
-  if (min_shard <= 1) return FinishPlan(batch, std::move(pieces)).shards;
-  // Cut documents: those with a shard shorter than the document (merged).
-  SliverRepair& repair = scratch.buffers->repair;
-  repair.Reset(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
-  repair.Load(batch, pieces);
+namespace {
+
+// What RepairSlivers' loop is given once the pieces are loaded: the
+// slivers, and the attempts it may make (the bound on its time).
+struct RepairBudget {
+  int64_t slivers = 0;
+  int64_t attempts = 0;
+};
+
+RepairBudget BudgetOf(const Batch& batch, const SliverRepair& repair, int64_t min_shard) {
   // Passes until nothing changes: a fix can open a chain for a sliver that
   // had none. Each fix removes one sliver and creates none. Bounded work:
   // each attempt is O(cut pieces + documents) (up to four chain searches and
@@ -83,18 +86,44 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
     pieces_now += static_cast<int64_t>(p.size());
     for (const Piece& x : p) slivers += x.len < min_shard ? 1 : 0;
   }
-  // `repair` holds the pieces now: its output reuses their buffer.
-  std::vector<Shard>& out = pieces;
-  out.clear();
-  // Nothing to fix: the merged shards as they are.
-  if (slivers == 0) {
-    repair.Emit(out);
-    return std::move(out);
-  }
-  for (auto& w : repair.whole) std::sort(w.begin(), w.end());
   const int64_t visits = pieces_now + static_cast<int64_t>(batch.doc_lens.size()) + 1;
-  int64_t attempts = static_cast<int64_t>(batch.cp_size) + 16 +
-                     std::min(4 * slivers, (int64_t{1} << 20) / visits);
+  return RepairBudget{slivers, static_cast<int64_t>(batch.cp_size) + 16 +
+                                   std::min(4 * slivers, (int64_t{1} << 20) / visits)};
+}
+
+// A lower bound on the attempts after which cut document c has no sliver:
+// a document of L tokens ends whole or in at most floor(L / m) pieces of
+// >= m tokens each, and its pieces become fewer only by a fix of one of its
+// own slivers, by at most two (the sliver absorbed, and the pieces either
+// side merged where they then touch on one rank); chain shifts, growths and
+// new cuts change no document's piece count, and a new cut's pieces are
+// >= m.
+int64_t DocAttemptsToClear(const Batch& batch, const SliverRepair& repair, size_t c,
+                           int64_t min_shard) {
+  const auto pieces = static_cast<int64_t>(repair.docs[c].size());
+  const int64_t most = std::max<int64_t>(1, batch.doc_lens[repair.doc_index[c]] / min_shard);
+  return pieces > most ? (pieces - most + 1) / 2 : 0;
+}
+
+// Their sum over the cut documents: no sliver is left before as many
+// attempts.
+int64_t AttemptsToClear(const Batch& batch, const SliverRepair& repair, int64_t min_shard) {
+  int64_t need = 0;
+  for (size_t c = 0; c < repair.docs.size(); ++c) {
+    need += DocAttemptsToClear(batch, repair, c, min_shard);
+  }
+  return need;
+}
+
+// RepairSlivers' passes over the loaded slivers, at most `attempts` fixes
+// tried. With `need` >= 0 (AttemptsToClear of the loaded pieces), kept up
+// to date after each attempt: it falls by at most one per attempt (only
+// the fixed document's term changes), so once it exceeds the attempts left
+// some sliver certainly stays, and the passes stop there, returning false.
+bool FixSlivers(const Batch& batch, SliverRepair& repair, int64_t min_shard, int64_t attempts,
+                int64_t need) {
+  if (need > attempts) return false;
+  for (auto& w : repair.whole) std::sort(w.begin(), w.end());
   for (bool progress = true; progress && attempts > 0;) {
     progress = false;
     for (size_t c = 0; c < repair.docs.size() && attempts > 0; ++c) {
@@ -102,7 +131,13 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
         const std::vector<Piece>& p = repair.docs[c];
         if (p.size() > 1 && p[i].len < min_shard) {
           --attempts;
-          if (repair.Fix(c, i)) {
+          const int64_t before = need >= 0 ? DocAttemptsToClear(batch, repair, c, min_shard) : 0;
+          const bool fixed = repair.Fix(c, i);
+          if (need >= 0) {
+            need += DocAttemptsToClear(batch, repair, c, min_shard) - before;
+            if (need > attempts) return false;
+          }
+          if (fixed) {
             progress = true;
             continue;  // position i now holds the next piece (or a grown one)
           }
@@ -111,8 +146,68 @@ std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
       }
     }
   }
+  return true;
+}
+
+// RepairSlivers, or where `only_clear` and its attempts certainly leave a
+// sliver (AttemptsToClear, before or during them), nullopt.
+std::optional<std::vector<Shard>> Repair(const Batch& batch, std::vector<Shard> pieces,
+                                         int64_t min_shard, double max_workload,
+                                         int64_t max_nonlast_growth, RepairScratch& scratch,
+                                         bool only_clear) {
+  if (min_shard <= 1) return FinishPlan(batch, std::move(pieces)).shards;
+  // Cut documents: those with a shard shorter than the document (merged).
+  SliverRepair& repair = scratch.buffers->repair;
+  repair.Reset(batch.cp_size, min_shard, max_workload, max_nonlast_growth);
+  repair.Load(batch, pieces);
+  const RepairBudget budget = BudgetOf(batch, repair, min_shard);
+  // With no sliver, the merged shards as they are.
+  if (budget.slivers > 0 &&
+      !FixSlivers(batch, repair, min_shard, budget.attempts,
+                  only_clear ? AttemptsToClear(batch, repair, min_shard) : -1)) {
+    return std::nullopt;
+  }
+  // `repair` holds the pieces now: its output reuses their buffer.
+  std::vector<Shard>& out = pieces;
+  out.clear();
   repair.Emit(out);
   return std::move(out);
+}
+
+}  // namespace
+
+bool PartKeepsSlivers(const Batch& batch, std::span<const Shard> part, int64_t min_shard,
+                      RepairScratch& scratch) {
+  if (min_shard <= 1) return false;
+  SliverRepair& repair = scratch.buffers->repair;
+  repair.Reset(batch.cp_size, min_shard, std::numeric_limits<double>::infinity(),
+               kAnyNonlastGrowth);
+  repair.Load(batch, part);
+  // The pieces merge within a document only, so the whole repair holds at
+  // least these cut pieces, and its documents need at least these attempts
+  // (AttemptsToClear sums over documents); its budget is at most BudgetOf's
+  // with no more pieces than these.
+  int64_t pieces = 0;
+  for (const std::vector<Piece>& p : repair.docs) pieces += static_cast<int64_t>(p.size());
+  const int64_t visits = pieces + static_cast<int64_t>(batch.doc_lens.size()) + 1;
+  const int64_t most_attempts =
+      static_cast<int64_t>(batch.cp_size) + 16 + (int64_t{1} << 20) / visits;
+  return AttemptsToClear(batch, repair, min_shard) > most_attempts;
+}
+
+std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
+                                 int64_t min_shard, double max_workload,
+                                 int64_t max_nonlast_growth, RepairScratch& scratch) {
+  return *Repair(batch, std::move(pieces), min_shard, max_workload, max_nonlast_growth, scratch,
+                 false);
+}
+
+std::optional<std::vector<Shard>> RepairAllSlivers(const Batch& batch, std::vector<Shard> pieces,
+                                                   int64_t min_shard, double max_workload,
+                                                   int64_t max_nonlast_growth,
+                                                   RepairScratch& scratch) {
+  return Repair(batch, std::move(pieces), min_shard, max_workload, max_nonlast_growth, scratch,
+                true);
 }
 
 double SliverFreeWorkloadBound(const Batch& batch, int64_t min_shard) {

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "core/types.h"
@@ -79,6 +81,24 @@ struct RepairScratch {
 std::vector<Shard> RepairSlivers(const Batch& batch, std::vector<Shard> pieces,
                                  int64_t min_shard, double max_workload,
                                  int64_t max_nonlast_growth, RepairScratch& scratch);
+// RepairSlivers' result for a caller that keeps only a repair leaving no
+// sliver: nullopt where its attempts certainly leave one (a cut document of
+// L tokens ends whole or in at most floor(L / min_shard) pieces, and each
+// attempt lowers one document's piece count by at most two), without making
+// them; then the pieces as given had a sliver too. Else RepairSlivers'
+// result (which may still keep a sliver).
+std::optional<std::vector<Shard>> RepairAllSlivers(const Batch& batch, std::vector<Shard> pieces,
+                                                   int64_t min_shard, double max_workload,
+                                                   int64_t max_nonlast_growth,
+                                                   RepairScratch& scratch);
+// Whether RepairAllSlivers of every raw pieces that hold `part` (raw pieces
+// of some documents, all of their pieces) and only other documents besides
+// certainly returns nullopt: `part`'s documents alone need more attempts
+// than such a repair may make, whatever the other documents hold. Told from
+// `part` alone, so that a caller can skip the candidates that share it
+// without building them.
+bool PartKeepsSlivers(const Batch& batch, std::span<const Shard> part, int64_t min_shard,
+                      RepairScratch& scratch);
 
 // A lower bound on the maximum rank workload (SPEC Eq. 3 pairs) of every
 // plan of `batch` with no cut shard shorter than `min_shard` > 0: the rank

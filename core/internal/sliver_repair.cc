@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <span>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -31,7 +32,7 @@ void SliverRepair::Reset(int32_t n, int64_t m, double max_work, int64_t max_nonl
   banned_.clear();
 }
 
-void SliverRepair::Load(const Batch& batch, const std::vector<Shard>& pieces) {
+void SliverRepair::Load(const Batch& batch, std::span<const Shard> pieces) {
   // Counted first, so that each list is allocated once: per document its
   // cut pieces, per rank its whole documents.
   std::vector<int32_t>& count = count_;

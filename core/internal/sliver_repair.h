@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -103,7 +104,7 @@ class SliverRepair {
   // merge), the cut documents in the order the plan's shards first meet
   // them: by their lowest rank, then by document. Raw pieces that merge into
   // a whole document join their rank's list last.
-  void Load(const Batch& batch, const std::vector<Shard>& pieces);
+  void Load(const Batch& batch, std::span<const Shard> pieces);
 
   // Per-rank attention workload (SPEC Eq. 3) of the current pieces, summed
   // on first use in a fixed order (cut documents' pieces first, then whole
