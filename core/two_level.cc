@@ -61,7 +61,8 @@ absl::StatusOr<TwoLevelParts> TwoLevelNeeds(const Plan& plan, const std::vector<
   }
   for (auto& [doc, per_part] : shards_of) {
     for (std::vector<const Shard*>& v : per_part)
-      std::sort(v.begin(), v.end(), [](const Shard* x, const Shard* y) { return x->start < y->start; });
+      std::sort(v.begin(), v.end(),
+                [](const Shard* x, const Shard* y) { return x->start < y->start; });
   }
   for (const auto& [doc, per_part] : shards_of) {
     for (size_t b = 0; b < np; ++b) {

@@ -125,12 +125,13 @@ absl::Status AllToAllStep::CrossForward(Communicator& comm, const std::vector<fl
   cross_.assign(lay_.recv_rows * row2, 0.0f);
   std::vector<SendOp> sends;
   std::vector<RecvOp> recvs;
+  const size_t row_bytes = row2 * sizeof(float);
   for (const RowSegment& g : lay_.sends)
-    sends.push_back(SendOp{g.peer, absl::MakeConstSpan(Bytes(pack)).subspan(
-                                       g.first * row2 * sizeof(float), g.rows * row2 * sizeof(float))});
+    sends.push_back(SendOp{g.peer, absl::MakeConstSpan(Bytes(pack)).subspan(g.first * row_bytes,
+                                                                            g.rows * row_bytes)});
   for (const RowSegment& g : lay_.recvs)
-    recvs.push_back(RecvOp{g.peer, Bytes(cross_).subspan(g.first * row2 * sizeof(float),
-                                                         g.rows * row2 * sizeof(float))});
+    recvs.push_back(
+        RecvOp{g.peer, Bytes(cross_).subspan(g.first * row_bytes, g.rows * row_bytes)});
   return comm.SendRecv(sends, recvs);
 }
 
@@ -169,13 +170,14 @@ absl::Status AllToAllStep::CrossBackward(Communicator& comm, const std::vector<f
   std::vector<float> back(lay_.back_rows * row2);
   std::vector<SendOp> sends;
   std::vector<RecvOp> recvs;
+  const size_t row_bytes = row2 * sizeof(float);
   for (const RowSegment& g : lay_.recvs)
     sends.push_back(SendOp{g.peer, absl::MakeConstSpan(Bytes(cross_)).subspan(
-                                       g.first * row2 * sizeof(float), g.rows * row2 * sizeof(float))});
+                                       g.first * row_bytes, g.rows * row_bytes)});
   for (size_t i = 0; i < lay_.sends.size(); ++i)
     recvs.push_back(RecvOp{lay_.sends[i].peer,
-                           Bytes(back).subspan(lay_.back_first[i] * row2 * sizeof(float),
-                                               lay_.sends[i].rows * row2 * sizeof(float))});
+                           Bytes(back).subspan(lay_.back_first[i] * row_bytes,
+                                               lay_.sends[i].rows * row_bytes)});
   FLASHCP_RETURN_IF_ERROR(comm.SendRecv(sends, recvs));
   for (size_t i = 0; i < lay_.sends.size(); ++i) {
     const RowSegment& g = lay_.sends[i];
@@ -259,8 +261,8 @@ absl::Status AllToAllStep::Forward(Communicator& comm, ThreadPool& pool,
   oh_.assign(s * eq, 0.0f);
   lseh_.assign(s * hq_, 0.0f);
   const AttentionShape shape{hq_, shape_.head_dim, shape_.scale};
-  FLASHCP_RETURN_IF_ERROR(AttentionForwardCpu(shape, Docs(nullptr, nullptr, nullptr, nullptr), s, qh_.data(),
-                                              oh_.data(), lseh_.data(), pool));
+  FLASHCP_RETURN_IF_ERROR(AttentionForwardCpu(shape, Docs(nullptr, nullptr, nullptr, nullptr), s,
+                                              qh_.data(), oh_.data(), lseh_.data(), pool));
   // 4. The output rows back to their owners.
   std::fill(o.begin(), o.end(), 0.0f);  // the padding row stays 0
   sends.clear();

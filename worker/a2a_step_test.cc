@@ -25,6 +25,7 @@
 #include "worker/cpstep.h"
 #include "worker/engine.h"
 #include "worker/testing/gloo_ranks.h"
+#include "worker/two_level_layout.h"
 
 namespace flashcp::worker {
 namespace {
@@ -333,7 +334,8 @@ class LinkCounter final : public Communicator {
   }
   absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs) override {
     for (const SendOp& s : sends) (Inter(s.peer) ? inter_sent : intra_sent) += s.data.size();
-    for (const RecvOp& r : recvs) (Inter(r.peer) ? inter_received : intra_received) += r.data.size();
+    for (const RecvOp& r : recvs)
+      (Inter(r.peer) ? inter_received : intra_received) += r.data.size();
     return comm_.SendRecv(sends, recvs);
   }
   absl::Status Barrier() override { return comm_.Barrier(); }
@@ -583,8 +585,8 @@ TEST(TwoLevelMixedTest, TwoLevelGroupsRunBesideEveryOtherScheme) {
         EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, r, AttentionShape{p + 1, kD, 0.3f}, two,
                                                  per_node),
                     StatusIs(absl::StatusCode::kFailedPrecondition,
-                             HasSubstr(absl::StrCat(g, "query_heads: the all-to-all over a group of ",
-                                                    p, " ranks"))));
+                             HasSubstr(absl::StrCat(
+                                 g, "query_heads: the all-to-all over a group of ", p, " ranks"))));
         ++heads_refused;
       }
       std::vector<core::RankGroup> wrong = two;
@@ -599,6 +601,70 @@ TEST(TwoLevelMixedTest, TwoLevelGroupsRunBesideEveryOtherScheme) {
   EXPECT_GE(two_level_groups, 2);
   EXPECT_EQ(inter_node_bytes, 8);  // every run moved KV across nodes
   EXPECT_GT(heads_refused, 0);
+}
+
+// BuildTwoLevelRankLayout by hand (core_two_level_test's zigzagged
+// document: 16 tokens over 4 ranks, 2 a node; rank 0 [0, 2) + [14, 16),
+// rank 1 [2, 4) + [12, 14), rank 2 [4, 6) + [10, 12), rank 3 [6, 10)).
+TEST(TwoLevelLayoutTest, ZigzaggedDocumentOverTwoNodes) {
+  core::Plan plan;
+  plan.cp_size = 4;
+  plan.doc_lens = {16};
+  plan.shards = {{0, 0, 2, 0}, {0, 14, 2, 0}, {0, 2, 2, 1}, {0, 12, 2, 1},
+                 {0, 4, 2, 2}, {0, 10, 2, 2}, {0, 6, 4, 3}};
+  ASSERT_THAT(core::ValidatePlan(plan), IsOk());
+  const core::CommLayout layout = *core::BuildCommLayout(plan);
+  // Rank 0, position 0 of node 0's part {0, 1}: head-parallel rows 0-3
+  // hold positions 0-3, rows 4-7 positions 12-15.
+  absl::StatusOr<CpRankLayout> p = BuildTwoLevelRankLayout(plan, layout, 0, {3, 2, 1, 0}, 2);
+  ASSERT_THAT(p, IsOk());
+  EXPECT_TRUE(p->a2a.two_level);
+  EXPECT_EQ(p->collective, Collective::kAllToAll);
+  EXPECT_EQ(p->a2a.group, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(p->a2a.rows, 8);
+  EXPECT_TRUE(CallsExchange(*p));
+  // To rank 2 (position 0 of node 1) positions 0-3, which node 1's last
+  // position (11) sees; from it positions 4-11.
+  EXPECT_EQ(p->pack_rows, (std::vector<int64_t>{0, 1, 2, 3}));
+  ASSERT_EQ(p->sends.size(), 1u);
+  EXPECT_EQ(p->sends[0].peer, 2);
+  EXPECT_EQ(p->sends[0].rows, 4);
+  ASSERT_EQ(p->recvs.size(), 1u);
+  EXPECT_EQ(p->recvs[0].peer, 2);
+  EXPECT_EQ(p->recv_rows, 8);
+  EXPECT_EQ(p->back_rows, 4);
+  // Positions 0-3 whole; 12-15 on [0-3 own, 4-11 received, 12-15 own].
+  EXPECT_EQ(p->whole_start, (std::vector<int64_t>{0}));
+  EXPECT_EQ(p->whole_len, (std::vector<int32_t>{4}));
+  EXPECT_EQ(p->prefix_q_start, (std::vector<int64_t>{4}));
+  EXPECT_EQ(p->prefix_kv_len, (std::vector<int32_t>{16}));
+  std::vector<int64_t> stage = {0, 1, 2, 3};
+  for (int64_t x = 0; x < 8; ++x) stage.push_back(RemoteRow(x));
+  for (int64_t x = 4; x < 8; ++x) stage.push_back(x);
+  EXPECT_EQ(p->stage_src, stage);
+  // Rank 3, position 1 of node 1's part {2, 3}: positions 4-11 are one run
+  // (rows 0-7), all sent to rank 1; positions 0-3 received from it.
+  p = BuildTwoLevelRankLayout(plan, layout, 3, {0, 1, 2, 3}, 2);
+  ASSERT_THAT(p, IsOk());
+  EXPECT_EQ(p->pack_rows, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(p->sends[0].peer, 1);
+  EXPECT_EQ(p->recv_rows, 4);
+  EXPECT_TRUE(p->whole_start.empty());
+  EXPECT_EQ(p->stage_src, (std::vector<int64_t>{RemoteRow(0), RemoteRow(1), RemoteRow(2),
+                                                RemoteRow(3), 0, 1, 2, 3, 4, 5, 6, 7}));
+  // Refusals.
+  EXPECT_THAT(BuildTwoLevelRankLayout(plan, layout, 0, {1, 2, 3}, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "group: does not hold rank 0"));
+  EXPECT_THAT(BuildTwoLevelRankLayout(plan, layout, 0, {0, 1, 1, 2, 3}, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "group: rank 1 given twice"));
+  EXPECT_THAT(BuildTwoLevelRankLayout(plan, layout, 0, {0, 4}, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "group: rank 4 outside [0, 4)"));
+  EXPECT_THAT(BuildTwoLevelRankLayout(plan, layout, 0, {0, 1, 2, 3}, 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "ranks_per_node: the two-level scheme needs nodes (ranks_per_node > 0)"));
+  EXPECT_THAT(BuildTwoLevelRankLayout(plan, layout, 0, {0, 1, 2, 3}, 3),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("3 ranks on node 0 but 1 on node 1")));
 }
 
 struct TwoLevelParam {
@@ -623,7 +689,8 @@ TEST_P(TwoLevelStepTest, MatchesReferenceAndPredictedLinkBytes) {
                              v = Random(total * hkv * kD, rng),
                              dout = Random(total * kHq * kD, rng);
     const AttentionShape full{kHq, kD, scale};
-    const std::vector<float> kx = Expand(k, total, kHq, hkv, kD), vx = Expand(v, total, kHq, hkv, kD);
+    const std::vector<float> kx = Expand(k, total, kHq, hkv, kD),
+                             vx = Expand(v, total, kHq, hkv, kD);
     std::vector<float> ro(total * kHq * kD), rlse(total * kHq), rdq(total * kHq * kD),
         rdkx(total * kHq * kD), rdvx(total * kHq * kD);
     ASSERT_THAT(ReferenceForward(full, c.doc_lens, q, kx, vx, absl::MakeSpan(ro),

@@ -224,7 +224,8 @@ void BindCpu(py::module_& m) {
       .def_property_readonly("a2a_rows", [](const RankLayout& l) { return l.rank_plan().a2a.rows; })
       // Scheme "two_level": a2a_* describe the rank's node part, and the KV-row
       // fields the exchange across nodes over head-parallel rows.
-      .def_property_readonly("a2a_two_level", [](const RankLayout& l) { return l.rank_plan().a2a.two_level; })
+      .def_property_readonly("a2a_two_level",
+                             [](const RankLayout& l) { return l.rank_plan().a2a.two_level; })
       .def_property_readonly("a2a_doc_row",
                              [](const RankLayout& l) { return Int64Bytes(l.rank_plan().a2a.doc_row); })
       .def(

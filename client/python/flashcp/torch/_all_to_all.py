@@ -204,9 +204,11 @@ def group_scheme(ctx: CpContext, groups: Sequence[Tuple[Sequence[int], str]]
     """This rank's scheme in a mixed plan and its group's ranks (ascending):
     `groups` must list each of the plan's rank groups once with one of
     targeted, allgather, full_kv, all_to_all, two_level (ValueError naming
-    what differs; the response's groups give exactly these names). No scheme sends outside its group (an all-gather group's
-    blocks travel point to point among its ranks: the layout of
-    ctx.layout(scheme, group)), so the groups run side by side on ctx.group."""
+    what differs; the response's groups give exactly these names). No
+    scheme sends outside its group (an all-gather group's blocks travel
+    point to point among its ranks: the layout of ctx.layout(scheme,
+    group); a two_level group's across nodes within it), so the groups run
+    side by side on ctx.group."""
     try:
         given = [(tuple(sorted(int(r) for r in ranks)), s) for ranks, s in groups]
     except (TypeError, ValueError):
