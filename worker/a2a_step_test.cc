@@ -589,6 +589,10 @@ TEST(TwoLevelMixedTest, TwoLevelGroupsRunBesideEveryOtherScheme) {
                                  g, "query_heads: the all-to-all over a group of ", p, " ranks"))));
         ++heads_refused;
       }
+      EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, r, AttentionShape{0, kD, 0.3f}, two,
+                                               per_node),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           "shape: heads 0, head_dim 8, scale 0.3 (each must be positive)"));
       std::vector<core::RankGroup> wrong = two;
       wrong[first_two].scheme = core::CommScheme::kTargeted;
       EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, r, shape, wrong, per_node),

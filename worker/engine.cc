@@ -23,6 +23,15 @@ void AddTo(float* __restrict dst, const float* __restrict src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+absl::Status CheckShape(const AttentionShape& shape) {
+  if (shape.heads < 1 || shape.head_dim < 1 || !(shape.scale > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("shape: heads ", shape.heads, ", head_dim ",
+                                                   shape.head_dim, ", scale ", shape.scale,
+                                                   " (each must be positive)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckSize(absl::string_view name, size_t got, int64_t want) {
   if (static_cast<int64_t>(got) == want) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(name, ": ", got, " floats, expected ", want));
@@ -33,11 +42,7 @@ absl::Status CheckSize(absl::string_view name, size_t got, int64_t want) {
 absl::StatusOr<CpAttentionStep> CpAttentionStep::Create(const core::Plan& plan, int32_t rank,
                                                         const AttentionShape& shape,
                                                         core::CommScheme scheme) {
-  if (shape.heads < 1 || shape.head_dim < 1 || !(shape.scale > 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("shape: heads ", shape.heads, ", head_dim ",
-                                                   shape.head_dim, ", scale ", shape.scale,
-                                                   " (each must be positive)"));
-  }
+  FLASHCP_RETURN_IF_ERROR(CheckShape(shape));
   CpAttentionStep step;
   FLASHCP_ASSIGN_OR_RETURN(step.layout_, core::BuildCommLayout(plan));
   if (rank < 0 || rank >= plan.cp_size) {
@@ -64,6 +69,7 @@ absl::StatusOr<CpAttentionStep> CpAttentionStep::CreateMixed(
     const core::Plan& plan, int32_t rank, const AttentionShape& shape,
     const std::vector<core::RankGroup>& groups, int32_t ranks_per_node) {
   FLASHCP_RETURN_IF_ERROR(core::ValidatePlan(plan));
+  FLASHCP_RETURN_IF_ERROR(CheckShape(shape));
   std::vector<std::vector<int32_t>> want = core::PlanRankGroups(plan), got;
   // Grouped send/recvs a phase: targeted and all-gather groups 1, all_to_all
   // 2 (heads out, results back), two-level 3 (and the KV across nodes).
