@@ -93,7 +93,8 @@ struct RankGroup {
   CommScheme scheme = CommScheme::kTargeted;
   // With scheme all_to_all: the two-level scheme instead (core/two_level.h:
   // the all-to-all within each node's part of the group, a targeted KV
-  // exchange across nodes). Analysis only: the engine refuses it.
+  // exchange across nodes). The CPU engine and flashcp.torch run it
+  // (worker/two_level_layout.h).
   bool two_level = false;
   friend bool operator==(const RankGroup&, const RankGroup&) = default;
 };

@@ -48,6 +48,7 @@ absl::StatusOr<TwoLevelParts> TwoLevelNeeds(const Plan& plan, const std::vector<
   }
   const size_t np = out.parts.size();
   out.need.assign(np, std::vector<int64_t>(np, 0));
+  out.runs.assign(np, std::vector<std::vector<DocRun>>(np));
   // Per document: per part, its shards there and the end of its last
   // position there (a query at position p attends keys at positions <= p).
   std::map<int32_t, std::vector<std::vector<const Shard*>>> shards_of;
@@ -58,6 +59,11 @@ absl::StatusOr<TwoLevelParts> TwoLevelNeeds(const Plan& plan, const std::vector<
     if (per_part.empty()) per_part.resize(np);
     per_part[part].push_back(&s);
   }
+  for (auto& [doc, per_part] : shards_of) {
+    for (std::vector<const Shard*>& v : per_part)
+      std::sort(v.begin(), v.end(),
+                [](const Shard* x, const Shard* y) { return x->start < y->start; });
+  }
   for (const auto& [doc, per_part] : shards_of) {
     for (size_t b = 0; b < np; ++b) {
       int64_t end = 0;  // queries on part b attend keys before `end`
@@ -65,8 +71,12 @@ absl::StatusOr<TwoLevelParts> TwoLevelNeeds(const Plan& plan, const std::vector<
       if (end == 0) continue;
       for (size_t a = 0; a < np; ++a) {
         if (a == b) continue;
-        for (const Shard* s : per_part[a])
-          out.need[a][b] += std::clamp(end - s->start, int64_t{0}, s->len);
+        for (const Shard* s : per_part[a]) {
+          const int64_t len = std::clamp(end - s->start, int64_t{0}, s->len);
+          if (len == 0) continue;
+          out.need[a][b] += len;
+          out.runs[a][b].push_back(DocRun{doc, s->start, len});
+        }
       }
     }
   }

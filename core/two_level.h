@@ -22,11 +22,22 @@
 
 namespace flashcp::core {
 
-// need[a][b]: tokens node part a sends node part b (parts in node order, as
-// TwoLevelParts), the KV node b's queries need from node a.
+// A run of one document's positions [start, start + len).
+struct DocRun {
+  int32_t doc = 0;
+  int64_t start = 0;
+  int64_t len = 0;
+  friend bool operator==(const DocRun&, const DocRun&) = default;
+};
+// runs[a][b]: the tokens node part a sends node part b (parts in node order),
+// the KV node b's queries need from node a, documents ascending and each's
+// runs by start (the order the exchange carries them in: the analyzer counts
+// these runs, the engine and flashcp.torch move them); need[a][b] their
+// token count.
 struct TwoLevelParts {
   std::vector<std::vector<int32_t>> parts;  // the group's ranks per node, ascending
   std::vector<std::vector<int64_t>> need;   // [part][part], tokens; 0 on the diagonal
+  std::vector<std::vector<std::vector<DocRun>>> runs;  // [part][part]; empty on the diagonal
 };
 // The group's node parts and their cross-node needs. FailedPrecondition
 // naming ranks_per_node where the group spans one node (the scheme is the

@@ -67,6 +67,11 @@ TEST(TwoLevelTest, ZigzaggedDocumentNeedsBothWays) {
   absl::StatusOr<TwoLevelParts> parts = TwoLevelNeeds(plan, {0, 1, 2, 3}, 2);
   ASSERT_THAT(parts, IsOk());
   EXPECT_THAT(parts->need, ElementsAre(ElementsAre(0, 4), ElementsAre(8, 0)));
+  // The runs the exchange carries, documents ascending, each's by start:
+  // node 0's [0, 2) and [2, 4) (before 12); node 1's [4, 6), [6, 10), [10, 12).
+  EXPECT_TRUE(parts->runs[0][0].empty());
+  EXPECT_EQ(parts->runs[0][1], (std::vector<DocRun>{{0, 0, 2}, {0, 2, 2}}));
+  EXPECT_EQ(parts->runs[1][0], (std::vector<DocRun>{{0, 4, 2}, {0, 6, 4}, {0, 10, 2}}));
   absl::StatusOr<PlanMetrics> m = AnalyzePlan(plan, kShape, 2);
   ASSERT_THAT(m, IsOk());
   absl::StatusOr<GroupPhaseBytes> b = TwoLevelGroupPhase(plan, *m, {0, 1, 2, 3}, kShape, 2);

@@ -90,7 +90,8 @@ KNOWN = set()
 
 # The files of flashcp_engine (worker/CMakeLists.txt), by stem.
 ENGINE = ["thread_pool", "attention_cpu", "attention_reference", "mask_reference",
-          "communicator", "gloo_communicator", "engine", "cp_layout", "a2a_layout", "a2a_step",
+          "communicator", "gloo_communicator", "engine", "cp_layout", "a2a_layout",
+          "two_level_layout", "a2a_step",
           "attention_masked_cpu", "cp_layout_mask",
           "cpstep", "rank_backend", "graph_cache"]
 ENGINE_FORBIDDEN = ("grpc/", "grpcpp/", "prometheus/", "core/runtime/", "core/ilp/", "proto/rpc/",

@@ -36,12 +36,26 @@ struct AllToAllLayout {
   // doc_start + doc_len), document positions [0, doc_len).
   std::vector<int64_t> doc_start;
   std::vector<int32_t> doc_len;
+  // The two-level scheme (core/two_level.h; two_level_layout.h): `group` is
+  // this rank's node part of a larger rank group, the head-parallel rows hold
+  // the part's tokens by (document, position), documents need not be whole
+  // (doc_start, doc_len empty), and the CpRankLayout's KV-row fields carry
+  // the exchange across nodes and the attention batches.
+  bool two_level = false;
 };
 
 // Rank `rank`'s part; the plan must be valid and `layout` its
 // core::BuildCommLayout (not checked here: BuildCpRankLayout checks).
 absl::StatusOr<AllToAllLayout> BuildAllToAllLayout(const core::Plan& plan,
                                                    const core::CommLayout& layout, int32_t rank);
+
+// The same over `part` (ranks ascending, holding `rank`; the plan valid),
+// whose documents need not be whole: the head-parallel rows hold the part's
+// tokens ordered by (document, position in it); doc_start, doc_len empty.
+absl::StatusOr<AllToAllLayout> BuildAllToAllPartLayout(const core::Plan& plan,
+                                                       const core::CommLayout& layout,
+                                                       int32_t rank,
+                                                       const std::vector<int32_t>& part);
 
 // The heads of a group of `a.group.size()` ranks for Hq query and Hkv KV
 // heads of width head_dim (core::AllToAllGroupHeads: FailedPrecondition

@@ -24,10 +24,7 @@ void AddTo(float* __restrict dst, const float* __restrict src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
-}  // namespace
-
-absl::StatusOr<AllToAllStep> AllToAllStep::Create(const core::Plan& plan, int32_t rank,
-                                                  const HeadShape& shape) {
+absl::Status CheckShape(const HeadShape& shape) {
   if (shape.query_heads < 1 || shape.kv_heads < 1 || shape.head_dim < 1 ||
       !(shape.scale > 0.0f) || shape.query_heads % shape.kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -35,14 +32,39 @@ absl::StatusOr<AllToAllStep> AllToAllStep::Create(const core::Plan& plan, int32_
         shape.head_dim, ", scale ", shape.scale,
         " (each must be positive, kv_heads dividing query_heads)"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<AllToAllStep> AllToAllStep::Create(const core::Plan& plan, int32_t rank,
+                                                  const HeadShape& shape) {
+  FLASHCP_RETURN_IF_ERROR(CheckShape(shape));
   FLASHCP_ASSIGN_OR_RETURN(const core::CommLayout layout, core::BuildCommLayout(plan));
   if (rank < 0 || rank >= plan.cp_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank: ", rank, " outside a group of ", plan.cp_size));
   }
-  AllToAllStep step;
-  FLASHCP_ASSIGN_OR_RETURN(step.lay_,
+  FLASHCP_ASSIGN_OR_RETURN(CpRankLayout lay,
                            BuildCpRankLayout(plan, layout, rank, core::CommScheme::kAllToAll));
+  return Make(plan, rank, shape, std::move(lay));
+}
+
+absl::StatusOr<AllToAllStep> AllToAllStep::CreateTwoLevel(const core::Plan& plan, int32_t rank,
+                                                          const HeadShape& shape,
+                                                          const std::vector<int32_t>& group,
+                                                          int32_t ranks_per_node) {
+  FLASHCP_RETURN_IF_ERROR(CheckShape(shape));
+  FLASHCP_ASSIGN_OR_RETURN(const core::CommLayout layout, core::BuildCommLayout(plan));
+  FLASHCP_ASSIGN_OR_RETURN(CpRankLayout lay,
+                           BuildTwoLevelRankLayout(plan, layout, rank, group, ranks_per_node));
+  return Make(plan, rank, shape, std::move(lay));
+}
+
+absl::StatusOr<AllToAllStep> AllToAllStep::Make(const core::Plan& plan, int32_t rank,
+                                                const HeadShape& shape, CpRankLayout lay) {
+  AllToAllStep step;
+  step.lay_ = std::move(lay);
   FLASHCP_ASSIGN_OR_RETURN(step.heads_, AllToAllLayoutHeads(step.lay_.a2a, shape.query_heads,
                                                             shape.kv_heads, shape.head_dim));
   step.shape_ = shape;
@@ -67,7 +89,8 @@ int32_t AllToAllStep::KvOf(int32_t a) const {
   return (heads_.query[Pos()].first + a) / per_kv - heads_.kv[Pos()].first;
 }
 
-std::vector<DocAttention> AllToAllStep::Docs(float* dk, float* dv) const {
+std::vector<DocAttention> AllToAllStep::Docs(float* dk, float* dv, float* dsk,
+                                             float* dsv) const {
   const int64_t e = int64_t{hq_} * shape_.head_dim;
   std::vector<DocAttention> docs;
   for (size_t i = 0; i < lay_.whole_start.size(); ++i) {
@@ -75,7 +98,96 @@ std::vector<DocAttention> AllToAllStep::Docs(float* dk, float* dv) const {
     docs.push_back(DocAttention{kx_.data() + row * e, vx_.data() + row * e, len, {{row, 0, len}},
                                 dk ? dk + row * e : nullptr, dv ? dv + row * e : nullptr});
   }
+  int64_t at = 0;  // first staged row of the run
+  for (size_t i = 0; i < lay_.prefix_q_start.size(); ++i) {
+    const int64_t kv = lay_.prefix_kv_len[i], len = lay_.prefix_q_len[i];
+    docs.push_back(DocAttention{skx_.data() + at * e, svx_.data() + at * e, kv,
+                                {{lay_.prefix_q_start[i], kv - len, len}},
+                                dsk ? dsk + at * e : nullptr, dsv ? dsv + at * e : nullptr});
+    at += kv;
+  }
   return docs;
+}
+
+absl::Status AllToAllStep::Pad(Communicator& comm) const {
+  for (int32_t i = 0; i < pad_calls_; ++i) FLASHCP_RETURN_IF_ERROR(comm.SendRecv({}, {}));
+  return absl::OkStatus();
+}
+
+absl::Status AllToAllStep::CrossForward(Communicator& comm, const std::vector<float>& kh,
+                                        const std::vector<float>& vh) {
+  const int64_t ekv = int64_t{hkv_} * shape_.head_dim, row2 = 2 * ekv;
+  std::vector<float> pack(lay_.pack_rows.size() * row2);
+  for (size_t i = 0; i < lay_.pack_rows.size(); ++i) {
+    Copy(pack.data() + i * row2, kh.data() + lay_.pack_rows[i] * ekv, ekv);
+    Copy(pack.data() + i * row2 + ekv, vh.data() + lay_.pack_rows[i] * ekv, ekv);
+  }
+  cross_.assign(lay_.recv_rows * row2, 0.0f);
+  std::vector<SendOp> sends;
+  std::vector<RecvOp> recvs;
+  const size_t row_bytes = row2 * sizeof(float);
+  for (const RowSegment& g : lay_.sends)
+    sends.push_back(SendOp{g.peer, absl::MakeConstSpan(Bytes(pack)).subspan(g.first * row_bytes,
+                                                                            g.rows * row_bytes)});
+  for (const RowSegment& g : lay_.recvs)
+    recvs.push_back(
+        RecvOp{g.peer, Bytes(cross_).subspan(g.first * row_bytes, g.rows * row_bytes)});
+  return comm.SendRecv(sends, recvs);
+}
+
+void AllToAllStep::Stage(const std::vector<float>& kh, const std::vector<float>& vh) {
+  const int64_t d = shape_.head_dim, ekv = hkv_ * d, eq = hq_ * d, row2 = 2 * ekv;
+  const int64_t staged = static_cast<int64_t>(lay_.stage_src.size());
+  skx_.assign(staged * eq, 0.0f);
+  svx_.assign(staged * eq, 0.0f);
+  for (int64_t x = 0; x < staged; ++x) {
+    const int64_t src = lay_.stage_src[x];
+    const float* kf = src >= 0 ? kh.data() + src * ekv : cross_.data() + (-1 - src) * row2;
+    const float* vf = src >= 0 ? vh.data() + src * ekv : cross_.data() + (-1 - src) * row2 + ekv;
+    for (int32_t h = 0; h < hq_; ++h) {
+      Copy(skx_.data() + (x * hq_ + h) * d, kf + KvOf(h) * d, d);
+      Copy(svx_.data() + (x * hq_ + h) * d, vf + KvOf(h) * d, d);
+    }
+  }
+}
+
+absl::Status AllToAllStep::CrossBackward(Communicator& comm, const std::vector<float>& gsk,
+                                         const std::vector<float>& gsv,
+                                         std::vector<float>& grad) {
+  const int64_t d = shape_.head_dim, ekv = hkv_ * d, eq = hq_ * d, row2 = 2 * ekv;
+  const int64_t w = eq + 2 * ekv;  // a grad row: [dQ | dK | dV]
+  std::fill(cross_.begin(), cross_.end(), 0.0f);  // now the received rows' gradients
+  const int64_t staged = static_cast<int64_t>(lay_.stage_src.size());
+  for (int64_t x = 0; x < staged; ++x) {
+    const int64_t dst = lay_.stage_src[x];
+    float* tk = dst >= 0 ? grad.data() + dst * w + eq : cross_.data() + (-1 - dst) * row2;
+    float* tv = tk + ekv;
+    for (int32_t h = 0; h < hq_; ++h) {
+      AddTo(tk + KvOf(h) * d, gsk.data() + (x * hq_ + h) * d, d);
+      AddTo(tv + KvOf(h) * d, gsv.data() + (x * hq_ + h) * d, d);
+    }
+  }
+  std::vector<float> back(lay_.back_rows * row2);
+  std::vector<SendOp> sends;
+  std::vector<RecvOp> recvs;
+  const size_t row_bytes = row2 * sizeof(float);
+  for (const RowSegment& g : lay_.recvs)
+    sends.push_back(SendOp{g.peer, absl::MakeConstSpan(Bytes(cross_)).subspan(
+                                       g.first * row_bytes, g.rows * row_bytes)});
+  for (size_t i = 0; i < lay_.sends.size(); ++i)
+    recvs.push_back(RecvOp{lay_.sends[i].peer,
+                           Bytes(back).subspan(lay_.back_first[i] * row_bytes,
+                                               lay_.sends[i].rows * row_bytes)});
+  FLASHCP_RETURN_IF_ERROR(comm.SendRecv(sends, recvs));
+  for (size_t i = 0; i < lay_.sends.size(); ++i) {
+    const RowSegment& g = lay_.sends[i];
+    for (int64_t t = 0; t < g.rows; ++t) {
+      const float* from = back.data() + (lay_.back_first[i] + t) * row2;
+      float* to = grad.data() + lay_.pack_rows[g.first + t] * w + eq;
+      AddTo(to, from, row2);  // [dK | dV] adjacent in both
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status AllToAllStep::Forward(Communicator& comm, ThreadPool& pool,
@@ -133,6 +245,10 @@ absl::Status AllToAllStep::Forward(Communicator& comm, ThreadPool& pool,
       }
     }
   }
+  if (TwoLevel()) {
+    FLASHCP_RETURN_IF_ERROR(CrossForward(comm, kh, vh));
+    Stage(kh, vh);
+  }
   kx_.assign(s * eq, 0.0f);
   vx_.assign(s * eq, 0.0f);
   for (int64_t row = 0; row < s; ++row) {
@@ -145,8 +261,8 @@ absl::Status AllToAllStep::Forward(Communicator& comm, ThreadPool& pool,
   oh_.assign(s * eq, 0.0f);
   lseh_.assign(s * hq_, 0.0f);
   const AttentionShape shape{hq_, shape_.head_dim, shape_.scale};
-  FLASHCP_RETURN_IF_ERROR(AttentionForwardCpu(shape, Docs(nullptr, nullptr), s, qh_.data(),
-                                              oh_.data(), lseh_.data(), pool));
+  FLASHCP_RETURN_IF_ERROR(AttentionForwardCpu(shape, Docs(nullptr, nullptr, nullptr, nullptr), s,
+                                              qh_.data(), oh_.data(), lseh_.data(), pool));
   // 4. The output rows back to their owners.
   std::fill(o.begin(), o.end(), 0.0f);  // the padding row stays 0
   sends.clear();
@@ -169,6 +285,7 @@ absl::Status AllToAllStep::Forward(Communicator& comm, ThreadPool& pool,
       Copy(o.data() + (r * hq_all + qi.first) * d, src, qi.count * d);
     }
   }
+  FLASHCP_RETURN_IF_ERROR(Pad(comm));
   forward_done_ = true;
   return absl::OkStatus();
 }
@@ -218,10 +335,11 @@ absl::Status AllToAllStep::Backward(Communicator& comm, ThreadPool& pool,
   // 2. The kernels; the expanded heads' dK, dV summed onto this position's
   // KV heads.
   std::vector<float> dqh(s * eq, 0.0f), dkx(s * eq, 0.0f), dvx(s * eq, 0.0f);
+  std::vector<float> gsk(skx_.size(), 0.0f), gsv(svx_.size(), 0.0f);  // staged rows (two-level)
   const AttentionShape shape{hq_, shape_.head_dim, shape_.scale};
-  FLASHCP_RETURN_IF_ERROR(AttentionBackwardCpu(shape, Docs(dkx.data(), dvx.data()), s, qh_.data(),
-                                               oh_.data(), lseh_.data(), doh.data(), dqh.data(),
-                                               pool));
+  FLASHCP_RETURN_IF_ERROR(AttentionBackwardCpu(
+      shape, Docs(dkx.data(), dvx.data(), gsk.data(), gsv.data()), s, qh_.data(), oh_.data(),
+      lseh_.data(), doh.data(), dqh.data(), pool));
   // Rows [dQ | dK | dV] of this position's heads, document order.
   const int64_t w = eq + 2 * ekv;
   std::vector<float> grad(s * w, 0.0f);
@@ -233,6 +351,7 @@ absl::Status AllToAllStep::Backward(Communicator& comm, ThreadPool& pool,
       AddTo(g + eq + ekv + KvOf(h) * d, dvx.data() + (row * hq_ + h) * d, d);
     }
   }
+  if (TwoLevel()) FLASHCP_RETURN_IF_ERROR(CrossBackward(comm, gsk, gsv, grad));
   // 3. Back to the owners; each rank sums its tokens' gradients over the
   // positions in order.
   sends.clear();
@@ -262,7 +381,7 @@ absl::Status AllToAllStep::Backward(Communicator& comm, ThreadPool& pool,
             ki.count * d);
     }
   }
-  return absl::OkStatus();
+  return Pad(comm);
 }
 
 }  // namespace flashcp::worker

@@ -15,6 +15,14 @@
 // the heads (the output exchange carries O only): Forward returns none.
 // Groups of one move nothing but still make the (empty) calls, so every
 // rank's sequence of operations stays aligned.
+//
+// The two-level scheme (CreateTwoLevel; core/two_level.h,
+// two_level_layout.h) is this step over the rank's node part, with one more
+// grouped send/recv a phase between the head exchanges: forward, the KV of
+// this position's heads that the same position on other nodes needs;
+// backward, those rows' gradients back to their owners (summed in fp32 onto
+// the head-parallel gradients before they return to the tokens' owners).
+// Bytes: core::TwoLevelGroupPhase's, forward plus backward.
 #ifndef FLASHCP_WORKER_A2A_STEP_H_
 #define FLASHCP_WORKER_A2A_STEP_H_
 
@@ -29,6 +37,7 @@
 #include "worker/communicator.h"
 #include "worker/cp_layout.h"
 #include "worker/thread_pool.h"
+#include "worker/two_level_layout.h"
 
 namespace flashcp::worker {
 
@@ -46,6 +55,20 @@ class AllToAllStep {
   // not divide Hq.
   static absl::StatusOr<AllToAllStep> Create(const core::Plan& plan, int32_t rank,
                                              const HeadShape& shape);
+  // The two-level scheme over `group` (a mixed plan's rank group holding
+  // `rank`): BuildTwoLevelRankLayout's errors (FailedPrecondition naming
+  // ranks_per_node), FailedPrecondition naming query_heads where the node
+  // part's size does not divide Hq; otherwise as Create.
+  static absl::StatusOr<AllToAllStep> CreateTwoLevel(const core::Plan& plan, int32_t rank,
+                                                     const HeadShape& shape,
+                                                     const std::vector<int32_t>& group,
+                                                     int32_t ranks_per_node);
+
+  // Mixed plans: empty send/recvs at the end of each phase, so that this
+  // rank makes as many communicator calls as the plan's busiest group.
+  void set_pad_calls(int32_t calls) { pad_calls_ = calls; }
+  // Grouped send/recvs a phase makes (pads excluded): 2, or 3 two-level.
+  int32_t calls_per_phase() const { return lay_.a2a.two_level ? 3 : 2; }
 
   int64_t local_rows() const { return lay_.local_rows; }
   const CpRankLayout& layout() const { return lay_; }
@@ -63,11 +86,28 @@ class AllToAllStep {
 
  private:
   AllToAllStep() = default;
+  static absl::StatusOr<AllToAllStep> Make(const core::Plan& plan, int32_t rank,
+                                           const HeadShape& shape, CpRankLayout lay);
+  bool TwoLevel() const { return lay_.a2a.two_level; }
+  // Two-level: [K | V] rows (this position's heads) of pack_rows of kh, vh
+  // to the same position on other nodes; the received rows into cross_.
+  absl::Status CrossForward(Communicator& comm, const std::vector<float>& kh,
+                            const std::vector<float>& vh);
+  // Expands staged row sources (kh, vh or cross_) to hq_ heads into skx_, svx_.
+  void Stage(const std::vector<float>& kh, const std::vector<float>& vh);
+  // Two-level backward: the staged rows' gradients (expanded heads) summed
+  // onto `grad` rows ([dQ | dK | dV]) or returned to their owners, and what
+  // comes back added onto the rows it carried.
+  absl::Status CrossBackward(Communicator& comm, const std::vector<float>& gsk,
+                             const std::vector<float>& gsv, std::vector<float>& grad);
+  absl::Status Pad(Communicator& comm) const;
   const AllToAllLayout& A() const { return lay_.a2a; }
   int32_t Pos() const { return lay_.a2a.position; }
   int32_t K() const { return static_cast<int32_t>(lay_.a2a.group.size()); }
   absl::Status CheckComm(const Communicator& comm) const;
-  std::vector<DocAttention> Docs(float* dk, float* dv) const;
+  // Whole runs on kx_, vx_; two-level prefixed runs on skx_, svx_ (their
+  // gradients into dsk, dsv). Null gradients for the forward.
+  std::vector<DocAttention> Docs(float* dk, float* dv, float* dsk, float* dsv) const;
   // Local KV head of expanded query head a of this position.
   int32_t KvOf(int32_t a) const;
 
@@ -80,6 +120,10 @@ class AllToAllStep {
   // Forward state for Backward, head-parallel rows in document order.
   bool forward_done_ = false;
   std::vector<float> qh_, kx_, vx_, oh_, lseh_;  // kx_, vx_: KV expanded to hq_ heads
+  // Two-level: received [K | V] rows of this position's heads, and the
+  // prefixed runs' staged KV expanded to hq_ heads.
+  std::vector<float> cross_, skx_, svx_;
+  int32_t pad_calls_ = 0;
 };
 
 }  // namespace flashcp::worker

@@ -15,6 +15,7 @@
 #include "core/analysis.h"
 #include "core/rank_groups.h"
 #include "core/strategies.h"
+#include "core/two_level.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -24,6 +25,7 @@
 #include "worker/cpstep.h"
 #include "worker/engine.h"
 #include "worker/testing/gloo_ranks.h"
+#include "worker/two_level_layout.h"
 
 namespace flashcp::worker {
 namespace {
@@ -315,11 +317,44 @@ TEST(AllToAllEngineTest, CpStepMatchesReferenceAndBytes) {
   }
 }
 
+// A communicator that counts this rank's send/recv payload by link class:
+// to or from a rank on its own node (r / per_node) or on another.
+class LinkCounter final : public Communicator {
+ public:
+  LinkCounter(Communicator& comm, int32_t per_node) : comm_(comm), per_node_(per_node) {}
+  int32_t rank() const override { return comm_.rank(); }
+  int32_t size() const override { return comm_.size(); }
+  absl::Status AllGatherV(absl::Span<const std::byte> input, absl::Span<std::byte> output,
+                          absl::Span<const int64_t> counts) override {
+    return absl::UnimplementedError("LinkCounter counts send/recv only");
+  }
+  absl::Status ReduceScatterV(absl::Span<const float> input, absl::Span<float> output,
+                              absl::Span<const int64_t> counts) override {
+    return absl::UnimplementedError("LinkCounter counts send/recv only");
+  }
+  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs) override {
+    for (const SendOp& s : sends) (Inter(s.peer) ? inter_sent : intra_sent) += s.data.size();
+    for (const RecvOp& r : recvs)
+      (Inter(r.peer) ? inter_received : intra_received) += r.data.size();
+    return comm_.SendRecv(sends, recvs);
+  }
+  absl::Status Barrier() override { return comm_.Barrier(); }
+  CommStats stats() const override { return comm_.stats(); }
+
+  int64_t intra_sent = 0, intra_received = 0, inter_sent = 0, inter_received = 0;
+
+ private:
+  bool Inter(int32_t peer) const { return peer / per_node_ != comm_.rank() / per_node_; }
+  Communicator& comm_;
+  int32_t per_node_;
+};
+
 // Runs `groups` of `plan` (CpAttentionStep::CreateMixed) on real Gloo ranks,
 // forward and backward: outputs and gradients equal the reference and every
-// rank's bytes equal core::GroupedSchemeBytes' exactly.
+// rank's bytes equal core::GroupedSchemeBytes' exactly, and with nodes
+// (ranks_per_node > 0) its bytes to and from other nodes too.
 void RunMixed(const core::Plan& plan, const std::vector<core::RankGroup>& groups, int32_t kH,
-              int32_t kD) {
+              int32_t kD, int32_t ranks_per_node = 0) {
   const int32_t n = plan.cp_size;
   const AttentionShape shape{kH, kD, 0.3f};
   const int64_t total = core::TotalTokens(plan.doc_lens);
@@ -333,18 +368,20 @@ void RunMixed(const core::Plan& plan, const std::vector<core::RankGroup>& groups
   ASSERT_THAT(ReferenceBackward(shape, plan.doc_lens, q, k, v, dout, absl::MakeSpan(rdq),
                                 absl::MakeSpan(rdk), absl::MakeSpan(rdv)), IsOk());
   const core::ModelShape model{kH, kD, 4};
-  absl::StatusOr<core::PlanMetrics> metrics = core::AnalyzePlan(plan, model);
+  absl::StatusOr<core::PlanMetrics> metrics = core::AnalyzePlan(plan, model, ranks_per_node);
   ASSERT_THAT(metrics, IsOk());
   absl::StatusOr<core::SchemeBytes> want =
-      core::GroupedSchemeBytes(plan, *metrics, groups, model, 0);
+      core::GroupedSchemeBytes(plan, *metrics, groups, model, ranks_per_node);
   ASSERT_THAT(want, IsOk());
   absl::StatusOr<core::CommLayout> layout = core::BuildCommLayout(plan);
   ASSERT_THAT(layout, IsOk());
   const std::vector<std::vector<int64_t>> global = GlobalRows(plan, *layout);
   const int64_t rows = core::TokensPerRank(total, n);
-  testing::RunRanks(n, absl::Seconds(60), [&](int32_t r, Communicator& comm) {
-    absl::StatusOr<CpAttentionStep> step = CpAttentionStep::CreateMixed(plan, r, shape, groups);
+  testing::RunRanks(n, absl::Seconds(60), [&](int32_t r, Communicator& gloo) {
+    absl::StatusOr<CpAttentionStep> step =
+        CpAttentionStep::CreateMixed(plan, r, shape, groups, ranks_per_node);
     ASSERT_THAT(step, IsOk());
+    LinkCounter comm(gloo, ranks_per_node > 0 ? ranks_per_node : n);
     auto local = [&](const std::vector<float>& g) {
       std::vector<float> out(rows * kH * kD, 0.0f);
       for (int64_t i = 0; i < rows; ++i)
@@ -366,6 +403,13 @@ void RunMixed(const core::Plan& plan, const std::vector<core::RankGroup>& groups
     const CommStats after = comm.stats();
     EXPECT_EQ(after.bytes_sent - before.bytes_sent, want->sent[r]) << "rank " << r;
     EXPECT_EQ(after.bytes_received - before.bytes_received, want->received[r]) << "rank " << r;
+    // Per link class: forward inter-node plus backward (what came in goes back).
+    const core::PhaseTraffic& ph = want->phase;
+    const int64_t inter = ph.inter_node_sent_bytes[r] + ph.inter_node_received_bytes[r];
+    EXPECT_EQ(comm.inter_sent, inter) << "rank " << r;
+    EXPECT_EQ(comm.inter_received, inter) << "rank " << r;
+    EXPECT_EQ(comm.intra_sent, want->sent[r] - inter) << "rank " << r;
+    EXPECT_EQ(comm.intra_received, want->received[r] - inter) << "rank " << r;
     EXPECT_LE(MaxRelError(o, local(ro)), kTol) << "rank " << r;
     EXPECT_LE(MaxRelError(dq, local(rdq)), kTol) << "rank " << r;
     EXPECT_LE(MaxRelError(dk, local(rdk)), kTol) << "rank " << r;
@@ -435,16 +479,322 @@ TEST(AllToAllMixedTest, EveryCombinationOfSchemesRunsInOneStep) {
                                                          core::CommScheme::kTargeted}};
   EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, 0, AttentionShape{kH, kD, 0.3f}, merged),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not the plan's")));
-  // The two-level scheme is analysed (core/two_level.h), not run.
-  std::vector<core::RankGroup> two;
-  for (const std::vector<int32_t>& ranks : multi)
-    two.push_back(core::RankGroup{ranks, core::CommScheme::kAllToAll, /*two_level=*/true});
-  for (const std::vector<int32_t>& ranks : single)
-    two.push_back(core::RankGroup{ranks, core::CommScheme::kTargeted});
-  EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, 0, AttentionShape{kH, kD, 0.3f}, two),
-              StatusIs(absl::StatusCode::kUnimplemented,
-                       HasSubstr("groups[0]: the two-level scheme (core/two_level.h) is analysed")));
 }
+
+// A group of `plan` the two-level scheme can run with `per_node` ranks a
+// node and `heads` heads: it spans nodes in equal parts whose size divides
+// the heads.
+bool TwoLevelRuns(const core::Plan& plan, const std::vector<int32_t>& ranks, int32_t per_node,
+                  int32_t heads) {
+  absl::StatusOr<core::TwoLevelParts> parts = core::TwoLevelNeeds(plan, ranks, per_node);
+  return parts.ok() && heads % static_cast<int32_t>(parts->parts.front().size()) == 0;
+}
+
+// A mixed plan with two-level groups (core/two_level.h) runs in one step on
+// the engine: at N = 8 with 2 and 4 ranks a node, every group the scheme
+// can run is two-level, the others each of the other schemes in turn;
+// outputs and gradients equal the reference, every rank's bytes and its
+// bytes across nodes equal core::GroupedSchemeBytes' (TwoLevelGroupPhase's
+// for the two-level groups) exactly.
+TEST(TwoLevelMixedTest, TwoLevelGroupsRunBesideEveryOtherScheme) {
+  constexpr int32_t kN = 8, kH = 4, kD = 8;
+  int runs = 0, two_level_groups = 0, inter_node_bytes = 0, heads_refused = 0;
+  for (int32_t per_node : {2, 4}) {
+    // The first plan with a two-level group and another multi-rank group.
+    std::optional<core::Plan> plan;
+    for (int seed = 0; seed < 400 && !plan; ++seed) {
+      std::mt19937_64 rng(seed + 1000 * per_node);
+      std::vector<int64_t> lens;
+      for (int d = 0; d < 10; ++d) lens.push_back(1 + static_cast<int64_t>(rng() % 120));
+      for (core::Strategy s : {core::Strategy::kFlashCp, core::Strategy::kWholeDoc}) {
+        absl::StatusOr<core::Plan> p = core::MakePlan(s, core::Batch{lens, kN});
+        ASSERT_THAT(p, IsOk());
+        int wide = 0, other = 0;  // two-level groups of node parts of 2 or more
+        for (const std::vector<int32_t>& ranks : core::PlanRankGroups(*p)) {
+          if (TwoLevelRuns(*p, ranks, per_node, kH)) {
+            wide += core::TwoLevelNeeds(*p, ranks, per_node)->parts.front().size() > 1;
+          } else if (ranks.size() > 1) {
+            ++other;
+          }
+        }
+        if (wide >= 1 && other >= 1) {
+          plan = *p;
+          break;
+        }
+      }
+    }
+    ASSERT_TRUE(plan.has_value()) << "no plan with a two-level group at " << per_node;
+    const core::CommScheme kOthers[] = {core::CommScheme::kTargeted, core::CommScheme::kAllGather,
+                                        core::CommScheme::kFullKv, core::CommScheme::kAllToAll};
+    for (core::CommScheme other : kOthers) {
+      std::vector<core::RankGroup> groups;
+      for (const std::vector<int32_t>& ranks : core::PlanRankGroups(*plan)) {
+        if (TwoLevelRuns(*plan, ranks, per_node, kH)) {
+          groups.push_back(core::RankGroup{ranks, core::CommScheme::kAllToAll, true});
+          two_level_groups += other == core::CommScheme::kTargeted;
+          continue;
+        }
+        const bool fits = other != core::CommScheme::kAllToAll ||
+                          kH % static_cast<int32_t>(ranks.size()) == 0;
+        groups.push_back(core::RankGroup{ranks, fits ? other : core::CommScheme::kTargeted});
+      }
+      SCOPED_TRACE(absl::StrCat("ranks_per_node ", per_node, ", others ",
+                                core::CommSchemeName(other)));
+      RunMixed(*plan, groups, kH, kD, per_node);
+      ++runs;
+      const core::ModelShape model{kH, kD, 4};
+      const core::SchemeBytes b = *core::GroupedSchemeBytes(
+          *plan, *core::AnalyzePlan(*plan, model, per_node), groups, model, per_node);
+      inter_node_bytes += b.phase.inter_node_bytes > 0;
+    }
+    // Refused before any exchange, on every rank, naming why.
+    std::vector<core::RankGroup> two;
+    size_t first_two = 0;
+    for (const std::vector<int32_t>& ranks : core::PlanRankGroups(*plan)) {
+      const bool runs_it = TwoLevelRuns(*plan, ranks, per_node, kH);
+      // The first two-level group of node parts of 2 or more.
+      if (runs_it && (two.empty() || !two[first_two].two_level ||
+                      core::TwoLevelNeeds(*plan, two[first_two].ranks, per_node)
+                              ->parts.front().size() == 1) &&
+          core::TwoLevelNeeds(*plan, ranks, per_node)->parts.front().size() > 1)
+        first_two = two.size();
+      two.push_back(core::RankGroup{ranks, core::CommScheme::kAllToAll, runs_it});
+      if (!runs_it) two.back().scheme = core::CommScheme::kTargeted;
+    }
+    ASSERT_TRUE(two[first_two].two_level);
+    const AttentionShape shape{kH, kD, 0.3f};
+    // An earlier two-level group of parts of one would be named first.
+    for (size_t i = 0; i < first_two; ++i) {
+      two[i].two_level = false;
+      two[i].scheme = core::CommScheme::kTargeted;
+    }
+    const std::string g = absl::StrCat("groups[", first_two, "]: ");
+    for (int32_t r : {0, kN - 1}) {
+      EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, r, shape, two, 0),
+                  StatusIs(absl::StatusCode::kFailedPrecondition,
+                           g + "ranks_per_node: the two-level scheme needs nodes "
+                               "(ranks_per_node > 0)"));
+      EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, r, shape, two, kN),
+                  StatusIs(absl::StatusCode::kFailedPrecondition,
+                           HasSubstr(g + "ranks_per_node: the group spans one node of 8 ranks; "
+                                         "the two-level scheme is the all-to-all there")));
+      // P + 1 heads do not split over a node part of P > 1 ranks.
+      const int32_t p = static_cast<int32_t>(
+          core::TwoLevelNeeds(*plan, two[first_two].ranks, per_node)->parts.front().size());
+      if (p > 1) {
+        EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, r, AttentionShape{p + 1, kD, 0.3f}, two,
+                                                 per_node),
+                    StatusIs(absl::StatusCode::kFailedPrecondition,
+                             HasSubstr(absl::StrCat(
+                                 g, "query_heads: the all-to-all over a group of ", p, " ranks"))));
+        ++heads_refused;
+      }
+      EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, r, AttentionShape{0, kD, 0.3f}, two,
+                                               per_node),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           "shape: heads 0, head_dim 8, scale 0.3 (each must be positive)"));
+      std::vector<core::RankGroup> wrong = two;
+      wrong[first_two].scheme = core::CommScheme::kTargeted;
+      EXPECT_THAT(CpAttentionStep::CreateMixed(*plan, r, shape, wrong, per_node),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           g + "two_level with scheme targeted; the two-level scheme is "
+                               "all_to_all within each node"));
+    }
+  }
+  EXPECT_EQ(runs, 8);
+  EXPECT_GE(two_level_groups, 2);
+  EXPECT_EQ(inter_node_bytes, 8);  // every run moved KV across nodes
+  EXPECT_GT(heads_refused, 0);
+}
+
+// BuildTwoLevelRankLayout by hand (core_two_level_test's zigzagged
+// document: 16 tokens over 4 ranks, 2 a node; rank 0 [0, 2) + [14, 16),
+// rank 1 [2, 4) + [12, 14), rank 2 [4, 6) + [10, 12), rank 3 [6, 10)).
+TEST(TwoLevelLayoutTest, ZigzaggedDocumentOverTwoNodes) {
+  core::Plan plan;
+  plan.cp_size = 4;
+  plan.doc_lens = {16};
+  plan.shards = {{0, 0, 2, 0}, {0, 14, 2, 0}, {0, 2, 2, 1}, {0, 12, 2, 1},
+                 {0, 4, 2, 2}, {0, 10, 2, 2}, {0, 6, 4, 3}};
+  ASSERT_THAT(core::ValidatePlan(plan), IsOk());
+  const core::CommLayout layout = *core::BuildCommLayout(plan);
+  // Rank 0, position 0 of node 0's part {0, 1}: head-parallel rows 0-3
+  // hold positions 0-3, rows 4-7 positions 12-15.
+  absl::StatusOr<CpRankLayout> p = BuildTwoLevelRankLayout(plan, layout, 0, {3, 2, 1, 0}, 2);
+  ASSERT_THAT(p, IsOk());
+  EXPECT_TRUE(p->a2a.two_level);
+  EXPECT_EQ(p->collective, Collective::kAllToAll);
+  EXPECT_EQ(p->a2a.group, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(p->a2a.rows, 8);
+  EXPECT_TRUE(CallsExchange(*p));
+  // To rank 2 (position 0 of node 1) positions 0-3, which node 1's last
+  // position (11) sees; from it positions 4-11.
+  EXPECT_EQ(p->pack_rows, (std::vector<int64_t>{0, 1, 2, 3}));
+  ASSERT_EQ(p->sends.size(), 1u);
+  EXPECT_EQ(p->sends[0].peer, 2);
+  EXPECT_EQ(p->sends[0].rows, 4);
+  ASSERT_EQ(p->recvs.size(), 1u);
+  EXPECT_EQ(p->recvs[0].peer, 2);
+  EXPECT_EQ(p->recv_rows, 8);
+  EXPECT_EQ(p->back_rows, 4);
+  // Positions 0-3 whole; 12-15 on [0-3 own, 4-11 received, 12-15 own].
+  EXPECT_EQ(p->whole_start, (std::vector<int64_t>{0}));
+  EXPECT_EQ(p->whole_len, (std::vector<int32_t>{4}));
+  EXPECT_EQ(p->prefix_q_start, (std::vector<int64_t>{4}));
+  EXPECT_EQ(p->prefix_kv_len, (std::vector<int32_t>{16}));
+  std::vector<int64_t> stage = {0, 1, 2, 3};
+  for (int64_t x = 0; x < 8; ++x) stage.push_back(RemoteRow(x));
+  for (int64_t x = 4; x < 8; ++x) stage.push_back(x);
+  EXPECT_EQ(p->stage_src, stage);
+  // Rank 3, position 1 of node 1's part {2, 3}: positions 4-11 are one run
+  // (rows 0-7), all sent to rank 1; positions 0-3 received from it.
+  p = BuildTwoLevelRankLayout(plan, layout, 3, {0, 1, 2, 3}, 2);
+  ASSERT_THAT(p, IsOk());
+  EXPECT_EQ(p->pack_rows, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(p->sends[0].peer, 1);
+  EXPECT_EQ(p->recv_rows, 4);
+  EXPECT_TRUE(p->whole_start.empty());
+  EXPECT_EQ(p->stage_src, (std::vector<int64_t>{RemoteRow(0), RemoteRow(1), RemoteRow(2),
+                                                RemoteRow(3), 0, 1, 2, 3, 4, 5, 6, 7}));
+  // Refusals.
+  EXPECT_THAT(BuildTwoLevelRankLayout(plan, layout, 0, {1, 2, 3}, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "group: does not hold rank 0"));
+  EXPECT_THAT(BuildTwoLevelRankLayout(plan, layout, 0, {0, 1, 1, 2, 3}, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "group: rank 1 given twice"));
+  EXPECT_THAT(BuildTwoLevelRankLayout(plan, layout, 0, {0, 4}, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "group: rank 4 outside [0, 4)"));
+  EXPECT_THAT(BuildTwoLevelRankLayout(plan, layout, 0, {0, 1, 2, 3}, 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "ranks_per_node: the two-level scheme needs nodes (ranks_per_node > 0)"));
+  EXPECT_THAT(BuildTwoLevelRankLayout(plan, layout, 0, {0, 1, 2, 3}, 3),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("3 ranks on node 0 but 1 on node 1")));
+}
+
+struct TwoLevelParam {
+  int32_t n, per_node, hkv;
+};
+class TwoLevelStepTest : public ::testing::TestWithParam<TwoLevelParam> {};
+
+// AllToAllStep::CreateTwoLevel, GQA included, on every group of every
+// strategy's plan (Cases) that spans nodes in equal parts: O, dQ, dK, dV
+// equal the reference, and each rank's bytes forward, and forward plus
+// backward, to ranks on its node and on others, equal
+// core::TwoLevelGroupPhase's exactly. Ranks outside such groups idle.
+TEST_P(TwoLevelStepTest, MatchesReferenceAndPredictedLinkBytes) {
+  const auto [n, per_node, hkv] = GetParam();
+  constexpr int32_t kHq = 8, kD = 8;
+  const float scale = 1.0f / std::sqrt(float{kD});
+  int ran = 0;
+  for (const Case& c : Cases(n)) {
+    const int64_t total = core::TotalTokens(c.doc_lens);
+    std::mt19937_64 rng(total * 17 + n);
+    const std::vector<float> q = Random(total * kHq * kD, rng), k = Random(total * hkv * kD, rng),
+                             v = Random(total * hkv * kD, rng),
+                             dout = Random(total * kHq * kD, rng);
+    const AttentionShape full{kHq, kD, scale};
+    const std::vector<float> kx = Expand(k, total, kHq, hkv, kD),
+                             vx = Expand(v, total, kHq, hkv, kD);
+    std::vector<float> ro(total * kHq * kD), rlse(total * kHq), rdq(total * kHq * kD),
+        rdkx(total * kHq * kD), rdvx(total * kHq * kD);
+    ASSERT_THAT(ReferenceForward(full, c.doc_lens, q, kx, vx, absl::MakeSpan(ro),
+                                 absl::MakeSpan(rlse)), IsOk());
+    ASSERT_THAT(ReferenceBackward(full, c.doc_lens, q, kx, vx, dout, absl::MakeSpan(rdq),
+                                  absl::MakeSpan(rdkx), absl::MakeSpan(rdvx)), IsOk());
+    const std::vector<float> rdk = Reduce(rdkx, total, kHq, hkv, kD),
+                             rdv = Reduce(rdvx, total, kHq, hkv, kD);
+    for (core::Strategy strategy : Strategies()) {
+      absl::StatusOr<core::Plan> plan = core::MakePlan(strategy, core::Batch{c.doc_lens, n});
+      if (strategy == core::Strategy::kBasp && !plan.ok()) continue;  // unequal documents
+      ASSERT_THAT(plan, IsOk()) << core::StrategyName(strategy);
+      SCOPED_TRACE(absl::StrCat("N=", n, " per_node=", per_node, " Hkv=", hkv, " case=", c.name,
+                                " strategy=", core::StrategyName(strategy)));
+      core::ModelShape model;
+      model.heads = hkv;
+      model.head_dim = kD;
+      model.dtype_bytes = 4;
+      model.query_heads = kHq;
+      absl::StatusOr<core::PlanMetrics> metrics = core::AnalyzePlan(*plan, model, per_node);
+      ASSERT_THAT(metrics, IsOk());
+      // Per rank: its two-level group and position there (none: idle).
+      std::vector<std::vector<int32_t>> group_of(n);
+      std::vector<core::GroupPhaseBytes> want(n);
+      std::vector<int32_t> pos(n, -1);
+      bool any = false;
+      for (const std::vector<int32_t>& ranks : core::PlanRankGroups(*plan)) {
+        if (!TwoLevelRuns(*plan, ranks, per_node, kHq)) continue;
+        absl::StatusOr<core::GroupPhaseBytes> b =
+            core::TwoLevelGroupPhase(*plan, *metrics, ranks, model, per_node);
+        ASSERT_THAT(b, IsOk());
+        for (size_t i = 0; i < ranks.size(); ++i) {
+          group_of[ranks[i]] = ranks;
+          want[ranks[i]] = *b;
+          pos[ranks[i]] = static_cast<int32_t>(i);
+        }
+        any = true;
+      }
+      if (!any) continue;
+      absl::StatusOr<core::CommLayout> layout = core::BuildCommLayout(*plan);
+      ASSERT_THAT(layout, IsOk());
+      const std::vector<std::vector<int64_t>> global = GlobalRows(*plan, *layout);
+      const int64_t rows = core::TokensPerRank(total, n);
+      testing::RunRanks(n, absl::Seconds(60), [&](int32_t r, Communicator& gloo) {
+        if (pos[r] < 0) return;
+        absl::StatusOr<AllToAllStep> step = AllToAllStep::CreateTwoLevel(
+            *plan, r, HeadShape{kHq, hkv, kD, scale}, group_of[r], per_node);
+        ASSERT_THAT(step, IsOk());
+        ASSERT_TRUE(step->layout().a2a.two_level);
+        auto local = [&](const std::vector<float>& g, int32_t heads) {
+          std::vector<float> out(rows * heads * kD, 0.0f);
+          for (int64_t i = 0; i < rows; ++i)
+            if (global[r][i] >= 0)
+              std::copy_n(g.data() + global[r][i] * heads * kD, heads * kD,
+                          out.data() + i * heads * kD);
+          return out;
+        };
+        const std::vector<float> lq = local(q, kHq), lk = local(k, hkv), lv = local(v, hkv),
+                                 ldout = local(dout, kHq);
+        std::vector<float> o(rows * kHq * kD), dq(rows * kHq * kD), dk(rows * hkv * kD),
+            dv(rows * hkv * kD);
+        ThreadPool pool(1);
+        LinkCounter comm(gloo, per_node);
+        ASSERT_THAT(step->Forward(comm, pool, lq, lk, lv, absl::MakeSpan(o)), IsOk());
+        const core::GroupPhaseBytes& w = want[r];
+        const int32_t i = pos[r];
+        EXPECT_EQ(comm.inter_sent, w.inter_sent[i]) << "rank " << r;
+        EXPECT_EQ(comm.inter_received, w.inter_received[i]) << "rank " << r;
+        EXPECT_EQ(comm.intra_sent, w.sent[i] - w.inter_sent[i]) << "rank " << r;
+        EXPECT_EQ(comm.intra_received, w.received[i] - w.inter_received[i]) << "rank " << r;
+        ASSERT_THAT(step->Backward(comm, pool, ldout, absl::MakeSpan(dq), absl::MakeSpan(dk),
+                                   absl::MakeSpan(dv)), IsOk());
+        // Backward sends what forward received, link by link.
+        const int64_t inter = w.inter_sent[i] + w.inter_received[i];
+        EXPECT_EQ(comm.inter_sent, inter) << "rank " << r;
+        EXPECT_EQ(comm.inter_received, inter) << "rank " << r;
+        EXPECT_EQ(comm.intra_sent + comm.inter_sent, w.sent[i] + w.received[i]) << "rank " << r;
+        EXPECT_EQ(comm.intra_received + comm.inter_received, w.sent[i] + w.received[i])
+            << "rank " << r;
+        EXPECT_LE(MaxRelError(o, local(ro, kHq)), kTol) << "rank " << r << " o";
+        EXPECT_LE(MaxRelError(dq, local(rdq, kHq)), kTol) << "rank " << r << " dq";
+        EXPECT_LE(MaxRelError(dk, local(rdk, hkv)), kTol) << "rank " << r << " dk";
+        EXPECT_LE(MaxRelError(dv, local(rdv, hkv)), kTol) << "rank " << r << " dv";
+      });
+      ++ran;
+    }
+  }
+  // The one-document case is one group of N under every strategy.
+  EXPECT_GE(ran, static_cast<int>(Strategies().size()));
+  RecordProperty("ran", ran);
+}
+
+INSTANTIATE_TEST_SUITE_P(NodesAndHeads, TwoLevelStepTest,
+                         ::testing::Values(TwoLevelParam{4, 2, 8}, TwoLevelParam{4, 2, 2},
+                                           TwoLevelParam{8, 2, 2}, TwoLevelParam{8, 4, 8},
+                                           TwoLevelParam{8, 4, 2}),
+                         [](const auto& info) {
+                           return absl::StrCat("N", info.param.n, "_G", info.param.per_node,
+                                               "_Hkv", info.param.hkv);
+                         });
 
 // BuildCpRankLayout within a group: an all-gather's blocks point to point
 // among the group's ranks only, at the sender's position in the group; the

@@ -125,8 +125,10 @@ inline int64_t AttentionRows(const CpRankLayout& p) {
 // group's sequence of operations stays aligned: false only for an all-gather
 // of empty blocks (nothing to send anywhere); a send/recv exchange is always
 // called, with empty lists where this rank has nothing.
+// Under the two-level scheme (a2a.two_level) the exchange across nodes is
+// always called.
 inline bool CallsExchange(const CpRankLayout& p) {
-  return p.collective == Collective::kSendRecv || p.block_rows > 0;
+  return p.collective == Collective::kSendRecv || p.block_rows > 0 || p.a2a.two_level;
 }
 
 // Builds rank `rank`'s layout; the plan must be valid and `layout` its

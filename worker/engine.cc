@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "core/two_level.h"
 #include "worker/attention_masked_cpu.h"
 
 namespace flashcp::worker {
@@ -22,6 +23,15 @@ void AddTo(float* __restrict dst, const float* __restrict src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+absl::Status CheckShape(const AttentionShape& shape) {
+  if (shape.heads < 1 || shape.head_dim < 1 || !(shape.scale > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("shape: heads ", shape.heads, ", head_dim ",
+                                                   shape.head_dim, ", scale ", shape.scale,
+                                                   " (each must be positive)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckSize(absl::string_view name, size_t got, int64_t want) {
   if (static_cast<int64_t>(got) == want) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(name, ": ", got, " floats, expected ", want));
@@ -32,11 +42,7 @@ absl::Status CheckSize(absl::string_view name, size_t got, int64_t want) {
 absl::StatusOr<CpAttentionStep> CpAttentionStep::Create(const core::Plan& plan, int32_t rank,
                                                         const AttentionShape& shape,
                                                         core::CommScheme scheme) {
-  if (shape.heads < 1 || shape.head_dim < 1 || !(shape.scale > 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("shape: heads ", shape.heads, ", head_dim ",
-                                                   shape.head_dim, ", scale ", shape.scale,
-                                                   " (each must be positive)"));
-  }
+  FLASHCP_RETURN_IF_ERROR(CheckShape(shape));
   CpAttentionStep step;
   FLASHCP_ASSIGN_OR_RETURN(step.layout_, core::BuildCommLayout(plan));
   if (rank < 0 || rank >= plan.cp_size) {
@@ -61,20 +67,26 @@ absl::StatusOr<CpAttentionStep> CpAttentionStep::Create(const core::Plan& plan, 
 
 absl::StatusOr<CpAttentionStep> CpAttentionStep::CreateMixed(
     const core::Plan& plan, int32_t rank, const AttentionShape& shape,
-    const std::vector<core::RankGroup>& groups) {
+    const std::vector<core::RankGroup>& groups, int32_t ranks_per_node) {
   FLASHCP_RETURN_IF_ERROR(core::ValidatePlan(plan));
+  FLASHCP_RETURN_IF_ERROR(CheckShape(shape));
   std::vector<std::vector<int32_t>> want = core::PlanRankGroups(plan), got;
-  bool any_a2a = false;
+  // Grouped send/recvs a phase: targeted and all-gather groups 1, all_to_all
+  // 2 (heads out, results back), two-level 3 (and the KV across nodes).
+  auto calls = [](const core::RankGroup& g) {
+    return g.scheme != core::CommScheme::kAllToAll ? 1 : g.two_level ? 3 : 2;
+  };
+  int32_t most = 1;
   const core::RankGroup* mine = nullptr;
   for (size_t g = 0; g < groups.size(); ++g) {
     got.push_back(groups[g].ranks);
-    any_a2a = any_a2a || groups[g].scheme == core::CommScheme::kAllToAll;
+    most = std::max(most, calls(groups[g]));
     if (std::find(groups[g].ranks.begin(), groups[g].ranks.end(), rank) != groups[g].ranks.end())
       mine = &groups[g];
-    if (groups[g].two_level) {
-      return absl::UnimplementedError(absl::StrCat(
-          "groups[", g, "]: the two-level scheme (core/two_level.h) is analysed, not run; "
-          "run the group's all_to_all or targeted"));
+    if (groups[g].two_level && groups[g].scheme != core::CommScheme::kAllToAll) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "groups[", g, "]: two_level with scheme ", core::CommSchemeName(groups[g].scheme),
+          "; the two-level scheme is all_to_all within each node"));
     }
   }
   std::sort(want.begin(), want.end());
@@ -88,12 +100,46 @@ absl::StatusOr<CpAttentionStep> CpAttentionStep::CreateMixed(
     return absl::InvalidArgumentError(
         absl::StrCat("rank: ", rank, " outside a group of ", plan.cp_size));
   }
+  // Every rank checks every two-level group, so all refuse alike before
+  // any exchange.
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (!groups[g].two_level) continue;
+    absl::StatusOr<core::TwoLevelParts> parts =
+        core::TwoLevelNeeds(plan, groups[g].ranks, ranks_per_node);
+    absl::Status st = parts.status();
+    if (st.ok()) {
+      core::ModelShape model;
+      model.heads = shape.heads;
+      model.head_dim = shape.head_dim;
+      model.dtype_bytes = 4;
+      st = core::AllToAllGroupHeads(static_cast<int32_t>(parts->parts.front().size()), model)
+               .status();
+    }
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("groups[", g, "]: ", st.message()));
+  }
+  if (mine->two_level) {
+    // The layout's own fields are unused: the AllToAllStep is the whole step.
+    FLASHCP_ASSIGN_OR_RETURN(CpAttentionStep step,
+                             Create(plan, rank, shape, core::CommScheme::kTargeted));
+    FLASHCP_ASSIGN_OR_RETURN(
+        AllToAllStep a2a,
+        AllToAllStep::CreateTwoLevel(
+            plan, rank, HeadShape{shape.heads, shape.heads, shape.head_dim, shape.scale},
+            mine->ranks, ranks_per_node));
+    a2a.set_pad_calls(most - calls(*mine));
+    step.a2a_ = std::make_shared<AllToAllStep>(std::move(a2a));
+    return step;
+  }
   FLASHCP_ASSIGN_OR_RETURN(CpAttentionStep step, Create(plan, rank, shape, mine->scheme));
+  if (step.a2a_ != nullptr) {
+    step.a2a_->set_pad_calls(most - calls(*mine));
+    return step;
+  }
   // An all-gather group's blocks travel point to point within the group
   // (cp_layout.h), one send/recv a phase, as a targeted group's do.
   FLASHCP_ASSIGN_OR_RETURN(step.lay_,
                            BuildCpRankLayout(plan, step.layout_, rank, mine->scheme, mine->ranks));
-  if (any_a2a && mine->scheme != core::CommScheme::kAllToAll) step.pad_calls_ = 1;
+  step.pad_calls_ = most - calls(*mine);
   return step;
 }
 

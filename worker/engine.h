@@ -15,8 +15,9 @@
 // send/recv under every scheme. Shards attend as the layout groups them:
 // whole shards on their own rows (zero-copy), prefixed shards on their
 // staged [prefix pieces, own rows]. Under all_to_all the step is an
-// AllToAllStep (a2a_step.h) with Hq = Hkv = heads; the log-sum-exps stay
-// with the heads there, so Forward leaves lse 0.
+// AllToAllStep (a2a_step.h) with Hq = Hkv = heads, as is a mixed plan's
+// two-level group (CreateMixed); the log-sum-exps stay with the heads there,
+// so Forward leaves lse 0.
 #ifndef FLASHCP_WORKER_ENGINE_H_
 #define FLASHCP_WORKER_ENGINE_H_
 
@@ -50,14 +51,21 @@ class CpAttentionStep {
   // order) runs its own scheme within itself; a rank runs its group's. An
   // all-gather group (full_kv, allgather) sends its blocks point to point
   // among its ranks (BuildCpRankLayout with the group), so no communicator
-  // of its own is needed. Every rank makes the same number of communicator
-  // calls (a targeted or all-gather rank of a plan with an all_to_all group
-  // makes one empty send/recv per phase more), so the group's calls stay
-  // aligned; the bytes are core::GroupedSchemeBytes'. InvalidArgument where
-  // `groups` are not the plan's rank groups.
+  // of its own is needed. A two_level group (RankGroup::two_level, scheme
+  // all_to_all) runs AllToAllStep::CreateTwoLevel with ranks_per_node (the
+  // plan's topology: rank r on node r / ranks_per_node). Every rank makes
+  // the same number of communicator calls a phase as the busiest group
+  // (targeted and all-gather 1, all_to_all 2, two-level 3; the others pad
+  // with empty send/recvs), so the group's calls stay aligned; the bytes are
+  // core::GroupedSchemeBytes' with the same ranks_per_node. InvalidArgument
+  // where `groups` are not the plan's rank groups or two_level names another
+  // scheme than all_to_all; FailedPrecondition naming ranks_per_node (no
+  // nodes, a group on one node, unequal node parts) or query_heads (a node
+  // part's size not dividing the heads) for this rank's two-level group.
   static absl::StatusOr<CpAttentionStep> CreateMixed(const core::Plan& plan, int32_t rank,
                                                      const AttentionShape& shape,
-                                                     const std::vector<core::RankGroup>& groups);
+                                                     const std::vector<core::RankGroup>& groups,
+                                                     int32_t ranks_per_node = 0);
 
   int64_t local_rows() const { return rows_; }
   int64_t real_rows() const { return real_rows_; }

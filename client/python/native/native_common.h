@@ -45,6 +45,7 @@
 #include "worker/attention_masked_cpu.h"
 #include "worker/cp_layout.h"
 #include "worker/thread_pool.h"
+#include "worker/two_level_layout.h"
 
 namespace flashcp::python {
 
@@ -89,15 +90,22 @@ core::Plan MakePlan(const std::vector<int64_t>& doc_lens, int32_t cp_size, int64
 class RankLayout {
  public:
   // `group`: a mixed plan's rank group holding `rank` (empty: the whole
-  // plan), the scheme run within it (worker::BuildCpRankLayout's).
+  // plan), the scheme run within it (worker::BuildCpRankLayout's). Scheme
+  // "two_level": the two-level scheme over `group` with ranks_per_node
+  // (worker::BuildTwoLevelRankLayout).
   RankLayout(const std::vector<int64_t>& doc_lens, int32_t cp_size, int64_t padding,
              const std::vector<ShardTuple>& shards, int32_t rank, const std::string& scheme,
-             int64_t block_size, const std::vector<int32_t>& group) {
+             int64_t block_size, const std::vector<int32_t>& group, int32_t ranks_per_node = 0) {
     plan_ = MakePlan(doc_lens, cp_size, padding, shards, block_size);
     Check(core::ValidatePlan(plan_));
-    const core::CommScheme s = ValueOrRaise(core::ParseCommScheme(scheme));
     layout_ = ValueOrRaise(core::BuildCommLayout(plan_));
-    rank_plan_ = ValueOrRaise(worker::BuildCpRankLayout(plan_, layout_, rank, s, group));
+    if (scheme == "two_level") {
+      rank_plan_ = ValueOrRaise(
+          worker::BuildTwoLevelRankLayout(plan_, layout_, rank, group, ranks_per_node));
+    } else {
+      const core::CommScheme s = ValueOrRaise(core::ParseCommScheme(scheme));
+      rank_plan_ = ValueOrRaise(worker::BuildCpRankLayout(plan_, layout_, rank, s, group));
+    }
     total_ = core::TotalTokens(plan_.doc_lens);
     doc_first_.assign(plan_.doc_lens.size(), 0);
     for (size_t d = 1; d < plan_.doc_lens.size(); ++d) {

@@ -1,5 +1,6 @@
 // The CPU bindings: RankLayout (the exchange layout) and CpuAttention.
 #include "client/python/native/native_common.h"
+#include "core/rank_groups.h"
 
 namespace flashcp::python {
 namespace {
@@ -137,16 +138,56 @@ class CpuAttention {
   std::vector<Prefixed> prefix_;
 };
 
+// core::GroupedSchemeBytes of a mixed plan: `groups` as (ranks, scheme)
+// with scheme "targeted", "allgather", "full_kv", "all_to_all" or
+// "two_level". Per rank: sent and received bytes (forward plus backward)
+// and one phase's bytes to and from other nodes.
+py::dict GroupedSchemeBytes(const std::vector<int64_t>& doc_lens, int32_t cp_size, int64_t padding,
+                            const std::vector<ShardTuple>& shards,
+                            const std::vector<std::pair<std::vector<int32_t>, std::string>>& groups,
+                            int32_t heads, int32_t query_heads, int32_t head_dim,
+                            int32_t dtype_bytes, int32_t ranks_per_node) {
+  const core::Plan plan = MakePlan(doc_lens, cp_size, padding, shards);
+  if (absl::Status st = core::ValidatePlan(plan); !st.ok()) Raise(st);
+  core::ModelShape shape;
+  shape.heads = heads;
+  shape.query_heads = query_heads;
+  shape.head_dim = head_dim;
+  shape.dtype_bytes = dtype_bytes;
+  std::vector<core::RankGroup> rank_groups;
+  for (const auto& [ranks, scheme] : groups) {
+    core::RankGroup g{ranks, core::CommScheme::kAllToAll, scheme == "two_level"};
+    if (!g.two_level) g.scheme = ValueOrRaise(core::ParseCommScheme(scheme));
+    rank_groups.push_back(std::move(g));
+  }
+  const core::PlanMetrics metrics = ValueOrRaise(core::AnalyzePlan(plan, shape, ranks_per_node));
+  const core::SchemeBytes b =
+      ValueOrRaise(core::GroupedSchemeBytes(plan, metrics, rank_groups, shape, ranks_per_node));
+  py::dict out;
+  out["sent"] = b.sent;
+  out["received"] = b.received;
+  out["inter_sent"] = b.phase.inter_node_sent_bytes;
+  out["inter_received"] = b.phase.inter_node_received_bytes;
+  return out;
+}
+
 }  // namespace
 
 void BindCpu(py::module_& m) {
+  m.def("grouped_scheme_bytes", &GroupedSchemeBytes, py::arg("doc_lens"), py::arg("cp_size"),
+        py::arg("padding"), py::arg("shards"), py::arg("groups"), py::arg("heads"),
+        py::arg("query_heads"), py::arg("head_dim"), py::arg("dtype_bytes"),
+        py::arg("ranks_per_node"),
+        "core::GroupedSchemeBytes of a mixed plan (groups: (ranks, scheme), scheme one of "
+        "targeted, allgather, full_kv, all_to_all, two_level): dict of per-rank sent and "
+        "received bytes (both phases) and inter_sent, inter_received (one phase, across nodes)");
   py::class_<RankLayout>(m, "RankLayout")
       .def(py::init<const std::vector<int64_t>&, int32_t, int64_t,
                     const std::vector<flashcp::python::ShardTuple>&, int32_t, const std::string&,
-                    int64_t, const std::vector<int32_t>&>(),
+                    int64_t, const std::vector<int32_t>&, int32_t>(),
            py::arg("doc_lens"), py::arg("cp_size"), py::arg("padding"), py::arg("shards"),
            py::arg("rank"), py::arg("scheme"), py::arg("block_size") = 0,
-           py::arg("group") = std::vector<int32_t>{})
+           py::arg("group") = std::vector<int32_t>{}, py::arg("ranks_per_node") = 0)
       .def_property_readonly("rank", &RankLayout::rank)
       .def_property_readonly("size", &RankLayout::size)
       .def_property_readonly("local_rows", &RankLayout::local_rows)
@@ -181,6 +222,10 @@ void BindCpu(py::module_& m) {
       .def_property_readonly("a2a_tokens", [](const RankLayout& l) { return l.rank_plan().a2a.tokens; })
       .def_property_readonly("a2a_first", [](const RankLayout& l) { return l.rank_plan().a2a.first; })
       .def_property_readonly("a2a_rows", [](const RankLayout& l) { return l.rank_plan().a2a.rows; })
+      // Scheme "two_level": a2a_* describe the rank's node part, and the KV-row
+      // fields the exchange across nodes over head-parallel rows.
+      .def_property_readonly("a2a_two_level",
+                             [](const RankLayout& l) { return l.rank_plan().a2a.two_level; })
       .def_property_readonly("a2a_doc_row",
                              [](const RankLayout& l) { return Int64Bytes(l.rank_plan().a2a.doc_row); })
       .def(

@@ -415,11 +415,13 @@ def all_to_all_cases(rank, n, specs):
     """attention(scheme="all_to_all") per spec: ("ok", [max abs errors of O,
     dQ, dK, dV], bytes sent, bytes received) on this rank, forward plus
     backward, or ("refused", message) where this rank's group cannot split
-    the query heads (raised before any collective)."""
+    the query heads (raised before any collective). spec["ranks_per_node"]
+    (default 0) is the context's (a mixed plan's two_level groups)."""
     out = {}
     for key, spec in specs.items():
         doc_lens = spec["doc_lens"]
-        ctx = ft.CpContext(spec["plan"], rank, doc_lens=doc_lens)
+        ctx = ft.CpContext(spec["plan"], rank, doc_lens=doc_lens,
+                           ranks_per_node=spec.get("ranks_per_node", 0))
         q, k, v, dout = global_inputs(sum(doc_lens), spec["hq"], spec["hkv"], spec["d"],
                                       spec["seed"], getattr(torch, spec.get("dtype", "float32")))
         want = [ft.dispatch(t, ctx) for t in spec["want"]]
@@ -437,3 +439,12 @@ def all_to_all_cases(rank, n, specs):
         out[(key, "refused")] = [_raises(lambda b=b: ft.attention(ql, kl, vl, ctx, scheme=b))
                                  for b in spec.get("refuse", ())]
     return out
+
+
+def two_level_cuda_case(rank, n, spec):
+    """What attention() raises for a two_level group on CUDA tensors: (type, message)."""
+    ctx = ft.CpContext(spec["plan"], rank, doc_lens=spec["doc_lens"],
+                       ranks_per_node=spec["ranks_per_node"])
+    q = torch.zeros(ctx.local_rows, 8, 16, dtype=torch.bfloat16, device="cuda")
+    k = torch.zeros(ctx.local_rows, 2, 16, dtype=torch.bfloat16, device="cuda")
+    return _raises(lambda: ft.attention(q, k, k, ctx, scheme=spec["scheme"]))

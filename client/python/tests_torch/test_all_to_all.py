@@ -162,7 +162,7 @@ def test_a_mixed_plan_runs_each_group_with_its_scheme(plan_bin):
                                "rank groups [(0, 1, 2, 7), (3, 4, 5, 6)] (ranks linked by shared "
                                "documents)"),
                 ("ValueError", "scheme: 'ring' for ranks [0, 1, 2, 7]; expected one of targeted, "
-                               "allgather, full_kv, all_to_all")], r
+                               "allgather, full_kv, all_to_all, two_level")], r
             g, mine = (groups[0], a) if r in groups[0] else (groups[1], b)
             assert (sent, received) == want(mine, g, r), ((a, b), r)
     # An all-gather group's bytes are not the whole plan's all-gather's.

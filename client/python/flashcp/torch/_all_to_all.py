@@ -40,8 +40,10 @@ class A2aPlan:
     per position its real rows and first gathered row, the gathered ->
     head-parallel row permutation, and every position's heads."""
 
-    def __init__(self, ctx: CpContext, hq: int, hkv: int, d: int):
-        lay = ctx.layout(SCHEME).native
+    def __init__(self, ctx: CpContext, hq: int, hkv: int, d: int, lay=None):
+        # lay: a native layout (default: all_to_all's; the two-level scheme's
+        # over this rank's node part, _two_level.py).
+        lay = ctx.layout(SCHEME).native if lay is None else lay
         self.group: List[int] = list(lay.a2a_group)
         self.pos: int = lay.a2a_position
         self.tokens: List[int] = list(lay.a2a_tokens)
@@ -303,17 +305,19 @@ def plan_rank_groups(ctx: CpContext) -> List[Tuple[int, ...]]:
     return [tuple(g) for g in groups.values()]
 
 
-_MIXED = ("targeted", "allgather", "full_kv", "all_to_all")
+_MIXED = ("targeted", "allgather", "full_kv", "all_to_all", "two_level")
 
 
 def group_scheme(ctx: CpContext, groups: Sequence[Tuple[Sequence[int], str]]
                  ) -> Tuple[str, Tuple[int, ...]]:
     """This rank's scheme in a mixed plan and its group's ranks (ascending):
     `groups` must list each of the plan's rank groups once with one of
-    targeted, allgather, full_kv, all_to_all (ValueError naming what
-    differs). No scheme sends outside its group (an all-gather group's
-    blocks travel point to point among its ranks: the layout of
-    ctx.layout(scheme, group)), so the groups run side by side on ctx.group."""
+    targeted, allgather, full_kv, all_to_all, two_level (ValueError naming
+    what differs; the response's groups give exactly these names). No
+    scheme sends outside its group (an all-gather group's blocks travel
+    point to point among its ranks: the layout of ctx.layout(scheme,
+    group); a two_level group's across nodes within it), so the groups run
+    side by side on ctx.group."""
     try:
         given = [(tuple(sorted(int(r) for r in ranks)), s) for ranks, s in groups]
     except (TypeError, ValueError):

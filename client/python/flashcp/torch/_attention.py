@@ -356,10 +356,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     whose size does not divide Hq raises RuntimeError FAILED_PRECONDITION
     naming query_heads), or a mixed plan: a sequence of (ranks, scheme),
     one per rank group of the plan (the ranks linked by shared documents),
-    each "targeted", "allgather", "full_kv" or "all_to_all", e.g. what
-    flashcp's choose_schemes chose; each rank runs its group's (an
-    all-gather group point to point among its ranks; not under
-    torch.compile).
+    each "targeted", "allgather", "full_kv", "all_to_all" or "two_level",
+    e.g. what flashcp's choose_schemes chose (the response's groups); each
+    rank runs its group's (an all-gather group point to point among its
+    ranks, not under torch.compile; a two_level group, _two_level.py, on CPU
+    tensors with CpContext(ranks_per_node=...) as the plan request's:
+    RuntimeError FAILED_PRECONDITION naming ranks_per_node where the group
+    does not span nodes in equal parts, or query_heads where a node part's
+    size does not divide Hq).
     softmax_scale:
     default 1/sqrt(D). Every rank of ctx.group calls it, forward and backward.
     """
@@ -396,6 +400,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
         # the plan; this rank runs its group's scheme (_all_to_all.py).
         from flashcp.torch._all_to_all import group_scheme
         scheme, ranks = group_scheme(ctx, scheme)
+        if scheme == "two_level":
+            if ctx.block_size:
+                raise NotImplementedError(
+                    "scheme: two_level under attention_mask block_diffusion is not built; use "
+                    "targeted")
+            if q.device.type == "cuda":
+                raise NotImplementedError(
+                    f"scheme: two_level for ranks {list(ranks)} runs on CPU tensors only; its "
+                    "CUDA path is not built (docs/gpu.md)")
+            from flashcp.torch._two_level import attention_two_level
+            return attention_two_level(q, k, v, ctx, scale, ranks)
         if scheme in ("allgather", "full_kv") and len(ranks) < ctx.size:
             group = ranks
             if torch.compiler.is_compiling():

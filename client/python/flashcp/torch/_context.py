@@ -191,11 +191,15 @@ class CpContext:
     different plans, every rank raises PlanMismatchError naming the ranks
     whose plan differs and the hashes. check_plan=False skips that collective
     (for a caller that has already made sure, e.g. plan_on_first_rank).
+
+    ranks_per_node: the group's topology (rank r on node r // ranks_per_node;
+    0: one node), as the plan request's; a mixed plan's "two_level" groups
+    need it (the all-to-all within each node, KV across nodes).
     """
 
     def __init__(self, plan: Any, rank: int, group: Optional[Any] = None, *,
                  doc_lens: Optional[Sequence[int]] = None, threads: Optional[int] = None,
-                 check_plan: bool = True):
+                 check_plan: bool = True, ranks_per_node: int = 0):
         self.plan: PlanView = plan_view(plan)
         n = self.plan.cp_size
         if not dist.is_available() or not dist.is_initialized():
@@ -220,8 +224,12 @@ class CpContext:
         if doc_lens is not None and tuple(int(x) for x in doc_lens) not in plan_docs:
             raise ValueError(f"CpContext: the plan is for documents {_short(self.plan.doc_lens)}, "
                              f"the batch has {_short(doc_lens)}")
+        if not isinstance(ranks_per_node, int) or ranks_per_node < 0:
+            raise ValueError(f"CpContext: ranks_per_node {ranks_per_node!r}; expected an int "
+                             ">= 0 (0: one node)")
         self.rank = rank
         self.size = n
+        self.ranks_per_node = ranks_per_node
         self.threads = int(threads) if threads else torch.get_num_threads()
         self.global_ranks = [dist.get_global_rank(self.group, r) if self.group is not
                              dist.group.WORLD else r for r in range(n)]
@@ -309,6 +317,25 @@ class CpContext:
                                                    block_size=self.block_size,
                                                    group=list(group or ())), self.local_rows)
             self._layouts[key] = lay
+        return lay
+
+    def two_level_layout(self, group: Sequence[int]) -> SchemeLayout:
+        """This rank's layout under the two-level scheme over `group` (a
+        mixed plan's rank group holding this rank; worker/two_level_layout.h),
+        cached: the a2a_* fields over this rank's node part, the KV-row
+        fields the exchange across nodes in head-parallel rows (stage_index
+        over cat([head-parallel rows, received rows])). RuntimeError
+        FAILED_PRECONDITION naming ranks_per_node where the group does not
+        span nodes in equal parts."""
+        key = ("two_level", tuple(group))
+        lay = self._layouts.get(key)
+        if lay is None:
+            native_lay = native().RankLayout(list(self.plan.doc_lens), self.size,
+                                             self.plan.padding, list(self.plan.shards),
+                                             self.rank, "two_level", block_size=self.block_size,
+                                             group=list(group),
+                                             ranks_per_node=self.ranks_per_node)
+            lay = self._layouts[key] = SchemeLayout(native_lay, native_lay.a2a_rows)
         return lay
 
     def kernel(self, scheme: str, heads: int, head_dim: int, scale: float,
