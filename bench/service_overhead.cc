@@ -10,7 +10,10 @@
 //     (/proc/PID/stat utime + stime over the pass, every thread of it) and
 //     the calls' wall-time percentiles seen by the client;
 //   stream: one PlanStream keeping --window requests in flight; the server's
-//     CPU time per plan and plans per second.
+//     CPU time per plan and plans per second;
+//   many: ManyPlanner.PlanMany, --per_call requests per call (the pool's
+//     batches in order), one call at a time; the server's CPU time per plan
+//     and plans per second.
 // Each mode makes --passes passes over the pool after one warm-up pass.
 // Targets (issue 29): server CPU per plan <= 1.3 x in process; unary p99 <=
 // 3 x p50. Markdown on stdout: the main table; the server's CPU per plan by
@@ -21,7 +24,8 @@
 //
 //   build/bin/service_overhead --planner_bin build/bin/flashcp-planner
 //       [--cells pile:131072:8,...] [--batches 64] [--passes 3] [--window 64]
-//       [--unary=false] [--stream=false]   (to profile one mode)
+//       [--per_call 8] [--unary=false] [--stream=false] [--many=false]
+//       (to profile one mode)
 #include <dirent.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -50,14 +54,17 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/thread_cpu.h"
+#include "client/many_planner_client.h"
 #include "core/cli.h"
 #include "core/clock.h"
 #include "core/datasets.h"
 #include "core/flags.h"
 #include "core/strategies.h"
+#include "flashcp/v1/plan_many.grpc.pb.h"
 #include "flashcp/v1/planner.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "planner_service/observer.h"
+#include "planner_service/plan_many_service.h"
 #include "proto/convert.h"
 #include "proto/plan_batch.h"
 #include "tests/testing/planner_process.h"
@@ -75,6 +82,8 @@ ABSL_FLAG(int64_t, passes, 10,
 ABSL_FLAG(int64_t, window, 64, "stream: requests in flight, 1 to 4096");
 ABSL_FLAG(bool, unary, true, "run the unary mode (false: its columns read 0; for profiling)");
 ABSL_FLAG(bool, stream, true, "run the stream mode (false: its columns read 0; for profiling)");
+ABSL_FLAG(bool, many, true, "run the PlanMany mode (false: its columns read 0; for profiling)");
+ABSL_FLAG(int64_t, per_call, 8, "PlanMany: requests per call, 1 to 256");
 
 namespace {
 
@@ -314,6 +323,43 @@ Figures Stream(v1::Planner::Stub& stub, pid_t pid, const std::vector<v1::PlanReq
   return f;
 }
 
+// --passes passes of `requests` through PlanMany, `per_call` requests a call
+// (the last call of a pass takes what is left), one call at a time.
+Figures Many(const flashcp::client::ManyPlannerClient& client, pid_t pid,
+             const std::vector<v1::PlanRequest>& requests, int64_t passes, int64_t per_call) {
+  std::vector<v1::PlanManyRequest> calls;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (i % static_cast<size_t>(per_call) == 0) calls.emplace_back();
+    *calls.back().add_requests() = requests[i];
+  }
+  Figures f;
+  double cpu0 = 0;
+  std::map<std::string, double> threads0;
+  Clock::time_point start = Clock::now();
+  for (int64_t pass = 0; pass <= passes; ++pass) {
+    if (pass == 1) {  // after the warm-up pass
+      cpu0 = ProcessCpuSeconds(pid);
+      threads0 = ThreadCpuByName(pid);
+      start = Clock::now();
+    }
+    for (const v1::PlanManyRequest& call : calls) {
+      absl::StatusOr<v1::PlanManyResponse> answer =
+          client.PlanMany(call, flashcp::client::CallOptions{absl::Seconds(60)});
+      if (!answer.ok() || answer->responses_size() != call.requests_size()) {
+        f.errors += call.requests_size();
+        continue;
+      }
+      for (const v1::PlanResponse& r : answer->responses()) f.errors += r.has_error() ? 1 : 0;
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const double plans = static_cast<double>(passes) * static_cast<double>(requests.size());
+  f.cpu_us_per_plan = 1e6 * (ProcessCpuSeconds(pid) - cpu0) / plans;
+  f.threads = ThreadBreakdown(threads0, ThreadCpuByName(pid), plans);
+  f.plans_per_second = plans / seconds;
+  return f;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -328,7 +374,10 @@ int main(int argc, char** argv) {
   absl::StatusOr<int64_t> batches = core::IntFlagIn("batches", absl::GetFlag(FLAGS_batches), 1, 10000);
   absl::StatusOr<int64_t> passes = core::IntFlagIn("passes", absl::GetFlag(FLAGS_passes), 1, 1000);
   absl::StatusOr<int64_t> window = core::IntFlagIn("window", absl::GetFlag(FLAGS_window), 1, 4096);
-  for (const absl::Status& s : {batches.status(), passes.status(), window.status()}) {
+  absl::StatusOr<int64_t> per_call = core::IntFlagIn(
+      "per_call", absl::GetFlag(FLAGS_per_call), 1, flashcp::planner_service::kMaxPlansPerCall);
+  for (const absl::Status& s :
+       {batches.status(), passes.status(), window.status(), per_call.status()}) {
     if (!s.ok()) return core::UsageError("service_overhead", s, std::cerr);
   }
   absl::StatusOr<core::Strategy> strategy = core::ParseStrategy(absl::GetFlag(FLAGS_strategy));
@@ -354,7 +403,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   const pid_t pid = (*planner)->process().pid();
-  auto stub = v1::Planner::NewStub(Channel((*planner)->grpc_address()));
+  const std::shared_ptr<grpc::Channel> channel = Channel((*planner)->grpc_address());
+  auto stub = v1::Planner::NewStub(channel);
+  const flashcp::client::ManyPlannerClient many_client(channel);
   std::printf(
       "%s, %lld batches per cell (seed 1), %lld passes after a warm-up pass; planner %s. "
       "CPU/plan: in process the calling thread's CPU time, service the server process's "
@@ -362,14 +413,16 @@ int main(int argc, char** argv) {
       "service CPU/plan <= 1.3 x in process; p99 <= 3 x p50.\n\n"
       "| data set | C | N | in-process CPU/plan us | p50 ms | p99 ms | unary: server CPU/plan us "
       "| / in process | p50 ms | p99 ms | p99 / p50 | plans/s | stream: server CPU/plan us | "
-      "/ in process | plans/s | errors |\n"
+      "/ in process | plans/s | many (%lld a call): server CPU/plan us | / in process | plans/s "
+      "| errors |\n"
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-      "| --- |\n",
+      "| --- | --- | --- | --- |\n",
       absl::GetFlag(FLAGS_strategy).c_str(), static_cast<long long>(*batches),
       static_cast<long long>(*passes),
       absl::StrJoin(absl::GetFlag(FLAGS_planner_args), " ").c_str(),
       1e6 / static_cast<double>(sysconf(_SC_CLK_TCK)) /
-          static_cast<double>(*passes * *batches));
+          static_cast<double>(*passes * *batches),
+      static_cast<long long>(*per_call));
   int rc = 0;
   std::vector<std::string> breakdown, tails;
   for (const Cell& c : cells) {
@@ -380,19 +433,24 @@ int main(int argc, char** argv) {
     const Figures st = absl::GetFlag(FLAGS_stream)
                            ? Stream(*stub, pid, requests, *passes, *window)
                            : Figures{};
-    const int64_t errors = in.errors + un.errors + st.errors;
+    const Figures mn = absl::GetFlag(FLAGS_many)
+                           ? Many(many_client, pid, requests, *passes, *per_call)
+                           : Figures{};
+    const int64_t errors = in.errors + un.errors + st.errors + mn.errors;
     if (errors != 0) rc = 1;
     std::printf("| %s | %lld | %d | %.0f | %.3f | %.3f | %.0f | %.2f | %.3f | %.3f | %.2f | %.0f "
-                "| %.0f | %.2f | %.0f | %lld |\n",
+                "| %.0f | %.2f | %.0f | %.0f | %.2f | %.0f | %lld |\n",
                 std::string(core::DatasetName(c.dataset)).c_str(),
                 static_cast<long long>(c.context), c.n, in.cpu_us_per_plan, in.p50_ms, in.p99_ms,
                 un.cpu_us_per_plan, un.cpu_us_per_plan / in.cpu_us_per_plan, un.p50_ms, un.p99_ms,
                 un.p99_ms / un.p50_ms, un.plans_per_second, st.cpu_us_per_plan,
                 st.cpu_us_per_plan / in.cpu_us_per_plan, st.plans_per_second,
+                mn.cpu_us_per_plan, mn.cpu_us_per_plan / in.cpu_us_per_plan, mn.plans_per_second,
                 static_cast<long long>(errors));
     std::fflush(stdout);
     breakdown.push_back(absl::StrCat("| ", core::DatasetName(c.dataset), " | ", c.context, " | ",
-                                     c.n, " | ", un.threads, " | ", st.threads, " |\n"));
+                                     c.n, " | ", un.threads, " | ", st.threads, " | ",
+                                     mn.threads, " |\n"));
     tails.push_back(absl::StrFormat(
         "| %s | %d | %d | %.3f / %.3f (%.2f) | %.3f / %.3f (%.2f) | %.3f / %.3f (%.2f) | %.3f / "
         "%.3f (%.2f) |\n",
@@ -402,8 +460,8 @@ int main(int argc, char** argv) {
         un.own_p99_ms / un.own_p50_ms));
   }
   std::printf("\nServer CPU us per plan by thread name (/proc/PID/task/TID/schedstat; live "
-              "threads only):\n\n| data set | C | N | unary | stream |\n| --- | --- | --- | --- "
-              "| --- |\n%s",
+              "threads only):\n\n| data set | C | N | unary | stream | many |\n| --- | --- | --- | "
+              "--- | --- | --- |\n%s",
               absl::StrJoin(breakdown, "").c_str());
   std::printf("\nTails, p50 / p99 ms (p99 / p50): in process wall time and thread CPU time; "
               "unary wall time and the server's CPU time during the call (all its threads, "

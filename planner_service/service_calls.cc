@@ -79,6 +79,12 @@ absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceDeps& dep
   v1::PlanRequest request;
   FLASHCP_RETURN_IF_ERROR(proto::rpc::ParseRaw(bytes, &request));
   *batch_id = request.batch_id();
+  return PrepareParsed(request, deps, tenant);
+}
+
+absl::StatusOr<Prepared> PrepareParsed(const v1::PlanRequest& request, const ServiceDeps& deps,
+                                       const std::string& tenant) {
+  const ServiceConfig& config = deps.config;
   // A named profile is planned with the caller's calibrated fit where it has
   // one, and validated against it (rank_speed), once.
   proto::CostResolver resolve;

@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, 
 
 import grpc
 
-from flashcp_client._gen.flashcp.v1 import (global_batch_pb2, global_batch_pb2_grpc, planner_pb2,
+from flashcp_client._gen.flashcp.v1 import (global_batch_pb2, global_batch_pb2_grpc,
+                                            plan_many_pb2, plan_many_pb2_grpc, planner_pb2,
                                             planner_pb2_grpc)
 
 # Reconnect quickly once a server comes (back) up: gRPC's own backoff grows to
@@ -492,6 +493,25 @@ class Client:
     def _global_batch_stub(self) -> global_batch_pb2_grpc.GlobalBatchPlannerStub:
         self._get_stub()  # this process's channel
         return global_batch_pb2_grpc.GlobalBatchPlannerStub(self._channel)
+
+    def plan_many(self, requests: Iterable[planner_pb2.PlanRequest], *,
+                  timeout: Optional[float] = None) -> List[planner_pb2.PlanResponse]:
+        """PlanMany: several PlanRequests (request()'s, 1 to 256) in one call,
+        planned in order on one planning thread, so that the call's fixed cost
+        is paid once (docs/planner.md, "Several plans per call"). Returns one
+        PlanResponse per request, in order: its plan, or its `error` set (code
+        and message as plan() would raise them; the other items are planned).
+        Retries UNAVAILABLE as plan() does; raises grpc.RpcError for the call's
+        own errors (INVALID_ARGUMENT for no requests, RESOURCE_EXHAUSTED for
+        more than 256 or a full planning queue)."""
+        req = plan_many_pb2.PlanManyRequest(requests=list(requests))
+        resp = self._call(lambda t, ready: self._many_stub().PlanMany(
+            req, timeout=t, wait_for_ready=ready), timeout)
+        return list(resp.responses)
+
+    def _many_stub(self) -> plan_many_pb2_grpc.ManyPlannerStub:
+        self._get_stub()  # this process's channel
+        return plan_many_pb2_grpc.ManyPlannerStub(self._channel)
 
     def list_strategies(self, *, timeout: Optional[float] = None) -> list:
         resp = self._call(lambda t, ready: self._get_stub().ListStrategies(
