@@ -19,9 +19,9 @@ plan_many_pb2 for plan_many).
 from flashcp_client._gen.flashcp.v1 import (global_batch_pb2, global_batch_pb2_grpc,
                                             plan_many_pb2, plan_many_pb2_grpc, planner_pb2,
                                             planner_pb2_grpc)
-from flashcp_client.client import (NO_RETRY, PREFETCH_RETRY, Client, PrefetchError,
+from flashcp_client.client import (NO_RETRY, PREFETCH_RETRY, Client, ItemError, PrefetchError,
                                    Prefetcher, RetriesExhausted, RetryPolicy)
 
-__all__ = ["Client", "NO_RETRY", "PREFETCH_RETRY", "PrefetchError", "Prefetcher", "RetriesExhausted",
-           "RetryPolicy", "global_batch_pb2", "global_batch_pb2_grpc", "plan_many_pb2",
-           "plan_many_pb2_grpc", "planner_pb2", "planner_pb2_grpc"]
+__all__ = ["Client", "ItemError", "NO_RETRY", "PREFETCH_RETRY", "PrefetchError", "Prefetcher",
+           "RetriesExhausted", "RetryPolicy", "global_batch_pb2", "global_batch_pb2_grpc",
+           "plan_many_pb2", "plan_many_pb2_grpc", "planner_pb2", "planner_pb2_grpc"]

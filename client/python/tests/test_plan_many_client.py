@@ -5,7 +5,7 @@ the server's exact codes."""
 import grpc
 import pytest
 
-from flashcp_client import Client, planner_pb2
+from flashcp_client import Client, ItemError, PrefetchError, Prefetcher, planner_pb2
 
 DOCS = [5000, 300, 1200, 7000, 64, 2500, 900, 3100]
 
@@ -70,3 +70,60 @@ def test_256_requests_are_planned(client):
     got = client.plan_many([Client.request([5, 3], 2, batch_id=i) for i in range(256)])
     assert [r.batch_id for r in got] == list(range(256))
     assert not any(r.HasField("error") for r in got)
+
+
+class CountingClient(Client):
+    """Counts Plan and PlanMany calls, to check how a Prefetcher sends."""
+
+    def __init__(self, target):
+        super().__init__(target, timeout=60)
+        self.plan_calls = 0
+        self.many_calls = []  # requests per PlanMany call
+
+    def plan_async(self, *args, **kwargs):
+        self.plan_calls += 1
+        return super().plan_async(*args, **kwargs)
+
+    def plan_many_async(self, requests, **kwargs):
+        requests = list(requests)
+        self.many_calls.append(len(requests))
+        return super().plan_many_async(requests, **kwargs)
+
+
+def test_prefetcher_sends_plans_per_call_items_per_plan_many(planner_address):
+    items = [{"lens": [i + 1] * (4 + (i * 37) % 300), "step": i} for i in range(19)]
+    client = CountingClient(planner_address)
+    got = []
+    for item, plan in Prefetcher(client, items, cp_size=4, strategy="ring", depth=4,
+                                 plans_per_call=8, first_batch_id=100,
+                                 doc_lens=lambda item: item["lens"]):
+        assert plan.batch_id == 100 + item["step"]
+        want = client.plan(item["lens"], 4, "ring", batch_id=100 + item["step"])
+        assert _without_time(plan) == _without_time(want)
+        got.append(item["step"])
+    assert got == list(range(19))
+    assert client.many_calls == [8, 8, 3]
+    assert client.plan_calls == 0  # no Plan call: client.plan() above is not plan_async
+    client.close()
+
+
+def test_prefetcher_raises_the_failed_items_error_in_place_per_call(client):
+    items = [[8, 8], [9, 9], [1, 1], [10, 10]]  # the third has 2 tokens for 4 ranks
+    with pytest.raises(grpc.RpcError) as want:
+        client.plan([1, 1], 4, "ring")
+    got = []
+    with pytest.raises(PrefetchError) as err:
+        for item, plan in Prefetcher(client, items, cp_size=4, strategy="ring", depth=3,
+                                     plans_per_call=3):
+            got.append(list(plan.doc_lens))
+    assert got == [[8, 8], [9, 9]]
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.value.position, err.value.batch_id) == (2, 2)
+    assert err.value.details() == f"item 2 (batch_id 2): {want.value.details()}"
+    assert isinstance(err.value.cause, ItemError)
+
+
+def test_prefetcher_rejects_bad_plans_per_call(client):
+    for bad in (0, 257):
+        with pytest.raises(ValueError, match=f"plans_per_call must be in \\[1, 256\\], got {bad}"):
+            Prefetcher(client, [], cp_size=2, plans_per_call=bad)
