@@ -257,18 +257,22 @@ TEST_F(PlanManyTest, AFullQueueRefusesAndADeadlineDropsTheQueuedCall) {
     first_status = s;
     first_done.Notify();
   });
-  const absl::Time deadline = absl::Now() + kWait;
-  while (absl::Now() < deadline) {  // until the server has queued it
+  {  // until the server has queued it
     absl::MutexLock lock(&observer_.mu);
-    if (observer_.depth == 1) break;
-    observer_.mu.AwaitWithTimeout(absl::Condition(
-                                      +[](int64_t* d) { return *d == 1; }, &observer_.depth),
-                                  absl::Milliseconds(100));
+    ASSERT_TRUE(observer_.mu.AwaitWithTimeout(
+        absl::Condition(+[](int64_t* d) { return *d == 1; }, &observer_.depth), kWait));
   }
   EXPECT_THAT(client_->PlanMany(many),
               StatusIs(absl::StatusCode::kResourceExhausted, ::testing::HasSubstr("queue")));
   ASSERT_TRUE(first_done.WaitForNotificationWithTimeout(kWait));
   EXPECT_EQ(first_status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  {  // the server sees the call end (OnCancel) after the client's deadline fired
+    absl::MutexLock lock(&observer_.mu);
+    EXPECT_TRUE(observer_.mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::vector<std::string>* done) { return done->size() == 2; }, &observer_.done),
+        kWait));
+  }
   server_->ReleasePlanning();
   server_->Shutdown();
   absl::MutexLock lock(&observer_.mu);
