@@ -13,8 +13,10 @@
 //   stream: one PlanStream keeping --window requests in flight; the server's
 //     CPU time per plan and plans per second;
 //   many: ManyPlanner.PlanMany, --per_call requests per call (the pool's
-//     batches in order), one call at a time; the server's CPU time per plan
-//     and plans per second.
+//     batches in order), --many_window calls in flight (1: one at a time,
+//     through client::ManyPlannerClient; more: gRPC's async stub, as a
+//     Prefetcher keeps them); the server's CPU time per plan and plans per
+//     second.
 // Each mode makes one warm-up pass, then --passes timed passes over the
 // pool, the modes interleaved pass by pass (in process, unary, stream, many,
 // in process, ...), so that a shared machine's drifting load weighs on all
@@ -28,7 +30,7 @@
 //
 //   build/bin/service_overhead --planner_bin build/bin/flashcp-planner
 //       [--cells pile:131072:8,...] [--batches 64] [--passes 3] [--window 64]
-//       [--per_call 8] [--unary=false] [--stream=false] [--many=false]
+//       [--per_call 8] [--many_window 1] [--unary=false] [--stream=false] [--many=false]
 //       (to profile one mode)
 #include <dirent.h>
 #include <sys/types.h>
@@ -86,6 +88,7 @@ ABSL_FLAG(bool, unary, true, "run the unary mode (false: its columns read 0; for
 ABSL_FLAG(bool, stream, true, "run the stream mode (false: its columns read 0; for profiling)");
 ABSL_FLAG(bool, many, true, "run the PlanMany mode (false: its columns read 0; for profiling)");
 ABSL_FLAG(int64_t, per_call, 8, "PlanMany: requests per call, 1 to 256");
+ABSL_FLAG(int64_t, many_window, 1, "PlanMany: calls in flight, 1 to 64");
 
 namespace {
 
@@ -341,19 +344,70 @@ std::vector<v1::PlanManyRequest> ManyCalls(const std::vector<v1::PlanRequest>& r
   return calls;
 }
 
-// One pass of PlanMany calls, one at a time; the count of plans not answered
+// The plans of `call` that `answer` (null: the call failed) does not answer
 // with a plan.
-int64_t ManyPass(const flashcp::client::ManyPlannerClient& client,
-                 const std::vector<v1::PlanManyRequest>& calls) {
+int64_t ManyErrors(const v1::PlanManyRequest& call, const v1::PlanManyResponse* answer) {
+  if (answer == nullptr || answer->responses_size() != call.requests_size()) {
+    return call.requests_size();
+  }
+  int64_t errors = 0;
+  for (const v1::PlanResponse& r : answer->responses()) errors += r.has_error() ? 1 : 0;
+  return errors;
+}
+
+// One pass of PlanMany calls, `window` in flight (gRPC's async stub); the
+// count of plans not answered with a plan.
+int64_t ManyPassInFlight(v1::ManyPlanner::Stub& stub,
+                         const std::vector<v1::PlanManyRequest>& calls, int64_t window) {
+  struct Call {
+    grpc::ClientContext context;
+    v1::PlanManyResponse answer;
+  };
+  struct State {
+    int64_t in_flight = 0;
+    int64_t limit = 0;
+    int64_t errors = 0;
+    size_t done = 0;
+    size_t total = 0;
+    bool Open() const { return in_flight < limit; }
+    bool AllDone() const { return done == total; }
+  };
+  std::vector<std::unique_ptr<Call>> slots(calls.size());
+  absl::Mutex mu;
+  State state{0, window, 0, 0, calls.size()};
+  for (size_t i = 0; i < calls.size(); ++i) {
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(&state, &State::Open));
+      ++state.in_flight;
+    }
+    slots[i] = std::make_unique<Call>();
+    slots[i]->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    stub.async()->PlanMany(&slots[i]->context, &calls[i], &slots[i]->answer,
+                           [&, i](grpc::Status status) {
+                             const int64_t e = ManyErrors(
+                                 calls[i], status.ok() ? &slots[i]->answer : nullptr);
+                             absl::MutexLock lock(&mu);
+                             state.errors += e;
+                             --state.in_flight;
+                             ++state.done;
+                           });
+  }
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(&state, &State::AllDone));
+  return state.errors;
+}
+
+// One pass of PlanMany calls, one at a time (client::ManyPlannerClient), or
+// `window` in flight; the count of plans not answered with a plan.
+int64_t ManyPass(const flashcp::client::ManyPlannerClient& client, v1::ManyPlanner::Stub& stub,
+                 const std::vector<v1::PlanManyRequest>& calls, int64_t window) {
+  if (window > 1) return ManyPassInFlight(stub, calls, window);
   int64_t errors = 0;
   for (const v1::PlanManyRequest& call : calls) {
-    absl::StatusOr<v1::PlanManyResponse> answer =
+    const absl::StatusOr<v1::PlanManyResponse> answer =
         client.PlanMany(call, flashcp::client::CallOptions{absl::Seconds(60)});
-    if (!answer.ok() || answer->responses_size() != call.requests_size()) {
-      errors += call.requests_size();
-      continue;
-    }
-    for (const v1::PlanResponse& r : answer->responses()) errors += r.has_error() ? 1 : 0;
+    errors += ManyErrors(call, answer.ok() ? &*answer : nullptr);
   }
   return errors;
 }
@@ -374,8 +428,10 @@ int main(int argc, char** argv) {
   absl::StatusOr<int64_t> window = core::IntFlagIn("window", absl::GetFlag(FLAGS_window), 1, 4096);
   absl::StatusOr<int64_t> per_call = core::IntFlagIn(
       "per_call", absl::GetFlag(FLAGS_per_call), 1, flashcp::planner_service::kMaxPlansPerCall);
-  for (const absl::Status& s :
-       {batches.status(), passes.status(), window.status(), per_call.status()}) {
+  absl::StatusOr<int64_t> many_window =
+      core::IntFlagIn("many_window", absl::GetFlag(FLAGS_many_window), 1, 64);
+  for (const absl::Status& s : {batches.status(), passes.status(), window.status(),
+                                per_call.status(), many_window.status()}) {
     if (!s.ok()) return core::UsageError("service_overhead", s, std::cerr);
   }
   absl::StatusOr<core::Strategy> strategy = core::ParseStrategy(absl::GetFlag(FLAGS_strategy));
@@ -404,6 +460,7 @@ int main(int argc, char** argv) {
   const std::shared_ptr<grpc::Channel> channel = Channel((*planner)->grpc_address());
   auto stub = v1::Planner::NewStub(channel);
   const flashcp::client::ManyPlannerClient many_client(channel);
+  auto many_stub = v1::ManyPlanner::NewStub(channel);
   std::printf(
       "%s, %lld batches per cell (seed 1), %lld passes after a warm-up pass, the modes "
       "interleaved pass by pass; planner %s. CPU/plan: in process the calling thread's CPU "
@@ -411,14 +468,14 @@ int main(int argc, char** argv) {
       "timed pass). Targets: service CPU/plan <= 1.3 x in process; p99 <= 3 x p50.\n\n"
       "| data set | C | N | in-process CPU/plan us | p50 ms | p99 ms | unary: server CPU/plan us "
       "| / in process | p50 ms | p99 ms | p99 / p50 | plans/s | stream: server CPU/plan us | "
-      "/ in process | plans/s | many (%lld a call): server CPU/plan us | / in process | plans/s "
+      "/ in process | plans/s | many (%lld a call, %lld in flight): server CPU/plan us | / in process | plans/s "
       "| errors |\n"
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
       "| --- | --- | --- | --- |\n",
       absl::GetFlag(FLAGS_strategy).c_str(), static_cast<long long>(*batches),
       static_cast<long long>(*passes),
       absl::StrJoin(absl::GetFlag(FLAGS_planner_args), " ").c_str(),
-      static_cast<long long>(*per_call));
+      static_cast<long long>(*per_call), static_cast<long long>(*many_window));
   int rc = 0;
   std::vector<std::string> breakdown, tails;
   for (const Cell& c : cells) {
@@ -433,7 +490,7 @@ int main(int argc, char** argv) {
     InProcessPass(requests, nullptr);
     if (unary) UnaryPass(*stub, pid, requests, nullptr);
     if (stream) st_t.errors += StreamPass(*stub, requests, *window);
-    if (many) mn_t.errors += ManyPass(many_client, calls);
+    if (many) mn_t.errors += ManyPass(many_client, *many_stub, calls, *many_window);
     const double stat0 = ProcessCpuSeconds(pid);
     for (int64_t pass = 0; pass < *passes; ++pass) {
       InProcessPass(requests, &in_t);
@@ -441,7 +498,7 @@ int main(int argc, char** argv) {
       if (stream) {
         TimeServerPass(pid, n, st_t, [&] { st_t.errors += StreamPass(*stub, requests, *window); });
       }
-      if (many) TimeServerPass(pid, n, mn_t, [&] { mn_t.errors += ManyPass(many_client, calls); });
+      if (many) TimeServerPass(pid, n, mn_t, [&] { mn_t.errors += ManyPass(many_client, *many_stub, calls, *many_window); });
     }
     const double stat_seconds = ProcessCpuSeconds(pid) - stat0;
     const double schedstat_seconds = un_t.cpu_seconds + st_t.cpu_seconds + mn_t.cpu_seconds;

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "proto/convert.h"
 #include "proto/rpc/grpc_status.h"
 
 namespace flashcp::client {
@@ -37,8 +38,7 @@ absl::StatusOr<std::vector<absl::StatusOr<v1::PlanResponse>>> ManyPlannerClient:
   out.reserve(requests.size());
   for (v1::PlanResponse& r : *answer->mutable_responses()) {
     if (r.has_error()) {
-      out.emplace_back(absl::Status(static_cast<absl::StatusCode>(r.error().code()),
-                                    r.error().message()));
+      out.emplace_back(proto::ErrorFromProto(r.error()));
     } else {
       out.emplace_back(std::move(r));
     }

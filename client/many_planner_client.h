@@ -28,7 +28,8 @@ class ManyPlannerClient {
                                                 const CallOptions& options = {}) const;
 
   // The same with each answer as a status: an item's error becomes its
-  // status (code and message), as Plan would have returned it.
+  // status (proto::ErrorFromProto: code and message), as Plan would have
+  // returned it.
   absl::StatusOr<std::vector<absl::StatusOr<v1::PlanResponse>>> PlanEach(
       const std::vector<v1::PlanRequest>& requests, const CallOptions& options = {}) const;
 

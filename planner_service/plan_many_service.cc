@@ -92,14 +92,9 @@ grpc::ServerUnaryReactor* ManyPlannerService::PlanMany(grpc::CallbackServerConte
         "; send fewer per call")));
     return reactor;
   }
-  const core::Clock* clock = deps_.clock;
-  core::StopToken stop([context, clock, received] {
-    return context->IsCancelled() ? DroppedStatus(*context, *clock, received)
-                                  : absl::OkStatus();
-  });
   reactor->Start(deps_.pool, context->peer(),
                  [deps = &deps_, tenant = CallerOf(*context).calibration.tenant,
-                  many = std::move(many), stop = std::move(stop)]()
+                  many = std::move(many), stop = CallStopToken(context, deps_.clock, received)]()
                      -> absl::StatusOr<grpc::ByteBuffer> {
                    FLASHCP_ASSIGN_OR_RETURN(const v1::PlanManyResponse answers,
                                             PlanEach(*deps, tenant, many, stop));

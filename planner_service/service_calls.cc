@@ -105,6 +105,13 @@ absl::StatusOr<Prepared> PrepareParsed(const v1::PlanRequest& request, const Ser
   return Prepared{std::move(input), bound};
 }
 
+core::StopToken CallStopToken(const grpc::CallbackServerContext* context,
+                              const core::Clock* clock, absl::Time received) {
+  return core::StopToken([context, clock, received] {
+    return context->IsCancelled() ? DroppedStatus(*context, *clock, received) : absl::OkStatus();
+  });
+}
+
 // The pool `strategy` plans on: the ILP has its own, so that its long plans
 // never hold the threads the other strategies' quick ones need.
 PlanningPool* PoolFor(const ServiceDeps& deps, core::Strategy strategy) {
