@@ -1,10 +1,13 @@
 """Client.plan_many against the real planner (ManyPlanner.PlanMany): the
 answers equal plan()'s, in order; a bad item's error carries plan()'s exact
 code and message while the others are planned; the call's own errors carry
-the server's exact codes."""
+the server's exact codes. Prefetcher(plans_per_call=k): k items a call, an
+item's error in place, the in-process fallback item by item."""
 import grpc
 import pytest
 
+import flashcp
+import flashcp.planner_process
 from flashcp_client import Client, ItemError, PrefetchError, Prefetcher, planner_pb2
 
 DOCS = [5000, 300, 1200, 7000, 64, 2500, 900, 3100]
@@ -127,3 +130,18 @@ def test_prefetcher_rejects_bad_plans_per_call(client):
     for bad in (0, 257):
         with pytest.raises(ValueError, match=f"plans_per_call must be in \\[1, 256\\], got {bad}"):
             Prefetcher(client, [], cp_size=2, plans_per_call=bad)
+
+
+def test_prefetcher_per_call_falls_back_item_by_item_when_the_planner_is_gone(planner_bin):
+    with flashcp.planner_process.start(planner_bin) as address:
+        pass  # started and stopped: nothing listens on its port now
+    batches = [[300, 5, 1, 77], [64, 32, 16], [1000, 24], [7, 7, 7, 7, 100], [50, 50]]
+    with Client(address, timeout=10) as c:
+        pre = Prefetcher(c, batches, 2, "flashcp", depth=2, plans_per_call=2,
+                         first_batch_id=100, fallback=flashcp.plan)
+        got = list(pre)
+    assert [item for item, _ in got] == batches
+    for k, (item, plan) in enumerate(got):
+        want = flashcp.plan(item, 2, "flashcp", batch_id=100 + k)
+        assert _without_time(plan) == _without_time(want), k
+    assert pre.fallback_plans == len(batches)
