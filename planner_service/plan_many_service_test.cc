@@ -237,6 +237,21 @@ TEST_F(PlanManyTest, AnswersThatMayPassTheResponseBoundTogetherAreRefused) {
                                     "); send fewer per call")));
 }
 
+// The whole message is bounded by the server's receive limit (gRPC refuses a
+// larger one before the service sees it).
+TEST_F(PlanManyTest, AMessageAboveTheReceiveLimitIsResourceExhausted) {
+  ServerOptions o;
+  o.max_message_bytes = 200;
+  Start(o);
+  const v1::PlanRequest r = PlanRequestOf(1, std::vector<int64_t>(20, 100), 2);
+  const v1::PlanManyRequest fits = Many({r}),
+                           larger = Many(std::vector<v1::PlanRequest>(10, r));
+  ASSERT_LT(fits.ByteSizeLong(), 200u);
+  ASSERT_GT(larger.ByteSizeLong(), 200u);
+  EXPECT_THAT(client_->PlanMany(fits), IsOk());
+  EXPECT_THAT(client_->PlanMany(larger).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
 // A call waits for the pool as Plan's do: a full queue refuses it; one whose
 // client stops waiting is taken out of the queue and never planned.
 TEST_F(PlanManyTest, AFullQueueRefusesAndADeadlineDropsTheQueuedCall) {
