@@ -468,7 +468,8 @@ int main(int argc, char** argv) {
       "timed pass). Targets: service CPU/plan <= 1.3 x in process; p99 <= 3 x p50.\n\n"
       "| data set | C | N | in-process CPU/plan us | p50 ms | p99 ms | unary: server CPU/plan us "
       "| / in process | p50 ms | p99 ms | p99 / p50 | plans/s | stream: server CPU/plan us | "
-      "/ in process | plans/s | many (%lld a call, %lld in flight): server CPU/plan us | / in process | plans/s "
+      "/ in process | plans/s | many (%lld a call, %lld in flight): server CPU/plan us | "
+      "/ in process | plans/s "
       "| errors |\n"
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
       "| --- | --- | --- | --- |\n",
@@ -498,7 +499,11 @@ int main(int argc, char** argv) {
       if (stream) {
         TimeServerPass(pid, n, st_t, [&] { st_t.errors += StreamPass(*stub, requests, *window); });
       }
-      if (many) TimeServerPass(pid, n, mn_t, [&] { mn_t.errors += ManyPass(many_client, *many_stub, calls, *many_window); });
+      if (many) {
+        TimeServerPass(pid, n, mn_t, [&] {
+          mn_t.errors += ManyPass(many_client, *many_stub, calls, *many_window);
+        });
+      }
     }
     const double stat_seconds = ProcessCpuSeconds(pid) - stat0;
     const double schedstat_seconds = un_t.cpu_seconds + st_t.cpu_seconds + mn_t.cpu_seconds;

@@ -21,6 +21,7 @@
 #include "planner_service/server.h"
 #include "proto/convert.h"
 #include "proto/plan_batch.h"
+#include "proto/rpc/grpc_status.h"
 #include "tests/testing/expected_plans.h"
 
 namespace flashcp::planner_service {
@@ -86,7 +87,7 @@ class PlanManyTest : public ::testing::Test {
     grpc::ClientContext context;
     v1::PlanResponse response;
     const grpc::Status s = stub->Plan(&context, r, &response);
-    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    if (!s.ok()) return proto::rpc::FromGrpcStatus(s);
     return response;
   }
 
@@ -167,7 +168,8 @@ TEST_F(PlanManyTest, IlpIsAnItemsUnimplementedEvenWhereAllowed) {
   ServerOptions o;
   o.allow_ilp = true;
   Start(o);
-  auto answers = client_->PlanEach({PlanRequestOf(1, {5, 3}, 2, "ilp"), PlanRequestOf(2, {5, 3}, 2)});
+  auto answers =
+      client_->PlanEach({PlanRequestOf(1, {5, 3}, 2, "ilp"), PlanRequestOf(2, {5, 3}, 2)});
   ASSERT_THAT(answers, IsOk());
   EXPECT_THAT((*answers)[0],
               StatusIs(absl::StatusCode::kUnimplemented,
