@@ -33,10 +33,7 @@ absl::StatusOr<proto::GlobalBatchInput> Prepare(const ServiceDeps& deps,
   }
   SetIlpBudget(deps, received, input.replica);
   input.replica.options.ilp.solver = core::ilp::Solve;  // this binary links the ILP
-  const core::Clock* clock = deps.clock;
-  input.replica.options.stop = core::StopToken([context, clock, received] {
-    return context->IsCancelled() ? DroppedStatus(*context, *clock, received) : absl::OkStatus();
-  });
+  input.replica.options.stop = CallStopToken(context, deps.clock, received);
   return input;
 }
 

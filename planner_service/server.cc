@@ -257,6 +257,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   deps.report_limiter = s->report_limiter_.get();
   s->pipeline_service_ = std::make_unique<PipelinePlannerService>(deps);
   s->global_batch_service_ = std::make_unique<GlobalBatchPlannerService>(deps);
+  s->many_service_ = std::make_unique<ManyPlannerService>(deps);
   s->service_ = std::make_unique<PlannerService>(std::move(deps));
 
   s->rendezvous_ = std::make_unique<RendezvousHost>(options.rendezvous, /*clock=*/nullptr,
@@ -284,6 +285,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
               builder.RegisterService(server->service_.get());
               builder.RegisterService(server->pipeline_service_.get());
               builder.RegisterService(server->global_batch_service_.get());
+              builder.RegisterService(server->many_service_.get());
             }
             if (ServesRendezvous(server->options_.serve)) {
               builder.RegisterService(server->rendezvous_->service());

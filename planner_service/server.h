@@ -25,6 +25,7 @@
 #include "planner_service/rate_limiter.h"
 #include "planner_service/rendezvous_service.h"
 #include "planner_service/global_batch_service.h"
+#include "planner_service/plan_many_service.h"
 #include "planner_service/pipeline_service.h"
 #include "planner_service/service.h"
 #include "prometheus/registry.h"
@@ -148,6 +149,7 @@ class PlannerServer {
   std::unique_ptr<PlannerService> service_;
   std::unique_ptr<PipelinePlannerService> pipeline_service_;  // flashcp.v1.PipelinePlanner
   std::unique_ptr<GlobalBatchPlannerService> global_batch_service_;  // flashcp.v1.GlobalBatchPlanner
+  std::unique_ptr<ManyPlannerService> many_service_;  // flashcp.v1.ManyPlanner
   std::unique_ptr<RendezvousHost> rendezvous_;  // flashcp.v1.Rendezvous, for worker groups
   core::RealClock watchdog_clock_;
   std::unique_ptr<core::runtime::listener::ResilientServer> server_;

@@ -79,6 +79,12 @@ absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceDeps& dep
   v1::PlanRequest request;
   FLASHCP_RETURN_IF_ERROR(proto::rpc::ParseRaw(bytes, &request));
   *batch_id = request.batch_id();
+  return PrepareParsed(request, deps, tenant);
+}
+
+absl::StatusOr<Prepared> PrepareParsed(const v1::PlanRequest& request, const ServiceDeps& deps,
+                                       const std::string& tenant) {
+  const ServiceConfig& config = deps.config;
   // A named profile is planned with the caller's calibrated fit where it has
   // one, and validated against it (rank_speed), once.
   proto::CostResolver resolve;
@@ -97,6 +103,13 @@ absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceDeps& dep
   input.options.ilp.solver = core::ilp::Solve;
   FLASHCP_ASSIGN_OR_RETURN(const int64_t bound, proto::CheckPlanBounds(input, config.bounds));
   return Prepared{std::move(input), bound};
+}
+
+core::StopToken CallStopToken(const grpc::CallbackServerContext* context,
+                              const core::Clock* clock, absl::Time received) {
+  return core::StopToken([context, clock, received] {
+    return context->IsCancelled() ? DroppedStatus(*context, *clock, received) : absl::OkStatus();
+  });
 }
 
 // The pool `strategy` plans on: the ILP has its own, so that its long plans

@@ -51,6 +51,17 @@ struct Prepared {
 absl::StatusOr<Prepared> Prepare(grpc::ByteBuffer* bytes, const ServiceDeps& deps,
                                  const std::string& tenant, uint64_t* batch_id);
 
+// The same for a message already parsed (an item of PlanMany): validation,
+// the ILP switch and the plan's bounds.
+absl::StatusOr<Prepared> PrepareParsed(const v1::PlanRequest& request, const ServiceDeps& deps,
+                                       const std::string& tenant);
+
+// The StopToken of a call's plans: stop once the call is cancelled or its
+// deadline passes (gRPC cancels it then), with DroppedStatus's reason.
+// `context` and `clock` must outlive the plans (until the call finishes).
+core::StopToken CallStopToken(const grpc::CallbackServerContext* context,
+                              const core::Clock* clock, absl::Time received);
+
 // The pool `strategy` plans on: the ILP has its own, so that its long plans
 // never hold the threads the other strategies' quick ones need.
 PlanningPool* PoolFor(const ServiceDeps& deps, core::Strategy strategy);

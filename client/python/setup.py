@@ -3,7 +3,8 @@ flashcp_client), generating flashcp_client's gRPC stubs from the proto.
 
 The proto is read from $FLASHCP_PROTO_DIR, else ../../proto (this file's place
 in the FlashCP tree: the canonical proto), else ./proto, the copy committed
-inside this folder (proto/flashcp/v1/planner.proto and global_batch.proto,
+inside this folder (proto/flashcp/v1/planner.proto, global_batch.proto and
+plan_many.proto,
 kept byte-identical to the canonical ones by tests/test_wheel.py), so that a
 copy of client/python alone, or its sdist, builds the wheel. grpc_tools.protoc
 writes <name>_pb2.py and <name>_pb2_grpc.py into flashcp_client/_gen/ inside
@@ -19,8 +20,8 @@ from setuptools.command.sdist import sdist
 
 HERE = pathlib.Path(__file__).resolve().parent
 PROTO = "flashcp/v1/planner.proto"
-# Every proto the client's stubs come from (global_batch imports planner).
-PROTOS = (PROTO, "flashcp/v1/global_batch.proto")
+# Every proto the client's stubs come from (global_batch and plan_many import planner).
+PROTOS = (PROTO, "flashcp/v1/global_batch.proto", "flashcp/v1/plan_many.proto")
 
 
 def proto_dir() -> pathlib.Path:

@@ -9,6 +9,7 @@ inherited one is dropped unused, never closed from the child.
 import collections
 import collections.abc
 import dataclasses
+import itertools
 import logging
 import operator
 import os
@@ -19,7 +20,8 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, 
 
 import grpc
 
-from flashcp_client._gen.flashcp.v1 import (global_batch_pb2, global_batch_pb2_grpc, planner_pb2,
+from flashcp_client._gen.flashcp.v1 import (global_batch_pb2, global_batch_pb2_grpc,
+                                            plan_many_pb2, plan_many_pb2_grpc, planner_pb2,
                                             planner_pb2_grpc)
 
 # Reconnect quickly once a server comes (back) up: gRPC's own backoff grows to
@@ -493,6 +495,38 @@ class Client:
         self._get_stub()  # this process's channel
         return global_batch_pb2_grpc.GlobalBatchPlannerStub(self._channel)
 
+    def plan_many(self, requests: Iterable[planner_pb2.PlanRequest], *,
+                  timeout: Optional[float] = None) -> List[planner_pb2.PlanResponse]:
+        """PlanMany: several PlanRequests (request()'s, 1 to 256) in one call,
+        planned in order on one planning thread, so that the call's fixed cost
+        is paid once (docs/planner.md, "Several plans per call"). Returns one
+        PlanResponse per request, in order: its plan, or its `error` set (code
+        and message as plan() would raise them; the other items are planned).
+        Retries UNAVAILABLE as plan() does; raises grpc.RpcError for the call's
+        own errors (INVALID_ARGUMENT for no requests, RESOURCE_EXHAUSTED for
+        more than 256 or a full planning queue)."""
+        req = plan_many_pb2.PlanManyRequest(requests=list(requests))
+        resp = self._call(lambda t, ready: self._many_stub().PlanMany(
+            req, timeout=t, wait_for_ready=ready), timeout)
+        return list(resp.responses)
+
+    def plan_many_async(self, requests: Iterable[planner_pb2.PlanRequest], *,
+                        timeout: Optional[float] = None,
+                        retry: Optional[RetryPolicy] = None) -> grpc.Future:
+        """As plan_many(), returning a grpc.Future whose .result() is the
+        PlanManyResponse (.responses, one per request, in order) or raises
+        grpc.RpcError; retries as plan_async() does."""
+        req = plan_many_pb2.PlanManyRequest(requests=list(requests))
+        return _RetryingFuture(
+            lambda t: self._many_stub().PlanMany.future(
+                req, timeout=t, wait_for_ready=self._wait_for_ready),
+            self._deadline(timeout), self._retry if retry is None else retry,
+            self._keep_reconnecting)
+
+    def _many_stub(self) -> plan_many_pb2_grpc.ManyPlannerStub:
+        self._get_stub()  # this process's channel
+        return plan_many_pb2_grpc.ManyPlannerStub(self._channel)
+
     def list_strategies(self, *, timeout: Optional[float] = None) -> list:
         resp = self._call(lambda t, ready: self._get_stub().ListStrategies(
             planner_pb2.ListStrategiesRequest(), timeout=t, wait_for_ready=ready), timeout)
@@ -539,6 +573,28 @@ class Client:
         raise AssertionError("unreachable: the loop returns or raises")
 
 
+class ItemError(_FinishedCallError):
+    """One item's error in a PlanMany answer (PlanResponse.error) as the
+    grpc.RpcError plan() would have raised: code() and details()."""
+
+    def __init__(self, error: planner_pb2.Error):
+        self._code = _STATUS_BY_NUMBER.get(error.code, grpc.StatusCode.UNKNOWN)
+        self._details = error.message
+        super().__init__(f"{self._code.name}: {error.message}")
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def _inner(self) -> BaseException:
+        return self
+
+
+_STATUS_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
+
+
 class PrefetchError(_FinishedCallError):
     """A Prefetcher's plan that failed for good: which item (its 0-based
     position in the input and the batch_id its request carried) and why.
@@ -575,6 +631,14 @@ class Prefetcher:
     with the call's code). Closing the iterator early cancels what is still in
     flight.
 
+    plans_per_call: items planned per call. 1 (default): one Plan call per
+    item. k > 1: k consecutive items go out in one PlanMany call
+    (Client.plan_many_async), which pays the service's fixed cost per call
+    once for k plans (docs/planner.md, "Several plans per call"); whenever
+    fewer than `depth` items are in flight the next k are sent, so up to
+    depth + k - 1 are. An item's own error raises PrefetchError as a failed
+    Plan call would, with the same code.
+
     fallback: a planner to use in this process when the service is
     unreachable, called as fallback(doc_lens, cp_size, strategy,
     batch_id=..., **fields) (flashcp.plan fits). An item whose plan fails
@@ -597,9 +661,12 @@ class Prefetcher:
                  timeout: Optional[float] = None, first_batch_id: int = 0,
                  retry: Optional[RetryPolicy] = None,
                  fallback: Optional[Callable[..., planner_pb2.PlanResponse]] = None,
-                 **fields: Any):
+                 plans_per_call: int = 1, **fields: Any):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
+        if not 1 <= operator.index(plans_per_call) <= 256:
+            raise ValueError(f"plans_per_call must be in [1, 256], got {plans_per_call}")
+        self._plans_per_call = operator.index(plans_per_call)
         if "batch_id" in fields:
             raise TypeError("Prefetcher sets each request's batch_id; pass first_batch_id")
         if fallback is not None and not callable(fallback):
@@ -621,32 +688,48 @@ class Prefetcher:
 
     def __iter__(self) -> Iterator[Tuple[Any, planner_pb2.PlanResponse]]:
         items = iter(self._items)
-        window: "collections.deque[Tuple[int, Any, grpc.Future]]" = collections.deque()
+        # (position, item, future, index): index None for a Plan call's
+        # future, else the item's place in its PlanMany call's answer.
+        window: "collections.deque[Tuple[int, Any, grpc.Future, Optional[int]]]" = (
+            collections.deque())
         position = 0
 
         def fill() -> None:
             nonlocal position
             while len(window) < self._depth:
-                try:
-                    item = next(items)
-                except StopIteration:
+                group = list(itertools.islice(items, self._plans_per_call))
+                if not group:
                     return
                 default_retry = PREFETCH_RETRY if self._fallback is None else NO_RETRY
-                fut = self._client.plan_async(self._doc_lens(item), self._cp_size,
-                                              self._strategy, timeout=self._timeout,
-                                              retry=self._retry or default_retry,
-                                              batch_id=self._first_batch_id + position,
-                                              **self._fields)
-                window.append((position, item, fut))
-                position += 1
+                retry = self._retry or default_retry
+                if self._plans_per_call == 1:
+                    fut = self._client.plan_async(self._doc_lens(group[0]), self._cp_size,
+                                                  self._strategy, timeout=self._timeout,
+                                                  retry=retry,
+                                                  batch_id=self._first_batch_id + position,
+                                                  **self._fields)
+                    window.append((position, group[0], fut, None))
+                    position += 1
+                    continue
+                requests = [Client.request(self._doc_lens(item), self._cp_size, self._strategy,
+                                           batch_id=self._first_batch_id + position + i,
+                                           **self._fields) for i, item in enumerate(group)]
+                fut = self._client.plan_many_async(requests, timeout=self._timeout, retry=retry)
+                for i, item in enumerate(group):
+                    window.append((position + i, item, fut, i))
+                position += len(group)
 
         try:
             fill()
             while window:
-                pos, item, fut = window.popleft()
+                pos, item, fut, index = window.popleft()
                 fill()  # keep `depth` in flight while the caller works on this one
                 try:
                     plan = fut.result()
+                    if index is not None:
+                        plan = plan.responses[index]
+                        if plan.HasField("error"):
+                            raise ItemError(plan.error)
                 except grpc.RpcError as err:
                     if self._fallback is None or _code(err) not in _UNREACHABLE:
                         raise PrefetchError(pos, self._first_batch_id + pos, err) from err
@@ -659,7 +742,7 @@ class Prefetcher:
                                   self._first_batch_id + pos, self.fallback_plans)
                 yield item, plan
         finally:
-            for _, _, fut in window:
+            for _, _, fut, _ in window:
                 fut.cancel()
 
     def _plan_here(self, item: Any, batch_id: int,

@@ -10,7 +10,8 @@ import zipfile
 
 PKG = pathlib.Path(__file__).resolve().parents[1]  # client/python
 PROTO = pathlib.Path("flashcp/v1/planner.proto")
-PROTOS = (PROTO, pathlib.Path("flashcp/v1/global_batch.proto"))
+PROTOS = (PROTO, pathlib.Path("flashcp/v1/global_batch.proto"),
+          pathlib.Path("flashcp/v1/plan_many.proto"))
 BUILD_TIMEOUT_S = 300
 
 
@@ -51,6 +52,8 @@ def test_a_copy_of_client_python_alone_builds_the_wheel(tmp_path):
                  "flashcp_client/_gen/flashcp/v1/planner_pb2_grpc.py",
                  "flashcp_client/_gen/flashcp/v1/global_batch_pb2.py",
                  "flashcp_client/_gen/flashcp/v1/global_batch_pb2_grpc.py",
+                 "flashcp_client/_gen/flashcp/v1/plan_many_pb2.py",
+                 "flashcp_client/_gen/flashcp/v1/plan_many_pb2_grpc.py",
                  "flashcp_client/client.py", "flashcp/__init__.py",
                  "flashcp/torch/_attention.py"):
         assert want in names, (want, sorted(names))
