@@ -19,6 +19,7 @@
 #include "proto/convert.h"
 #include "proto/global_batch.h"
 #include "proto/plan_batch.h"
+#include "tests/testing/counting_observer.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -29,23 +30,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-class CountingObserver final : public ServiceObserver {
- public:
-  void OnRequestDone(absl::string_view method, absl::StatusCode code, double) override {
-    absl::MutexLock lock(&mu);
-    done.push_back(std::string(method) + ":" + absl::StatusCodeToString(code));
-  }
-  void OnInflightChange(int delta) override {
-    absl::MutexLock lock(&mu);
-    inflight += delta;
-  }
-  void OnQueueDepth(int64_t) override {}
-  void OnStreamHeldBytes(int64_t) override {}
-  void OnPlanned(core::Strategy, double, const core::PlanMetrics&) override {}
-  absl::Mutex mu;
-  std::vector<std::string> done;
-  int inflight = 0;
-};
+using ::flashcp::tests::testing::CountingObserver;
 
 class GlobalBatchServiceTest : public ::testing::Test {
  public:

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "planner_service/server.h"
 #include "proto/pipeline_convert.h"
+#include "tests/testing/counting_observer.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -22,23 +23,7 @@ using ::flashcp::core::testing::IsOk;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-class CountingObserver final : public ServiceObserver {
- public:
-  void OnRequestDone(absl::string_view method, absl::StatusCode code, double) override {
-    absl::MutexLock lock(&mu);
-    done.push_back(std::string(method) + ":" + absl::StatusCodeToString(code));
-  }
-  void OnInflightChange(int delta) override {
-    absl::MutexLock lock(&mu);
-    inflight += delta;
-  }
-  void OnQueueDepth(int64_t) override {}
-  void OnStreamHeldBytes(int64_t) override {}
-  void OnPlanned(core::Strategy, double, const core::PlanMetrics&) override {}
-  absl::Mutex mu;
-  std::vector<std::string> done;
-  int inflight = 0;
-};
+using ::flashcp::tests::testing::CountingObserver;
 
 class PipelineServiceTest : public ::testing::Test {
  protected:

@@ -23,6 +23,7 @@
 #include "proto/plan_batch.h"
 #include "proto/rpc/grpc_status.h"
 #include "tests/testing/expected_plans.h"
+#include "tests/testing/counting_observer.h"
 
 namespace flashcp::planner_service {
 namespace {
@@ -34,31 +35,7 @@ using ::testing::ElementsAre;
 
 constexpr absl::Duration kWait = absl::Seconds(30);
 
-class CountingObserver final : public ServiceObserver {
- public:
-  void OnRequestDone(absl::string_view method, absl::StatusCode code, double) override {
-    absl::MutexLock lock(&mu);
-    done.push_back(std::string(method) + ":" + absl::StatusCodeToString(code));
-  }
-  void OnInflightChange(int delta) override {
-    absl::MutexLock lock(&mu);
-    inflight += delta;
-  }
-  void OnQueueDepth(int64_t depth) override {
-    absl::MutexLock lock(&mu);
-    this->depth = depth;
-  }
-  void OnStreamHeldBytes(int64_t) override {}
-  void OnPlanned(core::Strategy, double, const core::PlanMetrics&) override {
-    absl::MutexLock lock(&mu);
-    ++planned;
-  }
-  absl::Mutex mu;
-  std::vector<std::string> done;
-  int inflight = 0;
-  int64_t depth = 0;
-  int planned = 0;
-};
+using ::flashcp::tests::testing::CountingObserver;
 
 class PlanManyTest : public ::testing::Test {
  protected:
