@@ -134,7 +134,9 @@ def kernel_double_cases(rank, n, specs):
     reference's max abs, the (query, KV) heads the kernel was made for,
     this position's (query, KV) heads and gqa_order, the kernel calls, the
     bytes sent and received, and the layout's whole and prefixed batch
-    counts."""
+    counts. A rank outside spec["ranks"] (the two-level group) runs its
+    group's scheme of the mixed plan spec["scheme"] through attention()
+    (CPU kernels): errors, reference and bytes only."""
     from flashcp.torch import _two_level as tl
     out = {}
     for key, spec in specs.items():
@@ -146,6 +148,14 @@ def kernel_double_cases(rank, n, specs):
         want = [ft.dispatch(t, ctx) for t in reference(q, k, v, dout, lens)]
         ql, kl, vl = (ft.dispatch(t, ctx).requires_grad_() for t in (q, k, v))
         ranks = spec["ranks"]
+        if rank not in ranks:  # another group of the mixed plan: its own (CPU) scheme
+            o = ft.attention(ql, kl, vl, ctx, scheme=spec["scheme"])
+            o.backward(ft.dispatch(dout, ctx))
+            got = [o.detach(), ql.grad, kl.grad, vl.grad]
+            out[key] = {"err": [float((x.float() - y).abs().max()) for x, y in zip(got, want)],
+                        "ref": [float(y.abs().max()) for y in want],
+                        "moved": (ctx.stats.bytes_sent, ctx.stats.bytes_received)}
+            continue
         lay = ctx.two_level_layout(ranks)
         a = tl.two_level_plan(ctx, hq, hkv, d, ranks)
         made, doubles = [], []
