@@ -143,8 +143,10 @@ run_gtest worker_cuda_cp_step_test 150 --gtest_filter='*BlockDiffusion*'
 # The all-to-all (Ulysses) GPU step (worker/cuda/gpu_a2a_step.h, issue 27):
 # heads over each rank group, N = 1..8, MHA and GQA, plain and cuDNN, against
 # the fp64 reference, bytes equal to the analysis; `check` does not cover it,
-# so this runs always. Never yet run on a GPU (docs/gpu.md).
-run_gtest worker_cuda_cp_step_test 150 --gtest_filter='*AllToAll*'
+# so this runs always. Never yet run on a GPU (docs/gpu.md). With it the
+# two-level scheme through the same step (a GpuCpRank over the head-parallel
+# rows for the KV across nodes): N = 4 and 8, 2 or 4 ranks a node.
+run_gtest worker_cuda_cp_step_test 200 --gtest_filter='*AllToAll*:*TwoLevel*'
 # flashcp.torch's CUDA path (client/python/tests_torch/test_cuda.py: the
 # native module's cuDNN shard attention and attention() on one rank, against
 # the CPU path, and attention() under block diffusion (the masked kernels)
@@ -198,7 +200,7 @@ LD_LIBRARY_PATH=$PY_LD_LIBRARY_PATH python3 tests/gpu/report.py "$RESULTS" | tee
 # ---- 6. The repeating gtests, last so that they cannot crowd out the tables ----
 if [[ ${RUN_GTESTS:-0} == 1 ]]; then
   run_gtest worker_cuda_attention_test 120
-  run_gtest worker_cuda_cp_step_test 150 --gtest_filter='-*BlockDiffusion*:*AllToAll*'
+  run_gtest worker_cuda_cp_step_test 150 --gtest_filter='-*BlockDiffusion*:*AllToAll*:*TwoLevel*'
 fi
 say "done (failed=$FAILED); results in $OUT"
 exit $FAILED
