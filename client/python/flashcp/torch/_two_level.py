@@ -135,9 +135,10 @@ def two_level_on_kernels(q, k, v, ctx: CpContext, a: A2aPlan, lay,
     heads, KV heads) this position's kernels over lay (the CUDA path:
     CpContext.two_level_cuda_kernel; a test double on the CPU). The KV
     exchange across nodes is _attention.py's _Exchange over lay's KV-row
-    fields (grouped batch_isend_irecv both ways). The staging is summed in
-    fp32 in backward (a head-parallel row may be staged for several
-    prefixed runs), rounded once. KV heads go in as they are where
+    fields (grouped batch_isend_irecv both ways). In backward the staging's
+    gradients are summed in fp32 (a head-parallel row may be staged for
+    several prefixed runs) and rounded to bf16 once, then added to the
+    whole batches' dK, dV. KV heads go in as they are where
     a.gqa_order holds, else one copy per query head."""
     from flashcp.torch._attention import _Exchange
     qh, kh, vh = _ToHeads.apply(q, k, v, ctx, a)
