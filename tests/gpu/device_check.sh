@@ -143,15 +143,19 @@ run_gtest worker_cuda_cp_step_test 150 --gtest_filter='*BlockDiffusion*'
 # The all-to-all (Ulysses) GPU step (worker/cuda/gpu_a2a_step.h, issue 27):
 # heads over each rank group, N = 1..8, MHA and GQA, plain and cuDNN, against
 # the fp64 reference, bytes equal to the analysis; `check` does not cover it,
-# so this runs always. Never yet run on a GPU (docs/gpu.md).
-run_gtest worker_cuda_cp_step_test 150 --gtest_filter='*AllToAll*'
+# so this runs always. Never yet run on a GPU (docs/gpu.md). With it the
+# two-level scheme through the same step (a GpuCpRank over the head-parallel
+# rows for the KV across nodes): N = 4 and 8, 2 or 4 ranks a node.
+run_gtest worker_cuda_cp_step_test 200 --gtest_filter='*AllToAll*:*TwoLevel*'
 # flashcp.torch's CUDA path (client/python/tests_torch/test_cuda.py: the
 # native module's cuDNN shard attention and attention() on one rank, against
 # the CPU path, and attention() under block diffusion (the masked kernels)
 # at N = 1, 2, 4 over gloo; test_cuda_cache.py: two steps of one shape class on the
 # long-lived cache build graphs on the first only; test_cuda_all_to_all.py: all_to_all and
-# mixed plans on CUDA tensors against the CPU path at N = 1, 2, 4 over gloo; test_nccl.py:
-# attention() over NCCL (all_to_all included), one process per GPU,
+# mixed plans on CUDA tensors against the CPU path at N = 1, 2, 4 over gloo;
+# test_cuda_two_level.py: a mixed plan's two_level groups on CUDA tensors against the CPU
+# path at N = 4 and 8 over gloo; test_nccl.py:
+# attention() over NCCL (all_to_all and two_level included), one process per GPU,
 # skipped with fewer than 2 GPUs), on the image's python3 and PyTorch: only with a build here
 # (the carried build has no native module) and where python3 has pybind11,
 # pytest and what `import flashcp` needs (grpcio and flashcp_client's
@@ -162,10 +166,11 @@ if [[ $BIN == "$BUILD_DIR/bin" ]] && PYTHONPATH="$ROOT/client/python" \
   if run_stage build-native 180 cmake --build "$BUILD_DIR" -j "$(nproc)" --target _flashcp_native \
        >> "$OUT/gtests.log" 2>&1; then
     LD_LIBRARY_PATH=$PY_LD_LIBRARY_PATH PYTHONPATH="$ROOT/client/python:$BUILD_DIR/python" \
-      run_stage torch_cuda 300 python3 -m pytest -p no:cacheprovider -q -m gpu -rs \
+      run_stage torch_cuda 420 python3 -m pytest -p no:cacheprovider -q -m gpu -rs \
       "$ROOT/client/python/tests_torch/test_cuda.py" \
       "$ROOT/client/python/tests_torch/test_cuda_cache.py" \
       "$ROOT/client/python/tests_torch/test_cuda_all_to_all.py" \
+      "$ROOT/client/python/tests_torch/test_cuda_two_level.py" \
       "$ROOT/client/python/tests_torch/test_nccl.py" >> "$OUT/gtests.log" 2>&1 ||
       { FAILED=1; tail -30 "$OUT/gtests.log"; }
   else
@@ -195,7 +200,7 @@ LD_LIBRARY_PATH=$PY_LD_LIBRARY_PATH python3 tests/gpu/report.py "$RESULTS" | tee
 # ---- 6. The repeating gtests, last so that they cannot crowd out the tables ----
 if [[ ${RUN_GTESTS:-0} == 1 ]]; then
   run_gtest worker_cuda_attention_test 120
-  run_gtest worker_cuda_cp_step_test 150 --gtest_filter='-*BlockDiffusion*:*AllToAll*'
+  run_gtest worker_cuda_cp_step_test 150 --gtest_filter='-*BlockDiffusion*:*AllToAll*:*TwoLevel*'
 fi
 say "done (failed=$FAILED); results in $OUT"
 exit $FAILED

@@ -12,12 +12,14 @@
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
 #include "core/mask.h"
+#include "core/rank_groups.h"
 #include "worker/attention_reference.h"
 #include "worker/cuda/attention_kernels.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/cudnn_attention.h"
 #include "worker/cuda/device_communicator.h"
 #include "worker/mask_reference.h"
+#include "worker/two_level_layout.h"
 
 namespace flashcp::worker::cuda {
 namespace {
@@ -386,7 +388,15 @@ absl::Status RunCheckRank(const core::Plan& plan, const core::CommLayout& layout
   } else {
     FLASHCP_ASSIGN_OR_RETURN(attention, PlainAttention::Create(shape));
   }
-  FLASHCP_ASSIGN_OR_RETURN(CpRankLayout rp, BuildCpRankLayout(plan, layout, r, options.scheme));
+  CpRankLayout rp;
+  if (options.two_level_ranks_per_node > 0) {
+    std::vector<int32_t> all(plan.cp_size);
+    for (int32_t i = 0; i < plan.cp_size; ++i) all[i] = i;
+    FLASHCP_ASSIGN_OR_RETURN(rp, BuildTwoLevelRankLayout(plan, layout, r, std::move(all),
+                                                         options.two_level_ranks_per_node));
+  } else {
+    FLASHCP_ASSIGN_OR_RETURN(rp, BuildCpRankLayout(plan, layout, r, options.scheme));
+  }
   FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> dq_in, UploadBf16(SliceRows(in, in.q, r, hq * d), s));
   FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> dk_in, UploadBf16(SliceRows(in, in.k, r, hkv * d), s));
   FLASHCP_ASSIGN_OR_RETURN(DeviceBuffer<bf16> dv_in, UploadBf16(SliceRows(in, in.v, r, hkv * d), s));
@@ -511,7 +521,16 @@ absl::StatusOr<CpCheck> RunCpCheck(const core::Plan& plan, const CpCheckOptions&
   c.errors.dq = CompareGathered(outs, &RankOut::dq, hq * d, ref.dq, in);
   c.errors.dk = CompareGathered(outs, &RankOut::dk, hkv * d, ref.dk, in);
   c.errors.dv = CompareGathered(outs, &RankOut::dv, hkv * d, ref.dv, in);
-  const core::SchemeBytes& predicted = metrics.bytes[static_cast<int>(options.scheme)];
+  core::SchemeBytes predicted = metrics.bytes[static_cast<int>(options.scheme)];
+  if (const int32_t per_node = options.two_level_ranks_per_node; per_node > 0) {
+    if (options.scheme != core::CommScheme::kAllToAll)
+      return absl::InvalidArgumentError("two_level_ranks_per_node: needs scheme all_to_all");
+    core::RankGroup all{{}, core::CommScheme::kAllToAll, true};
+    for (int32_t i = 0; i < n; ++i) all.ranks.push_back(i);
+    FLASHCP_ASSIGN_OR_RETURN(const core::PlanMetrics m, core::AnalyzePlan(plan, model, per_node));
+    FLASHCP_ASSIGN_OR_RETURN(predicted,
+                             core::GroupedSchemeBytes(plan, m, {all}, model, per_node));
+  }
   for (int32_t r = 0; r < n; ++r) {
     c.bytes_sent.push_back(outs[r].stats.bytes_sent);
     c.bytes_received.push_back(outs[r].stats.bytes_received);

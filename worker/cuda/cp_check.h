@@ -83,6 +83,10 @@ struct CpCheckOptions {
   int device = 0;
   absl::Duration timeout = absl::Seconds(120);
   CpReferenceCache* reference_cache = nullptr;  // optional, owned by the caller
+  // > 0 (scheme kAllToAll): the two-level scheme (core/two_level.h) over one
+  // group of every rank, this many ranks a node; bytes predicted by
+  // core::GroupedSchemeBytes.
+  int32_t two_level_ranks_per_node = 0;
 };
 
 struct CpCheck {
@@ -99,7 +103,8 @@ struct CpCheck {
 // DeviceLocalGroup, each a GpuCpRank on its own streams; O, LSE, dQ, dK, dV
 // gathered from all ranks against the reference over the packed batch, and
 // the bytes each rank moved against the analysis (bf16; KV heads, and Hq for
-// all_to_all, whose LSE stays with the heads and is not compared). The ranks
+// all_to_all, whose LSE stays with the heads and is not compared; the
+// two-level scheme as all_to_all, against core::GroupedSchemeBytes). The ranks
 // run concurrently on the one GPU, so the times are not per-rank compute
 // times; flashcp-gpu-bench measures those one rank after another.
 absl::StatusOr<CpCheck> RunCpCheck(const core::Plan& plan, const CpCheckOptions& options);

@@ -7,6 +7,7 @@
 #include "worker/cuda/a2a_kernels.h"
 #include "worker/cuda/comm_kernels.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/gpu_cp_step.h"
 
 namespace flashcp::worker::cuda {
 namespace {
@@ -49,6 +50,8 @@ absl::StatusOr<std::unique_ptr<GpuAllToAllStep>> GpuAllToAllStep::Create(
   return s;
 }
 
+GpuAllToAllStep::~GpuAllToAllStep() = default;
+
 absl::Status GpuAllToAllStep::Init(const AttentionFactory& make_attention) {
   const int32_t d = shape_.head_dim;
   FLASHCP_ASSIGN_OR_RETURN(heads_,
@@ -66,7 +69,22 @@ absl::Status GpuAllToAllStep::Init(const AttentionFactory& make_attention) {
   attn_kv_ = attention_order ? hkv_ : hq_;
   const AttentionShape local{hq_, attn_kv_, d, shape_.scale};
   FLASHCP_ASSIGN_OR_RETURN(attention_, make_attention(local));
-  if (!plan_.whole_len.empty()) {
+  if (A().two_level) {
+    if (attn_kv_ != hkv_)
+      return absl::UnimplementedError(absl::StrCat(
+          "query_heads: two_level on the GPU step needs position ", j, "'s ", hq_,
+          " query heads to read its ", hkv_, " KV heads in the attention's order (Hq ",
+          shape_.heads_q, ", Hkv ", shape_.heads_kv, ", ", kk, " ranks a node part)"));
+    // The KV-row fields and the attention batches over the S head-parallel
+    // rows, as a targeted layout of S rows.
+    CpRankLayout cross = plan_;
+    cross.collective = Collective::kSendRecv;
+    cross.scheme = core::CommScheme::kTargeted;
+    cross.local_rows = A().rows;
+    cross.a2a = AllToAllLayout{};
+    FLASHCP_ASSIGN_OR_RETURN(cross_, GpuCpRank::Create(std::move(cross), local, *attention_,
+                                                       comm_, compute_));
+  } else if (!plan_.whole_len.empty()) {
     FLASHCP_ASSIGN_OR_RETURN(VarlenBatch b,
                              VarlenBatch::Create(plan_.whole_start, plan_.whole_len,
                                                  plan_.whole_start, plan_.whole_len, local,
@@ -182,9 +200,13 @@ absl::Status GpuAllToAllStep::Forward(const bf16* q, const bf16* k, const bf16* 
                                      "head V copy"));
     }
   }
-  // 3. The group's documents, whole.
+  // 3. The group's documents, whole (two-level: the node part's runs, prefixes from other
+  // nodes staged; GpuCpRank).
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_[0].get(), compute_), ctx, ": event");
-  if (docs_)
+  if (cross_)
+    FLASHCP_RETURN_IF_ERROR(cross_->Forward(qh_.data(), kh_.data(), vh_.data(), oh_.data(),
+                                            lseh_.data()));
+  else if (docs_)
     FLASHCP_RETURN_IF_ERROR(
         attention_->Forward(*docs_, {qh_.data(), kh_.data(), vh_.data(), oh_.data(), lseh_.data()},
                             compute_));
@@ -248,7 +270,9 @@ absl::Status GpuAllToAllStep::Backward(const bf16* dout, bf16* dq, bf16* dk, bf1
       LaunchGatherRowsBf16(gathered_.data(), d_inverse_.data(), s, eq, doh_.data(), compute_));
   // 2. The attention's backward.
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_[2].get(), compute_), ctx, ": event");
-  if (docs_)
+  if (cross_)
+    FLASHCP_RETURN_IF_ERROR(cross_->Backward(doh_.data(), dqh_.data(), dkh_.data(), dvh_.data()));
+  else if (docs_)
     FLASHCP_RETURN_IF_ERROR(attention_->Backward(
         *docs_, {qh_.data(), kh_.data(), vh_.data(), oh_.data(), doh_.data(), lseh_.data(),
                  dqh_.data(), dkh_.data(), dvh_.data()},

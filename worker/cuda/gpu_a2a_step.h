@@ -21,6 +21,17 @@
 // attention's order (query head a reads KV head a / (hq / hkv)), the KV heads
 // go in as they are; otherwise each query head gets its KV head's copy and
 // the copies' gradients are summed in fp32.
+//
+// The two-level scheme (plan.a2a.two_level; two_level_layout.h): the same
+// step over the rank's node part, with the attention replaced by a GpuCpRank
+// over the head-parallel rows (the layout's KV-row fields as a targeted
+// layout of a2a.rows rows, this position's heads): whole runs on their own
+// rows, the KV other nodes need out to the same position there and their
+// prefixes in (one SendRecv each way, the communicator's grouped call), the
+// prefixed runs on the staged KV; its backward returns the received rows'
+// gradients. Bytes: core::TwoLevelGroupPhase's. Only where the position's
+// query heads read its KV heads in the attention's order (Unimplemented
+// naming query_heads otherwise: expanded KV heads would travel across nodes).
 #ifndef FLASHCP_WORKER_CUDA_GPU_A2A_STEP_H_
 #define FLASHCP_WORKER_CUDA_GPU_A2A_STEP_H_
 
@@ -40,6 +51,8 @@
 
 namespace flashcp::worker::cuda {
 
+class GpuCpRank;
+
 // Makes the attention of one position's heads (the all-to-all attends Hq / K
 // query heads, not the model's Hq).
 using AttentionFactory =
@@ -55,13 +68,15 @@ class GpuAllToAllStep {
   static absl::StatusOr<std::unique_ptr<GpuAllToAllStep>> Create(
       const CpRankLayout& plan, const AttentionShape& shape,
       const AttentionFactory& make_attention, DeviceCommunicator& comm, cudaStream_t compute);
+  ~GpuAllToAllStep();
 
   // q, o [local_rows][Hq][D], k, v [local_rows][Hkv][D] bf16, lse
   // [local_rows][Hq] fp32 (zeros); padding rows of o are 0.
   absl::Status Forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse);
   // After Forward: dq, dk, dv as q, k, v (every element written).
   absl::Status Backward(const bf16* dout, bf16* dq, bf16* dk, bf16* dv);
-  // The attention launches' device time (events on the compute stream), ms.
+  // The attention launches' device time (events on the compute stream), ms;
+  // two-level: the whole GpuCpRank step's, its KV exchange included.
   absl::StatusOr<float> ForwardMs() const;
   absl::StatusOr<float> BackwardMs() const;
 
@@ -90,6 +105,7 @@ class GpuAllToAllStep {
   int32_t attn_kv_ = 0;        // KV heads the attention reads: hkv_, or hq_ (expanded)
   std::vector<int32_t> kv_of_;  // per query head of this position: its local KV head
   std::unique_ptr<Attention> attention_;
+  std::unique_ptr<GpuCpRank> cross_;  // two-level: the attention and the KV across nodes
   std::optional<VarlenBatch> docs_;  // the group's documents on the head-parallel rows
   DeviceBuffer<int64_t> d_doc_row_, d_inverse_;  // gathered -> head-parallel, and back
   // Exchange buffers (bf16): send_ per peer at send_first_[i], gathered_

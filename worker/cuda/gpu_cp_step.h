@@ -16,7 +16,9 @@
 //
 // Under all_to_all (plan.collective == kAllToAll) the step is
 // GpuAllToAllStep's (gpu_a2a_step.h): heads, not KV rows, travel, and the
-// log-sum-exps stay with the heads (lse is written as zeros).
+// log-sum-exps stay with the heads (lse is written as zeros). Under the
+// two-level scheme (a2a.two_level) that step runs a GpuCpRank of its own over
+// the head-parallel rows for the KV across nodes.
 //
 // Local tensors (device, row = token, C/N rows, padding rows at the end):
 //   q, o, dout, dq [rows][heads_q][D] bf16; k, v, dk, dv [rows][heads_kv][D]

@@ -167,5 +167,65 @@ TEST(GpuCpStepTest, MatchesReferenceUnderAllToAll) {
   EXPECT_GE(refused, 1);  // groups of 3 cannot split 8 query heads
 }
 
+TEST(GpuCpStepTest, MatchesReferenceUnderTwoLevel) {
+  FLASHCP_SKIP_WITHOUT_GPU();
+  // The two-level scheme (gpu_a2a_step.h over the node part, a GpuCpRank
+  // over the head-parallel rows for the KV across nodes) over one group of
+  // every rank, against the fp64 reference (LSE not compared), bytes equal to
+  // core::GroupedSchemeBytes' (bf16, Hq). (6, 3) over node parts of 2, whose
+  // position 0 reads KV heads 0, 0, 1, is Unimplemented naming query_heads.
+  struct TwoLevelCase {
+    std::vector<int64_t> docs;
+    int32_t n, per_node;
+  };
+  const std::vector<TwoLevelCase> cases = {{{108, 11, 67, 131}, 4, 2},
+                                           {{600, 100, 7, 7, 200, 300}, 8, 2},
+                                           {{512, 512, 300, 1}, 8, 4}};
+  const AttentionShape shapes[] = {{.heads_q = 8, .heads_kv = 8, .head_dim = 64},
+                                   {.heads_q = 8, .heads_kv = 2, .head_dim = 64},
+                                   {.heads_q = 6, .heads_kv = 3, .head_dim = 64}};
+  int ran = 0, refused = 0;
+  for (const TwoLevelCase& c : cases) {
+    for (const AttentionShape& shape : shapes) {
+      if (shape.heads_q % c.per_node != 0) continue;
+      CpReferenceCache cache;
+      const uint64_t seed = std::random_device{}();
+      for (AttentionBackend backend : {AttentionBackend::kPlain, AttentionBackend::kCudnn}) {
+        for (core::Strategy strategy : {core::Strategy::kFlashCp, core::Strategy::kPerDoc}) {
+          auto plan = core::MakePlan(strategy, core::Batch{c.docs, c.n});
+          ASSERT_THAT(plan, IsOk());
+          CpCheckOptions options;
+          options.scheme = core::CommScheme::kAllToAll;
+          options.two_level_ranks_per_node = c.per_node;
+          options.shape = shape;
+          options.backend = backend;
+          options.seed = seed;
+          options.reference_cache = &cache;
+          SCOPED_TRACE(testing::Message()
+                       << (backend == AttentionBackend::kCudnn ? "cudnn " : "plain ")
+                       << core::StrategyName(strategy) << " n=" << c.n
+                       << " per_node=" << c.per_node << " hq=" << shape.heads_q
+                       << " hkv=" << shape.heads_kv << " seed=" << seed);
+          auto check = RunCpCheck(*plan, options);
+          if (check.status().code() == absl::StatusCode::kUnimplemented) {
+            EXPECT_EQ(shape.heads_q, 6);
+            EXPECT_THAT(std::string(check.status().message()), testing::HasSubstr("query_heads"));
+            ++refused;
+            continue;
+          }
+          ASSERT_THAT(check, IsOk());
+          EXPECT_TRUE(check->errors.ok()) << check->errors.ToString();
+          EXPECT_EQ(check->errors.lse.count, 0);  // not compared
+          EXPECT_EQ(check->bytes_sent, check->predicted_sent);
+          EXPECT_EQ(check->bytes_received, check->predicted_received);
+          ++ran;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(ran, 6 * 2 * 2);      // (n, per_node, shape) cases that run, x backends x strategies
+  EXPECT_EQ(refused, 2 * 2 * 2);  // (6, 3) at 2 a node, N = 4 and 8
+}
+
 }  // namespace
 }  // namespace flashcp::worker::cuda

@@ -21,7 +21,9 @@ void* P(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
 // The shard groups of a layout (not block diffusion). Under all_to_all the
 // query-side rows are the head-parallel rows (cp_layout.h's AttentionRows)
-// and the whole shards the group's documents; there are no prefixed shards.
+// and the whole shards the group's documents; there are no prefixed shards,
+// except under the two-level scheme (a2a.two_level: runs of a node part whose
+// prefix came across nodes, staged as the targeted scheme's).
 worker::cuda::ShardAttentionSpec SpecOf(const worker::CpRankLayout& plan, int32_t heads_q,
                                         int32_t heads_kv, int32_t head_dim, float scale) {
   worker::cuda::ShardAttentionSpec spec;

@@ -228,6 +228,29 @@ void BindCpu(py::module_& m) {
                              [](const RankLayout& l) { return l.rank_plan().a2a.two_level; })
       .def_property_readonly("a2a_doc_row",
                              [](const RankLayout& l) { return Int64Bytes(l.rank_plan().a2a.doc_row); })
+      // The attention batches over AttentionRows (C/N local rows, or the
+      // head-parallel rows under all_to_all and two_level): whole shards
+      // (start, rows), and prefixed shards (first query row, query rows, staged
+      // KV rows; staged contiguously in this order, the queries the last rows).
+      .def_property_readonly("whole_batches",
+                             [](const RankLayout& l) {
+                               const flashcp::worker::CpRankLayout& p = l.rank_plan();
+                               std::vector<std::pair<int64_t, int32_t>> out;
+                               for (size_t i = 0; i < p.whole_start.size(); ++i) {
+                                 out.emplace_back(p.whole_start[i], p.whole_len[i]);
+                               }
+                               return out;
+                             })
+      .def_property_readonly("prefix_batches",
+                             [](const RankLayout& l) {
+                               const flashcp::worker::CpRankLayout& p = l.rank_plan();
+                               std::vector<std::tuple<int64_t, int32_t, int32_t>> out;
+                               for (size_t i = 0; i < p.prefix_q_start.size(); ++i) {
+                                 out.emplace_back(p.prefix_q_start[i], p.prefix_q_len[i],
+                                                  p.prefix_kv_len[i]);
+                               }
+                               return out;
+                             })
       .def(
           "a2a_heads",
           [](const RankLayout& l, int32_t query_heads, int32_t kv_heads, int32_t head_dim) {

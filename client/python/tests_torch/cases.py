@@ -440,11 +440,3 @@ def all_to_all_cases(rank, n, specs):
                                  for b in spec.get("refuse", ())]
     return out
 
-
-def two_level_cuda_case(rank, n, spec):
-    """What attention() raises for a two_level group on CUDA tensors: (type, message)."""
-    ctx = ft.CpContext(spec["plan"], rank, doc_lens=spec["doc_lens"],
-                       ranks_per_node=spec["ranks_per_node"])
-    q = torch.zeros(ctx.local_rows, 8, 16, dtype=torch.bfloat16, device="cuda")
-    k = torch.zeros(ctx.local_rows, 2, 16, dtype=torch.bfloat16, device="cuda")
-    return _raises(lambda: ft.attention(q, k, k, ctx, scheme=spec["scheme"]))

@@ -1,7 +1,9 @@
 """The CUDA path on NCCL: one process per GPU (2, and 4 where there are 4),
 attention() in bf16 over an NCCL group (the grouped batch_isend_irecv
 exchange, the plan check's all-gather, CUDA tensors as they are, no host
-staging; all_to_all's head exchange the same grouped call), forward and backward, against dense document-masked attention in
+staging; all_to_all's head exchange the same grouped call; two_level's
+over two nodes of n / 2, its KV exchange across them grouped too), forward
+and backward, against dense document-masked attention in
 fp32 on the same bf16 inputs. Marked gpu; skipped with fewer
 than 2 CUDA devices (CI, the build machines, a one-GPU lease): it has not
 run yet (docs/gpu.md). Tolerance as test_cuda.py's."""
@@ -36,13 +38,17 @@ def _rank(rank, n, store_path, scheme, out):
         hq, hkv, d = 4, 2, 64
         plan = flashcp.plan(DOCS, n, "flashcp", min_shard_tokens=8, heads=hkv, head_dim=d,
                             dtype_bytes=2)
-        ctx = ft.CpContext(plan, rank, doc_lens=DOCS)
+        # two_level: the plan's one rank group of n over two nodes (the
+        # all-to-all within each node's half, the KV across them).
+        per_node = n // 2 if scheme == "two_level" else 0
+        ctx = ft.CpContext(plan, rank, doc_lens=DOCS, ranks_per_node=per_node)
         assert not ctx.host_staged
         q, k, v, dout = cases.global_inputs(sum(DOCS), hq, hkv, d, 3, torch.bfloat16)
         want = [ft.dispatch(t, ctx) for t in cases.reference(q, k, v, dout, DOCS)]
         dev = torch.device("cuda", rank)
         ql, kl, vl = (ft.dispatch(t, ctx).to(dev).requires_grad_() for t in (q, k, v))
-        o = ft.attention(ql, kl, vl, ctx, scheme=scheme)
+        o = ft.attention(ql, kl, vl, ctx, scheme=[(list(range(n)), scheme)] if per_node
+                         else scheme)
         o.backward(ft.dispatch(dout, ctx).to(dev))
         torch.cuda.synchronize()
         got = [t.detach().float().cpu() for t in (o, ql.grad, kl.grad, vl.grad)]
@@ -54,7 +60,7 @@ def _rank(rank, n, store_path, scheme, out):
         out.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
-@pytest.mark.parametrize("scheme", ["targeted", "allgather", "all_to_all"])
+@pytest.mark.parametrize("scheme", ["targeted", "allgather", "all_to_all", "two_level"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_attention_over_nccl_matches_dense_attention(n, scheme):
     if torch.cuda.device_count() < n:

@@ -15,8 +15,10 @@ CUDA: the project's cuDNN path (bf16, worker/cuda/shard_attention.h through
 the binding's CUDA hook), the step as one autograd node that overlaps the
 whole shards' attention with the exchange on a side stream, as the GPU step
 does (_CudaCpAttention); all_to_all on the same kernels over the head-parallel
-rows (_all_to_all.py); a mixed plan's all-gather group point to point among
-its ranks, as on the CPU. The CUDA path has not run on a GPU yet.
+rows (_all_to_all.py), a two_level group on them over its node part's
+head-parallel rows plus the KV across nodes (_two_level.py); a mixed plan's
+all-gather group point to point among its ranks, as on the CPU. The CUDA
+path has not run on a GPU yet.
 """
 import math
 import time
@@ -359,8 +361,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
     each "targeted", "allgather", "full_kv", "all_to_all" or "two_level",
     e.g. what flashcp's choose_schemes chose (the response's groups); each
     rank runs its group's (an all-gather group point to point among its
-    ranks, not under torch.compile; a two_level group, _two_level.py, on CPU
-    tensors with CpContext(ranks_per_node=...) as the plan request's:
+    ranks, not under torch.compile; a two_level group, _two_level.py, with
+    CpContext(ranks_per_node=...) as the plan request's:
     RuntimeError FAILED_PRECONDITION naming ranks_per_node where the group
     does not span nodes in equal parts, or query_heads where a node part's
     size does not divide Hq).
@@ -405,10 +407,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: CpContext,
                 raise NotImplementedError(
                     "scheme: two_level under attention_mask block_diffusion is not built; use "
                     "targeted")
-            if q.device.type == "cuda":
-                raise NotImplementedError(
-                    f"scheme: two_level for ranks {list(ranks)} runs on CPU tensors only; its "
-                    "CUDA path is not built (docs/gpu.md)")
             from flashcp.torch._two_level import attention_two_level
             return attention_two_level(q, k, v, ctx, scale, ranks)
         if scheme in ("allgather", "full_kv") and len(ranks) < ctx.size:

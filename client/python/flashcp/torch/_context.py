@@ -335,8 +335,30 @@ class CpContext:
                                              self.rank, "two_level", block_size=self.block_size,
                                              group=list(group),
                                              ranks_per_node=self.ranks_per_node)
-            lay = self._layouts[key] = SchemeLayout(native_lay, native_lay.a2a_rows)
+            lay = SchemeLayout(native_lay, native_lay.a2a_rows)
+            # Whole rows are head-parallel rows here (the whole batches), not local ones.
+            whole = [torch.arange(start, start + n) for start, n in native_lay.whole_batches]
+            lay.whole_rows = torch.cat(whole) if whole else torch.empty(0, dtype=torch.int64)
+            self._layouts[key] = lay
         return lay
+
+    def two_level_cuda_kernel(self, group: Sequence[int], heads_q: int, heads_kv: int,
+                              head_dim: int, scale: float, device: torch.device):
+        """cuda_kernel's of two_level_layout(group): the cuDNN shard kernels
+        over the head-parallel rows (whole and prefixed batches; heads_q,
+        heads_kv this position's) on the process's long-lived cache of
+        `device` (cached; call with `device` current)."""
+        key = ("cuda", device, "two_level", heads_q, heads_kv, head_dim, float(scale),
+               tuple(group))
+        k = self._kernels.get(key)
+        if k is None:
+            from flashcp.torch._cuda_check import check_native_cuda_runtime
+            from flashcp.torch._cuda_cache import shard_kernel
+            check_native_cuda_runtime(native().__file__)  # one CUDA runtime per process
+            k = shard_kernel(self.two_level_layout(group).native, heads_q, heads_kv, head_dim,
+                             float(scale), device)
+            self._kernels[key] = k
+        return k
 
     def kernel(self, scheme: str, heads: int, head_dim: int, scale: float,
                group: Optional[Sequence[int]] = None):
