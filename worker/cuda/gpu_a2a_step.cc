@@ -240,6 +240,40 @@ absl::Status GpuAllToAllStep::Forward(const bf16* q, const bf16* k, const bf16* 
   return absl::OkStatus();
 }
 
+// Rows [dQ | dK | dV] of this position's heads into heads_buf_, head-parallel
+// order; where each query head had its own copy of its KV head, the copies'
+// gradients are summed onto the KV head in fp32 (then rounded to bf16).
+absl::Status GpuAllToAllStep::PackHeadGradientRows() {
+  const int64_t d = shape_.head_dim, s = A().rows;
+  const int64_t eq = hq_ * d, ekv = hkv_ * d, wj = eq + 2 * ekv;
+  const std::string ctx = absl::StrCat("all_to_all backward rank ", plan_.rank);
+  FLASHCP_RETURN_IF_ERROR(Copy2D(heads_buf_.data(), wj, dqh_.data(), eq, s, eq, "dQ rows"));
+  if (attn_kv_ == hkv_) {
+    FLASHCP_RETURN_IF_ERROR(Copy2D(heads_buf_.data() + eq, wj, dkh_.data(), ekv, s, ekv, "dK rows"));
+    FLASHCP_RETURN_IF_ERROR(
+        Copy2D(heads_buf_.data() + eq + ekv, wj, dvh_.data(), ekv, s, ekv, "dV rows"));
+  } else {
+    for (DeviceBuffer<float>* b : {&acc_kh_, &acc_vh_})
+      FLASHCP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b->data(), 0, b->bytes(), compute_), ctx,
+                                   ": zero");
+    for (int32_t a = 0; a < hq_; ++a) {
+      FLASHCP_RETURN_IF_ERROR(LaunchAccumulateBf16Strided(dkh_.data() + a * d, eq, s, d,
+                                                          acc_kh_.data() + kv_of_[a] * d, ekv,
+                                                          compute_));
+      FLASHCP_RETURN_IF_ERROR(LaunchAccumulateBf16Strided(dvh_.data() + a * d, eq, s, d,
+                                                          acc_vh_.data() + kv_of_[a] * d, ekv,
+                                                          compute_));
+    }
+    // doh_ ([S][hq_][D] >= [S][hkv_][D]) is free once the backward is queued.
+    FLASHCP_RETURN_IF_ERROR(LaunchFloatToBf16(acc_kh_.data(), s * ekv, doh_.data(), compute_));
+    FLASHCP_RETURN_IF_ERROR(Copy2D(heads_buf_.data() + eq, wj, doh_.data(), ekv, s, ekv, "dK rows"));
+    FLASHCP_RETURN_IF_ERROR(LaunchFloatToBf16(acc_vh_.data(), s * ekv, doh_.data(), compute_));
+    FLASHCP_RETURN_IF_ERROR(
+        Copy2D(heads_buf_.data() + eq + ekv, wj, doh_.data(), ekv, s, ekv, "dV rows"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GpuAllToAllStep::Backward(const bf16* dout, bf16* dq, bf16* dk, bf16* dv) {
   if (!forward_done_)
     return absl::FailedPreconditionError("all_to_all backward: no successful forward");
@@ -278,32 +312,8 @@ absl::Status GpuAllToAllStep::Backward(const bf16* dout, bf16* dq, bf16* dk, bf1
                  dqh_.data(), dkh_.data(), dvh_.data()},
         compute_));
   FLASHCP_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_[3].get(), compute_), ctx, ": event");
-  // 3. Rows [dQ | dK | dV] of this position's heads, head-parallel order; a
-  // query head's copy of its KV head summed onto it in fp32 (then bf16).
-  FLASHCP_RETURN_IF_ERROR(Copy2D(heads_buf_.data(), wj, dqh_.data(), eq, s, eq, "dQ rows"));
-  if (attn_kv_ == hkv_) {
-    FLASHCP_RETURN_IF_ERROR(Copy2D(heads_buf_.data() + eq, wj, dkh_.data(), ekv, s, ekv, "dK rows"));
-    FLASHCP_RETURN_IF_ERROR(
-        Copy2D(heads_buf_.data() + eq + ekv, wj, dvh_.data(), ekv, s, ekv, "dV rows"));
-  } else {
-    for (DeviceBuffer<float>* b : {&acc_kh_, &acc_vh_})
-      FLASHCP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b->data(), 0, b->bytes(), compute_), ctx,
-                                   ": zero");
-    for (int32_t a = 0; a < hq_; ++a) {
-      FLASHCP_RETURN_IF_ERROR(LaunchAccumulateBf16Strided(dkh_.data() + a * d, eq, s, d,
-                                                          acc_kh_.data() + kv_of_[a] * d, ekv,
-                                                          compute_));
-      FLASHCP_RETURN_IF_ERROR(LaunchAccumulateBf16Strided(dvh_.data() + a * d, eq, s, d,
-                                                          acc_vh_.data() + kv_of_[a] * d, ekv,
-                                                          compute_));
-    }
-    // doh_ ([S][hq_][D] >= [S][hkv_][D]) is free once the backward is queued.
-    FLASHCP_RETURN_IF_ERROR(LaunchFloatToBf16(acc_kh_.data(), s * ekv, doh_.data(), compute_));
-    FLASHCP_RETURN_IF_ERROR(Copy2D(heads_buf_.data() + eq, wj, doh_.data(), ekv, s, ekv, "dK rows"));
-    FLASHCP_RETURN_IF_ERROR(LaunchFloatToBf16(acc_vh_.data(), s * ekv, doh_.data(), compute_));
-    FLASHCP_RETURN_IF_ERROR(
-        Copy2D(heads_buf_.data() + eq + ekv, wj, doh_.data(), ekv, s, ekv, "dV rows"));
-  }
+  // 3. Rows [dQ | dK | dV] of this position's heads, head-parallel order.
+  FLASHCP_RETURN_IF_ERROR(PackHeadGradientRows());
   // 4. Back to the owners (gathered order).
   FLASHCP_RETURN_IF_ERROR(
       LaunchGatherRowsBf16(heads_buf_.data(), d_doc_row_.data(), s, wj, gathered_.data(), compute_));

@@ -92,6 +92,8 @@ class GpuAllToAllStep {
   int32_t Pos() const { return plan_.a2a.position; }
   // Orders the communicator's stream after the compute stream's work so far.
   absl::Status CommWaitsForCompute(const char* what);
+  // Backward step 3: the attention's dQ, dK, dV as this position's rows.
+  absl::Status PackHeadGradientRows();
   // Row-major strided copy of `rows` rows of `width` elements.
   absl::Status Copy2D(bf16* dst, int64_t dst_pitch, const bf16* src, int64_t src_pitch,
                       int64_t rows, int64_t width, const char* what);
