@@ -114,18 +114,22 @@ def _gather_failed(ctx: CpContext, what: str, e: Exception) -> ExchangeError:
     # address). Probe every peer point to point (one element each way, every
     # wait bounded by the group's timeout): the peers whose transfer fails
     # are named. Ranks that failed the same collective probe each other too.
+    # Each peer's send and receive go as one group (batch_isend_irecv), as
+    # the exchange's do: on NCCL an ungrouped send posted before its receive
+    # can wait forever on a peer doing the same.
     failed = []
     # On the group's device: NCCL moves CUDA tensors only (a CPU probe would fail every peer).
     dev = collective_device(ctx.group)
     one = torch.zeros(1, device=dev)
     peers = [p for p in range(ctx.size) if p != ctx.rank]
     for p in peers:
+        peer = ctx.global_ranks[p]
         try:
-            send = dist.isend(one, ctx.global_ranks[p], ctx.group, tag=_PROBE_TAG)
-            recv = dist.irecv(torch.zeros(1, device=dev), ctx.global_ranks[p], ctx.group,
-                              tag=_PROBE_TAG)
-            send.wait()
-            recv.wait()
+            works = dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, one, peer, ctx.group, _PROBE_TAG),
+                dist.P2POp(dist.irecv, torch.zeros(1, device=dev), peer, ctx.group, _PROBE_TAG)])
+            for w in works:
+                w.wait()
         except RuntimeError:
             failed.append(p)
     named = (f"; no answer from rank{'s' if len(failed) > 1 else ''} "
