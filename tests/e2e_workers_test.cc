@@ -526,6 +526,49 @@ TEST(E2eWorkersTest, ABlockDiffusionRunMovesThePredictedBytes) {
   EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
 }
 
+// The all-to-all (Ulysses) scheme through the real binaries: the group steps
+// flashcp's plans with heads spread over each rank group, and every rank's
+// bytes sent are the plans' bytes[all_to_all] for it (its own counters).
+// 12 heads: every group size a plan of 4 ranks can have (1 to 4) divides it.
+TEST(E2eWorkersTest, AnAllToAllRunMovesThePredictedBytes) {
+  auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
+  ASSERT_THAT(planner.status(), IsOk());
+  constexpr int64_t kSteps = 3;
+  std::vector<Worker> ws = StartGroup("a2a", (*planner)->grpc_address(),
+                                      {"--steps", absl::StrCat(kSteps), "--strategy", "flashcp",
+                                       "--scheme", "all_to_all", "--heads", "12", "--linger",
+                                       "--timeout_s", "30"});
+  ASSERT_EQ(ws.size(), static_cast<size_t>(kRanks));
+  double group_sent = 0;  // a rank alone in its group sends nothing
+  for (const Worker& w : ws) {
+    ASSERT_THAT(AwaitStatus(
+                    w,
+                    [](const v1::WorkerStatus& s) {
+                      return s.state() == v1::WorkerStatus::IDLE && s.steps_done() == kSteps;
+                    },
+                    In(absl::Seconds(120)))
+                    .status(),
+                IsOk());
+    auto scrape = tests::testing::HttpGet(w.metrics, "/metrics", In(absl::Seconds(10)));
+    ASSERT_THAT(scrape.status(), IsOk());
+    const double sent = SumSamples(scrape->body, "flashcp_worker_bytes_sent_total");
+    group_sent += sent;
+    EXPECT_EQ(sent, SumSamples(scrape->body, "flashcp_worker_predicted_bytes_sent_total"))
+        << w.metrics;
+  }
+  EXPECT_GT(group_sent, 0);
+  ASSERT_THAT(ws[1].process->Signal(SIGTERM), IsOk());
+  for (Worker& w : ws) {
+    auto code = w.Finish(In(absl::Seconds(30)));
+    ASSERT_THAT(code.status(), IsOk());
+    EXPECT_EQ(*code, 0) << w.output;
+    EXPECT_THAT(w.output, Not(HasSubstr("the plan predicts")));
+  }
+  EXPECT_THAT(ws[0].output, HasSubstr("RUN {\"strategy\":\"flashcp\",\"scheme\":\"all_to_all\","
+                                      "\"steps\":3,"));
+  EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
+}
+
 TEST(E2eWorkersTest, KilledWorkerFailsTheOthersWithinTheTimeout) {
   auto planner = PlannerProcess::Start(FLASHCP_PLANNER_BIN, {"--threads", "1"});
   ASSERT_THAT(planner.status(), IsOk());

@@ -46,6 +46,8 @@ def attention_case(rank, n, spec):
     # Plain lists: tensors would travel as shared memory the rank frees on exit.
     out = {"global_rows": ctx.global_rows.tolist(), "is_noisy": ctx.is_noisy.tolist(),
            "block_index": ctx.block_index.tolist(), "total_tokens": ctx.total_tokens}
+    # undispatch gives back the 2C rows [noisy ; clean] in the global order.
+    out["roundtrip"] = bool(torch.equal(ft.undispatch(ft.dispatch(q, ctx), ctx), q))
     for scheme in ("targeted", "allgather", "full_kv"):
         ql, kl, vl = (ft.dispatch(t, ctx).requires_grad_() for t in (q, k, v))
         o = ft.attention(ql, kl, vl, ctx, scheme=scheme)

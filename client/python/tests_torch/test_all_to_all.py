@@ -14,8 +14,8 @@ import flashcp
 import cases
 import harness
 
-STRATEGIES = ["llama3", "per_doc", "ring", "zigzag", "whole_doc", "flashcp_paper", "flashcp",
-              "basp", "ilp"]
+STRATEGIES = ["llama3", "per_doc", "ring", "zigzag", "magi", "whole_doc", "flashcp_paper",
+              "flashcp", "csbp", "basp", "ilp"]
 HQ, D = 8, 16
 TOL = 2e-5  # fp32, as test_attention.py
 

@@ -75,6 +75,7 @@ def test_attention_equals_the_dense_fp64_reference(n):
         for res in per_rank:
             r = res[key]
             assert r["total_tokens"] == 2 * c
+            assert r["roundtrip"], key
             rows = torch.tensor(r["global_rows"])
             real = rows < 2 * c
             noisy, block = torch.tensor(r["is_noisy"]), torch.tensor(r["block_index"])
