@@ -172,12 +172,12 @@ void CheckPlan(const Plan& plan, const std::string& where) {
 //    those of documents shorter than 2m (any cut of such a document leaves a
 //    sliver, but that the document must be cut is not shown) and those of
 //    longer documents.
-// The test holds the exact counts at the time of writing on these 10,000
-// batches (splitmix64 seed 20260608), so that any change in either
-// direction is seen and explained. They rest on floating-point workload sums
-// compared with bounds: exact for x86-64 builds without FMA (the project's
-// targets); a compiler that fuses multiply-adds (GCC on aarch64 by default)
-// may move a few.
+// The test bounds the counts on these 10,000 batches (splitmix64 seed
+// 20260608) by their values when the bounds were written, so a change that
+// loses ground is seen. They rest on floating-point workload sums compared
+// with bounds: exact for x86-64 builds without FMA (the project's targets);
+// a compiler that fuses multiply-adds (GCC on aarch64 by default) may move a
+// few.
 struct MinShardStats {
   int64_t needed_plans = 0;          // plans with a sliver, C/N < m
   int64_t excused_plans = 0;         // plans with a sliver, missing R
@@ -281,7 +281,7 @@ TEST(PlanPropertyTest, RandomBatches) {
     CheckAllStrategies(batch, "batch " + std::to_string(i));
     if (::testing::Test::HasFailure()) break;  // one readable failure, not thousands
   }
-  // Slivers of flashcp's plans by kind (see CheckMinShard), exact.
+  // Slivers of flashcp's plans by kind (see CheckMinShard).
   std::printf("min shard: plans with a sliver: %lld needed (C/N < m), %lld needed (workload "
               "bound), %lld missing R, %lld meeting R not shown needed (slivers: %lld of "
               "documents < 2m, %lld of longer ones); %lld plans missing R in all\n",
@@ -292,48 +292,21 @@ TEST(PlanPropertyTest, RandomBatches) {
               static_cast<long long>(g_min_shard.unneeded_short_docs),
               static_cast<long long>(g_min_shard.unneeded_long_docs),
               static_cast<long long>(g_min_shard.missing_r));
-  EXPECT_EQ(g_min_shard.needed_plans, 3233);
-  // With flashcp's grouped plans (flashcp_grouped.cc) these fell: excused
-  // 85 -> 84, not shown needed 423 -> 421 plans (7,810 -> 7,807 slivers of
-  // short documents), missing R 2,888 -> 2,887. Role swaps
-  // (flashcp_roles.cc) move no piece, so the same 863 plans keep the same
-  // slivers, but they lowered the heaviest rank of 37 plans that missed R
-  // to R (missing R 2,887 -> 2,850), which moves plans between the kinds:
-  // excused 84 -> 76, workload bound 358 -> 365, not shown needed 421 ->
-  // 422 (slivers 7,807 -> 8,890 of short documents, 54,185 -> 54,208 of
-  // longer ones). Chunk-heap candidates beyond 8 ranks (flashcp_kv.cc),
-  // which replace a plan only with one meeting R, brought 26 more plans to
-  // R (missing R 2,850 -> 2,824) and moved plans between the kinds again:
-  // excused 76 -> 72, workload bound 365 -> 368, not shown needed 422 -> 423
-  // (8,890 -> 4,170 slivers of short documents, 54,208 -> 32,569 of longer
-  // ones). Filled groups beyond 8 ranks (flashcp_grouped.h) took a sliver
-  // out of 4 plans: needed 3,234 -> 3,233, not shown needed 423 -> 420
-  // (4,170 -> 4,161 slivers of short documents). Balancing exchanges that
-  // may move cut pieces (flashcp_roles.h, move_cut) brought 4 more plans to
-  // R (missing R 2,824 -> 2,820): excused 72 -> 70, workload bound 368 ->
-  // 369 (4,161 -> 4,164 slivers of short documents, 32,569 -> 32,589 of
-  // longer ones). Capacity-group candidates (flashcp_kvgroups.cc) on top,
-  // kept only where they meet R with no more slivers, brought 2 more plans
-  // to R (missing R 2,820 -> 2,818): excused 70 -> 69, not shown needed 420
-  // -> 419 (4,164 -> 4,147 slivers of short documents, 32,589 -> 32,255 of
-  // longer ones). Density fills beyond 8 ranks (flashcp_kvfill.cc, no cut
-  // shard under the minimum), with two capacity-group candidates beyond 16
-  // ranks instead of four: not shown needed 419 -> 393 (4,147 -> 4,098
-  // slivers of short documents, 32,255 -> 29,800 of longer ones). Beyond
-  // 32 ranks no chunk-heap candidates and one capacity-group candidate (the
-  // plan-time budget): one plan a chunk-heap candidate had brought to R
-  // misses it again (missing R 2,818 -> 2,819; 4,098 -> 4,100 slivers of
-  // short documents, 29,800 -> 29,463 of longer ones).
-  EXPECT_EQ(g_min_shard.excused_plans, 69);
-  // The workload bound shows 369 plans (365 before chunk-heap candidates)
-  // that met R with slivers not shown needed by C/N < m to need them. Before role swaps it showed 358 of the
-  // 968 such plans (22,287 / 106,194 slivers), and of the other 610 (8,334
-  // / 59,741) the fallback's re-cut (RecutPieces) freed 187 of slivers.
-  EXPECT_EQ(g_min_shard.bound_plans, 369);
-  EXPECT_EQ(g_min_shard.unneeded_plans, 393);
-  EXPECT_EQ(g_min_shard.unneeded_short_docs, 4100);
-  EXPECT_EQ(g_min_shard.unneeded_long_docs, 29463);
-  EXPECT_EQ(g_min_shard.missing_r, 2819);
+  // Invariants: an excused plan misses R, and the kinds do not overlap.
+  EXPECT_LE(g_min_shard.excused_plans, g_min_shard.missing_r);
+  EXPECT_LE(g_min_shard.needed_plans + g_min_shard.excused_plans + g_min_shard.bound_plans +
+                g_min_shard.unneeded_plans,
+            int64_t{kBatches});
+  // Bounds: flashcp's plans of these batches are no worse than when this was
+  // written (plans missing R; plans and slivers not shown needed). A change
+  // that improves them passes; one that loses ground fails here, and the
+  // printed counts say by how much. Which kind a sliver counts under moves
+  // as plans improve (a plan brought to R leaves "excused"), so the kinds
+  // are printed, not bounded.
+  EXPECT_LE(g_min_shard.missing_r, 2819);
+  EXPECT_LE(g_min_shard.unneeded_plans, 393);
+  EXPECT_LE(g_min_shard.unneeded_short_docs, 4100);
+  EXPECT_LE(g_min_shard.unneeded_long_docs, 29463);
 }
 
 TEST(PlanPropertyTest, EdgeShapes) {
