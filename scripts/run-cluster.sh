@@ -20,7 +20,8 @@
 #        flashcp"), QUALITY_CONTEXT (131072), QUALITY_CP (8), QUALITY_BATCHES (64),
 #        STEPS (40 per strategy), CONTEXT (4096), HEADS (2), HEAD_DIM (32),
 #        DATASET (pile), RANKS (4), CONFIGS ("llama3:full_kv per_doc:full_kv
-#        whole_doc:allgather flashcp:allgather flashcp:targeted
+#        ring:full_kv zigzag:full_kv magi:targeted whole_doc:allgather
+#        flashcp_paper:allgather flashcp:allgather flashcp:targeted
 #        flashcp:allgather:cpu-fp32"), CALIBRATION_STEPS (80: steps of a
 #        configuration with a cost profile, so that the fit and then the rank
 #        speeds take over with steps to spare), TIMEOUT_S (60)
@@ -34,7 +35,7 @@ DATASET=${DATASET:-pile}
 RANKS=${RANKS:-4}
 TIMEOUT_S=${TIMEOUT_S:-60}
 CALIBRATION_STEPS=${CALIBRATION_STEPS:-80}
-CONFIGS=${CONFIGS:-llama3:full_kv per_doc:full_kv whole_doc:allgather flashcp:allgather flashcp:targeted flashcp:allgather:cpu-fp32}
+CONFIGS=${CONFIGS:-llama3:full_kv per_doc:full_kv ring:full_kv zigzag:full_kv magi:targeted whole_doc:allgather flashcp_paper:allgather flashcp:allgather flashcp:targeted flashcp:allgather:cpu-fp32}
 
 tmp=$(mktemp -d /tmp/flashcp-run.XXXXXX)
 pids=()
