@@ -448,23 +448,16 @@ absl::Status FillGatherSchemes(int32_t n, int32_t ranks_per_node, absl::int128 p
   return FillLinkSplit(t.rank_inter[0], t.rank_inter[1], kv_row, targeted.phase);
 }
 
-// The all-to-all within the plan's rank groups, where every group's size
-// divides Hq.
+// The all-to-all within the plan's rank groups (PlanAllToAllPhase); where it
+// does not apply, why, and all 0.
 absl::Status FillAllToAll(const Plan& plan, const ModelShape& shape, int32_t ranks_per_node,
                           PlanMetrics& m) {
   SchemeBytes& a2a = m.bytes[static_cast<int>(CommScheme::kAllToAll)];
-  // Under block diffusion a document's noisy and clean copies are two plan
-  // documents, so the plan's rank groups do not say which ranks a head
-  // split must span: the scheme is not offered there.
-  absl::StatusOr<AllToAllPhase> phase =
-      IsBlockDiffusion(plan.mask)
-          ? absl::StatusOr<AllToAllPhase>(absl::FailedPreconditionError(
-                "attention_mask: the all-to-all scheme is not planned under block diffusion"))
-          : AllToAllTraffic(m.rank_tokens, PlanRankGroups(plan), shape, ranks_per_node);
+  absl::StatusOr<AllToAllPhase> phase = PlanAllToAllPhase(plan, shape, ranks_per_node);
   if (phase.ok()) {
     FLASHCP_RETURN_IF_ERROR(FillSchemeBytesFromUnits(
         phase->sent, phase->received, phase->inter_sent, phase->inter_received,
-        int64_t{shape.head_dim} * shape.dtype_bytes, a2a));
+        AllToAllRowBytes(shape), a2a));
     m.all_to_all_replicated_kv_heads = phase->replicated_kv_heads;
     return absl::OkStatus();
   }

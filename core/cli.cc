@@ -239,7 +239,8 @@ void SummaryAccumulator::Add(const PlanMetrics& metrics, double plan_ms) {
 }
 
 void SummaryAccumulator::AddStep(const StepTimeReport& step) {
-  step_seconds_sum_ += step.native().step_seconds;
+  if (!step.native().inapplicable.empty()) ++step_inapplicable_;
+  step_seconds_sum_ += step.native().step_seconds;  // 0 where inapplicable
   ++steps_;
   ++step_exchanges_[static_cast<size_t>(step.exchange)];
 }
@@ -275,7 +276,9 @@ StrategySummary SummaryAccumulator::Finish() const {
   s.plan_ms_mean = ms / n;
   s.plan_ms_p99 = Percentile(plan_ms_, 0.99);
   if (steps_ > 0) {
-    s.step_seconds_mean = step_seconds_sum_ / static_cast<double>(steps_);
+    s.step_inapplicable = step_inapplicable_;
+    s.step_seconds_mean =
+        step_inapplicable_ > 0 ? 0 : step_seconds_sum_ / static_cast<double>(steps_);
     const size_t top = static_cast<size_t>(
         std::max_element(step_exchanges_.begin(), step_exchanges_.end()) - step_exchanges_.begin());
     s.step_exchange = std::string(StepExchangeName(static_cast<StepExchange>(top)));
@@ -285,7 +288,7 @@ StrategySummary SummaryAccumulator::Finish() const {
 
 std::string FormatSummaryTable(const std::vector<StrategySummary>& rows) {
   const bool steps = !rows.empty() && std::all_of(rows.begin(), rows.end(), [](const auto& r) {
-    return r.step_seconds_mean > 0;
+    return r.step_seconds_mean > 0 || r.step_inapplicable > 0;
   });
   std::string out = absl::StrFormat(
       "%-14s %7s %8s %8s %9s %9s %8s %8s %8s %9s %9s %9s", "strategy", "batches", "imb_mean",
@@ -300,7 +303,11 @@ std::string FormatSummaryTable(const std::vector<StrategySummary>& rows) {
         100 * r.allgather_saving_mean, 100 * r.targeted_saving_mean, r.allgather_phase_mean,
         r.targeted_phase_mean, r.cut_docs_mean, r.min_cut_shard_len, r.plan_ms_mean,
         r.plan_ms_p99);
-    if (steps) absl::StrAppendFormat(&out, " %10.3f %-9s", 1e3 * r.step_seconds_mean, r.step_exchange);
+    if (steps && r.step_inapplicable > 0) {
+      absl::StrAppendFormat(&out, " %10s %-9s", "n/a", r.step_exchange);
+    } else if (steps) {
+      absl::StrAppendFormat(&out, " %10.3f %-9s", 1e3 * r.step_seconds_mean, r.step_exchange);
+    }
     out += "\n";
   }
   if (steps) {
@@ -310,7 +317,11 @@ std::string FormatSummaryTable(const std::vector<StrategySummary>& rows) {
     for (const StrategySummary& r : rows) {
       absl::StrAppendFormat(&out, "%-14s", StrategyName(r.strategy));
       for (const StrategySummary& c : rows) {
-        absl::StrAppendFormat(&out, " %12.3fx", c.step_seconds_mean / r.step_seconds_mean);
+        if (r.step_inapplicable > 0 || c.step_inapplicable > 0) {
+          absl::StrAppendFormat(&out, " %13s", "n/a");
+        } else {
+          absl::StrAppendFormat(&out, " %12.3fx", c.step_seconds_mean / r.step_seconds_mean);
+        }
       }
       out += "\n";
     }

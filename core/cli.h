@@ -129,6 +129,10 @@ struct StrategySummary {
   double step_seconds_mean = 0;
   // The exchange most of its batches were predicted with ("" without).
   std::string step_exchange;
+  // Batches whose exchange did not apply (StepTimePrediction::inapplicable:
+  // basp's all_to_all where a group's size does not divide Hq); with any,
+  // step_seconds_mean is 0 (no mean of a part) and the table says n/a.
+  int64_t step_inapplicable = 0;
 };
 
 class SummaryAccumulator {
@@ -152,6 +156,7 @@ class SummaryAccumulator {
   int64_t min_cut_shard_len_ = 0;
   double step_seconds_sum_ = 0;
   int64_t steps_ = 0;
+  int64_t step_inapplicable_ = 0;
   std::array<int64_t, kNumStepExchanges> step_exchanges_{};
 };
 
@@ -159,9 +164,10 @@ class SummaryAccumulator {
 double Percentile(std::vector<double> values, double p);
 
 // A fixed-width text table, one row per summary, with a header line; with
-// predicted steps (step_seconds_mean > 0 in every row), a step_ms and an
-// exchange column, then a table of speedups: row strategy over each
-// column's, ratios of mean predicted step times.
+// predicted steps (step_seconds_mean > 0 or step_inapplicable > 0 in every
+// row), a step_ms and an exchange column, then a table of speedups: row
+// strategy over each column's, ratios of mean predicted step times ("n/a"
+// where a row's exchange did not apply).
 std::string FormatSummaryTable(const std::vector<StrategySummary>& rows);
 
 // Runs the command: reads batches (from `in` when the source is stdin), plans

@@ -23,6 +23,7 @@ using ::flashcp::core::testing::IsOk;
 using ::flashcp::core::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 TEST(ParseCliArgsTest, Defaults) {
@@ -443,6 +444,35 @@ TEST(RunCliTest, JsonCarriesThePredictedStep) {
   EXPECT_THAT(out.str(), HasSubstr("\"predicted_exchange\":\"ring\""));
   EXPECT_THAT(out.str(), HasSubstr("\"rank_predicted_times\":[{\"forward_compute\":"));
   EXPECT_THAT(out.str(), HasSubstr("\"predicted_cluster\":\"h200\"}"));
+}
+
+// basp runs the all-to-all: its JSON lists all_to_all among the exchanges and
+// as its own; where its groups (of 3) do not divide Hq = 32 the entry says
+// why, and the summary prints n/a, not a 0 to compare.
+TEST(RunCliTest, BaspPredictsTheAllToAllOrSaysItDoesNotApply) {
+  absl::StatusOr<CliOptions> o = ParseCliArgs({"--cp", "4", "--strategy", "basp", "--cluster",
+                                               "h200", "--quiet", "8", "8"});
+  ASSERT_THAT(o, IsOk());
+  std::istringstream in;
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli(*o, in, out, err), kExitOk);
+  EXPECT_THAT(out.str(), HasSubstr("\"predicted_exchange\":\"all_to_all\""));
+  EXPECT_THAT(out.str(), HasSubstr("{\"exchange\":\"all_to_all\",\"step_seconds\":"));
+  EXPECT_THAT(out.str(), Not(HasSubstr("\"inapplicable\"")));
+
+  o = ParseCliArgs({"--cp", "6", "--strategy", "basp,per_doc", "--cluster", "h200", "--summary",
+                    "--quiet", "9", "9"});
+  ASSERT_THAT(o, IsOk());
+  std::ostringstream sum, sum_err;
+  EXPECT_EQ(RunCli(*o, in, sum, sum_err), kExitOk);
+  EXPECT_THAT(sum.str(), HasSubstr("        n/a all_to_all\n"));
+  EXPECT_THAT(sum.str(), HasSubstr("\nbasp                     n/a           n/a\n"));
+
+  o = ParseCliArgs({"--cp", "6", "--strategy", "basp", "--cluster", "h200", "--quiet", "9", "9"});
+  ASSERT_THAT(o, IsOk());
+  std::ostringstream json, json_err;
+  EXPECT_EQ(RunCli(*o, in, json, json_err), kExitOk);
+  EXPECT_THAT(json.str(), HasSubstr("\"exchange_seconds\":0,\"inapplicable\":\"query_heads: "));
 }
 
 // --svg draws the first batch's plans, one panel per strategy in the order

@@ -270,6 +270,10 @@ void AppendStepTime(std::string& out, const StepTimeReport& r, bool per_rank) {
     AppendField(out, "step_seconds", r.all[e].step_seconds);
     AppendField(out, "exposed_exchange_seconds", r.all[e].exposed_exchange_seconds);
     AppendField(out, "exchange_seconds", r.all[e].exchange_seconds);
+    if (!r.all[e].inapplicable.empty()) {  // as proto3's JSON: an empty string is left out
+      AppendKey(out, "inapplicable");
+      AppendString(out, r.all[e].inapplicable);
+    }
     out += '}';
   }
   out += ']';

@@ -6,6 +6,7 @@
 
 #include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
+#include "core/mask.h"
 #include "core/status_macros.h"
 #include "core/two_level.h"
 
@@ -212,6 +213,17 @@ absl::StatusOr<AllToAllPhase> AllToAllTraffic(const std::vector<int64_t>& tokens
     }
   }
   return out;
+}
+
+absl::StatusOr<AllToAllPhase> PlanAllToAllPhase(const Plan& plan, const ModelShape& shape,
+                                                int32_t ranks_per_node) {
+  if (IsBlockDiffusion(plan.mask)) {
+    return absl::FailedPreconditionError(
+        "attention_mask: the all-to-all scheme is not planned under block diffusion");
+  }
+  std::vector<int64_t> tokens(plan.cp_size, 0);  // real tokens: padding never travels
+  for (const Shard& s : plan.shards) tokens[s.rank] += s.len;
+  return AllToAllTraffic(tokens, PlanRankGroups(plan), shape, ranks_per_node);
 }
 
 absl::Status FillLinkSplit(const std::vector<int64_t>& inter_sent,

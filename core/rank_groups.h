@@ -70,6 +70,23 @@ absl::StatusOr<AllToAllPhase> AllToAllTraffic(const std::vector<int64_t>& tokens
                                               const std::vector<std::vector<int32_t>>& groups,
                                               const ModelShape& shape, int32_t ranks_per_node);
 
+// Bytes of one (token, head) row of the all-to-all: D * dtype.
+inline int64_t AllToAllRowBytes(const ModelShape& shape) {
+  return int64_t{shape.head_dim} * shape.dtype_bytes;
+}
+
+// One phase of the all-to-all within `plan`'s rank groups (PlanRankGroups):
+// AllToAllTraffic over the plan's real tokens per rank. The one source of
+// PlanMetrics' bytes[kAllToAll] (AnalyzePlan) and of the step-time model's
+// all_to_all exchange (core/step_time.h). FailedPrecondition where the scheme
+// does not apply: block diffusion (a document's noisy and clean copies are
+// two plan documents, so the plan's groups do not say which ranks a head
+// split must span), or a group whose size does not divide Hq (naming
+// query_heads and the group); other errors as AllToAllTraffic's. The plan
+// must be valid (ValidatePlan; not checked).
+absl::StatusOr<AllToAllPhase> PlanAllToAllPhase(const Plan& plan, const ModelShape& shape,
+                                                int32_t ranks_per_node);
+
 // Sets phase's per-rank inter-node bytes and the busiest intra- and
 // inter-node link from its sent_tokens / received_tokens (in units of
 // `unit_bytes`) and the inter-node units per rank. OutOfRange on overflow.

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/rank_groups.h"
 #include "core/status_macros.h"
 
 namespace flashcp::core {
@@ -92,17 +93,24 @@ double Compute(const Model& m, const RankFeatures& f) {
   return m.scale * PredictRankCost(m.c.compute, f);
 }
 
-// Finishes a prediction of collectives or targeted from per-rank exchange
-// times of one phase.
-StepTimePrediction FromExchange(const Model& m, StepExchange e, const std::vector<double>& x) {
+// One rank's compute, forward + backward seconds: what may run during the
+// exchange (whole shards) and what needs it (prefixed shards).
+struct RankCompute {
+  double whole = 0, prefixed = 0;
+};
+
+// Finishes a prediction from per-rank compute and exchange times of one
+// phase, with the engine's overlap of whole shards.
+StepTimePrediction Finish(const Model& m, StepExchange e, const std::vector<RankCompute>& c,
+                          const std::vector<double>& x) {
   StepTimePrediction p;
   p.exchange = e;
   p.layers = m.layers;
   const double ff = m.c.forward_fraction;
   double max_x = 0;
   for (int32_t r = 0; r < m.n; ++r) {
-    const double whole = Compute(m, m.split[r].whole);
-    const double pre = Compute(m, m.split[r].prefixed);
+    const double whole = c[r].whole;
+    const double pre = c[r].prefixed;
     RankStepTime t;
     t.forward_compute = ff * (whole + pre);
     t.backward_compute = (1 - ff) * (whole + pre);
@@ -125,6 +133,15 @@ StepTimePrediction FromExchange(const Model& m, StepExchange e, const std::vecto
   p.step_seconds = m.layers * (p.forward_seconds + p.backward_seconds);
   p.exposed_exchange_seconds = std::max(0.0, p.step_seconds - m.layers * p.compute_seconds);
   return p;
+}
+
+// Finishes a prediction of collectives or targeted: each rank's own shards.
+StepTimePrediction FromExchange(const Model& m, StepExchange e, const std::vector<double>& x) {
+  std::vector<RankCompute> c(m.n);
+  for (int32_t r = 0; r < m.n; ++r) {
+    c[r] = {Compute(m, m.split[r].whole), Compute(m, m.split[r].prefixed)};
+  }
+  return Finish(m, e, c, x);
 }
 
 // All-gather of equal blocks of `block` bytes (full_kv, allgather): every
@@ -277,6 +294,79 @@ StepTimePrediction Ring(const Model& m) {
   return p;
 }
 
+// The all-to-all's exchange of one phase per rank, from the analyzer's rows
+// (PlanAllToAllPhase) at D * dtype bytes each: the rank's bytes within its
+// node over NVLink (the larger of sent and received), and its node's bytes
+// to and from other nodes over the node's shared NICs, each plus two
+// latencies (two rounds: Q, K, V in before the attention, O out after); the
+// slower of the two. Backward moves what forward received, the same time.
+std::vector<double> AllToAllSeconds(const Model& m, const AllToAllPhase& a) {
+  const double row = static_cast<double>(AllToAllRowBytes(m.shape));
+  const int32_t rpn = m.c.ranks_per_node;
+  std::vector<double> node_sent(m.nodes, 0), node_recv(m.nodes, 0);
+  for (int32_t r = 0; r < m.n; ++r) {
+    node_sent[NodeOf(r, rpn)] += static_cast<double>(a.inter_sent[r]) * row;
+    node_recv[NodeOf(r, rpn)] += static_cast<double>(a.inter_received[r]) * row;
+  }
+  std::vector<double> x(m.n, 0);
+  for (int32_t r = 0; r < m.n; ++r) {
+    const double intra = row * static_cast<double>(std::max(a.sent[r] - a.inter_sent[r],
+                                                            a.received[r] - a.inter_received[r]));
+    const int32_t k = NodeOf(r, rpn);
+    const double inter = std::max(node_sent[k], node_recv[k]);
+    double t = 0;
+    if (intra > 0) t = intra / m.c.nvlink_bytes_per_second + 2 * m.c.nvlink_latency_seconds;
+    if (inter > 0) {
+      t = std::max(t, inter / (m.node_size[k] * m.c.nic_bytes_per_second) +
+                          2 * m.c.nic_latency_seconds);
+    }
+    x[r] = t;
+  }
+  return x;
+}
+
+// The all-to-all's compute per rank: a rank of a group of K runs every one
+// of its group's documents whole (the profile's whole-pair, sequence and
+// token terms over the group) for Hq / K of the heads, so 1/K of the group's
+// time; nothing of it overlaps the exchange (all "prefixed" in Finish's
+// terms: the heads arrive before it, the output leaves after).
+std::vector<RankCompute> AllToAllCompute(const Model& m) {
+  const std::vector<std::vector<int32_t>> groups = PlanRankGroups(m.plan);
+  std::vector<int32_t> group_of(m.n, 0);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (int32_t r : groups[g]) group_of[r] = static_cast<int32_t>(g);
+  }
+  std::vector<RankFeatures> f(groups.size());
+  std::vector<uint8_t> seen(m.plan.doc_lens.size(), 0);
+  for (const Shard& s : m.plan.shards) {
+    RankFeatures& g = f[group_of[s.rank]];
+    g.tokens += static_cast<double>(s.len);
+    if (seen[s.doc]) continue;
+    seen[s.doc] = 1;
+    g.whole_pairs += ShardWorkload(0, m.plan.doc_lens[s.doc]);
+    g.sequences += 1;
+  }
+  std::vector<RankCompute> c(m.n);
+  for (int32_t r = 0; r < m.n; ++r) {
+    const size_t g = static_cast<size_t>(group_of[r]);
+    c[r].prefixed = Compute(m, f[g]) / static_cast<double>(groups[g].size());
+  }
+  return c;
+}
+
+absl::StatusOr<StepTimePrediction> AllToAll(const Model& m) {
+  absl::StatusOr<AllToAllPhase> phase = PlanAllToAllPhase(m.plan, m.shape, m.c.ranks_per_node);
+  if (!phase.ok()) {
+    if (phase.status().code() != absl::StatusCode::kFailedPrecondition) return phase.status();
+    StepTimePrediction p;  // not applicable: no times (the analyzer's message says why)
+    p.exchange = StepExchange::kAllToAll;
+    p.layers = m.layers;
+    p.inapplicable = std::string(phase.status().message());
+    return p;
+  }
+  return Finish(m, StepExchange::kAllToAll, AllToAllCompute(m), AllToAllSeconds(m, *phase));
+}
+
 absl::StatusOr<Model> MakeModel(const Plan& plan, const ModelShape& shape, int32_t layers,
                                 const ClusterSpec& cluster) {
   FLASHCP_RETURN_IF_ERROR(ValidateStepShape(shape, layers));
@@ -308,7 +398,7 @@ absl::StatusOr<Model> MakeModel(const Plan& plan, const ModelShape& shape, int32
   return m;
 }
 
-StepTimePrediction Predict(const Model& m, StepExchange e) {
+absl::StatusOr<StepTimePrediction> Predict(const Model& m, StepExchange e) {
   switch (e) {
     case StepExchange::kFullKv: {
       const double block =
@@ -325,8 +415,10 @@ StepTimePrediction Predict(const Model& m, StepExchange e) {
       return FromExchange(m, e, TargetedSeconds(m));
     case StepExchange::kRing:
       return Ring(m);
+    case StepExchange::kAllToAll:
+      return AllToAll(m);
   }
-  return {};
+  return StepTimePrediction{};
 }
 
 }  // namespace
@@ -337,6 +429,7 @@ absl::string_view StepExchangeName(StepExchange e) {
     case StepExchange::kAllGather: return "allgather";
     case StepExchange::kTargeted: return "targeted";
     case StepExchange::kRing: return "ring";
+    case StepExchange::kAllToAll: return "all_to_all";
   }
   return "?";
 }
@@ -408,7 +501,9 @@ absl::StatusOr<std::array<StepTimePrediction, kNumStepExchanges>> PredictAllExch
     const Plan& plan, const ModelShape& shape, int32_t layers, const ClusterSpec& cluster) {
   FLASHCP_ASSIGN_OR_RETURN(const Model m, MakeModel(plan, shape, layers, cluster));
   std::array<StepTimePrediction, kNumStepExchanges> out;
-  for (int e = 0; e < kNumStepExchanges; ++e) out[e] = Predict(m, static_cast<StepExchange>(e));
+  for (int e = 0; e < kNumStepExchanges; ++e) {
+    FLASHCP_ASSIGN_OR_RETURN(out[e], Predict(m, static_cast<StepExchange>(e)));
+  }
   return out;
 }
 
@@ -423,6 +518,8 @@ StepExchange NativeExchange(Strategy strategy,
       return StepExchange::kRing;
     case Strategy::kMagi:
       return StepExchange::kTargeted;
+    case Strategy::kBasp:
+      return StepExchange::kAllToAll;
     case Strategy::kFlashCp: {
       const double ag = all[static_cast<int>(StepExchange::kAllGather)].step_seconds;
       const double tg = all[static_cast<int>(StepExchange::kTargeted)].step_seconds;

@@ -27,6 +27,16 @@
 //   profile's sequence and token terms count per hop, plus the merge of the
 //   partial outputs (merge_passes reads or writes of an fp32 output over HBM).
 //
+//   all_to_all (Ulysses, within each of the plan's rank groups): one
+//   all-to-all brings Q, K, V of a rank's share of the heads before the
+//   attention and a second returns O after it (backward: dO in, dQ, dK, dV
+//   out), so nothing overlaps; a rank of a group of K runs whole-document
+//   attention over all of its group's documents for Hq/K of the heads:
+//     fwd_r = c_f(group) / K + X_r,  bwd_r = c_b(group) / K + X_r
+//   with X_r from the analyzer's all_to_all rows (PlanAllToAllPhase). Not
+//   applicable (StepTimePrediction::inapplicable) under block diffusion or
+//   where a group's size does not divide Hq.
+//
 // The step's attention time: layers * (max_r fwd_r + max_r bwd_r): the
 // exchange of every layer synchronises the group, so each phase of each
 // layer waits for its slowest rank.
@@ -48,11 +58,13 @@
 
 namespace flashcp::core {
 
-// How KV moves in the modelled step: the three CommSchemes (same values),
-// and Ring-Attention's ring of full KV.
-enum class StepExchange { kFullKv = 0, kAllGather = 1, kTargeted = 2, kRing = 3 };
-inline constexpr int kNumStepExchanges = 4;
-absl::string_view StepExchangeName(StepExchange e);  // "full_kv", "allgather", "targeted", "ring"
+// How the modelled step exchanges: the three KV CommSchemes (same values),
+// Ring-Attention's ring of full KV, and the all-to-all of heads (Ulysses,
+// CommScheme::kAllToAll; not that enum's value).
+enum class StepExchange { kFullKv = 0, kAllGather = 1, kTargeted = 2, kRing = 3, kAllToAll = 4 };
+inline constexpr int kNumStepExchanges = 5;
+// "full_kv", "allgather", "targeted", "ring", "all_to_all"
+absl::string_view StepExchangeName(StepExchange e);
 
 // A cluster: its links and its GPU. Bandwidths are bytes per second per GPU
 // and direction; latencies seconds per message (one step of a collective,
@@ -128,6 +140,12 @@ struct RankStepTime {
 struct StepTimePrediction {
   StepExchange exchange = StepExchange::kAllGather;
   int32_t layers = 1;
+  // Where the exchange cannot run on the plan (all_to_all: block diffusion,
+  // or a rank group whose size does not divide Hq), why: the analyzer's
+  // PlanMetrics::all_to_all_inapplicable message. Then no time is predicted:
+  // `ranks` is empty and every time below 0, not a figure to compare. Empty
+  // where the exchange applies.
+  std::string inapplicable;
   std::vector<RankStepTime> ranks;  // per rank, one layer
   // One layer's phases: the slowest rank's (ring: the lockstep sum over hops).
   double forward_seconds = 0;
@@ -151,7 +169,9 @@ absl::Status ValidateStepShape(const ModelShape& shape, int32_t layers);
 
 // Predicts one exchange for a valid plan (ValidatePlan). InvalidArgument
 // naming the field for a bad shape, layers or cluster, or cp_size above
-// kMaxStepTimeCpSize.
+// kMaxStepTimeCpSize; OutOfRange where the all-to-all's bytes overflow
+// int64. An exchange that does not apply to the plan is not an error: its
+// prediction says so (StepTimePrediction::inapplicable).
 absl::StatusOr<StepTimePrediction> PredictStepTime(const Plan& plan, const ModelShape& shape,
                                                    int32_t layers, const ClusterSpec& cluster,
                                                    StepExchange exchange);
@@ -164,8 +184,10 @@ absl::StatusOr<std::array<StepTimePrediction, kNumStepExchanges>> PredictAllExch
 // The exchange a strategy runs with as its system does: llama3, per_doc:
 // full_kv (Llama3 CP, Per-Doc CP); ring, zigzag: ring; whole_doc,
 // flashcp_paper, ilp: allgather (the paper's Eq. 5); magi: targeted
-// (GroupCast); flashcp: whichever of allgather and targeted `all` predicts
-// faster (allgather on a tie).
+// (GroupCast); basp: all_to_all (Ulysses within each group; where that is
+// inapplicable, so is the native prediction: BASP has no other exchange);
+// flashcp: whichever of allgather and targeted `all` predicts faster
+// (allgather on a tie).
 StepExchange NativeExchange(Strategy strategy,
                             const std::array<StepTimePrediction, kNumStepExchanges>& all);
 

@@ -135,6 +135,130 @@ TEST(StepTimeTest, TwoNodeTargetedExchange) {
   EXPECT_DOUBLE_EQ(ag->ranks[0].exchange, 4.5);
 }
 
+// Round numbers for the all-to-all's whole-document compute: one second per
+// pair, four per sequence, a quarter per token.
+ClusterSpec A2aCluster(int32_t ranks_per_node) {
+  ClusterSpec c = TinyCluster(ranks_per_node);
+  c.compute = {1, 1, 4, 0.25};
+  return c;
+}
+
+TEST(StepTimeTest, AllToAllOneGroupOnOneNode) {
+  // Hq = Hkv = 2, D = 2, 1 byte: rows of 2 bytes; Hq D / (1 x 4) = 1, the
+  // profile's own scale. The one 16-token document's group is ranks {0, 1},
+  // 8 tokens each: per phase each sends and receives t (2 Hq + 2 Hkv)
+  // (K-1)/K = 32 rows = 64 bytes on NVLink: 2 s + two rounds of 0.125.
+  const ModelShape shape{.heads = 2, .head_dim = 2, .dtype_bytes = 1};
+  absl::StatusOr<StepTimePrediction> p =
+      PredictStepTime(PerDocExample(), shape, 1, A2aCluster(2), StepExchange::kAllToAll);
+  ASSERT_THAT(p, IsOk());
+  EXPECT_EQ(p->inapplicable, "");
+  // The analyzer's bytes, the model's input.
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(PerDocExample(), shape, 2);
+  ASSERT_THAT(m, IsOk());
+  EXPECT_EQ(m->bytes[static_cast<int>(CommScheme::kAllToAll)].phase.max_intra_node_bytes, 64);
+  // Each rank: the whole document (136 pairs, 1 sequence, 16 tokens: 144 s)
+  // for half the heads: 72 s, forward 18, backward 54; nothing overlaps.
+  for (const RankStepTime& r : p->ranks) {
+    EXPECT_DOUBLE_EQ(r.exchange, 2.25);
+    EXPECT_DOUBLE_EQ(r.forward_compute, 18);
+    EXPECT_DOUBLE_EQ(r.backward_compute, 54);
+    EXPECT_DOUBLE_EQ(r.forward, 20.25);
+    EXPECT_DOUBLE_EQ(r.backward, 56.25);
+    EXPECT_DOUBLE_EQ(r.exposed_exchange, 4.5);
+  }
+  EXPECT_DOUBLE_EQ(p->compute_seconds, 72);
+  EXPECT_DOUBLE_EQ(p->exchange_seconds, 4.5);
+  EXPECT_DOUBLE_EQ(p->step_seconds, 76.5);
+  EXPECT_DOUBLE_EQ(p->exposed_exchange_seconds, 4.5);
+  // The CPU engine's no-overlap model: the same (there is nothing to overlap).
+  ClusterSpec cpu = A2aCluster(2);
+  cpu.overlap_whole_shards = false;
+  absl::StatusOr<StepTimePrediction> q =
+      PredictStepTime(PerDocExample(), shape, 3, cpu, StepExchange::kAllToAll);
+  ASSERT_THAT(q, IsOk());
+  EXPECT_DOUBLE_EQ(q->step_seconds, 3 * 76.5);
+}
+
+TEST(StepTimeTest, AllToAllAcrossTwoNodesTheNicDominates) {
+  // Quarters, one group of 4 on two nodes of 2; Hq = Hkv = 4, D = 1, 1 byte
+  // (scale 1): each rank (4 of the 16 tokens) sends 4 x 3 x 1 + 2 x 4 x 3 +
+  // 12 x 1 = 48 rows a phase, 32 of them to the other node (and receives the
+  // same). NVLink: 16 bytes / 32 + 2 x 0.125 = 0.75 s; the node's 64 bytes
+  // over 2 x 16 B/s: 2 s + 2 x 0.5 = 3 s, the slower.
+  const ModelShape shape{.heads = 4, .head_dim = 1, .dtype_bytes = 1};
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(Quarters(), shape, 2);
+  ASSERT_THAT(m, IsOk());
+  const PhaseTraffic& a2a = m->bytes[static_cast<int>(CommScheme::kAllToAll)].phase;
+  EXPECT_EQ(a2a.max_intra_node_bytes, 16);
+  EXPECT_EQ(a2a.max_inter_node_bytes, 32);
+  absl::StatusOr<StepTimePrediction> p =
+      PredictStepTime(Quarters(), shape, 1, A2aCluster(2), StepExchange::kAllToAll);
+  ASSERT_THAT(p, IsOk());
+  // Compute: 144 s for the group's document over 4 ranks: 36, forward 9.
+  for (const RankStepTime& r : p->ranks) {
+    EXPECT_DOUBLE_EQ(r.exchange, 3);
+    EXPECT_DOUBLE_EQ(r.forward, 9 + 3);
+    EXPECT_DOUBLE_EQ(r.backward, 27 + 3);
+  }
+  EXPECT_DOUBLE_EQ(p->step_seconds, 42);
+  EXPECT_DOUBLE_EQ(p->exchange_seconds, 6);
+  EXPECT_DOUBLE_EQ(p->exposed_exchange_seconds, 6);
+  // On one node all 48 rows take NVLink: 1.5 s + 2 x 0.125.
+  p = PredictStepTime(Quarters(), shape, 1, A2aCluster(4), StepExchange::kAllToAll);
+  ASSERT_THAT(p, IsOk());
+  EXPECT_DOUBLE_EQ(p->ranks[0].exchange, 1.75);
+}
+
+TEST(StepTimeTest, AllToAllGroupsOfOneMoveNothing) {
+  // Two 8-token documents, each whole on its rank: two groups of one; each
+  // rank its own document (36 pairs + 4 + 2): as the all-gather, which moves
+  // nothing either.
+  Plan plan;
+  plan.cp_size = 2;
+  plan.doc_lens = {8, 8};
+  plan.shards = {{0, 0, 8, 0}, {1, 0, 8, 1}};
+  absl::StatusOr<std::array<StepTimePrediction, kNumStepExchanges>> all =
+      PredictAllExchanges(plan, TinyShape(), 1, A2aCluster(2));
+  ASSERT_THAT(all, IsOk());
+  const StepTimePrediction& a2a = all->at(static_cast<int>(StepExchange::kAllToAll));
+  EXPECT_EQ(a2a.exchange, StepExchange::kAllToAll);
+  EXPECT_DOUBLE_EQ(a2a.ranks[1].exchange, 0);
+  EXPECT_DOUBLE_EQ(a2a.step_seconds, 42);
+  EXPECT_DOUBLE_EQ(all->at(static_cast<int>(StepExchange::kAllGather)).step_seconds, 42);
+}
+
+TEST(StepTimeTest, AllToAllInapplicableSaysWhyAndPredictsNoTime) {
+  // Hq = 1 over the group of 4: the analyzer's message, no times; the other
+  // exchanges are predicted as ever.
+  absl::StatusOr<StepTimeReport> r =
+      ReportStepTime(Strategy::kBasp, Quarters(), TinyShape(), 1, TinyCluster(4), "tiny");
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->exchange, StepExchange::kAllToAll);  // basp runs Ulysses, or nothing
+  const StepTimePrediction& a2a = r->native();
+  absl::StatusOr<PlanMetrics> m = AnalyzePlan(Quarters(), TinyShape(), 4);
+  ASSERT_THAT(m, IsOk());
+  EXPECT_THAT(a2a.inapplicable, HasSubstr("query_heads"));
+  EXPECT_EQ(a2a.inapplicable, m->all_to_all_inapplicable);
+  EXPECT_TRUE(a2a.ranks.empty());
+  EXPECT_EQ(a2a.step_seconds, 0);
+  EXPECT_EQ(a2a.exchange_seconds, 0);
+  EXPECT_EQ(r->all[static_cast<int>(StepExchange::kAllGather)].inapplicable, "");
+  EXPECT_DOUBLE_EQ(r->all[static_cast<int>(StepExchange::kAllGather)].step_seconds, 64.75);
+  EXPECT_EQ(StepExchangeName(StepExchange::kAllToAll), "all_to_all");
+  // Asked for alone: the same answer, not an error.
+  absl::StatusOr<StepTimePrediction> p =
+      PredictStepTime(Quarters(), TinyShape(), 1, TinyCluster(4), StepExchange::kAllToAll);
+  ASSERT_THAT(p, IsOk());
+  EXPECT_EQ(p->inapplicable, a2a.inapplicable);
+  // Where it applies, basp's native prediction is the all-to-all's.
+  const ModelShape four{.heads = 4, .head_dim = 1, .dtype_bytes = 1};
+  r = ReportStepTime(Strategy::kBasp, Quarters(), four, 1, A2aCluster(2));
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->exchange, StepExchange::kAllToAll);
+  EXPECT_DOUBLE_EQ(r->native().step_seconds, 42);
+}
+
 TEST(StepTimeTest, NicSharedByTheNodesGpus) {
   // Quarters on two nodes of two ranks; all-gather of 32-byte blocks: each
   // node receives the other node's 2 blocks (64 bytes) over 2 x 16 B/s = 2 s,

@@ -348,6 +348,7 @@ void StepTimeToProto(const core::StepTimeReport& report, bool per_rank, v1::Plan
     out->set_step_seconds(x.step_seconds);
     out->set_exposed_exchange_seconds(x.exposed_exchange_seconds);
     out->set_exchange_seconds(x.exchange_seconds);
+    out->set_inapplicable(x.inapplicable);
   }
   if (per_rank) {
     for (const core::RankStepTime& r : p.ranks) {

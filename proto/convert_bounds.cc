@@ -104,12 +104,14 @@ int64_t MaxResponseBytes(const PlanInput& input, int64_t max_shards) {
                           1 + per_rank(tokens) + 1 + kInt64;
   // The step time (fields 30-38, two-byte tags): five doubles, two names
   // of at most kMaxCostProfileBytes, one entry per exchange (name, three
-  // doubles) and per rank six doubles.
+  // doubles), all_to_all's inapplicable note (one group's message) and per
+  // rank six doubles.
   const int64_t step =
       !input.step_time.has_value()
           ? 0
           : 5 * (2 + 8) + 2 * (2 + 1 + kMaxCostProfileBytes) +
                 core::kNumStepExchanges * (2 + 1 + (1 + 1 + 16) + 3 * kDouble) +
+                Delimited(kMaxAllToAllNoteBytes) + 1 +  // its entry's length: a byte more
                 (input.step_time->per_rank ? ranks * (2 + 1 + 6 * kDouble) : 0);
   bytes += Delimited(metrics + step);
   if (input.strategy == core::Strategy::kIlp) bytes += Delimited(2 + kDouble + kInt64);  // ilp

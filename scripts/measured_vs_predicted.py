@@ -13,7 +13,8 @@ import json
 import os
 import sys
 
-SCHEME_EXCHANGE = {"full_kv": "full_kv", "allgather": "allgather", "targeted": "targeted"}
+SCHEME_EXCHANGE = {"full_kv": "full_kv", "allgather": "allgather", "targeted": "targeted",
+                   "all_to_all": "all_to_all"}
 
 
 def predicted(path, scheme):
@@ -26,7 +27,11 @@ def predicted(path, scheme):
                 continue
             m = json.loads(line)["metrics"]
             by_name = {e["exchange"]: e for e in m["predicted_exchanges"]}
-            step += by_name[SCHEME_EXCHANGE[scheme]]["step_seconds"]
+            e = by_name[SCHEME_EXCHANGE[scheme]]
+            if e.get("inapplicable"):  # no time predicted: not a 0 to average in
+                raise SystemExit("measured_vs_predicted: %s: %s does not apply: %s" %
+                                 (path, scheme, e["inapplicable"]))
+            step += e["step_seconds"]
             compute += m["predicted_compute_seconds"]
             n += 1
     if n == 0:
