@@ -19,8 +19,10 @@ namespace flashcp::core::internal {
 // tokens), which moves len(y) len(head) pairs and cuts z (its head's KV
 // then goes from A to B). Each step takes, over the `partners` lightest
 // ranks, the exchange leaving the larger of the two ranks' workloads least
-// (ties: fewer tokens cut, then the lighter partner, then x, y, z in plan
-// order), only if that is below A's; stops when A is at or under
+// (ties: fewer tokens cut, then the lighter partner, then x, y, z in each
+// rank's slot order: plan order at the first step; after it a y taken in
+// holds the slot of the x it replaced, and pieces moved in come last),
+// only if that is below A's; stops when A is at or under
 // `max_workload`, when no exchange lowers A, or after max_moves steps.
 // Without move_cut, documents already cut are not touched. `plan` must be
 // valid.

@@ -303,7 +303,7 @@ class Equalizer {
         }
       }
       bool last_cut = false;
-      if (m_ > 0) take = KeepTail(to, take, len - head, later, excess, last_cut);
+      if (m_ > 0) take = KeepTail(take, len - head, later, excess, last_cut);
       Hand(d, head, take, r, to);
       deficit_[to] -= take;
       Place(at);
@@ -341,14 +341,13 @@ class Equalizer {
   }
 
   // `take` of the `rest` tokens left of a document, adjusted so that no
-  // tail under m stays: the whole rest where the receiver and the excess
-  // take it, else an m-token tail kept (last_cut: the next document goes
-  // on).
-  int64_t KeepTail(int32_t to, int64_t take, int64_t rest, int64_t later, int64_t excess,
+  // tail under m stays: an m-token tail kept (last_cut: the next document
+  // goes on). take = min(rest, excess, receiver's deficit), so a receiver
+  // and excess that could take the whole rest already did (tail 0).
+  int64_t KeepTail(int64_t take, int64_t rest, int64_t later, int64_t excess,
                    bool& last_cut) const {
     const int64_t tail = rest - take;
     if (tail <= 0 || tail >= m_) return take;
-    if (deficit_[to] >= rest && excess >= rest) return rest;  // no short tail
     if (rest - m_ >= m_ && later >= excess - (rest - m_)) {
       last_cut = true;
       return rest - m_;
