@@ -52,6 +52,9 @@ namespace {
 using core::testing::IsOk;
 using tests::testing::PlannerProcess;
 using tests::testing::Subprocess;
+using ::testing::Contains;
+using ::testing::Each;
+using ::testing::Gt;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -479,6 +482,41 @@ double SumSamples(const std::string& exposition, const std::string& name) {
   return sum;
 }
 
+// Waits for every rank of `ws` to finish `steps` steps, checks each rank's
+// bytes sent (its own counters) equal the plans' prediction for it, then
+// stops the group and checks every rank exits 0 without a byte mismatch.
+// Returns each rank's bytes sent.
+std::vector<double> AwaitRunWithPredictedBytes(std::vector<Worker>& ws, int64_t steps) {
+  std::vector<double> sent_by_rank;
+  for (const Worker& w : ws) {
+    EXPECT_THAT(AwaitStatus(
+                    w,
+                    [steps](const v1::WorkerStatus& s) {
+                      return s.state() == v1::WorkerStatus::IDLE && s.steps_done() == steps;
+                    },
+                    In(absl::Seconds(120)))
+                    .status(),
+                IsOk());
+    auto scrape = tests::testing::HttpGet(w.metrics, "/metrics", In(absl::Seconds(10)));
+    EXPECT_THAT(scrape.status(), IsOk());
+    if (!scrape.ok()) continue;
+    const double sent = SumSamples(scrape->body, "flashcp_worker_bytes_sent_total");
+    sent_by_rank.push_back(sent);
+    EXPECT_EQ(sent, SumSamples(scrape->body, "flashcp_worker_predicted_bytes_sent_total"))
+        << w.metrics;
+  }
+  EXPECT_THAT(ws[1].process->Signal(SIGTERM), IsOk());
+  for (Worker& w : ws) {
+    auto code = w.Finish(In(absl::Seconds(30)));
+    EXPECT_THAT(code.status(), IsOk());
+    if (code.ok()) {
+      EXPECT_EQ(*code, 0) << w.output;
+    }
+    EXPECT_THAT(w.output, Not(HasSubstr("the plan predicts")));
+  }
+  return sent_by_rank;
+}
+
 // Block diffusion through the real binaries: the flags reach the real
 // planner's requests, the group steps the 2C-row plans, and every rank's
 // bytes sent are the plans' prediction for it (its own counters).
@@ -492,29 +530,7 @@ TEST(E2eWorkersTest, ABlockDiffusionRunMovesThePredictedBytes) {
        "--attention_mask", "block_diffusion", "--block_size", "4", "--linger", "--timeout_s",
        "30"});
   ASSERT_EQ(ws.size(), static_cast<size_t>(kRanks));
-  for (const Worker& w : ws) {
-    ASSERT_THAT(AwaitStatus(
-                    w,
-                    [](const v1::WorkerStatus& s) {
-                      return s.state() == v1::WorkerStatus::IDLE && s.steps_done() == kSteps;
-                    },
-                    In(absl::Seconds(120)))
-                    .status(),
-                IsOk());
-    auto scrape = tests::testing::HttpGet(w.metrics, "/metrics", In(absl::Seconds(10)));
-    ASSERT_THAT(scrape.status(), IsOk());
-    const double sent = SumSamples(scrape->body, "flashcp_worker_bytes_sent_total");
-    EXPECT_GT(sent, 0) << w.metrics;
-    EXPECT_EQ(sent, SumSamples(scrape->body, "flashcp_worker_predicted_bytes_sent_total"))
-        << w.metrics;
-  }
-  ASSERT_THAT(ws[1].process->Signal(SIGTERM), IsOk());
-  for (Worker& w : ws) {
-    auto code = w.Finish(In(absl::Seconds(30)));
-    ASSERT_THAT(code.status(), IsOk());
-    EXPECT_EQ(*code, 0) << w.output;
-    EXPECT_THAT(w.output, Not(HasSubstr("the plan predicts")));
-  }
+  EXPECT_THAT(AwaitRunWithPredictedBytes(ws, kSteps), Each(Gt(0)));
   EXPECT_THAT(ws[0].output, HasSubstr("RUN {\"strategy\":\"csbp\",\"scheme\":\"allgather\","
                                       "\"steps\":3,"));
   // The plans cover 2C rows: full_kv would have every rank send its 2C/N
@@ -539,31 +555,8 @@ TEST(E2eWorkersTest, AnAllToAllRunMovesThePredictedBytes) {
                                        "--scheme", "all_to_all", "--heads", "12", "--linger",
                                        "--timeout_s", "30"});
   ASSERT_EQ(ws.size(), static_cast<size_t>(kRanks));
-  double group_sent = 0;  // a rank alone in its group sends nothing
-  for (const Worker& w : ws) {
-    ASSERT_THAT(AwaitStatus(
-                    w,
-                    [](const v1::WorkerStatus& s) {
-                      return s.state() == v1::WorkerStatus::IDLE && s.steps_done() == kSteps;
-                    },
-                    In(absl::Seconds(120)))
-                    .status(),
-                IsOk());
-    auto scrape = tests::testing::HttpGet(w.metrics, "/metrics", In(absl::Seconds(10)));
-    ASSERT_THAT(scrape.status(), IsOk());
-    const double sent = SumSamples(scrape->body, "flashcp_worker_bytes_sent_total");
-    group_sent += sent;
-    EXPECT_EQ(sent, SumSamples(scrape->body, "flashcp_worker_predicted_bytes_sent_total"))
-        << w.metrics;
-  }
-  EXPECT_GT(group_sent, 0);
-  ASSERT_THAT(ws[1].process->Signal(SIGTERM), IsOk());
-  for (Worker& w : ws) {
-    auto code = w.Finish(In(absl::Seconds(30)));
-    ASSERT_THAT(code.status(), IsOk());
-    EXPECT_EQ(*code, 0) << w.output;
-    EXPECT_THAT(w.output, Not(HasSubstr("the plan predicts")));
-  }
+  // A rank alone in its group sends nothing; the group as a whole does.
+  EXPECT_THAT(AwaitRunWithPredictedBytes(ws, kSteps), Contains(Gt(0)));
   EXPECT_THAT(ws[0].output, HasSubstr("RUN {\"strategy\":\"flashcp\",\"scheme\":\"all_to_all\","
                                       "\"steps\":3,"));
   EXPECT_THAT((*planner)->Terminate(), core::testing::IsOk());
