@@ -12,26 +12,30 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-float Dot(const float* a, const float* b, int64_t d) {
-  float s = 0.0f;
-  for (int64_t x = 0; x < d; ++x) s += a[x] * b[x];
+// Sums in double: this kernel is the CPU reference path of the
+// block-diffusion mask (the engine and flashcp.torch on CPU), held to an fp32
+// error no larger than torch's own fp32 SDPA, so every sum and accumulator is
+// double and only results are rounded to fp32.
+double Dot(const float* a, const float* b, int64_t d) {
+  double s = 0.0;
+  for (int64_t x = 0; x < d; ++x) s += double{a[x]} * b[x];
   return s;
 }
 
 struct Ctx {
   int64_t h_count, d, hd;
-  float scale;
+  double scale;
   int64_t b;
 };
 
 // Scaled scores of query i of shard `s` (head h) against every key; masked
 // keys get -inf. Returns the row maximum.
-float Scores(const Ctx& c, const MaskedShardAttention& s, const float* q, int64_t i, int64_t h,
-             std::vector<float>& out) {
+double Scores(const Ctx& c, const MaskedShardAttention& s, const float* q, int64_t i, int64_t h,
+              std::vector<double>& out) {
   out.resize(s.kv_len);
   const float* qi = q + (s.q_row + i) * c.hd + h * c.d;
   const int64_t qpos = s.q_pos + i;
-  float mx = kNegInf;
+  double mx = kNegInf;
   for (int64_t j = 0; j < s.kv_len; ++j) {
     if (!core::BlockDiffusionSees(c.b, s.q_noisy, qpos, s.key_noisy[j] != 0, s.key_pos[j])) {
       out[j] = kNegInf;
@@ -115,23 +119,24 @@ absl::Status MaskedAttentionForwardCpu(const AttentionShape& shape, int64_t bloc
   pool.ParallelFor(static_cast<int64_t>(shards.size()) * c.h_count, [&](int64_t task) {
     const MaskedShardAttention& s = shards[task / c.h_count];
     const int64_t h = task % c.h_count;
-    std::vector<float> p;
+    std::vector<double> p, acc(c.d);
     for (int64_t i = 0; i < s.q_len; ++i) {
-      const float mx = Scores(c, s, q, i, h, p);
-      float sum = 0.0f;
-      for (float& x : p) {
-        x = x == kNegInf ? 0.0f : std::exp(x - mx);
+      const double mx = Scores(c, s, q, i, h, p);
+      double sum = 0.0;
+      for (double& x : p) {
+        x = x == kNegInf ? 0.0 : std::exp(x - mx);
         sum += x;
       }
-      float* out = o + (s.q_row + i) * c.hd + h * c.d;
-      std::fill(out, out + c.d, 0.0f);
+      std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t j = 0; j < s.kv_len; ++j) {
-        if (p[j] == 0.0f) continue;
-        const float w = p[j] / sum;
+        if (p[j] == 0.0) continue;
+        const double w = p[j] / sum;
         const float* vj = s.v + j * c.hd + h * c.d;
-        for (int64_t x = 0; x < c.d; ++x) out[x] += w * vj[x];
+        for (int64_t x = 0; x < c.d; ++x) acc[x] += w * vj[x];
       }
-      lse[(s.q_row + i) * c.h_count + h] = mx + std::log(sum);
+      float* out = o + (s.q_row + i) * c.hd + h * c.d;
+      for (int64_t x = 0; x < c.d; ++x) out[x] = static_cast<float>(acc[x]);
+      lse[(s.q_row + i) * c.h_count + h] = static_cast<float>(mx + std::log(sum));
     }
   });
   return absl::OkStatus();
@@ -150,34 +155,41 @@ absl::Status MaskedAttentionBackwardCpu(const AttentionShape& shape, int64_t blo
   pool.ParallelFor(static_cast<int64_t>(shards.size()) * c.h_count, [&](int64_t task) {
     const MaskedShardAttention& s = shards[task / c.h_count];
     const int64_t h = task % c.h_count;
-    for (int64_t j = 0; j < s.kv_len; ++j) {
-      std::fill(s.dk + j * c.hd + h * c.d, s.dk + j * c.hd + (h + 1) * c.d, 0.0f);
-      std::fill(s.dv + j * c.hd + h * c.d, s.dv + j * c.hd + (h + 1) * c.d, 0.0f);
-    }
-    std::vector<float> p;
+    // dK, dV of the shard's keys and dQ of a query: double accumulators,
+    // rounded to fp32 once (see Dot).
+    std::vector<double> p, dk(s.kv_len * c.d, 0.0), dv(s.kv_len * c.d, 0.0), dq_acc(c.d);
     for (int64_t i = 0; i < s.q_len; ++i) {
       const int64_t row = s.q_row + i;
       const float* qi = q + row * c.hd + h * c.d;
       const float* doi = dout + row * c.hd + h * c.d;
       const float* oi = o + row * c.hd + h * c.d;
-      const float delta = Dot(doi, oi, c.d);
-      const float l = lse[row * c.h_count + h];
+      const double delta = Dot(doi, oi, c.d);
+      const double l = lse[row * c.h_count + h];
       Scores(c, s, q, i, h, p);
-      float* dqi = dq + row * c.hd + h * c.d;
-      std::fill(dqi, dqi + c.d, 0.0f);
+      std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
       for (int64_t j = 0; j < s.kv_len; ++j) {
         if (p[j] == kNegInf) continue;
-        const float pj = std::exp(p[j] - l);
+        const double pj = std::exp(p[j] - l);
         const float* kj = s.k + j * c.hd + h * c.d;
         const float* vj = s.v + j * c.hd + h * c.d;
-        const float ds = pj * (Dot(doi, vj, c.d) - delta);
-        float* dkj = s.dk + j * c.hd + h * c.d;
-        float* dvj = s.dv + j * c.hd + h * c.d;
+        const double ds = pj * (Dot(doi, vj, c.d) - delta);
+        double* dkj = dk.data() + j * c.d;
+        double* dvj = dv.data() + j * c.d;
         for (int64_t x = 0; x < c.d; ++x) {
           dvj[x] += pj * doi[x];
           dkj[x] += c.scale * ds * qi[x];
-          dqi[x] += c.scale * ds * kj[x];
+          dq_acc[x] += c.scale * ds * kj[x];
         }
+      }
+      float* dqi = dq + row * c.hd + h * c.d;
+      for (int64_t x = 0; x < c.d; ++x) dqi[x] = static_cast<float>(dq_acc[x]);
+    }
+    for (int64_t j = 0; j < s.kv_len; ++j) {
+      float* dkj = s.dk + j * c.hd + h * c.d;
+      float* dvj = s.dv + j * c.hd + h * c.d;
+      for (int64_t x = 0; x < c.d; ++x) {
+        dkj[x] = static_cast<float>(dk[j * c.d + x]);
+        dvj[x] = static_cast<float>(dv[j * c.d + x]);
       }
     }
   });

@@ -2,8 +2,11 @@
 attention_mask="block_diffusion", CpContext / dispatch / attention on the 2C
 rows [noisy ; clean] over real gloo process groups at N = 1, 2, 3 and 4, for every
 strategy that plans under the mask, every KV scheme and b in {1, 4, 16},
-against a dense fp64 reference; fp32 error no larger than twice torch SDPA's
-own fp32 error against the same reference."""
+against a dense fp64 reference; fp32 error no larger than torch SDPA's own
+fp32 error against the same reference: per N and quantity (O, dQ, dK, dV) the
+largest error over the cases is at most SDPA's largest. Per case it was at most
+0.96x SDPA's on this VM (AVX512 torch); the per-case bound, 1.25x, leaves room
+for torch's own rounding on another CPU."""
 import pytest
 import torch
 
@@ -52,6 +55,7 @@ def _errs(got, want):
 def test_attention_equals_the_dense_fp64_reference(n):
     specs, per_rank = _results(n)
     assert len(specs) >= 30
+    worst = {what: [0.0, 0.0] for what in ("o", "dq", "dk", "dv")}  # ours, SDPA's
     for key, spec in specs.items():
         lens, b = spec["doc_lens"], spec["block_size"]
         c = sum(lens)
@@ -71,7 +75,8 @@ def test_attention_equals_the_dense_fp64_reference(n):
                     t[rows[real]] = torch.tensor(local, dtype=torch.float64)[real]
             got[scheme] = _errs(g, want)
             for what, e, s in zip(("o", "dq", "dk", "dv"), got[scheme], sdpa):
-                assert e <= 2 * s, (key, scheme, what, e, s)
+                assert e <= 1.25 * s, (key, scheme, what, e, s)
+                worst[what] = [max(worst[what][0], e), max(worst[what][1], s)]
         for res in per_rank:
             r = res[key]
             assert r["total_tokens"] == 2 * c
@@ -84,6 +89,8 @@ def test_attention_equals_the_dense_fp64_reference(n):
             assert torch.equal(block[real], pos[rows[real]] // b), key
             assert not noisy[~real].any()
             assert f"2C = {2 * c} rows" in r["short_input"] and f"x: {c} rows" in r["short_input"]
+    for what, (ours, sdpa) in worst.items():
+        assert ours <= sdpa, (n, what, ours, sdpa)
 
 
 def test_a_bad_block_size_is_refused_naming_it():
