@@ -240,6 +240,12 @@ bool Evaluate(const std::vector<Batch>& batches, const std::vector<Strategy>& st
                      std::string(st.status().message()).c_str());
         return false;
       }
+      if (!st->native().inapplicable.empty()) {  // no time to average in
+        std::fprintf(stderr, "plan_quality: %s batch %zu: %s: no predicted step: %s\n",
+                     label.c_str(), k, std::string(StrategyName(s)).c_str(),
+                     st->native().inapplicable.c_str());
+        return false;
+      }
       row.step_ms += 1e3 * st->native().step_seconds;
       ++row.exchanges[static_cast<size_t>(st->exchange)];
       if (m->cut_docs > 0) row.min_cut.push_back(m->min_cut_shard_len);

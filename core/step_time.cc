@@ -162,6 +162,22 @@ double CollectiveSeconds(const Model& m, double block) {
          (m.nodes - 1) * m.c.nic_latency_seconds;
 }
 
+// One rank's exchange time of one phase: its `intra` bytes over NVLink and
+// its node's larger of sent and received bytes over the node's shared NICs,
+// each with `rounds` latencies (messages in sequence); the slower of the two.
+double LinkSeconds(const Model& m, int32_t r, double intra, const std::vector<double>& node_send,
+                   const std::vector<double>& node_recv, int rounds) {
+  const int32_t k = NodeOf(r, m.c.ranks_per_node);
+  const double inter = std::max(node_send[k], node_recv[k]);
+  double t = 0;
+  if (intra > 0) t = intra / m.c.nvlink_bytes_per_second + rounds * m.c.nvlink_latency_seconds;
+  if (inter > 0) {
+    t = std::max(t, inter / (m.node_size[k] * m.c.nic_bytes_per_second) +
+                        rounds * m.c.nic_latency_seconds);
+  }
+  return t;
+}
+
 std::vector<double> TargetedSeconds(const Model& m) {
   const int32_t n = m.n;
   const std::vector<int64_t> pair = TargetedPairTokens(m.plan);
@@ -184,16 +200,7 @@ std::vector<double> TargetedSeconds(const Model& m) {
   }
   std::vector<double> x(n, 0);
   for (int32_t r = 0; r < n; ++r) {
-    const double intra = std::max(intra_send[r], intra_recv[r]);
-    const int32_t k = NodeOf(r, rpn);
-    const double inter = std::max(node_send[k], node_recv[k]);
-    double t = 0;
-    if (intra > 0) t = intra / m.c.nvlink_bytes_per_second + m.c.nvlink_latency_seconds;
-    if (inter > 0) {
-      t = std::max(t, inter / (m.node_size[k] * m.c.nic_bytes_per_second) +
-                          m.c.nic_latency_seconds);
-    }
-    x[r] = t;
+    x[r] = LinkSeconds(m, r, std::max(intra_send[r], intra_recv[r]), node_send, node_recv, 1);
   }
   return x;
 }
@@ -300,6 +307,9 @@ StepTimePrediction Ring(const Model& m) {
 // to and from other nodes over the node's shared NICs, each plus two
 // latencies (two rounds: Q, K, V in before the attention, O out after); the
 // slower of the two. Backward moves what forward received, the same time.
+// The rounds' bytes are summed before the larger of sent and received is
+// taken: exact where the group's ranks hold equal real tokens (every rank
+// holds C/N rows), low by at most the padding rows' share otherwise.
 std::vector<double> AllToAllSeconds(const Model& m, const AllToAllPhase& a) {
   const double row = static_cast<double>(AllToAllRowBytes(m.shape));
   const int32_t rpn = m.c.ranks_per_node;
@@ -312,15 +322,7 @@ std::vector<double> AllToAllSeconds(const Model& m, const AllToAllPhase& a) {
   for (int32_t r = 0; r < m.n; ++r) {
     const double intra = row * static_cast<double>(std::max(a.sent[r] - a.inter_sent[r],
                                                             a.received[r] - a.inter_received[r]));
-    const int32_t k = NodeOf(r, rpn);
-    const double inter = std::max(node_sent[k], node_recv[k]);
-    double t = 0;
-    if (intra > 0) t = intra / m.c.nvlink_bytes_per_second + 2 * m.c.nvlink_latency_seconds;
-    if (inter > 0) {
-      t = std::max(t, inter / (m.node_size[k] * m.c.nic_bytes_per_second) +
-                          2 * m.c.nic_latency_seconds);
-    }
-    x[r] = t;
+    x[r] = LinkSeconds(m, r, intra, node_sent, node_recv, 2);
   }
   return x;
 }

@@ -169,9 +169,11 @@ absl::Status ValidateStepShape(const ModelShape& shape, int32_t layers);
 
 // Predicts one exchange for a valid plan (ValidatePlan). InvalidArgument
 // naming the field for a bad shape, layers or cluster, or cp_size above
-// kMaxStepTimeCpSize; OutOfRange where the all-to-all's bytes overflow
-// int64. An exchange that does not apply to the plan is not an error: its
-// prediction says so (StepTimePrediction::inapplicable).
+// kMaxStepTimeCpSize; OutOfRange where the all-to-all's row counts overflow
+// int64 (PredictAllExchanges, and so every strategy's report, then fails
+// too, as AnalyzePlan does on the same plan). An exchange that does not apply
+// to the plan is not an error: its prediction says so
+// (StepTimePrediction::inapplicable).
 absl::StatusOr<StepTimePrediction> PredictStepTime(const Plan& plan, const ModelShape& shape,
                                                    int32_t layers, const ClusterSpec& cluster,
                                                    StepExchange exchange);

@@ -102,6 +102,35 @@ TEST(PlanBatchTest, PredictedStepTimeWhenAClusterIsNamed) {
   ASSERT_EQ(r->shards_size(), static_cast<int>(choice->plan.shards.size()));
 }
 
+// An exchange that does not apply to the plan reaches the response as its
+// reason, with no time: one document over a group of 3 ranks, whose size
+// does not divide the default query heads.
+TEST(PlanBatchTest, AnInapplicableAllToAllSaysWhyInTheResponse) {
+  core::testing::TickingClock clock{kTick};
+  RecordingObserver observer;
+  PlanInput in;
+  in.batch = core::Batch{{3000}, 3};
+  in.strategy = core::Strategy::kLlama3;
+  ASSERT_NE(core::QueryHeads(in.shape) % 3, 0);
+  core::StepTimeOptions step;
+  step.cluster_name = "h200";
+  step.cluster = core::ClusterPreset("h200").value();
+  in.step_time = step;
+  absl::StatusOr<v1::PlanResponse> r = PlanBatch(in, clock, observer);
+  ASSERT_THAT(r, IsOk());
+  ASSERT_EQ(r->metrics().predicted_exchanges_size(), core::kNumStepExchanges);
+  const v1::ExchangeStepTime& a2a =
+      r->metrics().predicted_exchanges(static_cast<int>(core::StepExchange::kAllToAll));
+  EXPECT_EQ(a2a.exchange(), "all_to_all");
+  EXPECT_EQ(a2a.inapplicable(), r->metrics().all_to_all_inapplicable());
+  EXPECT_THAT(a2a.inapplicable(), ::testing::StartsWith("query_heads: "));
+  EXPECT_EQ(a2a.step_seconds(), 0);
+  const v1::ExchangeStepTime& ag =
+      r->metrics().predicted_exchanges(static_cast<int>(core::StepExchange::kAllGather));
+  EXPECT_EQ(ag.inapplicable(), "");
+  EXPECT_GT(ag.step_seconds(), 0);
+}
+
 TEST(PlanBatchTest, ChooseSchemesAddsTheGroupsAndKeepsFlashcpsPlan) {
   core::testing::TickingClock clock{kTick};
   RecordingObserver observer;

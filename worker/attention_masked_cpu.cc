@@ -28,24 +28,29 @@ struct Ctx {
   int64_t b;
 };
 
-// Scaled scores of query i of shard `s` (head h) against every key; masked
-// keys get -inf. Returns the row maximum.
+// Scaled scores of query i of shard `s` (head h) against keys [j0, j1)
+// (out[j - j0]); masked keys get -inf. Returns the row maximum.
 double Scores(const Ctx& c, const MaskedShardAttention& s, const float* q, int64_t i, int64_t h,
-              std::vector<double>& out) {
-  out.resize(s.kv_len);
+              int64_t j0, int64_t j1, std::vector<double>& out) {
+  out.resize(j1 - j0);
   const float* qi = q + (s.q_row + i) * c.hd + h * c.d;
   const int64_t qpos = s.q_pos + i;
   double mx = kNegInf;
-  for (int64_t j = 0; j < s.kv_len; ++j) {
+  for (int64_t j = j0; j < j1; ++j) {
+    double& x = out[j - j0];
     if (!core::BlockDiffusionSees(c.b, s.q_noisy, qpos, s.key_noisy[j] != 0, s.key_pos[j])) {
-      out[j] = kNegInf;
+      x = kNegInf;
       continue;
     }
-    out[j] = c.scale * Dot(qi, s.k + j * c.hd + h * c.d, c.d);
-    mx = std::max(mx, out[j]);
+    x = c.scale * Dot(qi, s.k + j * c.hd + h * c.d, c.d);
+    mx = std::max(mx, x);
   }
   return mx;
 }
+
+// Keys per tile of the backward: its double dK, dV accumulators are
+// kKeyTile x D per task, whatever the shard's length.
+constexpr int64_t kKeyTile = 256;
 
 absl::Status Validate(const AttentionShape& shape, int64_t block_size,
                       absl::Span<const MaskedShardAttention> shards, int64_t q_rows,
@@ -121,7 +126,7 @@ absl::Status MaskedAttentionForwardCpu(const AttentionShape& shape, int64_t bloc
     const int64_t h = task % c.h_count;
     std::vector<double> p, acc(c.d);
     for (int64_t i = 0; i < s.q_len; ++i) {
-      const double mx = Scores(c, s, q, i, h, p);
+      const double mx = Scores(c, s, q, i, h, 0, s.kv_len, p);
       double sum = 0.0;
       for (double& x : p) {
         x = x == kNegInf ? 0.0 : std::exp(x - mx);
@@ -155,41 +160,52 @@ absl::Status MaskedAttentionBackwardCpu(const AttentionShape& shape, int64_t blo
   pool.ParallelFor(static_cast<int64_t>(shards.size()) * c.h_count, [&](int64_t task) {
     const MaskedShardAttention& s = shards[task / c.h_count];
     const int64_t h = task % c.h_count;
-    // dK, dV of the shard's keys and dQ of a query: double accumulators,
-    // rounded to fp32 once (see Dot).
-    std::vector<double> p, dk(s.kv_len * c.d, 0.0), dv(s.kv_len * c.d, 0.0), dq_acc(c.d);
+    // Keys in tiles: each tile's dK, dV accumulate in double over every
+    // query and are rounded once; a query's dQ accumulates in double over
+    // a tile and is added to its fp32 row per tile (one rounding where the
+    // shard has at most kKeyTile keys).
+    std::vector<double> p, delta(s.q_len), dk(kKeyTile * c.d), dv(kKeyTile * c.d), dq_acc(c.d);
     for (int64_t i = 0; i < s.q_len; ++i) {
       const int64_t row = s.q_row + i;
-      const float* qi = q + row * c.hd + h * c.d;
-      const float* doi = dout + row * c.hd + h * c.d;
-      const float* oi = o + row * c.hd + h * c.d;
-      const double delta = Dot(doi, oi, c.d);
-      const double l = lse[row * c.h_count + h];
-      Scores(c, s, q, i, h, p);
-      std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
-      for (int64_t j = 0; j < s.kv_len; ++j) {
-        if (p[j] == kNegInf) continue;
-        const double pj = std::exp(p[j] - l);
-        const float* kj = s.k + j * c.hd + h * c.d;
-        const float* vj = s.v + j * c.hd + h * c.d;
-        const double ds = pj * (Dot(doi, vj, c.d) - delta);
-        double* dkj = dk.data() + j * c.d;
-        double* dvj = dv.data() + j * c.d;
-        for (int64_t x = 0; x < c.d; ++x) {
-          dvj[x] += pj * doi[x];
-          dkj[x] += c.scale * ds * qi[x];
-          dq_acc[x] += c.scale * ds * kj[x];
-        }
-      }
+      delta[i] = Dot(dout + row * c.hd + h * c.d, o + row * c.hd + h * c.d, c.d);
       float* dqi = dq + row * c.hd + h * c.d;
-      for (int64_t x = 0; x < c.d; ++x) dqi[x] = static_cast<float>(dq_acc[x]);
+      std::fill(dqi, dqi + c.d, 0.0f);
     }
-    for (int64_t j = 0; j < s.kv_len; ++j) {
-      float* dkj = s.dk + j * c.hd + h * c.d;
-      float* dvj = s.dv + j * c.hd + h * c.d;
-      for (int64_t x = 0; x < c.d; ++x) {
-        dkj[x] = static_cast<float>(dk[j * c.d + x]);
-        dvj[x] = static_cast<float>(dv[j * c.d + x]);
+    for (int64_t j0 = 0; j0 < s.kv_len; j0 += kKeyTile) {
+      const int64_t j1 = std::min(s.kv_len, j0 + kKeyTile);
+      std::fill(dk.begin(), dk.end(), 0.0);
+      std::fill(dv.begin(), dv.end(), 0.0);
+      for (int64_t i = 0; i < s.q_len; ++i) {
+        const int64_t row = s.q_row + i;
+        const float* qi = q + row * c.hd + h * c.d;
+        const float* doi = dout + row * c.hd + h * c.d;
+        const double l = lse[row * c.h_count + h];
+        Scores(c, s, q, i, h, j0, j1, p);
+        std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
+        for (int64_t j = j0; j < j1; ++j) {
+          if (p[j - j0] == kNegInf) continue;
+          const double pj = std::exp(p[j - j0] - l);
+          const float* kj = s.k + j * c.hd + h * c.d;
+          const float* vj = s.v + j * c.hd + h * c.d;
+          const double ds = pj * (Dot(doi, vj, c.d) - delta[i]);
+          double* dkj = dk.data() + (j - j0) * c.d;
+          double* dvj = dv.data() + (j - j0) * c.d;
+          for (int64_t x = 0; x < c.d; ++x) {
+            dvj[x] += pj * doi[x];
+            dkj[x] += c.scale * ds * qi[x];
+            dq_acc[x] += c.scale * ds * kj[x];
+          }
+        }
+        float* dqi = dq + row * c.hd + h * c.d;
+        for (int64_t x = 0; x < c.d; ++x) dqi[x] += static_cast<float>(dq_acc[x]);
+      }
+      for (int64_t j = j0; j < j1; ++j) {
+        float* dkj = s.dk + j * c.hd + h * c.d;
+        float* dvj = s.dv + j * c.hd + h * c.d;
+        for (int64_t x = 0; x < c.d; ++x) {
+          dkj[x] = static_cast<float>(dk[(j - j0) * c.d + x]);
+          dvj[x] = static_cast<float>(dv[(j - j0) * c.d + x]);
+        }
       }
     }
   });

@@ -119,7 +119,9 @@ PrometheusWorkerMetrics::PrometheusWorkerMetrics(prometheus::Registry& registry,
                              "Attention step seconds the plans predicted on the --cluster "
                              "preset (PlanMetrics.predicted_step_seconds, core/step_time.h), "
                              "for the same steps as flashcp_worker_step_duration_seconds; "
-                             "0 a step without --cluster",
+                             "0 a step without --cluster, or whose plan's exchange has no "
+                             "modelled time (basp's all_to_all where a group's size does not "
+                             "divide the heads)",
                              labels, registry)) {
   Family(prometheus::BuildGauge(), "flashcp_worker_build_info", "flashcp-worker build; always 1",
          labels, registry)
