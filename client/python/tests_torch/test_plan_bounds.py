@@ -49,6 +49,10 @@ def test_ctrl_c_interrupts_planning_promptly():
         # background job, as CI may run the suite); a user's Ctrl-C has the
         # default handler.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        # Load the native module first (a CUDA build imports torch there, a
+        # second or two): the signal must land in planning, not in an import.
+        from flashcp._native import native
+        native()
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         t = time.monotonic()
         try:
