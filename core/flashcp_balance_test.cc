@@ -189,28 +189,25 @@ Plan PlainBalance(const Batch& batch, const Plan& plan, double max_workload, int
   return moves == 0 ? plan : FinishPlan(batch, balancer.pieces());
 }
 
-int64_t Draw(SplitMix64Rng& rng, int64_t lo, int64_t hi) {
-  return lo + static_cast<int64_t>(rng.Next() % static_cast<uint64_t>(hi - lo + 1));
-}
-
 // A valid plan of a random batch: a planner's, or the packed sequence cut
 // into 1 to 3 chunks per rank's share, dealt out shuffled (cut documents,
 // several pieces per rank). Documents of at most 300 tokens keep every
 // workload an exact double, so the reference may sum afresh each step.
 Plan RandomPlan(SplitMix64Rng& rng, Batch& batch) {
-  batch.cp_size = static_cast<int32_t>(Draw(rng, 0, 9) == 0 ? Draw(rng, 9, 16) : Draw(rng, 1, 8));
-  const int64_t count = Draw(rng, 0, 7) == 0 ? 1 : Draw(rng, 1, 6 * batch.cp_size + 6);
-  const int64_t kind = Draw(rng, 0, 4);
+  batch.cp_size =
+      static_cast<int32_t>(rng.Between(0, 9) == 0 ? rng.Between(9, 16) : rng.Between(1, 8));
+  const int64_t count = rng.Between(0, 7) == 0 ? 1 : rng.Between(1, 6 * batch.cp_size + 6);
+  const int64_t kind = rng.Between(0, 4);
   batch.doc_lens.clear();
   for (int64_t i = 0; i < count; ++i) {
     batch.doc_lens.push_back(kind == 0   ? 1
-                             : kind <= 2 ? Draw(rng, 1, 8)
-                                         : (Draw(rng, 0, 4) == 0 ? 1 : Draw(rng, 1, 300)));
+                             : kind <= 2 ? rng.Between(1, 8)
+                                         : (rng.Between(0, 4) == 0 ? 1 : rng.Between(1, 300)));
   }
   // A batch has at least a token per rank.
   int64_t total = TotalTokens(batch.doc_lens);
   for (; total < batch.cp_size; ++total) batch.doc_lens.push_back(1);
-  const int64_t source = Draw(rng, 0, 5);
+  const int64_t source = rng.Between(0, 5);
   if (source < 3) {
     const Strategy s =
         std::vector{Strategy::kWholeDoc, Strategy::kFlashCp, Strategy::kZigzag}[source];
@@ -223,14 +220,14 @@ Plan RandomPlan(SplitMix64Rng& rng, Batch& batch) {
   const std::vector<int64_t> targets = RankTargets(batch);
   for (int32_t r = 0; r < batch.cp_size; ++r) {
     for (int64_t left = targets[r]; left > 0;) {
-      const int64_t size = Draw(rng, 0, 2) == 0 ? left : Draw(rng, 1, left);
+      const int64_t size = rng.Between(0, 2) == 0 ? left : rng.Between(1, left);
       sizes.push_back(size);
       owners.push_back(r);
       left -= size;
     }
   }
   for (size_t i = sizes.size(); i > 1; --i) {  // Fisher-Yates
-    const size_t j = static_cast<size_t>(Draw(rng, 0, static_cast<int64_t>(i) - 1));
+    const size_t j = static_cast<size_t>(rng.Between(0, static_cast<int64_t>(i) - 1));
     std::swap(sizes[i - 1], sizes[j]);
     std::swap(owners[i - 1], owners[j]);
   }
@@ -250,15 +247,15 @@ TEST(BalanceByWholeExchangesTest, MatchesThePlainReference) {
     const double high = *std::max_element(work.begin(), work.end());
     // A bound of 0 (lower the peak while any exchange does), one between
     // the lightest and heaviest rank, or one already met.
-    const int64_t pick = Draw(rng, 0, 7);
+    const int64_t pick = rng.Between(0, 7);
     const double bound = pick <= 2 ? 0.0
                          : pick == 7
                              ? high
-                             : low + (high - low) * static_cast<double>(Draw(rng, 0, 8)) / 8;
-    const int32_t partners = static_cast<int32_t>(Draw(rng, 0, batch.cp_size + 1));
-    const int32_t moves = static_cast<int32_t>(Draw(rng, 0, 20));
-    const int64_t m = std::vector<int64_t>{0, 1, 1, 2, 3, 8}[Draw(rng, 0, 5)];
-    const bool move_cut = Draw(rng, 0, 1) == 1;
+                             : low + (high - low) * static_cast<double>(rng.Between(0, 8)) / 8;
+    const int32_t partners = static_cast<int32_t>(rng.Between(0, batch.cp_size + 1));
+    const int32_t moves = static_cast<int32_t>(rng.Between(0, 20));
+    const int64_t m = std::vector<int64_t>{0, 1, 1, 2, 3, 8}[rng.Between(0, 5)];
+    const bool move_cut = rng.Between(0, 1) == 1;
     const Plan tuned = BalanceByWholeExchanges(batch, plan, bound, partners, moves, m, move_cut);
     const Plan plain = PlainBalance(batch, plan, bound, partners, moves, m, move_cut, tally);
     ASSERT_EQ(tuned.shards, plain.shards) << "trial " << trial;

@@ -24,6 +24,12 @@ class SplitMix64Rng {
   uint64_t Next() { return SplitMix64(state_); }
   // Uniform in [0, 1): the top 53 bits.
   double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  // In [lo, hi] (lo <= hi), one Next() per call: the modulo's slight bias
+  // is harmless for test inputs and keeps every stream drawn from it as it was.
+  int64_t Between(int64_t lo, int64_t hi) {
+    const uint64_t span = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo) + 1;
+    return lo + static_cast<int64_t>(Next() % span);
+  }
 
  private:
   uint64_t state_;

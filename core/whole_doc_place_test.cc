@@ -203,26 +203,21 @@ bool PlainEqualize(const Batch& batch, const std::vector<int64_t>& need,
   return PlainEqualizer(batch, need, placement, workload, out, options, branches).Run();
 }
 
-// A random draw in [lo, hi].
-int64_t Draw(SplitMix64Rng& rng, int64_t lo, int64_t hi) {
-  return lo + static_cast<int64_t>(rng.Next() % static_cast<uint64_t>(hi - lo + 1));
-}
-
 // Random documents: many one-token ones, short ones, long ones, and now and
 // then some past 2^27 tokens (workloads past 2^53, where sums round).
 std::vector<int64_t> RandomLens(SplitMix64Rng& rng, int64_t count) {
-  const int64_t kind = Draw(rng, 0, 9);
+  const int64_t kind = rng.Between(0, 9);
   std::vector<int64_t> lens;
   for (int64_t i = 0; i < count; ++i) {
     if (kind == 0) {
       lens.push_back(1);
     } else if (kind <= 3) {
-      lens.push_back(Draw(rng, 1, 8));
+      lens.push_back(rng.Between(1, 8));
     } else if (kind == 9) {
-      lens.push_back(Draw(rng, 0, 3) == 0 ? Draw(rng, int64_t{1} << 27, int64_t{1} << 31)
-                                          : Draw(rng, 1, 5000));
+      lens.push_back(rng.Between(0, 3) == 0 ? rng.Between(int64_t{1} << 27, int64_t{1} << 31)
+                                          : rng.Between(1, 5000));
     } else {
-      lens.push_back(Draw(rng, 0, 4) == 0 ? 1 : Draw(rng, 1, 300));
+      lens.push_back(rng.Between(0, 4) == 0 ? 1 : rng.Between(1, 300));
     }
   }
   return lens;
@@ -233,15 +228,15 @@ std::vector<int64_t> RandomLens(SplitMix64Rng& rng, int64_t count) {
 // random split with empty ranks.
 std::vector<int64_t> RandomNeed(SplitMix64Rng& rng, int64_t total, int32_t n) {
   std::vector<int64_t> need(n, 0);
-  if (Draw(rng, 0, 1) == 0) {
+  if (rng.Between(0, 1) == 0) {
     const int64_t c = TokensPerRank(total, n);
     int64_t left = total;
     for (int32_t r = 0; r < n; ++r) left -= need[r] = std::min(c, left);
     return need;
   }
   for (int64_t t = total; t > 0;) {  // chunks to random ranks
-    const int64_t chunk = std::min(t, Draw(rng, 1, std::max<int64_t>(1, total / 3)));
-    need[Draw(rng, 0, n - 1)] += chunk;
+    const int64_t chunk = std::min(t, rng.Between(1, std::max<int64_t>(1, total / 3)));
+    need[rng.Between(0, n - 1)] += chunk;
     t -= chunk;
   }
   return need;
@@ -258,14 +253,14 @@ struct RandomCase {
 RandomCase MakeCase(SplitMix64Rng& rng) {
   RandomCase c;
   c.batch.cp_size =
-      static_cast<int32_t>(Draw(rng, 0, 7) == 0 ? Draw(rng, 10, 40) : Draw(rng, 1, 8));
+      static_cast<int32_t>(rng.Between(0, 7) == 0 ? rng.Between(10, 40) : rng.Between(1, 8));
   const int32_t n = c.batch.cp_size;
-  const int64_t count = Draw(rng, 0, 5) == 0 ? Draw(rng, 1, 2) : Draw(rng, 1, 4 * n + 4);
+  const int64_t count = rng.Between(0, 5) == 0 ? rng.Between(1, 2) : rng.Between(1, 4 * n + 4);
   c.batch.doc_lens = RandomLens(rng, count);
   // A subset of the batch's documents (the rest are other pieces').
   int64_t total = 0;
   for (int32_t d = 0; d < static_cast<int32_t>(count); ++d) {
-    if (d == 0 || Draw(rng, 0, 4) != 0) {
+    if (d == 0 || rng.Between(0, 4) != 0) {
       c.docs.push_back(d);
       total += c.batch.doc_lens[d];
     }
@@ -274,17 +269,17 @@ RandomCase MakeCase(SplitMix64Rng& rng) {
                    [&](int32_t a, int32_t b) { return c.batch.doc_lens[a] > c.batch.doc_lens[b]; });
   c.need = RandomNeed(rng, total, n);
   // Equal workloads (ties) often, small integers, or fractions.
-  const int64_t base = Draw(rng, 0, 2);
+  const int64_t base = rng.Between(0, 2);
   for (int32_t r = 0; r < n; ++r) {
     c.workload.push_back(base == 0   ? 0.0
-                         : base == 1 ? static_cast<double>(Draw(rng, 0, 40))
-                                     : static_cast<double>(Draw(rng, 0, 1000)) * 0.37);
+                         : base == 1 ? static_cast<double>(rng.Between(0, 40))
+                                     : static_cast<double>(rng.Between(0, 1000)) * 0.37);
   }
-  const int64_t m = std::vector<int64_t>{0, 0, 1, 2, 3, 4, 8, 32}[Draw(rng, 0, 7)];
-  const int64_t cap = std::vector<int64_t>{0, 0, m, 2 * m, Draw(rng, 1, 64)}[Draw(rng, 0, 4)];
+  const int64_t m = std::vector<int64_t>{0, 0, 1, 2, 3, 4, 8, 32}[rng.Between(0, 7)];
+  const int64_t cap = std::vector<int64_t>{0, 0, m, 2 * m, rng.Between(1, 64)}[rng.Between(0, 4)];
   c.options =
-      WholeDocOptions{Draw(rng, 0, 2) == 0 ? 0.0 : 0.25 * static_cast<double>(Draw(rng, 1, 12)),
-                      Draw(rng, 0, 1) == 1, m, cap};
+      WholeDocOptions{rng.Between(0, 2) == 0 ? 0.0 : 0.25 * static_cast<double>(rng.Between(1, 12)),
+                      rng.Between(0, 1) == 1, m, cap};
   return c;
 }
 
@@ -296,7 +291,7 @@ void RandomPlace(SplitMix64Rng& rng, const RandomCase& c, std::vector<double>& w
   placement.held.assign(c.batch.cp_size, {});
   placement.docs = static_cast<int64_t>(c.docs.size());
   for (int32_t d : c.docs) {
-    const int64_t r = Draw(rng, 0, c.batch.cp_size - 1);
+    const int64_t r = rng.Between(0, c.batch.cp_size - 1);
     placement.held[r].push_back(d);
     placement.tokens[r] += c.batch.doc_lens[d];
     workload[r] += RangeWorkload(0, c.batch.doc_lens[d]);
