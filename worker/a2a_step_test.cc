@@ -64,6 +64,17 @@ std::vector<std::vector<int64_t>> GlobalRows(const core::Plan& plan,
   return out;
 }
 
+// A rank's local rows of a packed tensor `g` (rows of `width` floats): row i
+// is g's row global_rows[i], zeros for padding.
+std::vector<float> LocalRows(const std::vector<int64_t>& global_rows, const std::vector<float>& g,
+                             int64_t width) {
+  std::vector<float> out(global_rows.size() * width, 0.0f);
+  for (size_t i = 0; i < global_rows.size(); ++i)
+    if (global_rows[i] >= 0)
+      std::copy_n(g.data() + global_rows[i] * width, width, out.data() + i * width);
+  return out;
+}
+
 TEST(AllToAllLayoutTest, GroupsRowsAndDocumentsOnRandomPlans) {
   std::mt19937_64 rng(27);
   int checked = 0;
@@ -241,12 +252,7 @@ TEST_P(AllToAllStepTest, MatchesReferenceAndPredictedBytes) {
         ASSERT_THAT(step, IsOk());
         ASSERT_EQ(step->local_rows(), rows);
         auto local = [&](const std::vector<float>& g, int32_t heads) {
-          std::vector<float> out(rows * heads * kD, 0.0f);
-          for (int64_t i = 0; i < rows; ++i)
-            if (global[r][i] >= 0)
-              std::copy_n(g.data() + global[r][i] * heads * kD, heads * kD,
-                          out.data() + i * heads * kD);
-          return out;
+          return LocalRows(global[r], g, int64_t{heads} * kD);
         };
         const std::vector<float> lq = local(q, kHq), lk = local(k, hkv), lv = local(v, hkv),
                                  ldout = local(dout, kHq);
@@ -382,13 +388,7 @@ void RunMixed(const core::Plan& plan, const std::vector<core::RankGroup>& groups
         CpAttentionStep::CreateMixed(plan, r, shape, groups, ranks_per_node);
     ASSERT_THAT(step, IsOk());
     LinkCounter comm(gloo, ranks_per_node > 0 ? ranks_per_node : n);
-    auto local = [&](const std::vector<float>& g) {
-      std::vector<float> out(rows * kH * kD, 0.0f);
-      for (int64_t i = 0; i < rows; ++i)
-        if (global[r][i] >= 0)
-          std::copy_n(g.data() + global[r][i] * kH * kD, kH * kD, out.data() + i * kH * kD);
-      return out;
-    };
+    auto local = [&](const std::vector<float>& g) { return LocalRows(global[r], g, kH * kD); };
     const std::vector<float> lq = local(q), lk = local(k), lv = local(v), ldout = local(dout);
     std::vector<float> o(rows * kH * kD), lse(rows * kH), dq(rows * kH * kD), dk(rows * kH * kD),
         dv(rows * kH * kD);
@@ -745,12 +745,7 @@ TEST_P(TwoLevelStepTest, MatchesReferenceAndPredictedLinkBytes) {
         ASSERT_THAT(step, IsOk());
         ASSERT_TRUE(step->layout().a2a.two_level);
         auto local = [&](const std::vector<float>& g, int32_t heads) {
-          std::vector<float> out(rows * heads * kD, 0.0f);
-          for (int64_t i = 0; i < rows; ++i)
-            if (global[r][i] >= 0)
-              std::copy_n(g.data() + global[r][i] * heads * kD, heads * kD,
-                          out.data() + i * heads * kD);
-          return out;
+          return LocalRows(global[r], g, int64_t{heads} * kD);
         };
         const std::vector<float> lq = local(q, kHq), lk = local(k, hkv), lv = local(v, hkv),
                                  ldout = local(dout, kHq);
