@@ -204,10 +204,8 @@ absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
   return BuildCpRankLayout(plan, layout, rank, scheme, {});
 }
 
-absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
-                                               const core::CommLayout& layout, int32_t rank,
-                                               core::CommScheme scheme,
-                                               const std::vector<int32_t>& group) {
+absl::Status CheckRankLayoutInputs(const core::Plan& plan, const core::CommLayout& layout,
+                                   int32_t rank) {
   FLASHCP_RETURN_IF_ERROR(core::ValidatePlan(plan));
   const int32_t n = plan.cp_size;
   if (rank < 0 || rank >= n)
@@ -215,6 +213,15 @@ absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
   if (static_cast<int32_t>(layout.ranks.size()) != n)
     return absl::InvalidArgumentError(
         absl::StrCat("layout has ", layout.ranks.size(), " ranks, plan ", n));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,
+                                               const core::CommLayout& layout, int32_t rank,
+                                               core::CommScheme scheme,
+                                               const std::vector<int32_t>& group) {
+  FLASHCP_RETURN_IF_ERROR(CheckRankLayoutInputs(plan, layout, rank));
+  const int32_t n = plan.cp_size;
   FLASHCP_ASSIGN_OR_RETURN(const std::vector<int32_t> slot, GroupSlots(group, n, rank));
   const bool in_group = !group.empty() && (scheme == core::CommScheme::kFullKv ||
                                            scheme == core::CommScheme::kAllGather);

@@ -131,6 +131,11 @@ inline bool CallsExchange(const CpRankLayout& p) {
   return p.collective == Collective::kSendRecv || p.block_rows > 0 || p.a2a.two_level;
 }
 
+// InvalidArgument unless the plan is valid, rank is in [0, N) and `layout`
+// has the plan's N ranks: what every rank layout builder checks first.
+absl::Status CheckRankLayoutInputs(const core::Plan& plan, const core::CommLayout& layout,
+                                   int32_t rank);
+
 // Builds rank `rank`'s layout; the plan must be valid and `layout` its
 // core::BuildCommLayout (InvalidArgument otherwise).
 absl::StatusOr<CpRankLayout> BuildCpRankLayout(const core::Plan& plan,

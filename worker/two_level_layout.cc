@@ -169,13 +169,8 @@ absl::StatusOr<CpRankLayout> BuildTwoLevelRankLayout(const core::Plan& plan,
                                                      const core::CommLayout& layout,
                                                      int32_t rank, std::vector<int32_t> group,
                                                      int32_t ranks_per_node) {
-  FLASHCP_RETURN_IF_ERROR(core::ValidatePlan(plan));
+  FLASHCP_RETURN_IF_ERROR(CheckRankLayoutInputs(plan, layout, rank));
   const int32_t n = plan.cp_size;
-  if (rank < 0 || rank >= n)
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside [0, ", n, ")"));
-  if (static_cast<int32_t>(layout.ranks.size()) != n)
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout has ", layout.ranks.size(), " ranks, plan ", n));
   FLASHCP_RETURN_IF_ERROR(SortGroup(group, n, rank));
   FLASHCP_ASSIGN_OR_RETURN(const core::TwoLevelParts parts,
                            core::TwoLevelNeeds(plan, group, ranks_per_node));
