@@ -6,17 +6,13 @@
 
 #include "worker/cuda/a2a_kernels.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/grid_stride.h"
 
 namespace flashcp::worker::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned Blocks(int64_t count) {
-  // Grid-stride loops below, so a capped grid covers any count.
-  const int64_t b = (count + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65536 * 4 ? b : 65536 * 4);
-}
+using grid_stride::Blocks;
+using grid_stride::kThreads;
 
 __global__ void GatherRowsKernel(const __nv_bfloat16* __restrict__ src,
                                  const int64_t* __restrict__ index, int64_t rows, int64_t width,

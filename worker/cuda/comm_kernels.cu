@@ -6,17 +6,13 @@
 
 #include "worker/cuda/comm_kernels.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/grid_stride.h"
 
 namespace flashcp::worker::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned Blocks(int64_t count) {
-  // Grid-stride loops below, so a capped grid covers any count.
-  const int64_t b = (count + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65536 * 4 ? b : 65536 * 4);
-}
+using grid_stride::Blocks;
+using grid_stride::kThreads;
 
 __global__ void SumBlocksKernel(const float* __restrict__ blocks, int32_t n, int64_t count,
                                 float* __restrict__ out) {
