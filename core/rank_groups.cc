@@ -217,13 +217,19 @@ absl::StatusOr<AllToAllPhase> AllToAllTraffic(const std::vector<int64_t>& tokens
 
 absl::StatusOr<AllToAllPhase> PlanAllToAllPhase(const Plan& plan, const ModelShape& shape,
                                                 int32_t ranks_per_node) {
+  return PlanAllToAllPhase(plan, PlanRankGroups(plan), shape, ranks_per_node);
+}
+
+absl::StatusOr<AllToAllPhase> PlanAllToAllPhase(const Plan& plan,
+                                                const std::vector<std::vector<int32_t>>& groups,
+                                                const ModelShape& shape, int32_t ranks_per_node) {
   if (IsBlockDiffusion(plan.mask)) {
     return absl::FailedPreconditionError(
         "attention_mask: the all-to-all scheme is not planned under block diffusion");
   }
   std::vector<int64_t> tokens(plan.cp_size, 0);  // real tokens: padding never travels
   for (const Shard& s : plan.shards) tokens[s.rank] += s.len;
-  return AllToAllTraffic(tokens, PlanRankGroups(plan), shape, ranks_per_node);
+  return AllToAllTraffic(tokens, groups, shape, ranks_per_node);
 }
 
 absl::Status FillLinkSplit(const std::vector<int64_t>& inter_sent,

@@ -86,6 +86,10 @@ inline int64_t AllToAllRowBytes(const ModelShape& shape) {
 // must be valid (ValidatePlan; not checked).
 absl::StatusOr<AllToAllPhase> PlanAllToAllPhase(const Plan& plan, const ModelShape& shape,
                                                 int32_t ranks_per_node);
+// The same for a caller that has the plan's groups already (PlanRankGroups).
+absl::StatusOr<AllToAllPhase> PlanAllToAllPhase(const Plan& plan,
+                                                const std::vector<std::vector<int32_t>>& groups,
+                                                const ModelShape& shape, int32_t ranks_per_node);
 
 // Sets phase's per-rank inter-node bytes and the busiest intra- and
 // inter-node link from its sent_tokens / received_tokens (in units of

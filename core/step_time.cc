@@ -327,13 +327,13 @@ std::vector<double> AllToAllSeconds(const Model& m, const AllToAllPhase& a) {
   return x;
 }
 
-// The all-to-all's compute per rank: a rank of a group of K runs every one
-// of its group's documents whole (the profile's whole-pair, sequence and
+// The all-to-all's compute per rank: a rank of a group of K (`groups`: the
+// plan's, PlanRankGroups) runs every one of its group's documents whole (the profile's whole-pair, sequence and
 // token terms over the group) for Hq / K of the heads, so 1/K of the group's
 // time; nothing of it overlaps the exchange (all "prefixed" in Finish's
 // terms: the heads arrive before it, the output leaves after).
-std::vector<RankCompute> AllToAllCompute(const Model& m) {
-  const std::vector<std::vector<int32_t>> groups = PlanRankGroups(m.plan);
+std::vector<RankCompute> AllToAllCompute(const Model& m,
+                                         const std::vector<std::vector<int32_t>>& groups) {
   std::vector<int32_t> group_of(m.n, 0);
   for (size_t g = 0; g < groups.size(); ++g) {
     for (int32_t r : groups[g]) group_of[r] = static_cast<int32_t>(g);
@@ -357,7 +357,9 @@ std::vector<RankCompute> AllToAllCompute(const Model& m) {
 }
 
 absl::StatusOr<StepTimePrediction> AllToAll(const Model& m) {
-  absl::StatusOr<AllToAllPhase> phase = PlanAllToAllPhase(m.plan, m.shape, m.c.ranks_per_node);
+  const std::vector<std::vector<int32_t>> groups = PlanRankGroups(m.plan);
+  absl::StatusOr<AllToAllPhase> phase =
+      PlanAllToAllPhase(m.plan, groups, m.shape, m.c.ranks_per_node);
   if (!phase.ok()) {
     if (phase.status().code() != absl::StatusCode::kFailedPrecondition) return phase.status();
     StepTimePrediction p;  // not applicable: no times (the analyzer's message says why)
@@ -366,7 +368,8 @@ absl::StatusOr<StepTimePrediction> AllToAll(const Model& m) {
     p.inapplicable = std::string(phase.status().message());
     return p;
   }
-  return Finish(m, StepExchange::kAllToAll, AllToAllCompute(m), AllToAllSeconds(m, *phase));
+  return Finish(m, StepExchange::kAllToAll, AllToAllCompute(m, groups),
+                AllToAllSeconds(m, *phase));
 }
 
 absl::StatusOr<Model> MakeModel(const Plan& plan, const ModelShape& shape, int32_t layers,
